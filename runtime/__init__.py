@@ -1,0 +1,1 @@
+"""Plan interpreter and its array backends, shipped as ``swapdsl.runtime``."""

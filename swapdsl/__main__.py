@@ -1,0 +1,5 @@
+import sys
+
+from swapdsl.cli import main
+
+sys.exit(main())

@@ -1,0 +1,91 @@
+"""Source spans and user-facing errors, rendered rustc style."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import attrs
+
+
+@attrs.frozen
+class Span:
+    """A region of one source file; lines and columns count from 1."""
+
+    file: str
+    line: int
+    col: int
+    end_line: int
+    end_col: int
+
+    @staticmethod
+    def point(file: str, line: int, col: int) -> Span:
+        return Span(file, line, col, line, col + 1)
+
+    def __str__(self) -> str:
+        return f"{self.file}:{self.line}:{self.col}"
+
+
+class SwpError(Exception):
+    """A mistake in the user's input: reported without a traceback, exit code 2."""
+
+    def __init__(
+        self,
+        message: str,
+        span: Span | None = None,
+        hints: tuple[str, ...] | list[str] = (),
+        notes: tuple[str, ...] | list[str] = (),
+    ) -> None:
+        super().__init__(message)
+        self.message = message
+        self.span = span
+        self.hints = tuple(hints)
+        self.notes = tuple(notes)
+
+    def with_span(self, span: Span) -> SwpError:
+        """The same error, placed at ``span`` if it has no place yet."""
+        if self.span is None:
+            self.span = span
+        return self
+
+    def render(self, sources: dict[str, str] | None = None) -> str:
+        lines = [f"error: {self.message}"]
+        if self.span is not None:
+            lines += _render_span(self.span, sources or {})
+        lines += [f"  = note: {n}" for n in self.notes]
+        lines += [f"  = hint: {h}" for h in self.hints]
+        return "\n".join(lines)
+
+
+def _source_line(span: Span, sources: dict[str, str]) -> str | None:
+    text = sources.get(span.file)
+    if text is None:
+        try:
+            text = Path(span.file).read_text(encoding="utf-8")
+        except (OSError, UnicodeDecodeError):
+            return None
+    all_lines = text.splitlines()
+    if 1 <= span.line <= len(all_lines):
+        return all_lines[span.line - 1]
+    return None
+
+
+def _render_span(span: Span, sources: dict[str, str]) -> list[str]:
+    out = [f" --> {span}"]
+    src = _source_line(span, sources)
+    if src is None:
+        return out
+    gutter = " " * len(str(span.line))
+    src = src.expandtabs(1)
+    end = span.end_col if span.end_line == span.line else len(src) + 1
+    width = max(1, min(end, len(src) + 1) - span.col)
+    caret = " " * (span.col - 1) + "^" * width
+    out += [f"{gutter} |", f"{span.line} | {src}", f"{gutter} | {caret}"]
+    return out
+
+
+def did_you_mean(name: str, candidates: list[str] | tuple[str, ...] | set[str]) -> list[str]:
+    """A "did you mean" hint for ``name`` among ``candidates``, or nothing."""
+    import difflib
+
+    close = difflib.get_close_matches(name, sorted(candidates), n=1, cutoff=0.6)
+    return [f"did you mean `{close[0]}`?"] if close else []

@@ -1,0 +1,51 @@
+"""Structural checks of an IR graph: single assignment, defined before use, shapes."""
+
+from __future__ import annotations
+
+from swapdsl import ops
+from swapdsl.errors import SwpError
+from swapdsl.ir import Graph, Kind, Op
+
+
+class IRError(Exception):
+    """The IR is malformed: a bug in whatever produced it, not the user's mistake."""
+
+
+def check_graph(g: Graph) -> None:
+    """Raise IRError naming the first op (and its source position) that breaks a rule."""
+    defined = set(g.inputs) | set(g.params)
+    for name in defined:
+        if name not in g.tensors:
+            raise IRError(f"declared tensor {name} has no type")
+    for op in g.ops:
+        where = f"op `{op.op}` -> {', '.join(op.outputs)}" + (f" at {op.span}" if op.span else "")
+        if op.op not in ops.REGISTRY:
+            raise IRError(f"{where}: unknown op")
+        for name in op.inputs:
+            if name not in defined:
+                raise IRError(f"{where}: input {name} is used before it is defined")
+        for name in op.outputs:
+            if name in defined:
+                raise IRError(f"{where}: {name} is assigned twice")
+            if name not in g.tensors:
+                raise IRError(f"{where}: output {name} has no type")
+            defined.add(name)
+        _check_types(g, op, where)
+    if g.loss not in defined:
+        raise IRError(f"loss {g.loss} is never computed")
+    for name, t in g.tensors.items():
+        if name not in defined:
+            raise IRError(f"tensor {name} has a type but nothing defines it")
+        if (t.kind is Kind.param) != (name in g.params):
+            raise IRError(f"tensor {name} is of kind {t.kind.value} but listed otherwise")
+
+
+def _check_types(g: Graph, op: Op, where: str) -> None:
+    ins = tuple(g.type_of(n) for n in op.inputs)
+    try:
+        expected = ops.infer(op.op, ins, op.attr_dict)
+    except SwpError as exc:
+        raise IRError(f"{where}: {exc.message}") from None
+    actual = g.type_of(op.outputs[0])
+    if expected != actual:
+        raise IRError(f"{where}: output type is {actual} but the shape rule gives {expected}")

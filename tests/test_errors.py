@@ -1,0 +1,224 @@
+"""Every user mistake: one clear message at file:line:col, exit code 2, no traceback."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from conftest import write
+
+# A well-formed model body to build bad programs from.
+OK_TAIL = """    minimize loss with sgd(lr = 0.1)
+}
+"""
+
+
+def model(body: str, args: str = "batch = 4") -> str:
+    return f"model m({args}) {{\n{body}{OK_TAIL}"
+
+
+MLP = """    input x: f32[batch, 8]
+    input y: i32[batch]
+    param w: [8, 3] = xavier
+    loss = softmax_cross_entropy(x @ w, y)
+"""
+
+# (id, source, -D overrides, exact first line of the message, "line:col")
+CASES: list[tuple[str, str, list[str], str, str]] = [
+    ("syntax-missing-operand", model("    input x: f32[batch, 8]\n    h = x +\n"), [],
+     "error: unexpected end of line", "3:12"),
+    ("syntax-bad-character", model("    input x: f32[batch, 8] $\n"), [],
+     "error: unexpected character `$`", "2:28"),
+    ("syntax-unclosed-block", "model m(batch = 4) {\n    input x: f32[batch, 8]\n", [],
+     "error: unexpected end of file", "2:27"),
+    ("syntax-keyword-as-name", model("    input = 3\n"), [],
+     "error: unexpected `=`", "2:11"),
+    ("unknown-name", model(MLP.replace("x @ w", "x @ ww")), [],
+     "error: unknown name `ww`", "5:38"),
+    ("unknown-op", model(MLP.replace("softmax_cross_entropy", "softmax_crossentropy")), [],
+     "error: unknown function `softmax_crossentropy`", "5:12"),
+    ("wrong-arity-builtin", model(MLP.replace("(x @ w, y)", "(x @ w, y, y)")), [],
+     "error: `softmax_cross_entropy` takes 2 arguments but 3 were given", "5:44"),
+    ("unknown-keyword", model(MLP.replace("x @ w, y)", "x @ w, labls = y)")), [],
+     "error: `softmax_cross_entropy` has no parameter `labls`", "5:41"),
+    ("missing-argument", model("    input x: f32[batch, 8]\n    h = relu()\n"), [],
+     "error: `relu` is missing argument `x`", "3:9"),
+    ("matmul-inner-dims", model(MLP.replace("[8, 3]", "[5, 3]")), [],
+     "error: matmul inner dimensions differ: 8 vs 5", "5:34"),
+    ("broadcast-mismatch", model("    input x: f32[batch, 8]\n    input z: f32[batch, 5]\n    h = x + z\n"), [],
+     "error: shapes do not broadcast in `add`: 8 vs 5 in dimension -1", "4:9"),
+    ("conv-channels",
+     model("    input x: f32[batch, 3, 8, 8]\n    param w: [16, 4, 3, 3] = he\n    h = conv2d(x, w)\n"), [],
+     "error: conv2d input has 3 channels but the weight expects 4 (groups=1)", "4:9"),
+    ("conv-groups",
+     model("    input x: f32[batch, 6, 8, 8]\n    param w: [16, 1, 3, 3] = he\n    h = conv2d(x, w, groups = 4)\n"),
+     [], "error: `conv2d` groups=4 must divide both the input channels (6) and the output channels (16)", "4:9"),
+    ("dtype-mismatch", model("    input x: f32[batch, 8]\n    input z: f16[batch, 8]\n    h = x * z\n"), [],
+     "error: dtype mismatch in `mul`: f16 vs f32", "4:9"),
+    ("float-op-on-int", model("    input y: i32[batch]\n    h = relu(y)\n"), [],
+     "error: `relu` needs floating-point tensors, got i32[4]", "3:9"),
+    ("non-integer-dim", model("    input x: f32[batch / 2, 8]\n"), [],
+     "error: a dimension must be an integer, got float `2.0`", "2:18"),
+    ("negative-dim", model("    input x: f32[batch - 10, 8]\n"), [],
+     "error: a dimension must be positive, got -6", "2:18"),
+    ("unknown-dtype", model("    input x: f33[batch, 8]\n"), [],
+     "error: unknown dtype `f33`", "2:14"),
+    ("input-without-dtype", model("    input x: [batch, 8]\n"), [],
+     "error: input `x` needs a dtype", "2:14"),
+    ("import-missing", "import nosuchfile\n" + model(MLP), [],
+     "error: cannot find imported file `nosuchfile.swp`", "1:1"),
+    ("loop-bound-tensor", model("    input x: f32[batch, 8]\n    for i in range(x) {\n        h = x\n    }\n"), [],
+     "error: a loop bound must be a static integer, got tensor f32[4,8]", "3:20"),
+    ("loop-bound-float", model("    for i in range(2.5) {\n        h = 1\n    }\n"), [],
+     "error: a loop bound must be a static integer, got float `2.5`", "2:20"),
+    ("loop-over-tensor", model("    input x: f32[batch, 8]\n    for i in x {\n        h = x\n    }\n"), [],
+     "error: a loop needs a static range or list, got tensor f32[4,8]", "3:14"),
+    ("no-loss", "model m(batch = 4) {\n    input x: f32[batch, 8]\n}\n", [],
+     "error: model `m` has no loss", "1:1"),
+    ("loss-not-scalar", model("    input x: f32[batch, 8]\n    loss = relu(x)\n"), [],
+     "error: the loss must be a floating-point scalar, got tensor f32[4,8]", "4:14"),
+    ("two-minimize", model(MLP + "    minimize loss with adam()\n"), [],
+     "error: a model has one `minimize` statement; this is the second", "7:5"),
+    ("unknown-optimizer", model(MLP).replace("sgd(", "sdg("), [],
+     "error: unknown optimizer `sdg`", "6:24"),
+    ("optimizer-missing-lr", model(MLP).replace("sgd(lr = 0.1)", "sgd(momentum = 0.9)"), [],
+     "error: optimizer `sgd` is missing argument `lr`", "6:5"),
+    ("unknown-initializer", model(MLP.replace("= xavier", "= xavierr")), [],
+     "error: unknown initialiser `xavierr`", "4:23"),
+    ("define-unknown-arg", model(MLP), ["bath=8"],
+     "error: -D bath: model `m` has no argument `bath`", "1:1"),
+    ("define-wrong-type", model(MLP), ["batch=eight"],
+     "error: -D batch=eight: expected an integer", "1:9"),
+    ("define-malformed", model(MLP), ["batch"],
+     "error: -D batch: expected NAME=VALUE", ""),
+    ("duplicate-param", model(MLP.replace("    loss", "    param w: [8] = zeros\n    loss")), [],
+     "error: `w` is declared twice", "5:5"),
+    ("tuple-unpack", model("    input x: f32[batch, 8]\n    a, b = x\n"), [],
+     "error: cannot unpack 1 value into 2 names", "3:5"),
+    ("reshape-size", model("    input x: f32[batch, 8]\n    h = reshape(x, [3, 3])\n"), [],
+     "error: cannot reshape f32[4,8] (32 elements) to [3,3] (9 elements)", "3:9"),
+    ("axis-out-of-range", model("    input x: f32[batch, 8]\n    h = softmax(x, axis = 2)\n"), [],
+     "error: axis 2 is out of range for f32[4,8] (rank 2)", "3:9"),
+    ("labels-not-int", model(MLP.replace("i32[batch]", "f32[batch]")), [],
+     "error: `softmax_cross_entropy` labels must be integer class indices, got f32[4]", "5:12"),
+    ("shape-index-range", model("    input x: f32[batch, 8]\n    n = x.shape[2]\n"), [],
+     "error: index 2 is out of range for a tuple of length 2", "3:17"),
+    ("unknown-tensor-attr", model("    input x: f32[batch, 8]\n    n = x.shap\n"), [],
+     "error: a tensor has no attribute `shap`", "3:9"),
+    ("condition-not-bool", model("    input x: f32[batch, 8]\n    if batch {\n        h = x\n    }\n"), [],
+     "error: a condition must be a static bool, got integer `4`", "3:8"),
+    ("no-model", "def f(x) {\n    return x\n}\n", [],
+     "error: `bad.swp` defines no model", "1:1"),
+    ("shadow-builtin", "def relu(x) {\n    return x\n}\n" + model(MLP), [],
+     "error: `def relu` would hide the built-in `relu`", "1:1"),
+    ("recursion", "def f(x) {\n    return f(x)\n}\n" + model("    h = f(1)\n" + MLP), [],
+     "error: calls nest deeper than 64 (is `f` recursive?)", "2:12"),
+    ("missing-return", "def f(x) {\n    y = x\n}\n" + model("    h = f(1)\n" + MLP), [],
+     "error: function `f` ended without `return`", "1:1"),
+    ("function-too-many-args", "def f(x) {\n    return x\n}\n" + model("    h = f(1, 2)\n" + MLP), [],
+     "error: `f` takes 1 argument but 2 were given", "5:14"),
+    ("input-in-function", "def f(x) {\n    input z: f32[2]\n    return x\n}\n" + model("    h = f(1)\n" + MLP), [],
+     "error: `input` is only allowed in a model, not in a function", "2:5"),
+    ("model-arg-without-default", model(MLP, args="batch"), [],
+     "error: model argument `batch` has no default", "1:9"),
+    ("split-uneven", model("    input x: f32[batch, 9]\n    a, b = split(x, 2)\n"), [],
+     "error: cannot split dimension 1 of size 9 into 2 equal parts", "3:12"),
+    ("argument-kind", model("    input x: f32[batch, 8]\n    h = softmax(x, axis = 1.5)\n"), [],
+     "error: argument `axis` of `softmax` must be an integer axis, got float `1.5`", "3:20"),
+]
+
+
+@pytest.mark.parametrize("source,defines,first,where", [c[1:] for c in CASES], ids=[c[0] for c in CASES])
+def test_bad_program(cli, in_tmp: Path, source: str, defines: list[str], first: str, where: str) -> None:
+    write(in_tmp / "bad.swp", source)
+    args = ["check", "bad.swp"] + [a for d in defines for a in ("-D", d)]
+    code, out, err = cli(*args)
+    assert code == 2
+    assert out == ""
+    assert "Traceback" not in err
+    assert err.splitlines()[0] == first
+    if where:
+        assert err.splitlines()[1] == f" --> bad.swp:{where}"
+        # the source line and a caret under the span follow
+        assert "^" in err.splitlines()[4]
+
+
+def test_the_table_is_large() -> None:
+    assert len(CASES) >= 30
+
+
+def test_caret_sits_under_the_span(cli, in_tmp: Path) -> None:
+    write(in_tmp / "bad.swp", model(MLP.replace("[8, 3]", "[5, 3]")))
+    _, _, err = cli("check", "bad.swp")
+    lines = err.splitlines()
+    assert lines[3] == "5 |     loss = softmax_cross_entropy(x @ w, y)"
+    assert lines[4] == "  |                                  ^^^^^"
+    assert "  = hint: left is f32[4,8], right is f32[5,3]" in lines
+
+
+def test_did_you_mean(cli, in_tmp: Path) -> None:
+    write(in_tmp / "bad.swp", model(MLP.replace("softmax_cross_entropy", "softmax_crossentropy")))
+    _, _, err = cli("check", "bad.swp")
+    assert "  = hint: did you mean `softmax_cross_entropy`?" in err.splitlines()
+
+
+def test_syntax_error_lists_what_was_expected(cli, in_tmp: Path) -> None:
+    write(in_tmp / "bad.swp", model("    input x f32[batch]\n"))
+    _, _, err = cli("check", "bad.swp")
+    assert err.splitlines()[0] == "error: unexpected `f32`"
+    assert "  = hint: expected one of: `:`" in err.splitlines()
+
+
+def test_error_inside_a_function_names_the_call_site(cli, in_tmp: Path) -> None:
+    write(in_tmp / "lib.swp", "def proj(x) {\n    param w: [5, 2] = xavier\n    return x @ w\n}\n")
+    write(in_tmp / "bad.swp", "import lib\n" + model("    input x: f32[batch, 8]\n    h = proj(x)\n" + MLP[27:]))
+    code, _, err = cli("check", "bad.swp")
+    assert code == 2
+    assert err.splitlines()[:2] == ["error: matmul inner dimensions differ: 8 vs 5", " --> lib.swp:3:12"]
+    assert "  = note: in `proj`, called from bad.swp:4:9" in err.splitlines()
+
+
+def test_import_cycle(cli, in_tmp: Path) -> None:
+    write(in_tmp / "a.swp", "import b\n" + model(MLP))
+    write(in_tmp / "b.swp", "import c\n")
+    write(in_tmp / "c.swp", "import a\n")
+    code, _, err = cli("check", "a.swp")
+    assert code == 2
+    assert err.splitlines()[:2] == ["error: import cycle: a.swp -> b.swp -> c.swp -> a.swp", " --> c.swp:1:1"]
+
+
+def test_empty_file(cli, in_tmp: Path) -> None:
+    write(in_tmp / "empty.swp", "\n  \n")
+    code, _, err = cli("check", "empty.swp")
+    assert (code, err.splitlines()[0]) == (2, "error: `empty.swp` is empty")
+
+
+def test_not_utf8(cli, in_tmp: Path) -> None:
+    (in_tmp / "latin.swp").write_bytes(b"# caf\xe9\nmodel m() {\n}\n")
+    code, _, err = cli("check", "latin.swp")
+    assert code == 2
+    assert err.splitlines()[:2] == ["error: `latin.swp` is not valid UTF-8 (byte 0xe9)", " --> latin.swp:1:6"]
+
+
+def test_directory_given(cli, in_tmp: Path) -> None:
+    (in_tmp / "models").mkdir()
+    code, _, err = cli("check", "models")
+    assert (code, err.splitlines()[0]) == (2, "error: `models` is a directory, not a .swp file")
+
+
+def test_missing_file(cli, in_tmp: Path) -> None:
+    code, _, err = cli("check", "nope.swp")
+    assert (code, err.splitlines()[0]) == (2, "error: no such file: `nope.swp`")
+
+
+def test_ambiguous_import(cli, in_tmp: Path) -> None:
+    write(in_tmp / "a.swp", "def f(x) {\n    return x\n}\n")
+    write(in_tmp / "b.swp", "def f(x) {\n    return x\n}\n")
+    write(in_tmp / "bad.swp", "import a\nimport b\n" + model("    h = f(1)\n" + MLP))
+    code, _, err = cli("check", "bad.swp")
+    assert code == 2
+    assert err.splitlines()[0] == "error: `f` is ambiguous: it is defined in a.swp and b.swp"
+    # qualifying the call resolves it
+    write(in_tmp / "ok.swp", "import a\nimport b\n" + model("    h = a.f(1)\n" + MLP))
+    assert cli("check", "ok.swp")[0] == 0

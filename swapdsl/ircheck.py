@@ -33,10 +33,11 @@ def check_graph(g: Graph) -> None:
         _check_types(g, op, where)
     if g.loss not in defined:
         raise IRError(f"loss {g.loss} is never computed")
+    params = set(g.params)
     for name, t in g.tensors.items():
         if name not in defined:
             raise IRError(f"tensor {name} has a type but nothing defines it")
-        if (t.kind is Kind.param) != (name in g.params):
+        if (t.kind is Kind.param) != (name in params):
             raise IRError(f"tensor {name} is of kind {t.kind.value} but listed otherwise")
 
 

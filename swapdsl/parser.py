@@ -25,25 +25,29 @@ class _Newlines:
 
     def process(self, stream: Iterator[Token]) -> Iterator[Token]:
         depth = 0
-        pending: Token | None = None  # a newline waiting to see the next token
-        last = None  # type of the last token emitted
+        pending = False  # a newline waiting to see the next token
+        prev: Token | None = None  # the last token emitted
         for tok in stream:
             if tok.type == "_NL":
-                if depth == 0 and last not in (None, "LBRACE", "_NL"):
-                    pending = tok
+                pending = depth == 0 and prev is not None and prev.type not in ("LBRACE", "_NL")
                 continue
-            if pending is not None and tok.type not in ("ELSE", "RBRACE"):
-                yield pending
-                last = "_NL"
-            pending = None
-            if tok.type == "RBRACE" and last not in ("_NL", "LBRACE"):
-                yield Token.new_borrow_pos("_NL", "", tok)
-            depth += (tok.type in _OPEN) - (tok.type in _CLOSE)
-            depth = max(depth, 0)
+            if pending and tok.type not in ("ELSE", "LBRACE", "RBRACE"):
+                prev = _end_of(prev)
+                yield prev
+            pending = False
+            if tok.type == "RBRACE" and prev is not None and prev.type not in ("_NL", "LBRACE"):
+                yield Token.new_borrow_pos("_NL", "}", tok)  # the `}` ends the block's last statement
+            depth = max(depth + (tok.type in _OPEN) - (tok.type in _CLOSE), 0)
             yield tok
-            last = tok.type
-        if last not in (None, "_NL"):
-            yield pending or Token("_NL", "", end_pos=0)
+            prev = tok
+        if prev is not None and prev.type != "_NL":
+            yield _end_of(prev)
+
+
+def _end_of(tok: Token | None) -> Token:
+    """A zero-width newline at the end of ``tok``, so statement spans stop at their text."""
+    assert tok is not None
+    return Token("_NL", "", tok.end_pos, tok.end_line, tok.end_column, tok.end_line, tok.end_column, tok.end_pos)
 
 
 @functools.cache
@@ -113,21 +117,12 @@ def _syntax_error(exc: UnexpectedInput, text: str, file: str) -> SwpError:
         return SwpError("unexpected end of file", span, _expected(set(exc.expected)))
     assert isinstance(exc, UnexpectedToken)
     tok = exc.token
-    if tok.type == "_NL":
-        what = "end of line"
-        span = _end_of_line(file, text, tok)
+    if tok.type == "_NL" and tok.value == "":
+        what, span = "end of line", Span.point(file, tok.line, tok.column)
     else:
         what = f"`{tok.value}`"
         span = Span(file, tok.line, tok.column, tok.end_line or tok.line, tok.end_column or tok.column + 1)
     return SwpError(f"unexpected {what}", span, _expected(set(exc.accepts or exc.expected)))
-
-
-def _end_of_line(file: str, text: str, tok: Token) -> Span:
-    line = tok.line or 1
-    src = text.splitlines()[line - 1] if line <= len(text.splitlines()) else ""
-    # a synthetic newline borrows the position of the `}` it precedes
-    col = tok.column if tok.value == "" else len(src.rstrip()) + 1
-    return Span.point(file, line, col)
 
 
 # ---- tree -> AST -------------------------------------------------------------

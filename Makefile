@@ -7,22 +7,22 @@ DEMO_MODEL ?= stdlib/models/tiny_resnet.swp
 .PHONY: demo test bench clean
 
 $(BIN)/python:
-	@command -v $(PYTHON) >/dev/null 2>&1 || { echo "error: $(PYTHON) not found; run 'make PYTHON=python3 ...'"; exit 2; }
+	@test -n "$(PYTHON)" || { echo "error: no python3.11 or python3 on PATH; run 'make PYTHON=/path/to/python3 ...'"; exit 2; }
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
 
-# Editable install, so the tree you edit is the tree you run.
+# Editable installs, so the tree you edit is the tree you run.
 $(VENV)/.installed-test: $(BIN)/python pyproject.toml
 	$(BIN)/python -m pip install -q -e '.[test]'
-	@touch $@
+	@touch $@ $(VENV)/.installed
 
 $(VENV)/.installed: $(BIN)/python pyproject.toml
 	$(BIN)/python -m pip install -q -e .
 	@touch $@
 
 demo: $(VENV)/.installed
-	$(BIN)/swapdsl check $(DEMO_MODEL)
-	$(BIN)/swapdsl check $(DEMO_MODEL) -D batch=256 -D width=32 --json
+	@for m in mlp tiny_transformer tiny_resnet; do $(BIN)/swapdsl check stdlib/models/$$m.swp || exit $$?; done
+	$(BIN)/swapdsl check $(DEMO_MODEL) -D batch=256 -D width=64
 
 test: $(VENV)/.installed-test
 	$(BIN)/python -m pytest -q

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -222,3 +225,13 @@ def test_ambiguous_import(cli, in_tmp: Path) -> None:
     # qualifying the call resolves it
     write(in_tmp / "ok.swp", "import a\nimport b\n" + model("    h = a.f(1)\n" + MLP))
     assert cli("check", "ok.swp")[0] == 0
+
+
+def test_real_process_exit_code_and_no_traceback(in_tmp: Path) -> None:
+    write(in_tmp / "bad.swp", model(MLP.replace("[8, 3]", "[5, 3]")))
+    proc = subprocess.run([sys.executable, "-m", "swapdsl", "check", "bad.swp"], capture_output=True, text=True,
+                          env={**os.environ, "PYTHONPATH": str(Path(__file__).parent.parent)})
+    assert proc.returncode == 2
+    assert proc.stdout == ""
+    assert proc.stderr.startswith("error: matmul inner dimensions differ: 8 vs 5\n --> bad.swp:5:34\n")
+    assert "Traceback" not in proc.stderr

@@ -255,14 +255,6 @@ def _cast(em: Emitter, a: Args, span: Span) -> Value:
     return em.emit("cast", [a["x"]], {"dtype": a["dtype"].label}, span)
 
 
-def _norm(op: str) -> Callable[[Emitter, Args, Span], Value]:
-    def lower(em: Emitter, a: Args, span: Span) -> Value:
-        attrs_ = {"eps": a["eps"]} if op == "layer_norm" else {"eps": a["eps"], "momentum": a["momentum"]}
-        return em.emit(op, [a["x"], a["scale"], a["shift"]], attrs_, span)
-
-    return lower
-
-
 def _unary(name: str, static: Callable[..., Value] | None = None) -> Builtin:
     return Builtin(name, (("x", "tensor", REQUIRED),), _op(name, "x"), static)
 
@@ -286,9 +278,9 @@ def _table() -> dict[str, Builtin]:
         Builtin("softmax", (X, ("axis", "axis", -1)), _with_axis("softmax")),
         Builtin("log_softmax", (X, ("axis", "axis", -1)), _with_axis("log_softmax")),
         Builtin("layer_norm", (X, ("scale", "tensor", REQUIRED), ("shift", "tensor", REQUIRED),
-                               ("eps", "float", 1e-5)), _norm("layer_norm")),
+                               ("eps", "float", 1e-5)), _op("layer_norm", "x", "scale", "shift", eps="eps")),
         Builtin("batch_norm", (X, ("scale", "tensor", REQUIRED), ("shift", "tensor", REQUIRED),
-                               ("eps", "float", 1e-5), ("momentum", "float", 0.1)), _norm("batch_norm")),
+                               ("eps", "float", 1e-5)), _op("batch_norm", "x", "scale", "shift", eps="eps")),
         Builtin("dropout", (X, ("p", "float", 0.1), ("seed", "int", -1)), _dropout),
         Builtin("conv2d", (X, ("w", "tensor", REQUIRED), ("stride", "pair", 1), ("padding", "pair", 0),
                            ("dilation", "pair", 1), ("groups", "int", 1)), _conv2d),

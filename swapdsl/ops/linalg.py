@@ -1,0 +1,79 @@
+"""Matrix products: matmul and the transposed forms its gradient needs."""
+
+from __future__ import annotations
+
+from swapdsl.errors import SwpError
+from swapdsl.ir import TensorType
+from swapdsl.ops.elementwise import unbroadcast
+from swapdsl.ops.registry import (
+    Array, Attrs, GradBuilder, KernelContext, OpDef, Types, broadcast_shapes, floating, register,
+)
+
+
+def _batched(op: str, x: TensorType, y: TensorType, m: int, n: int, inner: tuple[int, int]) -> TensorType:
+    dtype = floating(op, x, y)
+    if x.rank < 2 or y.rank < 2:
+        raise SwpError(f"`{op}` needs operands of rank 2 or more", hints=[f"left is {x}, right is {y}"])
+    if inner[0] != inner[1]:
+        raise SwpError(f"{op} inner dimensions differ: {inner[0]} vs {inner[1]}", hints=[f"left is {x}, right is {y}"])
+    batch = broadcast_shapes(op, TensorType(x.shape[:-2], dtype), TensorType(y.shape[:-2], dtype))
+    return TensorType(batch + (m, n), dtype)
+
+
+def _matmul_infer(ins: Types, a: Attrs) -> TensorType:
+    x, y = ins  # [..., m, k] @ [..., k, n]
+    return _batched("matmul", x, y, x.shape[-2], y.shape[-1], (x.shape[-1], y.shape[-2]))
+
+
+def _nt_infer(ins: Types, a: Attrs) -> TensorType:
+    g, y = ins  # [..., m, n] @ [..., k, n]^T
+    return _batched("matmul_nt", g, y, g.shape[-2], y.shape[-2], (g.shape[-1], y.shape[-1]))
+
+
+def _tn_infer(ins: Types, a: Attrs) -> TensorType:
+    x, g = ins  # [..., m, k]^T @ [..., m, n]
+    return _batched("matmul_tn", x, g, x.shape[-1], g.shape[-1], (x.shape[-2], g.shape[-2]))
+
+
+def _tn_fold_infer(ins: Types, a: Attrs) -> TensorType:
+    x, g = ins  # contract every leading dimension: [..., k], [..., n] -> [k, n]
+    if x.shape[:-1] != g.shape[:-1]:
+        raise SwpError(f"matmul_tn_fold needs equal leading dimensions, got {x} and {g}")
+    return TensorType((x.shape[-1], g.shape[-1]), floating("matmul_tn_fold", x, g))
+
+
+def _swap(xp: object, t: Array) -> Array:
+    return t.swapaxes(-1, -2)
+
+
+def _matmul_grad(b: GradBuilder, ins: tuple[str, ...], out: str, g: str, a: Attrs) -> tuple[str | None, ...]:
+    x, y = ins
+    dx = unbroadcast(b, b.emit("matmul_nt", [g, y]), b.type(x).shape)
+    if b.type(y).rank == 2:
+        dy = b.emit("matmul_tn_fold", [x, g])  # a dense layer: no batched temporary for the weight gradient
+    else:
+        dy = unbroadcast(b, b.emit("matmul_tn", [x, g]), b.type(y).shape)
+    return dx, dy
+
+
+def _mm_flops(form: str):  # noqa: ANN202
+    def flops(ins: Types, out: TensorType, a: Attrs) -> int:
+        x = ins[0]
+        k = {"nn": x.shape[-1], "nt": x.shape[-1], "tn": x.shape[-2], "fold": x.numel // x.shape[-1]}[form]
+        return 2 * out.numel * k
+
+    return flops
+
+
+def _fold(c: KernelContext, ins: list[Array], a: Attrs) -> Array:
+    x, g = ins
+    return x.reshape(-1, x.shape[-1]).T @ g.reshape(-1, g.shape[-1])
+
+
+register(
+    OpDef("matmul", (2, 2), _matmul_infer, _mm_flops("nn"), lambda c, ins, a: c.xp.matmul(ins[0], ins[1]),
+          _matmul_grad),
+    OpDef("matmul_nt", (2, 2), _nt_infer, _mm_flops("nt"), lambda c, ins, a: c.xp.matmul(ins[0], _swap(c.xp, ins[1]))),
+    OpDef("matmul_tn", (2, 2), _tn_infer, _mm_flops("tn"), lambda c, ins, a: c.xp.matmul(_swap(c.xp, ins[0]), ins[1])),
+    OpDef("matmul_tn_fold", (2, 2), _tn_fold_infer, _mm_flops("fold"), _fold),
+)

@@ -1,0 +1,66 @@
+"""Optimiser update ops: each step's new parameter and state values.
+
+Updates are functional (they return new arrays); the training graph records
+which new value replaces which persistent tensor at the end of a step.
+Weight decay is L2 (added to the gradient), as in torch.optim.SGD and Adam.
+"""
+
+from __future__ import annotations
+
+from swapdsl.ops.registry import Array, Attrs, KernelContext, OpDef, Types, per_element, register
+from swapdsl.ir import TensorType
+
+
+def _decayed(g: Array, w: Array, a: Attrs) -> Array:
+    wd = a.get("weight_decay", 0.0)
+    return g + w.dtype.type(wd) * w if wd else g
+
+
+def _sgd(c: KernelContext, ins: list[Array], a: Attrs) -> Array:
+    w, g = ins
+    return w - w.dtype.type(a["lr"]) * _decayed(g, w, a)
+
+
+def _momentum(c: KernelContext, ins: list[Array], a: Attrs) -> Array:
+    m, g, w = ins
+    return m * m.dtype.type(a["momentum"]) + _decayed(g, w, a)
+
+
+def _sgd_apply(c: KernelContext, ins: list[Array], a: Attrs) -> Array:
+    w, m = ins
+    return w - w.dtype.type(a["lr"]) * m
+
+
+def _adam_m(c: KernelContext, ins: list[Array], a: Attrs) -> Array:
+    m, g, w = ins
+    b1 = m.dtype.type(a["beta1"])
+    return b1 * m + (1 - b1) * _decayed(g, w, a)
+
+
+def _adam_v(c: KernelContext, ins: list[Array], a: Attrs) -> Array:
+    v, g, w = ins
+    b2 = v.dtype.type(a["beta2"])
+    gd = _decayed(g, w, a)
+    return b2 * v + (1 - b2) * gd * gd
+
+
+def _adam_apply(c: KernelContext, ins: list[Array], a: Attrs) -> Array:
+    w, m, v = ins
+    t = c.step
+    mhat = m / (1.0 - a["beta1"] ** t)
+    vhat = v / (1.0 - a["beta2"] ** t)
+    return (w - a["lr"] * mhat / (c.xp.sqrt(vhat) + a["eps"])).astype(w.dtype)
+
+
+def _like_first(ins: Types, a: Attrs) -> TensorType:
+    return ins[0]
+
+
+register(
+    OpDef("sgd", (2, 2), _like_first, per_element(3), _sgd),
+    OpDef("momentum", (3, 3), _like_first, per_element(4), _momentum),
+    OpDef("sgd_apply", (2, 2), _like_first, per_element(2), _sgd_apply),
+    OpDef("adam_m", (3, 3), _like_first, per_element(5), _adam_m),
+    OpDef("adam_v", (3, 3), _like_first, per_element(6), _adam_v),
+    OpDef("adam_apply", (3, 3), _like_first, per_element(6), _adam_apply),
+)

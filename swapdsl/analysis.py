@@ -1,4 +1,4 @@
-"""Figures about a graph: parameter counts, FLOPs, bytes, activation peak."""
+"""Figures about a graph: parameter counts, FLOPs, bytes, memory peaks."""
 
 from __future__ import annotations
 
@@ -14,30 +14,38 @@ def op_flops(g: Graph, index: int) -> int:
     return ops.REGISTRY[op.op].flops(ins, g.type_of(op.outputs[0]), op.attr_dict)
 
 
-def activation_peak_bytes(g: Graph) -> int:
-    """Peak bytes of activations alive at once when the ops run in program order.
+def peak_bytes(g: Graph, *, persistent: bool = True, inputs: bool = True) -> int:
+    """Peak device bytes when the ops run in graph order with nothing swapped.
 
-    Each activation is allocated when its op starts and freed after its last
-    reader finishes; the loss lives to the end. Inputs and parameters are
-    always resident and are not counted here.
+    Persistent tensors (params, optimiser state) are resident throughout, and
+    an update's result takes the place of the tensor it replaces (updates run
+    in place). Inputs are resident from the start until their last reader.
+    Every other tensor is allocated when its op starts and freed when its last
+    reader finishes; the loss lives to the end. ``persistent`` and ``inputs``
+    choose whether those are counted at all.
     """
-    last_use = {name: i for i, op in enumerate(g.ops) for name in op.outputs}
+    in_place = {new for _, new in g.updates}
+    last = {name: len(g.ops) for name in g.inputs}
     for i, op in enumerate(g.ops):
         for name in op.inputs:
-            last_use[name] = i
-    last_use[g.loss] = len(g.ops)
-    live = peak = 0
+            last[name] = i
+    last[g.loss] = len(g.ops)
+    base = sum(g.type_of(n).nbytes for n in g.persistent) if persistent else 0
+    live = sum(g.type_of(n).nbytes for n in g.inputs) if inputs else 0
+    peak = live
     for i, op in enumerate(g.ops):
-        live += sum(g.type_of(o).nbytes for o in op.outputs)
+        live += sum(g.type_of(o).nbytes for o in op.outputs if o not in in_place)
         peak = max(peak, live)
         for name in set(op.inputs) | set(op.outputs):
-            if g.tensors[name].kind is Kind.activation and last_use[name] == i:
+            transient = name not in in_place and name not in g.persistent
+            counted = inputs or g.tensors[name].kind is not Kind.input
+            if transient and counted and last.get(name, i) == i:
                 live -= g.type_of(name).nbytes
-    return peak
+    return base + peak
 
 
 def summary(g: Graph) -> dict[str, Any]:
-    """The figures `swapdsl check` reports, as a JSON-ready dict."""
+    """The figures `swapdsl check` reports on the forward graph, as a JSON-ready dict."""
     params = [g.tensors[n].type for n in g.params]
     inputs = [g.tensors[n].type for n in g.inputs]
     return {
@@ -51,8 +59,28 @@ def summary(g: Graph) -> dict[str, Any]:
         "params": sum(t.numel for t in params),
         "param_bytes": sum(t.nbytes for t in params),
         "forward_flops": sum(op_flops(g, i) for i in range(len(g.ops))),
-        "activation_peak_bytes": activation_peak_bytes(g),
+        "activation_peak_bytes": peak_bytes(g, persistent=False, inputs=False),
         "loss": g.loss,
         "optimizer": str(g.optimizer),
         "source_sha256": g.source_sha256,
+    }
+
+
+def training_summary(t: Graph) -> dict[str, Any]:
+    """The training graph's figures: `swapdsl check --training`."""
+    forward = sum(1 for op in t.ops if t.tensors[op.outputs[0]].kind is Kind.activation)
+    updated = {new for _, new in t.updates}
+    updates = sum(1 for op in t.ops if op.outputs[0] in updated)
+    by_kind: dict[str, int] = {k.value: 0 for k in Kind}
+    for tensor in t.tensors.values():
+        by_kind[tensor.kind.value] += tensor.type.nbytes
+    return {
+        "ops": len(t.ops),
+        "backward_ops": len(t.ops) - forward - updates,
+        "update_ops": updates,
+        "training_tensors": len(t.tensors),
+        "state_bytes": sum(t.type_of(n).nbytes for n in t.state),
+        "bytes_by_kind": by_kind,
+        "flops": sum(op_flops(t, i) for i in range(len(t.ops))),
+        "peak_bytes": peak_bytes(t),
     }

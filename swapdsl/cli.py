@@ -8,13 +8,16 @@ import sys
 from collections.abc import Sequence
 
 from swapdsl import __version__
-from swapdsl.analysis import summary
+from swapdsl.analysis import summary, training_summary
+from swapdsl.autodiff import training_graph
 from swapdsl.elaborate import elaborate
 from swapdsl.errors import SwpError
 from swapdsl.ir import Graph
 from swapdsl.ircheck import check_graph
 from swapdsl.irprint import print_graph
 from swapdsl.loader import Program, load
+from swapdsl.runtime import reference
+from swapdsl.runtime.backend import BACKENDS, array_module
 from swapdsl.units import format_bytes, format_count
 
 EXIT_USER_ERROR = 2
@@ -40,10 +43,13 @@ def parse_defines(defines: Sequence[str]) -> dict[str, str]:
 
 def _cmd_check(args: argparse.Namespace) -> int:
     _, graph = build_graph(args.file, args.define)
+    train = training_graph(graph) if args.training else None
+    if train is not None:
+        check_graph(train)
     if args.ir:
-        sys.stdout.write(print_graph(graph))
+        sys.stdout.write(print_graph(train or graph))
         return 0
-    info = summary(graph)
+    info = summary(graph) | (training_summary(train) if train is not None else {})
     if args.json:
         print(json.dumps(info, indent=2))
         return 0
@@ -58,9 +64,41 @@ def _cmd_check(args: argparse.Namespace) -> int:
         ("activation peak", format_bytes(info["activation_peak_bytes"])),
         ("loss", f"{info['loss']}, {info['optimizer']}"),
     ]
+    if train is not None:
+        rows += [
+            ("training ops", f"{info['ops']} ({info['backward_ops']} backward, {info['update_ops']} update)"),
+            ("optimizer state", format_bytes(info["state_bytes"])),
+            ("step FLOPs", format_count(info["flops"], "FLOP")),
+            ("step peak", f"{format_bytes(info['peak_bytes'])} (default order, no swapping)"),
+        ]
     print(f"model {info['model']} ({args.file}): ok")
     for key, value in rows:
         print(f"  {key:<16} {value}")
+    return 0
+
+
+def _cmd_exec(args: argparse.Namespace) -> int:
+    if args.steps < 1:
+        raise SwpError(f"--steps must be at least 1, got {args.steps}")
+    _, graph = build_graph(args.file, args.define)
+    train = training_graph(graph)
+    check_graph(train)
+    backend, xp = array_module(args.backend)
+    if not args.json:
+        print(f"training {graph.name} ({args.file}) for {args.steps} steps on {backend}, seed {args.seed}")
+
+    def report(step: int, loss: float, ms: float) -> None:
+        if not args.json:
+            print(f"  step {step:>{len(str(args.steps))}}/{args.steps}  loss {loss:.6f}  {ms:8.1f} ms", flush=True)
+
+    result = reference.train(train, args.steps, args.seed, xp, on_step=report)
+    if args.json:
+        print(json.dumps({"model": graph.name, "backend": backend, "steps": args.steps, "seed": args.seed,
+                          "loss": result.losses, "step_ms": result.step_ms}, indent=2))
+    else:
+        first, last = result.losses[0], result.losses[-1]
+        print(f"loss {first:.6f} -> {last:.6f} ({last / first:.1%} of the first), "
+              f"median step {sorted(result.step_ms)[len(result.step_ms) // 2]:.1f} ms")
     return 0
 
 
@@ -75,7 +113,19 @@ def make_parser() -> argparse.ArgumentParser:
     out = check.add_mutually_exclusive_group()
     out.add_argument("--ir", action="store_true", help="print the forward IR")
     out.add_argument("--json", action="store_true", help="print the figures as one JSON object")
+    check.add_argument("--training", action="store_true",
+                       help="also build the training graph (backward and optimiser ops) and report on it")
     check.set_defaults(run=_cmd_check)
+
+    ex = sub.add_parser("exec", help="train a .swp model with the reference executor (no cap)")
+    ex.add_argument("file", metavar="FILE.swp")
+    ex.add_argument("-D", dest="define", action="append", default=[], metavar="NAME=VALUE",
+                    help="override a model argument (repeatable)")
+    ex.add_argument("--steps", type=int, default=10, help="training steps (default 10)")
+    ex.add_argument("--seed", type=int, default=0, help="seed for parameters and data (default 0)")
+    ex.add_argument("--backend", choices=BACKENDS, default="auto", help="array backend (default auto)")
+    ex.add_argument("--json", action="store_true", help="print one JSON object instead of a line per step")
+    ex.set_defaults(run=_cmd_exec)
     return p
 
 

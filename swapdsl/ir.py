@@ -6,12 +6,14 @@ import enum
 import math
 from typing import Union
 
+from attrs import evolve as attrs_evolve
 from attrs import field, frozen
 
 from swapdsl.errors import Span
 
 
 class DType(enum.Enum):
+    f64 = ("f64", 8, True)
     f32 = ("f32", 4, True)
     f16 = ("f16", 2, True)
     bf16 = ("bf16", 2, True)
@@ -127,6 +129,19 @@ class Graph:
     loss: str
     optimizer: Optimizer
     source_sha256: str = ""
+    # training graphs only (see autodiff.py):
+    state: tuple[str, ...] = ()  # optimiser state: persistent like the params
+    updates: tuple[tuple[str, str], ...] = ()  # (persistent tensor, the value that replaces it after a step)
+    grads: tuple[tuple[str, str], ...] = ()  # (param, its gradient)
+
+    @property
+    def training(self) -> bool:
+        return bool(self.updates) or bool(self.grads)
+
+    @property
+    def persistent(self) -> tuple[str, ...]:
+        """Tensors that live across iterations: the params and the optimiser state."""
+        return self.params + self.state
 
     def type_of(self, name: str) -> TensorType:
         return self.tensors[name].type
@@ -138,6 +153,15 @@ class Graph:
             for name in op.inputs:
                 uses[name].append(i)
         return uses
+
+
+def retyped(g: Graph, old: DType, new: DType) -> Graph:
+    """The same graph with every ``old``-typed tensor made ``new`` (e.g. f32 -> f64 for gradient checks)."""
+    tensors = {n: attrs_evolve(t, type=TensorType(t.type.shape, new)) if t.type.dtype is old else t
+               for n, t in g.tensors.items()}
+    ops = tuple(attrs_evolve(op, attrs=tuple((k, new.label if k == "dtype" and v == old.label else v)
+                                             for k, v in op.attrs)) for op in g.ops)
+    return attrs_evolve(g, tensors=tensors, ops=ops)
 
 
 def _fmt(v: object) -> str:

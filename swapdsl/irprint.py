@@ -15,7 +15,7 @@ def format_attr(v: AttrValue) -> str:
     if isinstance(v, bool):
         return str(v).lower()
     if isinstance(v, tuple):
-        return "(" + ",".join(format_attr(x) for x in v) + ")"
+        return "(" + ",".join(format_attr(x) for x in v) + ("," if len(v) == 1 else "") + ")"
     if isinstance(v, float):
         return repr(v)
     return str(v)
@@ -58,8 +58,14 @@ def print_graph(g: Graph) -> str:
     lines += ["    " + _with_comment(_decl(g.tensors[n]), g.tensors[n].span) for n in g.inputs]
     lines.append("  params:")
     lines += ["    " + _with_comment(_decl(g.tensors[n]), g.tensors[n].span) for n in g.params]
+    if g.state:
+        lines.append("  state:")
+        lines += ["    " + _decl(g.tensors[n]) for n in g.state]
     lines.append("  ops:")
     lines += ["    " + _with_comment(format_op(op, g), op.span) for op in g.ops]
     lines.append(f"  minimize {g.loss} with {g.optimizer}")
+    if g.updates:
+        lines.append("  updates:")
+        lines += [f"    {old} <- {new}" for old, new in g.updates]
     lines.append("}")
     return "\n".join(lines) + "\n"

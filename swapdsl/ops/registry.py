@@ -140,4 +140,4 @@ def same_as(index: int, *, float_only: bool = True, op: str = "") -> Callable[[T
 def np_dtype(xp: Any, dtype: DType | str) -> Any:
     """The array module's dtype for an IR dtype (bf16 computes in f32 on both backends)."""
     label = dtype.label if isinstance(dtype, DType) else dtype
-    return {"f32": xp.float32, "f16": xp.float16, "bf16": xp.float32, "i32": xp.int32, "i64": xp.int64}[label]
+    return {"f64": xp.float64, "f32": xp.float32, "f16": xp.float16, "bf16": xp.float32, "i32": xp.int32, "i64": xp.int64}[label]

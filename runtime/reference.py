@@ -1,0 +1,71 @@
+"""The reference executor: a training graph in its default order, no cap, no swapping.
+
+Every later executor is compared against this one. Like JAX's eval_jaxpr it is
+one loop over the ops: look up the inputs, run the kernel, bind the output,
+and drop each tensor after its last reader.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterable
+from types import ModuleType
+from typing import Any
+
+import attrs
+
+from swapdsl.ir import Graph
+from swapdsl.ops import REGISTRY, KernelContext
+from swapdsl.runtime.backend import synchronize, to_host
+from swapdsl.runtime.data import init_persistent, synthetic_inputs
+
+
+def last_uses(g: Graph) -> dict[str, int]:
+    """Index of the last op that reads each tensor."""
+    last: dict[str, int] = {}
+    for i, op in enumerate(g.ops):
+        for name in op.inputs:
+            last[name] = i
+    return last
+
+
+def run_ops(g: Graph, env: dict[str, Any], ctx: KernelContext, keep: Iterable[str] = ()) -> dict[str, Any]:
+    """Run every op of ``g`` on ``env`` (which it extends); frees tensors after their last use."""
+    last = last_uses(g)
+    keep = set(keep) | {g.loss}
+    for i, op in enumerate(g.ops):
+        kernel = REGISTRY[op.op].kernel
+        env[op.outputs[0]] = kernel(ctx, [env[n] for n in op.inputs], op.attr_dict)
+        for name in op.inputs:
+            if last[name] == i and name not in keep:
+                del env[name]
+    return env
+
+
+@attrs.frozen
+class TrainResult:
+    losses: list[float]
+    step_ms: list[float]
+    persistent: dict[str, Any]  # params and optimiser state after the last step
+
+
+def train(g: Graph, steps: int, seed: int, xp: ModuleType,
+          on_step: Callable[[int, float, float], None] | None = None) -> TrainResult:
+    """Train ``steps`` steps on one fixed synthetic batch; report each step's loss and time."""
+    persistent = init_persistent(g, seed, xp)
+    inputs = synthetic_inputs(g, seed, xp)
+    keep = {new for _, new in g.updates}
+    losses, times = [], []
+    for step in range(1, steps + 1):
+        synchronize(xp)
+        t0 = time.perf_counter()
+        env = run_ops(g, {**persistent, **inputs}, KernelContext(xp, step), keep)
+        persistent.update({old: env[new] for old, new in g.updates})
+        loss = float(to_host(env[g.loss]))
+        synchronize(xp)
+        ms = (time.perf_counter() - t0) * 1e3
+        losses.append(loss)
+        times.append(ms)
+        if on_step is not None:
+            on_step(step, loss, ms)
+    return TrainResult(losses, times, persistent)

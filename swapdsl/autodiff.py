@@ -1,0 +1,159 @@
+"""Forward graph + loss -> training graph: forward, backward and update ops.
+
+Reverse-mode differentiation over the op list. Each op's gradient rule (in
+the registry) appends ordinary IR ops, so the planner can schedule and swap
+backward ops like any other. A tensor read several times gets the sum of its
+gradients. Forward ops that do not reach the loss are dropped, backward ops
+whose result nothing needs are dropped, and each parameter's update is placed
+right after its gradient is complete, so gradients die early.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import attrs
+
+from swapdsl import ops
+from swapdsl.errors import Span
+from swapdsl.ir import Graph, Init, Kind, Op, Tensor, TensorType
+
+class _Builder:
+    """Appends typed ops to the training graph; the GradBuilder of the registry."""
+
+    def __init__(self, fwd: Graph) -> None:
+        self.tensors: dict[str, Tensor] = dict(fwd.tensors)
+        self.ops: list[Op] = []
+        self.counter = 1 + max((int(n[1:]) for n in fwd.tensors if n.startswith("%")), default=-1)
+        self.span: Span | None = None
+        self.kind = Kind.temporary
+
+    def type(self, name: str) -> TensorType:
+        return self.tensors[name].type
+
+    def emit(self, op: str, inputs: Sequence[str], attrs_: Mapping[str, Any] | None = None) -> str:
+        a = dict(attrs_ or {})
+        out_type = ops.infer(op, tuple(self.type(n) for n in inputs), a)
+        name = f"%{self.counter}"
+        self.counter += 1
+        self.tensors[name] = Tensor(name, out_type, self.kind, None, self.span)
+        self.ops.append(Op(op, tuple(inputs), (name,), tuple(sorted(a.items())), self.span))
+        return name
+
+    def add_tensor(self, name: str, typ: TensorType, kind: Kind, init: Init | None = None) -> str:
+        assert name not in self.tensors, f"state tensor {name} collides with a model tensor"
+        self.tensors[name] = Tensor(name, typ, kind, init, None)
+        return name
+
+
+def live_forward_ops(fwd: Graph) -> list[Op]:
+    """The forward ops the loss depends on, in program order."""
+    needed = {fwd.loss}
+    keep: list[Op] = []
+    for op in reversed(fwd.ops):
+        if needed.intersection(op.outputs):
+            keep.append(op)
+            needed.update(op.inputs)
+    return keep[::-1]
+
+
+def _depends_on_params(fwd: Graph, forward: list[Op]) -> set[str]:
+    reached = set(fwd.params)
+    for op in forward:
+        if reached.intersection(op.inputs):
+            reached.update(op.outputs)
+    return reached
+
+
+def training_graph(fwd: Graph) -> Graph:
+    """The full training step of ``fwd``: forward, backward and optimiser ops, in a valid order."""
+    forward = live_forward_ops(fwd)
+    needs_grad = _depends_on_params(fwd, forward)
+    b = _Builder(fwd)
+    first_use = {}
+    for i, op in enumerate(forward):
+        for name in op.inputs:
+            first_use.setdefault(name, i)
+    b.kind = Kind.gradient
+    grads: dict[str, str] = {fwd.loss: b.emit("fill", [], {"shape": (), "value": 1.0,
+                                                            "dtype": b.type(fwd.loss).dtype.label})}
+    updates: list[tuple[str, str]] = []
+    param_grads: list[tuple[str, str]] = []
+    state: list[str] = []
+    for i in range(len(forward) - 1, -1, -1):
+        op = forward[i]
+        g = grads.get(op.outputs[0])
+        if g is not None:
+            _backprop(b, op, g, grads, needs_grad)
+        for name in dict.fromkeys(op.inputs):
+            if name in fwd.params and first_use[name] == i and name in grads:
+                param_grads.append((name, grads[name]))
+                updates += _update(b, fwd, name, grads[name], state)
+    return _assemble(fwd, forward, b, updates, param_grads, state)
+
+
+def _backprop(b: _Builder, op: Op, g: str, grads: dict[str, str], needs_grad: set[str]) -> None:
+    rule = ops.REGISTRY[op.op].grad
+    if rule is None or not needs_grad.intersection(op.inputs):
+        return
+    b.span, b.kind = op.span, Kind.temporary
+    in_grads = rule(b, op.inputs, op.outputs[0], g, op.attr_dict)
+    b.kind = Kind.gradient
+    for name, dx in zip(op.inputs, in_grads):
+        if dx is None or name not in needs_grad:
+            continue
+        _mark_gradient(b, dx)
+        grads[name] = dx if name not in grads else b.emit("add", [grads[name], dx])
+
+
+def _mark_gradient(b: _Builder, name: str) -> None:
+    t = b.tensors[name]
+    if t.kind is Kind.temporary:
+        b.tensors[name] = attrs.evolve(t, kind=Kind.gradient)
+
+
+def _update(b: _Builder, fwd: Graph, param: str, grad: str, state: list[str]) -> list[tuple[str, str]]:
+    """Emit the optimiser ops for one parameter; return (persistent, new value) pairs."""
+    opt = dict(fwd.optimizer.hparams)
+    typ = b.type(param)
+    b.span, b.kind = fwd.tensors[param].span, Kind.param
+    wd = {"weight_decay": opt["weight_decay"]}
+    if fwd.optimizer.name == "sgd" and opt["momentum"] == 0.0:
+        return [(param, b.emit("sgd", [param, grad], {"lr": opt["lr"], **wd}))]
+
+    def new_state(suffix: str) -> str:
+        name = b.add_tensor(f"{param}/{suffix}", typ, Kind.optimizer_state, Init("zeros"))
+        state.append(name)
+        return name
+
+    if fwd.optimizer.name == "sgd":
+        m = new_state("momentum")
+        b.kind = Kind.optimizer_state
+        m_new = b.emit("momentum", [m, grad, param], {"momentum": opt["momentum"], **wd})
+        b.kind = Kind.param
+        return [(m, m_new), (param, b.emit("sgd_apply", [param, m_new], {"lr": opt["lr"]}))]
+    m, v = new_state("m"), new_state("v")
+    b.kind = Kind.optimizer_state
+    m_new = b.emit("adam_m", [m, grad, param], {"beta1": opt["beta1"], **wd})
+    v_new = b.emit("adam_v", [v, grad, param], {"beta2": opt["beta2"], **wd})
+    b.kind = Kind.param
+    w_new = b.emit("adam_apply", [param, m_new, v_new],
+                   {k: opt[k] for k in ("lr", "beta1", "beta2", "eps")})
+    return [(m, m_new), (v, v_new), (param, w_new)]
+
+
+def _assemble(fwd: Graph, forward: list[Op], b: _Builder, updates: list[tuple[str, str]],
+              param_grads: list[tuple[str, str]], state: list[str]) -> Graph:
+    needed = {fwd.loss} | {new for _, new in updates}
+    backward: list[Op] = []
+    for op in reversed(b.ops):  # drop backward ops whose results nothing reads
+        if needed.intersection(op.outputs):
+            backward.append(op)
+            needed.update(op.inputs)
+    backward.reverse()
+    all_ops = tuple(forward) + tuple(backward)
+    used = {n for op in all_ops for n in op.inputs + op.outputs} | set(fwd.inputs) | set(fwd.params) | set(state)
+    tensors = {n: t for n, t in b.tensors.items() if n in used}
+    return attrs.evolve(fwd, tensors=tensors, ops=all_ops, state=tuple(state), updates=tuple(updates),
+                        grads=tuple(param_grads))

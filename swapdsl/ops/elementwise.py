@@ -187,8 +187,7 @@ def _broadcast_to(c: KernelContext, ins: list[Array], a: Attrs) -> Array:
     (g,) = ins
     xp = c.xp
     expanded = xp.expand_dims(g, tuple(a["axes"])) if a["axes"] else g
-    out = xp.broadcast_to(expanded, tuple(a["shape"])) * g.dtype.type(a["scale"])
-    return xp.ascontiguousarray(out)
+    return xp.broadcast_to(expanded, tuple(a["shape"])) * g.dtype.type(a["scale"])
 
 
 def _fill_infer(ins: Types, a: Attrs) -> TensorType:

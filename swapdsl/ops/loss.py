@@ -32,7 +32,7 @@ def _xent(c: KernelContext, ins: list[Array], a: Attrs) -> Array:
     m = z.max(axis=1, keepdims=True)
     logsumexp = m[:, 0] + xp.log(xp.exp(z - m).sum(axis=1))
     picked = z[xp.arange(z.shape[0]), y]
-    return xp.asarray((logsumexp - picked).mean(dtype=xp.float32), dtype=z.dtype)
+    return xp.asarray((logsumexp - picked).mean(), dtype=z.dtype)
 
 
 def _xent_grad_kernel(c: KernelContext, ins: list[Array], a: Attrs) -> Array:
@@ -59,7 +59,7 @@ def _mse_infer(ins: Types, a: Attrs) -> TensorType:
 
 def _mse(c: KernelContext, ins: list[Array], a: Attrs) -> Array:
     d = ins[0] - ins[1]
-    return c.xp.asarray((d * d).mean(dtype=c.xp.float32), dtype=d.dtype)
+    return c.xp.asarray((d * d).mean(), dtype=d.dtype)
 
 
 def _mse_grad_kernel(c: KernelContext, ins: list[Array], a: Attrs) -> Array:

@@ -77,7 +77,7 @@ def _index(a: Attrs, rank: int) -> tuple[slice, ...]:
 
 def _slice(c: KernelContext, ins: list[Array], a: Attrs) -> Array:
     (x,) = ins
-    return c.xp.ascontiguousarray(x[_index(a, x.ndim)])
+    return x[_index(a, x.ndim)].copy()
 
 
 def _slice_grad(b: GradBuilder, ins: tuple[str, ...], out: str, g: str, a: Attrs) -> tuple[str | None, ...]:
@@ -136,9 +136,9 @@ def _moved(ins: Types, out: TensorType, a: Attrs) -> int:
 
 register(
     OpDef("reshape", (1, 1), _reshape_infer, no_flops,
-          lambda c, ins, a: c.xp.ascontiguousarray(ins[0]).reshape(tuple(a["shape"])), _reshape_grad),
+          lambda c, ins, a: ins[0].reshape(tuple(a["shape"])), _reshape_grad),
     OpDef("permute", (1, 1), _permute_infer, no_flops,
-          lambda c, ins, a: c.xp.ascontiguousarray(ins[0].transpose(tuple(a["perm"]))), _permute_grad),
+          lambda c, ins, a: ins[0].transpose(tuple(a["perm"])).copy(), _permute_grad),
     OpDef("concat", (1, None), _concat_infer, no_flops,
           lambda c, ins, a: c.xp.concatenate(ins, axis=a["axis"]), _concat_grad),
     OpDef("slice", (1, 1), _slice_infer, no_flops, _slice, _slice_grad, bytes_read=_moved),

@@ -22,7 +22,8 @@ $(VENV)/.installed: $(BIN)/python pyproject.toml
 
 demo: $(VENV)/.installed
 	@for m in mlp tiny_transformer tiny_resnet; do $(BIN)/swapdsl check stdlib/models/$$m.swp || exit $$?; done
-	$(BIN)/swapdsl check $(DEMO_MODEL) -D batch=256 -D width=64
+	$(BIN)/swapdsl check $(DEMO_MODEL) --training -D batch=256 -D width=64
+	$(BIN)/swapdsl exec $(DEMO_MODEL) --steps 10
 
 test: $(VENV)/.installed-test
 	$(BIN)/python -m pytest -q

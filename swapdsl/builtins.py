@@ -161,9 +161,23 @@ def _pool(op: str) -> Callable[[Emitter, Args, Span], Value]:
         stride = a["stride"] if a["stride"] is not None else a["kernel"]
         if min(a["kernel"]) < 1 or min(stride) < 1 or min(a["padding"]) < 0:
             raise SwpError(f"`{op}` kernel and stride must be positive and padding not negative", span)
-        return em.emit(op, [a["x"]], {"kernel": a["kernel"], "stride": stride, "padding": a["padding"]}, span)
+        attrs_ = {"kernel": a["kernel"], "stride": stride, "padding": a["padding"]}
+        if "count_include_pad" in a:
+            attrs_["count_include_pad"] = a["count_include_pad"]
+        return em.emit(op, [a["x"]], attrs_, span)
 
     return lower
+
+
+def _matmul(em: Emitter, a: Args, span: Span) -> Value:
+    """a @ b, or a @ b^T without materialising the transpose (a tied embedding as the output layer)."""
+    return em.emit("matmul_nt" if a["transpose_b"] else "matmul", [a["a"], a["b"]], {}, span)
+
+
+def _pad2d(em: Emitter, a: Args, span: Span) -> Value:
+    if len(a["padding"]) != 4:
+        raise SwpError(f"pad2d padding is (top, bottom, left, right), got {list(a['padding'])}", span)
+    return em.emit("pad2d", [a["x"]], {"padding": a["padding"]}, span)
 
 
 def _reshape_to(em: Emitter, x: TensorVal, shape: tuple[int, ...], span: Span) -> TensorVal:
@@ -262,9 +276,11 @@ def _unary(name: str, static: Callable[..., Value] | None = None) -> Builtin:
 def _table() -> dict[str, Builtin]:
     X = ("x", "tensor", REQUIRED)
     pool = (X, ("kernel", "pair", REQUIRED), ("stride", "pair?", None), ("padding", "pair", 0))
+    avg_pool = pool + (("count_include_pad", "bool", True),)
     reduce_ = (X, ("axes", "axes", None), ("keepdims", "bool", False))
     defs = [
-        Builtin("matmul", (("a", "tensor", REQUIRED), ("b", "tensor", REQUIRED)), _op("matmul", "a", "b")),
+        Builtin("matmul", (("a", "tensor", REQUIRED), ("b", "tensor", REQUIRED), ("transpose_b", "bool", False)),
+                _matmul),
         *(Builtin(n, (("a", "tensor", REQUIRED), ("b", "tensor", REQUIRED)), _op(n, "a", "b"))
           for n in ("add", "sub", "mul", "div")),
         _unary("neg", lambda v: -v),
@@ -285,8 +301,10 @@ def _table() -> dict[str, Builtin]:
         Builtin("conv2d", (X, ("w", "tensor", REQUIRED), ("stride", "pair", 1), ("padding", "pair", 0),
                            ("dilation", "pair", 1), ("groups", "int", 1)), _conv2d),
         Builtin("max_pool2d", pool, _pool("max_pool2d")),
-        Builtin("avg_pool2d", pool, _pool("avg_pool2d")),
+        Builtin("avg_pool2d", avg_pool, _pool("avg_pool2d")),
         Builtin("global_avg_pool", (X,), _op("global_avg_pool", "x")),
+        Builtin("pad2d", (X, ("padding", "ints", REQUIRED)), _pad2d),
+        Builtin("causal_mask", (X, ("fill", "float", float("-inf"))), _op("causal_mask", "x", fill="fill")),
         Builtin("reshape", (X, ("shape", "ints", REQUIRED)), _reshape),
         Builtin("flatten", (X, ("start", "axis", 1)), _flatten),
         Builtin("permute", (X, ("perm", "ints", REQUIRED)), _permute),

@@ -660,6 +660,17 @@ def _prod(args: list, span: Span) -> Value:
     return math.prod(args[0][1])
 
 
+def _pair(args: list, span: Span) -> Value:
+    """pair(3) = (3, 3); pair((1, 7)) = (1, 7): kernel sizes written either way."""
+    if len(args) == 1:
+        v = args[0][1]
+        if isinstance(v, int) and not isinstance(v, bool):
+            return (v, v)
+        if isinstance(v, tuple) and len(v) == 2:
+            return v
+    raise SwpError("pair takes one integer or one pair of integers", span)
+
+
 _STATIC_FUNCS: dict[str, Callable[[list, Span], Value]] = {
-    "range": _range, "min": _numbers("min"), "max": _numbers("max"), "len": _len, "int": _int_of, "prod": _prod,
+    "range": _range, "pair": _pair, "min": _numbers("min"), "max": _numbers("max"), "len": _len, "int": _int_of, "prod": _prod,
 }

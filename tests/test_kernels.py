@@ -106,6 +106,26 @@ def test_pooling(xp: Any) -> None:
     np.testing.assert_array_equal(run(xp, "global_avg_pool", GRID), [[7.5]])
 
 
+def test_avg_pool_without_padding_in_the_count(xp: Any) -> None:
+    ones = np.ones((1, 1, 3, 3))
+    attrs = {"kernel": (3, 3), "stride": (1, 1), "padding": (1, 1)}
+    np.testing.assert_allclose(run(xp, "avg_pool2d", ones, **attrs)[0, 0, 0, 0], 4 / 9)  # corner: 4 of 9 real
+    np.testing.assert_allclose(run(xp, "avg_pool2d", ones, count_include_pad=False, **attrs)[0, 0], np.ones((3, 3)))
+    dx = run(xp, "avg_pool2d_grad", np.ones((1, 1, 3, 3)), input_hw=(3, 3), count_include_pad=False, **attrs)
+    # the corner pixel feeds 4 windows of 4, 6, 6 and 9 real pixels
+    np.testing.assert_allclose(dx[0, 0, 0, 0], 1 / 4 + 1 / 6 + 1 / 6 + 1 / 9)
+
+
+def test_pad_crop_and_causal_mask(xp: Any) -> None:
+    x = np.arange(4.0).reshape(1, 1, 2, 2)
+    padded = run(xp, "pad2d", x, padding=(0, 1, 1, 0))
+    np.testing.assert_array_equal(padded[0, 0], [[0, 0, 1], [0, 2, 3], [0, 0, 0]])
+    np.testing.assert_array_equal(run(xp, "crop2d", padded, padding=(0, 1, 1, 0)), x)
+    masked = run(xp, "causal_mask", np.ones((2, 2)), fill=-np.inf)
+    np.testing.assert_array_equal(masked, [[1, -np.inf], [1, 1]])
+    np.testing.assert_allclose(run(xp, "softmax", masked, axis=1), [[1, 0], [0.5, 0.5]])
+
+
 def test_softmax_family(xp: Any) -> None:
     np.testing.assert_allclose(run(xp, "softmax", [[0.0, math.log(3)]], axis=1), [[0.25, 0.75]])
     np.testing.assert_allclose(run(xp, "log_softmax", [[0.0, 0.0]], axis=1), [[-math.log(2)] * 2])

@@ -56,6 +56,17 @@ def _matmul_grad(b: GradBuilder, ins: tuple[str, ...], out: str, g: str, a: Attr
     return dx, dy
 
 
+def _matmul_nt_grad(b: GradBuilder, ins: tuple[str, ...], out: str, g: str, a: Attrs) -> tuple[str | None, ...]:
+    """y = x @ w^T (w shared, e.g. a tied embedding table): dx = g @ w, dw = g^T @ x."""
+    x, w = ins
+    dx = unbroadcast(b, b.emit("matmul", [g, w]), b.type(x).shape)
+    if b.type(w).rank == 2:
+        dw = b.emit("matmul_tn_fold", [g, x])
+    else:
+        dw = unbroadcast(b, b.emit("matmul_tn", [g, x]), b.type(w).shape)
+    return dx, dw
+
+
 def _mm_flops(form: str):  # noqa: ANN202
     def flops(ins: Types, out: TensorType, a: Attrs) -> int:
         x = ins[0]
@@ -73,7 +84,8 @@ def _fold(c: KernelContext, ins: list[Array], a: Attrs) -> Array:
 register(
     OpDef("matmul", (2, 2), _matmul_infer, _mm_flops("nn"), lambda c, ins, a: c.xp.matmul(ins[0], ins[1]),
           _matmul_grad),
-    OpDef("matmul_nt", (2, 2), _nt_infer, _mm_flops("nt"), lambda c, ins, a: c.xp.matmul(ins[0], _swap(c.xp, ins[1]))),
+    OpDef("matmul_nt", (2, 2), _nt_infer, _mm_flops("nt"), lambda c, ins, a: c.xp.matmul(ins[0], _swap(c.xp, ins[1])),
+          _matmul_nt_grad),
     OpDef("matmul_tn", (2, 2), _tn_infer, _mm_flops("tn"), lambda c, ins, a: c.xp.matmul(_swap(c.xp, ins[0]), ins[1])),
     OpDef("matmul_tn_fold", (2, 2), _tn_fold_infer, _mm_flops("fold"), _fold),
 )

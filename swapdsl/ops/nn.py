@@ -313,9 +313,19 @@ def _max_pool(c: KernelContext, ins: list[Array], a: Attrs) -> Array:
     return _pool_windows(c, ins[0], a, float("-inf")).max(axis=(4, 5))
 
 
+def _avg_divisor(c: KernelContext, in_hw: tuple[int, int], a: Attrs) -> Any:
+    """How many pixels each window averages: the whole kernel, or only its unpadded part."""
+    kh, kw = a["kernel"]
+    if a.get("count_include_pad", True):
+        return float(kh * kw)
+    ones = c.xp.ones((1, 1) + tuple(in_hw))
+    return _pool_windows(c, ones, a, 0.0).sum(axis=(4, 5))[0, 0]
+
+
 def _avg_pool(c: KernelContext, ins: list[Array], a: Attrs) -> Array:
-    # the window's padding counts (PyTorch's count_include_pad=True)
-    return _pool_windows(c, ins[0], a, 0.0).mean(axis=(4, 5)).astype(ins[0].dtype)
+    (x,) = ins
+    total = _pool_windows(c, x, a, 0.0).sum(axis=(4, 5))
+    return (total / _avg_divisor(c, x.shape[2:], a)).astype(x.dtype)
 
 
 def _scatter_taps(c: KernelContext, g: Array, in_shape: tuple[int, ...], a: Attrs, weight_of: Any) -> Array:
@@ -341,9 +351,9 @@ def _max_pool_grad(c: KernelContext, ins: list[Array], a: Attrs) -> Array:
 
 def _avg_pool_grad(c: KernelContext, ins: list[Array], a: Attrs) -> Array:
     (g,) = ins
-    kh, kw = a["kernel"]
-    share = g.dtype.type(1.0 / (kh * kw))
-    return _scatter_taps(c, g, (g.shape[0], g.shape[1]) + tuple(a["input_hw"]), a, lambda i, j: share)
+    in_hw = tuple(a["input_hw"])
+    share = (g / _avg_divisor(c, in_hw, a)).astype(g.dtype)
+    return _scatter_taps(c, share, g.shape[:2] + in_hw, a, lambda i, j: 1)
 
 
 def _max_pool_grad_rule(b: GradBuilder, ins: tuple[str, ...], out: str, g: str, a: Attrs) -> tuple[str | None, ...]:
@@ -374,6 +384,57 @@ def _global_avg_pool_grad(b: GradBuilder, ins: tuple[str, ...], out: str, g: str
                           a: Attrs) -> tuple[str | None, ...]:
     shape = b.type(ins[0]).shape
     return (b.emit("broadcast_to", [g], {"shape": shape, "axes": (2, 3), "scale": 1.0 / (shape[2] * shape[3])}),)
+
+
+# ---- padding and masks -----------------------------------------------------------
+
+
+def _pad2d_infer(ins: Types, a: Attrs) -> TensorType:
+    (x,) = ins
+    top, bottom, left, right = a["padding"]
+    if x.rank != 4 or min(a["padding"]) < 0:
+        raise SwpError(f"`pad2d` needs a 4-d input and non-negative padding, got {x} and {a['padding']}")
+    return TensorType(x.shape[:2] + (x.shape[2] + top + bottom, x.shape[3] + left + right), x.dtype)
+
+
+def _pad2d(c: KernelContext, ins: list[Array], a: Attrs) -> Array:
+    top, bottom, left, right = a["padding"]
+    return c.xp.pad(ins[0], ((0, 0), (0, 0), (top, bottom), (left, right)))
+
+
+def _pad2d_grad(b: GradBuilder, ins: tuple[str, ...], out: str, g: str, a: Attrs) -> tuple[str | None, ...]:
+    return (b.emit("crop2d", [g], a),)
+
+
+def _crop2d_infer(ins: Types, a: Attrs) -> TensorType:
+    (g,) = ins
+    top, bottom, left, right = a["padding"]
+    return TensorType(g.shape[:2] + (g.shape[2] - top - bottom, g.shape[3] - left - right), g.dtype)
+
+
+def _crop2d(c: KernelContext, ins: list[Array], a: Attrs) -> Array:
+    (g,) = ins
+    top, bottom, left, right = a["padding"]
+    return g[:, :, top:g.shape[2] - bottom, left:g.shape[3] - right].copy()
+
+
+def _causal_infer(ins: Types, a: Attrs) -> TensorType:
+    (x,) = ins
+    if x.rank < 2 or x.shape[-1] != x.shape[-2]:
+        raise SwpError(f"`causal_mask` needs square trailing dimensions [..., T, T], got {x}")
+    return TensorType(x.shape, floating("causal_mask", x))
+
+
+def _causal(c: KernelContext, ins: list[Array], a: Attrs) -> Array:
+    """Entries above the diagonal (key after query) become ``fill``."""
+    (x,) = ins
+    t = x.shape[-1]
+    future = c.xp.triu(c.xp.ones((t, t), dtype=bool), k=1)
+    return c.xp.where(future, x.dtype.type(a["fill"]), x)
+
+
+def _causal_grad(b: GradBuilder, ins: tuple[str, ...], out: str, g: str, a: Attrs) -> tuple[str | None, ...]:
+    return (b.emit("causal_mask", [g], {"fill": 0.0}),)
 
 
 # ---- embedding -----------------------------------------------------------------
@@ -444,6 +505,9 @@ register(
           _avg_pool_grad),
     OpDef("global_avg_pool", (1, 1), _global_avg_pool_infer, per_input_element(1),
           lambda c, ins, a: ins[0].mean(axis=(2, 3)).astype(ins[0].dtype), _global_avg_pool_grad),
+    OpDef("pad2d", (1, 1), _pad2d_infer, lambda ins, o, a: 0, _pad2d, _pad2d_grad),
+    OpDef("crop2d", (1, 1), _crop2d_infer, lambda ins, o, a: 0, _crop2d),
+    OpDef("causal_mask", (1, 1), _causal_infer, per_element(1), _causal, _causal_grad),
     OpDef("embedding", (2, 2), _embedding_infer, lambda ins, o, a: 0, lambda c, ins, a: ins[1][ins[0]],
           _embedding_grad, bytes_read=_gathered_bytes),
     OpDef("embedding_grad", (2, 2), _embedding_grad_infer, lambda ins, o, a: ins[1].numel,

@@ -180,6 +180,16 @@ def _pad2d(em: Emitter, a: Args, span: Span) -> Value:
     return em.emit("pad2d", [a["x"]], {"padding": a["padding"]}, span)
 
 
+def _fill(value: float | None):  # noqa: ANN202
+    def lower(em: Emitter, a: Args, span: Span) -> Value:
+        if min(a["shape"], default=1) < 1:
+            raise SwpError(f"a tensor's dimensions must be positive, got {list(a['shape'])}", span)
+        v = a["value"] if value is None else value
+        return em.emit("fill", [], {"shape": a["shape"], "value": v, "dtype": a["dtype"].label}, span)
+
+    return lower
+
+
 def _reshape_to(em: Emitter, x: TensorVal, shape: tuple[int, ...], span: Span) -> TensorVal:
     unknown = [i for i, d in enumerate(shape) if d == -1]
     if len(unknown) > 1 or any(d < -1 or d == 0 for d in shape):
@@ -322,6 +332,9 @@ def _table() -> dict[str, Builtin]:
         Builtin("mse_loss", (("prediction", "tensor", REQUIRED), ("target", "tensor", REQUIRED)),
                 _op("mse_loss", "prediction", "target")),
         Builtin("cast", (X, ("dtype", "dtype", REQUIRED)), _cast),
+        Builtin("zeros", (("shape", "ints", REQUIRED), ("dtype", "dtype", DType.f32)), _fill(0.0)),
+        Builtin("full", (("shape", "ints", REQUIRED), ("value", "float", REQUIRED), ("dtype", "dtype", DType.f32)),
+                _fill(None)),
     ]
     return {b.name: b for b in defs}
 

@@ -24,6 +24,7 @@ demo: $(VENV)/.installed
 	@for m in mlp tiny_transformer tiny_resnet; do $(BIN)/swapdsl check stdlib/models/$$m.swp || exit $$?; done
 	$(BIN)/swapdsl check $(DEMO_MODEL) --training -D batch=256 -D width=64
 	$(BIN)/swapdsl exec $(DEMO_MODEL) --steps 10
+	$(BIN)/python bench/zoo.py
 
 test: $(VENV)/.installed-test
 	$(BIN)/python -m pytest -q

@@ -156,7 +156,14 @@ class MinimizeStmt:
     span: Span
 
 
-Stmt = Union[InputStmt, ParamStmt, AssignStmt, ReturnStmt, ForStmt, IfStmt, MinimizeStmt]
+@attrs.frozen
+class AssertStmt:
+    test: Expr
+    message: Expr | None
+    span: Span
+
+
+Stmt = Union[InputStmt, ParamStmt, AssignStmt, ReturnStmt, ForStmt, IfStmt, MinimizeStmt, AssertStmt]
 
 # ---- top level ---------------------------------------------------------------
 

@@ -248,6 +248,14 @@ class _Elaborator:
                 return
         self.block(s.orelse, frame)
 
+    def stmt_AssertStmt(self, s: ast.AssertStmt, frame: _Frame) -> None:
+        ok = self.expr(s.test, frame)
+        if not isinstance(ok, bool):
+            raise SwpError(f"an assertion must be a static bool, got {describe(ok)}", s.test.span)
+        if not ok:
+            message = self.expr(s.message, frame) if s.message is not None else "assertion failed"
+            raise SwpError(str(message) if isinstance(message, str) else describe(message), s.span)
+
     def stmt_MinimizeStmt(self, s: ast.MinimizeStmt, frame: _Frame) -> None:
         if not frame.in_model:
             raise SwpError("`minimize` is only allowed in a model", s.span)
@@ -604,6 +612,10 @@ def _static_binop(e: ast.BinOp, left: Value, right: Value) -> Value:
     numbers = all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in (left, right))
     if e.op in ("==", "!="):
         return _ARITH[e.op](left, right)
+    if e.op == "in":
+        if not isinstance(right, tuple):
+            raise SwpError(f"`in` needs a tuple or list on the right, got {describe(right)}", e.right.span)
+        return left in right
     if e.op == "+" and isinstance(left, tuple) and isinstance(right, tuple):
         return left + right
     if not numbers or e.op not in _ARITH:

@@ -206,6 +206,9 @@ class _ToAst(Transformer):
         loss, opt, args = c
         return ast.MinimizeStmt(loss, str(opt), self._tok_span(opt), tuple(args or ()), self._span(meta))
 
+    def assert_stmt(self, meta: Any, c: list[Any]) -> ast.AssertStmt:
+        return ast.AssertStmt(c[0], c[1], self._span(meta))
+
     # expressions
     def name(self, meta: Any, c: list[Token]) -> ast.Name:
         return ast.Name(str(c[0]), self._span(meta))
@@ -240,6 +243,9 @@ class _ToAst(Transformer):
     add, sub, mul, div = _bin("+"), _bin("-"), _bin("*"), _bin("/")
     floordiv, mod, matmul, pow = _bin("//"), _bin("%"), _bin("@"), _bin("**")
     and_op, or_op = _bin("and"), _bin("or")
+
+    def in_op(self, meta: Any, c: list[Any]) -> ast.BinOp:
+        return ast.BinOp("in", c[0], c[1], self._span(meta))
 
     def compare(self, meta: Any, c: list[Any]) -> ast.BinOp:
         return ast.BinOp(str(c[1]), c[0], c[2], self._span(meta))

@@ -164,3 +164,14 @@ def test_cast_and_dtypes(in_tmp: Path) -> None:
     body = "    input x: f16[batch, 2]\n    h = cast(x, f32)\n    loss = mean(h)\n"
     g = graph_of(in_tmp, body)
     assert str(g.type_of(g.ops[0].outputs[0])) == "f32[4,2]"
+
+
+def test_assert_and_in(cli, in_tmp: Path) -> None:
+    body = '''    assert batch in [2, 4, 8], "batch must be a small power of two"
+    input x: f32[batch, 2]
+    loss = mean(x)
+'''
+    assert graph_of(in_tmp, body).tensors["x"].type.shape == (4, 2)
+    code, _, err = cli("check", "m.swp", "-D", "batch=3")
+    assert code == 2
+    assert err.splitlines()[:2] == ["error: batch must be a small power of two", " --> m.swp:2:5"]

@@ -2,6 +2,25 @@
 
 from __future__ import annotations
 
+import re
+
+from swapdsl.errors import SwpError
+
+_UNITS = {"": 1, "b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12,
+          "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40}
+
+
+def parse_size(text: str) -> int:
+    """'8GiB', '512MiB', '1.5GB' or a plain number of bytes -> bytes."""
+    m = re.fullmatch(r"\s*([0-9]*\.?[0-9]+(?:[eE][0-9]+)?)\s*([A-Za-z]*)\s*", text)
+    if not m or m.group(2).lower() not in _UNITS:
+        raise SwpError(f"cannot read the memory size `{text}`",
+                       hints=["write e.g. 8GiB, 512MiB, 1.5GB or a number of bytes"])
+    value = float(m.group(1)) * _UNITS[m.group(2).lower()]
+    if value < 1:
+        raise SwpError(f"the memory size `{text}` is not positive")
+    return int(value)
+
 
 def format_bytes(n: float) -> str:
     for unit in ("B", "KiB", "MiB", "GiB", "TiB"):

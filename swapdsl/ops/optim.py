@@ -56,11 +56,15 @@ def _like_first(ins: Types, a: Attrs) -> TensorType:
     return ins[0]
 
 
+def _update(name: str, arity: int, flops: int, kernel) -> OpDef:  # noqa: ANN001
+    return OpDef(name, (arity, arity), _like_first, per_element(flops), kernel, in_place=True)
+
+
 register(
-    OpDef("sgd", (2, 2), _like_first, per_element(3), _sgd),
-    OpDef("momentum", (3, 3), _like_first, per_element(4), _momentum),
-    OpDef("sgd_apply", (2, 2), _like_first, per_element(2), _sgd_apply),
-    OpDef("adam_m", (3, 3), _like_first, per_element(5), _adam_m),
-    OpDef("adam_v", (3, 3), _like_first, per_element(6), _adam_v),
-    OpDef("adam_apply", (3, 3), _like_first, per_element(6), _adam_apply),
+    _update("sgd", 2, 3, _sgd),
+    _update("momentum", 3, 4, _momentum),
+    _update("sgd_apply", 2, 2, _sgd_apply),
+    _update("adam_m", 3, 5, _adam_m),
+    _update("adam_v", 3, 6, _adam_v),
+    _update("adam_apply", 3, 6, _adam_apply),
 )

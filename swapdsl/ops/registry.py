@@ -60,6 +60,7 @@ class OpDef:
     flops: Cost
     kernel: Kernel
     grad: GradRule | None = None  # None: no gradient flows through (backward and update ops)
+    in_place: bool = False  # the kernel may write its output over its first input (elementwise updates)
     bytes_read: Cost = _read_all
     bytes_written: Cost = _write_out
 

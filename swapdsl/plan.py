@@ -1,0 +1,131 @@
+"""The plan: everything `exec` needs to run a training step under a memory cap.
+
+A plan holds the model's identity, the device profile, the cap, the memory
+pool (size classes of fixed-size slabs), every tensor (bytes, class, kind, and
+for inputs and persistent tensors where it lives when an iteration starts),
+every op (with its modelled time), and the program: one ordered list of
+instructions for the three streams.
+
+- ``Run(op, outs)``: the compute stream runs op ``op``; each output goes to a
+  slab. An ``in_place`` output reuses the slab of the op's first input, whose
+  last use this is (optimiser updates).
+- ``SwapIn(t, slab, after, before)``: host -> device copy of ``t`` into
+  ``slab``; it may start once op ``after`` has finished (-1: the iteration's
+  start) and must be complete before op ``before`` starts.
+- ``SwapOut(t, after)``: device -> host copy of ``t``, once op ``after`` has
+  finished. The slab stays ``t``'s until a ``Free``.
+- ``Free(t, after)``: ``t`` gives up its slab once op ``after`` has finished
+  and any swap-out of ``t`` is complete. If ``t`` is still needed, it lives
+  on in its host copy.
+
+The list is in issue order: every instruction comes after those it waits for,
+so the simulator, the validator and the runtime each replay it in one pass.
+"""
+
+from __future__ import annotations
+
+from typing import Union
+
+import attrs
+
+from swapdsl.devices import Device
+
+HOST = "host"
+
+
+@attrs.frozen(order=True)
+class Slab:
+    cls: int
+    index: int
+
+    def __str__(self) -> str:
+        return f"{self.cls}.{self.index}"
+
+
+@attrs.frozen
+class PoolClass:
+    bytes: int
+    slabs: int
+
+
+@attrs.frozen
+class PlanTensor:
+    name: str
+    bytes: int
+    cls: int
+    kind: str  # an ir.Kind value
+    home: Slab | str | None = None  # inputs and persistent tensors: HOST or a slab; others None
+
+
+@attrs.frozen
+class PlanOp:
+    index: int
+    op: str
+    ms: float
+    inputs: tuple[str, ...]
+    outputs: tuple[str, ...]
+
+
+@attrs.frozen
+class Run:
+    op: int
+    outs: tuple[tuple[str, Slab], ...]
+    in_place: bool = False
+
+
+@attrs.frozen
+class SwapIn:
+    tensor: str
+    slab: Slab
+    after: int
+    before: int
+
+
+@attrs.frozen
+class SwapOut:
+    tensor: str
+    after: int
+
+
+@attrs.frozen
+class Free:
+    tensor: str
+    after: int
+
+
+Instr = Union[Run, SwapIn, SwapOut, Free]
+
+FIGURES = ("ideal_ms", "bound_ms", "iteration_ms", "fraction", "swap_bytes", "h2d_bytes", "d2h_bytes",
+           "peak_device_bytes", "host_bytes", "search_seconds", "ratio")
+
+
+@attrs.frozen
+class Plan:
+    model_path: str
+    model_sha256: str
+    args: tuple[tuple[str, int | float | bool], ...]
+    method: str
+    device: Device
+    cap: int
+    pool: tuple[PoolClass, ...]
+    tensors: tuple[PlanTensor, ...]
+    ops: tuple[PlanOp, ...]
+    loss: str
+    updates: tuple[tuple[str, str], ...]  # (persistent tensor, the value that replaces it)
+    program: tuple[Instr, ...]
+    figures: tuple[tuple[str, float], ...] = ()
+
+    def tensor_map(self) -> dict[str, PlanTensor]:
+        return {t.name: t for t in self.tensors}
+
+    def figure(self, name: str) -> float:
+        return dict(self.figures)[name]
+
+    @property
+    def pool_bytes(self) -> int:
+        return sum(c.bytes * c.slabs for c in self.pool)
+
+    def slab_offset(self, slab: Slab) -> int:
+        """Byte offset of a slab in the device arena: classes laid out in order, slabs within."""
+        before = sum(c.bytes * c.slabs for c in self.pool[: slab.cls])
+        return before + slab.index * self.pool[slab.cls].bytes

@@ -1,0 +1,248 @@
+"""Plan files: the text form of a Plan, written atomically and read back exactly."""
+
+from __future__ import annotations
+
+import functools
+import json
+import os
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import attrs
+import lark
+from lark import Token, Transformer, v_args
+from lark.exceptions import UnexpectedInput
+
+from swapdsl.devices import Device
+from swapdsl.errors import Span, SwpError
+from swapdsl.loader import read_source
+from swapdsl.paths import GRAMMAR_DIR
+from swapdsl.plan import HOST, Free, Plan, PlanOp, PlanTensor, PoolClass, Run, Slab, SwapIn, SwapOut
+
+VERSION = 1
+_DEVICE_SCALARS = ("memory_bytes", "mem_bw", "h2d_bw", "d2h_bw", "launch_s", "copy_latency_s",
+                   "compute_efficiency", "memory_efficiency", "source")
+
+
+def _q(s: str) -> str:
+    return json.dumps(s)
+
+
+def _v(v: Any) -> str:
+    if isinstance(v, bool):
+        return "true" if v else "false"
+    if isinstance(v, float):
+        return repr(v)
+    if isinstance(v, str):
+        return _q(v)
+    return str(v)
+
+
+def _home(t: PlanTensor) -> str:
+    if t.home is None:
+        return ""
+    return f" home {t.home if t.home == HOST else _slab(t.home)}"
+
+
+def _slab(s: Slab | str) -> str:
+    assert isinstance(s, Slab)
+    return f"{s.cls}:{s.index}"
+
+
+def _instr(i: Any) -> str:
+    if isinstance(i, Run):
+        outs = " ".join(f"{_q(t)} {_slab(s)}" + (" inplace" if i.in_place else "") for t, s in i.outs)
+        return f"run {i.op} {outs}"
+    if isinstance(i, SwapIn):
+        return f"swapin {_q(i.tensor)} {_slab(i.slab)} after {i.after} before {i.before}"
+    if isinstance(i, SwapOut):
+        return f"swapout {_q(i.tensor)} after {i.after}"
+    return f"free {_q(i.tensor)} after {i.after}"
+
+
+def format_plan(p: Plan) -> str:
+    lines = [f"swapdsl-plan {VERSION}", f"model {_q(p.model_path)} sha256 {_q(p.model_sha256)}"]
+    lines += [f"arg {k} {_v(v)}" for k, v in p.args]
+    lines.append(f"method {p.method}")
+    dev = " ".join(f"{k} {_v(getattr(p.device, k))}" for k in _DEVICE_SCALARS)
+    lines.append(f"device {_q(p.device.name)} {dev}")
+    lines += [f"flops {k} {_v(v)}" for k, v in p.device.flops]
+    lines.append(f"cap {p.cap}")
+    lines += [f"class {i} bytes {c.bytes} slabs {c.slabs}" for i, c in enumerate(p.pool)]
+    lines += [f"tensor {_q(t.name)} bytes {t.bytes} class {t.cls} kind {t.kind}{_home(t)}" for t in p.tensors]
+    for o in p.ops:
+        ins = "".join(f" {_q(n)}" for n in o.inputs)
+        outs = "".join(f" {_q(n)}" for n in o.outputs)
+        lines.append(f"op {o.index} {_q(o.op)} ms {_v(o.ms)} in{ins} out{outs}")
+    lines.append(f"loss {_q(p.loss)}")
+    lines += [f"update {_q(old)} {_q(new)}" for old, new in p.updates]
+    lines += [_instr(i) for i in p.program]
+    lines += [f"figure {k} {_v(v)}" for k, v in p.figures]
+    return "\n".join(lines) + "\n"
+
+
+def write_plan(p: Plan, path: str | Path) -> None:
+    """Write atomically: a temporary file in the same folder, renamed over the target."""
+    target = Path(path)
+    if target.is_dir():
+        raise SwpError(f"`{path}` is a directory; give a file name for the plan")
+    folder = target.parent if str(target.parent) else Path(".")
+    if not folder.is_dir():
+        raise SwpError(f"cannot write `{path}`: folder `{folder}` does not exist")
+    fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=folder)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(format_plan(p))
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, target)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+# ---- reading ---------------------------------------------------------------------
+
+
+@functools.cache
+def _lark() -> lark.Lark:
+    return lark.Lark((GRAMMAR_DIR / "plan.lark").read_text(encoding="utf-8"), parser="lalr",
+                     lexer="contextual", propagate_positions=True)
+
+
+def read_plan(path: str | Path) -> Plan:
+    text = read_source(path)
+    return parse_plan(text, str(path))
+
+
+def parse_plan(text: str, file: str = "<plan>") -> Plan:
+    try:
+        tree = _lark().parse(text)
+    except UnexpectedInput as exc:
+        col = getattr(exc, "column", 1)
+        raise SwpError(f"`{file}` is not a valid plan: unexpected input at line {exc.line}",
+                       Span.point(file, exc.line, max(col, 1)),
+                       hints=["plans are written by `swapdsl optimize`"]) from None
+    return _Build(file).build(tree)
+
+
+def _number(tok: Token) -> int | float:
+    return float(tok) if tok.type == "FLOAT" else int(tok)
+
+
+def _value(tok: Token) -> int | float | bool | str:
+    if tok.type == "STRING":
+        return json.loads(tok)
+    if tok.type in ("TRUE", "FALSE"):
+        return tok.type == "TRUE"
+    return _number(tok)
+
+
+def _slab_of(tok: Token) -> Slab:
+    c, i = tok.split(":")
+    return Slab(int(c), int(i))
+
+
+@v_args(meta=True)
+class _Build(Transformer):
+    """Collects each statement into the fields of a Plan."""
+
+    def __init__(self, file: str) -> None:
+        super().__init__()
+        self.file = file
+        self.f: dict[str, Any] = {"args": [], "device_fields": {}, "flops": [], "pool": [], "tensors": [],
+                                  "ops": [], "updates": [], "program": [], "figures": []}
+
+    def build(self, tree: lark.Tree) -> Plan:
+        self.transform(tree)
+        f = self.f
+        missing = [k for k in ("model", "method", "device", "cap", "loss") if k not in f]
+        if missing:
+            raise SwpError(f"`{self.file}` is not a complete plan: no {', '.join(missing)} line")
+        dev = dict(f["device_fields"], name=f["device"], flops=tuple(f["flops"]))
+        try:
+            device = Device(**dev)
+        except TypeError as exc:
+            raise SwpError(f"`{self.file}`: bad device line ({exc})") from None
+        return Plan(f["model"][0], f["model"][1], tuple(f["args"]), f["method"], device, f["cap"],
+                    tuple(f["pool"]), tuple(f["tensors"]), tuple(f["ops"]), f["loss"], tuple(f["updates"]),
+                    tuple(f["program"]), tuple(f["figures"]))
+
+    def _err(self, meta: Any, message: str) -> SwpError:
+        return SwpError(message, Span.point(self.file, meta.line, meta.column))
+
+    def header(self, meta: Any, c: list[Token]) -> None:
+        if int(c[0]) != VERSION:
+            raise self._err(meta, f"plan format version {c[0]} is not supported (this swapdsl reads {VERSION})")
+
+    def model(self, meta: Any, c: list[Token]) -> None:
+        self.f["model"] = (json.loads(c[0]), json.loads(c[1]))
+
+    def arg(self, meta: Any, c: list[Token]) -> None:
+        self.f["args"].append((str(c[0]), _value(c[1])))
+
+    def method(self, meta: Any, c: list[Token]) -> None:
+        self.f["method"] = str(c[0])
+
+    def device(self, meta: Any, c: list[Any]) -> None:
+        self.f["device"] = json.loads(c[0])
+        for key, value in c[1:]:
+            if key not in _DEVICE_SCALARS:
+                raise self._err(meta, f"unknown device field `{key}`")
+            self.f["device_fields"][key] = value
+
+    def field(self, meta: Any, c: list[Token]) -> tuple[str, Any]:
+        value = _value(c[1])
+        return str(c[0]), float(value) if str(c[0]) not in ("memory_bytes", "source") else value
+
+    def flops(self, meta: Any, c: list[Token]) -> None:
+        self.f["flops"].append((str(c[0]), float(_number(c[1]))))
+
+    def cap(self, meta: Any, c: list[Token]) -> None:
+        self.f["cap"] = int(c[0])
+
+    def klass(self, meta: Any, c: list[Token]) -> None:
+        if int(c[0]) != len(self.f["pool"]):
+            raise self._err(meta, f"class {c[0]} is out of order (expected class {len(self.f['pool'])})")
+        self.f["pool"].append(PoolClass(int(c[1]), int(c[2])))
+
+    def tensor(self, meta: Any, c: list[Any]) -> None:
+        home = c[4] if len(c) > 4 else None
+        self.f["tensors"].append(PlanTensor(json.loads(c[0]), int(c[1]), int(c[2]), str(c[3]), home))
+
+    def home(self, meta: Any, c: list[Token]) -> Slab | str:
+        return HOST if c[0].type == "HOST" else _slab_of(c[0])
+
+    def op(self, meta: Any, c: list[Any]) -> None:
+        self.f["ops"].append(PlanOp(int(c[0]), json.loads(c[1]), float(_number(c[2])), c[3], c[4]))
+
+    def ins(self, meta: Any, c: list[Token]) -> tuple[str, ...]:
+        return tuple(json.loads(t) for t in c)
+
+    outs = ins
+
+    def loss(self, meta: Any, c: list[Token]) -> None:
+        self.f["loss"] = json.loads(c[0])
+
+    def update(self, meta: Any, c: list[Token]) -> None:
+        self.f["updates"].append((json.loads(c[0]), json.loads(c[1])))
+
+    def run(self, meta: Any, c: list[Any]) -> None:
+        in_place = any(flag for _, _, flag in c[1:])
+        self.f["program"].append(Run(int(c[0]), tuple((t, s) for t, s, _ in c[1:]), in_place))
+
+    def out(self, meta: Any, c: list[Token]) -> tuple[str, Slab, bool]:
+        return json.loads(c[0]), _slab_of(c[1]), len(c) > 2
+
+    def swapin(self, meta: Any, c: list[Token]) -> None:
+        self.f["program"].append(SwapIn(json.loads(c[0]), _slab_of(c[1]), int(c[2]), int(c[3])))
+
+    def swapout(self, meta: Any, c: list[Token]) -> None:
+        self.f["program"].append(SwapOut(json.loads(c[0]), int(c[1])))
+
+    def free(self, meta: Any, c: list[Token]) -> None:
+        self.f["program"].append(Free(json.loads(c[0]), int(c[1])))
+
+    def figure(self, meta: Any, c: list[Token]) -> None:
+        self.f["figures"].append((str(c[0]), float(_number(c[1]))))

@@ -1,0 +1,124 @@
+"""Planners: training graph + device + cap -> Plan. One table keyed by method name.
+
+The baselines share the default schedule (the training graph's order), the
+pool sizing of pool.py and the swap planner; they differ in their policy:
+
+- ``lru``: on-demand swap-ins, least-recently-used victims, no prefetch;
+- ``vdnn``: vDNN's offload of forward activations during the forward pass,
+  prefetch one op ahead in the backward pass, LRU victims when memory runs out;
+- ``belady``: furthest-next-use victims, every swap-in as early as its slab and
+  its host copy allow.
+
+Persistent tensors (params and optimiser state) are pinned on the device when
+the pool has room for them (all of them, when the cap allows a plan with no
+swapping at all, or when they take at most half the cap); otherwise they live
+on the host, come in when needed, and their new values are written back.
+"""
+
+from __future__ import annotations
+
+import time
+
+import attrs
+
+from swapdsl.analysis import peak_bytes
+from swapdsl.bound import bound_ms, ideal_ms
+from swapdsl.devices import Device
+from swapdsl.errors import SwpError
+from swapdsl.ir import Graph
+from swapdsl.plan import HOST, Plan, PlanOp, PlanTensor, PoolClass, Slab
+from swapdsl.pool import Pool, class_sizes, fit_pool, need_counts, no_swap_counts
+from swapdsl.problem import Problem
+from swapdsl.simulate import simulate
+from swapdsl.swapplan import Policy, plan_swaps
+from swapdsl.units import format_bytes
+
+METHODS: dict[str, Policy] = {
+    "lru": Policy("lru", "none"),
+    "vdnn": Policy("lru", "ahead", offload=True),
+    "belady": Policy("belady", "earliest"),
+}
+
+
+@attrs.frozen
+class Request:
+    graph: Graph  # the training graph
+    device: Device
+    cap: int
+    model_path: str
+    model_args: tuple[tuple[str, int | float | bool], ...]
+
+
+def _bytes(sizes: tuple[int, ...], counts: tuple[int, ...]) -> int:
+    return sum(s * c for s, c in zip(sizes, counts))
+
+
+def size_pool(p: Problem, schedule: list[int], cap: int) -> tuple[Pool, frozenset[int], int]:
+    """The pool, the pinned persistent tensors, and the no-swap pool's bytes, for a cap."""
+    sizes = class_sizes(p)
+    peak = no_swap_counts(p, schedule)
+    no_swap = _bytes(sizes, peak)
+    everything = frozenset(p.persistent)
+    persistent_bytes = sum(p.slab_bytes[t] for t in everything)
+    choices = [everything] if no_swap <= cap or persistent_bytes <= cap // 2 else []
+    choices.append(frozenset())
+    for pinned in choices:
+        need = need_counts(p, schedule, pinned)
+        if _bytes(sizes, need) <= cap:
+            return fit_pool(sizes, peak, need, cap), pinned, no_swap
+    need = _bytes(sizes, need_counts(p, schedule, frozenset()))
+    raise SwpError(f"{format_bytes(cap)} is below the smallest feasible cap for this model, "
+                   f"{format_bytes(need)} ({need} bytes)",
+                   hints=[f"use --memory {need} or more: some op needs that much at once",
+                          f"with no swapping at all this model needs {format_bytes(no_swap)}"])
+
+
+def optimize(req: Request, method: str) -> Plan:
+    if method not in METHODS:
+        raise SwpError(f"unknown method `{method}`", hints=[f"methods: {', '.join(METHODS)}"])
+    start = time.perf_counter()
+    p = Problem.build(req.graph, req.device)
+    schedule = list(range(p.n_ops))
+    pool, pinned, no_swap = size_pool(p, schedule, req.cap)
+    policy = METHODS[method]
+    if _bytes(pool.sizes, pool.counts) >= no_swap:
+        policy = attrs.evolve(policy, offload=False)  # like vDNN's dynamic mode: no offload when all fits
+    program, homes = plan_swaps(p, schedule, pool, pinned, policy)
+    plan = assemble(req, p, method, pool, homes, tuple(program))
+    return with_figures(plan, p, no_swap, time.perf_counter() - start)
+
+
+def assemble(req: Request, p: Problem, method: str, pool: Pool, homes: dict[int, Slab], program: tuple) -> Plan:
+    cls = {s: i for i, s in enumerate(pool.sizes)}
+    tensors = []
+    for t, name in enumerate(p.names):
+        home: Slab | str | None = homes.get(t)
+        if home is None and t in p.persistent:
+            home = HOST
+        tensors.append(PlanTensor(name, p.nbytes[t], cls[p.slab_bytes[t]], p.kinds[t], home))
+    ops = tuple(PlanOp(i, op.op, p.op_ms[i], op.inputs, op.outputs) for i, op in enumerate(req.graph.ops))
+    return Plan(req.model_path, req.graph.source_sha256, req.model_args, method,
+                attrs.evolve(req.device, op_times=()), req.cap,
+                tuple(PoolClass(s, c) for s, c in zip(pool.sizes, pool.counts)), tuple(tensors), ops,
+                req.graph.loss, req.graph.updates, program)
+
+
+def with_figures(plan: Plan, p: Problem, no_swap: int, seconds: float) -> Plan:
+    r = simulate(plan)
+    ideal = ideal_ms(p)
+    figures = {
+        "ideal_ms": ideal,
+        "bound_ms": bound_ms(p, plan.cap),
+        "iteration_ms": r.iteration_ms,
+        "fraction": ideal / r.iteration_ms if r.iteration_ms > 0 else 1.0,
+        "swap_bytes": float(r.swap_bytes),
+        "h2d_bytes": float(r.h2d_bytes),
+        "d2h_bytes": float(r.d2h_bytes),
+        "peak_device_bytes": float(r.peak_device_bytes),
+        "host_bytes": float(r.host_bytes),
+        "search_seconds": seconds,
+        "ratio": no_swap / plan.cap,
+        "no_swap_bytes": float(no_swap),
+        "graph_peak_bytes": float(peak_bytes(p.graph)),
+    }
+    return attrs.evolve(plan, figures=tuple(figures.items()))

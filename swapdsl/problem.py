@@ -1,0 +1,78 @@
+"""The planning problem: a training graph reduced to what planners need.
+
+Tensors are numbered, ops carry their modelled times, and each tensor knows
+its size class, its uses in the default schedule, and whether it persists.
+"""
+
+from __future__ import annotations
+
+import attrs
+
+from swapdsl import ops as registry
+from swapdsl.costmodel import op_times_ms
+from swapdsl.devices import Device
+from swapdsl.ir import Graph, Kind
+
+ALIGN = 256
+
+
+def size_class(nbytes: int) -> int:
+    """The slab size for a tensor: the next m * 2^e (m = 8..15) at or above it, 256-byte aligned.
+
+    At most 1/8 of a slab is wasted, and tensors of similar size share a class.
+    """
+    n = max(nbytes, 1)
+    e = max(n.bit_length() - 4, 0)
+    m = -(-n // (1 << e))  # ceil
+    size = m << e
+    return -(-size // ALIGN) * ALIGN
+
+
+@attrs.frozen
+class Problem:
+    graph: Graph
+    device: Device
+    names: tuple[str, ...]  # tensor id -> name
+    nbytes: tuple[int, ...]
+    slab_bytes: tuple[int, ...]  # the size class of each tensor, as its slab size
+    kinds: tuple[str, ...]
+    op_ms: tuple[float, ...]
+    op_inputs: tuple[tuple[int, ...], ...]
+    op_outputs: tuple[tuple[int, ...], ...]
+    in_place: tuple[bool, ...]  # op may write its output over its first input
+    persistent: frozenset[int]
+    inputs: frozenset[int]
+    updates: tuple[tuple[int, int], ...]  # (persistent id, id of its new value)
+    loss: int
+
+    @staticmethod
+    def build(g: Graph, device: Device) -> Problem:
+        names = tuple(g.tensors)
+        index = {n: i for i, n in enumerate(names)}
+        types = [g.tensors[n].type for n in names]
+        nbytes = tuple(t.nbytes for t in types)
+        updated_new = {new for _, new in g.updates}
+        in_place = tuple(registry.REGISTRY[op.op].in_place and op.outputs[0] in updated_new for op in g.ops)
+        return Problem(
+            g, device, names, nbytes, tuple(size_class(b) for b in nbytes),
+            tuple(g.tensors[n].kind.value for n in names), tuple(op_times_ms(device, g)),
+            tuple(tuple(index[n] for n in op.inputs) for op in g.ops),
+            tuple(tuple(index[n] for n in op.outputs) for op in g.ops),
+            in_place,
+            frozenset(index[n] for n in g.persistent), frozenset(index[n] for n in g.inputs),
+            tuple((index[o], index[n]) for o, n in g.updates), index[g.loss])
+
+    @property
+    def n_ops(self) -> int:
+        return len(self.op_ms)
+
+    def uses(self, schedule: list[int]) -> list[list[int]]:
+        """For each tensor, the schedule positions of the ops that read it, in order."""
+        out: list[list[int]] = [[] for _ in self.names]
+        for pos, op in enumerate(schedule):
+            for t in self.op_inputs[op]:
+                out[t].append(pos)
+        return out
+
+    def is_forward_activation(self, t: int) -> bool:
+        return self.kinds[t] == Kind.activation.value

@@ -16,9 +16,16 @@ from swapdsl.ir import Graph
 from swapdsl.ircheck import check_graph
 from swapdsl.irprint import print_graph
 from swapdsl.loader import Program, load
+from swapdsl import show
+from swapdsl.devices import BUILTIN, DEFAULT_DEVICE, detect_device, load_device
+from swapdsl.plan import Plan
+from swapdsl.planfile import check_model, read_plan, write_plan
+from swapdsl.planners import METHODS, Request, optimize
 from swapdsl.runtime import reference
+from swapdsl.simulate import simulate
+from swapdsl.validate import validate
 from swapdsl.runtime.backend import BACKENDS, array_module
-from swapdsl.units import format_bytes, format_count
+from swapdsl.units import format_bytes, format_count, parse_size
 
 EXIT_USER_ERROR = 2
 
@@ -102,6 +109,86 @@ def _cmd_exec(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_optimize(args: argparse.Namespace) -> int:
+    cap = parse_size(args.memory)
+    device = load_device(args.device)
+    _, graph = build_graph(args.file, args.define)
+    train = training_graph(graph)
+    check_graph(train)
+    plan = optimize(Request(train, device, cap, args.file, graph.args), args.method)
+    validate(plan)
+    if args.output:
+        write_plan(plan, args.output)
+    info = {"method": plan.method, "device": device.name, "memory_bytes": cap, **dict(plan.figures),
+            "plan": args.output}
+    if args.json:
+        print(json.dumps(info, indent=2))
+        return 0
+    print(f"{graph.name}: {plan.method} plan under {format_bytes(cap)} on {device.name}"
+          + (f", written to {args.output}" if args.output else ""))
+    _print_figures(info)
+    return 0
+
+
+def _print_figures(f: dict) -> None:
+    print(f"  iteration        {f['iteration_ms']:.3f} ms   (ideal {f['ideal_ms']:.3f} ms, "
+          f"bound {f['bound_ms']:.3f} ms)")
+    print(f"  fraction         {f['fraction']:.3f} of the infinite-memory speed")
+    print(f"  memory ratio     {f['ratio']:.2f} (no-swap pool {format_bytes(f['no_swap_bytes'])} / cap)")
+    print(f"  swapped          {format_bytes(f['h2d_bytes'])} in, {format_bytes(f['d2h_bytes'])} out")
+    print(f"  device peak      {format_bytes(f['peak_device_bytes'])}; host {format_bytes(f['host_bytes'])}")
+    print(f"  search           {f['search_seconds']:.2f} s")
+
+
+def _load_plan(path: str) -> Plan:
+    plan = read_plan(path)
+    check_model(plan, path)
+    validate(plan)
+    return plan
+
+
+def _cmd_simulate(args: argparse.Namespace) -> int:
+    plan = _load_plan(args.file)
+    r = simulate(plan)
+    ideal = sum(o.ms for o in plan.ops)
+    stored = dict(plan.figures)
+    info = {"method": plan.method, "device": plan.device.name, "memory_bytes": plan.cap,
+            **{k: stored[k] for k in ("bound_ms", "ratio", "no_swap_bytes", "graph_peak_bytes", "search_seconds")
+               if k in stored},
+            "ideal_ms": ideal, "iteration_ms": r.iteration_ms, "fraction": ideal / r.iteration_ms,
+            "swap_bytes": r.swap_bytes, "h2d_bytes": r.h2d_bytes, "d2h_bytes": r.d2h_bytes,
+            "peak_device_bytes": r.peak_device_bytes, "host_bytes": r.host_bytes, "plan": args.file}
+    if args.json:
+        print(json.dumps(info, indent=2))
+        return 0
+    print(f"{args.file}: valid; simulated on {plan.device.name} under {format_bytes(plan.cap)}")
+    _print_figures(info)
+    return 0
+
+
+def _cmd_show(args: argparse.Namespace) -> int:
+    plan = _load_plan(args.file)
+    print(show.summary(plan, simulate(plan)))
+    if args.plot:
+        show.plot(plan, args.plot)
+        print(f"timeline written to {args.plot}")
+    return 0
+
+
+def _cmd_devices(args: argparse.Namespace) -> int:
+    if args.json:
+        print(json.dumps({name: d.to_json() for name, d in BUILTIN.items()}, indent=2))
+        return 0
+    default = detect_device()
+    print(f"{'device':<11} {'memory':>9} {'f32 TFLOP/s':>12} {'f16 TFLOP/s':>12} {'HBM GB/s':>9} {'link GB/s':>10}")
+    for name, d in BUILTIN.items():
+        mark = "  (default)" if name == default else ""
+        print(f"{name:<11} {format_bytes(d.memory_bytes):>9} {d.peak_flops('f32') / 1e12:>12.1f} "
+              f"{d.peak_flops('f16') / 1e12:>12.1f} {d.mem_bw / 1e9:>9.0f} {d.h2d_bw / 1e9:>10.0f}{mark}")
+        print(f"{'':<11} {d.source}")
+    return 0
+
+
 def make_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="swapdsl", description="Train models larger than GPU memory.")
     p.add_argument("--version", action="version", version=f"swapdsl {__version__}")
@@ -126,6 +213,32 @@ def make_parser() -> argparse.ArgumentParser:
     ex.add_argument("--backend", choices=BACKENDS, default="auto", help="array backend (default auto)")
     ex.add_argument("--json", action="store_true", help="print one JSON object instead of a line per step")
     ex.set_defaults(run=_cmd_exec)
+
+    op = sub.add_parser("optimize", help="plan a training step under a memory cap")
+    op.add_argument("file", metavar="FILE.swp")
+    op.add_argument("--memory", required=True, metavar="SIZE", help="the cap: 8GiB, 512MiB, 1.5GB or bytes")
+    op.add_argument("--method", choices=sorted(METHODS), default="belady", help="planner (default belady)")
+    op.add_argument("--device", metavar="NAME|FILE.json", help="device profile (default: the GPU found, "
+                    f"else {DEFAULT_DEVICE})")
+    op.add_argument("-D", dest="define", action="append", default=[], metavar="NAME=VALUE",
+                    help="override a model argument (repeatable)")
+    op.add_argument("-o", "--output", metavar="FILE.plan", help="write the plan here (atomically)")
+    op.add_argument("--json", action="store_true", help="print the figures as one JSON object")
+    op.set_defaults(run=_cmd_optimize)
+
+    sim = sub.add_parser("simulate", help="validate a plan and recompute its figures from the plan alone")
+    sim.add_argument("file", metavar="FILE.plan")
+    sim.add_argument("--json", action="store_true")
+    sim.set_defaults(run=_cmd_simulate)
+
+    sh = sub.add_parser("show", help="summarise a plan; --plot draws its timeline")
+    sh.add_argument("file", metavar="FILE.plan")
+    sh.add_argument("--plot", metavar="OUT.png", help="draw the three streams and device memory (matplotlib)")
+    sh.set_defaults(run=_cmd_show)
+
+    dv = sub.add_parser("devices", help="list the built-in device profiles")
+    dv.add_argument("--json", action="store_true")
+    dv.set_defaults(run=_cmd_devices)
     return p
 
 

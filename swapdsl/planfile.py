@@ -16,7 +16,7 @@ from lark.exceptions import UnexpectedInput
 
 from swapdsl.devices import Device
 from swapdsl.errors import Span, SwpError
-from swapdsl.loader import read_source
+from swapdsl.loader import load, read_source
 from swapdsl.paths import GRAMMAR_DIR
 from swapdsl.plan import HOST, Free, Plan, PlanOp, PlanTensor, PoolClass, Run, Slab, SwapIn, SwapOut
 
@@ -96,6 +96,9 @@ def write_plan(p: Plan, path: str | Path) -> None:
             f.write(format_plan(p))
             f.flush()
             os.fsync(f.fileno())
+        umask = os.umask(0)
+        os.umask(umask)
+        os.chmod(tmp, 0o666 & ~umask)
         os.replace(tmp, target)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
@@ -246,3 +249,16 @@ class _Build(Transformer):
 
     def figure(self, meta: Any, c: list[Token]) -> None:
         self.f["figures"].append((str(c[0]), float(_number(c[1]))))
+
+
+def check_model(p: Plan, plan_path: str | Path) -> None:
+    """Refuse a plan whose model has changed since it was made (when the model file can be found)."""
+    candidates = [Path(p.model_path), Path(plan_path).parent / p.model_path]
+    found = next((c for c in candidates if c.is_file()), None)
+    if found is None:
+        return
+    sha = load(found).sha256
+    if sha != p.model_sha256:
+        raise SwpError(f"the model `{p.model_path}` has changed since this plan was made",
+                       hints=[f"plan made for sha256 {p.model_sha256[:16]}..., the model now is {sha[:16]}...",
+                              "run `swapdsl optimize` again"])

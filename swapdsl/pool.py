@@ -83,6 +83,7 @@ def no_swap_counts(p: Problem, schedule: list[int]) -> tuple[int, ...]:
     for t in resident_at_start(p, p.persistent):
         where[t] = slabs.take_own(p.slab_bytes[t])  # type: ignore[assignment]
     last = last_uses(p, schedule)
+    kept = p.persistent | {new for _, new in p.updates} | {p.loss}
     for pos, op in enumerate(schedule):
         outs = list(p.op_outputs[op])
         if p.in_place[op]:
@@ -90,7 +91,7 @@ def no_swap_counts(p: Problem, schedule: list[int]) -> tuple[int, ...]:
         for t in placement_order(p, outs):
             where[t] = slabs.take(p.slab_bytes[t])  # type: ignore[assignment]
         for t in dict.fromkeys(p.op_inputs[op]):
-            if last[t] == pos and t not in p.persistent and t in where and t != p.loss:
+            if last[t] == pos and t not in kept and t in where:
                 slabs.give(where.pop(t))
     return tuple(slabs.counts)
 
@@ -133,9 +134,9 @@ def fit_pool(sizes: tuple[int, ...], peak: tuple[int, ...], need: tuple[int, ...
         raise SwpError(f"a cap of {format_bytes(cap)} is below the smallest feasible cap for this plan, "
                        f"{format_bytes(need_bytes)} ({need_bytes} bytes)",
                        hints=[f"use --memory {need_bytes} or more"])
-    peak = tuple(max(pk, n) for pk, n in zip(peak, need))
     if sum(s * c for s, c in zip(sizes, peak)) <= cap:
-        return Pool(sizes, peak)
+        return Pool(sizes, peak)  # (peak may borrow where need counts per class: both are feasible)
+    peak = tuple(max(pk, n) for pk, n in zip(peak, need))
     lo, hi = 0.0, 1.0
     for _ in range(40):
         mid = (lo + hi) / 2

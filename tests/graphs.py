@@ -1,0 +1,70 @@
+"""Random training graphs built directly as IR, for property tests of planners and the validator."""
+
+from __future__ import annotations
+
+from hypothesis import strategies as st
+
+from swapdsl.autodiff import training_graph
+from swapdsl.ir import DType, Graph, Init, Kind, Op, Optimizer, Tensor
+from swapdsl.ops import infer
+
+F32 = DType.f32
+
+
+class _Builder:
+    def __init__(self) -> None:
+        self.tensors: dict[str, Tensor] = {}
+        self.ops: list[Op] = []
+        self.params: list[str] = []
+        self.inputs: list[str] = []
+
+    def declare(self, name: str, shape: tuple[int, ...], kind: Kind, dtype: DType = F32) -> str:
+        from swapdsl.ir import TensorType
+
+        init = Init("normal", (("std", 0.1), ("mean", 0.0))) if kind is Kind.param else None
+        self.tensors[name] = Tensor(name, TensorType(shape, dtype), kind, init)
+        (self.params if kind is Kind.param else self.inputs).append(name)
+        return name
+
+    def op(self, name: str, inputs: list[str], **attrs: object) -> str:
+        out_type = infer(name, tuple(self.tensors[n].type for n in inputs), attrs)
+        out = f"%{len(self.ops)}"
+        self.tensors[out] = Tensor(out, out_type, Kind.activation)
+        self.ops.append(Op(name, tuple(inputs), (out,), tuple(sorted(attrs.items()))))
+        return out
+
+
+@st.composite
+def training_graphs(draw: st.DrawFn) -> Graph:
+    """An MLP-like net of random depth with fan-out, long skips and shared weights."""
+    batch = draw(st.sampled_from([2, 4, 8]))
+    width = draw(st.sampled_from([4, 8, 16, 32]))
+    depth = draw(st.integers(2, 7))
+    b = _Builder()
+    x = b.declare("x", (batch, width), Kind.input)
+    y = b.declare("y", (batch,), Kind.input, DType.i32)
+    weights: list[str] = []
+    hidden = [x]
+    for layer in range(depth):
+        if weights and draw(st.booleans()):
+            w = draw(st.sampled_from(weights))  # shared weight
+        else:
+            w = b.declare(f"w{layer}", (width, width), Kind.param)
+            weights.append(w)
+        src = draw(st.sampled_from(hidden[-3:]))  # fan-out: an earlier activation read again
+        h = b.op("matmul", [src, w])
+        if draw(st.booleans()):
+            h = b.op("add", [h, b.declare(f"b{layer}", (width,), Kind.param)])
+        h = b.op(draw(st.sampled_from(["relu", "tanh", "gelu"])), [h])
+        if len(hidden) > 2 and draw(st.booleans()):
+            h = b.op("add", [h, draw(st.sampled_from(hidden[:-1]))])  # long skip
+        hidden.append(h)
+    classes = b.declare("head", (width, 3), Kind.param)
+    loss = b.op("softmax_cross_entropy", [b.op("matmul", [hidden[-1], classes]), y])
+    optimizer = draw(st.sampled_from([
+        Optimizer("sgd", (("lr", 0.1), ("momentum", 0.0), ("weight_decay", 0.0))),
+        Optimizer("sgd", (("lr", 0.1), ("momentum", 0.9), ("weight_decay", 0.0))),
+        Optimizer("adam", (("lr", 1e-3), ("beta1", 0.9), ("beta2", 0.999), ("eps", 1e-8), ("weight_decay", 0.0))),
+    ]))
+    fwd = Graph("random", (), b.tensors, tuple(b.ops), tuple(b.inputs), tuple(b.params), loss, optimizer, "0" * 64)
+    return training_graph(fwd)

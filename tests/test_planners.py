@@ -1,0 +1,169 @@
+"""Planners, the validator, the simulator and the bound, on random graphs and on the zoo."""
+
+from __future__ import annotations
+
+import attrs
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from conftest import MODELS
+from graphs import training_graphs
+from swapdsl.autodiff import training_graph
+from swapdsl.cli import build_graph
+from swapdsl.devices import BUILTIN
+from swapdsl.errors import SwpError
+from swapdsl.ir import Graph
+from swapdsl.plan import Free, Plan, PoolClass, Run, SwapIn, SwapOut
+from swapdsl.planners import METHODS, Request, optimize
+from swapdsl.pool import class_sizes, need_counts, no_swap_counts
+from swapdsl.problem import Problem
+from swapdsl.simulate import simulate
+from swapdsl.validate import PlanInvalid, validate
+
+V100 = BUILTIN["v100-16gb"]
+
+
+def caps(t: Graph) -> tuple[int, int]:
+    """(smallest feasible cap, no-swap pool bytes) for the default schedule."""
+    p = Problem.build(t, V100)
+    schedule = list(range(p.n_ops))
+    sizes = class_sizes(p)
+    need = sum(s * n for s, n in zip(sizes, need_counts(p, schedule, frozenset())))
+    return need, sum(s * n for s, n in zip(sizes, no_swap_counts(p, schedule)))
+
+
+def plan_for(t: Graph, cap: int, method: str) -> Plan:
+    return optimize(Request(t, V100, cap, "random.swp", ()), method)
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(training_graphs(), st.floats(0.0, 1.3), st.sampled_from(sorted(METHODS)))
+def test_every_plan_is_valid_and_never_beats_the_bound(t: Graph, where: float, method: str) -> None:
+    need, no_swap = caps(t)
+    cap = int(need + where * (no_swap - need))
+    plan = plan_for(t, cap, method)
+    validate(plan)
+    f = dict(plan.figures)
+    assert f["iteration_ms"] >= f["bound_ms"] * (1 - 1e-9) >= f["ideal_ms"] * (1 - 1e-9)
+    assert plan.pool_bytes <= cap
+
+
+@settings(max_examples=25, deadline=None)
+@given(training_graphs(), st.sampled_from(sorted(METHODS)))
+def test_no_swapping_when_everything_fits(t: Graph, method: str) -> None:
+    _, no_swap = caps(t)
+    plan = plan_for(t, no_swap, method)
+    f = dict(plan.figures)
+    assert f["swap_bytes"] == 0
+    assert f["fraction"] == pytest.approx(1.0, abs=1e-9)
+    assert f["ideal_ms"] == pytest.approx(sum(o.ms for o in plan.ops))
+
+
+@settings(max_examples=25, deadline=None)
+@given(training_graphs())
+def test_below_the_smallest_feasible_cap_is_a_clear_error(t: Graph) -> None:
+    need, _ = caps(t)
+    with pytest.raises(SwpError, match=f"below the smallest feasible cap for this model, .* \\({need} bytes\\)"):
+        plan_for(t, need - 1, "lru")
+    validate(plan_for(t, need, "lru"))
+
+
+# ---- mutations: each breaks one invariant, and the validator says which -----------
+
+
+def swapping_plan(method: str = "belady") -> Plan:
+    _, g = build_graph(str(MODELS / "tiny_resnet.swp"), ["batch=4"])
+    t = training_graph(g)
+    need, no_swap = caps(t)
+    plan = plan_for(t, (need + no_swap) // 2, method)
+    assert any(isinstance(i, SwapIn) for i in plan.program)
+    return plan
+
+
+@pytest.fixture(scope="module")
+def plan() -> Plan:
+    return swapping_plan()
+
+
+def mutated(plan: Plan, program: list) -> Plan:
+    return attrs.evolve(plan, program=tuple(program))
+
+
+def test_valid_plan_passes(plan: Plan) -> None:
+    validate(plan)
+
+
+def test_dropping_a_swap_in_breaks_invariant_4(plan: Plan) -> None:
+    prog = list(plan.program)
+    i = next(k for k, ins in enumerate(prog) if isinstance(ins, SwapIn))
+    del prog[i]
+    with pytest.raises(PlanInvalid, match="invariant 4") as e:
+        validate(mutated(plan, prog))
+    assert prog[0] is not None and e.value.invariant == 4
+
+
+def test_moving_a_swap_in_after_its_use_breaks_invariant_4(plan: Plan) -> None:
+    prog = list(plan.program)
+    i = next(k for k, ins in enumerate(prog) if isinstance(ins, SwapIn))
+    swapin = prog.pop(i)
+    use = next(k for k, ins in enumerate(prog) if isinstance(ins, Run) and ins.op == swapin.before)
+    prog.insert(use + 1, swapin)
+    with pytest.raises(PlanInvalid, match="invariant 4"):
+        validate(mutated(plan, prog))
+
+
+def test_shrinking_a_slab_breaks_invariant_3(plan: Plan) -> None:
+    big = max(range(len(plan.pool)), key=lambda c: plan.pool[c].bytes)
+    pool = list(plan.pool)
+    pool[big] = PoolClass(pool[big].bytes // 2, pool[big].slabs)
+    with pytest.raises(PlanInvalid, match="invariant 3"):
+        validate(attrs.evolve(plan, pool=tuple(pool)))
+
+
+def test_reordering_two_dependent_ops_breaks_invariant_1(plan: Plan) -> None:
+    prog = list(plan.program)
+    runs = [k for k, ins in enumerate(prog) if isinstance(ins, Run)]
+    a, b = runs[0], runs[1]  # the stem conv and the batch norm that reads it
+    prog[a], prog[b] = prog[b], prog[a]
+    with pytest.raises(PlanInvalid, match="invariant 1"):
+        validate(mutated(plan, prog))
+
+
+def test_skipping_a_needed_swap_out_breaks_invariant_6(plan: Plan) -> None:
+    prog = list(plan.program)
+    needed_later = {i.tensor for i in prog if isinstance(i, SwapIn)}
+    k = next(k for k, ins in enumerate(prog) if isinstance(ins, SwapOut) and ins.tensor in needed_later)
+    del prog[k]
+    with pytest.raises(PlanInvalid, match="invariant 6"):
+        validate(mutated(plan, prog))
+
+
+def test_freeing_in_use_slab_breaks_invariant_5(plan: Plan) -> None:
+    prog = list(plan.program)
+    k = next(k for k, ins in enumerate(prog) if isinstance(ins, Free) and ins.after > 0)
+    prog[k] = attrs.evolve(prog[k], after=prog[k].after - 1)
+    with pytest.raises(PlanInvalid, match="invariant [15]"):
+        validate(mutated(plan, prog))
+
+
+def test_exceeding_the_cap_breaks_invariant_2(plan: Plan) -> None:
+    with pytest.raises(PlanInvalid, match="invariant 2"):
+        validate(attrs.evolve(plan, cap=plan.pool_bytes - 1))
+
+
+def test_simulated_figures_are_consistent(plan: Plan) -> None:
+    r = simulate(plan)
+    f = dict(plan.figures)
+    assert r.iteration_ms == pytest.approx(f["iteration_ms"])
+    assert r.peak_device_bytes <= plan.cap
+    assert r.swap_bytes == f["swap_bytes"] > 0
+    assert f["ideal_ms"] <= f["bound_ms"] <= f["iteration_ms"]
+
+
+@pytest.mark.parametrize("method", sorted(METHODS))
+def test_methods_differ_where_they_should(method: str) -> None:
+    plan = swapping_plan(method)
+    validate(plan)
+    has_early_swapouts = any(isinstance(i, SwapOut) for i in plan.program)
+    assert has_early_swapouts

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+import time
 from collections.abc import Sequence
 
 from swapdsl import __version__
@@ -115,12 +116,14 @@ def _cmd_optimize(args: argparse.Namespace) -> int:
     _, graph = build_graph(args.file, args.define)
     train = training_graph(graph)
     check_graph(train)
+    started = time.perf_counter()
     plan = optimize(Request(train, device, cap, args.file, graph.args), args.method)
+    seconds = time.perf_counter() - started
     validate(plan)
     if args.output:
         write_plan(plan, args.output)
     info = {"method": plan.method, "device": device.name, "memory_bytes": cap, **dict(plan.figures),
-            "plan": args.output}
+            "search_seconds": seconds, "plan": args.output}
     if args.json:
         print(json.dumps(info, indent=2))
         return 0
@@ -137,7 +140,8 @@ def _print_figures(f: dict) -> None:
     print(f"  memory ratio     {f['ratio']:.2f} (no-swap pool {format_bytes(f['no_swap_bytes'])} / cap)")
     print(f"  swapped          {format_bytes(f['h2d_bytes'])} in, {format_bytes(f['d2h_bytes'])} out")
     print(f"  device peak      {format_bytes(f['peak_device_bytes'])}; host {format_bytes(f['host_bytes'])}")
-    print(f"  search           {f['search_seconds']:.2f} s")
+    if "search_seconds" in f:
+        print(f"  search           {f['search_seconds']:.2f} s")
 
 
 def _load_plan(path: str) -> Plan:
@@ -153,8 +157,7 @@ def _cmd_simulate(args: argparse.Namespace) -> int:
     ideal = sum(o.ms for o in plan.ops)
     stored = dict(plan.figures)
     info = {"method": plan.method, "device": plan.device.name, "memory_bytes": plan.cap,
-            **{k: stored[k] for k in ("bound_ms", "ratio", "no_swap_bytes", "graph_peak_bytes", "search_seconds")
-               if k in stored},
+            **{k: stored[k] for k in ("bound_ms", "ratio", "no_swap_bytes", "graph_peak_bytes") if k in stored},
             "ideal_ms": ideal, "iteration_ms": r.iteration_ms, "fraction": ideal / r.iteration_ms,
             "swap_bytes": r.swap_bytes, "h2d_bytes": r.h2d_bytes, "d2h_bytes": r.d2h_bytes,
             "peak_device_bytes": r.peak_device_bytes, "host_bytes": r.host_bytes, "plan": args.file}

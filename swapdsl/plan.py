@@ -95,10 +95,6 @@ class Free:
 
 Instr = Union[Run, SwapIn, SwapOut, Free]
 
-FIGURES = ("ideal_ms", "bound_ms", "iteration_ms", "fraction", "swap_bytes", "h2d_bytes", "d2h_bytes",
-           "peak_device_bytes", "host_bytes", "search_seconds", "ratio")
-
-
 @attrs.frozen
 class Plan:
     model_path: str

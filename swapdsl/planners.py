@@ -17,8 +17,6 @@ on the host, come in when needed, and their new values are written back.
 
 from __future__ import annotations
 
-import time
-
 import attrs
 
 from swapdsl.analysis import peak_bytes
@@ -76,7 +74,6 @@ def size_pool(p: Problem, schedule: list[int], cap: int) -> tuple[Pool, frozense
 def optimize(req: Request, method: str) -> Plan:
     if method not in METHODS:
         raise SwpError(f"unknown method `{method}`", hints=[f"methods: {', '.join(METHODS)}"])
-    start = time.perf_counter()
     p = Problem.build(req.graph, req.device)
     schedule = list(range(p.n_ops))
     pool, pinned, no_swap = size_pool(p, schedule, req.cap)
@@ -85,7 +82,7 @@ def optimize(req: Request, method: str) -> Plan:
         policy = attrs.evolve(policy, offload=False)  # like vDNN's dynamic mode: no offload when all fits
     program, homes = plan_swaps(p, schedule, pool, pinned, policy)
     plan = assemble(req, p, method, pool, homes, tuple(program))
-    return with_figures(plan, p, no_swap, time.perf_counter() - start)
+    return with_figures(plan, p, no_swap)
 
 
 def assemble(req: Request, p: Problem, method: str, pool: Pool, homes: dict[int, Slab], program: tuple) -> Plan:
@@ -103,7 +100,8 @@ def assemble(req: Request, p: Problem, method: str, pool: Pool, homes: dict[int,
                 req.graph.loss, req.graph.updates, program)
 
 
-def with_figures(plan: Plan, p: Problem, no_swap: int, seconds: float) -> Plan:
+def with_figures(plan: Plan, p: Problem, no_swap: int) -> Plan:
+    """The simulated figures, stored in the plan (nothing that varies from run to run)."""
     r = simulate(plan)
     ideal = ideal_ms(p)
     figures = {
@@ -116,7 +114,6 @@ def with_figures(plan: Plan, p: Problem, no_swap: int, seconds: float) -> Plan:
         "d2h_bytes": float(r.d2h_bytes),
         "peak_device_bytes": float(r.peak_device_bytes),
         "host_bytes": float(r.host_bytes),
-        "search_seconds": seconds,
         "ratio": no_swap / plan.cap,
         "no_swap_bytes": float(no_swap),
         "graph_peak_bytes": float(peak_bytes(p.graph)),

@@ -113,8 +113,12 @@ class _Planner:
         protect = set(ins) | set(outs)
         in_place_out = outs.pop(0) if p.in_place[op] else None
         placed: dict[int, tuple[int, int]] = {}
-        for t in placement_order(p, [t for t in ins if t not in self.where] + outs):
-            slab, since = self.acquire(t, pos, protect)
+        todo = placement_order(p, [t for t in ins if t not in self.where] + outs)
+        while todo:
+            t = todo.pop(0)
+            slab, since, bounced = self.acquire(t, pos, protect, set(ins) - set(todo) - {t})
+            if bounced is not None:  # an input had to leave a borrowed slab: it comes back in its own turn
+                todo = placement_order(p, todo + [bounced])
             if t in outs:
                 placed[t] = slab
             else:
@@ -162,17 +166,27 @@ class _Planner:
         self.host.add(t)
         self.host_at[t] = pos
 
-    def acquire(self, t: int, pos: int, protect: set[int]) -> tuple[tuple[int, int], int]:
+    def acquire(self, t: int, pos: int, protect: set[int],
+                resident_inputs: set[int]) -> tuple[tuple[int, int], int, int | None]:
+        """A slab for ``t``: free, or a victim's; as a last resort an input of this very op that
+        sits in a larger class's slab is moved out (returned third, to be placed again)."""
         size = self.p.slab_bytes[t]
         slab = self.slabs.take(size)
         if slab is not None:
-            return slab, self.free_since.get(slab, -1)
+            return slab, self.free_since.get(slab, -1), None
         own = self.slabs.cls[size]
         for k in range(own, -1, -1):  # evict from the own class first, then larger ones
             victims = [v for v in self.owners[k].values()
                        if v not in protect and v not in self.pinned and v not in self.p.inputs]
             if victims:
-                return self.evict(self.choose(victims), pos)
+                return (*self.evict(self.choose(victims), pos), None)
+        for k in range(own, -1, -1):
+            borrowed = [u for u in self.owners[k].values()
+                        if u in resident_inputs and self.slabs.cls[self.p.slab_bytes[u]] > k
+                        and u not in self.pinned and u not in self.p.inputs]
+            if borrowed:
+                u = min(borrowed)
+                return (*self.evict(u, pos), u)
         raise SwpError(f"internal: no slab for `{self.p.names[t]}` at op {self.op_at(pos)}")
 
     def choose(self, victims: list[int]) -> int:

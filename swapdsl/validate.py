@@ -44,6 +44,8 @@ class _Replay:
         self.released_at: dict[Slab, int] = {}  # slab -> run position after which it fell free
         self.due: dict[str, int] = {}  # tensor -> op its pending swap-in is due before
         self.readers_left = Counter(n for o in plan.ops for n in set(o.inputs))
+        new = dict(plan.updates)
+        self.finals = {new.get(t.name, t.name) for t in plan.tensors if t.home is not None and t.kind != "input"}
 
     def what(self, op: PlanOp) -> str:
         return f"op {op.index} `{op.op}`"
@@ -180,11 +182,7 @@ class _Replay:
         self.released_at[self.vacate(name)] = after
 
     def still_needed(self, name: str) -> bool:
-        return self.readers_left[name] > 0 or name == self.plan.loss or name in self.final_values()
-
-    def final_values(self) -> set[str]:
-        new = dict(self.plan.updates)
-        return {new.get(t.name, t.name) for t in self.plan.tensors if t.home is not None and t.kind != "input"}
+        return self.readers_left[name] > 0 or name == self.plan.loss or name in self.finals
 
     def end(self) -> None:
         missing = [o.index for o in self.plan.ops if o.index not in self.ran]

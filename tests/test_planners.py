@@ -167,3 +167,36 @@ def test_methods_differ_where_they_should(method: str) -> None:
     validate(plan)
     has_early_swapouts = any(isinstance(i, SwapOut) for i in plan.program)
     assert has_early_swapouts
+
+
+ZOO_QUICK = ["resnet", "wide_resnet", "inception_v4", "nasnet", "bert", "gpt"]
+
+
+@pytest.fixture(scope="module", params=ZOO_QUICK)
+def zoo_problem(request: pytest.FixtureRequest) -> tuple[str, Graph, int]:
+    _, g = build_graph(str(MODELS / f"{request.param}.swp"), [])
+    t = training_graph(g)
+    return request.param, t, caps(t)[1]
+
+
+@pytest.mark.parametrize("ratio", [2, 8])
+def test_zoo_baselines_make_valid_plans(zoo_problem: tuple[str, Graph, int], ratio: int) -> None:
+    name, t, no_swap = zoo_problem
+    for method in sorted(METHODS):
+        plan = plan_for(t, no_swap // ratio, method)
+        validate(plan)
+        f = dict(plan.figures)
+        assert 0 < f["fraction"] <= 1
+        assert f["iteration_ms"] >= f["bound_ms"]
+        assert f["ratio"] == pytest.approx(ratio, rel=1e-3)
+
+
+def test_vgg_at_ratio_8_is_below_its_smallest_feasible_cap() -> None:
+    # VGG-16's first conv layers make 6.6 GB tensors at batch 512: one ReLU gradient needs three of them
+    _, g = build_graph(str(MODELS / "vgg.swp"), [])
+    t = training_graph(g)
+    need, no_swap = caps(t)
+    assert need > no_swap // 8
+    with pytest.raises(SwpError, match="below the smallest feasible cap"):
+        plan_for(t, no_swap // 8, "belady")
+    validate(plan_for(t, no_swap // 2, "belady"))

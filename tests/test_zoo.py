@@ -25,11 +25,13 @@ PUBLISHED = [
     ("vgg", ["depth=16"], 138_357_544),
     ("vgg", ["depth=19"], 143_667_240),  # torchvision vgg19
     ("wide_resnet", ["depth=50", "width=2"], 68_883_240),
-    ("bert", [], 109_514_298),
-    ("gpt", [], 124_439_808),
+    ("bert", ["layers=12", "hidden=768", "heads=12", "intermediate=3072"], 109_514_298),  # BERT-base
+    ("bert", [], 335_174_458),  # the default: BERT-large with the MLM head, tied, no pooler
+    ("gpt", ["layers=12", "hidden=768", "heads=12"], 124_439_808),  # GPT-2 small
+    ("gpt", ["layers=24", "hidden=1024", "heads=16"], 354_823_168),  # GPT-2 medium, the default
     ("inception_v4", [], 42_679_816),
     ("nasnet", ["cells=6", "filters=168"], 88_753_150),  # timm's nasnetalarge
-    ("lstm_lm", [], lstm_lm_params(4, 4096, 32000)),
+    ("lstm_lm", [], lstm_lm_params(4, 4096, 10000)),
     ("lstm_lm", ["layers=2", "hidden=650", "vocab=10000"], lstm_lm_params(2, 650, 10000)),
 ]
 

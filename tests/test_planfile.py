@@ -1,0 +1,160 @@
+"""Plan files: exact round trips, atomic writes, and clear refusals of tampered plans."""
+
+from __future__ import annotations
+
+import json
+import struct
+from pathlib import Path
+
+import pytest
+
+from conftest import MODELS, write
+from swapdsl.planfile import format_plan, parse_plan, read_plan
+from swapdsl.units import parse_size
+
+SMALL_RESNET = ["-D", "batch=4"]
+
+
+@pytest.fixture
+def plan_file(cli, in_tmp: Path) -> Path:
+    model = write(in_tmp / "net.swp", (MODELS / "tiny_resnet.swp").read_text().replace("import layers", "import layers"))
+    code, out, err = cli("optimize", model.name, "--memory", "6MiB", "--method", "lru", "-o", "net.plan",
+                         "--json", *SMALL_RESNET)
+    assert code == 0, err
+    return in_tmp / "net.plan"
+
+
+def test_round_trip_is_exact(plan_file: Path) -> None:
+    text = plan_file.read_text()
+    plan = parse_plan(text)
+    assert format_plan(plan) == text
+    assert parse_plan(format_plan(plan)) == plan
+
+
+def test_optimize_json_has_the_figures(cli, plan_file: Path) -> None:
+    code, out, _ = cli("optimize", "net.swp", "--memory", "6MiB", "--method", "belady", "--json", *SMALL_RESNET)
+    assert code == 0
+    info = json.loads(out)
+    for key in ("method", "device", "memory_bytes", "ratio", "ideal_ms", "bound_ms", "iteration_ms", "fraction",
+                "swap_bytes", "peak_device_bytes", "host_bytes", "search_seconds", "plan"):
+        assert key in info
+    assert info["memory_bytes"] == 6 * 2**20
+    assert info["device"] == "v100-16gb"
+    assert 0 < info["fraction"] <= 1
+    assert info["plan"] is None
+
+
+def test_simulate_recomputes_the_same_figures(cli, plan_file: Path) -> None:
+    made = {k: v for k, v in read_plan(plan_file).figures}
+    code, out, _ = cli("simulate", plan_file, "--json")
+    assert code == 0
+    again = json.loads(out)
+    for key in ("iteration_ms", "ideal_ms", "fraction", "swap_bytes", "peak_device_bytes"):
+        assert again[key] == pytest.approx(made[key])
+
+
+def test_same_request_same_plan_byte_for_byte(cli, plan_file: Path) -> None:
+    cli("optimize", "net.swp", "--memory", "6MiB", "--method", "lru", "-o", "again.plan", *SMALL_RESNET)
+    assert (plan_file.parent / "again.plan").read_bytes() == plan_file.read_bytes()
+
+
+def tamper(path: Path, old: str, new: str) -> None:
+    text = path.read_text()
+    assert old in text
+    path.write_text(text.replace(old, new, 1))
+
+
+def test_changed_model_is_refused(cli, plan_file: Path) -> None:
+    model = plan_file.parent / "net.swp"
+    model.write_text(model.read_text() + "\n# an edit\n")
+    code, out, err = cli("simulate", plan_file)
+    assert code == 2 and out == ""
+    assert err.splitlines()[0] == "error: the model `net.swp` has changed since this plan was made"
+
+
+def test_unknown_tensor_is_refused(cli, plan_file: Path) -> None:
+    text = plan_file.read_text()
+    victim = next(line for line in text.splitlines() if line.startswith("swapin ")).split('"')[1]
+    tamper(plan_file, f'swapin "{victim}"', 'swapin "nonexistent"')
+    code, _, err = cli("simulate", plan_file)
+    assert code == 2
+    assert err.splitlines()[0] == "error: plan names an unknown tensor `nonexistent`"
+
+
+def test_bad_slab_is_refused(cli, plan_file: Path) -> None:
+    line = next(line for line in plan_file.read_text().splitlines() if line.startswith("swapin "))
+    slab = line.split()[2]
+    tamper(plan_file, line, line.replace(f" {slab} ", " 99:0 ", 1))
+    code, _, err = cli("show", plan_file)
+    assert code == 2
+    assert "which the pool does not have" in err.splitlines()[0]
+
+
+def test_broken_invariant_is_refused(cli, plan_file: Path) -> None:
+    lines = plan_file.read_text().splitlines()
+    plan_file.write_text("\n".join(line for line in lines if not line.startswith("swapin ")) + "\n")
+    code, _, err = cli("simulate", plan_file)
+    assert code == 2
+    assert err.startswith("error: plan breaks invariant 4 (an op finds its inputs resident")
+
+
+def test_garbage_is_refused(cli, in_tmp: Path) -> None:
+    write(in_tmp / "junk.plan", "swapdsl-plan 1\nmodel nonsense\n")
+    code, _, err = cli("simulate", "junk.plan")
+    assert code == 2
+    assert err.splitlines()[:2] == ["error: `junk.plan` is not a valid plan: unexpected input at line 2",
+                                    " --> junk.plan:2:7"]
+
+
+def test_failed_write_leaves_nothing_behind(cli, plan_file: Path) -> None:
+    before = plan_file.read_text()
+    code, _, err = cli("optimize", "net.swp", "--memory", "1KiB", "-o", "net.plan", *SMALL_RESNET)
+    assert code == 2 and "smallest feasible cap" in err
+    assert plan_file.read_text() == before
+    assert sorted(p.name for p in plan_file.parent.iterdir()) == ["net.plan", "net.swp"]
+
+
+def test_below_feasible_cap_names_it(cli, plan_file: Path) -> None:
+    code, _, err = cli("optimize", "net.swp", "--memory", "100KiB", *SMALL_RESNET)
+    assert code == 2
+    assert err.splitlines()[0].startswith("error: 100.00 KiB is below the smallest feasible cap for this model, ")
+    assert any(line.startswith("  = hint: use --memory ") for line in err.splitlines())
+
+
+def test_show_plot_writes_a_png(cli, plan_file: Path) -> None:
+    code, out, err = cli("show", plan_file, "--plot", "timeline.png")
+    assert code == 0, err
+    png = (plan_file.parent / "timeline.png").read_bytes()
+    assert png[:8] == b"\x89PNG\r\n\x1a\n"
+    width, height = struct.unpack(">II", png[16:24])
+    assert (width, height) == (1320, 660)
+    assert len(png) > 10_000
+    assert "method          lru" in out
+
+
+def test_devices_and_profiles(cli, in_tmp: Path) -> None:
+    code, out, _ = cli("devices")
+    assert code == 0
+    for name in ("v100-16gb", "v100-32gb", "a100-40gb", "h100-80gb", "h200", "gh200"):
+        assert name in out
+    code, out, _ = cli("devices", "--json")
+    profiles = json.loads(out)
+    custom = dict(profiles["a100-40gb"], name="mine", h2d_bw=1e9)
+    write(in_tmp / "mine.json", json.dumps(custom))
+    write(in_tmp / "m.swp", (MODELS / "mlp.swp").read_text())
+    code, out, err = cli("optimize", "m.swp", "--memory", "64MiB", "--device", "mine.json", "--json")
+    assert code == 0, err
+    assert json.loads(out)["device"] == "mine"
+    code, _, err = cli("optimize", "m.swp", "--memory", "64MiB", "--device", "v100-61gb")
+    assert code == 2 and "did you mean `v100-16gb`?" in err
+
+
+@pytest.mark.parametrize("text,expected", [("8GiB", 8 * 2**30), ("512MiB", 512 * 2**20), ("1.5GB", 1_500_000_000),
+                                           ("4096", 4096), ("2 kib", 2048)])
+def test_parse_size(text: str, expected: int) -> None:
+    assert parse_size(text) == expected
+
+
+def test_bad_size(cli) -> None:
+    code, _, err = cli("optimize", MODELS / "mlp.swp", "--memory", "lots")
+    assert (code, err.splitlines()[0]) == (2, "error: cannot read the memory size `lots`")

@@ -25,6 +25,10 @@ demo: $(VENV)/.installed
 	$(BIN)/swapdsl check $(DEMO_MODEL) --training -D batch=256 -D width=64
 	$(BIN)/swapdsl exec $(DEMO_MODEL) --steps 10
 	$(BIN)/python bench/zoo.py
+	$(BIN)/swapdsl devices
+	$(BIN)/swapdsl optimize stdlib/models/resnet.swp --memory 8GiB --method belady -o .venv/resnet.plan
+	$(BIN)/swapdsl simulate .venv/resnet.plan
+	$(BIN)/swapdsl show .venv/resnet.plan
 
 test: $(VENV)/.installed-test
 	$(BIN)/python -m pytest -q

@@ -200,3 +200,27 @@ def test_vgg_at_ratio_8_is_below_its_smallest_feasible_cap() -> None:
     with pytest.raises(SwpError, match="below the smallest feasible cap"):
         plan_for(t, no_swap // 8, "belady")
     validate(plan_for(t, no_swap // 2, "belady"))
+
+
+@settings(max_examples=40, deadline=None)
+@given(training_graphs(), st.sampled_from(sorted(METHODS)), st.data())
+def test_single_mutations_of_random_plans_are_rejected(t: Graph, method: str, data: st.DataObject) -> None:
+    need, no_swap = caps(t)
+    plan = plan_for(t, need, method)  # the tightest cap: the most swapping
+    prog = list(plan.program)
+    runs = [k for k, i in enumerate(prog) if isinstance(i, Run)]
+    swapins = [k for k, i in enumerate(prog) if isinstance(i, SwapIn)]
+    mutations = ["reorder"] + (["drop-swapin"] if swapins else [])
+    kind = data.draw(st.sampled_from(mutations))
+    if kind == "drop-swapin":
+        del prog[data.draw(st.sampled_from(swapins))]
+        expected = "invariant 4"
+    else:
+        # the first op's output is read by a later op: run that reader first
+        first = prog[runs[0]]
+        reader = next(k for k in runs[1:] if plan.ops[prog[k].op].inputs
+                      and first.outs[0][0] in plan.ops[prog[k].op].inputs)
+        prog.insert(runs[0], prog.pop(reader))
+        expected = "invariant [145]"
+    with pytest.raises(PlanInvalid, match=expected):
+        validate(attrs.evolve(plan, program=tuple(prog)))

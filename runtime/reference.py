@@ -49,23 +49,34 @@ class TrainResult:
     persistent: dict[str, Any]  # params and optimiser state after the last step
 
 
+class Trainer:
+    """The reference executor, one step at a time (``exec --check`` runs it beside a plan)."""
+
+    def __init__(self, g: Graph, seed: int, xp: ModuleType) -> None:
+        self.g, self.xp = g, xp
+        self.persistent = init_persistent(g, seed, xp)
+        self.inputs = synthetic_inputs(g, seed, xp)
+        self.keep = {new for _, new in g.updates}
+
+    def step(self, step: int) -> float:
+        env = run_ops(self.g, {**self.persistent, **self.inputs}, KernelContext(self.xp, step), self.keep)
+        self.persistent.update({old: env[new] for old, new in self.g.updates})
+        return float(to_host(env[self.g.loss]))
+
+
 def train(g: Graph, steps: int, seed: int, xp: ModuleType,
           on_step: Callable[[int, float, float], None] | None = None) -> TrainResult:
     """Train ``steps`` steps on one fixed synthetic batch; report each step's loss and time."""
-    persistent = init_persistent(g, seed, xp)
-    inputs = synthetic_inputs(g, seed, xp)
-    keep = {new for _, new in g.updates}
+    trainer = Trainer(g, seed, xp)
     losses, times = [], []
     for step in range(1, steps + 1):
         synchronize(xp)
         t0 = time.perf_counter()
-        env = run_ops(g, {**persistent, **inputs}, KernelContext(xp, step), keep)
-        persistent.update({old: env[new] for old, new in g.updates})
-        loss = float(to_host(env[g.loss]))
+        loss = trainer.step(step)
         synchronize(xp)
         ms = (time.perf_counter() - t0) * 1e3
         losses.append(loss)
         times.append(ms)
         if on_step is not None:
             on_step(step, loss, ms)
-    return TrainResult(losses, times, persistent)
+    return TrainResult(losses, times, trainer.persistent)

@@ -6,6 +6,8 @@ import argparse
 import json
 import sys
 import time
+
+import numpy as np
 from collections.abc import Sequence
 
 from swapdsl import __version__
@@ -22,7 +24,13 @@ from swapdsl.devices import BUILTIN, DEFAULT_DEVICE, detect_device, load_device
 from swapdsl.plan import Plan
 from swapdsl.planfile import check_model, read_plan, write_plan
 from swapdsl.planners import METHODS, Request, optimize
+from swapdsl.irprint import format_attr
+from swapdsl.plan import SwapIn, SwapOut
+from swapdsl.planfile import find_model
 from swapdsl.runtime import reference
+from swapdsl.runtime.backend import to_host
+from swapdsl.runtime.interpreter import PlanRunner
+from swapdsl.runtime.reference import Trainer
 from swapdsl.simulate import simulate
 from swapdsl.validate import validate
 from swapdsl.runtime.backend import BACKENDS, array_module
@@ -85,9 +93,21 @@ def _cmd_check(args: argparse.Namespace) -> int:
     return 0
 
 
+def _is_plan(path: str) -> bool:
+    try:
+        with open(path, "rb") as f:
+            return f.read(12) == b"swapdsl-plan"
+    except OSError:
+        return False
+
+
 def _cmd_exec(args: argparse.Namespace) -> int:
     if args.steps < 1:
         raise SwpError(f"--steps must be at least 1, got {args.steps}")
+    if _is_plan(args.file):
+        return _exec_plan(args)
+    if args.check:
+        raise SwpError("--check compares a plan's execution with the reference executor; give a .plan file")
     _, graph = build_graph(args.file, args.define)
     train = training_graph(graph)
     check_graph(train)
@@ -108,6 +128,59 @@ def _cmd_exec(args: argparse.Namespace) -> int:
         print(f"loss {first:.6f} -> {last:.6f} ({last / first:.1%} of the first), "
               f"median step {sorted(result.step_ms)[len(result.step_ms) // 2]:.1f} ms")
     return 0
+
+
+def _exec_plan(args: argparse.Namespace) -> int:
+    if args.define:
+        raise SwpError("-D does not apply to a plan: its model arguments are fixed in the plan")
+    plan = read_plan(args.file)
+    model = find_model(plan, args.file)
+    _, graph = build_graph(str(model), [f"{k}={format_attr(v)}" for k, v in plan.args])
+    train = training_graph(graph)
+    backend, xp = array_module(args.backend)
+    runner = PlanRunner(plan, train, backend, xp, args.seed)
+    reference = Trainer(train, args.seed, xp) if args.check else None
+    h2d = sum(t.bytes for i in plan.program if isinstance(i, SwapIn) for t in [plan.tensor_map()[i.tensor]])
+    d2h = sum(t.bytes for i in plan.program if isinstance(i, SwapOut) for t in [plan.tensor_map()[i.tensor]])
+    if not args.json:
+        print(f"executing {args.file} ({graph.name}, {plan.method} under {format_bytes(plan.cap)}) for {args.steps} "
+              f"steps on {backend}, seed {args.seed}")
+    losses, times, worst = [], [], 0.0
+    try:
+        for step in range(1, args.steps + 1):
+            loss, ms = runner.step(step)
+            losses.append(loss)
+            times.append(ms)
+            line = f"  step {step:>{len(str(args.steps))}}/{args.steps}  loss {loss:.6f}  {ms:8.1f} ms"
+            if reference is not None:
+                diff = max(relative_diff(loss, reference.step(step)),
+                           *(relative_diff(v, to_host(reference.persistent[k]))
+                             for k, v in runner.persistent_values().items()))
+                worst = max(worst, diff)
+                line += f"  max rel diff {diff:.2e}"
+            if not args.json:
+                print(line, flush=True)
+    finally:
+        runner.close()
+    info = {"model": graph.name, "backend": backend, "steps": args.steps, "seed": args.seed, "loss": losses,
+            "step_ms": times, "h2d_bytes": h2d, "d2h_bytes": d2h, "device_arena_bytes": int(runner.arena.nbytes),
+            "host_arena_bytes": int(runner.host.nbytes), "simulated_ms": plan.figure("iteration_ms")}
+    if reference is not None:
+        info["max_rel_diff"] = worst
+    if args.json:
+        print(json.dumps(info, indent=2))
+        return 0
+    median = sorted(times)[len(times) // 2]
+    print(f"median step {median:.1f} ms (simulated {plan.figure('iteration_ms'):.1f} ms); moved "
+          f"{format_bytes(h2d)} in and {format_bytes(d2h)} out per step in a {format_bytes(runner.arena.nbytes)} arena"
+          + (f"; max rel diff against the reference {worst:.2e}" if reference is not None else ""))
+    return 0
+
+
+def relative_diff(a: object, b: object) -> float:
+    x, y = np.asarray(a, dtype=np.float64), np.asarray(b, dtype=np.float64)
+    scale = max(float(np.max(np.abs(y))) if y.size else 0.0, 1e-12)
+    return float(np.max(np.abs(x - y))) / scale if x.size else 0.0
 
 
 def _cmd_optimize(args: argparse.Namespace) -> int:
@@ -207,13 +280,15 @@ def make_parser() -> argparse.ArgumentParser:
                        help="also build the training graph (backward and optimiser ops) and report on it")
     check.set_defaults(run=_cmd_check)
 
-    ex = sub.add_parser("exec", help="train a .swp model with the reference executor (no cap)")
-    ex.add_argument("file", metavar="FILE.swp")
+    ex = sub.add_parser("exec", help="run a plan under its cap, or train a .swp model with the reference executor")
+    ex.add_argument("file", metavar="FILE.plan|FILE.swp")
     ex.add_argument("-D", dest="define", action="append", default=[], metavar="NAME=VALUE",
                     help="override a model argument (repeatable)")
     ex.add_argument("--steps", type=int, default=10, help="training steps (default 10)")
     ex.add_argument("--seed", type=int, default=0, help="seed for parameters and data (default 0)")
     ex.add_argument("--backend", choices=BACKENDS, default="auto", help="array backend (default auto)")
+    ex.add_argument("--check", action="store_true",
+                    help="(plans) run the reference executor beside it and compare every loss and parameter")
     ex.add_argument("--json", action="store_true", help="print one JSON object instead of a line per step")
     ex.set_defaults(run=_cmd_exec)
 

@@ -251,13 +251,29 @@ class _Build(Transformer):
         self.f["figures"].append((str(c[0]), float(_number(c[1]))))
 
 
+def _model_candidates(p: Plan, plan_path: str | Path) -> list[Path]:
+    return [Path(p.model_path), Path(plan_path).parent / p.model_path]
+
+
 def check_model(p: Plan, plan_path: str | Path) -> None:
     """Refuse a plan whose model has changed since it was made (when the model file can be found)."""
-    candidates = [Path(p.model_path), Path(plan_path).parent / p.model_path]
-    found = next((c for c in candidates if c.is_file()), None)
+    found = next((c for c in _model_candidates(p, plan_path) if c.is_file()), None)
+    if found is not None:
+        _same_hash(p, found)
+
+
+def find_model(p: Plan, plan_path: str | Path) -> Path:
+    """The plan's model file, unchanged since the plan was made."""
+    found = next((c for c in _model_candidates(p, plan_path) if c.is_file()), None)
     if found is None:
-        return
-    sha = load(found).sha256
+        raise SwpError(f"cannot find the plan's model `{p.model_path}`",
+                       hints=["run from the folder the plan was made in, or next to the model"])
+    _same_hash(p, found)
+    return found
+
+
+def _same_hash(p: Plan, path: Path) -> None:
+    sha = load(path).sha256
     if sha != p.model_sha256:
         raise SwpError(f"the model `{p.model_path}` has changed since this plan was made",
                        hints=[f"plan made for sha256 {p.model_sha256[:16]}..., the model now is {sha[:16]}...",

@@ -1,0 +1,227 @@
+"""The plan interpreter: runs a training step exactly as a plan says.
+
+One device arena of exactly the cap, carved into the plan's slabs (tensors
+are views into it); one host arena with a slot for every tensor that ever
+has a host copy (pinned memory on CuPy); three streams. The instruction list
+is replayed in order on the calling thread, which only enqueues work and
+waits between streams as the plan's instructions say:
+
+- ``run``: the compute stream waits for the swap-ins due before this op and
+  for the slabs of its outputs to fall free, then runs the kernel into them;
+- ``swapin``: the host-to-device stream waits for op ``after``, for its slab
+  to fall free and for the tensor's host copy, then copies;
+- ``swapout``: the device-to-host stream waits for op ``after``, then copies;
+- ``free``: the slab falls free once op ``after`` and any swap-out are done.
+
+Nothing else synchronises, so a plan that breaks its promises corrupts
+numbers instead of quietly using more memory.
+"""
+
+from __future__ import annotations
+
+import time
+from types import ModuleType
+from typing import Any
+
+import numpy as np
+
+from swapdsl.errors import SwpError
+from swapdsl.ir import DType, Graph, TensorType
+from swapdsl.ops import REGISTRY, KernelContext
+from swapdsl.ops.registry import np_dtype
+from swapdsl.plan import HOST, Free, Plan, Run, Slab, SwapIn, SwapOut
+from swapdsl.runtime.backend import to_host
+from swapdsl.runtime.data import init_persistent, synthetic_inputs
+from swapdsl.runtime.streams import make_streams
+from swapdsl.validate import validate
+
+
+def check_matches(plan: Plan, g: Graph) -> None:
+    """The plan must describe exactly this training graph."""
+    ops_match = len(plan.ops) == len(g.ops) and all(
+        (p.op, p.inputs, p.outputs) == (o.op, o.inputs, o.outputs) for p, o in zip(plan.ops, g.ops))
+    tensors_match = {t.name: t.bytes for t in plan.tensors} == {n: t.type.nbytes for n, t in g.tensors.items()}
+    if not (ops_match and tensors_match):
+        raise SwpError("the plan does not match the model's training graph",
+                       hints=["the model or swapdsl changed since the plan was made; run `swapdsl optimize` again"])
+    if any(t.type.dtype is DType.bf16 for t in g.tensors.values()):
+        raise SwpError("the runtime cannot execute bf16 tensors (neither NumPy nor CuPy has a bf16 array type)",
+                       hints=["use f16 or f32"])
+
+
+class PlanRunner:
+    def __init__(self, plan: Plan, g: Graph, backend: str, xp: ModuleType, seed: int,
+                 check_plan: bool = True, copy_delay_s: float = 0.0) -> None:
+        if check_plan:
+            validate(plan)
+        check_matches(plan, g)
+        self.plan, self.g, self.backend, self.xp = plan, g, backend, xp
+        self.copy_delay_s = copy_delay_s
+        self.arena = xp.zeros(plan.cap, dtype=np.uint8)  # the device arena: exactly the cap
+        self.slots = self._host_slots()
+        self.host = self._host_arena(max((off + nbytes for off, nbytes in self.slots.values()), default=0))
+        self.streams = make_streams(backend)
+        self.homes = {t.name: t.home for t in plan.tensors if t.home is not None}
+        self._load_initial(seed)
+
+    # -- memory
+
+    def _host_slots(self) -> dict[str, tuple[int, int]]:
+        """Host arena slots: inputs, host-homed persistent tensors, and everything ever swapped out.
+        A persistent tensor's new value shares its slot, so a write-back lands where the next step reads."""
+        sizes = {t.name: t.bytes for t in self.plan.tensors}
+        names = [t.name for t in self.plan.tensors if t.home == HOST or t.kind == "input"]
+        names += [i.tensor for i in self.plan.program if isinstance(i, SwapOut)]
+        slots: dict[str, tuple[int, int]] = {}
+        offset = 0
+        for name in dict.fromkeys(names):
+            slots[name] = (offset, sizes[name])
+            offset += -(-sizes[name] // 256) * 256
+        for old, new in self.plan.updates:
+            if old in slots:
+                slots[new] = slots[old]
+        return slots
+
+    def _host_arena(self, nbytes: int) -> np.ndarray:
+        if self.backend == "cupy":
+            import cupyx
+
+            return cupyx.empty_pinned(max(nbytes, 1), dtype=np.uint8)
+        return np.zeros(max(nbytes, 1), dtype=np.uint8)
+
+    def _type(self, name: str) -> TensorType:
+        return self.g.type_of(name)
+
+    def dview(self, name: str, slab: Slab) -> Any:
+        t = self._type(name)
+        off = self.plan.slab_offset(slab)
+        return self.arena[off:off + t.nbytes].view(np_dtype(self.xp, t.dtype)).reshape(t.shape)
+
+    def hview(self, name: str) -> np.ndarray:
+        off, nbytes = self.slots[name]
+        t = self._type(name)
+        return self.host[off:off + nbytes].view(np_dtype(np, t.dtype)).reshape(t.shape)
+
+    def _load_initial(self, seed: int) -> None:
+        values = {**init_persistent(self.g, seed, np), **synthetic_inputs(self.g, seed, np)}
+        for name, value in values.items():
+            if name in self.slots:
+                self.hview(name)[...] = value
+            home = self.homes.get(name)
+            if isinstance(home, Slab) and name not in self.g.inputs:
+                self._put(self.dview(name, home), value)
+
+    def _put(self, dst: Any, src: np.ndarray) -> None:
+        if self.backend == "cupy":
+            dst.set(np.ascontiguousarray(src))
+        else:
+            dst[...] = src
+
+    # -- copies, as stream work
+
+    def _h2d(self, name: str, slab: Slab) -> None:
+        src, dst = self.hview(name), self.dview(name, slab)
+        if self.backend == "cupy":
+            dst.set(src, stream=self.streams["h2d"].stream)  # type: ignore[attr-defined]
+        else:
+            if self.copy_delay_s:
+                time.sleep(self.copy_delay_s)
+            np.copyto(dst, src)
+
+    def _d2h(self, name: str, slab: Slab) -> None:
+        src, dst = self.dview(name, slab), self.hview(name)
+        if self.backend == "cupy":
+            src.get(stream=self.streams["d2h"].stream, out=dst)  # type: ignore[attr-defined]
+        else:
+            if self.copy_delay_s:
+                time.sleep(self.copy_delay_s)
+            np.copyto(dst, src)
+
+    # -- one step
+
+    def step(self, step: int) -> tuple[float, float]:
+        """Run one training step; return (loss, milliseconds)."""
+        s = self.streams
+        started = time.perf_counter()
+        loc: dict[str, Slab] = {}
+        for name, home in self.homes.items():
+            if isinstance(home, Slab):
+                loc[name] = home
+                if name in self.g.inputs:  # this step's batch lands in the input's home slab
+                    s["h2d"].submit(lambda n=name, h=home: self._h2d(n, h))
+        batch_loaded = s["h2d"].record()
+        s["compute"].wait(batch_loaded)
+        op_done: dict[int, Any] = {}
+        due: dict[str, tuple[int, Any]] = {}  # tensor -> (op its swap-in is due before, the copy's event)
+        copied_out: dict[str, Any] = {}  # tensor -> its pending swap-out's event
+        slab_free: dict[Slab, list[Any]] = {}  # events a slab's next tenant waits for
+        ctx = KernelContext(self.xp, step)
+        for instr in self.plan.program:
+            if isinstance(instr, Run):
+                self._run(instr, loc, due, slab_free, op_done, ctx)
+            elif isinstance(instr, SwapIn):
+                waits = ([op_done[instr.after]] if instr.after >= 0 else []) + slab_free.pop(instr.slab, [])
+                waits += [copied_out[instr.tensor]] if instr.tensor in copied_out else []
+                for e in waits:
+                    s["h2d"].wait(e)
+                s["h2d"].submit(lambda n=instr.tensor, sl=instr.slab: self._h2d(n, sl))
+                due[instr.tensor] = (instr.before, s["h2d"].record())
+                loc[instr.tensor] = instr.slab
+            elif isinstance(instr, SwapOut):
+                if instr.after >= 0:
+                    s["d2h"].wait(op_done[instr.after])
+                s["d2h"].submit(lambda n=instr.tensor, sl=loc[instr.tensor]: self._d2h(n, sl))
+                copied_out[instr.tensor] = s["d2h"].record()
+            else:
+                assert isinstance(instr, Free)
+                waits = [op_done[instr.after]] if instr.after >= 0 else []
+                if instr.tensor in copied_out:
+                    waits.append(copied_out[instr.tensor])
+                slab_free[loc.pop(instr.tensor)] = waits
+        for stream in s.values():
+            stream.synchronize()
+        loss = self._read(self.g.loss, loc)
+        return loss, 1e3 * (time.perf_counter() - started)
+
+    def _run(self, instr: Run, loc: dict[str, Slab], due: dict[str, tuple[int, Any]],
+             slab_free: dict[Slab, list[Any]], op_done: dict[int, Any], ctx: KernelContext) -> None:
+        op = self.g.ops[instr.op]
+        compute = self.streams["compute"]
+        for name in op.inputs:
+            if name in due and due[name][0] == instr.op:
+                compute.wait(due.pop(name)[1])
+        for name, slab in instr.outs:
+            for e in slab_free.pop(slab, []):
+                compute.wait(e)
+        ins = [self.dview(n, loc[n]) for n in op.inputs]
+        if instr.in_place:
+            loc.pop(op.inputs[0])
+        for name, slab in instr.outs:
+            loc[name] = slab
+        out = self.dview(op.outputs[0], loc[op.outputs[0]])
+        kernel, attrs = REGISTRY[op.op].kernel, op.attr_dict
+
+        def work() -> None:
+            out[...] = kernel(ctx, ins, attrs)
+
+        compute.submit(work)
+        op_done[instr.op] = compute.record()
+
+    def _read(self, name: str, loc: dict[str, Slab]) -> float:
+        if name in loc:
+            return float(to_host(self.dview(name, loc[name])))
+        return float(self.hview(name))
+
+    def persistent_values(self) -> dict[str, np.ndarray]:
+        """Params and optimiser state as the next step will see them (for comparisons)."""
+        out = {}
+        for t in self.plan.tensors:
+            if t.home is None or t.kind == "input":
+                continue
+            home = t.home
+            out[t.name] = to_host(self.dview(t.name, home)) if isinstance(home, Slab) else self.hview(t.name).copy()
+        return out
+
+    def close(self) -> None:
+        for stream in self.streams.values():
+            stream.close()

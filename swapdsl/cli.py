@@ -29,7 +29,9 @@ from swapdsl.plan import SwapIn, SwapOut
 from swapdsl.planfile import find_model
 from swapdsl.runtime import reference
 from swapdsl.runtime.backend import to_host
+from swapdsl.atomic import write_text_atomically
 from swapdsl.runtime.interpreter import PlanRunner
+from swapdsl.runtime.profile import profile
 from swapdsl.runtime.reference import Trainer
 from swapdsl.simulate import simulate
 from swapdsl.validate import validate
@@ -251,6 +253,22 @@ def _cmd_show(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_profile(args: argparse.Namespace) -> int:
+    if args.repeat < 1:
+        raise SwpError(f"--repeat must be at least 1, got {args.repeat}")
+    _, graph = build_graph(args.file, args.define)
+    train = training_graph(graph)
+    backend, xp = array_module(args.backend)
+    base = load_device(args.base)
+    measured = profile(train, xp, backend, base, args.repeat)
+    write_text_atomically(args.output, json.dumps(measured.to_json(), indent=2) + "\n", "profile")
+    print(f"profiled {len(train.ops)} ops ({len(measured.op_times)} distinct) of {graph.name} on {backend}: "
+          f"host->device {measured.h2d_bw / 1e9:.1f} GB/s, device->host {measured.d2h_bw / 1e9:.1f} GB/s, "
+          f"memory {measured.mem_bw / 1e9:.1f} GB/s, launch {1e6 * measured.launch_s:.1f} us; "
+          f"written to {args.output}")
+    return 0
+
+
 def _cmd_devices(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps({name: d.to_json() for name, d in BUILTIN.items()}, indent=2))
@@ -313,6 +331,16 @@ def make_parser() -> argparse.ArgumentParser:
     sh.add_argument("file", metavar="FILE.plan")
     sh.add_argument("--plot", metavar="OUT.png", help="draw the three streams and device memory (matplotlib)")
     sh.set_defaults(run=_cmd_show)
+
+    pr = sub.add_parser("profile", help="measure op times and copy bandwidth on this backend into a profile")
+    pr.add_argument("file", metavar="FILE.swp")
+    pr.add_argument("-D", dest="define", action="append", default=[], metavar="NAME=VALUE",
+                    help="override a model argument (repeatable)")
+    pr.add_argument("-o", "--output", required=True, metavar="PROFILE.json")
+    pr.add_argument("--backend", choices=BACKENDS, default="auto")
+    pr.add_argument("--repeat", type=int, default=5, help="timed runs per op (median; default 5)")
+    pr.add_argument("--base", metavar="NAME", help="profile supplying what is not measured (memory size, FLOP/s)")
+    pr.set_defaults(run=_cmd_profile)
 
     dv = sub.add_parser("devices", help="list the built-in device profiles")
     dv.add_argument("--json", action="store_true")

@@ -15,11 +15,11 @@ def op_key(g: Graph, op: Op) -> str:
 
 
 def op_seconds(dev: Device, g: Graph, op: Op, measured: dict[str, float] | None = None) -> float:
-    """Measured time if the profile has one for this op, else the roofline estimate."""
+    """Measured kernel time plus launch overhead if the profile has the op, else the roofline estimate."""
     if measured:
         key = op_key(g, op)
         if key in measured:
-            return measured[key]
+            return dev.launch_s + measured[key]
     d = ops.REGISTRY[op.op]
     ins = tuple(g.type_of(n) for n in op.inputs)
     out = g.type_of(op.outputs[0])

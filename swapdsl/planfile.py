@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import functools
 import json
-import os
-import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -14,6 +12,7 @@ import lark
 from lark import Token, Transformer, v_args
 from lark.exceptions import UnexpectedInput
 
+from swapdsl.atomic import write_text_atomically
 from swapdsl.devices import Device
 from swapdsl.errors import Span, SwpError
 from swapdsl.loader import load, read_source
@@ -83,26 +82,7 @@ def format_plan(p: Plan) -> str:
 
 
 def write_plan(p: Plan, path: str | Path) -> None:
-    """Write atomically: a temporary file in the same folder, renamed over the target."""
-    target = Path(path)
-    if target.is_dir():
-        raise SwpError(f"`{path}` is a directory; give a file name for the plan")
-    folder = target.parent if str(target.parent) else Path(".")
-    if not folder.is_dir():
-        raise SwpError(f"cannot write `{path}`: folder `{folder}` does not exist")
-    fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=folder)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(format_plan(p))
-            f.flush()
-            os.fsync(f.fileno())
-        umask = os.umask(0)
-        os.umask(umask)
-        os.chmod(tmp, 0o666 & ~umask)
-        os.replace(tmp, target)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    write_text_atomically(path, format_plan(p), "plan")
 
 
 # ---- reading ---------------------------------------------------------------------

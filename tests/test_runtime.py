@@ -1,0 +1,192 @@
+"""The plan interpreter: plans run under their cap and match the reference executor."""
+
+from __future__ import annotations
+
+import functools
+import json
+from pathlib import Path
+
+import attrs
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from conftest import MODELS, write
+from graphs import training_graphs
+from swapdsl.autodiff import training_graph
+from swapdsl.cli import build_graph
+from swapdsl.ir import Graph
+from swapdsl.plan import Plan, SwapIn
+from swapdsl.planners import METHODS
+from swapdsl.runtime.backend import to_host
+from swapdsl.runtime.interpreter import PlanRunner
+from swapdsl.runtime.reference import Trainer
+from swapdsl.validate import PlanInvalid, validate
+from test_planners import caps, plan_for
+
+SMALL = {
+    "mlp": ["batch=8", "features=32", "hidden=16"],
+    "tiny_transformer": ["batch=2", "seq=8", "vocab=32", "dim=16", "heads=2", "ffn=32"],
+    "tiny_resnet": ["batch=4", "width=4", "blocks=1"],
+    "resnet": ["depth=18", "base=4", "image=32", "batch=2", "classes=5"],
+    "vgg": ["base=2", "fc=16", "image=32", "batch=2", "classes=5"],
+    "inception_v4": ["image=75", "batch=1", "classes=5"],
+    "nasnet": ["cells=2", "filters=8", "stem=4", "image=32", "batch=2", "classes=5"],
+    "lstm_lm": ["layers=2", "hidden=8", "vocab=12", "seq=4", "batch=2"],
+    "bert": ["layers=1", "hidden=16", "heads=2", "intermediate=32", "seq=4", "vocab=20", "positions=8",
+             "batch=2"],
+    "gpt": ["layers=1", "hidden=16", "heads=2", "seq=4", "vocab=20", "positions=8", "batch=2"],
+}
+
+
+_REFERENCE: dict[int, tuple[Graph, list[tuple[float, dict[str, np.ndarray]]]]] = {}
+
+
+def reference_run(t: Graph, steps: int) -> list[tuple[float, dict[str, np.ndarray]]]:
+    """(loss, persistent values) after each step, computed once per graph object."""
+    cached = _REFERENCE.get(id(t))
+    if cached is None or cached[0] is not t or len(cached[1]) < steps:
+        ref = Trainer(t, 3, np)
+        runs = [(ref.step(s), {k: to_host(v).copy() for k, v in ref.persistent.items()})
+                for s in range(1, steps + 1)]
+        _REFERENCE.clear()
+        _REFERENCE[id(t)] = (t, runs)
+    return _REFERENCE[id(t)][1]
+
+
+def run_against_reference(plan: Plan, t: Graph, steps: int, **kw: object) -> float:
+    """Max relative difference between the plan's execution and the reference, over all steps."""
+    runner = PlanRunner(plan, t, "numpy", np, seed=3, **kw)  # type: ignore[arg-type]
+    worst = 0.0
+    try:
+        assert runner.arena.nbytes == plan.cap
+        for step, (expected, state) in enumerate(reference_run(t, steps)[:steps], start=1):
+            loss, _ = runner.step(step)
+            worst = max(worst, abs(loss - expected) / max(abs(expected), 1e-12))
+            for name, value in runner.persistent_values().items():
+                want = state[name]
+                worst = max(worst, float(np.max(np.abs(value - want))) / max(float(np.max(np.abs(want))), 1e-12))
+    finally:
+        runner.close()
+    return worst
+
+
+@functools.cache
+def small_training_graph(name: str) -> Graph:
+    return training_graph(build_graph(str(MODELS / f"{name}.swp"), SMALL[name])[1])
+
+
+@pytest.mark.parametrize("name", list(SMALL))
+def test_plans_match_the_reference(name: str) -> None:
+    t = small_training_graph(name)
+    need, no_swap = caps(t)
+    for cap in sorted({max(no_swap // 2, need), max(no_swap // 4, need), need}):
+        for method in sorted(METHODS):
+            plan = plan_for(t, cap, method)
+            assert run_against_reference(plan, t, steps=5) <= 1e-5, (name, cap, method)
+
+
+@settings(max_examples=20, deadline=None)
+@given(training_graphs(), st.floats(0.0, 1.0), st.sampled_from(sorted(METHODS)))
+def test_random_plans_match_the_reference(t: Graph, where: float, method: str) -> None:
+    need, no_swap = caps(t)
+    plan = plan_for(t, int(need + where * (no_swap - need)), method)
+    assert run_against_reference(plan, t, steps=2) <= 1e-5
+
+
+def test_a_missing_synchronisation_is_caught_and_has_teeth() -> None:
+    """Move one swap-in's deadline past its first use: the op no longer waits for the copy."""
+    t = small_training_graph("tiny_resnet")
+    need, _ = caps(t)
+    plan = plan_for(t, need, "lru")
+    prog = list(plan.program)
+    k = first_swapin_over_other_data(plan)
+    later = max(o.index for o in plan.ops)
+    prog[k] = attrs.evolve(prog[k], before=later)
+    broken = attrs.evolve(plan, program=tuple(prog))
+    with pytest.raises(PlanInvalid, match="invariant 4"):
+        validate(broken)
+    # with validation forced off and a slow bus, the op reads the slab before the copy lands
+    assert run_against_reference(broken, t, steps=1, check_plan=False, copy_delay_s=0.02) > 1e-3
+    assert run_against_reference(plan, t, steps=1, copy_delay_s=0.02) <= 1e-5
+
+
+def first_swapin_over_other_data(plan: Plan) -> int:
+    """A swap-in into a slab that last held another tensor, so reading it early gives wrong numbers."""
+    from swapdsl.plan import Run, Slab
+
+    tenant: dict[Slab, str] = {t.home: t.name for t in plan.tensors if isinstance(t.home, Slab)}
+    for i, ins in enumerate(plan.program):
+        if isinstance(ins, SwapIn):
+            if ins.slab in tenant and tenant[ins.slab] != ins.tensor and ins.after >= 0:
+                return i
+            tenant[ins.slab] = ins.tensor
+        elif isinstance(ins, Run):
+            tenant.update({slab: name for name, slab in ins.outs})
+    raise AssertionError("no such swap-in")
+
+
+def test_exec_json_and_check(cli, in_tmp: Path) -> None:
+    write(in_tmp / "net.swp", (MODELS / "tiny_resnet.swp").read_text())
+    args = ["-D", "batch=4", "-D", "width=4"]
+    code, _, err = cli("optimize", "net.swp", "--memory", "1MiB", "--method", "vdnn", "-o", "net.plan", *args)
+    assert code == 0, err
+    code, out, err = cli("exec", "net.plan", "--steps", "3", "--check", "--backend", "numpy", "--json")
+    assert code == 0, err
+    info = json.loads(out)
+    for key in ("backend", "steps", "loss", "step_ms", "h2d_bytes", "d2h_bytes", "device_arena_bytes",
+                "max_rel_diff"):
+        assert key in info
+    assert info["device_arena_bytes"] == 2**20
+    assert info["max_rel_diff"] <= 1e-5
+    assert info["h2d_bytes"] > 0 and len(info["loss"]) == 3
+    code, _, err = cli("exec", "net.plan", "-D", "batch=8")
+    assert (code, err.splitlines()[0]) == (2, "error: -D does not apply to a plan: its model arguments are fixed "
+                                                "in the plan")
+    (in_tmp / "net.swp").write_text((in_tmp / "net.swp").read_text() + "# changed\n")
+    code, _, err = cli("exec", "net.plan")
+    assert (code, err.splitlines()[0]) == (2, "error: the model `net.swp` has changed since this plan was made")
+
+
+def test_profile_feeds_the_planner(cli, in_tmp: Path) -> None:
+    write(in_tmp / "m.swp", (MODELS / "mlp.swp").read_text())
+    code, out, err = cli("profile", "m.swp", "-D", "batch=8", "-o", "p.json", "--backend", "numpy", "--repeat", "2")
+    assert code == 0, err
+    profile = json.loads((in_tmp / "p.json").read_text())
+    assert profile["name"] == "measured-numpy" and profile["op_times"]
+    assert all(v > 0 for v in profile["op_times"].values())
+    code, out, err = cli("optimize", "m.swp", "-D", "batch=8", "--memory", "8MiB", "--device", "p.json", "--json")
+    assert code == 0, err
+    info = json.loads(out)
+    assert info["device"] == "measured-numpy"
+    # every op of the plan was timed: ideal_ms is the sum of measured times plus one launch overhead per op
+    counts = _op_counts(in_tmp)
+    expected = sum((profile["op_times"][k] + profile["launch_s"]) * n for k, n in counts)
+    assert info["ideal_ms"] == pytest.approx(1e3 * expected)
+
+
+def _op_counts(folder: Path) -> list[tuple[str, int]]:
+    from collections import Counter
+
+    from swapdsl.costmodel import op_key
+
+    t = training_graph(build_graph(str(folder / "m.swp"), ["batch=8"])[1])
+    return list(Counter(op_key(t, op) for op in t.ops).items())
+
+
+@pytest.mark.gpu
+def test_plans_match_the_reference_on_cupy() -> None:
+    import cupy
+
+    t = small_training_graph("tiny_resnet")
+    need, no_swap = caps(t)
+    plan = plan_for(t, need, "belady")
+    runner = PlanRunner(plan, t, "cupy", cupy, seed=3)
+    ref = Trainer(t, 3, np)
+    try:
+        for step in range(1, 4):
+            loss, _ = runner.step(step)
+            assert loss == pytest.approx(ref.step(step), rel=1e-4)
+    finally:
+        runner.close()

@@ -19,11 +19,13 @@ from swapdsl.ir import Graph
 from swapdsl.ircheck import check_graph
 from swapdsl.irprint import print_graph
 from swapdsl.loader import Program, load
-from swapdsl import show
+from pathlib import Path
+
+from swapdsl import benchmark, show
 from swapdsl.devices import BUILTIN, DEFAULT_DEVICE, detect_device, load_device
 from swapdsl.plan import Plan
 from swapdsl.planfile import check_model, read_plan, write_plan
-from swapdsl.planners import METHODS, Request, optimize
+from swapdsl.planners import METHODS, Request, SearchOptions, optimize
 from swapdsl.irprint import format_attr
 from swapdsl.plan import SwapIn, SwapOut
 from swapdsl.planfile import find_model
@@ -191,8 +193,12 @@ def _cmd_optimize(args: argparse.Namespace) -> int:
     _, graph = build_graph(args.file, args.define)
     train = training_graph(graph)
     check_graph(train)
+    if args.budget <= 0 or args.generations < 0 or args.population < 2 or args.workers < 0:
+        raise SwpError("--budget must be positive, --generations and --workers not negative, --population at least 2")
+    search = SearchOptions(args.budget, args.generations, args.population, args.seed, args.workers,
+                           progress=sys.stderr.isatty() and not args.json)
     started = time.perf_counter()
-    plan = optimize(Request(train, device, cap, args.file, graph.args), args.method)
+    plan = optimize(Request(train, device, cap, args.file, graph.args), args.method, search)
     seconds = time.perf_counter() - started
     validate(plan)
     if args.output:
@@ -216,7 +222,8 @@ def _print_figures(f: dict) -> None:
     print(f"  swapped          {format_bytes(f['h2d_bytes'])} in, {format_bytes(f['d2h_bytes'])} out")
     print(f"  device peak      {format_bytes(f['peak_device_bytes'])}; host {format_bytes(f['host_bytes'])}")
     if "search_seconds" in f:
-        print(f"  search           {f['search_seconds']:.2f} s")
+        print(f"  search           {f['search_seconds']:.2f} s"
+          + (f", {f['generations']:.0f} generations, {f['evaluations']:.0f} evaluations" if "generations" in f else ""))
 
 
 def _load_plan(path: str) -> Plan:
@@ -269,6 +276,30 @@ def _cmd_profile(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_bench(args: argparse.Namespace) -> int:
+    try:
+        ratios = [float(r) for r in args.ratios.split(",")]
+    except ValueError:
+        raise SwpError(f"--ratios takes numbers separated by commas, got `{args.ratios}`") from None
+    methods = args.methods.split(",")
+    unknown = [m for m in methods if m not in ("ga", *METHODS)]
+    if unknown or min(ratios) <= 0:
+        raise SwpError(f"bad --methods or --ratios: {', '.join(unknown) or args.ratios}",
+                       hints=[f"methods: ga, {', '.join(METHODS)}; ratios are positive"])
+    search = SearchOptions(args.budget, args.generations, 16, args.seed, args.workers)
+    rows = benchmark.run(args.models, ratios, methods, load_device(args.device or DEFAULT_DEVICE), search,
+                         log=None if args.json else print)
+    if args.json:
+        print(json.dumps(rows, indent=2))
+    else:
+        print()
+        print(benchmark.markdown(rows, methods), end="")
+    if args.out:
+        for path in benchmark.write_outputs(rows, methods, Path(args.out)):
+            print(f"wrote {path}", file=sys.stderr)
+    return 0
+
+
 def _cmd_devices(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps({name: d.to_json() for name, d in BUILTIN.items()}, indent=2))
@@ -313,7 +344,12 @@ def make_parser() -> argparse.ArgumentParser:
     op = sub.add_parser("optimize", help="plan a training step under a memory cap")
     op.add_argument("file", metavar="FILE.swp")
     op.add_argument("--memory", required=True, metavar="SIZE", help="the cap: 8GiB, 512MiB, 1.5GB or bytes")
-    op.add_argument("--method", choices=sorted(METHODS), default="belady", help="planner (default belady)")
+    op.add_argument("--method", choices=["ga", *sorted(METHODS)], default="ga", help="planner (default ga)")
+    op.add_argument("--budget", type=float, default=60.0, metavar="SECONDS", help="ga: wall-clock budget (60)")
+    op.add_argument("--generations", type=int, default=1000, help="ga: generation limit (1000)")
+    op.add_argument("--population", type=int, default=16, help="ga: candidates per generation (16)")
+    op.add_argument("--seed", type=int, default=0, help="ga: random seed (0)")
+    op.add_argument("--workers", type=int, default=0, help="ga: worker processes (0: every core)")
     op.add_argument("--device", metavar="NAME|FILE.json", help="device profile (default: the GPU found, "
                     f"else {DEFAULT_DEVICE})")
     op.add_argument("-D", dest="define", action="append", default=[], metavar="NAME=VALUE",
@@ -341,6 +377,19 @@ def make_parser() -> argparse.ArgumentParser:
     pr.add_argument("--repeat", type=int, default=5, help="timed runs per op (median; default 5)")
     pr.add_argument("--base", metavar="NAME", help="profile supplying what is not measured (memory size, FLOP/s)")
     pr.set_defaults(run=_cmd_profile)
+
+    be = sub.add_parser("bench", help="plan every (model, ratio, method) and tabulate fraction, time, swap, search")
+    be.add_argument("--models", nargs="+", default=list(benchmark.ZOO), help="zoo names or .swp files")
+    be.add_argument("--ratios", default="2,4,8,12", help="memory ratios, comma-separated (2,4,8,12)")
+    be.add_argument("--methods", default="lru,vdnn,belady,ga", help="comma-separated (lru,vdnn,belady,ga)")
+    be.add_argument("--device", help=f"device profile (default {DEFAULT_DEVICE})")
+    be.add_argument("--budget", type=float, default=60.0, metavar="SECONDS", help="ga budget per plan (60)")
+    be.add_argument("--generations", type=int, default=1000, help="ga generation limit per plan (1000)")
+    be.add_argument("--seed", type=int, default=0)
+    be.add_argument("--workers", type=int, default=0, help="ga worker processes (0: every core)")
+    be.add_argument("--json", action="store_true", help="print the rows as JSON")
+    be.add_argument("--out", metavar="DIR", help="write bench.json, bench.md and fraction.png here")
+    be.set_defaults(run=_cmd_bench)
 
     dv = sub.add_parser("devices", help="list the built-in device profiles")
     dv.add_argument("--json", action="store_true")

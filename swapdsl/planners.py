@@ -71,18 +71,39 @@ def size_pool(p: Problem, schedule: list[int], cap: int) -> tuple[Pool, frozense
                           f"with no swapping at all this model needs {format_bytes(no_swap)}"])
 
 
-def optimize(req: Request, method: str) -> Plan:
+def optimize(req: Request, method: str, search: SearchOptions | None = None) -> Plan:
+    if method == "ga":
+        from swapdsl.ga import genetic_search
+
+        return genetic_search(req, search or SearchOptions()).plan
     if method not in METHODS:
-        raise SwpError(f"unknown method `{method}`", hints=[f"methods: {', '.join(METHODS)}"])
+        raise SwpError(f"unknown method `{method}`", hints=[f"methods: ga, {', '.join(METHODS)}"])
     p = Problem.build(req.graph, req.device)
     schedule = list(range(p.n_ops))
     pool, pinned, no_swap = size_pool(p, schedule, req.cap)
     policy = METHODS[method]
     if _bytes(pool.sizes, pool.counts) >= no_swap:
         policy = attrs.evolve(policy, offload=False)  # like vDNN's dynamic mode: no offload when all fits
-    program, homes = plan_swaps(p, schedule, pool, pinned, policy)
-    plan = assemble(req, p, method, pool, homes, tuple(program))
+    plan = build_plan(req, p, method, schedule, pool, pinned, policy)
     return with_figures(plan, p, no_swap)
+
+
+@attrs.frozen
+class SearchOptions:
+    """The genetic search's knobs (see ga.py)."""
+
+    budget_s: float = 60.0
+    generations: int = 1000
+    population: int = 16
+    seed: int = 0
+    workers: int = 0  # 0: every core
+    progress: bool = False
+
+
+def build_plan(req: Request, p: Problem, method: str, schedule: list[int], pool: Pool, pinned: frozenset[int],
+               policy: Policy) -> Plan:
+    program, homes = plan_swaps(p, schedule, pool, pinned, policy)
+    return assemble(req, p, method, pool, homes, tuple(program))
 
 
 def assemble(req: Request, p: Problem, method: str, pool: Pool, homes: dict[int, Slab], program: tuple) -> Plan:
@@ -100,7 +121,7 @@ def assemble(req: Request, p: Problem, method: str, pool: Pool, homes: dict[int,
                 req.graph.loss, req.graph.updates, program)
 
 
-def with_figures(plan: Plan, p: Problem, no_swap: int) -> Plan:
+def with_figures(plan: Plan, p: Problem, no_swap: int, extra: dict[str, float] | None = None) -> Plan:
     """The simulated figures, stored in the plan (nothing that varies from run to run)."""
     r = simulate(plan)
     ideal = ideal_ms(p)
@@ -117,5 +138,6 @@ def with_figures(plan: Plan, p: Problem, no_swap: int) -> Plan:
         "ratio": no_swap / plan.cap,
         "no_swap_bytes": float(no_swap),
         "graph_peak_bytes": float(peak_bytes(p.graph)),
+        **(extra or {}),
     }
     return attrs.evolve(plan, figures=tuple(figures.items()))

@@ -1,0 +1,315 @@
+"""The optimiser: SwapAdvisor's genetic search over (schedule, memory pool), plus what to pin.
+
+A genome is a priority per op, a slab count per size class, and the share of
+the cap given to pinned persistent tensors. Decoding: the schedule is the
+topological order that always runs the ready op of highest priority (so
+every genome is a valid schedule and crossover needs no repair); the pinned
+set is the persistent tensors read most per byte that fit in that share; the
+pool is the counts, raised to what every op needs and trimmed to the cap.
+The swap planner (Belady victims, earliest prefetch) then makes the plan and
+the simulator scores it. Seeds: the default schedule with the baselines'
+pool and pinning choices, and jittered variants. Selection is by tournament
+with elitism; children mix their parents' priorities op by op and their pools
+class by class, then mutate. The result is never worse than the best
+baseline: those plans are scored too, and kept if nothing beats them.
+
+Random choices come from one seeded generator in the calling process, and
+candidates are scored in worker processes whose results do not depend on
+which worker ran them, so a seed and a generation limit fix the plan.
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+import multiprocessing
+import os
+import sys
+import time
+from collections.abc import Callable
+from concurrent.futures import ProcessPoolExecutor
+from typing import Any
+
+import attrs
+import numpy as np
+
+from swapdsl.plan import Plan
+from swapdsl.planners import (
+    METHODS, Request, SearchOptions, build_plan, optimize, size_pool, with_figures,
+)
+from swapdsl.pool import Pool, class_sizes, need_counts, no_swap_counts
+from swapdsl.problem import Problem
+from swapdsl.simulate import simulate
+from swapdsl.swapplan import Policy
+
+POLICY = Policy("belady", "earliest")
+PIN_LEVELS = (0.0, 0.1, 0.25, 0.5, 0.75, 1.0)
+
+
+@attrs.frozen
+class Genome:
+    priority: tuple[float, ...]
+    counts: tuple[int, ...]
+    pin: float  # share of the cap for pinned persistent tensors
+
+
+@attrs.frozen
+class Outcome:
+    plan: Plan
+    generations: int
+    evaluations: int
+    seconds: float
+
+
+class Decoder:
+    """Turns genomes into (schedule, pool, pinned) and scores them; one per worker process."""
+
+    def __init__(self, req: Request) -> None:
+        self.req = req
+        self.p = Problem.build(req.graph, req.device)
+        self.sizes = class_sizes(self.p)
+        self.preds, self.succs = self._edges()
+        reads = {t: 0 for t in self.p.persistent}
+        for op in range(self.p.n_ops):
+            for t in self.p.op_inputs[op]:
+                if t in reads:
+                    reads[t] += 1
+        self.pin_order = sorted(self.p.persistent, key=lambda t: (-reads[t] / max(self.p.nbytes[t], 1), t))
+        self._need: dict[frozenset[int], tuple[int, ...]] = {}
+
+    def _edges(self) -> tuple[list[set[int]], list[set[int]]]:
+        """Data dependencies, and write-after-read ones: an in-place update runs after every
+        other reader of the value it overwrites."""
+        p = self.p
+        producer = {t: op for op in range(p.n_ops) for t in p.op_outputs[op]}
+        readers: dict[int, list[int]] = {}
+        preds: list[set[int]] = [set() for _ in range(p.n_ops)]
+        for op in range(p.n_ops):
+            for t in p.op_inputs[op]:
+                readers.setdefault(t, []).append(op)
+                if t in producer:
+                    preds[op].add(producer[t])
+        for op in range(p.n_ops):
+            if p.in_place[op]:
+                preds[op].update(r for r in readers.get(p.op_inputs[op][0], []) if r != op)
+        succs: list[set[int]] = [set() for _ in range(p.n_ops)]
+        for op, ps in enumerate(preds):
+            for q in ps:
+                succs[q].add(op)
+        return preds, succs
+
+    def schedule(self, priority: tuple[float, ...]) -> list[int]:
+        waiting = [len(ps) for ps in self.preds]
+        ready = [(-priority[op], op) for op in range(self.p.n_ops) if not waiting[op]]
+        heapq.heapify(ready)
+        order = []
+        while ready:
+            _, op = heapq.heappop(ready)
+            order.append(op)
+            for nxt in self.succs[op]:
+                waiting[nxt] -= 1
+                if not waiting[nxt]:
+                    heapq.heappush(ready, (-priority[nxt], nxt))
+        return order
+
+    def pinned(self, share: float) -> frozenset[int]:
+        budget, chosen, used = share * self.req.cap, [], 0
+        for t in self.pin_order:
+            if used + self.p.slab_bytes[t] <= budget:
+                chosen.append(t)
+                used += self.p.slab_bytes[t]
+        return frozenset(chosen)
+
+    def need(self, pinned: frozenset[int]) -> tuple[int, ...]:
+        if pinned not in self._need:
+            self._need[pinned] = need_counts(self.p, list(range(self.p.n_ops)), pinned)
+        return self._need[pinned]
+
+    def pool(self, counts: tuple[int, ...], pinned: frozenset[int]) -> Pool | None:
+        """The genome's counts, raised to every class's need and trimmed to the cap; None if impossible."""
+        need = self.need(pinned)
+        fixed = [max(c, n) for c, n in zip(counts, need)]
+        over = sum(s * c for s, c in zip(self.sizes, fixed)) - self.req.cap
+        for k in sorted(range(len(fixed)), key=lambda k: -self.sizes[k]):  # trim the biggest surplus slabs first
+            while over > 0 and fixed[k] > need[k]:
+                fixed[k] -= 1
+                over -= self.sizes[k]
+        return None if over > 0 else Pool(self.sizes, tuple(fixed))
+
+    def decode(self, g: Genome) -> tuple[list[int], Pool, frozenset[int]] | None:
+        share = g.pin
+        while True:
+            pinned = self.pinned(share)
+            pool = self.pool(g.counts, pinned)
+            if pool is not None:
+                return self.schedule(g.priority), pool, pinned
+            if not pinned:
+                return None
+            share /= 2  # pinned tensors crowd out what some op needs: pin less
+            if share < 1e-3:
+                share = 0.0
+
+    def plan(self, g: Genome) -> Plan | None:
+        decoded = self.decode(g)
+        if decoded is None:
+            return None
+        schedule, pool, pinned = decoded
+        return build_plan(self.req, self.p, "ga", schedule, pool, pinned, POLICY)
+
+    def score(self, g: Genome) -> float:
+        plan = self.plan(g)
+        return math.inf if plan is None else simulate(plan).iteration_ms
+
+
+_DECODER: Decoder | None = None
+
+
+def _init_worker(req: Request) -> None:
+    global _DECODER
+    _DECODER = Decoder(req)
+
+
+def _score(g: Genome) -> float:
+    assert _DECODER is not None
+    return _DECODER.score(g)
+
+
+class _Scorer:
+    """Scores genomes, in worker processes when there are several cores, remembering every result."""
+
+    def __init__(self, req: Request, decoder: Decoder, workers: int) -> None:
+        self.decoder = decoder
+        self.cache: dict[Genome, float] = {}
+        self.pool: ProcessPoolExecutor | None = None
+        if workers > 1:
+            method = "fork" if "fork" in multiprocessing.get_all_start_methods() else "spawn"
+            self.pool = ProcessPoolExecutor(workers, multiprocessing.get_context(method),
+                                            initializer=_init_worker, initargs=(req,))
+
+    def __call__(self, genomes: list[Genome]) -> list[float]:
+        todo = [g for g in dict.fromkeys(genomes) if g not in self.cache]
+        if self.pool is not None and len(todo) > 1:
+            results = list(self.pool.map(_score, todo, chunksize=max(1, len(todo) // 8)))
+        else:
+            results = [self.decoder.score(g) for g in todo]
+        self.cache.update(zip(todo, results))
+        return [self.cache[g] for g in genomes]
+
+    def close(self) -> None:
+        if self.pool is not None:
+            self.pool.shutdown(wait=False, cancel_futures=True)
+
+
+def _seeds(d: Decoder, rng: np.random.Generator, size: int) -> list[Genome]:
+    n = d.p.n_ops
+    default = tuple(float(n - i) for i in range(n))
+    no_swap = no_swap_counts(d.p, list(range(n)))
+    try:
+        base_pool, base_pinned, _ = size_pool(d.p, list(range(n)), d.req.cap)
+        base = base_pool.counts
+        base_pin = 1.0 if base_pinned else 0.0
+    except Exception:
+        base, base_pin = d.need(frozenset()), 0.0
+    seeds = [Genome(default, base, base_pin)]
+    seeds += [Genome(default, base, pin) for pin in PIN_LEVELS if pin != base_pin]
+    seeds.append(Genome(default, no_swap, base_pin))
+    while len(seeds) < size:
+        jitter = rng.normal(0.0, rng.choice([0.5, 2.0, 8.0]), n)
+        seeds.append(Genome(tuple(float(x) for x in np.asarray(default) + jitter), base,
+                            float(rng.choice(PIN_LEVELS))))
+    return seeds[:max(size, 1)]
+
+
+def _crossover(a: Genome, b: Genome, rng: np.random.Generator) -> Genome:
+    take = rng.random(len(a.priority)) < 0.5
+    if rng.random() < 0.5:  # one cut: keeps runs of relative order together
+        cut = int(rng.integers(0, len(a.priority) + 1))
+        take = np.arange(len(a.priority)) < cut
+    priority = tuple(float(x) for x in np.where(take, a.priority, b.priority))
+    counts = tuple(int(x) for x in np.where(rng.random(len(a.counts)) < 0.5, a.counts, b.counts))
+    return Genome(priority, counts, a.pin if rng.random() < 0.5 else b.pin)
+
+
+def _mutate(g: Genome, rng: np.random.Generator, d: Decoder) -> Genome:
+    priority, counts, pin = np.asarray(g.priority), list(g.counts), g.pin
+    roll = rng.random()
+    if roll < 0.5:  # move a few ops earlier or later
+        ops = rng.integers(0, len(priority), size=int(rng.integers(1, 8)))
+        priority = priority.copy()
+        priority[ops] += rng.normal(0.0, rng.choice([1.0, 5.0, 25.0]), len(ops))
+    elif roll < 0.85 and len(counts) > 1:  # move memory from one size class to another
+        src, dst = (int(x) for x in rng.choice(len(counts), size=2, replace=False))
+        freed = d.sizes[src] * max(1, int(counts[src] * rng.random() * 0.3))
+        counts[src] = max(0, counts[src] - freed // d.sizes[src])
+        counts[dst] += max(1, freed // d.sizes[dst])
+    else:
+        pin = float(rng.choice(PIN_LEVELS))
+    return Genome(tuple(float(x) for x in priority), tuple(counts), pin)
+
+
+def _tournament(pop: list[Genome], fit: list[float], rng: np.random.Generator, k: int = 3) -> Genome:
+    picks = rng.choice(len(pop), size=min(k, len(pop)), replace=False)
+    return pop[min(picks, key=lambda i: (fit[i], i))]
+
+
+def _progress(gen: int, best_fraction: float, evaluations: int, started: float, enabled: bool) -> None:
+    if enabled:
+        rate = evaluations / max(time.perf_counter() - started, 1e-9)
+        sys.stderr.write(f"\rga: generation {gen:>4}  best fraction {best_fraction:.4f}  {evaluations} evaluations"
+                         f"  {rate:.1f}/s ")
+        sys.stderr.flush()
+
+
+def genetic_search(req: Request, opts: SearchOptions, on_generation: Callable[[int, float], None] | None = None
+                   ) -> Outcome:
+    started = time.perf_counter()
+    d = Decoder(req)
+    rng = np.random.default_rng(opts.seed)
+    workers = opts.workers or os.cpu_count() or 1
+    scorer = _Scorer(req, d, workers)
+    ideal = sum(d.p.op_ms)
+    baselines = {m: optimize(req, m) for m in METHODS}
+    pop = _seeds(d, rng, opts.population)
+    generations = 0
+    try:
+        fit = scorer(pop)
+        if on_generation is not None:
+            on_generation(0, min(fit))
+        while generations < opts.generations and time.perf_counter() - started < opts.budget_s:
+            generations += 1
+            order = sorted(range(len(pop)), key=lambda i: (fit[i], i))
+            elite = [pop[i] for i in order[:max(2, len(pop) // 4)]]
+            children = []
+            while len(elite) + len(children) < len(pop):
+                a, b = _tournament(pop, fit, rng), _tournament(pop, fit, rng)
+                child = _crossover(a, b, rng) if rng.random() < 0.7 else a
+                children.append(_mutate(child, rng, d))
+            pop = elite + children
+            fit = scorer(pop)
+            best = min(fit)
+            _progress(generations, ideal / best if best < math.inf else 0.0, len(scorer.cache), started,
+                      opts.progress)
+            if on_generation is not None:
+                on_generation(generations, best)
+    except KeyboardInterrupt:
+        if opts.progress:
+            sys.stderr.write("\nga: interrupted; keeping the best plan so far\n")
+        fit = [scorer.cache.get(g, math.inf) for g in pop]
+    finally:
+        scorer.close()
+        if opts.progress:
+            sys.stderr.write("\n")
+    return _finish(req, d, pop, fit, baselines, generations, len(scorer.cache), started)
+
+
+def _finish(req: Request, d: Decoder, pop: list[Genome], fit: list[float], baselines: dict[str, Plan],
+            generations: int, evaluations: int, started: float) -> Outcome:
+    i = min(range(len(pop)), key=lambda k: (fit[k], k))
+    best = d.plan(pop[i]) if fit[i] < math.inf else None
+    no_swap = sum(s * n for s, n in zip(d.sizes, no_swap_counts(d.p, list(range(d.p.n_ops)))))
+    extra = {"generations": float(generations), "evaluations": float(evaluations)}
+    champion = min(baselines.values(), key=lambda pl: pl.figure("iteration_ms"))
+    if best is None or simulate(best).iteration_ms > champion.figure("iteration_ms"):
+        best = attrs.evolve(champion, method="ga")
+    plan = with_figures(best, d.p, no_swap, extra)
+    return Outcome(plan, generations, evaluations, time.perf_counter() - started)

@@ -41,21 +41,15 @@ class Slabs:
         self.free: list[list[int]] = [list(range(n)) for n in self.counts]
         self.grow = grow
 
-    def take(self, size: int) -> tuple[int, int] | None:
-        """A free slab (class, index) that fits ``size``-class tensors, or None."""
+    def take(self, size: int, borrow: bool = True) -> tuple[int, int] | None:
+        """A free slab (class, index) that fits ``size``-class tensors, or None.
+
+        Own class first, then (with ``borrow``) ever larger ones; with ``grow``, a new own-class slab.
+        """
         c = self.cls[size]
-        for k in range(c, -1, -1):  # own class first, then ever larger
+        for k in range(c, -1 if borrow else c - 1, -1):
             if self.free[k]:
                 return k, heapq.heappop(self.free[k])
-        if self.grow:
-            self.counts[c] += 1
-            return c, self.counts[c] - 1
-        return None
-
-    def take_own(self, size: int) -> tuple[int, int] | None:
-        c = self.cls[size]
-        if self.free[c]:
-            return c, heapq.heappop(self.free[c])
         if self.grow:
             self.counts[c] += 1
             return c, self.counts[c] - 1
@@ -81,7 +75,7 @@ def no_swap_counts(p: Problem, schedule: list[int]) -> tuple[int, ...]:
     slabs = Slabs(class_sizes(p), grow=True)
     where: dict[int, tuple[int, int]] = {}
     for t in resident_at_start(p, p.persistent):
-        where[t] = slabs.take_own(p.slab_bytes[t])  # type: ignore[assignment]
+        where[t] = slabs.take(p.slab_bytes[t], borrow=False)  # type: ignore[assignment]
     last = last_uses(p, schedule)
     kept = p.persistent | {new for _, new in p.updates} | {p.loss}
     for pos, op in enumerate(schedule):

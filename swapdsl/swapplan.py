@@ -95,7 +95,7 @@ class _Planner:
         p = self.p
         homes: dict[int, Slab] = {}
         for t in resident_at_start(p, frozenset(self.pinned)):
-            slab = self.slabs.take_own(p.slab_bytes[t])
+            slab = self.slabs.take(p.slab_bytes[t], borrow=False)
             assert slab is not None, "pool sized below its pinned tensors"
             self.place(t, slab)
             homes[t] = Slab(*slab)

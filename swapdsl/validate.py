@@ -162,7 +162,7 @@ class _Replay:
     def swapout(self, instr: SwapOut) -> None:
         name = self.tensor(instr.tensor)
         context = f"the swap-out of `{name}`"
-        after = self.position(instr.after, context)
+        self.position(instr.after, context)
         if name not in self.loc:
             raise PlanInvalid(6, f"{context}: `{name}` is not on the device")
         if name in self.due:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import random
+
 from hypothesis import strategies as st
 
 from swapdsl.autodiff import training_graph
@@ -34,37 +36,62 @@ class _Builder:
         return out
 
 
+class Choices:
+    """Where a random graph's choices come from: Hypothesis (shrinkable) or a seeded Random."""
+
+    def __init__(self, draw: st.DrawFn | None = None, rng: random.Random | None = None) -> None:
+        self.draw, self.rng = draw, rng
+
+    def pick(self, options: list) -> object:  # type: ignore[type-arg]
+        return self.draw(st.sampled_from(options)) if self.draw else self.rng.choice(options)  # type: ignore[union-attr]
+
+    def integer(self, lo: int, hi: int) -> int:
+        return self.draw(st.integers(lo, hi)) if self.draw else self.rng.randint(lo, hi)  # type: ignore[union-attr]
+
+    def flip(self) -> bool:
+        return self.draw(st.booleans()) if self.draw else self.rng.random() < 0.5  # type: ignore[union-attr]
+
+
 @st.composite
-def training_graphs(draw: st.DrawFn) -> Graph:
+def training_graphs(draw: st.DrawFn, max_depth: int = 7) -> Graph:
+    return random_training_graph(Choices(draw=draw), max_depth)
+
+
+def seeded_training_graph(seed: int, max_depth: int = 7) -> Graph:
+    return random_training_graph(Choices(rng=random.Random(seed)), max_depth)
+
+
+def random_training_graph(c: Choices, max_depth: int) -> Graph:
     """An MLP-like net of random depth with fan-out, long skips and shared weights."""
-    batch = draw(st.sampled_from([2, 4, 8]))
-    width = draw(st.sampled_from([4, 8, 16, 32]))
-    depth = draw(st.integers(2, 7))
+    draw_pick, draw_int, flip = c.pick, c.integer, c.flip
+    batch = draw_pick([2, 4, 8])
+    width = draw_pick([4, 8, 16, 32])
+    depth = draw_int(2, max_depth)
     b = _Builder()
     x = b.declare("x", (batch, width), Kind.input)
     y = b.declare("y", (batch,), Kind.input, DType.i32)
     weights: list[str] = []
     hidden = [x]
     for layer in range(depth):
-        if weights and draw(st.booleans()):
-            w = draw(st.sampled_from(weights))  # shared weight
+        if weights and flip():
+            w = draw_pick(weights)  # shared weight
         else:
             w = b.declare(f"w{layer}", (width, width), Kind.param)
             weights.append(w)
-        src = draw(st.sampled_from(hidden[-3:]))  # fan-out: an earlier activation read again
+        src = draw_pick(hidden[-3:])  # fan-out: an earlier activation read again
         h = b.op("matmul", [src, w])
-        if draw(st.booleans()):
+        if flip():
             h = b.op("add", [h, b.declare(f"b{layer}", (width,), Kind.param)])
-        h = b.op(draw(st.sampled_from(["relu", "tanh", "gelu"])), [h])
-        if len(hidden) > 2 and draw(st.booleans()):
-            h = b.op("add", [h, draw(st.sampled_from(hidden[:-1]))])  # long skip
+        h = b.op(draw_pick(["relu", "tanh", "gelu"]), [h])
+        if len(hidden) > 2 and flip():
+            h = b.op("add", [h, draw_pick(hidden[:-1])])  # long skip
         hidden.append(h)
     classes = b.declare("head", (width, 3), Kind.param)
     loss = b.op("softmax_cross_entropy", [b.op("matmul", [hidden[-1], classes]), y])
-    optimizer = draw(st.sampled_from([
+    optimizer = draw_pick([
         Optimizer("sgd", (("lr", 0.1), ("momentum", 0.0), ("weight_decay", 0.0))),
         Optimizer("sgd", (("lr", 0.1), ("momentum", 0.9), ("weight_decay", 0.0))),
         Optimizer("adam", (("lr", 1e-3), ("beta1", 0.9), ("beta2", 0.999), ("eps", 1e-8), ("weight_decay", 0.0))),
-    ]))
+    ])
     fwd = Graph("random", (), b.tensors, tuple(b.ops), tuple(b.inputs), tuple(b.params), loss, optimizer, "0" * 64)
     return training_graph(fwd)

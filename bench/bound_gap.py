@@ -1,0 +1,99 @@
+"""How tight is bound_ms? Compare it with the best plan found by trying every schedule.
+
+Usage: python bench/bound_gap.py [--graphs 20] [--max-orders 3000] [--seed 0]
+
+Small random training graphs (the property tests' generator, two hidden
+layers) at a cap halfway between the smallest feasible one and the no-swap
+pool. For each: every topological order (up to --max-orders, enumerated
+depth-first), each with its own pool sized for that order and both pinning
+choices, planned by the Belady swap planner and simulated; the best
+iteration time over all of them is set against the bound.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
+from graphs import seeded_training_graph  # noqa: E402
+
+from swapdsl.bound import bound_ms  # noqa: E402
+from swapdsl.devices import BUILTIN  # noqa: E402
+from swapdsl.errors import SwpError  # noqa: E402
+from swapdsl.ga import POLICY, Decoder  # noqa: E402
+from swapdsl.planners import Request, build_plan  # noqa: E402
+from swapdsl.pool import class_sizes, fit_pool, need_counts, no_swap_counts  # noqa: E402
+from swapdsl.simulate import simulate  # noqa: E402
+
+
+def orders(d: Decoder, limit: int) -> list[list[int]]:
+    found: list[list[int]] = []
+    waiting = [len(p) for p in d.preds]
+    prefix: list[int] = []
+
+    def walk() -> None:
+        if len(found) >= limit:
+            return
+        ready = [op for op in range(len(waiting)) if waiting[op] == 0 and op not in done]
+        if not ready:
+            found.append(list(prefix))
+            return
+        for op in ready:
+            done.add(op)
+            prefix.append(op)
+            for nxt in d.succs[op]:
+                waiting[nxt] -= 1
+            walk()
+            for nxt in d.succs[op]:
+                waiting[nxt] += 1
+            prefix.pop()
+            done.discard(op)
+
+    done: set[int] = set()
+    walk()
+    return found
+
+
+def best_over_orders(d: Decoder, cap: int, limit: int) -> tuple[float, int]:
+    best, sizes = float("inf"), class_sizes(d.p)
+    all_orders = orders(d, limit)
+    for schedule in all_orders:
+        for pinned in (frozenset(d.p.persistent), frozenset()):
+            need = need_counts(d.p, schedule, pinned)
+            try:
+                pool = fit_pool(sizes, no_swap_counts(d.p, schedule), need, cap)
+                plan = build_plan(d.req, d.p, "exhaustive", schedule, pool, pinned, POLICY)
+            except SwpError:
+                continue
+            best = min(best, simulate(plan).iteration_ms)
+    return best, len(all_orders)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--graphs", type=int, default=20)
+    ap.add_argument("--max-orders", type=int, default=3000)
+    ap.add_argument("--seed", type=int, default=0)
+    args = ap.parse_args()
+    gaps = []
+    for i in range(args.graphs):
+        t = seeded_training_graph(args.seed + i, max_depth=2)
+        d = Decoder(Request(t, BUILTIN["v100-16gb"], 1 << 40, "g", ()))
+        sizes = class_sizes(d.p)
+        need = sum(s * n for s, n in zip(sizes, need_counts(d.p, list(range(d.p.n_ops)), frozenset())))
+        no_swap = sum(s * n for s, n in zip(sizes, no_swap_counts(d.p, list(range(d.p.n_ops)))))
+        cap = (need + no_swap) // 2
+        d = Decoder(Request(t, BUILTIN["v100-16gb"], cap, "g", ()))
+        best, n_orders = best_over_orders(d, cap, args.max_orders)
+        bound = bound_ms(d.p, cap)
+        gaps.append(best / bound)
+        print(f"graph {i:>2}: {d.p.n_ops:>3} ops, {n_orders:>5} orders{'+' if n_orders >= args.max_orders else ' '}"
+              f"  bound {bound:.4f} ms  best {best:.4f} ms  best/bound {best / bound:.3f}")
+    print(f"best/bound: median {statistics.median(gaps):.3f}, max {max(gaps):.3f}, min {min(gaps):.3f}")
+
+
+if __name__ == "__main__":
+    main()

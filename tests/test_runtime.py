@@ -190,3 +190,13 @@ def test_plans_match_the_reference_on_cupy() -> None:
             assert loss == pytest.approx(ref.step(step), rel=1e-4)
     finally:
         runner.close()
+
+
+@settings(max_examples=8, deadline=None)
+@given(training_graphs(max_depth=4), st.floats(0.0, 1.0))
+def test_ga_plans_match_the_reference(t: Graph, where: float) -> None:
+    from test_planners import ga_plan
+
+    need, no_swap = caps(t)
+    plan = ga_plan(t, int(need + where * (no_swap - need)), generations=2)
+    assert run_against_reference(plan, t, steps=2) <= 1e-5

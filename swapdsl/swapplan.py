@@ -113,10 +113,12 @@ class _Planner:
         protect = set(ins) | set(outs)
         in_place_out = outs.pop(0) if p.in_place[op] else None
         placed: dict[int, tuple[int, int]] = {}
+        resident_before = {t for t in ins if t in self.where}  # only these may be bounced: no copy in flight
         todo = placement_order(p, [t for t in ins if t not in self.where] + outs)
         while todo:
             t = todo.pop(0)
-            slab, since, bounced = self.acquire(t, pos, protect, set(ins) - set(todo) - {t})
+            slab, since, bounced = self.acquire(t, pos, protect, resident_before)
+            resident_before.discard(bounced)  # type: ignore[arg-type]
             if bounced is not None:  # an input had to leave a borrowed slab: it comes back in its own turn
                 todo = placement_order(p, todo + [bounced])
             if t in outs:

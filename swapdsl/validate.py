@@ -177,6 +177,9 @@ class _Replay:
             raise PlanInvalid(5, f"{context}: `{name}` holds no slab")
         if self.last_touch.get(name, -1) > after:
             raise PlanInvalid(5, f"{context} after op {instr.after} comes before its last use so far")
+        if name in self.due:
+            raise PlanInvalid(5, f"{context} comes before the op its swap-in is due for; the copy may still be "
+                                 "writing the slab")
         if self.still_needed(name) and name not in self.host:
             raise PlanInvalid(6, f"{context}: `{name}` is needed later but was never copied to the host")
         self.released_at[self.vacate(name)] = after

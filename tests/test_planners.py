@@ -18,6 +18,7 @@ from swapdsl.plan import Free, Plan, PoolClass, Run, SwapIn, SwapOut
 from swapdsl.planners import METHODS, Request, optimize
 from swapdsl.pool import class_sizes, need_counts, no_swap_counts
 from swapdsl.problem import Problem
+from swapdsl.bound import bound_ms
 from swapdsl.simulate import simulate
 from swapdsl.validate import PlanInvalid, validate
 
@@ -302,3 +303,23 @@ def test_ga_improves_on_its_seeds_where_the_default_schedule_is_poor() -> None:
     assert seen[-1] < 0.9 * seen[0]  # the search, not the seeding, found it
     assert outcome.plan.figure("iteration_ms") == pytest.approx(seen[-1])
     assert outcome.plan.figure("iteration_ms") < 0.9 * default
+
+
+@settings(max_examples=40, deadline=None)
+@given(training_graphs(), st.floats(0.0, 1.0), st.integers(0, 2**31 - 1))
+def test_any_genome_decodes_to_a_valid_plan(t: Graph, where: float, seed: int) -> None:
+    """The search may try any schedule, pool and pinning: every one must plan validly."""
+    import numpy as np
+
+    from swapdsl.ga import Decoder, Genome
+
+    need, no_swap = caps(t)
+    cap = int(need + where * (no_swap - need))
+    d = Decoder(Request(t, V100, cap, "random.swp", ()))
+    rng = np.random.default_rng(seed)
+    genome = Genome(tuple(float(x) for x in rng.normal(0, 10, d.p.n_ops)),
+                    tuple(int(x) for x in rng.integers(0, 6, len(d.sizes))), float(rng.choice([0, 0.3, 1.0])))
+    plan = d.plan(genome)
+    assert plan is not None
+    validate(plan)
+    assert simulate(plan).iteration_ms >= bound_ms(d.p, cap) * (1 - 1e-9)

@@ -7,7 +7,6 @@ import json
 from pathlib import Path
 from typing import Any
 
-import attrs
 import lark
 from lark import Token, Transformer, v_args
 from lark.exceptions import UnexpectedInput

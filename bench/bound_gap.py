@@ -25,7 +25,7 @@ from swapdsl.devices import BUILTIN  # noqa: E402
 from swapdsl.errors import SwpError  # noqa: E402
 from swapdsl.ga import POLICY, Decoder  # noqa: E402
 from swapdsl.planners import Request, build_plan  # noqa: E402
-from swapdsl.pool import class_sizes, fit_pool, need_counts, no_swap_counts  # noqa: E402
+from swapdsl.pool import class_sizes, fit_pool, need_counts, no_swap_bytes, no_swap_counts  # noqa: E402
 from swapdsl.simulate import simulate  # noqa: E402
 
 
@@ -84,7 +84,7 @@ def main() -> None:
         d = Decoder(Request(t, BUILTIN["v100-16gb"], 1 << 40, "g", ()))
         sizes = class_sizes(d.p)
         need = sum(s * n for s, n in zip(sizes, need_counts(d.p, list(range(d.p.n_ops)), frozenset())))
-        no_swap = sum(s * n for s, n in zip(sizes, no_swap_counts(d.p, list(range(d.p.n_ops)))))
+        no_swap = no_swap_bytes(d.p)
         cap = (need + no_swap) // 2
         d = Decoder(Request(t, BUILTIN["v100-16gb"], cap, "g", ()))
         best, n_orders = best_over_orders(d, cap, args.max_orders)

@@ -18,7 +18,7 @@ from swapdsl.cli import build_graph
 from swapdsl.devices import BUILTIN
 from swapdsl.paths import STDLIB_DIR
 from swapdsl.planners import Request, optimize
-from swapdsl.pool import class_sizes, no_swap_counts
+from swapdsl.pool import no_swap_bytes
 from swapdsl.problem import Problem
 from swapdsl.runtime.backend import array_module
 from swapdsl.runtime.interpreter import PlanRunner
@@ -45,7 +45,7 @@ def main() -> None:
         t = training_graph(g)
         device = profile(t, xp, backend, BUILTIN["v100-16gb"], repeat=5)
         p = Problem.build(t, device)
-        no_swap = sum(s * n for s, n in zip(class_sizes(p), no_swap_counts(p, list(range(p.n_ops)))))
+        no_swap = no_swap_bytes(p)
         for ratio in args.ratios:
             cap = int(no_swap / ratio)
             plan = optimize(Request(t, device, cap, name, g.args), args.method)

@@ -17,7 +17,7 @@ from swapdsl.cli import build_graph
 from swapdsl.devices import load_device
 from swapdsl.paths import STDLIB_DIR
 from swapdsl.planners import Request, optimize
-from swapdsl.pool import class_sizes, no_swap_counts
+from swapdsl.pool import no_swap_bytes
 from swapdsl.problem import Problem
 from swapdsl.simulate import simulate
 from swapdsl.validate import validate
@@ -37,7 +37,7 @@ def main() -> None:
         _, g = build_graph(str(STDLIB_DIR / "models" / f"{model}.swp"), [])
         t = training_graph(g)
         p = Problem.build(t, device)
-        no_swap = sum(s * n for s, n in zip(class_sizes(p), no_swap_counts(p, list(range(p.n_ops)))))
+        no_swap = no_swap_bytes(p)
         started = time.perf_counter()
         plan = optimize(Request(t, device, int(no_swap / args.ratio), model, g.args), "belady")
         plan_s = time.perf_counter() - started

@@ -14,7 +14,7 @@ from swapdsl.errors import SwpError
 from swapdsl.loader import load
 from swapdsl.paths import STDLIB_DIR
 from swapdsl.planners import Request, SearchOptions, optimize
-from swapdsl.pool import class_sizes, no_swap_counts
+from swapdsl.pool import no_swap_bytes
 from swapdsl.problem import Problem
 from swapdsl.validate import validate
 
@@ -35,7 +35,7 @@ def run(models: list[str], ratios: list[float], methods: list[str], device: Devi
         fwd = elaborate(load(path))
         t = training_graph(fwd)
         p = Problem.build(t, device)
-        no_swap = sum(s * n for s, n in zip(class_sizes(p), no_swap_counts(p, list(range(p.n_ops)))))
+        no_swap = no_swap_bytes(p)
         for ratio in ratios:
             cap = int(no_swap / ratio)
             for method in methods:

@@ -36,7 +36,7 @@ from swapdsl.plan import Plan
 from swapdsl.planners import (
     METHODS, Request, SearchOptions, build_plan, optimize, size_pool, with_figures,
 )
-from swapdsl.pool import Pool, class_sizes, need_counts, no_swap_counts
+from swapdsl.pool import Pool, class_sizes, need_counts, no_swap_bytes, no_swap_counts
 from swapdsl.problem import Problem
 from swapdsl.simulate import simulate
 from swapdsl.swapplan import Policy
@@ -305,7 +305,7 @@ def _finish(req: Request, d: Decoder, pop: list[Genome], fit: list[float], basel
             generations: int, evaluations: int, started: float) -> Outcome:
     i = min(range(len(pop)), key=lambda k: (fit[k], k))
     best = d.plan(pop[i]) if fit[i] < math.inf else None
-    no_swap = sum(s * n for s, n in zip(d.sizes, no_swap_counts(d.p, list(range(d.p.n_ops)))))
+    no_swap = no_swap_bytes(d.p)
     extra = {"generations": float(generations), "evaluations": float(evaluations)}
     champion = min(baselines.values(), key=lambda pl: pl.figure("iteration_ms"))
     if best is None or simulate(best).iteration_ms > champion.figure("iteration_ms"):

@@ -90,6 +90,12 @@ def no_swap_counts(p: Problem, schedule: list[int]) -> tuple[int, ...]:
     return tuple(slabs.counts)
 
 
+def no_swap_bytes(p: Problem, schedule: list[int] | None = None) -> int:
+    """The pool bytes ``schedule`` (default: the graph's order) needs to run with no swapping."""
+    counts = no_swap_counts(p, list(range(p.n_ops)) if schedule is None else schedule)
+    return sum(s * n for s, n in zip(class_sizes(p), counts))
+
+
 def need_counts(p: Problem, schedule: list[int], pinned: frozenset[int]) -> tuple[int, ...]:
     """The fewest slabs per class with which every op can find room for all it touches.
 

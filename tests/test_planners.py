@@ -16,7 +16,7 @@ from swapdsl.errors import SwpError
 from swapdsl.ir import Graph
 from swapdsl.plan import Free, Plan, PoolClass, Run, SwapIn, SwapOut
 from swapdsl.planners import METHODS, Request, optimize
-from swapdsl.pool import class_sizes, need_counts, no_swap_counts
+from swapdsl.pool import class_sizes, need_counts, no_swap_bytes
 from swapdsl.problem import Problem
 from swapdsl.bound import bound_ms
 from swapdsl.simulate import simulate
@@ -31,7 +31,7 @@ def caps(t: Graph) -> tuple[int, int]:
     schedule = list(range(p.n_ops))
     sizes = class_sizes(p)
     need = sum(s * n for s, n in zip(sizes, need_counts(p, schedule, frozenset())))
-    return need, sum(s * n for s, n in zip(sizes, no_swap_counts(p, schedule)))
+    return need, no_swap_bytes(p, schedule)
 
 
 def plan_for(t: Graph, cap: int, method: str) -> Plan:

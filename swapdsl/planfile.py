@@ -99,6 +99,9 @@ def read_plan(path: str | Path) -> Plan:
 
 
 def parse_plan(text: str, file: str = "<plan>") -> Plan:
+    if not text.lstrip().startswith("swapdsl-plan"):
+        raise SwpError(f"`{file}` is not a plan file (plans start with `swapdsl-plan`)",
+                       hints=["make one with `swapdsl optimize MODEL.swp --memory SIZE -o FILE.plan`"])
     try:
         tree = _lark().parse(text)
     except UnexpectedInput as exc:

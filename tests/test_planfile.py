@@ -106,6 +106,12 @@ def test_garbage_is_refused(cli, in_tmp: Path) -> None:
                                     " --> junk.plan:2:7"]
 
 
+def test_a_model_file_is_not_a_plan(cli) -> None:
+    code, _, err = cli("simulate", MODELS / "mlp.swp")
+    assert code == 2
+    assert err.splitlines()[0] == f"error: `{MODELS / 'mlp.swp'}` is not a plan file (plans start with `swapdsl-plan`)"
+
+
 def test_failed_write_leaves_nothing_behind(cli, plan_file: Path) -> None:
     before = plan_file.read_text()
     code, _, err = cli("optimize", "net.swp", "--memory", "1KiB", "-o", "net.plan", *SMALL_RESNET)

@@ -15,6 +15,8 @@ go back to its last use and a prefetch to when its slab fell free.
 
 from __future__ import annotations
 
+import heapq
+
 import attrs
 
 from swapdsl.errors import SwpError
@@ -47,8 +49,11 @@ def placement_order(p: Problem, tensors: list[int]) -> list[int]:
 
 
 class _Planner:
-    def __init__(self, p: Problem, schedule: list[int], pool: Pool, pinned: frozenset[int], policy: Policy) -> None:
-        self.p, self.schedule, self.policy = p, schedule, policy
+    def __init__(self, p: Problem, schedule: list[int], pool: Pool, pinned: frozenset[int], policy: Policy,
+                 fast: bool = True) -> None:
+        self.p, self.schedule, self.policy, self.fast = p, schedule, policy, fast
+        # per class, a lazy heap of (victim key, tensor): the best victim on top, stale entries dropped on sight
+        self.heaps: list[list[tuple[tuple[int, int], int]]] = [[] for _ in pool.sizes]
         self.slabs = Slabs(pool.sizes, pool.counts)
         self.pinned = set(pinned)
         self.uses = p.uses(schedule)
@@ -81,6 +86,17 @@ class _Planner:
     def place(self, t: int, slab: tuple[int, int]) -> None:
         self.where[t] = slab
         self.owners[slab[0]][slab[1]] = t
+        self.note(t)
+
+    def key(self, v: int) -> tuple[int, int]:
+        """Smallest first: furthest next use (belady) or least recent use (lru); ties by tensor id."""
+        if self.policy.victim == "belady":
+            return (-self.next_use(v), -v)
+        return (self.last_access[v], v)
+
+    def note(self, t: int) -> None:
+        if self.fast and t in self.where:
+            heapq.heappush(self.heaps[self.where[t][0]], (self.key(t), t))
 
     def release(self, t: int, pos: int) -> tuple[int, int]:
         slab = self.where.pop(t)
@@ -139,6 +155,8 @@ class _Planner:
         for t in ins:
             if self.next_i[t] < len(self.uses[t]) and self.uses[t][self.next_i[t]] == pos:
                 self.next_i[t] += 1
+        for t in protect:
+            self.note(t)
         self.after_run(pos, op, protect)
 
     def swapin_at(self, t: int, pos: int, since: int) -> int:
@@ -178,10 +196,9 @@ class _Planner:
             return slab, self.free_since.get(slab, -1), None
         own = self.slabs.cls[size]
         for k in range(own, -1, -1):  # evict from the own class first, then larger ones
-            victims = [v for v in self.owners[k].values()
-                       if v not in protect and v not in self.pinned and v not in self.p.inputs]
-            if victims:
-                return (*self.evict(self.choose(victims), pos), None)
+            victim = self.pop_victim(k, protect) if self.fast else self.scan_victim(k, protect)
+            if victim is not None:
+                return (*self.evict(victim, pos), None)
         for k in range(own, -1, -1):
             borrowed = [u for u in self.owners[k].values()
                         if u in resident_inputs and self.slabs.cls[self.p.slab_bytes[u]] > k
@@ -191,10 +208,30 @@ class _Planner:
                 return (*self.evict(u, pos), u)
         raise SwpError(f"internal: no slab for `{self.p.names[t]}` at op {self.op_at(pos)}")
 
-    def choose(self, victims: list[int]) -> int:
-        if self.policy.victim == "belady":
-            return max(victims, key=lambda v: (self.next_use(v), v))
-        return min(victims, key=lambda v: (self.last_access[v], v))
+    def evictable(self, v: int) -> bool:
+        return v not in self.pinned and v not in self.p.inputs
+
+    def scan_victim(self, k: int, protect: set[int]) -> int | None:
+        """The reference: look at every tenant of class ``k``."""
+        victims = [v for v in self.owners[k].values() if v not in protect and self.evictable(v)]
+        return min(victims, key=self.key) if victims else None
+
+    def pop_victim(self, k: int, protect: set[int]) -> int | None:
+        """The same choice from the class's heap, in logarithmic time."""
+        heap, aside, found = self.heaps[k], [], None
+        while heap:
+            key, v = heap[0]
+            slab = self.where.get(v)
+            if slab is None or slab[0] != k or key != self.key(v) or not self.evictable(v):
+                heapq.heappop(heap)  # stale, or never a victim
+            elif v in protect:
+                aside.append(heapq.heappop(heap))
+            else:
+                found = v
+                break
+        for entry in aside:
+            heapq.heappush(heap, entry)
+        return found
 
     def evict(self, v: int, pos: int) -> tuple[tuple[int, int], int]:
         k = self.last_access[v]
@@ -206,9 +243,11 @@ class _Planner:
 
 
 def plan_swaps(p: Problem, schedule: list[int], pool: Pool, pinned: frozenset[int],
-               policy: Policy) -> tuple[list[Instr], dict[int, Slab]]:
-    """The program for ``schedule`` under ``pool``, and the home slab of each pinned tensor and input."""
-    program, homes = _Planner(p, schedule, pool, pinned, policy).run()
+               policy: Policy, fast: bool = True) -> tuple[list[Instr], dict[int, Slab]]:
+    """The program for ``schedule`` under ``pool``, and the home slab of each pinned tensor and input.
+
+    ``fast=False`` picks victims by scanning every tenant (the reference the heaps must agree with)."""
+    program, homes = _Planner(p, schedule, pool, pinned, policy, fast).run()
     return _fix_after(p, program, schedule), homes
 
 

@@ -33,9 +33,7 @@ import attrs
 import numpy as np
 
 from swapdsl.plan import Plan
-from swapdsl.planners import (
-    METHODS, Request, SearchOptions, build_plan, optimize, size_pool, with_figures,
-)
+from swapdsl.planners import METHODS, Request, SearchOptions, baseline, build_plan, size_pool, with_figures
 from swapdsl.pool import Pool, class_sizes, need_counts, no_swap_bytes, no_swap_counts
 from swapdsl.problem import Problem
 from swapdsl.simulate import simulate
@@ -267,7 +265,7 @@ def genetic_search(req: Request, opts: SearchOptions, on_generation: Callable[[i
     workers = opts.workers or os.cpu_count() or 1
     scorer = _Scorer(req, d, workers)
     ideal = sum(d.p.op_ms)
-    baselines = {m: optimize(req, m) for m in METHODS}
+    baselines = {m: baseline(req, d.p, m)[0] for m in METHODS}
     pop = _seeds(d, rng, opts.population)
     generations = 0
     try:
@@ -305,10 +303,10 @@ def _finish(req: Request, d: Decoder, pop: list[Genome], fit: list[float], basel
             generations: int, evaluations: int, started: float) -> Outcome:
     i = min(range(len(pop)), key=lambda k: (fit[k], k))
     best = d.plan(pop[i]) if fit[i] < math.inf else None
-    no_swap = no_swap_bytes(d.p)
     extra = {"generations": float(generations), "evaluations": float(evaluations)}
-    champion = min(baselines.values(), key=lambda pl: pl.figure("iteration_ms"))
-    if best is None or simulate(best).iteration_ms > champion.figure("iteration_ms"):
-        best = attrs.evolve(champion, method="ga")
-    plan = with_figures(best, d.p, no_swap, extra)
+    times = {m: simulate(pl).iteration_ms for m, pl in baselines.items()}
+    champion = min(baselines, key=lambda m: (times[m], m))
+    if best is None or fit[i] > times[champion]:
+        best = attrs.evolve(baselines[champion], method="ga")
+    plan = with_figures(best, d.p, no_swap_bytes(d.p), extra)
     return Outcome(plan, generations, evaluations, time.perf_counter() - started)

@@ -79,13 +79,18 @@ def optimize(req: Request, method: str, search: SearchOptions | None = None) -> 
     if method not in METHODS:
         raise SwpError(f"unknown method `{method}`", hints=[f"methods: ga, {', '.join(METHODS)}"])
     p = Problem.build(req.graph, req.device)
+    plan, no_swap = baseline(req, p, method)
+    return with_figures(plan, p, no_swap)
+
+
+def baseline(req: Request, p: Problem, method: str) -> tuple[Plan, int]:
+    """A baseline's plan (without figures) on the default schedule, and the no-swap pool's bytes."""
     schedule = list(range(p.n_ops))
     pool, pinned, no_swap = size_pool(p, schedule, req.cap)
     policy = METHODS[method]
     if _bytes(pool.sizes, pool.counts) >= no_swap:
         policy = attrs.evolve(policy, offload=False)  # like vDNN's dynamic mode: no offload when all fits
-    plan = build_plan(req, p, method, schedule, pool, pinned, policy)
-    return with_figures(plan, p, no_swap)
+    return build_plan(req, p, method, schedule, pool, pinned, policy), no_swap
 
 
 @attrs.frozen

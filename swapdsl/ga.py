@@ -32,6 +32,7 @@ from concurrent.futures import ProcessPoolExecutor
 import attrs
 import numpy as np
 
+from swapdsl.fastplan import Evaluator, priority_order
 from swapdsl.plan import Plan
 from swapdsl.planners import METHODS, Request, SearchOptions, baseline, build_plan, size_pool, with_figures
 from swapdsl.pool import Pool, class_sizes, need_counts, no_swap_bytes, no_swap_counts
@@ -43,11 +44,22 @@ POLICY = Policy("belady", "earliest")
 PIN_LEVELS = (0.0, 0.1, 0.25, 0.5, 0.75, 1.0)
 
 
-@attrs.frozen
+def _frozen(values: object) -> np.ndarray:
+    a = np.array(values, np.float64)
+    a.flags.writeable = False
+    return a
+
+
+@attrs.frozen(eq=False)
 class Genome:
-    priority: tuple[float, ...]
-    counts: tuple[int, ...]
-    pin: float  # share of the cap for pinned persistent tensors
+    priority: np.ndarray = attrs.field(converter=_frozen)  # one per op, read-only
+    counts: tuple[int, ...] = attrs.field(converter=tuple)
+    pin: float = attrs.field(converter=float)  # share of the cap for pinned persistent tensors
+
+    @property
+    def key(self) -> tuple[bytes, tuple[int, ...], float]:
+        """What identifies a genome (arrays do not hash)."""
+        return self.priority.tobytes(), self.counts, self.pin
 
 
 @attrs.frozen
@@ -66,6 +78,11 @@ class Decoder:
         self.p = Problem.build(req.graph, req.device)
         self.sizes = class_sizes(self.p)
         self.preds, self.succs = self._edges()
+        self.n_preds = np.array([len(ps) for ps in self.preds], np.int64)
+        self.succ_ptr = np.zeros(self.p.n_ops + 1, np.int64)
+        self.succ_ptr[1:] = np.cumsum([len(s) for s in self.succs])
+        self.succ_idx = np.array([q for s in self.succs for q in sorted(s)], np.int64)
+        self.evaluator = Evaluator(self.p, self.sizes)
         reads = {t: 0 for t in self.p.persistent}
         for op in range(self.p.n_ops):
             for t in self.p.op_inputs[op]:
@@ -95,19 +112,8 @@ class Decoder:
                 succs[q].add(op)
         return preds, succs
 
-    def schedule(self, priority: tuple[float, ...]) -> list[int]:
-        waiting = [len(ps) for ps in self.preds]
-        ready = [(-priority[op], op) for op in range(self.p.n_ops) if not waiting[op]]
-        heapq.heapify(ready)
-        order = []
-        while ready:
-            _, op = heapq.heappop(ready)
-            order.append(op)
-            for nxt in self.succs[op]:
-                waiting[nxt] -= 1
-                if not waiting[nxt]:
-                    heapq.heappush(ready, (-priority[nxt], nxt))
-        return order
+    def schedule(self, priority: np.ndarray) -> np.ndarray:
+        return priority_order(priority, self.n_preds, self.succ_ptr, self.succ_idx)
 
     def pinned(self, share: float) -> frozenset[int]:
         budget, chosen, used = share * self.req.cap, [], 0
@@ -133,7 +139,7 @@ class Decoder:
                 over -= self.sizes[k]
         return None if over > 0 else Pool(self.sizes, tuple(fixed))
 
-    def decode(self, g: Genome) -> tuple[list[int], Pool, frozenset[int]] | None:
+    def decode(self, g: Genome) -> tuple[np.ndarray, Pool, frozenset[int]] | None:
         share = g.pin
         while True:
             pinned = self.pinned(share)
@@ -151,11 +157,15 @@ class Decoder:
         if decoded is None:
             return None
         schedule, pool, pinned = decoded
-        return build_plan(self.req, self.p, "ga", schedule, pool, pinned, POLICY)
+        return build_plan(self.req, self.p, "ga", schedule.tolist(), pool, pinned, POLICY)
 
     def score(self, g: Genome) -> float:
-        plan = self.plan(g)
-        return math.inf if plan is None else simulate(plan).iteration_ms
+        """The iteration time of the genome's plan, from the compiled planner and simulator."""
+        decoded = self.decode(g)
+        if decoded is None:
+            return math.inf
+        schedule, pool, pinned = decoded
+        return self.evaluator(schedule, pool, pinned, POLICY).iteration_ms
 
 
 _DECODER: Decoder | None = None
@@ -176,7 +186,7 @@ class _Scorer:
 
     def __init__(self, req: Request, decoder: Decoder, workers: int) -> None:
         self.decoder = decoder
-        self.cache: dict[Genome, float] = {}
+        self.cache: dict[tuple[bytes, tuple[int, ...], float], float] = {}
         self.pool: ProcessPoolExecutor | None = None
         if workers > 1:
             method = "fork" if "fork" in multiprocessing.get_all_start_methods() else "spawn"
@@ -184,13 +194,13 @@ class _Scorer:
                                             initializer=_init_worker, initargs=(req,))
 
     def __call__(self, genomes: list[Genome]) -> list[float]:
-        todo = [g for g in dict.fromkeys(genomes) if g not in self.cache]
+        todo = list({g.key: g for g in genomes if g.key not in self.cache}.values())
         if self.pool is not None and len(todo) > 1:
             results = list(self.pool.map(_score, todo, chunksize=max(1, len(todo) // 8)))
         else:
             results = [self.decoder.score(g) for g in todo]
-        self.cache.update(zip(todo, results))
-        return [self.cache[g] for g in genomes]
+        self.cache.update(zip((g.key for g in todo), results))
+        return [self.cache[g.key] for g in genomes]
 
     def close(self) -> None:
         if self.pool is not None:
@@ -199,7 +209,7 @@ class _Scorer:
 
 def _seeds(d: Decoder, rng: np.random.Generator, size: int) -> list[Genome]:
     n = d.p.n_ops
-    default = tuple(float(n - i) for i in range(n))
+    default = np.arange(n, 0, -1, dtype=np.float64)
     no_swap = no_swap_counts(d.p, list(range(n)))
     try:
         base_pool, base_pinned, _ = size_pool(d.p, list(range(n)), d.req.cap)
@@ -212,7 +222,7 @@ def _seeds(d: Decoder, rng: np.random.Generator, size: int) -> list[Genome]:
     seeds.append(Genome(default, no_swap, base_pin))
     while len(seeds) < size:
         jitter = rng.normal(0.0, rng.choice([0.5, 2.0, 8.0]), n)
-        seeds.append(Genome(tuple(float(x) for x in np.asarray(default) + jitter), base,
+        seeds.append(Genome(default + jitter, base,
                             float(rng.choice(PIN_LEVELS))))
     return seeds[:max(size, 1)]
 
@@ -222,7 +232,7 @@ def _crossover(a: Genome, b: Genome, rng: np.random.Generator) -> Genome:
     if rng.random() < 0.5:  # one cut: keeps runs of relative order together
         cut = int(rng.integers(0, len(a.priority) + 1))
         take = np.arange(len(a.priority)) < cut
-    priority = tuple(float(x) for x in np.where(take, a.priority, b.priority))
+    priority = np.where(take, a.priority, b.priority)
     counts = tuple(int(x) for x in np.where(rng.random(len(a.counts)) < 0.5, a.counts, b.counts))
     return Genome(priority, counts, a.pin if rng.random() < 0.5 else b.pin)
 
@@ -241,7 +251,7 @@ def _mutate(g: Genome, rng: np.random.Generator, d: Decoder) -> Genome:
         counts[dst] += max(1, freed // d.sizes[dst])
     else:
         pin = float(rng.choice(PIN_LEVELS))
-    return Genome(tuple(float(x) for x in priority), tuple(counts), pin)
+    return Genome(priority, tuple(counts), pin)
 
 
 def _tournament(pop: list[Genome], fit: list[float], rng: np.random.Generator, k: int = 3) -> Genome:
@@ -291,7 +301,7 @@ def genetic_search(req: Request, opts: SearchOptions, on_generation: Callable[[i
     except KeyboardInterrupt:
         if opts.progress:
             sys.stderr.write("\nga: interrupted; keeping the best plan so far\n")
-        fit = [scorer.cache.get(g, math.inf) for g in pop]
+        fit = [scorer.cache.get(g.key, math.inf) for g in pop]
     finally:
         scorer.close()
         if opts.progress:

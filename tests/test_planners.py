@@ -317,7 +317,7 @@ def test_any_genome_decodes_to_a_valid_plan(t: Graph, where: float, seed: int) -
     cap = int(need + where * (no_swap - need))
     d = Decoder(Request(t, V100, cap, "random.swp", ()))
     rng = np.random.default_rng(seed)
-    genome = Genome(tuple(float(x) for x in rng.normal(0, 10, d.p.n_ops)),
+    genome = Genome(rng.normal(0, 10, d.p.n_ops),
                     tuple(int(x) for x in rng.integers(0, 6, len(d.sizes))), float(rng.choice([0, 0.3, 1.0])))
     plan = d.plan(genome)
     assert plan is not None
@@ -338,11 +338,12 @@ def test_victim_heaps_agree_with_scanning_every_tenant(t: Graph, where: float, m
     need, no_swap = caps(t)
     d = Decoder(Request(t, V100, int(need + where * (no_swap - need)), "random.swp", ()))
     rng = np.random.default_rng(seed)
-    genome = Genome(tuple(float(x) for x in rng.normal(0, 5, d.p.n_ops)),
+    genome = Genome(rng.normal(0, 5, d.p.n_ops),
                     tuple(int(x) for x in rng.integers(0, 4, len(d.sizes))), float(rng.choice([0, 1.0])))
     decoded = d.decode(genome)
     assert decoded is not None
     schedule, pool, pinned = decoded
     policy = METHODS[method]
+    schedule = schedule.tolist()
     assert plan_swaps(d.p, schedule, pool, pinned, policy, fast=True) == \
         plan_swaps(d.p, schedule, pool, pinned, policy, fast=False)

@@ -286,7 +286,7 @@ def _cmd_bench(args: argparse.Namespace) -> int:
     if unknown or min(ratios) <= 0:
         raise SwpError(f"bad --methods or --ratios: {', '.join(unknown) or args.ratios}",
                        hints=[f"methods: ga, {', '.join(METHODS)}; ratios are positive"])
-    search = SearchOptions(args.budget, args.generations, 16, args.seed, args.workers)
+    search = SearchOptions(budget_s=args.budget, generations=args.generations, seed=args.seed, workers=args.workers)
     rows = benchmark.run(args.models, ratios, methods, load_device(args.device or DEFAULT_DEVICE), search,
                          log=None if args.json else print)
     if args.json:
@@ -346,8 +346,8 @@ def make_parser() -> argparse.ArgumentParser:
     op.add_argument("--memory", required=True, metavar="SIZE", help="the cap: 8GiB, 512MiB, 1.5GB or bytes")
     op.add_argument("--method", choices=["ga", *sorted(METHODS)], default="ga", help="planner (default ga)")
     op.add_argument("--budget", type=float, default=60.0, metavar="SECONDS", help="ga: wall-clock budget (60)")
-    op.add_argument("--generations", type=int, default=1000, help="ga: generation limit (1000)")
-    op.add_argument("--population", type=int, default=16, help="ga: candidates per generation (16)")
+    op.add_argument("--generations", type=int, default=100_000, help="ga: generation limit (100000)")
+    op.add_argument("--population", type=int, default=64, help="ga: candidates per generation (64)")
     op.add_argument("--seed", type=int, default=0, help="ga: random seed (0)")
     op.add_argument("--workers", type=int, default=0, help="ga: worker processes (0: every core)")
     op.add_argument("--device", metavar="NAME|FILE.json", help="device profile (default: the GPU found, "
@@ -384,7 +384,7 @@ def make_parser() -> argparse.ArgumentParser:
     be.add_argument("--methods", default="lru,vdnn,belady,ga", help="comma-separated (lru,vdnn,belady,ga)")
     be.add_argument("--device", help=f"device profile (default {DEFAULT_DEVICE})")
     be.add_argument("--budget", type=float, default=60.0, metavar="SECONDS", help="ga budget per plan (60)")
-    be.add_argument("--generations", type=int, default=1000, help="ga generation limit per plan (1000)")
+    be.add_argument("--generations", type=int, default=100_000, help="ga generation limit per plan (100000)")
     be.add_argument("--seed", type=int, default=0)
     be.add_argument("--workers", type=int, default=0, help="ga worker processes (0: every core)")
     be.add_argument("--json", action="store_true", help="print the rows as JSON")

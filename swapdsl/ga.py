@@ -20,7 +20,6 @@ which worker ran them, so a seed and a generation limit fix the plan.
 
 from __future__ import annotations
 
-import heapq
 import math
 import multiprocessing
 import os
@@ -34,10 +33,9 @@ import numpy as np
 
 from swapdsl.fastplan import Evaluator, priority_order
 from swapdsl.plan import Plan
-from swapdsl.planners import METHODS, Request, SearchOptions, baseline, build_plan, size_pool, with_figures
+from swapdsl.planners import METHODS, Request, SearchOptions, Setup, baseline_setup, build_plan, size_pool, with_figures
 from swapdsl.pool import Pool, class_sizes, need_counts, no_swap_bytes, no_swap_counts
 from swapdsl.problem import Problem
-from swapdsl.simulate import simulate
 from swapdsl.swapplan import Policy
 
 POLICY = Policy("belady", "earliest")
@@ -90,6 +88,7 @@ class Decoder:
                     reads[t] += 1
         self.pin_order = sorted(self.p.persistent, key=lambda t: (-reads[t] / max(self.p.nbytes[t], 1), t))
         self._need: dict[frozenset[int], tuple[int, ...]] = {}
+        self._pinned: dict[float, frozenset[int]] = {}
 
     def _edges(self) -> tuple[list[set[int]], list[set[int]]]:
         """Data dependencies, and write-after-read ones: an in-place update runs after every
@@ -116,6 +115,11 @@ class Decoder:
         return priority_order(priority, self.n_preds, self.succ_ptr, self.succ_idx)
 
     def pinned(self, share: float) -> frozenset[int]:
+        if share not in self._pinned:
+            self._pinned[share] = self._pin(share)
+        return self._pinned[share]
+
+    def _pin(self, share: float) -> frozenset[int]:
         budget, chosen, used = share * self.req.cap, [], 0
         for t in self.pin_order:
             if used + self.p.slab_bytes[t] <= budget:
@@ -273,10 +277,12 @@ def genetic_search(req: Request, opts: SearchOptions, on_generation: Callable[[i
     d = Decoder(req)
     rng = np.random.default_rng(opts.seed)
     workers = opts.workers or os.cpu_count() or 1
-    scorer = _Scorer(req, d, workers)
     ideal = sum(d.p.op_ms)
-    baselines = {m: baseline(req, d.p, m)[0] for m in METHODS}
+    baselines = {m: baseline_setup(d.p, m, req.cap)[0] for m in METHODS}
     pop = _seeds(d, rng, opts.population)
+    first = d.score(pop[0])  # compiles the inner loop (or loads it) once, before workers fork
+    scorer = _Scorer(req, d, workers)
+    scorer.cache[pop[0].key] = first
     generations = 0
     try:
         fit = scorer(pop)
@@ -309,14 +315,15 @@ def genetic_search(req: Request, opts: SearchOptions, on_generation: Callable[[i
     return _finish(req, d, pop, fit, baselines, generations, len(scorer.cache), started)
 
 
-def _finish(req: Request, d: Decoder, pop: list[Genome], fit: list[float], baselines: dict[str, Plan],
+def _finish(req: Request, d: Decoder, pop: list[Genome], fit: list[float], baselines: dict[str, Setup],
             generations: int, evaluations: int, started: float) -> Outcome:
     i = min(range(len(pop)), key=lambda k: (fit[k], k))
-    best = d.plan(pop[i]) if fit[i] < math.inf else None
     extra = {"generations": float(generations), "evaluations": float(evaluations)}
-    times = {m: simulate(pl).iteration_ms for m, pl in baselines.items()}
+    times = {m: d.evaluator(s.schedule, s.pool, s.pinned, s.policy).iteration_ms for m, s in baselines.items()}
     champion = min(baselines, key=lambda m: (times[m], m))
-    if best is None or fit[i] > times[champion]:
-        best = attrs.evolve(baselines[champion], method="ga")
+    best = d.plan(pop[i]) if fit[i] <= times[champion] else None
+    if best is None:
+        s = baselines[champion]
+        best = build_plan(req, d.p, "ga", s.schedule, s.pool, s.pinned, s.policy)
     plan = with_figures(best, d.p, no_swap_bytes(d.p), extra)
     return Outcome(plan, generations, evaluations, time.perf_counter() - started)

@@ -83,14 +83,30 @@ def optimize(req: Request, method: str, search: SearchOptions | None = None) -> 
     return with_figures(plan, p, no_swap)
 
 
-def baseline(req: Request, p: Problem, method: str) -> tuple[Plan, int]:
-    """A baseline's plan (without figures) on the default schedule, and the no-swap pool's bytes."""
+@attrs.frozen
+class Setup:
+    """What a planner decides before the swap planner runs."""
+
+    schedule: list[int]
+    pool: Pool
+    pinned: frozenset[int]
+    policy: Policy
+
+
+def baseline_setup(p: Problem, method: str, cap: int) -> tuple[Setup, int]:
+    """A baseline's schedule, pool, pinning and policy, and the no-swap pool's bytes."""
     schedule = list(range(p.n_ops))
-    pool, pinned, no_swap = size_pool(p, schedule, req.cap)
+    pool, pinned, no_swap = size_pool(p, schedule, cap)
     policy = METHODS[method]
     if _bytes(pool.sizes, pool.counts) >= no_swap:
         policy = attrs.evolve(policy, offload=False)  # like vDNN's dynamic mode: no offload when all fits
-    return build_plan(req, p, method, schedule, pool, pinned, policy), no_swap
+    return Setup(schedule, pool, pinned, policy), no_swap
+
+
+def baseline(req: Request, p: Problem, method: str) -> tuple[Plan, int]:
+    """A baseline's plan (without figures) on the default schedule, and the no-swap pool's bytes."""
+    s, no_swap = baseline_setup(p, method, req.cap)
+    return build_plan(req, p, method, s.schedule, s.pool, s.pinned, s.policy), no_swap
 
 
 @attrs.frozen
@@ -98,8 +114,8 @@ class SearchOptions:
     """The genetic search's knobs (see ga.py)."""
 
     budget_s: float = 60.0
-    generations: int = 1000
-    population: int = 16
+    generations: int = 100_000
+    population: int = 64
     seed: int = 0
     workers: int = 0  # 0: every core
     progress: bool = False

@@ -91,7 +91,7 @@ class Evaluator:
 # -- compiled helpers: free slabs per class as min-heaps of slab indices
 
 
-@numba.njit(cache=True)
+@numba.njit(cache=True, inline="always")
 def _heap_push(heap: np.ndarray, lo: int, size: int, value: int) -> None:
     i = size
     heap[lo + i] = value
@@ -103,7 +103,7 @@ def _heap_push(heap: np.ndarray, lo: int, size: int, value: int) -> None:
         i = parent
 
 
-@numba.njit(cache=True)
+@numba.njit(cache=True, inline="always")
 def _heap_pop(heap: np.ndarray, lo: int, size: int) -> int:
     top = heap[lo]
     size -= 1
@@ -121,7 +121,7 @@ def _heap_pop(heap: np.ndarray, lo: int, size: int) -> int:
         i = small
 
 
-@numba.njit(cache=True)
+@numba.njit(cache=True, inline="always")
 def _take(k: int, borrow: bool, heap: np.ndarray, hlen: np.ndarray, base: np.ndarray) -> int:
     """A free slab of class k or (borrowing) of a larger class, as a global slab; -1 if none."""
     stop = -1 if borrow else k - 1
@@ -133,7 +133,7 @@ def _take(k: int, borrow: bool, heap: np.ndarray, hlen: np.ndarray, base: np.nda
     return -1
 
 
-@numba.njit(cache=True)
+@numba.njit(cache=True, inline="always")
 def _record(recs: np.ndarray, n: int, bucket: int, kind: int, t: int, g: int) -> np.ndarray:
     if n == recs.shape[0]:
         bigger = np.empty((2 * n, 4), np.int64)
@@ -143,7 +143,7 @@ def _record(recs: np.ndarray, n: int, bucket: int, kind: int, t: int, g: int) ->
     return recs
 
 
-@numba.njit(cache=True)
+@numba.njit(cache=True, inline="always")
 def _next_use(t: int, next_i: np.ndarray, use_ptr: np.ndarray, use_pos: np.ndarray) -> int:
     return use_pos[next_i[t]] if next_i[t] < use_ptr[t + 1] else INF
 
@@ -168,7 +168,7 @@ def _uses(schedule: np.ndarray, in_ptr: np.ndarray, in_idx: np.ndarray, n_t: int
     return ptr, pos_of
 
 
-@numba.njit(cache=True)
+@numba.njit(cache=True, inline="always")
 def _sort_todo(todo: np.ndarray, n: int, cls: np.ndarray) -> None:
     """placement_order: largest class first (lowest class index), then by id; insertion sort."""
     for i in range(1, n):
@@ -180,7 +180,7 @@ def _sort_todo(todo: np.ndarray, n: int, cls: np.ndarray) -> None:
         todo[j + 1] = t
 
 
-@numba.njit(cache=True)
+@numba.njit(cache=True, inline="always")
 def _sort_ints(a: np.ndarray, n: int) -> None:
     for i in range(1, n):
         x, j = a[i], i - 1
@@ -190,7 +190,7 @@ def _sort_ints(a: np.ndarray, n: int) -> None:
         a[j + 1] = x
 
 
-@numba.njit(cache=True)
+@numba.njit(cache=True, inline="always")
 def _victim(k: int, base: np.ndarray, owner: np.ndarray, mark: np.ndarray, stamp: int, pinned: np.ndarray,
             is_input: np.ndarray, belady: bool, last_access: np.ndarray, slab_next: np.ndarray) -> int:
     """The tenant of class k to evict: furthest next use (belady) or least recent use, ties by id.
@@ -453,12 +453,12 @@ def _simulate(schedule, recs, out_slab, in_ptr, in_idx, out_ptr, out_idx, op_ms,
     return max(compute, max(h2d_clock, d2h_clock)), h2d, d2h
 
 
-@numba.njit(cache=True)
+@numba.njit(cache=True, inline="always")
 def _before(priority: np.ndarray, a: int, b: int) -> bool:
     return priority[a] > priority[b] or (priority[a] == priority[b] and a < b)
 
 
-@numba.njit(cache=True)
+@numba.njit(cache=True, inline="always")
 def _ready_push(heap: np.ndarray, size: int, op: int, priority: np.ndarray) -> None:
     i = size
     heap[i] = op
@@ -467,7 +467,7 @@ def _ready_push(heap: np.ndarray, size: int, op: int, priority: np.ndarray) -> N
         i = (i - 1) // 2
 
 
-@numba.njit(cache=True)
+@numba.njit(cache=True, inline="always")
 def _ready_pop(heap: np.ndarray, size: int, priority: np.ndarray) -> int:
     top = heap[0]
     size -= 1

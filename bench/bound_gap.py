@@ -4,9 +4,8 @@ Usage: python bench/bound_gap.py [--graphs 20] [--max-orders 3000] [--seed 0]
 
 Small random training graphs (the property tests' generator, two hidden
 layers) at a cap halfway between the smallest feasible one and the no-swap
-pool. For each: every topological order (up to --max-orders, enumerated
-depth-first), each with its own pool sized for that order and both pinning
-choices, planned by the Belady swap planner and simulated (the compiled
+arena. For each: every topological order (up to --max-orders, enumerated
+depth-first), with both pinning choices, planned by the Belady swap planner and simulated (the compiled
 evaluator the search uses); the best iteration time over all of them is set
 against the bound. A `+` after the count of orders marks a graph with more
 orders than the limit: its best is over a sample, not exhaustive.
@@ -24,10 +23,9 @@ from graphs import seeded_training_graph  # noqa: E402
 
 from swapdsl.bound import bound_ms  # noqa: E402
 from swapdsl.devices import BUILTIN  # noqa: E402
-from swapdsl.errors import SwpError  # noqa: E402
 from swapdsl.ga import POLICY, Decoder  # noqa: E402
 from swapdsl.planners import Request  # noqa: E402
-from swapdsl.pool import class_sizes, fit_pool, need_counts, no_swap_bytes, no_swap_counts  # noqa: E402
+from swapdsl.sizing import need_bytes, no_swap_bytes  # noqa: E402
 
 
 def orders(d: Decoder, limit: int) -> list[list[int]]:
@@ -59,16 +57,13 @@ def orders(d: Decoder, limit: int) -> list[list[int]]:
 
 
 def best_over_orders(d: Decoder, cap: int, limit: int) -> tuple[float, int]:
-    best, sizes = float("inf"), class_sizes(d.p)
+    best = float("inf")
     all_orders = orders(d, limit)
-    for schedule in all_orders:
-        for pinned in (frozenset(d.p.persistent), frozenset()):
-            need = need_counts(d.p, schedule, pinned)
-            try:
-                pool = fit_pool(sizes, no_swap_counts(d.p, schedule), need, cap)
-            except SwpError:
-                continue
-            best = min(best, d.evaluator(schedule, pool, pinned, POLICY).iteration_ms)
+    for pinned in (frozenset(d.p.persistent), frozenset()):
+        if need_bytes(d.p, pinned) > cap:
+            continue
+        for schedule in all_orders:
+            best = min(best, d.evaluator(schedule, cap, pinned, POLICY).iteration_ms)
     return best, len(all_orders)
 
 
@@ -82,8 +77,7 @@ def main() -> None:
     for i in range(args.graphs):
         t = seeded_training_graph(args.seed + i, max_depth=2)
         d = Decoder(Request(t, BUILTIN["v100-16gb"], 1 << 40, "g", ()))
-        sizes = class_sizes(d.p)
-        need = sum(s * n for s, n in zip(sizes, need_counts(d.p, list(range(d.p.n_ops)), frozenset())))
+        need = need_bytes(d.p, frozenset())
         no_swap = no_swap_bytes(d.p)
         cap = (need + no_swap) // 2
         d = Decoder(Request(t, BUILTIN["v100-16gb"], cap, "g", ()))

@@ -28,7 +28,7 @@ from swapdsl.devices import load_device
 from swapdsl.paths import STDLIB_DIR
 from swapdsl.ga import Decoder, _seeds
 from swapdsl.planners import Request, baseline_setup, optimize
-from swapdsl.pool import no_swap_bytes
+from swapdsl.sizing import no_swap_bytes
 from swapdsl.problem import Problem
 from swapdsl.simulate import simulate
 from swapdsl.validate import validate
@@ -62,7 +62,7 @@ def main() -> None:
         d.score(genome)  # compile, or load the compiled code
         print(f"{model:<10} {len(plan.ops):>7} {len(plan.program):>12} {plan_s:>7.1f} {validate_ms:>12.1f} "
               f"{_median_ms(lambda: simulate(plan), args.seconds):>12.2f} "
-              f"{_median_ms(lambda: d.evaluator(schedule, s.pool, s.pinned, s.policy), args.seconds):>12.2f} "
+              f"{_median_ms(lambda: d.evaluator(schedule, plan.cap, s.pinned, s.policy), args.seconds):>12.2f} "
               f"{_median_ms(lambda: d.score(genome), args.seconds):>13.2f}")
 
 

@@ -1,17 +1,17 @@
 """The plan interpreter: runs a training step exactly as a plan says.
 
-One device arena of exactly the cap, carved into the plan's slabs (tensors
-are views into it); one host arena with a slot for every tensor that ever
+One device arena of exactly the cap, tensors are views into it at the
+plan's offsets; one host arena with a slot for every tensor that ever
 has a host copy (pinned memory on CuPy); three streams. The instruction list
 is replayed in order on the calling thread, which only enqueues work and
 waits between streams as the plan's instructions say:
 
 - ``run``: the compute stream waits for the swap-ins due before this op and
-  for the slabs of its outputs to fall free, then runs the kernel into them;
-- ``swapin``: the host-to-device stream waits for op ``after``, for its slab
+  for the regions of its outputs to fall free, then runs the kernel into them;
+- ``swapin``: the host-to-device stream waits for op ``after``, for its region
   to fall free and for the tensor's host copy, then copies;
 - ``swapout``: the device-to-host stream waits for op ``after``, then copies;
-- ``free``: the slab falls free once op ``after`` and any swap-out are done.
+- ``free``: the region falls free once op ``after`` and any swap-out are done.
 
 Nothing else synchronises, so a plan that breaks its promises corrupts
 numbers instead of quietly using more memory.
@@ -29,7 +29,8 @@ from swapdsl.errors import SwpError
 from swapdsl.ir import DType, Graph, TensorType
 from swapdsl.ops import REGISTRY, KernelContext
 from swapdsl.ops.registry import np_dtype
-from swapdsl.plan import HOST, Free, Plan, Run, Slab, SwapIn, SwapOut
+from swapdsl.arena import Segments
+from swapdsl.plan import HOST, Free, Plan, Region, Run, SwapIn, SwapOut
 from swapdsl.runtime.backend import to_host
 from swapdsl.runtime.data import init_persistent, synthetic_inputs
 from swapdsl.runtime.streams import make_streams
@@ -92,9 +93,9 @@ class PlanRunner:
     def _type(self, name: str) -> TensorType:
         return self.g.type_of(name)
 
-    def dview(self, name: str, slab: Slab) -> Any:
+    def dview(self, name: str, region: Region) -> Any:
         t = self._type(name)
-        off = self.plan.slab_offset(slab)
+        off = region.offset
         return self.arena[off:off + t.nbytes].view(np_dtype(self.xp, t.dtype)).reshape(t.shape)
 
     def hview(self, name: str) -> np.ndarray:
@@ -108,7 +109,7 @@ class PlanRunner:
             if name in self.slots:
                 self.hview(name)[...] = value
             home = self.homes.get(name)
-            if isinstance(home, Slab) and name not in self.g.inputs:
+            if isinstance(home, Region) and name not in self.g.inputs:
                 self._put(self.dview(name, home), value)
 
     def _put(self, dst: Any, src: np.ndarray) -> None:
@@ -119,8 +120,8 @@ class PlanRunner:
 
     # -- copies, as stream work
 
-    def _h2d(self, name: str, slab: Slab) -> None:
-        src, dst = self.hview(name), self.dview(name, slab)
+    def _h2d(self, name: str, region: Region) -> None:
+        src, dst = self.hview(name), self.dview(name, region)
         if self.backend == "cupy":
             dst.set(src, stream=self.streams["h2d"].stream)  # type: ignore[attr-defined]
         else:
@@ -128,8 +129,8 @@ class PlanRunner:
                 time.sleep(self.copy_delay_s)
             np.copyto(dst, src)
 
-    def _d2h(self, name: str, slab: Slab) -> None:
-        src, dst = self.dview(name, slab), self.hview(name)
+    def _d2h(self, name: str, region: Region) -> None:
+        src, dst = self.dview(name, region), self.hview(name)
         if self.backend == "cupy":
             src.get(stream=self.streams["d2h"].stream, out=dst)  # type: ignore[attr-defined]
         else:
@@ -143,30 +144,30 @@ class PlanRunner:
         """Run one training step; return (loss, milliseconds)."""
         s = self.streams
         started = time.perf_counter()
-        loc: dict[str, Slab] = {}
+        loc: dict[str, Region] = {}
         for name, home in self.homes.items():
-            if isinstance(home, Slab):
+            if isinstance(home, Region):
                 loc[name] = home
-                if name in self.g.inputs:  # this step's batch lands in the input's home slab
+                if name in self.g.inputs:  # this step's batch lands in the input's home region
                     s["h2d"].submit(lambda n=name, h=home: self._h2d(n, h))
         batch_loaded = s["h2d"].record()
         s["compute"].wait(batch_loaded)
         op_done: dict[int, Any] = {}
         due: dict[str, tuple[int, Any]] = {}  # tensor -> (op its swap-in is due before, the copy's event)
         copied_out: dict[str, Any] = {}  # tensor -> its pending swap-out's event
-        slab_free: dict[Slab, list[Any]] = {}  # events a slab's next tenant waits for
+        freed: Segments[list[Any]] = Segments()  # per byte, the events its next tenant waits for
         ctx = KernelContext(self.xp, step)
         for instr in self.plan.program:
             if isinstance(instr, Run):
-                self._run(instr, loc, due, slab_free, op_done, ctx)
+                self._run(instr, loc, due, freed, op_done, ctx)
             elif isinstance(instr, SwapIn):
-                waits = ([op_done[instr.after]] if instr.after >= 0 else []) + slab_free.pop(instr.slab, [])
+                waits = ([op_done[instr.after]] if instr.after >= 0 else []) + _events(freed, instr.region)
                 waits += [copied_out[instr.tensor]] if instr.tensor in copied_out else []
                 for e in waits:
                     s["h2d"].wait(e)
-                s["h2d"].submit(lambda n=instr.tensor, sl=instr.slab: self._h2d(n, sl))
+                s["h2d"].submit(lambda n=instr.tensor, r=instr.region: self._h2d(n, r))
                 due[instr.tensor] = (instr.before, s["h2d"].record())
-                loc[instr.tensor] = instr.slab
+                loc[instr.tensor] = instr.region
             elif isinstance(instr, SwapOut):
                 if instr.after >= 0:
                     s["d2h"].wait(op_done[instr.after])
@@ -177,27 +178,28 @@ class PlanRunner:
                 waits = [op_done[instr.after]] if instr.after >= 0 else []
                 if instr.tensor in copied_out:
                     waits.append(copied_out[instr.tensor])
-                slab_free[loc.pop(instr.tensor)] = waits
+                gone = loc.pop(instr.tensor)
+                freed.assign(gone.offset, gone.end, waits)
         for stream in s.values():
             stream.synchronize()
         loss = self._read(self.g.loss, loc)
         return loss, 1e3 * (time.perf_counter() - started)
 
-    def _run(self, instr: Run, loc: dict[str, Slab], due: dict[str, tuple[int, Any]],
-             slab_free: dict[Slab, list[Any]], op_done: dict[int, Any], ctx: KernelContext) -> None:
+    def _run(self, instr: Run, loc: dict[str, Region], due: dict[str, tuple[int, Any]],
+             freed: Segments[list[Any]], op_done: dict[int, Any], ctx: KernelContext) -> None:
         op = self.g.ops[instr.op]
         compute = self.streams["compute"]
         for name in op.inputs:
             if name in due and due[name][0] == instr.op:
                 compute.wait(due.pop(name)[1])
-        for name, slab in instr.outs:
-            for e in slab_free.pop(slab, []):
+        for _, region in instr.outs:
+            for e in _events(freed, region):
                 compute.wait(e)
         ins = [self.dview(n, loc[n]) for n in op.inputs]
         if instr.in_place:
             loc.pop(op.inputs[0])
-        for name, slab in instr.outs:
-            loc[name] = slab
+        for name, region in instr.outs:
+            loc[name] = region
         out = self.dview(op.outputs[0], loc[op.outputs[0]])
         kernel, attrs = REGISTRY[op.op].kernel, op.attr_dict
 
@@ -207,7 +209,7 @@ class PlanRunner:
         compute.submit(work)
         op_done[instr.op] = compute.record()
 
-    def _read(self, name: str, loc: dict[str, Slab]) -> float:
+    def _read(self, name: str, loc: dict[str, Region]) -> float:
         if name in loc:
             return float(to_host(self.dview(name, loc[name])))
         return float(self.hview(name))
@@ -219,9 +221,14 @@ class PlanRunner:
             if t.home is None or t.kind == "input":
                 continue
             home = t.home
-            out[t.name] = to_host(self.dview(t.name, home)) if isinstance(home, Slab) else self.hview(t.name).copy()
+            out[t.name] = to_host(self.dview(t.name, home)) if isinstance(home, Region) else self.hview(t.name).copy()
         return out
 
     def close(self) -> None:
         for stream in self.streams.values():
             stream.close()
+
+
+def _events(freed: Segments[list[Any]], region: Region) -> list[Any]:
+    """The events a new tenant of ``region`` waits for: the latest free of each of its bytes."""
+    return list({id(e): e for waits in freed.over(region.offset, region.end) for e in waits}.values())

@@ -53,7 +53,7 @@ def op_times(g: Graph, xp: ModuleType, repeat: int, seed: int = 0) -> dict[str, 
         if key not in measured:
             out = xp.empty_like(result)
 
-            def run() -> None:  # as the interpreter runs it: into a preallocated slab
+            def run() -> None:  # as the interpreter runs it: into a preallocated buffer
                 out[...] = kernel(ctx, ins, attrs_)
 
             measured[key] = _timed(xp, run, repeat)

@@ -14,7 +14,7 @@ from swapdsl.errors import SwpError
 from swapdsl.loader import load
 from swapdsl.paths import STDLIB_DIR
 from swapdsl.planners import Request, SearchOptions, optimize
-from swapdsl.pool import no_swap_bytes
+from swapdsl.sizing import no_swap_bytes
 from swapdsl.problem import Problem
 from swapdsl.validate import validate
 
@@ -28,7 +28,7 @@ def model_path(name: str) -> Path:
 
 def run(models: list[str], ratios: list[float], methods: list[str], device: Device,
         search: SearchOptions, log: Any = None) -> list[dict[str, Any]]:
-    """One row per (model, ratio, method); the cap for ratio r is the no-swap pool / r."""
+    """One row per (model, ratio, method); the cap for ratio r is the no-swap arena / r."""
     rows = []
     for name in models:
         path = model_path(name)

@@ -10,7 +10,7 @@ order every op of A runs before any op of D: let T be the moment the first
 op of D starts. Let S be the tensors that exist at T and are read by an op of
 D: those made by an op of A, plus persistent tensors and inputs read by D;
 S_a the part made by A. At T at most `cap` bytes are on the device (tensors
-in flight count: their slab is taken), so
+in flight count: their bytes are taken), so
 
 - at least |S_a| - cap bytes of S_a are on the host, which they reached by
   device-to-host copies finished before T;

@@ -218,7 +218,7 @@ def _print_figures(f: dict) -> None:
     print(f"  iteration        {f['iteration_ms']:.3f} ms   (ideal {f['ideal_ms']:.3f} ms, "
           f"bound {f['bound_ms']:.3f} ms)")
     print(f"  fraction         {f['fraction']:.3f} of the infinite-memory speed")
-    print(f"  memory ratio     {f['ratio']:.2f} (no-swap pool {format_bytes(f['no_swap_bytes'])} / cap)")
+    print(f"  memory ratio     {f['ratio']:.2f} (no-swap arena {format_bytes(f['no_swap_bytes'])} / cap)")
     print(f"  swapped          {format_bytes(f['h2d_bytes'])} in, {format_bytes(f['d2h_bytes'])} out")
     print(f"  device peak      {format_bytes(f['peak_device_bytes'])}; host {format_bytes(f['host_bytes'])}")
     if "search_seconds" in f:

@@ -1,17 +1,16 @@
-"""The optimiser's inner loop, compiled: swap planning plus simulation on flat arrays.
+"""The optimiser's inner loop, compiled: arena placement, swap planning and simulation on flat arrays.
 
-``Evaluator`` makes exactly the program ``swapplan.plan_swaps`` makes and
-times it exactly as ``simulate.simulate`` does, but on integer arrays in
-numba-compiled code and without building a Plan: the genetic search scores
-thousands of candidates this way and builds a real Plan only for the winner.
-The Python planner and simulator stay the reference; a property test holds
-the two to the same iteration time and bus bytes on random graphs, caps and
-policies.
+``plan_swaps`` makes, in numba-compiled code, exactly the program that the
+readable reference ``swapplan.plan_swaps_reference`` makes, and
+``Evaluator`` times it exactly as ``simulate.simulate`` does without
+building a Plan: the genetic search scores thousands of candidates this way.
+Property tests hold the compiled planner to the reference (same program) and
+the compiled simulator to the Python one (same iteration time and bytes).
 
-Encoding: slab ``(k, i)`` is the global slab ``base[k] + i``; the program is
-a list of records (bucket, kind, tensor, slab) where bucket ``b`` holds what
-is issued after the op at schedule position ``b - 1``, and kinds order a
-bucket as the Python planner does: run, swap-outs, frees, swap-ins.
+Encoding: the program is a list of records (bucket, kind, tensor, offset,
+before) where bucket ``b`` holds what is issued after the op at schedule
+position ``b - 1``, and kinds order a bucket as the reference does: the run,
+then swap-outs, frees and swap-ins.
 """
 
 from __future__ import annotations
@@ -22,11 +21,12 @@ import numpy as np
 
 from swapdsl.errors import SwpError
 from swapdsl.ir import Kind
-from swapdsl.pool import Pool
+from swapdsl.plan import Free, Instr, Region, Run, SwapIn, SwapOut
 from swapdsl.problem import Problem
 from swapdsl.swapplan import Policy
 
 INF = 1 << 60
+NO_CAP = 1 << 62  # an arena with room for anything
 RUN, OUT, FREE, IN = 0, 1, 2, 3
 VICTIMS = {"lru": 0, "belady": 1}
 PREFETCH = {"none": 0, "earliest": 1, "ahead": 2}
@@ -48,10 +48,10 @@ def _csr(rows: tuple[tuple[int, ...], ...]) -> tuple[np.ndarray, np.ndarray]:
 class Evaluator:
     """A Problem flattened once into arrays; each call plans and times one candidate."""
 
-    def __init__(self, p: Problem, sizes: tuple[int, ...]) -> None:
+    def __init__(self, p: Problem) -> None:
         n = len(p.names)
-        cls_of = {s: k for k, s in enumerate(sizes)}
-        self.cls = np.array([cls_of[b] for b in p.slab_bytes], np.int64)
+        self.p = p
+        self.size = np.array(p.size, np.int64)
         self.nbytes = np.array(p.nbytes, np.int64)
         self.in_ptr, self.in_idx = _csr(p.op_inputs)
         self.out_ptr, self.out_idx = _csr(p.op_outputs)
@@ -65,81 +65,70 @@ class Evaluator:
         self.upd_old = np.array([o for o, _ in p.updates], np.int64)
         self.upd_new = np.array([w for _, w in p.updates], np.int64)
         self.by_name = np.array(sorted(range(n), key=p.names.__getitem__), np.int64)
-        self.loss = p.loss
         dev = p.device
         self.copy = np.array([dev.copy_latency_s, dev.h2d_bw, dev.d2h_bw], np.float64)
-        self.n_sizes = len(sizes)
 
-    def __call__(self, schedule: list[int], pool: Pool, pinned: frozenset[int], policy: Policy) -> Timing:
-        if len(pool.counts) != self.n_sizes:
-            raise ValueError("pool does not match the problem's size classes")
-        pin = np.zeros(len(self.cls), np.bool_)
+    def records(self, schedule: np.ndarray | list[int], cap: int, pinned: frozenset[int],
+                policy: Policy) -> tuple[np.ndarray, np.ndarray, int, np.ndarray]:
+        """The program as records, each tensor's offset when made (homes for what starts on the device),
+        the highest byte the arena used, and the schedule as an array."""
+        pin = np.zeros(len(self.size), np.bool_)
         pin[list(pinned)] = True
-        policy_code = np.array([VICTIMS[policy.victim], PREFETCH[policy.prefetch], int(policy.offload)], np.int64)
-        recs, out_slab, status = _plan(
-            np.asarray(schedule, np.int64), np.asarray(pool.counts, np.int64), pin, policy_code,
-            self.cls, self.in_ptr, self.in_idx, self.out_ptr, self.out_idx, self.in_place, self.is_input,
-            self.persistent, self.fwd_act, self.upd_old, self.upd_new, self.by_name, self.loss)
-        if status != 0:
-            raise SwpError("internal: the compiled swap planner found no slab" if status == 2
-                           else "internal: pool sized below its pinned tensors")
-        ms, h2d, d2h = _simulate(np.asarray(schedule, np.int64), recs, out_slab, self.in_ptr, self.in_idx,
-                                 self.out_ptr, self.out_idx, self.op_ms, self.nbytes, self.copy, int(sum(pool.counts)))
+        code = np.array([VICTIMS[policy.victim], PREFETCH[policy.prefetch], int(policy.offload)], np.int64)
+        sched = np.asarray(schedule, np.int64)
+        recs, out_off, peak, status = _plan(
+            sched, cap, pin, code, self.size, self.in_ptr, self.in_idx, self.out_ptr, self.out_idx,
+            self.in_place, self.is_input, self.persistent, self.fwd_act, self.upd_old, self.upd_new,
+            self.by_name, self.p.loss)
+        if status == 1:
+            raise SwpError("internal: the cap is below the pinned tensors and inputs")
+        if status == 2:
+            raise SwpError("internal: the compiled swap planner found no room for a tensor")
+        return recs, out_off, int(peak), sched
+
+    def __call__(self, schedule: np.ndarray | list[int], cap: int, pinned: frozenset[int],
+                 policy: Policy) -> Timing:
+        recs, out_off, _, sched = self.records(schedule, cap, pinned, policy)
+        ms, h2d, d2h = _simulate(sched, recs, out_off, self.size, self.in_ptr, self.in_idx, self.out_ptr,
+                                 self.out_idx, self.op_ms, self.nbytes, self.copy)
         return Timing(float(ms), int(h2d), int(d2h))
 
+    def program(self, schedule: list[int], cap: int, pinned: frozenset[int],
+                policy: Policy) -> tuple[list[Instr], dict[int, Region]]:
+        """The plan's program and the home region of each pinned tensor and input."""
+        recs, out_off, _, sched = self.records(schedule, cap, pinned, policy)
+        p = self.p
+        out: list[Instr] = []
+        for r in _program_order(recs, len(sched)):
+            bucket, kind, t, offset, before = (int(x) for x in recs[r])
+            after = int(sched[bucket - 1]) if bucket > 0 else -1
+            if kind == RUN:
+                outs = tuple((p.names[u], Region(int(out_off[u]), p.size[u])) for u in p.op_outputs[t])
+                out.append(Run(t, outs, p.in_place[t]))
+            elif kind == IN:
+                out.append(SwapIn(p.names[t], Region(offset, p.size[t]), after, before))
+            elif kind == OUT:
+                out.append(SwapOut(p.names[t], after))
+            else:
+                out.append(Free(p.names[t], after))
+        homes = {t: Region(int(out_off[t]), p.size[t]) for t in sorted(pinned | p.inputs)}
+        return out, homes
 
-# -- compiled helpers: free slabs per class as min-heaps of slab indices
+    def no_swap_bytes(self, schedule: list[int]) -> int:
+        """The arena ``schedule`` needs with every tensor resident from birth to last use."""
+        return self.records(schedule, NO_CAP, self.p.persistent, Policy("belady", "earliest"))[2]
 
 
-@numba.njit(cache=True, inline="always")
-def _heap_push(heap: np.ndarray, lo: int, size: int, value: int) -> None:
-    i = size
-    heap[lo + i] = value
-    while i > 0:
-        parent = (i - 1) // 2
-        if heap[lo + parent] <= heap[lo + i]:
-            break
-        heap[lo + parent], heap[lo + i] = heap[lo + i], heap[lo + parent]
-        i = parent
-
-
-@numba.njit(cache=True, inline="always")
-def _heap_pop(heap: np.ndarray, lo: int, size: int) -> int:
-    top = heap[lo]
-    size -= 1
-    heap[lo] = heap[lo + size]
-    i = 0
-    while True:
-        small, left, right = i, 2 * i + 1, 2 * i + 2
-        if left < size and heap[lo + left] < heap[lo + small]:
-            small = left
-        if right < size and heap[lo + right] < heap[lo + small]:
-            small = right
-        if small == i:
-            return top
-        heap[lo + small], heap[lo + i] = heap[lo + i], heap[lo + small]
-        i = small
+# -- compiled helpers
 
 
 @numba.njit(cache=True, inline="always")
-def _take(k: int, borrow: bool, heap: np.ndarray, hlen: np.ndarray, base: np.ndarray) -> int:
-    """A free slab of class k or (borrowing) of a larger class, as a global slab; -1 if none."""
-    stop = -1 if borrow else k - 1
-    for c in range(k, stop, -1):
-        if hlen[c] > 0:
-            i = _heap_pop(heap, base[c], hlen[c])
-            hlen[c] -= 1
-            return base[c] + i
-    return -1
-
-
-@numba.njit(cache=True, inline="always")
-def _record(recs: np.ndarray, n: int, bucket: int, kind: int, t: int, g: int) -> np.ndarray:
+def _record(recs: np.ndarray, n: int, bucket: int, kind: int, t: int, offset: int, before: int) -> np.ndarray:
     if n == recs.shape[0]:
-        bigger = np.empty((2 * n, 4), np.int64)
+        bigger = np.empty((2 * n, 5), np.int64)
         bigger[:n] = recs
         recs = bigger
-    recs[n, 0], recs[n, 1], recs[n, 2], recs[n, 3] = bucket, kind, t, g
+    recs[n, 0], recs[n, 1], recs[n, 2], recs[n, 3], recs[n, 4] = bucket, kind, t, offset, before
     return recs
 
 
@@ -169,12 +158,12 @@ def _uses(schedule: np.ndarray, in_ptr: np.ndarray, in_idx: np.ndarray, n_t: int
 
 
 @numba.njit(cache=True, inline="always")
-def _sort_todo(todo: np.ndarray, n: int, cls: np.ndarray) -> None:
-    """placement_order: largest class first (lowest class index), then by id; insertion sort."""
+def _sort_todo(todo: np.ndarray, n: int, size: np.ndarray) -> None:
+    """placement_order: largest first, then by id (insertion sort; an op touches few tensors)."""
     for i in range(1, n):
         t = todo[i]
         j = i - 1
-        while j >= 0 and (cls[todo[j]] > cls[t] or (cls[todo[j]] == cls[t] and todo[j] > t)):
+        while j >= 0 and (size[todo[j]] < size[t] or (size[todo[j]] == size[t] and todo[j] > t)):
             todo[j + 1] = todo[j]
             j -= 1
         todo[j + 1] = t
@@ -190,58 +179,130 @@ def _sort_ints(a: np.ndarray, n: int) -> None:
         a[j + 1] = x
 
 
-@numba.njit(cache=True, inline="always")
-def _victim(k: int, base: np.ndarray, owner: np.ndarray, mark: np.ndarray, stamp: int, pinned: np.ndarray,
-            is_input: np.ndarray, belady: bool, last_access: np.ndarray, slab_next: np.ndarray) -> int:
-    """The tenant of class k to evict: furthest next use (belady) or least recent use, ties by id.
+# -- the arena: tenants sorted by offset in off/end/ten[:n]; rel[i] for the gap before tenant i
 
-    ``slab_next`` caches each tenant's next use by slab, so the scan reads one array in order and
-    looks a tenant up only when it would win."""
-    best, k1, k2 = -1, 0, 0
-    for g in range(base[k], base[k + 1]):
-        v = owner[g]
-        if v < 0:
-            continue
-        if belady:
-            a, b = -slab_next[g], -v
-        else:
-            a, b = last_access[v], v
-        if (best < 0 or a < k1 or (a == k1 and b < k2)) and mark[v] != stamp and not pinned[v] \
-                and not is_input[v]:
-            best, k1, k2 = v, a, b
+
+@numba.njit(cache=True, inline="always")
+def _gap_lo(i: int, end: np.ndarray) -> int:
+    return end[i - 1] if i > 0 else 0
+
+
+@numba.njit(cache=True)
+def _fit(size: int, n: int, off: np.ndarray, end: np.ndarray, cap: int) -> int:
+    best, best_len = -1, 0
+    for i in range(n):
+        length = off[i] - _gap_lo(i, end)
+        if length >= size and (best < 0 or length < best_len):
+            best, best_len = i, length
+    if best < 0 and cap - _gap_lo(n, end) >= size:
+        best = n
     return best
 
 
 @numba.njit(cache=True)
-def _plan(schedule, counts, pinned0, policy, cls, in_ptr, in_idx, out_ptr, out_idx, in_place, is_input,
+def _insert(i: int, size: int, t: int, n: int, off: np.ndarray, end: np.ndarray, ten: np.ndarray,
+            rel: np.ndarray) -> int:
+    lo = _gap_lo(i, end)
+    for j in range(n, i, -1):
+        off[j], end[j], ten[j] = off[j - 1], end[j - 1], ten[j - 1]
+    for j in range(n + 1, i, -1):
+        rel[j] = rel[j - 1]
+    off[i], end[i], ten[i] = lo, lo + size, t
+    return lo
+
+
+@numba.njit(cache=True)
+def _remove(i: int, pos: int, n: int, off: np.ndarray, end: np.ndarray, ten: np.ndarray, rel: np.ndarray) -> None:
+    merged = max(max(rel[i], pos), rel[i + 1])
+    for j in range(i, n - 1):
+        off[j], end[j], ten[j] = off[j + 1], end[j + 1], ten[j + 1]
+    for j in range(i + 1, n):
+        rel[j] = rel[j + 1]
+    rel[i] = merged
+
+
+@numba.njit(cache=True, inline="always")
+def _index(offset: int, n: int, off: np.ndarray) -> int:
+    return np.searchsorted(off[:n], offset)
+
+
+@numba.njit(cache=True, inline="always")
+def _movable(v: int, fixed: np.ndarray, mark: np.ndarray, resident: np.ndarray, stamp: int, bounce: bool) -> bool:
+    """May ``v`` leave now: never a fixed tensor, nor one of this op's (unless ``bounce`` and it was
+    on the device before the op)."""
+    return not fixed[v] and (mark[v] != stamp or (bounce and resident[v] == stamp))
+
+
+@numba.njit(cache=True, inline="always")
+def _value(v: int, belady: bool, next_i: np.ndarray, use_ptr: np.ndarray, use_pos: np.ndarray,
+           last_access: np.ndarray) -> int:
+    """What a window's worst tenant is judged by: its next use (belady), or minus its last use (lru)."""
+    return _next_use(v, next_i, use_ptr, use_pos) if belady else -last_access[v]
+
+
+@numba.njit(cache=True)
+def _window(size, cap, n, off, end, ten, tsize, vals, dq, fixed, mark, resident, stamp, bounce, belady,
+            next_i, use_ptr, use_pos, last_access) -> tuple:  # pragma: no cover - compiled
+    """The best window to clear: returns (first tenant, one past the last); (-1, -1) if none.
+
+    Windows start at each gap; tenants k..j-1 overlap the window of gap k. Sliding both ends, a
+    monotonic queue keeps the smallest ``value`` in the window (score = -that), sums keep bytes and
+    the count of tenants that may not move."""
+    best_k, best_j = -1, -1
+    b1 = b2 = b3 = 0
+    j = bad = 0
+    total = 0
+    head = tail = 0
+    for k in range(n + 1):
+        lo = _gap_lo(k, end)
+        if lo + size > cap:
+            break
+        if k > 0 and j > k - 1:  # tenant k-1 leaves the window
+            total -= tsize[ten[k - 1]]
+            bad -= 0 if _movable(ten[k - 1], fixed, mark, resident, stamp, bounce) else 1
+        if j < k:
+            j = k
+        while head < tail and dq[head] < k:
+            head += 1
+        while j < n and off[j] < lo + size:
+            v = ten[j]
+            vals[j] = _value(v, belady, next_i, use_ptr, use_pos, last_access)
+            total += tsize[v]
+            bad += 0 if _movable(v, fixed, mark, resident, stamp, bounce) else 1
+            while head < tail and vals[dq[tail - 1]] >= vals[j]:
+                tail -= 1
+            dq[tail] = j
+            tail += 1
+            j += 1
+        if j == k or bad > 0:
+            continue
+        s = -vals[dq[head]]
+        if best_k < 0 or s < b1 or (s == b1 and (total < b2 or (total == b2 and lo < b3))):
+            best_k, best_j, b1, b2, b3 = k, j, s, total, lo
+    return best_k, best_j
+
+
+@numba.njit(cache=True)
+def _plan(schedule, cap, pinned0, policy, size, in_ptr, in_idx, out_ptr, out_idx, in_place, is_input,
           persistent, fwd_act, upd_old, upd_new, by_name, loss):  # pragma: no cover - compiled
-    n_t, n_ops, n_cls = len(cls), len(schedule), len(counts)
+    n_t, n_ops = len(size), len(schedule)
     belady, prefetch, offload = policy[0] == 1, policy[1], policy[2] == 1
-    base = np.zeros(n_cls + 1, np.int64)
-    for k in range(n_cls):
-        base[k + 1] = base[k] + counts[k]
-    n_slabs = base[n_cls]
-    heap = np.empty(n_slabs, np.int64)
-    hlen = counts.copy()
-    for k in range(n_cls):
-        for i in range(counts[k]):
-            heap[base[k] + i] = i
-    slab_cls = np.empty(n_slabs, np.int64)
-    for k in range(n_cls):
-        slab_cls[base[k]:base[k + 1]] = k
-    owner = np.full(n_slabs, -1, np.int64)
-    free_since = np.full(n_slabs, -1, np.int64)
-    slab_next = np.zeros(n_slabs, np.int64)  # the next use of each slab's tenant (see _victim)
+    off, end, ten = np.empty(n_t + 1, np.int64), np.empty(n_t + 1, np.int64), np.empty(n_t + 1, np.int64)
+    rel = np.full(n_t + 2, -1, np.int64)
+    vals, dq = np.empty(n_t + 1, np.int64), np.empty(n_t + 1, np.int64)
+    n = peak = 0
     where = np.full(n_t, -1, np.int64)
-    out_slab = np.full(n_t, -1, np.int64)
+    out_off = np.full(n_t, -1, np.int64)
     pinned = pinned0.copy()
+    fixed = pinned0 | is_input
     host = is_input | (persistent & ~pinned0)
     host_at = np.full(n_t, -1, np.int64)
     released = np.full(n_t, -1, np.int64)
     last_access = np.full(n_t, -1, np.int64)
     mark = np.zeros(n_t, np.int64)  # == stamp: touched by the current op
-    resident = np.zeros(n_t, np.int64)  # == stamp: an input already on the device before the current op
-    is_out = np.zeros(n_t, np.int64)
+    resident = np.zeros(n_t, np.int64)  # == stamp: an input on the device before the current op
+    is_out = np.zeros(n_t, np.int64)  # == stamp: an output of the current op
+    queued = np.zeros(n_t, np.int64)  # == the current queue's tag: an input already queued
     write_back = np.zeros(n_t, np.bool_)
     for j in range(len(upd_old)):
         if persistent[upd_old[j]] and not pinned0[upd_old[j]]:
@@ -253,100 +314,112 @@ def _plan(schedule, counts, pinned0, policy, cls, in_ptr, in_idx, out_ptr, out_i
         if not fwd_act[out_idx[out_ptr[schedule[pos]]]]:
             turn = pos
             break
-    recs = np.empty((4 * n_ops + 16, 4), np.int64)
+    recs = np.empty((4 * n_ops + 16, 5), np.int64)
     nrec = 0
     for sweep in range(2):  # pinned tensors by name, then inputs by name
         for t in by_name:
             if (sweep == 0 and pinned[t]) or (sweep == 1 and is_input[t]):
-                g = _take(cls[t], False, heap, hlen, base)
+                g = _fit(size[t], n, off, end, cap)
                 if g < 0:
-                    return recs[:0], out_slab, 1
-                where[t], owner[g], out_slab[t] = g, t, g  # (out_slab doubles as the home slab)
-                slab_next[g] = _next_use(t, next_i, use_ptr, use_pos)
+                    return recs[:0], out_off, peak, 1
+                where[t] = out_off[t] = _insert(g, size[t], t, n, off, end, ten, rel)
+                n += 1
+                peak = max(peak, where[t] + size[t])
     todo = np.empty(64, np.int64)
+    pend = np.empty(64, np.int64)  # swap-ins of this op: tensor, and (in pend_since) since when free
+    pend_since = np.empty(64, np.int64)
     for pos in range(n_ops):
         op, stamp = schedule[pos], pos + 1
         i0, i1, o0, o1 = in_ptr[op], in_ptr[op + 1], out_ptr[op], out_ptr[op + 1]
+        width = 2 * ((i1 - i0) + (o1 - o0)) + 4
+        if todo.shape[0] < width:
+            todo, pend, pend_since = np.empty(width, np.int64), np.empty(width, np.int64), np.empty(width, np.int64)
         ipo = out_idx[o0] if in_place[op] else -1
-        if todo.shape[0] < (i1 - i0) + (o1 - o0) + 4:
-            todo = np.empty(2 * ((i1 - i0) + (o1 - o0) + 4), np.int64)
-        ntodo = 0
         for j in range(i0, i1):
-            t = in_idx[j]
-            mark[t] = stamp
-            if where[t] >= 0:
-                resident[t] = stamp
-            elif is_out[t] != -stamp:  # not yet queued (inputs may repeat)
-                is_out[t] = -stamp
-                todo[ntodo] = t
-                ntodo += 1
+            mark[in_idx[j]] = stamp
+            if where[in_idx[j]] >= 0:
+                resident[in_idx[j]] = stamp
         for j in range(o0, o1):
-            t = out_idx[j]
-            mark[t] = stamp
-            if t != ipo:
-                is_out[t] = stamp
-                todo[ntodo] = t
-                ntodo += 1
-        _sort_todo(todo, ntodo, cls)
+            mark[out_idx[j]] = stamp
+            if out_idx[j] != ipo:
+                is_out[out_idx[j]] = stamp
+        ntodo = _queue(todo, i0, i1, o0, o1, in_idx, out_idx, ipo, where, queued, stamp, size)
+        npend = 0
+        packed = False
         while ntodo > 0:
             t = todo[0]
             ntodo -= 1
             for j in range(ntodo):
                 todo[j] = todo[j + 1]
-            # acquire: a free slab, else a victim's, else bounce an input out of a larger class's slab
-            g, since, bounced = _take(cls[t], True, heap, hlen, base), -1, -1
-            if g >= 0:
-                since = free_since[g]
-            else:
-                v = -1
-                for k in range(cls[t], -1, -1):
-                    v = _victim(k, base, owner, mark, stamp, pinned, is_input, belady, last_access, slab_next)
-                    if v >= 0:
-                        break
-                if v < 0:
-                    for k in range(cls[t], -1, -1):
-                        for h in range(base[k], base[k + 1]):
-                            u = owner[h]
-                            if u >= 0 and resident[u] == stamp and cls[u] > k and not pinned[u] \
-                                    and not is_input[u] and (v < 0 or u < v):
-                                v = u
-                        if v >= 0:
-                            break
-                    if v < 0:
-                        return recs[:0], out_slab, 2
-                    bounced = v
-                    resident[v] = 0
-                kp = last_access[v]
-                if (_next_use(v, next_i, use_ptr, use_pos) != INF or v == loss) and not host[v]:
-                    recs = _record(recs, nrec, kp + 1, OUT, v, -1)
-                    nrec += 1
-                    host[v], host_at[v] = True, kp
-                recs = _record(recs, nrec, kp + 1, FREE, v, -1)
-                nrec += 1
-                g = where[v]
-                where[v], owner[g], released[v], free_since[g] = -1, -1, kp, kp
-                since = kp
-            if bounced >= 0:
-                todo[ntodo] = bounced
-                ntodo += 1
-                _sort_todo(todo, ntodo, cls)
+            since = -1
+            g = _fit(size[t], n, off, end, cap)
+            if g < 0:
+                for bounce in (False, True):
+                    k, kj = _window(size[t], cap, n, off, end, ten, size, vals, dq, fixed, mark, resident, stamp,
+                                    bounce, belady, next_i, use_ptr, use_pos, last_access)
+                    if k < 0:
+                        continue
+                    for _ in range(kj - k):
+                        v = ten[k]
+                        if resident[v] == stamp and bounce:
+                            resident[v] = 0
+                            todo[ntodo] = v
+                            ntodo += 1
+                        recs, nrec = _evict(v, k, recs, nrec, n, off, end, ten, rel, where, released, host, host_at,
+                                            last_access, next_i, use_ptr, use_pos, loss)
+                        n -= 1
+                    _sort_todo(todo, ntodo, size)
+                    g = _fit(size[t], n, off, end, cap)
+                    break
+            if g < 0 and not packed:  # last resort: take back this op's placements, clear everything
+                for j in range(npend):
+                    u = pend[j]
+                    _remove(_index(where[u], n, off), -1, n, off, end, ten, rel)
+                    n -= 1
+                    where[u] = -1
+                for j in range(o0, o1):
+                    u = out_idx[j]
+                    if u != ipo and where[u] >= 0:
+                        _remove(_index(where[u], n, off), -1, n, off, end, ten, rel)
+                        n -= 1
+                        where[u] = -1
+                i = 0
+                while i < n:
+                    if fixed[ten[i]]:
+                        i += 1
+                    else:
+                        resident[ten[i]] = 0
+                        recs, nrec = _evict(ten[i], i, recs, nrec, n, off, end, ten, rel, where, released, host,
+                                            host_at, last_access, next_i, use_ptr, use_pos, loss)
+                        n -= 1
+                npend, packed = 0, True
+                ntodo = _queue(todo, i0, i1, o0, o1, in_idx, out_idx, ipo, where, queued, -stamp, size)
+                continue
+            if g < 0:
+                return recs[:0], out_off, peak, 2
+            since = rel[g]
+            where[t] = _insert(g, size[t], t, n, off, end, ten, rel)
+            n += 1
+            peak = max(peak, where[t] + size[t])
             if is_out[t] == stamp:
-                out_slab[t] = g
+                out_off[t] = where[t]
             else:
-                floor = max(since, released[t], host_at[t])
-                at = pos - 1 if prefetch == 0 else (floor if prefetch == 1 else pos - 2)
-                recs = _record(recs, nrec, max(at, floor) + 1, IN, t, g)
-                nrec += 1
-            where[t], owner[g], slab_next[g] = g, t, _next_use(t, next_i, use_ptr, use_pos)
+                pend[npend], pend_since[npend] = t, since
+                npend += 1
+        for j in range(npend):
+            t = pend[j]
+            floor = max(max(pend_since[j], released[t]), host_at[t])
+            at = pos - 1 if prefetch == 0 else (floor if prefetch == 1 else pos - 2)
+            recs = _record(recs, nrec, max(at, floor) + 1, IN, t, where[t], op)
+            nrec += 1
         if ipo >= 0:
             old = in_idx[i0]
-            g = where[old]
+            where[ipo] = out_off[ipo] = where[old]
             where[old] = -1
-            where[ipo], owner[g], out_slab[ipo] = g, ipo, g
-            slab_next[g] = _next_use(ipo, next_i, use_ptr, use_pos)
+            ten[_index(where[ipo], n, off)] = ipo
             if pinned[old]:
-                pinned[ipo] = True
-        recs = _record(recs, nrec, pos + 1, RUN, op, -1)
+                pinned[ipo] = fixed[ipo] = True
+        recs = _record(recs, nrec, pos + 1, RUN, op, -1, -1)
         nrec += 1
         for j in range(i0, i1):
             last_access[in_idx[j]] = pos
@@ -356,15 +429,13 @@ def _plan(schedule, counts, pinned0, policy, cls, in_ptr, in_idx, out_ptr, out_i
             t = in_idx[j]
             if next_i[t] < use_ptr[t + 1] and use_pos[next_i[t]] == pos:
                 next_i[t] += 1
-                if where[t] >= 0:
-                    slab_next[where[t]] = _next_use(t, next_i, use_ptr, use_pos)
         # after the run: write-backs and vDNN offloads, then frees of what is done with (by tensor id)
         for j in range(o0, o1):
             t = out_idx[j]
             nxt = _next_use(t, next_i, use_ptr, use_pos)
-            off = offload and pos < turn and fwd_act[t] and nxt != INF and use_pos[use_ptr[t + 1] - 1] >= turn
-            if (write_back[t] or off) and not host[t]:
-                recs = _record(recs, nrec, pos + 1, OUT, t, -1)
+            off_t = offload and pos < turn and fwd_act[t] and nxt != INF and use_pos[use_ptr[t + 1] - 1] >= turn
+            if (write_back[t] or off_t) and not host[t]:
+                recs = _record(recs, nrec, pos + 1, OUT, t, -1, -1)
                 nrec += 1
                 host[t], host_at[t] = True, pos
         nt = 0
@@ -381,14 +452,47 @@ def _plan(schedule, counts, pinned0, policy, cls, in_ptr, in_idx, out_ptr, out_i
                 continue
             nxt = _next_use(t, next_i, use_ptr, use_pos)
             if nxt == INF or (offload and host[t] and pos < turn and turn <= nxt):
-                recs = _record(recs, nrec, pos + 1, FREE, t, -1)
+                recs = _record(recs, nrec, pos + 1, FREE, t, -1, -1)
                 nrec += 1
-                g = where[t]
-                where[t], owner[g], released[t], free_since[g] = -1, -1, pos, pos
-                k = slab_cls[g]
-                _heap_push(heap, base[k], hlen[k], g - base[k])
-                hlen[k] += 1
-    return recs[:nrec], out_slab, 0
+                _remove(_index(where[t], n, off), pos, n, off, end, ten, rel)
+                n -= 1
+                where[t], released[t] = -1, pos
+    return recs[:nrec], out_off, peak, 0
+
+
+@numba.njit(cache=True)
+def _queue(todo, i0, i1, o0, o1, in_idx, out_idx, ipo, where, queued, tag, size) -> int:
+    """Queue the op's inputs not on the device (once each: ``queued`` marks them with ``tag``) and its
+    outputs other than an in-place one, largest first."""
+    ntodo = 0
+    for j in range(i0, i1):
+        t = in_idx[j]
+        if where[t] < 0 and queued[t] != tag:
+            queued[t] = tag
+            todo[ntodo] = t
+            ntodo += 1
+    for j in range(o0, o1):
+        if out_idx[j] != ipo:
+            todo[ntodo] = out_idx[j]
+            ntodo += 1
+    _sort_todo(todo, ntodo, size)
+    return ntodo
+
+
+@numba.njit(cache=True)
+def _evict(v, i, recs, nrec, n, off, end, ten, rel, where, released, host, host_at, last_access, next_i,
+           use_ptr, use_pos, loss) -> tuple:  # pragma: no cover - compiled
+    """Tenant ``v`` (at index i) leaves after its last use so far: copied out first if still needed."""
+    kp = last_access[v]
+    if (_next_use(v, next_i, use_ptr, use_pos) != INF or v == loss) and not host[v]:
+        recs = _record(recs, nrec, kp + 1, OUT, v, -1, -1)
+        nrec += 1
+        host[v], host_at[v] = True, kp
+    recs = _record(recs, nrec, kp + 1, FREE, v, -1, -1)
+    nrec += 1
+    _remove(i, kp, n, off, end, ten, rel)
+    where[v], released[v] = -1, kp
+    return recs, nrec
 
 
 @numba.njit(cache=True)
@@ -408,22 +512,67 @@ def _program_order(recs: np.ndarray, n_ops: int) -> np.ndarray:
     return order
 
 
+# -- when each byte of the arena fell free: disjoint segments sorted by offset (arena.Segments, compiled)
+
+
 @numba.njit(cache=True)
-def _simulate(schedule, recs, out_slab, in_ptr, in_idx, out_ptr, out_idx, op_ms, nbytes, copy,
-              n_slabs):  # pragma: no cover - compiled
+def _seg_max(lo: int, hi: int, n: int, s_lo: np.ndarray, s_hi: np.ndarray, s_val: np.ndarray) -> float:
+    i = np.searchsorted(s_hi[:n], lo, side="right")
+    most = 0.0
+    while i < n and s_lo[i] < hi:
+        most = max(most, s_val[i])
+        i += 1
+    return most
+
+
+@numba.njit(cache=True)
+def _seg_assign(lo: int, hi: int, value: float, n: int, s_lo: np.ndarray, s_hi: np.ndarray,
+                s_val: np.ndarray) -> int:
+    i = np.searchsorted(s_hi[:n], lo, side="right")
+    j = i
+    while j < n and s_lo[j] < hi:
+        j += 1
+    left = i < j and s_lo[i] < lo
+    right = i < j and s_hi[j - 1] > hi
+    l_lo, l_val, r_hi, r_val = s_lo[i] if left else 0, s_val[i] if left else 0.0, \
+        s_hi[j - 1] if right else 0, s_val[j - 1] if right else 0.0
+    count = int(left) + 1 + int(right)
+    shift = count - (j - i)
+    if shift > 0:
+        for k in range(n - 1, j - 1, -1):
+            s_lo[k + shift], s_hi[k + shift], s_val[k + shift] = s_lo[k], s_hi[k], s_val[k]
+    elif shift < 0:
+        for k in range(j, n):
+            s_lo[k + shift], s_hi[k + shift], s_val[k + shift] = s_lo[k], s_hi[k], s_val[k]
+    k = i
+    if left:
+        s_lo[k], s_hi[k], s_val[k] = l_lo, lo, l_val
+        k += 1
+    s_lo[k], s_hi[k], s_val[k] = lo, hi, value
+    k += 1
+    if right:
+        s_lo[k], s_hi[k], s_val[k] = hi, r_hi, r_val
+    return n + shift
+
+
+@numba.njit(cache=True)
+def _simulate(schedule, recs, out_off, size, in_ptr, in_idx, out_ptr, out_idx, op_ms, nbytes,
+              copy):  # pragma: no cover - compiled
     """simulate.simulate on the records: three FIFO streams, one pass in program order."""
-    free_at = np.zeros(max(n_slabs, 1), np.float64)
-    n_t = len(out_slab)
+    n_t = len(out_off)
+    cap_s = 2 * recs.shape[0] + 8
+    s_lo, s_hi, s_val = np.empty(cap_s, np.int64), np.empty(cap_s, np.int64), np.empty(cap_s, np.float64)
+    n_s = 0
     ready = np.zeros(n_t, np.float64)
     host_ready = np.zeros(n_t, np.float64)
     copied_out = np.zeros(n_t, np.float64)
-    where = out_slab.copy()  # the home slabs of what starts on the device; runs set the rest
+    where = out_off.copy()  # the home offsets of what starts on the device; runs set the rest
     op_end = np.zeros(len(schedule), np.float64)
     latency, h2d_bw, d2h_bw = copy[0], copy[1], copy[2]
     compute = h2d_clock = d2h_clock = 0.0
     h2d = d2h = 0
     for r in _program_order(recs, len(schedule)):
-        bucket, kind, t, g = recs[r, 0], recs[r, 1], recs[r, 2], recs[r, 3]
+        bucket, kind, t, offset = recs[r, 0], recs[r, 1], recs[r, 2], recs[r, 3]
         after = op_end[bucket - 1] if bucket > 0 else 0.0
         if kind == RUN:
             op = t
@@ -431,23 +580,26 @@ def _simulate(schedule, recs, out_slab, in_ptr, in_idx, out_ptr, out_idx, op_ms,
             for j in range(in_ptr[op], in_ptr[op + 1]):
                 start = max(start, ready[in_idx[j]])
             for j in range(out_ptr[op], out_ptr[op + 1]):
-                start = max(start, free_at[out_slab[out_idx[j]]])
+                u = out_idx[j]
+                start = max(start, _seg_max(out_off[u], out_off[u] + size[u], n_s, s_lo, s_hi, s_val))
             end = start + op_ms[op]
             compute = op_end[bucket - 1] = end
             for j in range(out_ptr[op], out_ptr[op + 1]):
                 u = out_idx[j]
-                where[u], ready[u] = out_slab[u], end
+                where[u], ready[u] = out_off[u], end
         elif kind == IN:
-            start = max(max(h2d_clock, after), max(free_at[g], host_ready[t]))
+            start = max(max(h2d_clock, after),
+                        max(_seg_max(offset, offset + size[t], n_s, s_lo, s_hi, s_val), host_ready[t]))
             h2d_clock = ready[t] = start + 1e3 * (latency + nbytes[t] / h2d_bw)
-            where[t] = g
+            where[t] = offset
             h2d += nbytes[t]
         elif kind == OUT:
             start = max(max(d2h_clock, after), ready[t])
             d2h_clock = host_ready[t] = copied_out[t] = start + 1e3 * (latency + nbytes[t] / d2h_bw)
             d2h += nbytes[t]
         else:
-            free_at[where[t]] = max(max(after, copied_out[t]), ready[t])
+            when = max(max(after, copied_out[t]), ready[t])
+            n_s = _seg_assign(where[t], where[t] + size[t], when, n_s, s_lo, s_hi, s_val)
             copied_out[t] = 0.0
             where[t] = -1
     return max(compute, max(h2d_clock, d2h_clock)), h2d, d2h

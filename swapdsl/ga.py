@@ -1,17 +1,19 @@
-"""The optimiser: SwapAdvisor's genetic search over (schedule, memory pool), plus what to pin.
+"""The optimiser: SwapAdvisor's genetic search over schedules, plus what to pin.
 
-A genome is a priority per op, a slab count per size class, and the share of
-the cap given to pinned persistent tensors. Decoding: the schedule is the
-topological order that always runs the ready op of highest priority (so
-every genome is a valid schedule and crossover needs no repair); the pinned
-set is the persistent tensors read most per byte that fit in that share; the
-pool is the counts, raised to what every op needs and trimmed to the cap.
-The swap planner (Belady victims, earliest prefetch) then makes the plan and
-the simulator scores it. Seeds: the default schedule with the baselines'
-pool and pinning choices, and jittered variants. Selection is by tournament
-with elitism; children mix their parents' priorities op by op and their pools
-class by class, then mutate. The result is never worse than the best
-baseline: those plans are scored too, and kept if nothing beats them.
+A genome is a priority per op and the share of the cap given to pinned
+persistent tensors. Decoding: the schedule is the topological order that
+always runs the ready op of highest priority (so every genome is a valid
+schedule and crossover needs no repair); the pinned set is the persistent
+tensors read most per byte that fit in that share (less if the ops would not
+fit beside them). The swap planner (arena placement, Belady victims, earliest
+prefetch) then makes the plan and the simulator scores it. SwapAdvisor also
+searched over the carving of memory into size classes; here the arena has no
+carving to search (any tensor may take any free bytes), which is what lets a
+plan use the whole cap. Seeds: the default schedule at every pinning level,
+and jittered variants. Selection is by tournament with elitism; children mix
+their parents' priorities op by op (or at one cut), then mutate. The result
+is never worse than the best baseline: those plans are scored too, and kept
+if nothing beats them.
 
 Random choices come from one seeded generator in the calling process, and
 candidates are scored in worker processes whose results do not depend on
@@ -20,6 +22,7 @@ which worker ran them, so a seed and a generation limit fix the plan.
 
 from __future__ import annotations
 
+import functools
 import math
 import multiprocessing
 import os
@@ -33,8 +36,9 @@ import numpy as np
 
 from swapdsl.fastplan import Evaluator, priority_order
 from swapdsl.plan import Plan
-from swapdsl.planners import METHODS, Request, SearchOptions, Setup, baseline_setup, build_plan, size_pool, with_figures
-from swapdsl.pool import Pool, class_sizes, need_counts, no_swap_bytes, no_swap_counts
+from swapdsl.planners import METHODS, Request, SearchOptions, Setup, baseline_setup, build_plan, with_figures
+from swapdsl.errors import SwpError
+from swapdsl.sizing import choose_pinned, need_bytes
 from swapdsl.problem import Problem
 from swapdsl.swapplan import Policy
 
@@ -51,13 +55,12 @@ def _frozen(values: object) -> np.ndarray:
 @attrs.frozen(eq=False)
 class Genome:
     priority: np.ndarray = attrs.field(converter=_frozen)  # one per op, read-only
-    counts: tuple[int, ...] = attrs.field(converter=tuple)
     pin: float = attrs.field(converter=float)  # share of the cap for pinned persistent tensors
 
     @property
-    def key(self) -> tuple[bytes, tuple[int, ...], float]:
+    def key(self) -> tuple[bytes, float]:
         """What identifies a genome (arrays do not hash)."""
-        return self.priority.tobytes(), self.counts, self.pin
+        return self.priority.tobytes(), self.pin
 
 
 @attrs.frozen
@@ -69,25 +72,24 @@ class Outcome:
 
 
 class Decoder:
-    """Turns genomes into (schedule, pool, pinned) and scores them; one per worker process."""
+    """Turns genomes into (schedule, pinned) and scores them; one per worker process."""
 
     def __init__(self, req: Request) -> None:
         self.req = req
         self.p = Problem.build(req.graph, req.device)
-        self.sizes = class_sizes(self.p)
         self.preds, self.succs = self._edges()
         self.n_preds = np.array([len(ps) for ps in self.preds], np.int64)
         self.succ_ptr = np.zeros(self.p.n_ops + 1, np.int64)
         self.succ_ptr[1:] = np.cumsum([len(s) for s in self.succs])
         self.succ_idx = np.array([q for s in self.succs for q in sorted(s)], np.int64)
-        self.evaluator = Evaluator(self.p, self.sizes)
+        self.evaluator = Evaluator(self.p)
         reads = {t: 0 for t in self.p.persistent}
         for op in range(self.p.n_ops):
             for t in self.p.op_inputs[op]:
                 if t in reads:
                     reads[t] += 1
         self.pin_order = sorted(self.p.persistent, key=lambda t: (-reads[t] / max(self.p.nbytes[t], 1), t))
-        self._need: dict[frozenset[int], tuple[int, ...]] = {}
+        self._need: dict[frozenset[int], int] = {}
         self._pinned: dict[float, frozenset[int]] = {}
 
     def _edges(self) -> tuple[list[set[int]], list[set[int]]]:
@@ -111,6 +113,11 @@ class Decoder:
                 succs[q].add(op)
         return preds, succs
 
+    @functools.cached_property
+    def no_swap(self) -> int:
+        """The arena the default schedule needs with no swapping."""
+        return self.evaluator.no_swap_bytes(list(range(self.p.n_ops)))
+
     def schedule(self, priority: np.ndarray) -> np.ndarray:
         return priority_order(priority, self.n_preds, self.succ_ptr, self.succ_idx)
 
@@ -122,34 +129,22 @@ class Decoder:
     def _pin(self, share: float) -> frozenset[int]:
         budget, chosen, used = share * self.req.cap, [], 0
         for t in self.pin_order:
-            if used + self.p.slab_bytes[t] <= budget:
+            if used + self.p.size[t] <= budget:
                 chosen.append(t)
-                used += self.p.slab_bytes[t]
+                used += self.p.size[t]
         return frozenset(chosen)
 
-    def need(self, pinned: frozenset[int]) -> tuple[int, ...]:
+    def need(self, pinned: frozenset[int]) -> int:
         if pinned not in self._need:
-            self._need[pinned] = need_counts(self.p, list(range(self.p.n_ops)), pinned)
+            self._need[pinned] = need_bytes(self.p, pinned)
         return self._need[pinned]
 
-    def pool(self, counts: tuple[int, ...], pinned: frozenset[int]) -> Pool | None:
-        """The genome's counts, raised to every class's need and trimmed to the cap; None if impossible."""
-        need = self.need(pinned)
-        fixed = [max(c, n) for c, n in zip(counts, need)]
-        over = sum(s * c for s, c in zip(self.sizes, fixed)) - self.req.cap
-        for k in sorted(range(len(fixed)), key=lambda k: -self.sizes[k]):  # trim the biggest surplus slabs first
-            while over > 0 and fixed[k] > need[k]:
-                fixed[k] -= 1
-                over -= self.sizes[k]
-        return None if over > 0 else Pool(self.sizes, tuple(fixed))
-
-    def decode(self, g: Genome) -> tuple[np.ndarray, Pool, frozenset[int]] | None:
+    def decode(self, g: Genome) -> tuple[np.ndarray, frozenset[int]] | None:
         share = g.pin
         while True:
             pinned = self.pinned(share)
-            pool = self.pool(g.counts, pinned)
-            if pool is not None:
-                return self.schedule(g.priority), pool, pinned
+            if self.need(pinned) <= self.req.cap:
+                return self.schedule(g.priority), pinned
             if not pinned:
                 return None
             share /= 2  # pinned tensors crowd out what some op needs: pin less
@@ -160,16 +155,16 @@ class Decoder:
         decoded = self.decode(g)
         if decoded is None:
             return None
-        schedule, pool, pinned = decoded
-        return build_plan(self.req, self.p, "ga", schedule.tolist(), pool, pinned, POLICY)
+        schedule, pinned = decoded
+        return build_plan(self.req, self.p, "ga", schedule.tolist(), pinned, POLICY)
 
     def score(self, g: Genome) -> float:
         """The iteration time of the genome's plan, from the compiled planner and simulator."""
         decoded = self.decode(g)
         if decoded is None:
             return math.inf
-        schedule, pool, pinned = decoded
-        return self.evaluator(schedule, pool, pinned, POLICY).iteration_ms
+        schedule, pinned = decoded
+        return self.evaluator(schedule, self.req.cap, pinned, POLICY).iteration_ms
 
 
 _DECODER: Decoder | None = None
@@ -190,7 +185,7 @@ class _Scorer:
 
     def __init__(self, req: Request, decoder: Decoder, workers: int) -> None:
         self.decoder = decoder
-        self.cache: dict[tuple[bytes, tuple[int, ...], float], float] = {}
+        self.cache: dict[tuple[bytes, float], float] = {}
         self.pool: ProcessPoolExecutor | None = None
         if workers > 1:
             method = "fork" if "fork" in multiprocessing.get_all_start_methods() else "spawn"
@@ -214,20 +209,14 @@ class _Scorer:
 def _seeds(d: Decoder, rng: np.random.Generator, size: int) -> list[Genome]:
     n = d.p.n_ops
     default = np.arange(n, 0, -1, dtype=np.float64)
-    no_swap = no_swap_counts(d.p, list(range(n)))
     try:
-        base_pool, base_pinned, _ = size_pool(d.p, list(range(n)), d.req.cap)
-        base = base_pool.counts
-        base_pin = 1.0 if base_pinned else 0.0
-    except Exception:
-        base, base_pin = d.need(frozenset()), 0.0
-    seeds = [Genome(default, base, base_pin)]
-    seeds += [Genome(default, base, pin) for pin in PIN_LEVELS if pin != base_pin]
-    seeds.append(Genome(default, no_swap, base_pin))
+        base_pin = 1.0 if choose_pinned(d.p, d.req.cap, d.no_swap) else 0.0
+    except SwpError:
+        base_pin = 0.0
+    seeds = [Genome(default, base_pin)] + [Genome(default, pin) for pin in PIN_LEVELS if pin != base_pin]
     while len(seeds) < size:
         jitter = rng.normal(0.0, rng.choice([0.5, 2.0, 8.0]), n)
-        seeds.append(Genome(default + jitter, base,
-                            float(rng.choice(PIN_LEVELS))))
+        seeds.append(Genome(default + jitter, float(rng.choice(PIN_LEVELS))))
     return seeds[:max(size, 1)]
 
 
@@ -236,26 +225,16 @@ def _crossover(a: Genome, b: Genome, rng: np.random.Generator) -> Genome:
     if rng.random() < 0.5:  # one cut: keeps runs of relative order together
         cut = int(rng.integers(0, len(a.priority) + 1))
         take = np.arange(len(a.priority)) < cut
-    priority = np.where(take, a.priority, b.priority)
-    counts = tuple(int(x) for x in np.where(rng.random(len(a.counts)) < 0.5, a.counts, b.counts))
-    return Genome(priority, counts, a.pin if rng.random() < 0.5 else b.pin)
+    return Genome(np.where(take, a.priority, b.priority), a.pin if rng.random() < 0.5 else b.pin)
 
 
-def _mutate(g: Genome, rng: np.random.Generator, d: Decoder) -> Genome:
-    priority, counts, pin = np.asarray(g.priority), list(g.counts), g.pin
-    roll = rng.random()
-    if roll < 0.5:  # move a few ops earlier or later
+def _mutate(g: Genome, rng: np.random.Generator) -> Genome:
+    if rng.random() < 0.85:  # move a few ops earlier or later
+        priority = np.array(g.priority)
         ops = rng.integers(0, len(priority), size=int(rng.integers(1, 8)))
-        priority = priority.copy()
         priority[ops] += rng.normal(0.0, rng.choice([1.0, 5.0, 25.0]), len(ops))
-    elif roll < 0.85 and len(counts) > 1:  # move memory from one size class to another
-        src, dst = (int(x) for x in rng.choice(len(counts), size=2, replace=False))
-        freed = d.sizes[src] * max(1, int(counts[src] * rng.random() * 0.3))
-        counts[src] = max(0, counts[src] - freed // d.sizes[src])
-        counts[dst] += max(1, freed // d.sizes[dst])
-    else:
-        pin = float(rng.choice(PIN_LEVELS))
-    return Genome(priority, tuple(counts), pin)
+        return Genome(priority, g.pin)
+    return Genome(g.priority, float(rng.choice(PIN_LEVELS)))
 
 
 def _tournament(pop: list[Genome], fit: list[float], rng: np.random.Generator, k: int = 3) -> Genome:
@@ -278,7 +257,7 @@ def genetic_search(req: Request, opts: SearchOptions, on_generation: Callable[[i
     rng = np.random.default_rng(opts.seed)
     workers = opts.workers or os.cpu_count() or 1
     ideal = sum(d.p.op_ms)
-    baselines = {m: baseline_setup(d.p, m, req.cap)[0] for m in METHODS}
+    baselines = {m: baseline_setup(d.p, m, req.cap, d.no_swap)[0] for m in METHODS}
     pop = _seeds(d, rng, opts.population)
     first = d.score(pop[0])  # compiles the inner loop (or loads it) once, before workers fork
     scorer = _Scorer(req, d, workers)
@@ -296,7 +275,7 @@ def genetic_search(req: Request, opts: SearchOptions, on_generation: Callable[[i
             while len(elite) + len(children) < len(pop):
                 a, b = _tournament(pop, fit, rng), _tournament(pop, fit, rng)
                 child = _crossover(a, b, rng) if rng.random() < 0.7 else a
-                children.append(_mutate(child, rng, d))
+                children.append(_mutate(child, rng))
             pop = elite + children
             fit = scorer(pop)
             best = min(fit)
@@ -319,11 +298,11 @@ def _finish(req: Request, d: Decoder, pop: list[Genome], fit: list[float], basel
             generations: int, evaluations: int, started: float) -> Outcome:
     i = min(range(len(pop)), key=lambda k: (fit[k], k))
     extra = {"generations": float(generations), "evaluations": float(evaluations)}
-    times = {m: d.evaluator(s.schedule, s.pool, s.pinned, s.policy).iteration_ms for m, s in baselines.items()}
+    times = {m: d.evaluator(s.schedule, req.cap, s.pinned, s.policy).iteration_ms for m, s in baselines.items()}
     champion = min(baselines, key=lambda m: (times[m], m))
     best = d.plan(pop[i]) if fit[i] <= times[champion] else None
     if best is None:
         s = baselines[champion]
-        best = build_plan(req, d.p, "ga", s.schedule, s.pool, s.pinned, s.policy)
-    plan = with_figures(best, d.p, no_swap_bytes(d.p), extra)
+        best = build_plan(req, d.p, "ga", s.schedule, s.pinned, s.policy)
+    plan = with_figures(best, d.p, d.no_swap, extra)
     return Outcome(plan, generations, evaluations, time.perf_counter() - started)

@@ -1,20 +1,21 @@
 """The plan: everything `exec` needs to run a training step under a memory cap.
 
-A plan holds the model's identity, the device profile, the cap, the memory
-pool (size classes of fixed-size slabs), every tensor (bytes, class, kind, and
-for inputs and persistent tensors where it lives when an iteration starts),
-every op (with its modelled time), and the program: one ordered list of
-instructions for the three streams.
+A plan holds the model's identity, the device profile, the cap (the size of
+the one device arena), every tensor (bytes, kind, and for inputs and
+persistent tensors where it lives when an iteration starts), every op (with
+its modelled time), and the program: one ordered list of instructions for the
+three streams. A tensor on the device occupies a region of the arena: a byte
+offset and its size rounded up to 256 bytes.
 
 - ``Run(op, outs)``: the compute stream runs op ``op``; each output goes to a
-  slab. An ``in_place`` output reuses the slab of the op's first input, whose
-  last use this is (optimiser updates).
-- ``SwapIn(t, slab, after, before)``: host -> device copy of ``t`` into
-  ``slab``; it may start once op ``after`` has finished (-1: the iteration's
+  region. An ``in_place`` output reuses the region of the op's first input,
+  whose last use this is (optimiser updates).
+- ``SwapIn(t, region, after, before)``: host -> device copy of ``t`` into
+  ``region``; it may start once op ``after`` has finished (-1: the iteration's
   start) and must be complete before op ``before`` starts.
 - ``SwapOut(t, after)``: device -> host copy of ``t``, once op ``after`` has
-  finished. The slab stays ``t``'s until a ``Free``.
-- ``Free(t, after)``: ``t`` gives up its slab once op ``after`` has finished
+  finished. The region stays ``t``'s until a ``Free``.
+- ``Free(t, after)``: ``t`` gives up its region once op ``after`` has finished
   and any swap-out of ``t`` is complete. If ``t`` is still needed, it lives
   on in its host copy.
 
@@ -34,27 +35,27 @@ HOST = "host"
 
 
 @attrs.frozen(order=True)
-class Slab:
-    cls: int
-    index: int
+class Region:
+    offset: int
+    size: int
+
+    @property
+    def end(self) -> int:
+        return self.offset + self.size
+
+    def overlaps(self, other: Region) -> bool:
+        return self.offset < other.end and other.offset < self.end
 
     def __str__(self) -> str:
-        return f"{self.cls}.{self.index}"
-
-
-@attrs.frozen
-class PoolClass:
-    bytes: int
-    slabs: int
+        return f"@{self.offset}+{self.size}"
 
 
 @attrs.frozen
 class PlanTensor:
     name: str
     bytes: int
-    cls: int
     kind: str  # an ir.Kind value
-    home: Slab | str | None = None  # inputs and persistent tensors: HOST or a slab; others None
+    home: Region | str | None = None  # inputs and persistent tensors: HOST or a region; others None
 
 
 @attrs.frozen
@@ -69,14 +70,14 @@ class PlanOp:
 @attrs.frozen
 class Run:
     op: int
-    outs: tuple[tuple[str, Slab], ...]
+    outs: tuple[tuple[str, Region], ...]
     in_place: bool = False
 
 
 @attrs.frozen
 class SwapIn:
     tensor: str
-    slab: Slab
+    region: Region
     after: int
     before: int
 
@@ -103,7 +104,6 @@ class Plan:
     method: str
     device: Device
     cap: int
-    pool: tuple[PoolClass, ...]
     tensors: tuple[PlanTensor, ...]
     ops: tuple[PlanOp, ...]
     loss: str
@@ -116,12 +116,3 @@ class Plan:
 
     def figure(self, name: str) -> float:
         return dict(self.figures)[name]
-
-    @property
-    def pool_bytes(self) -> int:
-        return sum(c.bytes * c.slabs for c in self.pool)
-
-    def slab_offset(self, slab: Slab) -> int:
-        """Byte offset of a slab in the device arena: classes laid out in order, slabs within."""
-        before = sum(c.bytes * c.slabs for c in self.pool[: slab.cls])
-        return before + slab.index * self.pool[slab.cls].bytes

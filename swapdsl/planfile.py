@@ -16,9 +16,9 @@ from swapdsl.devices import Device
 from swapdsl.errors import Span, SwpError
 from swapdsl.loader import load, read_source
 from swapdsl.paths import GRAMMAR_DIR
-from swapdsl.plan import HOST, Free, Plan, PlanOp, PlanTensor, PoolClass, Run, Slab, SwapIn, SwapOut
+from swapdsl.plan import HOST, Free, Plan, PlanOp, PlanTensor, Region, Run, SwapIn, SwapOut
 
-VERSION = 1
+VERSION = 2  # 2: tensors at arena offsets (1 had size classes of slabs)
 _DEVICE_SCALARS = ("memory_bytes", "mem_bw", "h2d_bw", "d2h_bw", "launch_s", "copy_latency_s",
                    "compute_efficiency", "memory_efficiency", "source")
 
@@ -40,20 +40,20 @@ def _v(v: Any) -> str:
 def _home(t: PlanTensor) -> str:
     if t.home is None:
         return ""
-    return f" home {t.home if t.home == HOST else _slab(t.home)}"
+    return f" home {t.home if t.home == HOST else _region(t.home)}"
 
 
-def _slab(s: Slab | str) -> str:
-    assert isinstance(s, Slab)
-    return f"{s.cls}:{s.index}"
+def _region(r: Region | str) -> str:
+    assert isinstance(r, Region)
+    return f"@{r.offset}+{r.size}"
 
 
 def _instr(i: Any) -> str:
     if isinstance(i, Run):
-        outs = " ".join(f"{_q(t)} {_slab(s)}" + (" inplace" if i.in_place else "") for t, s in i.outs)
+        outs = " ".join(f"{_q(t)} {_region(r)}" + (" inplace" if i.in_place else "") for t, r in i.outs)
         return f"run {i.op} {outs}"
     if isinstance(i, SwapIn):
-        return f"swapin {_q(i.tensor)} {_slab(i.slab)} after {i.after} before {i.before}"
+        return f"swapin {_q(i.tensor)} {_region(i.region)} after {i.after} before {i.before}"
     if isinstance(i, SwapOut):
         return f"swapout {_q(i.tensor)} after {i.after}"
     return f"free {_q(i.tensor)} after {i.after}"
@@ -67,8 +67,7 @@ def format_plan(p: Plan) -> str:
     lines.append(f"device {_q(p.device.name)} {dev}")
     lines += [f"flops {k} {_v(v)}" for k, v in p.device.flops]
     lines.append(f"cap {p.cap}")
-    lines += [f"class {i} bytes {c.bytes} slabs {c.slabs}" for i, c in enumerate(p.pool)]
-    lines += [f"tensor {_q(t.name)} bytes {t.bytes} class {t.cls} kind {t.kind}{_home(t)}" for t in p.tensors]
+    lines += [f"tensor {_q(t.name)} bytes {t.bytes} kind {t.kind}{_home(t)}" for t in p.tensors]
     for o in p.ops:
         ins = "".join(f" {_q(n)}" for n in o.inputs)
         outs = "".join(f" {_q(n)}" for n in o.outputs)
@@ -124,9 +123,9 @@ def _value(tok: Token) -> int | float | bool | str:
     return _number(tok)
 
 
-def _slab_of(tok: Token) -> Slab:
-    c, i = tok.split(":")
-    return Slab(int(c), int(i))
+def _region_of(tok: Token) -> Region:
+    offset, size = tok[1:].split("+")
+    return Region(int(offset), int(size))
 
 
 @v_args(meta=True)
@@ -136,7 +135,7 @@ class _Build(Transformer):
     def __init__(self, file: str) -> None:
         super().__init__()
         self.file = file
-        self.f: dict[str, Any] = {"args": [], "device_fields": {}, "flops": [], "pool": [], "tensors": [],
+        self.f: dict[str, Any] = {"args": [], "device_fields": {}, "flops": [], "tensors": [],
                                   "ops": [], "updates": [], "program": [], "figures": []}
 
     def build(self, tree: lark.Tree) -> Plan:
@@ -151,7 +150,7 @@ class _Build(Transformer):
         except TypeError as exc:
             raise SwpError(f"`{self.file}`: bad device line ({exc})") from None
         return Plan(f["model"][0], f["model"][1], tuple(f["args"]), f["method"], device, f["cap"],
-                    tuple(f["pool"]), tuple(f["tensors"]), tuple(f["ops"]), f["loss"], tuple(f["updates"]),
+                    tuple(f["tensors"]), tuple(f["ops"]), f["loss"], tuple(f["updates"]),
                     tuple(f["program"]), tuple(f["figures"]))
 
     def _err(self, meta: Any, message: str) -> SwpError:
@@ -187,17 +186,12 @@ class _Build(Transformer):
     def cap(self, meta: Any, c: list[Token]) -> None:
         self.f["cap"] = int(c[0])
 
-    def klass(self, meta: Any, c: list[Token]) -> None:
-        if int(c[0]) != len(self.f["pool"]):
-            raise self._err(meta, f"class {c[0]} is out of order (expected class {len(self.f['pool'])})")
-        self.f["pool"].append(PoolClass(int(c[1]), int(c[2])))
-
     def tensor(self, meta: Any, c: list[Any]) -> None:
-        home = c[4] if len(c) > 4 else None
-        self.f["tensors"].append(PlanTensor(json.loads(c[0]), int(c[1]), int(c[2]), str(c[3]), home))
+        home = c[3] if len(c) > 3 else None
+        self.f["tensors"].append(PlanTensor(json.loads(c[0]), int(c[1]), str(c[2]), home))
 
-    def home(self, meta: Any, c: list[Token]) -> Slab | str:
-        return HOST if c[0].type == "HOST" else _slab_of(c[0])
+    def home(self, meta: Any, c: list[Token]) -> Region | str:
+        return HOST if c[0].type == "HOST" else _region_of(c[0])
 
     def op(self, meta: Any, c: list[Any]) -> None:
         self.f["ops"].append(PlanOp(int(c[0]), json.loads(c[1]), float(_number(c[2])), c[3], c[4]))
@@ -217,11 +211,11 @@ class _Build(Transformer):
         in_place = any(flag for _, _, flag in c[1:])
         self.f["program"].append(Run(int(c[0]), tuple((t, s) for t, s, _ in c[1:]), in_place))
 
-    def out(self, meta: Any, c: list[Token]) -> tuple[str, Slab, bool]:
-        return json.loads(c[0]), _slab_of(c[1]), len(c) > 2
+    def out(self, meta: Any, c: list[Token]) -> tuple[str, Region, bool]:
+        return json.loads(c[0]), _region_of(c[1]), len(c) > 2
 
     def swapin(self, meta: Any, c: list[Token]) -> None:
-        self.f["program"].append(SwapIn(json.loads(c[0]), _slab_of(c[1]), int(c[2]), int(c[3])))
+        self.f["program"].append(SwapIn(json.loads(c[0]), _region_of(c[1]), int(c[2]), int(c[3])))
 
     def swapout(self, meta: Any, c: list[Token]) -> None:
         self.f["program"].append(SwapOut(json.loads(c[0]), int(c[1])))

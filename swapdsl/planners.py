@@ -1,16 +1,16 @@
 """Planners: training graph + device + cap -> Plan. One table keyed by method name.
 
 The baselines share the default schedule (the training graph's order), the
-pool sizing of pool.py and the swap planner; they differ in their policy:
+pinning choice of sizing.py and the swap planner; they differ in their policy:
 
 - ``lru``: on-demand swap-ins, least-recently-used victims, no prefetch;
 - ``vdnn``: vDNN's offload of forward activations during the forward pass,
   prefetch one op ahead in the backward pass, LRU victims when memory runs out;
-- ``belady``: furthest-next-use victims, every swap-in as early as its slab and
+- ``belady``: furthest-next-use victims, every swap-in as early as its region and
   its host copy allow.
 
 Persistent tensors (params and optimiser state) are pinned on the device when
-the pool has room for them (all of them, when the cap allows a plan with no
+the arena has room for them (all of them, when the cap allows a plan with no
 swapping at all, or when they take at most half the cap); otherwise they live
 on the host, come in when needed, and their new values are written back.
 """
@@ -24,12 +24,11 @@ from swapdsl.bound import bound_ms, ideal_ms
 from swapdsl.devices import Device
 from swapdsl.errors import SwpError
 from swapdsl.ir import Graph
-from swapdsl.plan import HOST, Plan, PlanOp, PlanTensor, PoolClass, Slab
-from swapdsl.pool import Pool, class_sizes, fit_pool, need_counts, no_swap_counts
+from swapdsl.plan import HOST, Plan, PlanOp, PlanTensor, Region
 from swapdsl.problem import Problem
 from swapdsl.simulate import simulate
-from swapdsl.swapplan import Policy, plan_swaps
-from swapdsl.units import format_bytes
+from swapdsl.sizing import choose_pinned, no_swap_bytes
+from swapdsl.swapplan import Policy
 
 METHODS: dict[str, Policy] = {
     "lru": Policy("lru", "none"),
@@ -45,30 +44,6 @@ class Request:
     cap: int
     model_path: str
     model_args: tuple[tuple[str, int | float | bool], ...]
-
-
-def _bytes(sizes: tuple[int, ...], counts: tuple[int, ...]) -> int:
-    return sum(s * c for s, c in zip(sizes, counts))
-
-
-def size_pool(p: Problem, schedule: list[int], cap: int) -> tuple[Pool, frozenset[int], int]:
-    """The pool, the pinned persistent tensors, and the no-swap pool's bytes, for a cap."""
-    sizes = class_sizes(p)
-    peak = no_swap_counts(p, schedule)
-    no_swap = _bytes(sizes, peak)
-    everything = frozenset(p.persistent)
-    persistent_bytes = sum(p.slab_bytes[t] for t in everything)
-    choices = [everything] if no_swap <= cap or persistent_bytes <= cap // 2 else []
-    choices.append(frozenset())
-    for pinned in choices:
-        need = need_counts(p, schedule, pinned)
-        if _bytes(sizes, need) <= cap:
-            return fit_pool(sizes, peak, need, cap), pinned, no_swap
-    need = _bytes(sizes, need_counts(p, schedule, frozenset()))
-    raise SwpError(f"{format_bytes(cap)} is below the smallest feasible cap for this model, "
-                   f"{format_bytes(need)} ({need} bytes)",
-                   hints=[f"use --memory {need} or more: some op needs that much at once",
-                          f"with no swapping at all this model needs {format_bytes(no_swap)}"])
 
 
 def optimize(req: Request, method: str, search: SearchOptions | None = None) -> Plan:
@@ -88,25 +63,25 @@ class Setup:
     """What a planner decides before the swap planner runs."""
 
     schedule: list[int]
-    pool: Pool
     pinned: frozenset[int]
     policy: Policy
 
 
-def baseline_setup(p: Problem, method: str, cap: int) -> tuple[Setup, int]:
-    """A baseline's schedule, pool, pinning and policy, and the no-swap pool's bytes."""
+def baseline_setup(p: Problem, method: str, cap: int, no_swap: int | None = None) -> tuple[Setup, int]:
+    """A baseline's schedule, pinning and policy, and the no-swap arena's bytes (given, or found)."""
     schedule = list(range(p.n_ops))
-    pool, pinned, no_swap = size_pool(p, schedule, cap)
+    no_swap = no_swap_bytes(p, schedule) if no_swap is None else no_swap
+    pinned = choose_pinned(p, cap, no_swap)
     policy = METHODS[method]
-    if _bytes(pool.sizes, pool.counts) >= no_swap:
+    if no_swap <= cap:
         policy = attrs.evolve(policy, offload=False)  # like vDNN's dynamic mode: no offload when all fits
-    return Setup(schedule, pool, pinned, policy), no_swap
+    return Setup(schedule, pinned, policy), no_swap
 
 
 def baseline(req: Request, p: Problem, method: str) -> tuple[Plan, int]:
-    """A baseline's plan (without figures) on the default schedule, and the no-swap pool's bytes."""
+    """A baseline's plan (without figures) on the default schedule, and the no-swap arena's bytes."""
     s, no_swap = baseline_setup(p, method, req.cap)
-    return build_plan(req, p, method, s.schedule, s.pool, s.pinned, s.policy), no_swap
+    return build_plan(req, p, method, s.schedule, s.pinned, s.policy), no_swap
 
 
 @attrs.frozen
@@ -121,24 +96,24 @@ class SearchOptions:
     progress: bool = False
 
 
-def build_plan(req: Request, p: Problem, method: str, schedule: list[int], pool: Pool, pinned: frozenset[int],
+def build_plan(req: Request, p: Problem, method: str, schedule: list[int], pinned: frozenset[int],
                policy: Policy) -> Plan:
-    program, homes = plan_swaps(p, schedule, pool, pinned, policy)
-    return assemble(req, p, method, pool, homes, tuple(program))
+    from swapdsl.fastplan import Evaluator
+
+    program, homes = Evaluator(p).program(schedule, req.cap, pinned, policy)
+    return assemble(req, p, method, homes, tuple(program))
 
 
-def assemble(req: Request, p: Problem, method: str, pool: Pool, homes: dict[int, Slab], program: tuple) -> Plan:
-    cls = {s: i for i, s in enumerate(pool.sizes)}
+def assemble(req: Request, p: Problem, method: str, homes: dict[int, Region], program: tuple) -> Plan:
     tensors = []
     for t, name in enumerate(p.names):
-        home: Slab | str | None = homes.get(t)
+        home: Region | str | None = homes.get(t)
         if home is None and t in p.persistent:
             home = HOST
-        tensors.append(PlanTensor(name, p.nbytes[t], cls[p.slab_bytes[t]], p.kinds[t], home))
+        tensors.append(PlanTensor(name, p.nbytes[t], p.kinds[t], home))
     ops = tuple(PlanOp(i, op.op, p.op_ms[i], op.inputs, op.outputs) for i, op in enumerate(req.graph.ops))
     return Plan(req.model_path, req.graph.source_sha256, req.model_args, method,
-                attrs.evolve(req.device, op_times=()), req.cap,
-                tuple(PoolClass(s, c) for s, c in zip(pool.sizes, pool.counts)), tuple(tensors), ops,
+                attrs.evolve(req.device, op_times=()), req.cap, tuple(tensors), ops,
                 req.graph.loss, req.graph.updates, program)
 
 

@@ -1,7 +1,7 @@
 """The planning problem: a training graph reduced to what planners need.
 
 Tensors are numbered, ops carry their modelled times, and each tensor knows
-its size class, its uses in the default schedule, and whether it persists.
+its aligned size in the arena, its uses in the default schedule, and whether it persists.
 """
 
 from __future__ import annotations
@@ -16,16 +16,9 @@ from swapdsl.ir import Graph, Kind
 ALIGN = 256
 
 
-def size_class(nbytes: int) -> int:
-    """The slab size for a tensor: the next m * 2^e (m = 8..15) at or above it, 256-byte aligned.
-
-    At most 1/8 of a slab is wasted, and tensors of similar size share a class.
-    """
-    n = max(nbytes, 1)
-    e = max(n.bit_length() - 4, 0)
-    m = -(-n // (1 << e))  # ceil
-    size = m << e
-    return -(-size // ALIGN) * ALIGN
+def arena_bytes(nbytes: int) -> int:
+    """The bytes a tensor takes in the device arena: its size rounded up to 256-byte alignment."""
+    return max(ALIGN, -(-nbytes // ALIGN) * ALIGN)
 
 
 @attrs.frozen
@@ -34,7 +27,7 @@ class Problem:
     device: Device
     names: tuple[str, ...]  # tensor id -> name
     nbytes: tuple[int, ...]
-    slab_bytes: tuple[int, ...]  # the size class of each tensor, as its slab size
+    size: tuple[int, ...]  # the bytes each tensor takes in the arena (aligned)
     kinds: tuple[str, ...]
     op_ms: tuple[float, ...]
     op_inputs: tuple[tuple[int, ...], ...]
@@ -54,7 +47,7 @@ class Problem:
         updated_new = {new for _, new in g.updates}
         in_place = tuple(registry.REGISTRY[op.op].in_place and op.outputs[0] in updated_new for op in g.ops)
         return Problem(
-            g, device, names, nbytes, tuple(size_class(b) for b in nbytes),
+            g, device, names, nbytes, tuple(arena_bytes(b) for b in nbytes),
             tuple(g.tensors[n].kind.value for n in names), tuple(op_times_ms(device, g)),
             tuple(tuple(index[n] for n in op.inputs) for op in g.ops),
             tuple(tuple(index[n] for n in op.outputs) for op in g.ops),

@@ -6,7 +6,7 @@ from collections import Counter
 from pathlib import Path
 
 from swapdsl.errors import SwpError
-from swapdsl.plan import HOST, Plan, Slab, SwapIn, SwapOut
+from swapdsl.plan import HOST, Plan, Region, SwapIn, SwapOut
 from swapdsl.simulate import Result, simulate
 from swapdsl.units import format_bytes
 
@@ -14,14 +14,13 @@ from swapdsl.units import format_bytes
 def summary(plan: Plan, result: Result) -> str:
     figures = dict(plan.figures)
     kinds = Counter(type(i).__name__ for i in plan.program)
-    pinned = [t for t in plan.tensors if isinstance(t.home, Slab) and t.kind != "input"]
+    pinned = [t for t in plan.tensors if isinstance(t.home, Region) and t.kind != "input"]
     on_host = [t for t in plan.tensors if t.home == HOST]
     lines = [
         f"plan for {plan.model_path} ({', '.join(f'{k}={v}' for k, v in plan.args)})",
         f"  method          {plan.method}",
         f"  device          {plan.device.name}",
-        f"  cap             {format_bytes(plan.cap)}; pool {format_bytes(plan.pool_bytes)} in "
-        f"{sum(c.slabs for c in plan.pool)} slabs of {len(plan.pool)} sizes",
+        f"  cap             {format_bytes(plan.cap)} (one arena; tensors at offsets)",
         f"  ops             {len(plan.ops)}; {kinds['SwapIn']} swap-ins, {kinds['SwapOut']} swap-outs, "
         f"{kinds['Free']} frees",
         f"  persistent      {len(pinned)} pinned on the device "
@@ -30,9 +29,8 @@ def summary(plan: Plan, result: Result) -> str:
         f"  iteration       {result.iteration_ms:.3f} ms (ideal {sum(o.ms for o in plan.ops):.3f} ms"
         + (f", bound {figures['bound_ms']:.3f} ms)" if "bound_ms" in figures else ")"),
         f"  swapped         {format_bytes(result.h2d_bytes)} in, {format_bytes(result.d2h_bytes)} out",
-        f"  device peak     {format_bytes(result.peak_device_bytes)}",
-        "  slab classes    " + ", ".join(f"{c.slabs}x{format_bytes(c.bytes)}" for c in plan.pool[:8])
-        + (" ..." if len(plan.pool) > 8 else ""),
+        f"  device peak     {format_bytes(result.peak_device_bytes)} "
+        f"({100 * result.peak_device_bytes / max(plan.cap, 1):.0f}% of the cap)",
     ]
     moved = Counter()
     for i in plan.program:

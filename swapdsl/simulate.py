@@ -2,10 +2,12 @@
 
 Compute, host-to-device and device-to-host are three FIFO streams. Each
 instruction starts when its stream is free and what it waits for is done:
-an op waits for its inputs to be on the device and for its output slabs to
-fall free; a swap-in for op ``after``, its host copy and its slab; a swap-out
-for op ``after`` and the tensor itself; a free releases its slab when op
-``after`` and any swap-out of the tensor are done. One pass, in plan order.
+an op waits for its inputs to be on the device and for the regions of its
+outputs to fall free; a swap-in for op ``after``, its host copy and its
+region; a swap-out for op ``after`` and the tensor itself; a free releases
+its region when op ``after`` and any swap-out of the tensor are done. A
+region falls free when the latest free of every byte in it has happened.
+One pass, in plan order.
 """
 
 from __future__ import annotations
@@ -13,7 +15,8 @@ from __future__ import annotations
 import attrs
 
 from swapdsl.costmodel import copy_ms
-from swapdsl.plan import HOST, Free, Plan, Run, Slab, SwapIn, SwapOut
+from swapdsl.arena import Segments
+from swapdsl.plan import HOST, Free, Plan, Region, Run, SwapIn, SwapOut
 
 STREAMS = ("compute", "h2d", "d2h")
 
@@ -39,40 +42,40 @@ def simulate(plan: Plan, timeline: bool = False) -> Result:
     ops = {o.index: o for o in plan.ops}
     dev = plan.device
     op_end: dict[int, float] = {-1: 0.0}
-    free_at: dict[Slab, float] = {}
+    freed: Segments[float] = Segments()  # per byte, when it last fell free
     ready: dict[str, float] = {}  # on the device and complete
     host_ready: dict[str, float] = {t.name: 0.0 for t in plan.tensors if t.home == HOST or t.kind == "input"}
     copied_out: dict[str, float] = {}
-    where: dict[str, Slab] = {}
+    where: dict[str, Region] = {}
     clock = {s: 0.0 for s in STREAMS}
     events: list[tuple[float, int]] = []
     spans: list[tuple[str, str, float, float]] = []
     h2d = d2h = 0
     for t in plan.tensors:
-        if isinstance(t.home, Slab):
+        if isinstance(t.home, Region):
             where[t.name], ready[t.name] = t.home, 0.0
             events.append((0.0, t.bytes))
     for instr in plan.program:
         if isinstance(instr, Run):
             op = ops[instr.op]
             start = max([clock["compute"]] + [ready[n] for n in op.inputs]
-                        + [free_at.get(s, 0.0) for _, s in instr.outs])
+                        + [_free_at(freed, r) for _, r in instr.outs])
             end = start + op.ms
             clock["compute"] = op_end[op.index] = end
-            for name, slab in instr.outs:
+            for name, region in instr.outs:
                 if instr.in_place and name == op.outputs[0]:
                     where.pop(op.inputs[0], None)
                 else:
                     events.append((start, tensors[name].bytes))
-                where[name], ready[name] = slab, end
+                where[name], ready[name] = region, end
             if timeline:
                 spans.append(("compute", op.op, start, end))
         elif isinstance(instr, SwapIn):
             nbytes = tensors[instr.tensor].bytes
-            start = max(clock["h2d"], op_end[instr.after], free_at.get(instr.slab, 0.0), host_ready[instr.tensor])
+            start = max(clock["h2d"], op_end[instr.after], _free_at(freed, instr.region), host_ready[instr.tensor])
             end = start + copy_ms(dev, nbytes, to_device=True)
             clock["h2d"] = ready[instr.tensor] = end
-            where[instr.tensor] = instr.slab
+            where[instr.tensor] = instr.region
             events.append((start, nbytes))
             h2d += nbytes
             if timeline:
@@ -88,7 +91,8 @@ def simulate(plan: Plan, timeline: bool = False) -> Result:
         else:
             assert isinstance(instr, Free)
             when = max(op_end[instr.after], copied_out.pop(instr.tensor, 0.0), ready.get(instr.tensor, 0.0))
-            free_at[where.pop(instr.tensor)] = when
+            gone = where.pop(instr.tensor)
+            freed.assign(gone.offset, gone.end, when)
             events.append((when, -tensors[instr.tensor].bytes))
     memory = _memory_curve(events)
     return Result(max(clock.values()), sum(o.ms for o in plan.ops), h2d, d2h,
@@ -97,8 +101,12 @@ def simulate(plan: Plan, timeline: bool = False) -> Result:
                   memory if timeline else ())
 
 
+def _free_at(freed: Segments[float], region: Region) -> float:
+    return max(freed.over(region.offset, region.end), default=0.0)
+
+
 def _memory_curve(events: list[tuple[float, int]]) -> tuple[tuple[float, int], ...]:
-    """Device bytes over time; at equal times frees come before allocations (a slab changes hands)."""
+    """Device bytes over time; at equal times frees come before allocations (memory changes hands)."""
     curve: list[tuple[float, int]] = []
     level = 0
     for when, delta in sorted(events, key=lambda e: (e[0], e[1])):

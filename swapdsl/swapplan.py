@@ -1,28 +1,45 @@
-"""The swap planner: given a schedule and a pool, decide every swap-in, swap-out and free.
+"""The swap planner: given a schedule and a cap, place every tensor in the device arena and decide
+every swap-in, swap-out and free.
 
-One pass over the schedule. Before each op, its missing inputs and its
-outputs get slabs (largest first); when a class has no free slab, a victim
-leaves: the least recently used one (``lru``) or the one needed furthest in
-the future (``belady``). A victim still needed is copied to the host first,
-unless it already has a host copy (tensors never change, so one copy is
-enough). A swap-in starts on demand (``none``), as early as its slab and its
-host copy allow (``earliest``), or one op ahead (``ahead``). ``offload``
-(vDNN) copies every forward activation needed in the backward pass to the
-host as soon as it is produced and frees it after its last forward use.
-Instructions are placed at the op they follow, so a victim's free and swap-out
-go back to its last use and a prefetch to when its slab fell free.
+This is the reference, written for reading; ``fastplan.py`` makes exactly the
+same program in compiled code, and a property test holds them together.
+
+The arena is one range of ``cap`` bytes. Pinned persistent tensors and inputs
+are placed first, from offset 0, and never move. One pass over the schedule:
+before each op, its missing inputs and its outputs are placed, largest first.
+A tensor goes into the smallest gap between tenants that holds it (the space
+above the last tenant only when no gap does). When none is big enough, a
+window of the arena is cleared: among the windows that start at a gap and
+hold no tensor of this op, the one whose soonest-needed tenant is needed
+latest (``belady``) or whose latest-used tenant was used longest ago
+(``lru``), then the fewest bytes evicted, then the lowest offset. A victim
+still needed is copied to the host first unless it already has a host copy
+(tensors never change, so one copy is enough). If no window exists, the op's
+own inputs already on the device may be moved out too ("bounced") and come
+back in their turn; if that fails as well, everything that may move leaves,
+and the op's tensors are packed from the bottom of the free space, so a cap
+of ``sizing.need_bytes`` always suffices.
+
+A swap-in starts on demand (``none``), as early as its region and its host
+copy allow (``earliest``), or one op ahead (``ahead``); its region is free
+since the latest position at which any byte of the gap it took fell free.
+``offload`` (vDNN) copies every forward activation needed in the backward
+pass to the host as soon as it is produced and frees it after its last
+forward use. Instructions are placed at the op they follow, so a victim's
+free and swap-out go back to its last use and a prefetch to when its region
+fell free.
 """
 
 from __future__ import annotations
 
-import heapq
+import bisect
 
 import attrs
 
 from swapdsl.errors import SwpError
-from swapdsl.plan import Free, Instr, Run, Slab, SwapIn, SwapOut
-from swapdsl.pool import Pool, Slabs, resident_at_start
+from swapdsl.plan import Free, Instr, Region, Run, SwapIn, SwapOut
 from swapdsl.problem import Problem
+from swapdsl.sizing import resident_at_start
 
 INF = 1 << 60
 _OUT, _FREE, _IN = 0, 1, 2  # order of instructions issued after the same op
@@ -35,35 +52,70 @@ class Policy:
     offload: bool = False
 
 
-def last_uses(p: Problem, schedule: list[int]) -> dict[int, int]:
-    last = {t: -1 for t in range(len(p.names))}
-    for pos, op in enumerate(schedule):
-        for t in p.op_inputs[op]:
-            last[t] = pos
-    return last
-
-
 def placement_order(p: Problem, tensors: list[int]) -> list[int]:
-    """Largest slab first (so a small tensor never takes the slab a large one needs), then by id."""
-    return sorted(dict.fromkeys(tensors), key=lambda t: (-p.slab_bytes[t], t))
+    """Largest first (the hardest to fit goes where there is most choice), then by id."""
+    return sorted(dict.fromkeys(tensors), key=lambda t: (-p.size[t], t))
+
+
+class Arena:
+    """Tenants sorted by offset; gap i lies before tenant i (the last one above every tenant), and
+    ``rel[i]`` is the latest schedule position at which a byte of gap i fell free (-1: never used)."""
+
+    def __init__(self, cap: int) -> None:
+        self.cap = cap
+        self.off: list[int] = []
+        self.end: list[int] = []
+        self.ten: list[int] = []
+        self.rel: list[int] = [-1]
+
+    def gap(self, i: int) -> tuple[int, int]:
+        return (self.end[i - 1] if i else 0), (self.off[i] if i < len(self.off) else self.cap)
+
+    def fit(self, size: int) -> int | None:
+        """The smallest gap between tenants that holds ``size`` bytes (lowest first among equals),
+        else the space above the last tenant if it does."""
+        best: int | None = None
+        for i in range(len(self.off)):
+            lo, hi = self.gap(i)
+            if hi - lo >= size and (best is None or hi - lo < self.gap(best)[1] - self.gap(best)[0]):
+                best = i
+        if best is None:
+            lo, hi = self.gap(len(self.off))
+            if hi - lo >= size:
+                best = len(self.off)
+        return best
+
+    def insert(self, i: int, size: int, t: int) -> int:
+        """Put tenant ``t`` at the start of gap ``i``; both halves of the gap keep its ``rel``."""
+        offset = self.gap(i)[0]
+        self.off.insert(i, offset)
+        self.end.insert(i, offset + size)
+        self.ten.insert(i, t)
+        self.rel.insert(i, self.rel[i])
+        return offset
+
+    def index(self, offset: int) -> int:
+        return bisect.bisect_left(self.off, offset)
+
+    def remove(self, i: int, pos: int) -> None:
+        """Tenant i leaves at position ``pos`` (-1: it was never written); its gaps merge."""
+        merged = max(self.rel[i], pos, self.rel[i + 1])
+        del self.off[i], self.end[i], self.ten[i], self.rel[i + 1]
+        self.rel[i] = merged
 
 
 class _Planner:
-    def __init__(self, p: Problem, schedule: list[int], pool: Pool, pinned: frozenset[int], policy: Policy,
-                 fast: bool = True) -> None:
-        self.p, self.schedule, self.policy, self.fast = p, schedule, policy, fast
-        # per class, a lazy heap of (victim key, tensor): the best victim on top, stale entries dropped on sight
-        self.heaps: list[list[tuple[tuple[int, int], int]]] = [[] for _ in pool.sizes]
-        self.slabs = Slabs(pool.sizes, pool.counts)
+    def __init__(self, p: Problem, schedule: list[int], cap: int, pinned: frozenset[int], policy: Policy) -> None:
+        self.p, self.schedule, self.policy = p, schedule, policy
+        self.arena = Arena(cap)
         self.pinned = set(pinned)
+        self.fixed = set(pinned) | set(p.inputs)  # never leave the device
         self.uses = p.uses(schedule)
         self.next_i = [0] * len(p.names)
-        self.where: dict[int, tuple[int, int]] = {}
-        self.owners: list[dict[int, int]] = [{} for _ in pool.sizes]  # class -> {slab index: tensor}
+        self.where: dict[int, int] = {}  # tensor -> offset
         self.host = set(p.inputs) | (set(p.persistent) - self.pinned)
         self.host_at = {t: -1 for t in self.host}  # position after which the host copy exists
-        self.released = {t: -1 for t in range(len(p.names))}
-        self.free_since: dict[tuple[int, int], int] = {}
+        self.released = [-1] * len(p.names)
         self.last_access = [-1] * len(p.names)
         self.buckets: list[tuple[list[Instr], list[Instr], list[Instr]]] = [([], [], []) for _ in range(len(schedule) + 1)]
         self.runs: list[Run] = []
@@ -83,38 +135,29 @@ class _Planner:
         uses, i = self.uses[t], self.next_i[t]
         return uses[i] if i < len(uses) else INF
 
-    def place(self, t: int, slab: tuple[int, int]) -> None:
-        self.where[t] = slab
-        self.owners[slab[0]][slab[1]] = t
-        self.note(t)
+    def region(self, t: int) -> Region:
+        return Region(self.where[t], self.p.size[t])
 
-    def key(self, v: int) -> tuple[int, int]:
-        """Smallest first: furthest next use (belady) or least recent use (lru); ties by tensor id."""
-        if self.policy.victim == "belady":
-            return (-self.next_use(v), -v)
-        return (self.last_access[v], v)
+    def place(self, t: int, gap: int) -> int:
+        """Put ``t`` in gap ``gap``; returns the position since which that gap is free."""
+        since = self.arena.rel[gap]
+        self.where[t] = self.arena.insert(gap, self.p.size[t], t)
+        return since
 
-    def note(self, t: int) -> None:
-        if self.fast and t in self.where:
-            heapq.heappush(self.heaps[self.where[t][0]], (self.key(t), t))
-
-    def release(self, t: int, pos: int) -> tuple[int, int]:
-        slab = self.where.pop(t)
-        del self.owners[slab[0]][slab[1]]
+    def release(self, t: int, pos: int) -> None:
+        self.arena.remove(self.arena.index(self.where.pop(t)), pos)
         self.released[t] = pos
-        self.free_since[slab] = pos
-        return slab
 
     # -- the pass
 
-    def run(self) -> tuple[list[Instr], dict[int, Slab]]:
-        p = self.p
-        homes: dict[int, Slab] = {}
-        for t in resident_at_start(p, frozenset(self.pinned)):
-            slab = self.slabs.take(p.slab_bytes[t], borrow=False)
-            assert slab is not None, "pool sized below its pinned tensors"
-            self.place(t, slab)
-            homes[t] = Slab(*slab)
+    def run(self) -> tuple[list[Instr], dict[int, Region]]:
+        homes: dict[int, Region] = {}
+        for t in resident_at_start(self.p, frozenset(self.pinned)):
+            gap = self.arena.fit(self.p.size[t])
+            if gap is None:
+                raise SwpError("internal: the cap is below the pinned tensors and inputs")
+            self.place(t, gap)
+            homes[t] = self.region(t)
         for pos, op in enumerate(self.schedule):
             self.step(pos, op)
         program: list[Instr] = [i for kind in self.buckets[0] for i in kind]
@@ -128,36 +171,110 @@ class _Planner:
         ins, outs = p.op_inputs[op], list(p.op_outputs[op])
         protect = set(ins) | set(outs)
         in_place_out = outs.pop(0) if p.in_place[op] else None
-        placed: dict[int, tuple[int, int]] = {}
-        resident_before = {t for t in ins if t in self.where}  # only these may be bounced: no copy in flight
-        todo = placement_order(p, [t for t in ins if t not in self.where] + outs)
-        while todo:
-            t = todo.pop(0)
-            slab, since, bounced = self.acquire(t, pos, protect, resident_before)
-            resident_before.discard(bounced)  # type: ignore[arg-type]
-            if bounced is not None:  # an input had to leave a borrowed slab: it comes back in its own turn
-                todo = placement_order(p, todo + [bounced])
-            if t in outs:
-                placed[t] = slab
-            else:
-                self.emit(self.swapin_at(t, pos, since), _IN, SwapIn(p.names[t], Slab(*slab), -1, op))
-            self.place(t, slab)
+        swapins = self.place_all(pos, ins, outs, protect)
+        for t, since in swapins:
+            self.emit(self.swapin_at(t, pos, since), _IN, SwapIn(p.names[t], self.region(t), -1, op))
+        placed = {t: self.region(t) for t in outs}
         if in_place_out is not None:
             old = ins[0]
-            slab = self.where.pop(old)
-            self.place(in_place_out, slab)
-            placed = {in_place_out: slab, **placed}
+            self.where[in_place_out] = self.where.pop(old)
+            self.arena.ten[self.arena.index(self.where[in_place_out])] = in_place_out
+            placed = {in_place_out: self.region(in_place_out), **placed}
             if old in self.pinned:
                 self.pinned.add(in_place_out)
-        self.runs.append(Run(op, tuple((p.names[t], Slab(*s)) for t, s in placed.items()), in_place_out is not None))
+                self.fixed.add(in_place_out)
+        self.runs.append(Run(op, tuple((p.names[t], r) for t, r in placed.items()), in_place_out is not None))
         for t in protect:
             self.last_access[t] = pos
         for t in ins:
             if self.next_i[t] < len(self.uses[t]) and self.uses[t][self.next_i[t]] == pos:
                 self.next_i[t] += 1
-        for t in protect:
-            self.note(t)
         self.after_run(pos, op, protect)
+
+    def place_all(self, pos: int, ins: tuple[int, ...], outs: list[int], protect: set[int]) -> list[tuple[int, int]]:
+        """Places the op's missing inputs and its outputs; returns (input, free since) per swap-in."""
+        resident = {t for t in ins if t in self.where}  # may be bounced: no copy of theirs is in flight
+        todo = placement_order(self.p, [t for t in ins if t not in self.where] + outs)
+        swapins: list[tuple[int, int]] = []
+        packed = False
+        while todo:
+            t = todo.pop(0)
+            got = self.acquire(t, pos, protect, resident)
+            if got is None and not packed:
+                self.clear_all(pos, [u for u, _ in swapins] + [u for u in outs if u in self.where], resident)
+                swapins, packed = [], True
+                todo = placement_order(self.p, [u for u in ins if u not in self.where] + outs)
+                continue
+            if got is None:
+                raise SwpError(f"internal: no room for `{self.p.names[t]}` at op {self.op_at(pos)}")
+            since, bounced = got
+            resident -= set(bounced)
+            if bounced:
+                todo = placement_order(self.p, todo + bounced)
+            if t not in outs:
+                swapins.append((t, since))
+        return swapins
+
+    def acquire(self, t: int, pos: int, protect: set[int], resident: set[int]) -> tuple[int, list[int]] | None:
+        """Room for ``t``: a gap, else a window cleared of tenants not of this op, else also of this
+        op's inputs on the device (returned second, to be placed again). None if neither exists."""
+        size = self.p.size[t]
+        gap = self.arena.fit(size)
+        if gap is not None:
+            return self.place(t, gap), []
+        for movable in (set(), resident):
+            victims = self.window(size, lambda v: v not in self.fixed and (v not in protect or v in movable))
+            if victims is not None:
+                for v in victims:
+                    self.evict(v)
+                gap = self.arena.fit(size)
+                assert gap is not None
+                return self.place(t, gap), [v for v in victims if v in movable]
+        return None
+
+    def window(self, size: int, evictable: object) -> list[int] | None:
+        """The tenants of the best window of ``size`` bytes to clear (see the module docstring)."""
+        a = self.arena
+        best: tuple[int, int, int] | None = None
+        chosen: list[int] = []
+        for k in range(len(a.off) + 1):
+            lo = a.gap(k)[0]
+            if lo + size > a.cap:
+                break
+            victims = []
+            j = k
+            while j < len(a.off) and a.off[j] < lo + size:
+                victims.append(a.ten[j])
+                j += 1
+            if not victims or not all(evictable(v) for v in victims):  # type: ignore[operator]
+                continue
+            key = (self.score(victims), sum(self.p.size[v] for v in victims), lo)
+            if best is None or key < best:
+                best, chosen = key, victims
+        return chosen if best is not None else None
+
+    def score(self, victims: list[int]) -> int:
+        """Smaller is a better window: its soonest next use is furthest away (belady), or its most
+        recent use is longest ago (lru)."""
+        if self.policy.victim == "belady":
+            return -min(self.next_use(v) for v in victims)
+        return max(self.last_access[v] for v in victims)
+
+    def clear_all(self, pos: int, placed_now: list[int], resident: set[int]) -> None:
+        """Last resort: take back what this op placed and evict everything that may move."""
+        for t in placed_now:
+            self.arena.remove(self.arena.index(self.where.pop(t)), -1)
+        for v in [v for v in self.arena.ten if v not in self.fixed]:
+            self.evict(v)
+        resident.clear()
+
+    def evict(self, v: int) -> None:
+        k = self.last_access[v]
+        needed = self.next_use(v) != INF or v == self.p.loss
+        if needed and v not in self.host:
+            self.copy_out(v, k)
+        self.emit(k, _FREE, Free(self.p.names[v], self.op_at(k)))
+        self.release(v, k)
 
     def swapin_at(self, t: int, pos: int, since: int) -> int:
         """Where the swap-in goes: the position it waits for; fixes up the placeholder ``after``."""
@@ -179,79 +296,23 @@ class _Planner:
             offloaded = self.policy.offload and t in self.host and pos < self.turn <= nxt < INF
             if nxt == INF or offloaded:
                 self.emit(pos, _FREE, Free(p.names[t], self.op_at(pos)))
-                self.slabs.give(self.release(t, pos))
+                self.release(t, pos)
 
     def copy_out(self, t: int, pos: int) -> None:
         self.emit(pos, _OUT, SwapOut(self.p.names[t], self.op_at(pos)))
         self.host.add(t)
         self.host_at[t] = pos
 
-    def acquire(self, t: int, pos: int, protect: set[int],
-                resident_inputs: set[int]) -> tuple[tuple[int, int], int, int | None]:
-        """A slab for ``t``: free, or a victim's; as a last resort an input of this very op that
-        sits in a larger class's slab is moved out (returned third, to be placed again)."""
-        size = self.p.slab_bytes[t]
-        slab = self.slabs.take(size)
-        if slab is not None:
-            return slab, self.free_since.get(slab, -1), None
-        own = self.slabs.cls[size]
-        for k in range(own, -1, -1):  # evict from the own class first, then larger ones
-            victim = self.pop_victim(k, protect) if self.fast else self.scan_victim(k, protect)
-            if victim is not None:
-                return (*self.evict(victim, pos), None)
-        for k in range(own, -1, -1):
-            borrowed = [u for u in self.owners[k].values()
-                        if u in resident_inputs and self.slabs.cls[self.p.slab_bytes[u]] > k
-                        and u not in self.pinned and u not in self.p.inputs]
-            if borrowed:
-                u = min(borrowed)
-                return (*self.evict(u, pos), u)
-        raise SwpError(f"internal: no slab for `{self.p.names[t]}` at op {self.op_at(pos)}")
 
-    def evictable(self, v: int) -> bool:
-        return v not in self.pinned and v not in self.p.inputs
-
-    def scan_victim(self, k: int, protect: set[int]) -> int | None:
-        """The reference: look at every tenant of class ``k``."""
-        victims = [v for v in self.owners[k].values() if v not in protect and self.evictable(v)]
-        return min(victims, key=self.key) if victims else None
-
-    def pop_victim(self, k: int, protect: set[int]) -> int | None:
-        """The same choice from the class's heap, in logarithmic time."""
-        heap, aside, found = self.heaps[k], [], None
-        while heap:
-            key, v = heap[0]
-            slab = self.where.get(v)
-            if slab is None or slab[0] != k or key != self.key(v) or not self.evictable(v):
-                heapq.heappop(heap)  # stale, or never a victim
-            elif v in protect:
-                aside.append(heapq.heappop(heap))
-            else:
-                found = v
-                break
-        for entry in aside:
-            heapq.heappush(heap, entry)
-        return found
-
-    def evict(self, v: int, pos: int) -> tuple[tuple[int, int], int]:
-        k = self.last_access[v]
-        needed = self.next_use(v) != INF or v == self.p.loss
-        if needed and v not in self.host:
-            self.copy_out(v, k)
-        self.emit(k, _FREE, Free(self.p.names[v], self.op_at(k)))
-        return self.release(v, k), k
+def plan_swaps_reference(p: Problem, schedule: list[int], cap: int, pinned: frozenset[int],
+                         policy: Policy) -> tuple[list[Instr], dict[int, Region]]:
+    """The program for ``schedule`` in an arena of ``cap`` bytes, and the home region of each pinned
+    tensor and input."""
+    program, homes = _Planner(p, schedule, cap, pinned, policy).run()
+    return _fix_after(program), homes
 
 
-def plan_swaps(p: Problem, schedule: list[int], pool: Pool, pinned: frozenset[int],
-               policy: Policy, fast: bool = True) -> tuple[list[Instr], dict[int, Slab]]:
-    """The program for ``schedule`` under ``pool``, and the home slab of each pinned tensor and input.
-
-    ``fast=False`` picks victims by scanning every tenant (the reference the heaps must agree with)."""
-    program, homes = _Planner(p, schedule, pool, pinned, policy, fast).run()
-    return _fix_after(p, program, schedule), homes
-
-
-def _fix_after(p: Problem, program: list[Instr], schedule: list[int]) -> list[Instr]:
+def _fix_after(program: list[Instr]) -> list[Instr]:
     """Swap-ins were queued with a placeholder ``after``: it is the op they now follow in the list."""
     out: list[Instr] = []
     last_op = -1

@@ -6,18 +6,21 @@ broken invariant with the op and the tensor involved.
 
 from __future__ import annotations
 
+import bisect
 from collections import Counter
 
 from swapdsl.errors import SwpError
 from swapdsl.ops import REGISTRY
-from swapdsl.plan import HOST, Free, Plan, PlanOp, Run, Slab, SwapIn, SwapOut
+from swapdsl.arena import Segments
+from swapdsl.plan import HOST, Free, Plan, PlanOp, Region, Run, SwapIn, SwapOut
+from swapdsl.problem import ALIGN
 
 INVARIANTS = {
     1: "the schedule is a topological order",
     2: "memory stays within the cap",
     3: "no two live tensors share bytes",
     4: "an op finds its inputs resident and their swap-ins complete",
-    5: "a slab is reused only after its tenant is gone",
+    5: "memory is reused only after its tenant is gone",
     6: "a tensor still needed is on the device or fully on the host",
     7: "an iteration ends in the residency it started in",
 }
@@ -35,13 +38,14 @@ class _Replay:
         self.plan = plan
         self.tensors = plan.tensor_map()
         self.ops = {o.index: o for o in plan.ops}
-        self.loc: dict[str, Slab] = {}
-        self.owner: dict[Slab, str] = {}
+        self.loc: dict[str, Region] = {}
+        self.starts: list[int] = []  # live regions, sorted by offset
+        self.live: list[tuple[Region, str]] = []
         self.host: set[str] = set()
         self.produced: set[str] = set()
         self.ran: dict[int, int] = {-1: -1}  # op -> position in run order
         self.last_touch: dict[str, int] = {}  # tensor -> run position of its latest read or write
-        self.released_at: dict[Slab, int] = {}  # slab -> run position after which it fell free
+        self.released_at: Segments[int] = Segments()  # per byte, the run position after which it fell free
         self.due: dict[str, int] = {}  # tensor -> op its pending swap-in is due before
         self.readers_left = Counter(n for o in plan.ops for n in set(o.inputs))
         new = dict(plan.updates)
@@ -56,26 +60,32 @@ class _Replay:
                            hints=["the plan was edited, or is damaged; run `swapdsl optimize` again"])
         return name
 
-    def slab(self, slab: Slab, name: str) -> Slab:
-        pool = self.plan.pool
-        if not (0 <= slab.cls < len(pool) and 0 <= slab.index < pool[slab.cls].slabs):
-            raise SwpError(f"plan puts `{name}` in slab {slab}, which the pool does not have",
-                           hints=[f"the pool has {len(pool)} classes"])
-        if pool[slab.cls].bytes < self.tensors[name].bytes:
-            raise PlanInvalid(3, f"`{name}` ({self.tensors[name].bytes} bytes) does not fit slab {slab} "
-                                 f"({pool[slab.cls].bytes} bytes); it would overlap its neighbour")
-        return slab
+    def region(self, region: Region, name: str) -> Region:
+        if region.offset % ALIGN or region.offset < 0:
+            raise SwpError(f"plan puts `{name}` at offset {region.offset}, which is not a multiple of {ALIGN}",
+                           hints=["the plan was edited, or is damaged; run `swapdsl optimize` again"])
+        if region.end > self.plan.cap:
+            raise PlanInvalid(2, f"`{name}` at {region} ends past the cap of {self.plan.cap} bytes")
+        if region.size < self.tensors[name].bytes:
+            raise PlanInvalid(3, f"`{name}` ({self.tensors[name].bytes} bytes) does not fit region {region}; "
+                                 "it would overlap its neighbour")
+        return region
 
-    def occupy(self, name: str, slab: Slab, context: str) -> None:
-        if slab in self.owner:
-            raise PlanInvalid(5, f"{context}: slab {slab} still holds `{self.owner[slab]}` when `{name}` moves in")
-        self.loc[name] = slab
-        self.owner[slab] = name
+    def occupy(self, name: str, region: Region, context: str) -> None:
+        i = bisect.bisect_left(self.starts, region.offset)
+        for j in (i - 1, i):
+            if 0 <= j < len(self.live) and self.live[j][0].overlaps(region):
+                raise PlanInvalid(5, f"{context}: {self.live[j][0]} still holds `{self.live[j][1]}` when `{name}` "
+                                     f"moves into {region}")
+        self.starts.insert(i, region.offset)
+        self.live.insert(i, (region, name))
+        self.loc[name] = region
 
-    def vacate(self, name: str) -> Slab:
-        slab = self.loc.pop(name)
-        del self.owner[slab]
-        return slab
+    def vacate(self, name: str) -> Region:
+        region = self.loc.pop(name)
+        i = bisect.bisect_left(self.starts, region.offset)
+        del self.starts[i], self.live[i]
+        return region
 
     def position(self, op: int, context: str) -> int:
         if op not in self.ran:
@@ -85,16 +95,14 @@ class _Replay:
     # -- instructions
 
     def start(self) -> None:
-        if self.plan.pool_bytes > self.plan.cap:
-            raise PlanInvalid(2, f"the pool takes {self.plan.pool_bytes} bytes, more than the cap of {self.plan.cap}")
         for t in self.plan.tensors:
             if t.home is None:
                 continue
             self.produced.add(t.name)
             if t.home == HOST or t.kind == "input":
                 self.host.add(t.name)
-            if isinstance(t.home, Slab):
-                self.occupy(t.name, self.slab(t.home, t.name), "at the start")
+            if isinstance(t.home, Region):
+                self.occupy(t.name, self.region(t.home, t.name), "at the start")
 
     def run(self, instr: Run) -> None:
         if instr.op not in self.ops:
@@ -111,9 +119,9 @@ class _Replay:
             self.in_place(op, instr)
         pos = len(self.ran) - 1
         self.ran[op.index] = pos
-        for name, slab in instr.outs:
+        for name, region in instr.outs:
             if not (instr.in_place and name == op.outputs[0]):
-                self.occupy(name, self.slab(slab, name), self.what(op))
+                self.occupy(name, self.region(region, name), self.what(op))
             self.produced.add(name)
         for name in set(op.inputs) | set(op.outputs):
             self.last_touch[name] = pos
@@ -136,12 +144,10 @@ class _Replay:
         if not REGISTRY[op.op].in_place:
             raise PlanInvalid(3, f"{self.what(op)} may not write its output over its input")
         if first is None or dict(instr.outs)[out] != self.loc.get(first):
-            raise PlanInvalid(3, f"{self.what(op)} works in place but `{out}` is not in its first input's slab")
+            raise PlanInvalid(3, f"{self.what(op)} works in place but `{out}` is not in its first input's region")
         if self.readers_left[first] > 1 or first == self.plan.loss:
             raise PlanInvalid(3, f"{self.what(op)} overwrites `{first}`, which is still needed")
-        self.vacate(first)
-        self.loc[out] = dict(instr.outs)[out]
-        self.owner[self.loc[out]] = out
+        self.occupy(out, self.vacate(first), self.what(op))
 
     def swapin(self, instr: SwapIn) -> None:
         name = self.tensor(instr.tensor)
@@ -152,11 +158,11 @@ class _Replay:
         if name not in self.host:
             raise PlanInvalid(6, f"{context}: `{name}` has no copy on the host")
         if name in self.loc:
-            raise PlanInvalid(3, f"{context}: `{name}` is already on the device in slab {self.loc[name]}")
-        slab = self.slab(instr.slab, name)
-        if self.released_at.get(slab, -1) > after:
-            raise PlanInvalid(5, f"{context} may start after op {instr.after}, before slab {slab} falls free")
-        self.occupy(name, slab, context)
+            raise PlanInvalid(3, f"{context}: `{name}` is already on the device at {self.loc[name]}")
+        region = self.region(instr.region, name)
+        if max(self.released_at.over(region.offset, region.end), default=-1) > after:
+            raise PlanInvalid(5, f"{context} may start after op {instr.after}, before region {region} falls free")
+        self.occupy(name, region, context)
         self.due[name] = instr.before
 
     def swapout(self, instr: SwapOut) -> None:
@@ -174,15 +180,16 @@ class _Replay:
         context = f"the free of `{name}`"
         after = self.position(instr.after, context)
         if name not in self.loc:
-            raise PlanInvalid(5, f"{context}: `{name}` holds no slab")
+            raise PlanInvalid(5, f"{context}: `{name}` holds no region")
         if self.last_touch.get(name, -1) > after:
             raise PlanInvalid(5, f"{context} after op {instr.after} comes before its last use so far")
         if name in self.due:
             raise PlanInvalid(5, f"{context} comes before the op its swap-in is due for; the copy may still be "
-                                 "writing the slab")
+                                 "writing its region")
         if self.still_needed(name) and name not in self.host:
             raise PlanInvalid(6, f"{context}: `{name}` is needed later but was never copied to the host")
-        self.released_at[self.vacate(name)] = after
+        gone = self.vacate(name)
+        self.released_at.assign(gone.offset, gone.end, after)
 
     def still_needed(self, name: str) -> bool:
         return self.readers_left[name] > 0 or name == self.plan.loss or name in self.finals
@@ -196,9 +203,9 @@ class _Replay:
             if t.home is None or t.kind == "input":
                 continue
             final = new.get(t.name, t.name)
-            if isinstance(t.home, Slab) and self.loc.get(final) != t.home:
-                raise PlanInvalid(7, f"`{t.name}` starts in slab {t.home} but its final value `{final}` ends in "
-                                     f"{self.loc.get(final, 'no slab')}")
+            if isinstance(t.home, Region) and self.loc.get(final) != t.home:
+                raise PlanInvalid(7, f"`{t.name}` starts at {t.home} but its final value `{final}` ends at "
+                                     f"{self.loc.get(final, 'no region')}")
             if t.home == HOST and final not in self.host:
                 raise PlanInvalid(7, f"`{t.name}` starts on the host but its final value `{final}` is never "
                                      "written back")

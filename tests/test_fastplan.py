@@ -1,4 +1,5 @@
-"""The compiled inner loop against the Python reference: same program, same iteration time, exactly."""
+"""The compiled inner loop against the Python references: the same program as the readable swap
+planner, and the same iteration time and bus bytes as the Python simulator, exactly."""
 
 from __future__ import annotations
 
@@ -17,26 +18,29 @@ from swapdsl.devices import BUILTIN
 from swapdsl.fastplan import Evaluator, priority_order
 from swapdsl.ga import Decoder, Genome
 from swapdsl.ir import Graph
-from swapdsl.planners import METHODS, Request, build_plan, size_pool
-from swapdsl.pool import class_sizes, need_counts, no_swap_bytes
+from swapdsl.planners import METHODS, Request, baseline_setup, build_plan
 from swapdsl.problem import Problem
 from swapdsl.simulate import simulate
-from swapdsl.swapplan import Policy
+from swapdsl.sizing import need_bytes, no_swap_bytes
+from swapdsl.swapplan import Policy, plan_swaps_reference
 
 V100 = BUILTIN["v100-16gb"]
 POLICIES = [Policy(v, f) for v in ("lru", "belady") for f in ("none", "earliest", "ahead")]
 
 
 def _need_and_no_swap(p: Problem) -> tuple[int, int]:
-    schedule = list(range(p.n_ops))
-    need = sum(s * n for s, n in zip(class_sizes(p), need_counts(p, schedule, frozenset())))
-    return need, no_swap_bytes(p, schedule)
+    """Caps from the least any unpinned plan needs to the no-swap arena (or that least, if larger)."""
+    need = need_bytes(p, frozenset())
+    return need, max(need, no_swap_bytes(p))
 
 
-def _agree(req: Request, p: Problem, schedule: list[int], policy: Policy, pool, pinned) -> None:  # type: ignore[no-untyped-def]
-    reference = simulate(build_plan(req, p, "x", schedule, pool, pinned, policy))
-    fast = Evaluator(p, class_sizes(p))(schedule, pool, pinned, policy)
-    assert (fast.iteration_ms, fast.h2d_bytes, fast.d2h_bytes) == \
+def _agree(req: Request, p: Problem, schedule: list[int], policy: Policy, pinned: frozenset[int]) -> None:
+    fast = Evaluator(p)
+    assert fast.program(schedule, req.cap, pinned, policy) == \
+        plan_swaps_reference(p, schedule, req.cap, pinned, policy)
+    reference = simulate(build_plan(req, p, "x", schedule, pinned, policy))
+    timing = fast(schedule, req.cap, pinned, policy)
+    assert (timing.iteration_ms, timing.h2d_bytes, timing.d2h_bytes) == \
         (reference.iteration_ms, reference.h2d_bytes, reference.d2h_bytes)
 
 
@@ -44,30 +48,28 @@ def _agree(req: Request, p: Problem, schedule: list[int], policy: Policy, pool, 
 @given(training_graphs(), st.floats(0.0, 1.0), st.sampled_from(POLICIES), st.integers(0, 2**31 - 1))
 def test_compiled_planner_and_simulator_agree_with_the_reference(t: Graph, where: float, policy: Policy,
                                                                   seed: int) -> None:
-    """Any schedule, pool and pinning the search can produce: bit-identical time and bus bytes."""
+    """Any schedule, cap and pinning the search can produce: the same program, bit-identical time."""
     p = Problem.build(t, V100)
     need, no_swap = _need_and_no_swap(p)
     req = Request(t, V100, int(need + where * (no_swap - need)), "random.swp", ())
     d = Decoder(req)
     rng = np.random.default_rng(seed)
-    genome = Genome(rng.normal(0, 5, p.n_ops), tuple(int(x) for x in rng.integers(0, 5, len(d.sizes))),
-                    float(rng.choice([0, 0.3, 1.0])))
+    genome = Genome(rng.normal(0, 5, p.n_ops), float(rng.choice([0, 0.3, 1.0])))
     decoded = d.decode(genome)
     assert decoded is not None
-    schedule, pool, pinned = decoded
-    _agree(req, d.p, schedule.tolist(), policy, pool, pinned)
+    schedule, pinned = decoded
+    _agree(req, d.p, schedule.tolist(), policy, pinned)
 
 
 @settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(training_graphs(), st.floats(0.0, 1.0), st.sampled_from(sorted(METHODS)))
 def test_the_baselines_agree_too(t: Graph, where: float, method: str) -> None:
-    """The baselines' own pools and policies, vDNN's offloading included."""
+    """The baselines' own pinning and policies, vDNN's offloading included."""
     p = Problem.build(t, V100)
     need, no_swap = _need_and_no_swap(p)
     req = Request(t, V100, int(need + where * (no_swap - need)), "random.swp", ())
-    schedule = list(range(p.n_ops))
-    pool, pinned, _ = size_pool(p, schedule, req.cap)
-    _agree(req, p, schedule, METHODS[method], pool, pinned)
+    s, _ = baseline_setup(p, method, req.cap)
+    _agree(req, p, s.schedule, s.policy, s.pinned)
 
 
 @pytest.mark.parametrize("model", ["tiny_resnet", "tiny_transformer"])
@@ -76,10 +78,9 @@ def test_agreement_on_stdlib_models(model: str, ratio: float) -> None:
     t = training_graph(build_graph(str(MODELS / f"{model}.swp"), [])[1])
     p = Problem.build(t, V100)
     req = Request(t, V100, int(no_swap_bytes(p) / ratio), f"{model}.swp", ())
-    schedule = list(range(p.n_ops))
-    pool, pinned, _ = size_pool(p, schedule, req.cap)
-    for policy in METHODS.values():
-        _agree(req, p, schedule, policy, pool, pinned)
+    for method in METHODS:
+        s, _ = baseline_setup(p, method, req.cap)
+        _agree(req, p, s.schedule, s.policy, s.pinned)
 
 
 def _reference_order(priority: np.ndarray, preds: list[set[int]], succs: list[set[int]]) -> list[int]:
@@ -107,3 +108,35 @@ def test_priority_order_is_the_highest_priority_ready_op_each_time(t: Graph, see
     position = {op: i for i, op in enumerate(order)}
     assert sorted(order) == list(range(d.p.n_ops))
     assert all(position[q] < position[op] for op, ps in enumerate(d.preds) for q in ps)
+
+
+def test_tight_caps_take_the_last_resort_paths_and_still_agree(monkeypatch: pytest.MonkeyPatch) -> None:
+    """At the smallest feasible cap the planner must bounce inputs and clear the arena; the compiled
+    planner makes the same program there too (seeded graphs, so the paths are surely taken)."""
+    import random
+
+    from graphs import seeded_training_graph
+    from swapdsl import swapplan
+
+    taken = {"clear": 0, "bounce": 0}
+    clear, acquire = swapplan._Planner.clear_all, swapplan._Planner.acquire
+
+    def counting_clear(self: swapplan._Planner, *args: object) -> None:
+        taken["clear"] += 1
+        clear(self, *args)  # type: ignore[arg-type]
+
+    def counting_acquire(self: swapplan._Planner, *args: object) -> object:
+        got = acquire(self, *args)  # type: ignore[arg-type]
+        taken["bounce"] += bool(got and got[1])
+        return got
+
+    monkeypatch.setattr(swapplan._Planner, "clear_all", counting_clear)
+    monkeypatch.setattr(swapplan._Planner, "acquire", counting_acquire)
+    for seed in range(60):
+        t = seeded_training_graph(seed)
+        p = Problem.build(t, V100)
+        need, no_swap = _need_and_no_swap(p)
+        cap = need + int(random.Random(seed).choice([0.0, 0.05]) * (no_swap - need))
+        for policy in (Policy("belady", "earliest"), Policy("lru", "none")):
+            _agree(Request(t, V100, cap, "random.swp", ()), p, list(range(p.n_ops)), policy, frozenset())
+    assert taken["clear"] > 0 and taken["bounce"] > 0

@@ -107,24 +107,31 @@ def test_a_missing_synchronisation_is_caught_and_has_teeth() -> None:
     broken = attrs.evolve(plan, program=tuple(prog))
     with pytest.raises(PlanInvalid, match="invariant 4"):
         validate(broken)
-    # with validation forced off and a slow bus, the op reads the slab before the copy lands
+    # with validation forced off and a slow bus, the op reads the region before the copy lands
     assert run_against_reference(broken, t, steps=1, check_plan=False, copy_delay_s=0.02) > 1e-3
     assert run_against_reference(plan, t, steps=1, copy_delay_s=0.02) <= 1e-5
 
 
 def first_swapin_over_other_data(plan: Plan) -> int:
-    """A swap-in into a slab that last held another tensor, so reading it early gives wrong numbers."""
-    from swapdsl.plan import Run, Slab
+    """A swap-in into bytes that last held another tensor, so reading it early gives wrong numbers;
+    of those, the one issued closest to its use, so that a slow copy is surely still running, and
+    with no later swap-in for the same op (waiting for that one would wait for it too: one stream)."""
+    from swapdsl.plan import Region, Run
 
-    tenant: dict[Slab, str] = {t.home: t.name for t in plan.tensors if isinstance(t.home, Slab)}
+    position = {i.op: k for k, i in enumerate(i for i in plan.program if isinstance(i, Run))}
+    writes: list[tuple[Region, str]] = [(t.home, t.name) for t in plan.tensors if isinstance(t.home, Region)]
+    found: list[tuple[int, int]] = []
     for i, ins in enumerate(plan.program):
         if isinstance(ins, SwapIn):
-            if ins.slab in tenant and tenant[ins.slab] != ins.tensor and ins.after >= 0:
-                return i
-            tenant[ins.slab] = ins.tensor
+            last = next((name for r, name in reversed(writes) if r.overlaps(ins.region)), None)
+            alone = not any(isinstance(j, SwapIn) and j.before == ins.before for j in plan.program[i + 1:])
+            if last is not None and last != ins.tensor and ins.after >= 0 and alone:
+                found.append((position[ins.before] - position[ins.after], i))
+            writes.append((ins.region, ins.tensor))
         elif isinstance(ins, Run):
-            tenant.update({slab: name for name, slab in ins.outs})
-    raise AssertionError("no such swap-in")
+            writes += [(r, name) for name, r in ins.outs]
+    assert found, "no such swap-in"
+    return min(found)[1]
 
 
 def test_exec_json_and_check(cli, in_tmp: Path) -> None:

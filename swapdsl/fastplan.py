@@ -188,11 +188,12 @@ def _gap_lo(i: int, end: np.ndarray) -> int:
 
 
 @numba.njit(cache=True)
-def _fit(size: int, n: int, off: np.ndarray, end: np.ndarray, cap: int) -> int:
+def _fit(size: int, n: int, off: np.ndarray, end: np.ndarray, cap: int, rel: np.ndarray) -> int:
+    """Arena.fit: the fitting gap free longest, then the smallest, then the lowest; else the top."""
     best, best_len = -1, 0
     for i in range(n):
         length = off[i] - _gap_lo(i, end)
-        if length >= size and (best < 0 or length < best_len):
+        if length >= size and (best < 0 or rel[i] < rel[best] or (rel[i] == rel[best] and length < best_len)):
             best, best_len = i, length
     if best < 0 and cap - _gap_lo(n, end) >= size:
         best = n
@@ -319,7 +320,7 @@ def _plan(schedule, cap, pinned0, policy, size, in_ptr, in_idx, out_ptr, out_idx
     for sweep in range(2):  # pinned tensors by name, then inputs by name
         for t in by_name:
             if (sweep == 0 and pinned[t]) or (sweep == 1 and is_input[t]):
-                g = _fit(size[t], n, off, end, cap)
+                g = _fit(size[t], n, off, end, cap, rel)
                 if g < 0:
                     return recs[:0], out_off, peak, 1
                 where[t] = out_off[t] = _insert(g, size[t], t, n, off, end, ten, rel)
@@ -352,7 +353,7 @@ def _plan(schedule, cap, pinned0, policy, size, in_ptr, in_idx, out_ptr, out_idx
             for j in range(ntodo):
                 todo[j] = todo[j + 1]
             since = -1
-            g = _fit(size[t], n, off, end, cap)
+            g = _fit(size[t], n, off, end, cap, rel)
             if g < 0:
                 for bounce in (False, True):
                     k, kj = _window(size[t], cap, n, off, end, ten, size, vals, dq, fixed, mark, resident, stamp,
@@ -369,7 +370,7 @@ def _plan(schedule, cap, pinned0, policy, size, in_ptr, in_idx, out_ptr, out_idx
                                             last_access, next_i, use_ptr, use_pos, loss)
                         n -= 1
                     _sort_todo(todo, ntodo, size)
-                    g = _fit(size[t], n, off, end, cap)
+                    g = _fit(size[t], n, off, end, cap, rel)
                     break
             if g < 0 and not packed:  # last resort: take back this op's placements, clear everything
                 for j in range(npend):

@@ -7,8 +7,10 @@ same program in compiled code, and a property test holds them together.
 The arena is one range of ``cap`` bytes. Pinned persistent tensors and inputs
 are placed first, from offset 0, and never move. One pass over the schedule:
 before each op, its missing inputs and its outputs are placed, largest first.
-A tensor goes into the smallest gap between tenants that holds it (the space
-above the last tenant only when no gap does). When none is big enough, a
+A tensor goes into a gap between tenants that holds it (the space above the
+last tenant only when no gap does); among the gaps that hold it, the
+one free longest, so that a swap-in into it can start earliest, then the
+smallest. When none is big enough, a
 window of the arena is cleared: among the windows that start at a gap and
 hold no tensor of this op, the one whose soonest-needed tenant is needed
 latest (``belady``) or whose latest-used tenant was used longest ago
@@ -72,18 +74,23 @@ class Arena:
         return (self.end[i - 1] if i else 0), (self.off[i] if i < len(self.off) else self.cap)
 
     def fit(self, size: int) -> int | None:
-        """The smallest gap between tenants that holds ``size`` bytes (lowest first among equals),
-        else the space above the last tenant if it does."""
+        """Of the gaps between tenants that hold ``size`` bytes, the one free longest (so a swap-in
+        into it can start earliest), then the smallest, then the lowest; else the space above the
+        last tenant if it holds them."""
         best: int | None = None
         for i in range(len(self.off)):
             lo, hi = self.gap(i)
-            if hi - lo >= size and (best is None or hi - lo < self.gap(best)[1] - self.gap(best)[0]):
+            if hi - lo >= size and (best is None or (self.rel[i], hi - lo) < (self.rel[best], self.length(best))):
                 best = i
         if best is None:
             lo, hi = self.gap(len(self.off))
             if hi - lo >= size:
                 best = len(self.off)
         return best
+
+    def length(self, i: int) -> int:
+        lo, hi = self.gap(i)
+        return hi - lo
 
     def insert(self, i: int, size: int, t: int) -> int:
         """Put tenant ``t`` at the start of gap ``i``; both halves of the gap keep its ``rel``."""

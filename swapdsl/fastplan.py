@@ -188,37 +188,64 @@ def _gap_lo(i: int, end: np.ndarray) -> int:
 
 
 @numba.njit(cache=True)
-def _fit(size: int, n: int, off: np.ndarray, end: np.ndarray, cap: int, rel: np.ndarray) -> int:
-    """Arena.fit: the fitting gap free longest, then the smallest, then the lowest; else the top."""
-    best, best_len = -1, 0
-    for i in range(n):
-        length = off[i] - _gap_lo(i, end)
+def _fit(size: int, n: int, off: np.ndarray, cap: int, rel: np.ndarray, glo: np.ndarray, ng: np.ndarray) -> int:
+    """Arena.fit: the fitting gap free longest, then the smallest, then the lowest; else the top.
+
+    Only gaps that are not empty are looked at: ``glo[:ng[0]]`` holds their start offsets, sorted
+    (tensors are packed, so most gaps between tenants are empty)."""
+    best, best_len, top = -1, 0, False
+    for q in range(ng[0]):
+        lo = glo[q]
+        i = np.searchsorted(off[:n], lo)
+        if i == n:
+            top = cap - lo >= size
+            continue
+        length = off[i] - lo
         if length >= size and (best < 0 or rel[i] < rel[best] or (rel[i] == rel[best] and length < best_len)):
             best, best_len = i, length
-    if best < 0 and cap - _gap_lo(n, end) >= size:
-        best = n
-    return best
+    return n if best < 0 and top else best
 
 
 @numba.njit(cache=True)
 def _insert(i: int, size: int, t: int, n: int, off: np.ndarray, end: np.ndarray, ten: np.ndarray,
-            rel: np.ndarray) -> int:
+            rel: np.ndarray, cap: int, glo: np.ndarray, ng: np.ndarray) -> int:
+    """Tenant ``t`` takes the start of gap ``i``; both parts of the gap keep its ``rel``."""
     lo = _gap_lo(i, end)
-    for j in range(n, i, -1):
-        off[j], end[j], ten[j] = off[j - 1], end[j - 1], ten[j - 1]
-    for j in range(n + 1, i, -1):
-        rel[j] = rel[j - 1]
+    hi = off[i] if i < n else cap
+    q = np.searchsorted(glo[:ng[0]], lo)
+    if hi > lo + size:
+        glo[q] = lo + size
+    else:
+        glo[q:ng[0] - 1] = glo[q + 1:ng[0]]
+        ng[0] -= 1
+    off[i + 1:n + 1] = off[i:n]  # (numba copies overlapping slices correctly)
+    end[i + 1:n + 1] = end[i:n]
+    ten[i + 1:n + 1] = ten[i:n]
+    rel[i + 1:n + 2] = rel[i:n + 1]
     off[i], end[i], ten[i] = lo, lo + size, t
     return lo
 
 
 @numba.njit(cache=True)
-def _remove(i: int, pos: int, n: int, off: np.ndarray, end: np.ndarray, ten: np.ndarray, rel: np.ndarray) -> None:
+def _remove(i: int, pos: int, n: int, off: np.ndarray, end: np.ndarray, ten: np.ndarray, rel: np.ndarray,
+            cap: int, glo: np.ndarray, ng: np.ndarray) -> None:
+    """Tenant i leaves at ``pos`` (-1: never written); it and its two gaps become one gap."""
+    lo, a, b = _gap_lo(i, end), off[i], end[i]
+    hi = off[i + 1] if i + 1 < n else cap
+    if hi > b:  # the gap above was not empty: it is merged away
+        q = np.searchsorted(glo[:ng[0]], b)
+        glo[q:ng[0] - 1] = glo[q + 1:ng[0]]
+        ng[0] -= 1
+    if lo == a:  # the gap below was empty: the merged gap starts here
+        q = np.searchsorted(glo[:ng[0]], lo)
+        glo[q + 1:ng[0] + 1] = glo[q:ng[0]]
+        glo[q] = lo
+        ng[0] += 1
     merged = max(max(rel[i], pos), rel[i + 1])
-    for j in range(i, n - 1):
-        off[j], end[j], ten[j] = off[j + 1], end[j + 1], ten[j + 1]
-    for j in range(i + 1, n):
-        rel[j] = rel[j + 1]
+    off[i:n - 1] = off[i + 1:n]
+    end[i:n - 1] = end[i + 1:n]
+    ten[i:n - 1] = ten[i + 1:n]
+    rel[i + 1:n] = rel[i + 2:n + 1]
     rel[i] = merged
 
 
@@ -247,39 +274,42 @@ def _window(size, cap, n, off, end, ten, tsize, vals, dq, fixed, mark, resident,
     """The best window to clear: returns (first tenant, one past the last); (-1, -1) if none.
 
     Windows start at each gap; tenants k..j-1 overlap the window of gap k. Sliding both ends, a
-    monotonic queue keeps the smallest ``value`` in the window (score = -that), sums keep bytes and
-    the count of tenants that may not move."""
+    monotonic queue keeps the smallest ``value`` in the window (score = -that) and a sum its bytes;
+    a tenant that may not move rules out every window that reaches it, so the scan jumps past it."""
     best_k, best_j = -1, -1
     b1 = b2 = b3 = 0
-    j = bad = 0
-    total = 0
-    head = tail = 0
-    for k in range(n + 1):
+    k = j = total = head = tail = 0
+    while k <= n:
         lo = _gap_lo(k, end)
         if lo + size > cap:
             break
-        if k > 0 and j > k - 1:  # tenant k-1 leaves the window
-            total -= tsize[ten[k - 1]]
-            bad -= 0 if _movable(ten[k - 1], fixed, mark, resident, stamp, bounce) else 1
         if j < k:
-            j = k
-        while head < tail and dq[head] < k:
-            head += 1
+            j, total, head, tail = k, 0, 0, 0
+        blocked = -1
         while j < n and off[j] < lo + size:
             v = ten[j]
+            if not _movable(v, fixed, mark, resident, stamp, bounce):
+                blocked = j
+                break
             vals[j] = _value(v, belady, next_i, use_ptr, use_pos, last_access)
             total += tsize[v]
-            bad += 0 if _movable(v, fixed, mark, resident, stamp, bounce) else 1
             while head < tail and vals[dq[tail - 1]] >= vals[j]:
                 tail -= 1
             dq[tail] = j
             tail += 1
             j += 1
-        if j == k or bad > 0:
+        if blocked >= 0:  # every window from gap k to gap `blocked` holds that tenant: skip them all
+            k = j = blocked + 1
+            total = head = tail = 0
             continue
-        s = -vals[dq[head]]
-        if best_k < 0 or s < b1 or (s == b1 and (total < b2 or (total == b2 and lo < b3))):
-            best_k, best_j, b1, b2, b3 = k, j, s, total, lo
+        if j > k:
+            s = -vals[dq[head]]
+            if best_k < 0 or s < b1 or (s == b1 and (total < b2 or (total == b2 and lo < b3))):
+                best_k, best_j, b1, b2, b3 = k, j, s, total, lo
+            total -= tsize[ten[k]]  # tenant k leaves for the next window
+        k += 1
+        while head < tail and dq[head] < k:
+            head += 1
     return best_k, best_j
 
 
@@ -290,6 +320,7 @@ def _plan(schedule, cap, pinned0, policy, size, in_ptr, in_idx, out_ptr, out_idx
     belady, prefetch, offload = policy[0] == 1, policy[1], policy[2] == 1
     off, end, ten = np.empty(n_t + 1, np.int64), np.empty(n_t + 1, np.int64), np.empty(n_t + 1, np.int64)
     rel = np.full(n_t + 2, -1, np.int64)
+    glo, ng = np.zeros(n_t + 2, np.int64), np.ones(1, np.int64)  # starts of the gaps that are not empty
     vals, dq = np.empty(n_t + 1, np.int64), np.empty(n_t + 1, np.int64)
     n = peak = 0
     where = np.full(n_t, -1, np.int64)
@@ -320,10 +351,10 @@ def _plan(schedule, cap, pinned0, policy, size, in_ptr, in_idx, out_ptr, out_idx
     for sweep in range(2):  # pinned tensors by name, then inputs by name
         for t in by_name:
             if (sweep == 0 and pinned[t]) or (sweep == 1 and is_input[t]):
-                g = _fit(size[t], n, off, end, cap, rel)
+                g = _fit(size[t], n, off, cap, rel, glo, ng)
                 if g < 0:
                     return recs[:0], out_off, peak, 1
-                where[t] = out_off[t] = _insert(g, size[t], t, n, off, end, ten, rel)
+                where[t] = out_off[t] = _insert(g, size[t], t, n, off, end, ten, rel, cap, glo, ng)
                 n += 1
                 peak = max(peak, where[t] + size[t])
     todo = np.empty(64, np.int64)
@@ -353,7 +384,7 @@ def _plan(schedule, cap, pinned0, policy, size, in_ptr, in_idx, out_ptr, out_idx
             for j in range(ntodo):
                 todo[j] = todo[j + 1]
             since = -1
-            g = _fit(size[t], n, off, end, cap, rel)
+            g = _fit(size[t], n, off, cap, rel, glo, ng)
             if g < 0:
                 for bounce in (False, True):
                     k, kj = _window(size[t], cap, n, off, end, ten, size, vals, dq, fixed, mark, resident, stamp,
@@ -366,22 +397,22 @@ def _plan(schedule, cap, pinned0, policy, size, in_ptr, in_idx, out_ptr, out_idx
                             resident[v] = 0
                             todo[ntodo] = v
                             ntodo += 1
-                        recs, nrec = _evict(v, k, recs, nrec, n, off, end, ten, rel, where, released, host, host_at,
-                                            last_access, next_i, use_ptr, use_pos, loss)
+                        recs, nrec = _evict(v, k, recs, nrec, n, off, end, ten, rel, cap, glo, ng, where, released,
+                                            host, host_at, last_access, next_i, use_ptr, use_pos, loss)
                         n -= 1
                     _sort_todo(todo, ntodo, size)
-                    g = _fit(size[t], n, off, end, cap, rel)
+                    g = _fit(size[t], n, off, cap, rel, glo, ng)
                     break
             if g < 0 and not packed:  # last resort: take back this op's placements, clear everything
                 for j in range(npend):
                     u = pend[j]
-                    _remove(_index(where[u], n, off), -1, n, off, end, ten, rel)
+                    _remove(_index(where[u], n, off), -1, n, off, end, ten, rel, cap, glo, ng)
                     n -= 1
                     where[u] = -1
                 for j in range(o0, o1):
                     u = out_idx[j]
                     if u != ipo and where[u] >= 0:
-                        _remove(_index(where[u], n, off), -1, n, off, end, ten, rel)
+                        _remove(_index(where[u], n, off), -1, n, off, end, ten, rel, cap, glo, ng)
                         n -= 1
                         where[u] = -1
                 i = 0
@@ -390,7 +421,7 @@ def _plan(schedule, cap, pinned0, policy, size, in_ptr, in_idx, out_ptr, out_idx
                         i += 1
                     else:
                         resident[ten[i]] = 0
-                        recs, nrec = _evict(ten[i], i, recs, nrec, n, off, end, ten, rel, where, released, host,
+                        recs, nrec = _evict(ten[i], i, recs, nrec, n, off, end, ten, rel, cap, glo, ng, where, released, host,
                                             host_at, last_access, next_i, use_ptr, use_pos, loss)
                         n -= 1
                 npend, packed = 0, True
@@ -399,7 +430,7 @@ def _plan(schedule, cap, pinned0, policy, size, in_ptr, in_idx, out_ptr, out_idx
             if g < 0:
                 return recs[:0], out_off, peak, 2
             since = rel[g]
-            where[t] = _insert(g, size[t], t, n, off, end, ten, rel)
+            where[t] = _insert(g, size[t], t, n, off, end, ten, rel, cap, glo, ng)
             n += 1
             peak = max(peak, where[t] + size[t])
             if is_out[t] == stamp:
@@ -455,7 +486,7 @@ def _plan(schedule, cap, pinned0, policy, size, in_ptr, in_idx, out_ptr, out_idx
             if nxt == INF or (offload and host[t] and pos < turn and turn <= nxt):
                 recs = _record(recs, nrec, pos + 1, FREE, t, -1, -1)
                 nrec += 1
-                _remove(_index(where[t], n, off), pos, n, off, end, ten, rel)
+                _remove(_index(where[t], n, off), pos, n, off, end, ten, rel, cap, glo, ng)
                 n -= 1
                 where[t], released[t] = -1, pos
     return recs[:nrec], out_off, peak, 0
@@ -481,8 +512,8 @@ def _queue(todo, i0, i1, o0, o1, in_idx, out_idx, ipo, where, queued, tag, size)
 
 
 @numba.njit(cache=True)
-def _evict(v, i, recs, nrec, n, off, end, ten, rel, where, released, host, host_at, last_access, next_i,
-           use_ptr, use_pos, loss) -> tuple:  # pragma: no cover - compiled
+def _evict(v, i, recs, nrec, n, off, end, ten, rel, cap, glo, ng, where, released, host, host_at, last_access,
+           next_i, use_ptr, use_pos, loss) -> tuple:  # pragma: no cover - compiled
     """Tenant ``v`` (at index i) leaves after its last use so far: copied out first if still needed."""
     kp = last_access[v]
     if (_next_use(v, next_i, use_ptr, use_pos) != INF or v == loss) and not host[v]:
@@ -491,7 +522,7 @@ def _evict(v, i, recs, nrec, n, off, end, ten, rel, where, released, host, host_
         host[v], host_at[v] = True, kp
     recs = _record(recs, nrec, kp + 1, FREE, v, -1, -1)
     nrec += 1
-    _remove(i, kp, n, off, end, ten, rel)
+    _remove(i, kp, n, off, end, ten, rel, cap, glo, ng)
     where[v], released[v] = -1, kp
     return recs, nrec
 

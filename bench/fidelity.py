@@ -4,7 +4,7 @@ Usage: python bench/fidelity.py [--ratios 2 4] [--steps 5] [--backend numpy]
 
 For each model: `swapdsl profile` measures op times and copy bandwidths on
 the backend, `optimize --device` plans with them at each ratio (of the no-swap
-pool), `exec` runs the plan, and the median measured step is set against the
+arena), `exec` runs the plan, and the median measured step is set against the
 simulated `iteration_ms`.
 """
 

@@ -18,11 +18,11 @@ from swapdsl.cli import build_graph
 from swapdsl.devices import BUILTIN
 from swapdsl.paths import STDLIB_DIR
 from swapdsl.planners import Request, optimize
-from swapdsl.sizing import no_swap_bytes
 from swapdsl.problem import Problem
 from swapdsl.runtime.backend import array_module
 from swapdsl.runtime.interpreter import PlanRunner
 from swapdsl.runtime.profile import profile
+from swapdsl.sizing import no_swap_bytes
 
 MODELS = {
     "tiny_resnet": ["batch=32", "width=16"],

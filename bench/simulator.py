@@ -25,12 +25,12 @@ import numpy as np
 from swapdsl.autodiff import training_graph
 from swapdsl.cli import build_graph
 from swapdsl.devices import load_device
-from swapdsl.paths import STDLIB_DIR
 from swapdsl.ga import Decoder, _seeds
+from swapdsl.paths import STDLIB_DIR
 from swapdsl.planners import Request, baseline_setup, optimize
-from swapdsl.sizing import no_swap_bytes
 from swapdsl.problem import Problem
 from swapdsl.simulate import simulate
+from swapdsl.sizing import no_swap_bytes
 from swapdsl.validate import validate
 
 

@@ -34,12 +34,12 @@ from concurrent.futures import ProcessPoolExecutor
 import attrs
 import numpy as np
 
+from swapdsl.errors import SwpError
 from swapdsl.fastplan import Evaluator, priority_order
 from swapdsl.plan import Plan
 from swapdsl.planners import METHODS, Request, SearchOptions, Setup, baseline_setup, build_plan, with_figures
-from swapdsl.errors import SwpError
-from swapdsl.sizing import choose_pinned, need_bytes
 from swapdsl.problem import Problem
+from swapdsl.sizing import choose_pinned, need_bytes
 from swapdsl.swapplan import Policy
 
 POLICY = Policy("belady", "earliest")

@@ -23,9 +23,8 @@ from swapdsl.errors import SwpError
 from swapdsl.ir import Kind
 from swapdsl.plan import Free, Instr, Region, Run, SwapIn, SwapOut
 from swapdsl.problem import Problem
-from swapdsl.swapplan import Policy
+from swapdsl.swapplan import INF, Policy
 
-INF = 1 << 60
 NO_CAP = 1 << 62  # an arena with room for anything
 RUN, OUT, FREE, IN = 0, 1, 2, 3
 VICTIMS = {"lru": 0, "belady": 1}

@@ -156,7 +156,7 @@ class Decoder:
         if decoded is None:
             return None
         schedule, pinned = decoded
-        return build_plan(self.req, self.p, "ga", schedule.tolist(), pinned, POLICY)
+        return build_plan(self.req, self.p, "ga", schedule.tolist(), pinned, POLICY, self.evaluator)
 
     def score(self, g: Genome) -> float:
         """The iteration time of the genome's plan, from the compiled planner and simulator."""
@@ -303,6 +303,6 @@ def _finish(req: Request, d: Decoder, pop: list[Genome], fit: list[float], basel
     best = d.plan(pop[i]) if fit[i] <= times[champion] else None
     if best is None:
         s = baselines[champion]
-        best = build_plan(req, d.p, "ga", s.schedule, s.pinned, s.policy)
+        best = build_plan(req, d.p, "ga", s.schedule, s.pinned, s.policy, d.evaluator)
     plan = with_figures(best, d.p, d.no_swap, extra)
     return Outcome(plan, generations, evaluations, time.perf_counter() - started)

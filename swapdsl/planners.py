@@ -17,6 +17,8 @@ on the host, come in when needed, and their new values are written back.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import attrs
 
 from swapdsl.analysis import peak_bytes
@@ -29,6 +31,9 @@ from swapdsl.problem import Problem
 from swapdsl.simulate import simulate
 from swapdsl.sizing import choose_pinned, no_swap_bytes
 from swapdsl.swapplan import Policy
+
+if TYPE_CHECKING:
+    from swapdsl.fastplan import Evaluator  # imported when planning: it loads numba
 
 METHODS: dict[str, Policy] = {
     "lru": Policy("lru", "none"),
@@ -80,8 +85,11 @@ def baseline_setup(p: Problem, method: str, cap: int, no_swap: int | None = None
 
 def baseline(req: Request, p: Problem, method: str) -> tuple[Plan, int]:
     """A baseline's plan (without figures) on the default schedule, and the no-swap arena's bytes."""
-    s, no_swap = baseline_setup(p, method, req.cap)
-    return build_plan(req, p, method, s.schedule, s.pinned, s.policy), no_swap
+    from swapdsl.fastplan import Evaluator
+
+    evaluator = Evaluator(p)  # flattened once: it sizes the no-swap arena and makes the plan
+    s, no_swap = baseline_setup(p, method, req.cap, evaluator.no_swap_bytes(list(range(p.n_ops))))
+    return build_plan(req, p, method, s.schedule, s.pinned, s.policy, evaluator), no_swap
 
 
 @attrs.frozen
@@ -97,10 +105,11 @@ class SearchOptions:
 
 
 def build_plan(req: Request, p: Problem, method: str, schedule: list[int], pinned: frozenset[int],
-               policy: Policy) -> Plan:
+               policy: Policy, evaluator: Evaluator | None = None) -> Plan:
+    """The plan the compiled swap planner makes (``evaluator``: ``p`` already flattened, if at hand)."""
     from swapdsl.fastplan import Evaluator
 
-    program, homes = Evaluator(p).program(schedule, req.cap, pinned, policy)
+    program, homes = (evaluator or Evaluator(p)).program(schedule, req.cap, pinned, policy)
     return assemble(req, p, method, homes, tuple(program))
 
 

@@ -87,8 +87,8 @@ class Evaluator:
 
     def __call__(self, schedule: np.ndarray | list[int], cap: int, pinned: frozenset[int],
                  policy: Policy) -> Timing:
-        recs, out_off, _, sched = self.records(schedule, cap, pinned, policy)
-        ms, h2d, d2h = _simulate(sched, recs, out_off, self.size, self.in_ptr, self.in_idx, self.out_ptr,
+        recs, out_off, peak, sched = self.records(schedule, cap, pinned, policy)
+        ms, h2d, d2h = _simulate(sched, recs, out_off, peak, self.size, self.in_ptr, self.in_idx, self.out_ptr,
                                  self.out_idx, self.op_ms, self.nbytes, self.copy)
         return Timing(float(ms), int(h2d), int(d2h))
 
@@ -178,79 +178,105 @@ def _sort_ints(a: np.ndarray, n: int) -> None:
         a[j + 1] = x
 
 
-# -- the arena: tenants sorted by offset in off/end/ten[:n]; rel[i] for the gap before tenant i
+# -- the arena, a doubly linked list of nodes in offset order. Row NX/PV link the nodes, OFF/END/TEN
+# describe a node's tenant, REL[g] is the latest position at which a byte of the gap before node g
+# fell free (-1: never used). Node HEAD (end 0) starts the list and TOP (offset cap) ends it. The
+# gaps that are not empty form an unordered set (rows GS, GPOS) so that ``_fit`` looks at few.
+# Row NODE maps a tensor to its node, row FREE is a stack of unused node ids; ``cnt`` holds
+# [tenants, gaps in the set, free nodes].
+
+NX, PV, OFF, END, TEN, REL, GS, GPOS, NODE, FREE_ROW = range(10)
+
+
+@numba.njit(cache=True)
+def _arena(n_t: int, cap: int) -> tuple[np.ndarray, np.ndarray]:
+    a = np.full((10, n_t + 2), -1, np.int64)
+    head, top = n_t, n_t + 1
+    a[END, head], a[NX, head], a[PV, top], a[OFF, top] = 0, top, head, cap
+    a[FREE_ROW, :n_t] = np.arange(n_t - 1, -1, -1)
+    cnt = np.array([0, 0, n_t], np.int64)
+    if cap > 0:
+        _gap_add(a, cnt, top)
+    return a, cnt
+
+
+@numba.njit(cache=True, inline="always")
+def _gap_add(a: np.ndarray, cnt: np.ndarray, g: int) -> None:
+    a[GS, cnt[1]], a[GPOS, g] = g, cnt[1]
+    cnt[1] += 1
+
+
+@numba.njit(cache=True, inline="always")
+def _gap_drop(a: np.ndarray, cnt: np.ndarray, g: int) -> None:
+    cnt[1] -= 1
+    last = a[GS, cnt[1]]
+    a[GS, a[GPOS, g]], a[GPOS, last] = last, a[GPOS, g]
+    a[GPOS, g] = -1
+
+
+@numba.njit(cache=True)
+def _fit(a: np.ndarray, cnt: np.ndarray, size: int) -> int:
+    """Arena.fit: of the gaps that hold ``size``, the one free longest, then the smallest, then the
+    lowest; else the gap above the last tenant; -1 if none does."""
+    top = a.shape[1] - 1
+    best, best_len, best_lo, top_fits = -1, 0, 0, False
+    for q in range(cnt[1]):
+        g = a[GS, q]
+        lo = a[END, a[PV, g]]
+        length = a[OFF, g] - lo
+        if g == top:
+            top_fits = length >= size
+        elif length >= size and (best < 0 or a[REL, g] < a[REL, best] or (a[REL, g] == a[REL, best] and (
+                length < best_len or (length == best_len and lo < best_lo)))):
+            best, best_len, best_lo = g, length, lo
+    return top if best < 0 and top_fits else best
+
+
+@numba.njit(cache=True)
+def _insert(a: np.ndarray, cnt: np.ndarray, g: int, size: int, t: int) -> int:
+    """Tenant ``t`` takes the start of the gap before node ``g``; both parts of the gap keep its REL."""
+    cnt[2] -= 1
+    m, before = a[FREE_ROW, cnt[2]], a[PV, g]
+    lo = a[END, before]
+    if a[OFF, g] == lo + size:
+        _gap_drop(a, cnt, g)
+    a[NX, m], a[PV, m], a[NX, before], a[PV, g] = g, before, m, m
+    a[OFF, m], a[END, m], a[TEN, m], a[REL, m], a[NODE, t] = lo, lo + size, t, a[REL, g], m
+    cnt[0] += 1
+    return lo
+
+
+@numba.njit(cache=True)
+def _remove(a: np.ndarray, cnt: np.ndarray, t: int, pos: int) -> None:
+    """Tenant ``t`` leaves at ``pos`` (-1: never written); it and the gaps either side become one gap."""
+    m = a[NODE, t]
+    before, after = a[PV, m], a[NX, m]
+    if a[GPOS, m] >= 0:
+        _gap_drop(a, cnt, m)
+    if a[GPOS, after] < 0:
+        _gap_add(a, cnt, after)
+    a[REL, after] = max(max(a[REL, m], pos), a[REL, after])
+    a[NX, before], a[PV, after] = after, before
+    a[FREE_ROW, cnt[2]] = m
+    cnt[2] += 1
+    cnt[0] -= 1
+
+
+@numba.njit(cache=True)
+def _tenants(a: np.ndarray, cnt: np.ndarray, off: np.ndarray, end: np.ndarray, ten: np.ndarray) -> int:
+    """The tenants in offset order into off/end/ten; returns how many."""
+    top = a.shape[1] - 1
+    m, i = a[NX, top - 1], 0
+    while m != top:
+        off[i], end[i], ten[i] = a[OFF, m], a[END, m], a[TEN, m]
+        m = a[NX, m]
+        i += 1
+    return i
 
 
 @numba.njit(cache=True, inline="always")
 def _gap_lo(i: int, end: np.ndarray) -> int:
     return end[i - 1] if i > 0 else 0
-
-
-@numba.njit(cache=True)
-def _fit(size: int, n: int, off: np.ndarray, cap: int, rel: np.ndarray, glo: np.ndarray, ng: np.ndarray) -> int:
-    """Arena.fit: the fitting gap free longest, then the smallest, then the lowest; else the top.
-
-    Only gaps that are not empty are looked at: ``glo[:ng[0]]`` holds their start offsets, sorted
-    (tensors are packed, so most gaps between tenants are empty)."""
-    best, best_len, top = -1, 0, False
-    for q in range(ng[0]):
-        lo = glo[q]
-        i = np.searchsorted(off[:n], lo)
-        if i == n:
-            top = cap - lo >= size
-            continue
-        length = off[i] - lo
-        if length >= size and (best < 0 or rel[i] < rel[best] or (rel[i] == rel[best] and length < best_len)):
-            best, best_len = i, length
-    return n if best < 0 and top else best
-
-
-@numba.njit(cache=True)
-def _insert(i: int, size: int, t: int, n: int, off: np.ndarray, end: np.ndarray, ten: np.ndarray,
-            rel: np.ndarray, cap: int, glo: np.ndarray, ng: np.ndarray) -> int:
-    """Tenant ``t`` takes the start of gap ``i``; both parts of the gap keep its ``rel``."""
-    lo = _gap_lo(i, end)
-    hi = off[i] if i < n else cap
-    q = np.searchsorted(glo[:ng[0]], lo)
-    if hi > lo + size:
-        glo[q] = lo + size
-    else:
-        glo[q:ng[0] - 1] = glo[q + 1:ng[0]]
-        ng[0] -= 1
-    off[i + 1:n + 1] = off[i:n]  # (numba copies overlapping slices correctly)
-    end[i + 1:n + 1] = end[i:n]
-    ten[i + 1:n + 1] = ten[i:n]
-    rel[i + 1:n + 2] = rel[i:n + 1]
-    off[i], end[i], ten[i] = lo, lo + size, t
-    return lo
-
-
-@numba.njit(cache=True)
-def _remove(i: int, pos: int, n: int, off: np.ndarray, end: np.ndarray, ten: np.ndarray, rel: np.ndarray,
-            cap: int, glo: np.ndarray, ng: np.ndarray) -> None:
-    """Tenant i leaves at ``pos`` (-1: never written); it and its two gaps become one gap."""
-    lo, a, b = _gap_lo(i, end), off[i], end[i]
-    hi = off[i + 1] if i + 1 < n else cap
-    if hi > b:  # the gap above was not empty: it is merged away
-        q = np.searchsorted(glo[:ng[0]], b)
-        glo[q:ng[0] - 1] = glo[q + 1:ng[0]]
-        ng[0] -= 1
-    if lo == a:  # the gap below was empty: the merged gap starts here
-        q = np.searchsorted(glo[:ng[0]], lo)
-        glo[q + 1:ng[0] + 1] = glo[q:ng[0]]
-        glo[q] = lo
-        ng[0] += 1
-    merged = max(max(rel[i], pos), rel[i + 1])
-    off[i:n - 1] = off[i + 1:n]
-    end[i:n - 1] = end[i + 1:n]
-    ten[i:n - 1] = ten[i + 1:n]
-    rel[i + 1:n] = rel[i + 2:n + 1]
-    rel[i] = merged
-
-
-@numba.njit(cache=True, inline="always")
-def _index(offset: int, n: int, off: np.ndarray) -> int:
-    return np.searchsorted(off[:n], offset)
 
 
 @numba.njit(cache=True, inline="always")
@@ -287,10 +313,14 @@ def _window(size, cap, n, off, end, ten, tsize, vals, dq, fixed, mark, resident,
         blocked = -1
         while j < n and off[j] < lo + size:
             v = ten[j]
-            if not _movable(v, fixed, mark, resident, stamp, bounce):
+            # _movable and _value written out: calls that take arrays cost a reference count each here
+            if fixed[v] or (mark[v] == stamp and not (bounce and resident[v] == stamp)):
                 blocked = j
                 break
-            vals[j] = _value(v, belady, next_i, use_ptr, use_pos, last_access)
+            if belady:
+                vals[j] = use_pos[next_i[v]] if next_i[v] < use_ptr[v + 1] else INF
+            else:
+                vals[j] = -last_access[v]
             total += tsize[v]
             while head < tail and vals[dq[tail - 1]] >= vals[j]:
                 tail -= 1
@@ -317,11 +347,10 @@ def _plan(schedule, cap, pinned0, policy, size, in_ptr, in_idx, out_ptr, out_idx
           persistent, fwd_act, upd_old, upd_new, by_name, loss):  # pragma: no cover - compiled
     n_t, n_ops = len(size), len(schedule)
     belady, prefetch, offload = policy[0] == 1, policy[1], policy[2] == 1
+    a, cnt = _arena(n_t, cap)
     off, end, ten = np.empty(n_t + 1, np.int64), np.empty(n_t + 1, np.int64), np.empty(n_t + 1, np.int64)
-    rel = np.full(n_t + 2, -1, np.int64)
-    glo, ng = np.zeros(n_t + 2, np.int64), np.ones(1, np.int64)  # starts of the gaps that are not empty
     vals, dq = np.empty(n_t + 1, np.int64), np.empty(n_t + 1, np.int64)
-    n = peak = 0
+    peak = 0
     where = np.full(n_t, -1, np.int64)
     out_off = np.full(n_t, -1, np.int64)
     pinned = pinned0.copy()
@@ -350,11 +379,10 @@ def _plan(schedule, cap, pinned0, policy, size, in_ptr, in_idx, out_ptr, out_idx
     for sweep in range(2):  # pinned tensors by name, then inputs by name
         for t in by_name:
             if (sweep == 0 and pinned[t]) or (sweep == 1 and is_input[t]):
-                g = _fit(size[t], n, off, cap, rel, glo, ng)
+                g = _fit(a, cnt, size[t])
                 if g < 0:
                     return recs[:0], out_off, peak, 1
-                where[t] = out_off[t] = _insert(g, size[t], t, n, off, end, ten, rel, cap, glo, ng)
-                n += 1
+                where[t] = out_off[t] = _insert(a, cnt, g, size[t], t)
                 peak = max(peak, where[t] + size[t])
     todo = np.empty(64, np.int64)
     pend = np.empty(64, np.int64)  # swap-ins of this op: tensor, and (in pend_since) since when free
@@ -383,54 +411,46 @@ def _plan(schedule, cap, pinned0, policy, size, in_ptr, in_idx, out_ptr, out_idx
             for j in range(ntodo):
                 todo[j] = todo[j + 1]
             since = -1
-            g = _fit(size[t], n, off, cap, rel, glo, ng)
+            g = _fit(a, cnt, size[t])
             if g < 0:
+                n = _tenants(a, cnt, off, end, ten)
                 for bounce in (False, True):
                     k, kj = _window(size[t], cap, n, off, end, ten, size, vals, dq, fixed, mark, resident, stamp,
                                     bounce, belady, next_i, use_ptr, use_pos, last_access)
                     if k < 0:
                         continue
-                    for _ in range(kj - k):
-                        v = ten[k]
+                    for v in ten[k:kj]:
                         if resident[v] == stamp and bounce:
                             resident[v] = 0
                             todo[ntodo] = v
                             ntodo += 1
-                        recs, nrec = _evict(v, k, recs, nrec, n, off, end, ten, rel, cap, glo, ng, where, released,
-                                            host, host_at, last_access, next_i, use_ptr, use_pos, loss)
-                        n -= 1
+                        recs, nrec = _evict(v, recs, nrec, a, cnt, where, released, host, host_at, last_access,
+                                            next_i, use_ptr, use_pos, loss)
                     _sort_todo(todo, ntodo, size)
-                    g = _fit(size[t], n, off, cap, rel, glo, ng)
+                    g = _fit(a, cnt, size[t])
                     break
             if g < 0 and not packed:  # last resort: take back this op's placements, clear everything
                 for j in range(npend):
                     u = pend[j]
-                    _remove(_index(where[u], n, off), -1, n, off, end, ten, rel, cap, glo, ng)
-                    n -= 1
+                    _remove(a, cnt, u, -1)
                     where[u] = -1
                 for j in range(o0, o1):
                     u = out_idx[j]
                     if u != ipo and where[u] >= 0:
-                        _remove(_index(where[u], n, off), -1, n, off, end, ten, rel, cap, glo, ng)
-                        n -= 1
+                        _remove(a, cnt, u, -1)
                         where[u] = -1
-                i = 0
-                while i < n:
-                    if fixed[ten[i]]:
-                        i += 1
-                    else:
-                        resident[ten[i]] = 0
-                        recs, nrec = _evict(ten[i], i, recs, nrec, n, off, end, ten, rel, cap, glo, ng, where, released, host,
-                                            host_at, last_access, next_i, use_ptr, use_pos, loss)
-                        n -= 1
+                for v in ten[:_tenants(a, cnt, off, end, ten)]:
+                    if not fixed[v]:
+                        resident[v] = 0
+                        recs, nrec = _evict(v, recs, nrec, a, cnt, where, released, host, host_at, last_access,
+                                            next_i, use_ptr, use_pos, loss)
                 npend, packed = 0, True
                 ntodo = _queue(todo, i0, i1, o0, o1, in_idx, out_idx, ipo, where, queued, -stamp, size)
                 continue
             if g < 0:
                 return recs[:0], out_off, peak, 2
-            since = rel[g]
-            where[t] = _insert(g, size[t], t, n, off, end, ten, rel, cap, glo, ng)
-            n += 1
+            since = a[REL, g]
+            where[t] = _insert(a, cnt, g, size[t], t)
             peak = max(peak, where[t] + size[t])
             if is_out[t] == stamp:
                 out_off[t] = where[t]
@@ -447,7 +467,8 @@ def _plan(schedule, cap, pinned0, policy, size, in_ptr, in_idx, out_ptr, out_idx
             old = in_idx[i0]
             where[ipo] = out_off[ipo] = where[old]
             where[old] = -1
-            ten[_index(where[ipo], n, off)] = ipo
+            a[NODE, ipo] = a[NODE, old]
+            a[TEN, a[NODE, ipo]] = ipo
             if pinned[old]:
                 pinned[ipo] = fixed[ipo] = True
         recs = _record(recs, nrec, pos + 1, RUN, op, -1, -1)
@@ -485,8 +506,7 @@ def _plan(schedule, cap, pinned0, policy, size, in_ptr, in_idx, out_ptr, out_idx
             if nxt == INF or (offload and host[t] and pos < turn and turn <= nxt):
                 recs = _record(recs, nrec, pos + 1, FREE, t, -1, -1)
                 nrec += 1
-                _remove(_index(where[t], n, off), pos, n, off, end, ten, rel, cap, glo, ng)
-                n -= 1
+                _remove(a, cnt, t, pos)
                 where[t], released[t] = -1, pos
     return recs[:nrec], out_off, peak, 0
 
@@ -511,9 +531,9 @@ def _queue(todo, i0, i1, o0, o1, in_idx, out_idx, ipo, where, queued, tag, size)
 
 
 @numba.njit(cache=True)
-def _evict(v, i, recs, nrec, n, off, end, ten, rel, cap, glo, ng, where, released, host, host_at, last_access,
-           next_i, use_ptr, use_pos, loss) -> tuple:  # pragma: no cover - compiled
-    """Tenant ``v`` (at index i) leaves after its last use so far: copied out first if still needed."""
+def _evict(v, recs, nrec, a, cnt, where, released, host, host_at, last_access, next_i, use_ptr, use_pos,
+           loss) -> tuple:  # pragma: no cover - compiled
+    """Tenant ``v`` leaves after its last use so far: copied out first if still needed."""
     kp = last_access[v]
     if (_next_use(v, next_i, use_ptr, use_pos) != INF or v == loss) and not host[v]:
         recs = _record(recs, nrec, kp + 1, OUT, v, -1, -1)
@@ -521,7 +541,7 @@ def _evict(v, i, recs, nrec, n, off, end, ten, rel, cap, glo, ng, where, release
         host[v], host_at[v] = True, kp
     recs = _record(recs, nrec, kp + 1, FREE, v, -1, -1)
     nrec += 1
-    _remove(i, kp, n, off, end, ten, rel, cap, glo, ng)
+    _remove(a, cnt, v, kp)
     where[v], released[v] = -1, kp
     return recs, nrec
 
@@ -543,57 +563,111 @@ def _program_order(recs: np.ndarray, n_ops: int) -> np.ndarray:
     return order
 
 
-# -- when each byte of the arena fell free: disjoint segments sorted by offset (arena.Segments, compiled)
+# -- when each byte of the arena fell free (arena.Segments, compiled): segments tile [0, top) as a
+# doubly linked list in offset order (rows SLO, SHI, SNX, SPV of ``s``; values in ``val``), and
+# ``bucket[b]`` is the segment holding byte b * gran, so a look-up walks a few segments, not a list.
+
+SLO, SHI, SNX, SPV = range(4)
+BUCKETS = 4096
 
 
 @numba.njit(cache=True)
-def _seg_max(lo: int, hi: int, n: int, s_lo: np.ndarray, s_hi: np.ndarray, s_val: np.ndarray) -> float:
-    i = np.searchsorted(s_hi[:n], lo, side="right")
+def _segments(top: int, n_assign: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, int]:
+    s = np.empty((4, 2 * n_assign + 2), np.int64)
+    s[SLO, 0], s[SHI, 0], s[SNX, 0], s[SPV, 0] = 0, max(top, 1), -1, -1
+    gran = max(256, -(-top // BUCKETS))
+    return s, np.zeros(2 * n_assign + 2, np.float64), np.zeros(BUCKETS + 1, np.int64), gran
+
+
+@numba.njit(cache=True, inline="always")
+def _seg_find(lo: int, s: np.ndarray, bucket: np.ndarray, gran: int) -> int:
+    x = bucket[lo // gran]
+    while s[SHI, x] <= lo:
+        x = s[SNX, x]
+    return x
+
+
+@numba.njit(cache=True)
+def _seg_max(lo: int, hi: int, s: np.ndarray, val: np.ndarray, bucket: np.ndarray, gran: int) -> float:
+    x = _seg_find(lo, s, bucket, gran)
     most = 0.0
-    while i < n and s_lo[i] < hi:
-        most = max(most, s_val[i])
-        i += 1
+    while x >= 0 and s[SLO, x] < hi:
+        most = max(most, val[x])
+        x = s[SNX, x]
     return most
 
 
-@numba.njit(cache=True)
-def _seg_assign(lo: int, hi: int, value: float, n: int, s_lo: np.ndarray, s_hi: np.ndarray,
-                s_val: np.ndarray) -> int:
-    i = np.searchsorted(s_hi[:n], lo, side="right")
-    j = i
-    while j < n and s_lo[j] < hi:
-        j += 1
-    left = i < j and s_lo[i] < lo
-    right = i < j and s_hi[j - 1] > hi
-    l_lo, l_val, r_hi, r_val = s_lo[i] if left else 0, s_val[i] if left else 0.0, \
-        s_hi[j - 1] if right else 0, s_val[j - 1] if right else 0.0
-    count = int(left) + 1 + int(right)
-    shift = count - (j - i)
-    if shift > 0:
-        for k in range(n - 1, j - 1, -1):
-            s_lo[k + shift], s_hi[k + shift], s_val[k + shift] = s_lo[k], s_hi[k], s_val[k]
-    elif shift < 0:
-        for k in range(j, n):
-            s_lo[k + shift], s_hi[k + shift], s_val[k + shift] = s_lo[k], s_hi[k], s_val[k]
-    k = i
-    if left:
-        s_lo[k], s_hi[k], s_val[k] = l_lo, lo, l_val
-        k += 1
-    s_lo[k], s_hi[k], s_val[k] = lo, hi, value
-    k += 1
-    if right:
-        s_lo[k], s_hi[k], s_val[k] = hi, r_hi, r_val
-    return n + shift
+@numba.njit(cache=True, inline="always")
+def _seg_point(lo: int, hi: int, x: int, bucket: np.ndarray, gran: int) -> None:
+    """Buckets whose first byte lies in [lo, hi) now start in segment x."""
+    for b in range(-(-lo // gran), -(-hi // gran)):
+        bucket[b] = x
+
+
+@numba.njit(cache=True, inline="always")
+def _seg_new(s: np.ndarray, val: np.ndarray, n: int, lo: int, hi: int, v: float, prev: int, nxt: int) -> None:
+    """Node n takes [lo, hi) between prev and nxt."""
+    s[SLO, n], s[SHI, n], s[SPV, n], s[SNX, n], val[n] = lo, hi, prev, nxt, v
+    if prev >= 0:
+        s[SNX, prev] = n
+    if nxt >= 0:
+        s[SPV, nxt] = n
 
 
 @numba.njit(cache=True)
-def _simulate(schedule, recs, out_off, size, in_ptr, in_idx, out_ptr, out_idx, op_ms, nbytes,
+def _seg_assign(lo: int, hi: int, v: float, s: np.ndarray, val: np.ndarray, bucket: np.ndarray, gran: int,
+                n: int) -> int:
+    """[lo, hi) now holds ``v``; returns how many nodes are in use. A segment cut in three keeps its id
+    for the side with more buckets, so re-pointing buckets costs little overall."""
+    x = _seg_find(lo, s, bucket, gran)
+    x_lo, x_hi, x_v = s[SLO, x], s[SHI, x], val[x]
+    if x_hi >= hi:  # one segment holds [lo, hi)
+        if x_lo == lo and x_hi == hi:
+            val[x] = v
+            return n
+        left = -(-lo // gran) - -(-x_lo // gran)
+        right = -(-x_hi // gran) - -(-hi // gran)
+        if x_lo < lo and (x_hi == hi or left >= right):  # x keeps the left part
+            s[SHI, x] = lo
+            _seg_new(s, val, n, lo, hi, v, x, s[SNX, x])
+            _seg_point(lo, hi, n, bucket, gran)
+            if x_hi > hi:
+                _seg_new(s, val, n + 1, hi, x_hi, x_v, n, s[SNX, n])
+                _seg_point(hi, x_hi, n + 1, bucket, gran)
+                return n + 2
+            return n + 1
+        s[SLO, x] = hi  # x keeps the right part
+        _seg_new(s, val, n, lo, hi, v, s[SPV, x], x)
+        _seg_point(lo, hi, n, bucket, gran)
+        if x_lo < lo:
+            _seg_new(s, val, n + 1, x_lo, lo, x_v, s[SPV, n], n)
+            _seg_point(x_lo, lo, n + 1, bucket, gran)
+            return n + 2
+        return n + 1
+    y = s[SNX, x]  # [lo, hi) spans several segments: drop those inside, trim the two at the ends
+    while s[SHI, y] <= hi and s[SNX, y] >= 0:
+        y = s[SNX, y]
+    if s[SHI, y] <= hi:  # the last segment ends at hi exactly (top of the arena)
+        y_next = -1
+    else:
+        s[SLO, y] = max(s[SLO, y], hi)
+        y_next = y
+    if x_lo < lo:
+        s[SHI, x] = lo
+        _seg_new(s, val, n, lo, hi, v, x, y_next)
+    else:
+        _seg_new(s, val, n, lo, hi, v, s[SPV, x], y_next)
+    _seg_point(lo, hi, n, bucket, gran)
+    return n + 1
+
+
+@numba.njit(cache=True)
+def _simulate(schedule, recs, out_off, top, size, in_ptr, in_idx, out_ptr, out_idx, op_ms, nbytes,
               copy):  # pragma: no cover - compiled
     """simulate.simulate on the records: three FIFO streams, one pass in program order."""
     n_t = len(out_off)
-    cap_s = 2 * recs.shape[0] + 8
-    s_lo, s_hi, s_val = np.empty(cap_s, np.int64), np.empty(cap_s, np.int64), np.empty(cap_s, np.float64)
-    n_s = 0
+    s, val, index, gran = _segments(top, recs.shape[0])
+    n_s = 1
     ready = np.zeros(n_t, np.float64)
     host_ready = np.zeros(n_t, np.float64)
     copied_out = np.zeros(n_t, np.float64)
@@ -612,7 +686,7 @@ def _simulate(schedule, recs, out_off, size, in_ptr, in_idx, out_ptr, out_idx, o
                 start = max(start, ready[in_idx[j]])
             for j in range(out_ptr[op], out_ptr[op + 1]):
                 u = out_idx[j]
-                start = max(start, _seg_max(out_off[u], out_off[u] + size[u], n_s, s_lo, s_hi, s_val))
+                start = max(start, _seg_max(out_off[u], out_off[u] + size[u], s, val, index, gran))
             end = start + op_ms[op]
             compute = op_end[bucket - 1] = end
             for j in range(out_ptr[op], out_ptr[op + 1]):
@@ -620,7 +694,7 @@ def _simulate(schedule, recs, out_off, size, in_ptr, in_idx, out_ptr, out_idx, o
                 where[u], ready[u] = out_off[u], end
         elif kind == IN:
             start = max(max(h2d_clock, after),
-                        max(_seg_max(offset, offset + size[t], n_s, s_lo, s_hi, s_val), host_ready[t]))
+                        max(_seg_max(offset, offset + size[t], s, val, index, gran), host_ready[t]))
             h2d_clock = ready[t] = start + 1e3 * (latency + nbytes[t] / h2d_bw)
             where[t] = offset
             h2d += nbytes[t]
@@ -630,7 +704,7 @@ def _simulate(schedule, recs, out_off, size, in_ptr, in_idx, out_ptr, out_idx, o
             d2h += nbytes[t]
         else:
             when = max(max(after, copied_out[t]), ready[t])
-            n_s = _seg_assign(where[t], where[t] + size[t], when, n_s, s_lo, s_hi, s_val)
+            n_s = _seg_assign(where[t], where[t] + size[t], when, s, val, index, gran, n_s)
             copied_out[t] = 0.0
             where[t] = -1
     return max(compute, max(h2d_clock, d2h_clock)), h2d, d2h

@@ -140,3 +140,29 @@ def test_tight_caps_take_the_last_resort_paths_and_still_agree(monkeypatch: pyte
         for policy in (Policy("belady", "earliest"), Policy("lru", "none")):
             _agree(Request(t, V100, cap, "random.swp", ()), p, list(range(p.n_ops)), policy, frozenset())
     assert taken["clear"] > 0 and taken["bounce"] > 0
+
+
+_SPANS = st.tuples(st.integers(0, 10**6), st.integers(1, 3 * 10**5), st.floats(0, 1e3, allow_nan=False))
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.sampled_from([1000, 10**6]), st.lists(_SPANS, max_size=60), st.lists(st.tuples(st.integers(0, 10**6),
+                                                                                      st.integers(1, 10**5))))
+def test_compiled_free_time_segments_match_the_readable_ones(top: int, frees: list[tuple[int, int, float]],
+                                                             queries: list[tuple[int, int]]) -> None:
+    """The simulator's linked, bucket-indexed segments answer every look-up as arena.Segments does,
+    whether a free cuts one segment in three, trims two, or swallows many (``top`` 10**6 puts several
+    segments in one bucket)."""
+    from swapdsl.arena import Segments
+    from swapdsl.fastplan import _seg_assign, _seg_max, _segments
+
+    s, val, index, gran = _segments(top, len(frees))
+    n, reference = 1, Segments[float]()
+    for lo, length, when in frees:
+        lo, hi = lo % top, min(top, lo % top + length)
+        n = _seg_assign(lo, hi, when, s, val, index, gran, n)
+        reference.assign(lo, hi, when)
+        for qlo, qlength in queries[:5] + [(lo, length)]:
+            qlo = qlo % top
+            qhi = min(top, qlo + qlength)
+            assert _seg_max(qlo, qhi, s, val, index, gran) == max(reference.over(qlo, qhi), default=0.0)

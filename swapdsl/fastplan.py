@@ -178,166 +178,147 @@ def _sort_ints(a: np.ndarray, n: int) -> None:
         a[j + 1] = x
 
 
-# -- the arena, a doubly linked list of nodes in offset order. Row NX/PV link the nodes, OFF/END/TEN
-# describe a node's tenant, REL[g] is the latest position at which a byte of the gap before node g
-# fell free (-1: never used). Node HEAD (end 0) starts the list and TOP (offset cap) ends it. The
-# gaps that are not empty form an unordered set (rows GS, GPOS) so that ``_fit`` looks at few.
-# Row NODE maps a tensor to its node, row FREE is a stack of unused node ids; ``cnt`` holds
-# [tenants, gaps in the set, free nodes].
+# -- the arena, a doubly linked list of nodes in offset order. Row ``a[m]`` of node m (one cache line):
+# NX/PV link the nodes, OFF/END/TEN describe its tenant, REL is the latest position at which a byte of
+# the gap before m fell free (-1: never used), GPOS its place in the set of gaps that are not empty
+# (row GS of ``aux``, unordered, so that ``_fit`` looks at few). Node HEAD (end 0) starts the list and
+# TOP (offset cap) ends it. Row NODE of ``aux`` maps a tensor to its node, row FREE_ROW is a stack of
+# unused nodes; ``cnt`` holds [tenants, gaps in the set, free nodes].
 
-NX, PV, OFF, END, TEN, REL, GS, GPOS, NODE, FREE_ROW = range(10)
+NX, PV, OFF, END, TEN, REL, GPOS = range(7)
+GS, NODE, FREE_ROW = range(3)
 
 
 @numba.njit(cache=True)
-def _arena(n_t: int, cap: int) -> tuple[np.ndarray, np.ndarray]:
-    a = np.full((10, n_t + 2), -1, np.int64)
+def _arena(n_t: int, cap: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    a = np.full((n_t + 2, 8), -1, np.int64)
+    aux = np.empty((3, n_t + 2), np.int64)
     head, top = n_t, n_t + 1
-    a[END, head], a[NX, head], a[PV, top], a[OFF, top] = 0, top, head, cap
-    a[FREE_ROW, :n_t] = np.arange(n_t - 1, -1, -1)
+    a[head, END], a[head, NX], a[top, PV], a[top, OFF] = 0, top, head, cap
+    aux[FREE_ROW, :n_t] = np.arange(n_t - 1, -1, -1)
     cnt = np.array([0, 0, n_t], np.int64)
     if cap > 0:
-        _gap_add(a, cnt, top)
-    return a, cnt
+        _gap_add(a, aux, cnt, top)
+    return a, aux, cnt
 
 
-@numba.njit(cache=True, inline="always")
-def _gap_add(a: np.ndarray, cnt: np.ndarray, g: int) -> None:
-    a[GS, cnt[1]], a[GPOS, g] = g, cnt[1]
+@numba.njit(cache=True)
+def _gap_add(a: np.ndarray, aux: np.ndarray, cnt: np.ndarray, g: int) -> None:
+    aux[GS, cnt[1]], a[g, GPOS] = g, cnt[1]
     cnt[1] += 1
 
 
-@numba.njit(cache=True, inline="always")
-def _gap_drop(a: np.ndarray, cnt: np.ndarray, g: int) -> None:
+@numba.njit(cache=True)
+def _gap_drop(a: np.ndarray, aux: np.ndarray, cnt: np.ndarray, g: int) -> None:
     cnt[1] -= 1
-    last = a[GS, cnt[1]]
-    a[GS, a[GPOS, g]], a[GPOS, last] = last, a[GPOS, g]
-    a[GPOS, g] = -1
+    last = aux[GS, cnt[1]]
+    aux[GS, a[g, GPOS]], a[last, GPOS] = last, a[g, GPOS]
+    a[g, GPOS] = -1
 
 
 @numba.njit(cache=True)
-def _fit(a: np.ndarray, cnt: np.ndarray, size: int) -> int:
+def _fit(a: np.ndarray, aux: np.ndarray, cnt: np.ndarray, size: int) -> int:
     """Arena.fit: of the gaps that hold ``size``, the one free longest, then the smallest, then the
     lowest; else the gap above the last tenant; -1 if none does."""
-    top = a.shape[1] - 1
+    top = a.shape[0] - 1
     best, best_len, best_lo, top_fits = -1, 0, 0, False
     for q in range(cnt[1]):
-        g = a[GS, q]
-        lo = a[END, a[PV, g]]
-        length = a[OFF, g] - lo
+        g = aux[GS, q]
+        lo = a[a[g, PV], END]
+        length = a[g, OFF] - lo
         if g == top:
             top_fits = length >= size
-        elif length >= size and (best < 0 or a[REL, g] < a[REL, best] or (a[REL, g] == a[REL, best] and (
+        elif length >= size and (best < 0 or a[g, REL] < a[best, REL] or (a[g, REL] == a[best, REL] and (
                 length < best_len or (length == best_len and lo < best_lo)))):
             best, best_len, best_lo = g, length, lo
     return top if best < 0 and top_fits else best
 
 
 @numba.njit(cache=True)
-def _insert(a: np.ndarray, cnt: np.ndarray, g: int, size: int, t: int) -> int:
+def _insert(a: np.ndarray, aux: np.ndarray, cnt: np.ndarray, g: int, size: int, t: int) -> int:
     """Tenant ``t`` takes the start of the gap before node ``g``; both parts of the gap keep its REL."""
     cnt[2] -= 1
-    m, before = a[FREE_ROW, cnt[2]], a[PV, g]
-    lo = a[END, before]
-    if a[OFF, g] == lo + size:
-        _gap_drop(a, cnt, g)
-    a[NX, m], a[PV, m], a[NX, before], a[PV, g] = g, before, m, m
-    a[OFF, m], a[END, m], a[TEN, m], a[REL, m], a[NODE, t] = lo, lo + size, t, a[REL, g], m
+    m, before = aux[FREE_ROW, cnt[2]], a[g, PV]
+    lo = a[before, END]
+    if a[g, OFF] == lo + size:
+        _gap_drop(a, aux, cnt, g)
+    a[m, NX], a[m, PV], a[before, NX], a[g, PV] = g, before, m, m
+    a[m, OFF], a[m, END], a[m, TEN], a[m, REL], aux[NODE, t] = lo, lo + size, t, a[g, REL], m
     cnt[0] += 1
     return lo
 
 
 @numba.njit(cache=True)
-def _remove(a: np.ndarray, cnt: np.ndarray, t: int, pos: int) -> None:
+def _remove(a: np.ndarray, aux: np.ndarray, cnt: np.ndarray, t: int, pos: int) -> None:
     """Tenant ``t`` leaves at ``pos`` (-1: never written); it and the gaps either side become one gap."""
-    m = a[NODE, t]
-    before, after = a[PV, m], a[NX, m]
-    if a[GPOS, m] >= 0:
-        _gap_drop(a, cnt, m)
-    if a[GPOS, after] < 0:
-        _gap_add(a, cnt, after)
-    a[REL, after] = max(max(a[REL, m], pos), a[REL, after])
-    a[NX, before], a[PV, after] = after, before
-    a[FREE_ROW, cnt[2]] = m
+    m = aux[NODE, t]
+    before, after = a[m, PV], a[m, NX]
+    if a[m, GPOS] >= 0:
+        _gap_drop(a, aux, cnt, m)
+    if a[after, GPOS] < 0:
+        _gap_add(a, aux, cnt, after)
+    a[after, REL] = max(max(a[m, REL], pos), a[after, REL])
+    a[before, NX], a[after, PV] = after, before
+    aux[FREE_ROW, cnt[2]] = m
     cnt[2] += 1
     cnt[0] -= 1
 
 
 @numba.njit(cache=True)
-def _tenants(a: np.ndarray, cnt: np.ndarray, off: np.ndarray, end: np.ndarray, ten: np.ndarray) -> int:
-    """The tenants in offset order into off/end/ten; returns how many."""
-    top = a.shape[1] - 1
-    m, i = a[NX, top - 1], 0
-    while m != top:
-        off[i], end[i], ten[i] = a[OFF, m], a[END, m], a[TEN, m]
-        m = a[NX, m]
-        i += 1
-    return i
+def _window(size, cap, a, tsize, vals, dq, fixed, mark, resident, stamp, bounce, belady, next_i, use_ptr,
+            use_pos, last_access) -> tuple:  # pragma: no cover - compiled
+    """The best window to clear: returns (its first tenant's node, the node after its last); (-1, -1)
+    if none.
 
-
-@numba.njit(cache=True, inline="always")
-def _gap_lo(i: int, end: np.ndarray) -> int:
-    return end[i - 1] if i > 0 else 0
-
-
-@numba.njit(cache=True, inline="always")
-def _movable(v: int, fixed: np.ndarray, mark: np.ndarray, resident: np.ndarray, stamp: int, bounce: bool) -> bool:
-    """May ``v`` leave now: never a fixed tensor, nor one of this op's (unless ``bounce`` and it was
-    on the device before the op)."""
-    return not fixed[v] and (mark[v] != stamp or (bounce and resident[v] == stamp))
-
-
-@numba.njit(cache=True, inline="always")
-def _value(v: int, belady: bool, next_i: np.ndarray, use_ptr: np.ndarray, use_pos: np.ndarray,
-           last_access: np.ndarray) -> int:
-    """What a window's worst tenant is judged by: its next use (belady), or minus its last use (lru)."""
-    return _next_use(v, next_i, use_ptr, use_pos) if belady else -last_access[v]
-
-
-@numba.njit(cache=True)
-def _window(size, cap, n, off, end, ten, tsize, vals, dq, fixed, mark, resident, stamp, bounce, belady,
-            next_i, use_ptr, use_pos, last_access) -> tuple:  # pragma: no cover - compiled
-    """The best window to clear: returns (first tenant, one past the last); (-1, -1) if none.
-
-    Windows start at each gap; tenants k..j-1 overlap the window of gap k. Sliding both ends, a
-    monotonic queue keeps the smallest ``value`` in the window (score = -that) and a sum its bytes;
-    a tenant that may not move rules out every window that reaches it, so the scan jumps past it."""
+    Windows start at each gap; the window of the gap before node k holds the tenants from k up to j.
+    Walking both ends along the list (``kc``, ``jc`` count the steps), a monotonic queue keeps the
+    smallest ``value`` in the window (score = -that) and a sum its bytes; a tenant that may not move
+    rules out every window that reaches it, so the scan jumps past it."""
+    top = a.shape[0] - 1
     best_k, best_j = -1, -1
     b1 = b2 = b3 = 0
-    k = j = total = head = tail = 0
-    while k <= n:
-        lo = _gap_lo(k, end)
+    k = j = a[top - 1, NX]
+    kc = jc = total = head = tail = 0
+    while True:
+        lo = a[a[k, PV], END]
         if lo + size > cap:
             break
-        if j < k:
-            j, total, head, tail = k, 0, 0, 0
+        if jc < kc:
+            j, jc, total, head, tail = k, kc, 0, 0, 0
         blocked = -1
-        while j < n and off[j] < lo + size:
-            v = ten[j]
-            # _movable and _value written out: calls that take arrays cost a reference count each here
+        while j != top and a[j, OFF] < lo + size:
+            v = a[j, TEN]
+            # may it leave now: never a fixed tensor, nor one of this op's unless bouncing one that was on
+            # the device before the op (a helper taking arrays would cost reference counts each step)
             if fixed[v] or (mark[v] == stamp and not (bounce and resident[v] == stamp)):
                 blocked = j
                 break
-            if belady:
-                vals[j] = use_pos[next_i[v]] if next_i[v] < use_ptr[v + 1] else INF
+            if belady:  # a window is judged by its worst tenant: the soonest next use, or the latest use
+                vals[jc] = use_pos[next_i[v]] if next_i[v] < use_ptr[v + 1] else INF
             else:
-                vals[j] = -last_access[v]
+                vals[jc] = -last_access[v]
             total += tsize[v]
-            while head < tail and vals[dq[tail - 1]] >= vals[j]:
+            while head < tail and vals[dq[tail - 1]] >= vals[jc]:
                 tail -= 1
-            dq[tail] = j
+            dq[tail] = jc
             tail += 1
-            j += 1
-        if blocked >= 0:  # every window from gap k to gap `blocked` holds that tenant: skip them all
-            k = j = blocked + 1
+            j = a[j, NX]
+            jc += 1
+        if blocked >= 0:  # every window from gap k to the blocking tenant holds it: skip them all
+            k = j = a[blocked, NX]
+            kc = jc = jc + 1
             total = head = tail = 0
             continue
-        if j > k:
-            s = -vals[dq[head]]
-            if best_k < 0 or s < b1 or (s == b1 and (total < b2 or (total == b2 and lo < b3))):
-                best_k, best_j, b1, b2, b3 = k, j, s, total, lo
-            total -= tsize[ten[k]]  # tenant k leaves for the next window
-        k += 1
-        while head < tail and dq[head] < k:
+        if jc > kc:
+            score = -vals[dq[head]]
+            if best_k < 0 or score < b1 or (score == b1 and (total < b2 or (total == b2 and lo < b3))):
+                best_k, best_j, b1, b2, b3 = k, j, score, total, lo
+            total -= tsize[a[k, TEN]]  # tenant k leaves for the next window
+        if k == top:
+            break
+        k = a[k, NX]
+        kc += 1
+        while head < tail and dq[head] < kc:
             head += 1
     return best_k, best_j
 
@@ -347,8 +328,7 @@ def _plan(schedule, cap, pinned0, policy, size, in_ptr, in_idx, out_ptr, out_idx
           persistent, fwd_act, upd_old, upd_new, by_name, loss):  # pragma: no cover - compiled
     n_t, n_ops = len(size), len(schedule)
     belady, prefetch, offload = policy[0] == 1, policy[1], policy[2] == 1
-    a, cnt = _arena(n_t, cap)
-    off, end, ten = np.empty(n_t + 1, np.int64), np.empty(n_t + 1, np.int64), np.empty(n_t + 1, np.int64)
+    a, aux, cnt = _arena(n_t, cap)
     vals, dq = np.empty(n_t + 1, np.int64), np.empty(n_t + 1, np.int64)
     peak = 0
     where = np.full(n_t, -1, np.int64)
@@ -379,10 +359,10 @@ def _plan(schedule, cap, pinned0, policy, size, in_ptr, in_idx, out_ptr, out_idx
     for sweep in range(2):  # pinned tensors by name, then inputs by name
         for t in by_name:
             if (sweep == 0 and pinned[t]) or (sweep == 1 and is_input[t]):
-                g = _fit(a, cnt, size[t])
+                g = _fit(a, aux, cnt, size[t])
                 if g < 0:
                     return recs[:0], out_off, peak, 1
-                where[t] = out_off[t] = _insert(a, cnt, g, size[t], t)
+                where[t] = out_off[t] = _insert(a, aux, cnt, g, size[t], t)
                 peak = max(peak, where[t] + size[t])
     todo = np.empty(64, np.int64)
     pend = np.empty(64, np.int64)  # swap-ins of this op: tensor, and (in pend_since) since when free
@@ -411,46 +391,48 @@ def _plan(schedule, cap, pinned0, policy, size, in_ptr, in_idx, out_ptr, out_idx
             for j in range(ntodo):
                 todo[j] = todo[j + 1]
             since = -1
-            g = _fit(a, cnt, size[t])
+            g = _fit(a, aux, cnt, size[t])
             if g < 0:
-                n = _tenants(a, cnt, off, end, ten)
                 for bounce in (False, True):
-                    k, kj = _window(size[t], cap, n, off, end, ten, size, vals, dq, fixed, mark, resident, stamp,
-                                    bounce, belady, next_i, use_ptr, use_pos, last_access)
+                    k, kj = _window(size[t], cap, a, size, vals, dq, fixed, mark, resident, stamp, bounce, belady,
+                                    next_i, use_ptr, use_pos, last_access)
                     if k < 0:
                         continue
-                    for v in ten[k:kj]:
+                    while k != kj:
+                        v, k = a[k, TEN], a[k, NX]
                         if resident[v] == stamp and bounce:
                             resident[v] = 0
                             todo[ntodo] = v
                             ntodo += 1
-                        recs, nrec = _evict(v, recs, nrec, a, cnt, where, released, host, host_at, last_access,
+                        recs, nrec = _evict(v, recs, nrec, a, aux, cnt, where, released, host, host_at, last_access,
                                             next_i, use_ptr, use_pos, loss)
                     _sort_todo(todo, ntodo, size)
-                    g = _fit(a, cnt, size[t])
+                    g = _fit(a, aux, cnt, size[t])
                     break
             if g < 0 and not packed:  # last resort: take back this op's placements, clear everything
                 for j in range(npend):
                     u = pend[j]
-                    _remove(a, cnt, u, -1)
+                    _remove(a, aux, cnt, u, -1)
                     where[u] = -1
                 for j in range(o0, o1):
                     u = out_idx[j]
                     if u != ipo and where[u] >= 0:
-                        _remove(a, cnt, u, -1)
+                        _remove(a, aux, cnt, u, -1)
                         where[u] = -1
-                for v in ten[:_tenants(a, cnt, off, end, ten)]:
+                k, top = a[n_t, NX], n_t + 1
+                while k != top:
+                    v, k = a[k, TEN], a[k, NX]
                     if not fixed[v]:
                         resident[v] = 0
-                        recs, nrec = _evict(v, recs, nrec, a, cnt, where, released, host, host_at, last_access,
+                        recs, nrec = _evict(v, recs, nrec, a, aux, cnt, where, released, host, host_at, last_access,
                                             next_i, use_ptr, use_pos, loss)
                 npend, packed = 0, True
                 ntodo = _queue(todo, i0, i1, o0, o1, in_idx, out_idx, ipo, where, queued, -stamp, size)
                 continue
             if g < 0:
                 return recs[:0], out_off, peak, 2
-            since = a[REL, g]
-            where[t] = _insert(a, cnt, g, size[t], t)
+            since = a[g, REL]
+            where[t] = _insert(a, aux, cnt, g, size[t], t)
             peak = max(peak, where[t] + size[t])
             if is_out[t] == stamp:
                 out_off[t] = where[t]
@@ -467,8 +449,8 @@ def _plan(schedule, cap, pinned0, policy, size, in_ptr, in_idx, out_ptr, out_idx
             old = in_idx[i0]
             where[ipo] = out_off[ipo] = where[old]
             where[old] = -1
-            a[NODE, ipo] = a[NODE, old]
-            a[TEN, a[NODE, ipo]] = ipo
+            aux[NODE, ipo] = aux[NODE, old]
+            a[aux[NODE, ipo], TEN] = ipo
             if pinned[old]:
                 pinned[ipo] = fixed[ipo] = True
         recs = _record(recs, nrec, pos + 1, RUN, op, -1, -1)
@@ -506,7 +488,7 @@ def _plan(schedule, cap, pinned0, policy, size, in_ptr, in_idx, out_ptr, out_idx
             if nxt == INF or (offload and host[t] and pos < turn and turn <= nxt):
                 recs = _record(recs, nrec, pos + 1, FREE, t, -1, -1)
                 nrec += 1
-                _remove(a, cnt, t, pos)
+                _remove(a, aux, cnt, t, pos)
                 where[t], released[t] = -1, pos
     return recs[:nrec], out_off, peak, 0
 
@@ -531,7 +513,7 @@ def _queue(todo, i0, i1, o0, o1, in_idx, out_idx, ipo, where, queued, tag, size)
 
 
 @numba.njit(cache=True)
-def _evict(v, recs, nrec, a, cnt, where, released, host, host_at, last_access, next_i, use_ptr, use_pos,
+def _evict(v, recs, nrec, a, aux, cnt, where, released, host, host_at, last_access, next_i, use_ptr, use_pos,
            loss) -> tuple:  # pragma: no cover - compiled
     """Tenant ``v`` leaves after its last use so far: copied out first if still needed."""
     kp = last_access[v]
@@ -541,7 +523,7 @@ def _evict(v, recs, nrec, a, cnt, where, released, host, host_at, last_access, n
         host[v], host_at[v] = True, kp
     recs = _record(recs, nrec, kp + 1, FREE, v, -1, -1)
     nrec += 1
-    _remove(a, cnt, v, kp)
+    _remove(a, aux, cnt, v, kp)
     where[v], released[v] = -1, kp
     return recs, nrec
 

@@ -23,7 +23,7 @@ from swapdsl.errors import SwpError
 from swapdsl.ir import Kind
 from swapdsl.plan import Free, Instr, Region, Run, SwapIn, SwapOut
 from swapdsl.problem import Problem
-from swapdsl.swapplan import INF, Policy
+from swapdsl.swapplan import INF, OUTPUTS, Policy
 
 NO_CAP = 1 << 62  # an arena with room for anything
 RUN, OUT, FREE, IN = 0, 1, 2, 3
@@ -73,7 +73,8 @@ class Evaluator:
         the highest byte the arena used, and the schedule as an array."""
         pin = np.zeros(len(self.size), np.bool_)
         pin[list(pinned)] = True
-        code = np.array([VICTIMS[policy.victim], PREFETCH[policy.prefetch], int(policy.offload)], np.int64)
+        code = np.array([VICTIMS[policy.victim], PREFETCH[policy.prefetch], int(policy.offload),
+                         OUTPUTS.index(policy.outputs)], np.int64)
         sched = np.asarray(schedule, np.int64)
         recs, out_off, peak, status = _plan(
             sched, cap, pin, code, self.size, self.in_ptr, self.in_idx, self.out_ptr, self.out_idx,
@@ -179,13 +180,14 @@ def _sort_ints(a: np.ndarray, n: int) -> None:
 
 
 # -- the arena, a doubly linked list of nodes in offset order. Row ``a[m]`` of node m (one cache line):
-# NX/PV link the nodes, OFF/END/TEN describe its tenant, REL is the latest position at which a byte of
-# the gap before m fell free (-1: never used), GPOS its place in the set of gaps that are not empty
-# (row GS of ``aux``, unordered, so that ``_fit`` looks at few). Node HEAD (end 0) starts the list and
-# TOP (offset cap) ends it. Row NODE of ``aux`` maps a tensor to its node, row FREE_ROW is a stack of
-# unused nodes; ``cnt`` holds [tenants, gaps in the set, free nodes].
+# NX/PV link the nodes, OFF/END/TEN describe its tenant, GPOS is the place of the gap before m in the
+# set of gaps that are not empty (row GS of ``aux``, unordered, so that ``_fit`` looks at few). Node
+# HEAD (end 0) starts the list and TOP (offset cap) ends it. Row NODE of ``aux`` maps a tensor to its
+# node, row FREE_ROW is a stack of unused nodes; ``cnt`` holds [tenants, gaps in the set, free nodes,
+# free-position segments in use]. ``Freed`` holds segments (below) of the position at which each
+# byte last fell free.
 
-NX, PV, OFF, END, TEN, REL, GPOS = range(7)
+NX, PV, OFF, END, TEN, GPOS = range(6)
 GS, NODE, FREE_ROW = range(3)
 
 
@@ -196,7 +198,7 @@ def _arena(n_t: int, cap: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     head, top = n_t, n_t + 1
     a[head, END], a[head, NX], a[top, PV], a[top, OFF] = 0, top, head, cap
     aux[FREE_ROW, :n_t] = np.arange(n_t - 1, -1, -1)
-    cnt = np.array([0, 0, n_t], np.int64)
+    cnt = np.array([0, 0, n_t, 1], np.int64)
     if cap > 0:
         _gap_add(a, aux, cnt, top)
     return a, aux, cnt
@@ -216,48 +218,61 @@ def _gap_drop(a: np.ndarray, aux: np.ndarray, cnt: np.ndarray, g: int) -> None:
     a[g, GPOS] = -1
 
 
-@numba.njit(cache=True)
-def _fit(a: np.ndarray, aux: np.ndarray, cnt: np.ndarray, size: int) -> int:
-    """Arena.fit: of the gaps that hold ``size``, the one free longest, then the smallest, then the
-    lowest; else the gap above the last tenant; -1 if none does."""
+@numba.njit(cache=True, _nrt=False)
+def _fit(a: np.ndarray, aux: np.ndarray, cnt: np.ndarray, fs: np.ndarray, fval: np.ndarray,
+         findex: np.ndarray, fgran: int, size: int, newest: bool) -> tuple[int, int, int]:
+    """Arena.fit: (node after the gap, offset, position since which the bytes are free) of the best
+    place at the start or end of a gap that holds ``size``, else at the start of the gap above the
+    last tenant; node -1 if none holds it."""
     top = a.shape[0] - 1
-    best, best_len, best_lo, top_fits = -1, 0, 0, False
+    sign = -1 if newest else 1
+    best, best_off, best_since, best_len, top_lo = -1, 0, 0, 0, -1
     for q in range(cnt[1]):
         g = aux[GS, q]
-        lo = a[a[g, PV], END]
-        length = a[g, OFF] - lo
+        lo, hi = a[a[g, PV], END], a[g, OFF]
+        if hi - lo < size:
+            continue
         if g == top:
-            top_fits = length >= size
-        elif length >= size and (best < 0 or a[g, REL] < a[best, REL] or (a[g, REL] == a[best, REL] and (
-                length < best_len or (length == best_len and lo < best_lo)))):
-            best, best_len, best_lo = g, length, lo
-    return top if best < 0 and top_fits else best
+            top_lo = lo
+            continue
+        for offset in (lo, hi - size):
+            since = int(_seg_max(offset, offset + size, fs, fval, findex, fgran))
+            if best < 0 or sign * since < sign * best_since or (since == best_since and (
+                    hi - lo < best_len or (hi - lo == best_len and offset < best_off))):
+                best, best_off, best_since, best_len = g, offset, since, hi - lo
+    if best < 0 and top_lo >= 0:
+        return top, top_lo, int(_seg_max(top_lo, top_lo + size, fs, fval, findex, fgran))
+    return best, best_off, best_since
 
 
 @numba.njit(cache=True)
-def _insert(a: np.ndarray, aux: np.ndarray, cnt: np.ndarray, g: int, size: int, t: int) -> int:
-    """Tenant ``t`` takes the start of the gap before node ``g``; both parts of the gap keep its REL."""
+def _insert(a: np.ndarray, aux: np.ndarray, cnt: np.ndarray, g: int, offset: int, size: int, t: int) -> int:
+    """Tenant ``t`` takes [offset, offset + size) in the gap before node ``g``."""
     cnt[2] -= 1
     m, before = aux[FREE_ROW, cnt[2]], a[g, PV]
-    lo = a[before, END]
-    if a[g, OFF] == lo + size:
+    if offset + size == a[g, OFF]:
         _gap_drop(a, aux, cnt, g)
+    if offset > a[before, END]:
+        _gap_add(a, aux, cnt, m)
     a[m, NX], a[m, PV], a[before, NX], a[g, PV] = g, before, m, m
-    a[m, OFF], a[m, END], a[m, TEN], a[m, REL], aux[NODE, t] = lo, lo + size, t, a[g, REL], m
+    a[m, OFF], a[m, END], a[m, TEN], aux[NODE, t] = offset, offset + size, t, m
     cnt[0] += 1
-    return lo
+    return offset
 
 
 @numba.njit(cache=True)
-def _remove(a: np.ndarray, aux: np.ndarray, cnt: np.ndarray, t: int, pos: int) -> None:
-    """Tenant ``t`` leaves at ``pos`` (-1: never written); it and the gaps either side become one gap."""
+def _remove(a: np.ndarray, aux: np.ndarray, cnt: np.ndarray, fs: np.ndarray, fval: np.ndarray,
+            findex: np.ndarray, fgran: int, t: int, pos: int) -> None:
+    """Tenant ``t`` leaves at ``pos`` (-1: never written, its bytes keep their past); it and the gaps
+    either side become one gap."""
     m = aux[NODE, t]
     before, after = a[m, PV], a[m, NX]
+    if pos >= 0:
+        cnt[3] = _seg_assign(a[m, OFF], a[m, END], float(pos), fs, fval, findex, fgran, cnt[3])
     if a[m, GPOS] >= 0:
         _gap_drop(a, aux, cnt, m)
     if a[after, GPOS] < 0:
         _gap_add(a, aux, cnt, after)
-    a[after, REL] = max(max(a[m, REL], pos), a[after, REL])
     a[before, NX], a[after, PV] = after, before
     aux[FREE_ROW, cnt[2]] = m
     cnt[2] += 1
@@ -329,6 +344,8 @@ def _plan(schedule, cap, pinned0, policy, size, in_ptr, in_idx, out_ptr, out_idx
     n_t, n_ops = len(size), len(schedule)
     belady, prefetch, offload = policy[0] == 1, policy[1], policy[2] == 1
     a, aux, cnt = _arena(n_t, cap)
+    fs, fval, findex, fgran = _segments(min(cap, size.sum()), n_t + 16, -1.0)
+    newest_from = n_ops if policy[3] == 0 else (0 if policy[3] == 1 else -1)  # -1: the turn, found below
     vals, dq = np.empty(n_t + 1, np.int64), np.empty(n_t + 1, np.int64)
     peak = 0
     where = np.full(n_t, -1, np.int64)
@@ -354,15 +371,17 @@ def _plan(schedule, cap, pinned0, policy, size, in_ptr, in_idx, out_ptr, out_idx
         if not fwd_act[out_idx[out_ptr[schedule[pos]]]]:
             turn = pos
             break
+    if newest_from < 0:
+        newest_from = turn
     recs = np.empty((4 * n_ops + 16, 5), np.int64)
     nrec = 0
     for sweep in range(2):  # pinned tensors by name, then inputs by name
         for t in by_name:
             if (sweep == 0 and pinned[t]) or (sweep == 1 and is_input[t]):
-                g = _fit(a, aux, cnt, size[t])
+                g, offset, _ = _fit(a, aux, cnt, fs, fval, findex, fgran, size[t], False)
                 if g < 0:
                     return recs[:0], out_off, peak, 1
-                where[t] = out_off[t] = _insert(a, aux, cnt, g, size[t], t)
+                where[t] = out_off[t] = _insert(a, aux, cnt, g, offset, size[t], t)
                 peak = max(peak, where[t] + size[t])
     todo = np.empty(64, np.int64)
     pend = np.empty(64, np.int64)  # swap-ins of this op: tensor, and (in pend_since) since when free
@@ -373,6 +392,8 @@ def _plan(schedule, cap, pinned0, policy, size, in_ptr, in_idx, out_ptr, out_idx
         width = 2 * ((i1 - i0) + (o1 - o0)) + 4
         if todo.shape[0] < width:
             todo, pend, pend_since = np.empty(width, np.int64), np.empty(width, np.int64), np.empty(width, np.int64)
+        # this op frees at most the tenants there now and its own tensors
+        fs, fval = _seg_reserve(fs, fval, cnt[3], cnt[0] + width)
         ipo = out_idx[o0] if in_place[op] else -1
         for j in range(i0, i1):
             mark[in_idx[j]] = stamp
@@ -390,8 +411,8 @@ def _plan(schedule, cap, pinned0, policy, size, in_ptr, in_idx, out_ptr, out_idx
             ntodo -= 1
             for j in range(ntodo):
                 todo[j] = todo[j + 1]
-            since = -1
-            g = _fit(a, aux, cnt, size[t])
+            newest = is_out[t] == stamp and pos >= newest_from
+            g, offset, since = _fit(a, aux, cnt, fs, fval, findex, fgran, size[t], newest)
             if g < 0:
                 for bounce in (False, True):
                     k, kj = _window(size[t], cap, a, size, vals, dq, fixed, mark, resident, stamp, bounce, belady,
@@ -404,35 +425,34 @@ def _plan(schedule, cap, pinned0, policy, size, in_ptr, in_idx, out_ptr, out_idx
                             resident[v] = 0
                             todo[ntodo] = v
                             ntodo += 1
-                        recs, nrec = _evict(v, recs, nrec, a, aux, cnt, where, released, host, host_at, last_access,
+                        recs, nrec = _evict(v, recs, nrec, a, aux, cnt, fs, fval, findex, fgran, where, released, host, host_at, last_access,
                                             next_i, use_ptr, use_pos, loss)
                     _sort_todo(todo, ntodo, size)
-                    g = _fit(a, aux, cnt, size[t])
+                    g, offset, since = _fit(a, aux, cnt, fs, fval, findex, fgran, size[t], newest)
                     break
             if g < 0 and not packed:  # last resort: take back this op's placements, clear everything
                 for j in range(npend):
                     u = pend[j]
-                    _remove(a, aux, cnt, u, -1)
+                    _remove(a, aux, cnt, fs, fval, findex, fgran, u, -1)
                     where[u] = -1
                 for j in range(o0, o1):
                     u = out_idx[j]
                     if u != ipo and where[u] >= 0:
-                        _remove(a, aux, cnt, u, -1)
+                        _remove(a, aux, cnt, fs, fval, findex, fgran, u, -1)
                         where[u] = -1
                 k, top = a[n_t, NX], n_t + 1
                 while k != top:
                     v, k = a[k, TEN], a[k, NX]
                     if not fixed[v]:
                         resident[v] = 0
-                        recs, nrec = _evict(v, recs, nrec, a, aux, cnt, where, released, host, host_at, last_access,
+                        recs, nrec = _evict(v, recs, nrec, a, aux, cnt, fs, fval, findex, fgran, where, released, host, host_at, last_access,
                                             next_i, use_ptr, use_pos, loss)
                 npend, packed = 0, True
                 ntodo = _queue(todo, i0, i1, o0, o1, in_idx, out_idx, ipo, where, queued, -stamp, size)
                 continue
             if g < 0:
                 return recs[:0], out_off, peak, 2
-            since = a[g, REL]
-            where[t] = _insert(a, aux, cnt, g, size[t], t)
+            where[t] = _insert(a, aux, cnt, g, offset, size[t], t)
             peak = max(peak, where[t] + size[t])
             if is_out[t] == stamp:
                 out_off[t] = where[t]
@@ -488,7 +508,7 @@ def _plan(schedule, cap, pinned0, policy, size, in_ptr, in_idx, out_ptr, out_idx
             if nxt == INF or (offload and host[t] and pos < turn and turn <= nxt):
                 recs = _record(recs, nrec, pos + 1, FREE, t, -1, -1)
                 nrec += 1
-                _remove(a, aux, cnt, t, pos)
+                _remove(a, aux, cnt, fs, fval, findex, fgran, t, pos)
                 where[t], released[t] = -1, pos
     return recs[:nrec], out_off, peak, 0
 
@@ -513,7 +533,7 @@ def _queue(todo, i0, i1, o0, o1, in_idx, out_idx, ipo, where, queued, tag, size)
 
 
 @numba.njit(cache=True)
-def _evict(v, recs, nrec, a, aux, cnt, where, released, host, host_at, last_access, next_i, use_ptr, use_pos,
+def _evict(v, recs, nrec, a, aux, cnt, fs, fval, findex, fgran, where, released, host, host_at, last_access, next_i, use_ptr, use_pos,
            loss) -> tuple:  # pragma: no cover - compiled
     """Tenant ``v`` leaves after its last use so far: copied out first if still needed."""
     kp = last_access[v]
@@ -523,7 +543,7 @@ def _evict(v, recs, nrec, a, aux, cnt, where, released, host, host_at, last_acce
         host[v], host_at[v] = True, kp
     recs = _record(recs, nrec, kp + 1, FREE, v, -1, -1)
     nrec += 1
-    _remove(a, aux, cnt, v, kp)
+    _remove(a, aux, cnt, fs, fval, findex, fgran, v, kp)
     where[v], released[v] = -1, kp
     return recs, nrec
 
@@ -554,11 +574,23 @@ BUCKETS = 4096
 
 
 @numba.njit(cache=True)
-def _segments(top: int, n_assign: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, int]:
+def _segments(top: int, n_assign: int, first: float) -> tuple[np.ndarray, np.ndarray, np.ndarray, int]:
+    """Room for ``n_assign`` assignments over [0, top), every byte holding ``first``."""
     s = np.empty((4, 2 * n_assign + 2), np.int64)
     s[SLO, 0], s[SHI, 0], s[SNX, 0], s[SPV, 0] = 0, max(top, 1), -1, -1
     gran = max(256, -(-top // BUCKETS))
-    return s, np.zeros(2 * n_assign + 2, np.float64), np.zeros(BUCKETS + 1, np.int64), gran
+    return s, np.full(2 * n_assign + 2, first, np.float64), np.zeros(BUCKETS + 1, np.int64), gran
+
+
+@numba.njit(cache=True)
+def _seg_reserve(s: np.ndarray, val: np.ndarray, n: int, more: int) -> tuple[np.ndarray, np.ndarray]:
+    """Room for ``more`` assignments beyond the ``n`` nodes in use (the same arrays if there is)."""
+    if n + 2 * more <= s.shape[1]:
+        return s, val
+    size = max(2 * s.shape[1], n + 2 * more)
+    s2, val2 = np.empty((4, size), np.int64), np.empty(size, np.float64)
+    s2[:, :n], val2[:n] = s[:, :n], val[:n]
+    return s2, val2
 
 
 @numba.njit(cache=True, inline="always")
@@ -569,10 +601,10 @@ def _seg_find(lo: int, s: np.ndarray, bucket: np.ndarray, gran: int) -> int:
     return x
 
 
-@numba.njit(cache=True)
+@numba.njit(cache=True, _nrt=False)
 def _seg_max(lo: int, hi: int, s: np.ndarray, val: np.ndarray, bucket: np.ndarray, gran: int) -> float:
     x = _seg_find(lo, s, bucket, gran)
-    most = 0.0
+    most = -np.inf  # (the segments tile the range: some value is met)
     while x >= 0 and s[SLO, x] < hi:
         most = max(most, val[x])
         x = s[SNX, x]
@@ -648,7 +680,7 @@ def _simulate(schedule, recs, out_off, top, size, in_ptr, in_idx, out_ptr, out_i
               copy):  # pragma: no cover - compiled
     """simulate.simulate on the records: three FIFO streams, one pass in program order."""
     n_t = len(out_off)
-    s, val, index, gran = _segments(top, recs.shape[0])
+    s, val, index, gran = _segments(top, recs.shape[0], 0.0)
     n_s = 1
     ready = np.zeros(n_t, np.float64)
     host_ready = np.zeros(n_t, np.float64)

@@ -1,16 +1,18 @@
 """The optimiser: SwapAdvisor's genetic search over schedules, plus what to pin.
 
-A genome is a priority per op and the share of the cap given to pinned
-persistent tensors. Decoding: the schedule is the topological order that
+A genome is a priority per op, the share of the cap given to pinned
+persistent tensors, and where op outputs go in the arena (``Policy.outputs``:
+the bytes free longest, or those freed last, always or in the backward pass
+only; which is best depends on the model and the cap). Decoding: the schedule is the topological order that
 always runs the ready op of highest priority (so every genome is a valid
 schedule and crossover needs no repair); the pinned set is the persistent
 tensors read most per byte that fit in that share (less if the ops would not
 fit beside them). The swap planner (arena placement, Belady victims, earliest
-prefetch) then makes the plan and the simulator scores it. SwapAdvisor also
+prefetch, the genome's output placement) then makes the plan and the simulator scores it. SwapAdvisor also
 searched over the carving of memory into size classes; here the arena has no
 carving to search (any tensor may take any free bytes), which is what lets a
-plan use the whole cap. Seeds: the default schedule at every pinning level,
-and jittered variants. Selection is by tournament with elitism; children mix
+plan use the whole cap. Seeds: the default schedule at every pinning level
+and with each output placement, and jittered variants. Selection is by tournament with elitism; children mix
 their parents' priorities op by op (or at one cut), then mutate. The result
 is never worse than the best baseline: those plans are scored too, and kept
 if nothing beats them.
@@ -40,9 +42,9 @@ from swapdsl.plan import Plan
 from swapdsl.planners import METHODS, Request, SearchOptions, Setup, baseline_setup, build_plan, with_figures
 from swapdsl.problem import Problem
 from swapdsl.sizing import choose_pinned, need_bytes
-from swapdsl.swapplan import Policy
+from swapdsl.swapplan import OUTPUTS, Policy
 
-POLICY = Policy("belady", "earliest")
+POLICY = Policy("belady", "earliest")  # the genome picks ``outputs``
 PIN_LEVELS = (0.0, 0.1, 0.25, 0.5, 0.75, 1.0)
 
 
@@ -56,11 +58,16 @@ def _frozen(values: object) -> np.ndarray:
 class Genome:
     priority: np.ndarray = attrs.field(converter=_frozen)  # one per op, read-only
     pin: float = attrs.field(converter=float)  # share of the cap for pinned persistent tensors
+    outputs: int = 0  # index into swapplan.OUTPUTS
 
     @property
-    def key(self) -> tuple[bytes, float]:
+    def key(self) -> tuple[bytes, float, int]:
         """What identifies a genome (arrays do not hash)."""
-        return self.priority.tobytes(), self.pin
+        return self.priority.tobytes(), self.pin, self.outputs
+
+    @property
+    def policy(self) -> Policy:
+        return attrs.evolve(POLICY, outputs=OUTPUTS[self.outputs])
 
 
 @attrs.frozen
@@ -156,7 +163,7 @@ class Decoder:
         if decoded is None:
             return None
         schedule, pinned = decoded
-        return build_plan(self.req, self.p, "ga", schedule.tolist(), pinned, POLICY, self.evaluator)
+        return build_plan(self.req, self.p, "ga", schedule.tolist(), pinned, g.policy, self.evaluator)
 
     def score(self, g: Genome) -> float:
         """The iteration time of the genome's plan, from the compiled planner and simulator."""
@@ -164,7 +171,7 @@ class Decoder:
         if decoded is None:
             return math.inf
         schedule, pinned = decoded
-        return self.evaluator(schedule, self.req.cap, pinned, POLICY).iteration_ms
+        return self.evaluator(schedule, self.req.cap, pinned, g.policy).iteration_ms
 
 
 _DECODER: Decoder | None = None
@@ -185,7 +192,7 @@ class _Scorer:
 
     def __init__(self, req: Request, decoder: Decoder, workers: int) -> None:
         self.decoder = decoder
-        self.cache: dict[tuple[bytes, float], float] = {}
+        self.cache: dict[tuple[bytes, float, int], float] = {}
         self.pool: ProcessPoolExecutor | None = None
         if workers > 1:
             method = "fork" if "fork" in multiprocessing.get_all_start_methods() else "spawn"
@@ -214,9 +221,10 @@ def _seeds(d: Decoder, rng: np.random.Generator, size: int) -> list[Genome]:
     except SwpError:
         base_pin = 0.0
     seeds = [Genome(default, base_pin)] + [Genome(default, pin) for pin in PIN_LEVELS if pin != base_pin]
+    seeds += [Genome(default, base_pin, o) for o in range(1, len(OUTPUTS))]
     while len(seeds) < size:
         jitter = rng.normal(0.0, rng.choice([0.5, 2.0, 8.0]), n)
-        seeds.append(Genome(default + jitter, float(rng.choice(PIN_LEVELS))))
+        seeds.append(Genome(default + jitter, float(rng.choice(PIN_LEVELS)), int(rng.integers(len(OUTPUTS)))))
     return seeds[:max(size, 1)]
 
 
@@ -225,7 +233,8 @@ def _crossover(a: Genome, b: Genome, rng: np.random.Generator) -> Genome:
     if rng.random() < 0.5:  # one cut: keeps runs of relative order together
         cut = int(rng.integers(0, len(a.priority) + 1))
         take = np.arange(len(a.priority)) < cut
-    return Genome(np.where(take, a.priority, b.priority), a.pin if rng.random() < 0.5 else b.pin)
+    return Genome(np.where(take, a.priority, b.priority), a.pin if rng.random() < 0.5 else b.pin,
+                  a.outputs if rng.random() < 0.5 else b.outputs)
 
 
 def _mutate(g: Genome, rng: np.random.Generator) -> Genome:
@@ -233,8 +242,10 @@ def _mutate(g: Genome, rng: np.random.Generator) -> Genome:
         priority = np.array(g.priority)
         ops = rng.integers(0, len(priority), size=int(rng.integers(1, 8)))
         priority[ops] += rng.normal(0.0, rng.choice([1.0, 5.0, 25.0]), len(ops))
-        return Genome(priority, g.pin)
-    return Genome(g.priority, float(rng.choice(PIN_LEVELS)))
+        return Genome(priority, g.pin, g.outputs)
+    if rng.random() < 0.5:
+        return Genome(g.priority, float(rng.choice(PIN_LEVELS)), g.outputs)
+    return Genome(g.priority, g.pin, int(rng.integers(len(OUTPUTS))))
 
 
 def _tournament(pop: list[Genome], fit: list[float], rng: np.random.Generator, k: int = 3) -> Genome:

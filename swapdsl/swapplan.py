@@ -7,10 +7,15 @@ same program in compiled code, and a property test holds them together.
 The arena is one range of ``cap`` bytes. Pinned persistent tensors and inputs
 are placed first, from offset 0, and never move. One pass over the schedule:
 before each op, its missing inputs and its outputs are placed, largest first.
-A tensor goes into a gap between tenants that holds it (the space above the
-last tenant only when no gap does); among the gaps that hold it, the
-one free longest, so that a swap-in into it can start earliest, then the
-smallest. When none is big enough, a
+The planner remembers, for each byte, the position at which it last fell free.
+A tensor goes into a gap between tenants that holds it, at the gap's start or
+its end (the space above the last tenant, at its start, only when no gap
+does): the place whose bytes have all been free longest, so that a swap-in
+into it can start earliest, then the smallest gap, then the lowest offset.
+With ``outputs`` "newest" (or "newest-backward", from the first op of the
+backward pass on) an op's outputs take the place freed last instead, which
+leaves the long-free bytes to swap-ins: short-lived tensors would otherwise
+reset their age. When none is big enough, a
 window of the arena is cleared: among the windows that start at a gap and
 hold no tensor of this op, the one whose soonest-needed tenant is needed
 latest (``belady``) or whose latest-used tenant was used longest ago
@@ -24,7 +29,7 @@ of ``sizing.need_bytes`` always suffices.
 
 A swap-in starts on demand (``none``), as early as its region and its host
 copy allow (``earliest``), or one op ahead (``ahead``); its region is free
-since the latest position at which any byte of the gap it took fell free.
+since the latest position at which any of its bytes fell free.
 ``offload`` (vDNN) copies every forward activation needed in the backward
 pass to the host as soon as it is produced and frees it after its last
 forward use. Instructions are placed at the op they follow, so a victim's
@@ -38,6 +43,7 @@ import bisect
 
 import attrs
 
+from swapdsl.arena import Segments
 from swapdsl.errors import SwpError
 from swapdsl.plan import Free, Instr, Region, Run, SwapIn, SwapOut
 from swapdsl.problem import Problem
@@ -47,11 +53,19 @@ INF = 1 << 60
 _OUT, _FREE, _IN = 0, 1, 2  # order of instructions issued after the same op
 
 
+OUTPUTS = ("oldest", "newest", "newest-backward")
+
+
 @attrs.frozen
 class Policy:
     victim: str  # "lru" or "belady"
     prefetch: str  # "none", "earliest" or "ahead"
     offload: bool = False
+    outputs: str = "oldest"  # where an op's outputs go: one of OUTPUTS (see the module docstring)
+
+    def newest(self, pos: int, turn: int) -> bool:
+        """Do the outputs of the op at ``pos`` take the bytes freed last?"""
+        return self.outputs == "newest" or (self.outputs == "newest-backward" and pos >= turn)
 
 
 def placement_order(p: Problem, tensors: list[int]) -> list[int]:
@@ -61,54 +75,57 @@ def placement_order(p: Problem, tensors: list[int]) -> list[int]:
 
 class Arena:
     """Tenants sorted by offset; gap i lies before tenant i (the last one above every tenant), and
-    ``rel[i]`` is the latest schedule position at which a byte of gap i fell free (-1: never used)."""
+    ``freed`` holds, for each byte, the latest schedule position at which it fell free (none: never
+    used)."""
 
     def __init__(self, cap: int) -> None:
         self.cap = cap
         self.off: list[int] = []
         self.end: list[int] = []
         self.ten: list[int] = []
-        self.rel: list[int] = [-1]
+        self.freed: Segments[int] = Segments()
 
     def gap(self, i: int) -> tuple[int, int]:
         return (self.end[i - 1] if i else 0), (self.off[i] if i < len(self.off) else self.cap)
 
-    def fit(self, size: int) -> int | None:
-        """Of the gaps between tenants that hold ``size`` bytes, the one free longest (so a swap-in
-        into it can start earliest), then the smallest, then the lowest; else the space above the
-        last tenant if it holds them."""
-        best: int | None = None
+    def since(self, offset: int, size: int) -> int:
+        """The position since which all of [offset, offset + size) is free (-1: never used)."""
+        return max(self.freed.over(offset, offset + size), default=-1)
+
+    def fit(self, size: int, newest: bool = False) -> tuple[int, int] | None:
+        """Where ``size`` bytes go, as (gap, offset): of the gaps between tenants that hold them, at
+        the start or the end of one, the place free longest (so a swap-in into it can start
+        earliest) or, with ``newest``, freed last; then the smallest gap, then the lowest offset;
+        else the start of the space above the last tenant if it holds them."""
+        best: tuple[int, int, int, int] | None = None
         for i in range(len(self.off)):
             lo, hi = self.gap(i)
-            if hi - lo >= size and (best is None or (self.rel[i], hi - lo) < (self.rel[best], self.length(best))):
-                best = i
-        if best is None:
-            lo, hi = self.gap(len(self.off))
-            if hi - lo >= size:
-                best = len(self.off)
-        return best
+            if hi - lo < size:
+                continue
+            for offset in (lo, hi - size):
+                key = ((-1 if newest else 1) * self.since(offset, size), hi - lo, offset, i)
+                if best is None or key < best:
+                    best = key
+        if best is not None:
+            return best[3], best[2]
+        lo, hi = self.gap(len(self.off))
+        return (len(self.off), lo) if hi - lo >= size else None
 
-    def length(self, i: int) -> int:
-        lo, hi = self.gap(i)
-        return hi - lo
-
-    def insert(self, i: int, size: int, t: int) -> int:
-        """Put tenant ``t`` at the start of gap ``i``; both halves of the gap keep its ``rel``."""
-        offset = self.gap(i)[0]
+    def insert(self, i: int, offset: int, size: int, t: int) -> int:
+        """Put tenant ``t`` at ``offset`` in gap ``i``."""
         self.off.insert(i, offset)
         self.end.insert(i, offset + size)
         self.ten.insert(i, t)
-        self.rel.insert(i, self.rel[i])
         return offset
 
     def index(self, offset: int) -> int:
         return bisect.bisect_left(self.off, offset)
 
     def remove(self, i: int, pos: int) -> None:
-        """Tenant i leaves at position ``pos`` (-1: it was never written); its gaps merge."""
-        merged = max(self.rel[i], pos, self.rel[i + 1])
-        del self.off[i], self.end[i], self.ten[i], self.rel[i + 1]
-        self.rel[i] = merged
+        """Tenant i leaves at position ``pos`` (-1: it was never written, its bytes keep their past)."""
+        if pos >= 0:
+            self.freed.assign(self.off[i], self.end[i], pos)
+        del self.off[i], self.end[i], self.ten[i]
 
 
 class _Planner:
@@ -145,11 +162,11 @@ class _Planner:
     def region(self, t: int) -> Region:
         return Region(self.where[t], self.p.size[t])
 
-    def place(self, t: int, gap: int) -> int:
-        """Put ``t`` in gap ``gap``; returns the position since which that gap is free."""
-        since = self.arena.rel[gap]
-        self.where[t] = self.arena.insert(gap, self.p.size[t], t)
-        return since
+    def place(self, t: int, spot: tuple[int, int]) -> int:
+        """Put ``t`` at ``spot`` (gap, offset); returns the position since which its bytes are free."""
+        gap, offset = spot
+        self.where[t] = self.arena.insert(gap, offset, self.p.size[t], t)
+        return self.arena.since(offset, self.p.size[t])
 
     def release(self, t: int, pos: int) -> None:
         self.arena.remove(self.arena.index(self.where.pop(t)), pos)
@@ -206,7 +223,7 @@ class _Planner:
         packed = False
         while todo:
             t = todo.pop(0)
-            got = self.acquire(t, pos, protect, resident)
+            got = self.acquire(t, pos, protect, resident, t in outs and self.policy.newest(pos, self.turn))
             if got is None and not packed:
                 self.clear_all(pos, [u for u, _ in swapins] + [u for u in outs if u in self.where], resident)
                 swapins, packed = [], True
@@ -222,11 +239,12 @@ class _Planner:
                 swapins.append((t, since))
         return swapins
 
-    def acquire(self, t: int, pos: int, protect: set[int], resident: set[int]) -> tuple[int, list[int]] | None:
+    def acquire(self, t: int, pos: int, protect: set[int], resident: set[int],
+                newest: bool) -> tuple[int, list[int]] | None:
         """Room for ``t``: a gap, else a window cleared of tenants not of this op, else also of this
         op's inputs on the device (returned second, to be placed again). None if neither exists."""
         size = self.p.size[t]
-        gap = self.arena.fit(size)
+        gap = self.arena.fit(size, newest)
         if gap is not None:
             return self.place(t, gap), []
         for movable in (set(), resident):
@@ -234,7 +252,7 @@ class _Planner:
             if victims is not None:
                 for v in victims:
                     self.evict(v)
-                gap = self.arena.fit(size)
+                gap = self.arena.fit(size, newest)
                 assert gap is not None
                 return self.place(t, gap), [v for v in victims if v in movable]
         return None

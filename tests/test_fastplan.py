@@ -22,10 +22,11 @@ from swapdsl.planners import METHODS, Request, baseline_setup, build_plan
 from swapdsl.problem import Problem
 from swapdsl.simulate import simulate
 from swapdsl.sizing import need_bytes, no_swap_bytes
-from swapdsl.swapplan import Policy, plan_swaps_reference
+from swapdsl.swapplan import OUTPUTS, Policy, plan_swaps_reference
 
 V100 = BUILTIN["v100-16gb"]
-POLICIES = [Policy(v, f) for v in ("lru", "belady") for f in ("none", "earliest", "ahead")]
+POLICIES = [Policy(v, f) for v in ("lru", "belady") for f in ("none", "earliest", "ahead")] + \
+    [Policy("belady", "earliest", outputs=o) for o in OUTPUTS[1:]]
 
 
 def _need_and_no_swap(p: Problem) -> tuple[int, int]:
@@ -137,7 +138,7 @@ def test_tight_caps_take_the_last_resort_paths_and_still_agree(monkeypatch: pyte
         p = Problem.build(t, V100)
         need, no_swap = _need_and_no_swap(p)
         cap = need + int(random.Random(seed).choice([0.0, 0.05]) * (no_swap - need))
-        for policy in (Policy("belady", "earliest"), Policy("lru", "none")):
+        for policy in (Policy("belady", "earliest"), Policy("lru", "none"), Policy("belady", "earliest", outputs="newest")):
             _agree(Request(t, V100, cap, "random.swp", ()), p, list(range(p.n_ops)), policy, frozenset())
     assert taken["clear"] > 0 and taken["bounce"] > 0
 
@@ -156,7 +157,7 @@ def test_compiled_free_time_segments_match_the_readable_ones(top: int, frees: li
     from swapdsl.arena import Segments
     from swapdsl.fastplan import _seg_assign, _seg_max, _segments
 
-    s, val, index, gran = _segments(top, len(frees))
+    s, val, index, gran = _segments(top, len(frees), 0.0)
     n, reference = 1, Segments[float]()
     for lo, length, when in frees:
         lo, hi = lo % top, min(top, lo % top + length)

@@ -28,6 +28,11 @@ from swapdsl.swapplan import INF, OUTPUTS, Policy
 NO_CAP = 1 << 62  # an arena with room for anything
 RUN, OUT, FREE, IN = 0, 1, 2, 3
 VICTIMS = {"lru": 0, "belady": 1}
+
+# Leaf functions take arrays from their caller and allocate nothing, so they are compiled without the
+# runtime's reference counting (numba's ``_nrt`` option): at each call numba would otherwise count a
+# reference to every array argument, atomically, and perf put that at 11-23% of the LSTM's planning.
+_leaf = numba.njit(cache=True, _nrt=False)
 PREFETCH = {"none": 0, "earliest": 1, "ahead": 2}
 
 
@@ -204,13 +209,13 @@ def _arena(n_t: int, cap: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     return a, aux, cnt
 
 
-@numba.njit(cache=True)
+@_leaf
 def _gap_add(a: np.ndarray, aux: np.ndarray, cnt: np.ndarray, g: int) -> None:
     aux[GS, cnt[1]], a[g, GPOS] = g, cnt[1]
     cnt[1] += 1
 
 
-@numba.njit(cache=True)
+@_leaf
 def _gap_drop(a: np.ndarray, aux: np.ndarray, cnt: np.ndarray, g: int) -> None:
     cnt[1] -= 1
     last = aux[GS, cnt[1]]
@@ -218,7 +223,7 @@ def _gap_drop(a: np.ndarray, aux: np.ndarray, cnt: np.ndarray, g: int) -> None:
     a[g, GPOS] = -1
 
 
-@numba.njit(cache=True, _nrt=False)
+@_leaf
 def _fit(a: np.ndarray, aux: np.ndarray, cnt: np.ndarray, fs: np.ndarray, fval: np.ndarray,
          findex: np.ndarray, fgran: int, size: int, newest: bool) -> tuple[int, int, int]:
     """Arena.fit: (node after the gap, offset, position since which the bytes are free) of the best
@@ -245,7 +250,7 @@ def _fit(a: np.ndarray, aux: np.ndarray, cnt: np.ndarray, fs: np.ndarray, fval: 
     return best, best_off, best_since
 
 
-@numba.njit(cache=True)
+@_leaf
 def _insert(a: np.ndarray, aux: np.ndarray, cnt: np.ndarray, g: int, offset: int, size: int, t: int) -> int:
     """Tenant ``t`` takes [offset, offset + size) in the gap before node ``g``."""
     cnt[2] -= 1
@@ -260,7 +265,7 @@ def _insert(a: np.ndarray, aux: np.ndarray, cnt: np.ndarray, g: int, offset: int
     return offset
 
 
-@numba.njit(cache=True)
+@_leaf
 def _remove(a: np.ndarray, aux: np.ndarray, cnt: np.ndarray, fs: np.ndarray, fval: np.ndarray,
             findex: np.ndarray, fgran: int, t: int, pos: int) -> None:
     """Tenant ``t`` leaves at ``pos`` (-1: never written, its bytes keep their past); it and the gaps
@@ -279,7 +284,7 @@ def _remove(a: np.ndarray, aux: np.ndarray, cnt: np.ndarray, fs: np.ndarray, fva
     cnt[0] -= 1
 
 
-@numba.njit(cache=True)
+@_leaf
 def _window(size, cap, a, tsize, vals, dq, fixed, mark, resident, stamp, bounce, belady, next_i, use_ptr,
             use_pos, last_access) -> tuple:  # pragma: no cover - compiled
     """The best window to clear: returns (its first tenant's node, the node after its last); (-1, -1)
@@ -513,7 +518,7 @@ def _plan(schedule, cap, pinned0, policy, size, in_ptr, in_idx, out_ptr, out_idx
     return recs[:nrec], out_off, peak, 0
 
 
-@numba.njit(cache=True)
+@_leaf
 def _queue(todo, i0, i1, o0, o1, in_idx, out_idx, ipo, where, queued, tag, size) -> int:
     """Queue the op's inputs not on the device (once each: ``queued`` marks them with ``tag``) and its
     outputs other than an in-place one, largest first."""
@@ -601,7 +606,7 @@ def _seg_find(lo: int, s: np.ndarray, bucket: np.ndarray, gran: int) -> int:
     return x
 
 
-@numba.njit(cache=True, _nrt=False)
+@_leaf
 def _seg_max(lo: int, hi: int, s: np.ndarray, val: np.ndarray, bucket: np.ndarray, gran: int) -> float:
     x = _seg_find(lo, s, bucket, gran)
     most = -np.inf  # (the segments tile the range: some value is met)
@@ -628,7 +633,7 @@ def _seg_new(s: np.ndarray, val: np.ndarray, n: int, lo: int, hi: int, v: float,
         s[SPV, nxt] = n
 
 
-@numba.njit(cache=True)
+@_leaf
 def _seg_assign(lo: int, hi: int, v: float, s: np.ndarray, val: np.ndarray, bucket: np.ndarray, gran: int,
                 n: int) -> int:
     """[lo, hi) now holds ``v``; returns how many nodes are in use. A segment cut in three keeps its id

@@ -12,7 +12,9 @@ prefetch, the genome's output placement) then makes the plan and the simulator s
 searched over the carving of memory into size classes; here the arena has no
 carving to search (any tensor may take any free bytes), which is what lets a
 plan use the whole cap. Seeds: the default schedule at every pinning level
-and with each output placement, and jittered variants. Selection is by tournament with elitism; children mix
+and with each output placement, a schedule that keeps the ops reading one
+weight together (``locality_priority``) at every pinning level and output
+placement, and jittered variants of both. Selection is by tournament with elitism; children mix
 their parents' priorities op by op (or at one cut), then mutate. The result
 is never worse than the best baseline: those plans are scored too, and kept
 if nothing beats them.
@@ -24,6 +26,7 @@ which worker ran them, so a seed and a generation limit fix the plan.
 
 from __future__ import annotations
 
+import collections
 import functools
 import math
 import multiprocessing
@@ -213,18 +216,56 @@ class _Scorer:
             self.pool.shutdown(wait=False, cancel_futures=True)
 
 
+def locality_priority(p: Problem) -> np.ndarray:
+    """Priorities for a schedule that keeps together the ops that read one persistent tensor.
+
+    Each op belongs to the group of the first-used persistent tensor it reads or, if it reads none,
+    to its nearest such neighbour's along data edges. Forward ops come first, earliest group first;
+    then the rest, latest group first; the default order breaks ties. For an unrolled RNN this runs
+    a layer through every step before the next layer starts, so its weights (and, going back, their
+    gradients) stay on the device instead of crossing the bus at every step."""
+    n = p.n_ops
+    rank: dict[int, int] = {}
+    for op in range(n):
+        for t in p.op_inputs[op]:
+            if t in p.persistent:
+                rank.setdefault(t, len(rank))
+    group = [min((rank[t] for t in p.op_inputs[op] if t in rank), default=-1) for op in range(n)]
+    neighbours: list[list[int]] = [[] for _ in range(n)]
+    producer = {t: op for op in range(n) for t in p.op_outputs[op]}
+    for op in range(n):
+        for t in p.op_inputs[op]:
+            if t in producer:
+                neighbours[op].append(producer[t])
+                neighbours[producer[t]].append(op)
+    queue = collections.deque(op for op in range(n) if group[op] >= 0)
+    while queue:
+        op = queue.popleft()
+        for other in neighbours[op]:
+            if group[other] < 0:
+                group[other] = group[op]
+                queue.append(other)
+    width = len(rank) + 2
+    forward = [p.is_forward_activation(p.op_outputs[op][0]) for op in range(n)]
+    return np.array([((2 * width - group[op]) if forward[op] else (group[op] + 1)) * n + (n - op)
+                     for op in range(n)], np.float64)
+
+
 def _seeds(d: Decoder, rng: np.random.Generator, size: int) -> list[Genome]:
     n = d.p.n_ops
     default = np.arange(n, 0, -1, dtype=np.float64)
+    local = locality_priority(d.p)
     try:
         base_pin = 1.0 if choose_pinned(d.p, d.req.cap, d.no_swap) else 0.0
     except SwpError:
         base_pin = 0.0
     seeds = [Genome(default, base_pin)] + [Genome(default, pin) for pin in PIN_LEVELS if pin != base_pin]
     seeds += [Genome(default, base_pin, o) for o in range(1, len(OUTPUTS))]
+    seeds += [Genome(local, pin, o) for pin in PIN_LEVELS for o in range(len(OUTPUTS))]
     while len(seeds) < size:
         jitter = rng.normal(0.0, rng.choice([0.5, 2.0, 8.0]), n)
-        seeds.append(Genome(default + jitter, float(rng.choice(PIN_LEVELS)), int(rng.integers(len(OUTPUTS)))))
+        seeds.append(Genome((default, local)[len(seeds) % 2] + jitter, float(rng.choice(PIN_LEVELS)),
+                            int(rng.integers(len(OUTPUTS)))))
     return seeds[:max(size, 1)]
 
 

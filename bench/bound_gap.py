@@ -5,8 +5,8 @@ Usage: python bench/bound_gap.py [--graphs 20] [--max-orders 3000] [--seed 0]
 Small random training graphs (the property tests' generator, two hidden
 layers) at a cap halfway between the smallest feasible one and the no-swap
 arena. For each: every topological order (up to --max-orders, enumerated
-depth-first), with both pinning choices, planned by the Belady swap planner and simulated (the compiled
-evaluator the search uses); the best iteration time over all of them is set
+depth-first), with both pinning choices and every output placement, planned by the Belady swap planner
+and simulated (the compiled evaluator the search uses); the best iteration time over all of them is set
 against the bound. A `+` after the count of orders marks a graph with more
 orders than the limit: its best is over a sample, not exhaustive.
 """
@@ -18,6 +18,8 @@ import statistics
 import sys
 from pathlib import Path
 
+import attrs
+
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 from graphs import seeded_training_graph  # noqa: E402
 
@@ -26,6 +28,7 @@ from swapdsl.devices import BUILTIN  # noqa: E402
 from swapdsl.ga import POLICY, Decoder  # noqa: E402
 from swapdsl.planners import Request  # noqa: E402
 from swapdsl.sizing import need_bytes, no_swap_bytes  # noqa: E402
+from swapdsl.swapplan import OUTPUTS  # noqa: E402
 
 
 def orders(d: Decoder, limit: int) -> list[list[int]]:
@@ -63,7 +66,9 @@ def best_over_orders(d: Decoder, cap: int, limit: int) -> tuple[float, int]:
         if need_bytes(d.p, pinned) > cap:
             continue
         for schedule in all_orders:
-            best = min(best, d.evaluator(schedule, cap, pinned, POLICY).iteration_ms)
+            for outputs in OUTPUTS:
+                policy = attrs.evolve(POLICY, outputs=outputs)
+                best = min(best, d.evaluator(schedule, cap, pinned, policy).iteration_ms)
     return best, len(all_orders)
 
 

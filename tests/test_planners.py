@@ -325,8 +325,49 @@ def test_any_genome_decodes_to_a_valid_plan(t: Graph, where: float, seed: int) -
     cap = int(need + where * (no_swap - need))
     d = Decoder(Request(t, V100, cap, "random.swp", ()))
     rng = np.random.default_rng(seed)
-    genome = Genome(rng.normal(0, 10, d.p.n_ops), float(rng.choice([0, 0.3, 1.0])))
+    genome = Genome(rng.normal(0, 10, d.p.n_ops), float(rng.choice([0, 0.3, 1.0])), int(rng.integers(3)))
     plan = d.plan(genome)
     assert plan is not None
     validate(plan)
     assert simulate(plan).iteration_ms >= bound_ms(d.p, cap) * (1 - 1e-9)
+
+
+def test_a_tensor_goes_where_its_bytes_have_been_free_longest() -> None:
+    """A short-lived tensor freed at the bottom of a long-free gap does not make the whole gap new:
+    a swap-in takes the gap's top end, free since long ago; outputs asked to take the bytes freed
+    last take its bottom."""
+    from swapdsl.swapplan import Arena
+
+    arena = Arena(2048)
+    arena.insert(0, 0, 256, 7)  # a short-lived tensor, a long-lived one above it, and one that stays
+    arena.insert(1, 256, 768, 8)
+    arena.insert(2, 1024, 1024, 9)
+    arena.remove(1, 3)  # the long-lived one's bytes fall free at position 3
+    arena.remove(0, 10)  # the short-lived one's at position 10: one gap, [0, 1024)
+    assert arena.fit(512) == (0, 512)  # [512, 1024): free since 3
+    assert arena.since(512, 512) == 3 and arena.since(0, 512) == 10
+    assert arena.fit(512, newest=True) == (0, 0)
+    assert arena.fit(1025) is None
+
+
+def test_the_locality_schedule_runs_an_rnn_layer_through_every_step_first() -> None:
+    from swapdsl.fastplan import priority_order
+    from swapdsl.ga import Decoder, locality_priority
+
+    _, g = build_graph(str(MODELS / "lstm_lm.swp"), ["layers=2", "hidden=8", "vocab=16", "seq=5", "batch=2"])
+    t = training_graph(g)
+    d = Decoder(Request(t, V100, 1 << 40, "lstm_lm.swp", ()))
+    p = d.p
+    order = priority_order(locality_priority(p), d.n_preds, d.succ_ptr, d.succ_idx).tolist()
+    assert sorted(order) == list(range(p.n_ops))
+    position = {op: i for i, op in enumerate(order)}
+    assert all(position[q] < position[op] for op, ps in enumerate(d.preds) for q in ps)
+
+    def readers(layer: str, forward: bool) -> list[int]:
+        weights = {t for t in p.persistent if p.names[t].startswith(layer + ".")}
+        return [position[op] for op in range(p.n_ops) if weights & set(p.op_inputs[op])
+                and p.is_forward_activation(p.op_outputs[op][0]) == forward]
+
+    assert len(readers("layer0", True)) == 15  # wx, wh and the bias at each of 5 steps
+    assert max(readers("layer0", True)) < min(readers("layer1", True))  # layer 0 runs every step first
+    assert max(readers("layer1", False)) < min(readers("layer0", False))  # and back: layer 1 first

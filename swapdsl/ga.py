@@ -221,9 +221,12 @@ def locality_priority(p: Problem) -> np.ndarray:
 
     Each op belongs to the group of the first-used persistent tensor it reads or, if it reads none,
     to its nearest such neighbour's along data edges. Forward ops come first, earliest group first;
-    then the rest, latest group first; the default order breaks ties. For an unrolled RNN this runs
-    a layer through every step before the next layer starts, so its weights (and, going back, their
-    gradients) stay on the device instead of crossing the bus at every step."""
+    then the rest, latest group first; the default order breaks ties. An unrolled LSTM then runs a
+    layer's input projections for every step before its recurrence (which reads the other weight),
+    and back in reverse, instead of alternating the two weights at every step: one weight and its
+    gradient at a time need the device rather than a layer's two, which at a small cap is the
+    difference between keeping them there and moving them over the bus at every step.
+    """
     n = p.n_ops
     rank: dict[int, int] = {}
     for op in range(n):

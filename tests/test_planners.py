@@ -350,7 +350,10 @@ def test_a_tensor_goes_where_its_bytes_have_been_free_longest() -> None:
     assert arena.fit(1025) is None
 
 
-def test_the_locality_schedule_runs_an_rnn_layer_through_every_step_first() -> None:
+def test_the_locality_schedule_runs_the_ops_of_one_weight_together() -> None:
+    """For an unrolled LSTM: the input projections of every step, then the recurrence (its own
+    weight), layer by layer, and back in the reverse order; the default order alternates the two
+    weights at every step."""
     from swapdsl.fastplan import priority_order
     from swapdsl.ga import Decoder, locality_priority
 
@@ -360,14 +363,18 @@ def test_the_locality_schedule_runs_an_rnn_layer_through_every_step_first() -> N
     p = d.p
     order = priority_order(locality_priority(p), d.n_preds, d.succ_ptr, d.succ_idx).tolist()
     assert sorted(order) == list(range(p.n_ops))
-    position = {op: i for i, op in enumerate(order)}
-    assert all(position[q] < position[op] for op, ps in enumerate(d.preds) for q in ps)
+    local = {op: i for i, op in enumerate(order)}
+    assert all(local[q] < local[op] for op, ps in enumerate(d.preds) for q in ps)
 
-    def readers(layer: str, forward: bool) -> list[int]:
-        weights = {t for t in p.persistent if p.names[t].startswith(layer + ".")}
-        return [position[op] for op in range(p.n_ops) if weights & set(p.op_inputs[op])
-                and p.is_forward_activation(p.op_outputs[op][0]) == forward]
+    def readers(weight: str, forward: bool, position: dict[int, int]) -> list[int]:
+        w = p.names.index(weight)
+        return [position[op] for op in range(p.n_ops)
+                if w in p.op_inputs[op] and p.is_forward_activation(p.op_outputs[op][0]) == forward]
 
-    assert len(readers("layer0", True)) == 15  # wx, wh and the bias at each of 5 steps
-    assert max(readers("layer0", True)) < min(readers("layer1", True))  # layer 0 runs every step first
-    assert max(readers("layer1", False)) < min(readers("layer0", False))  # and back: layer 1 first
+    wx, wh, wx1 = "layer0.lstm.wx", "layer0.lstm.wh", "layer1.lstm.wx"
+    assert len(readers(wx, True, local)) == 5  # one input projection per step
+    assert max(readers(wx, True, local)) < min(readers(wh, True, local))
+    assert max(readers(wh, True, local)) < min(readers(wx1, True, local))  # layer 0 first
+    assert max(readers(wx1, False, local)) < min(readers(wx, False, local))  # back: layer 1 first
+    default = {op: op for op in range(p.n_ops)}
+    assert max(readers(wx, True, default)) > min(readers(wh, True, default))

@@ -570,9 +570,10 @@ def _program_order(recs: np.ndarray, n_ops: int) -> np.ndarray:
     return order
 
 
-# -- when each byte of the arena fell free (arena.Segments, compiled): segments tile [0, top) as a
-# doubly linked list in offset order (rows SLO, SHI, SNX, SPV of ``s``; values in ``val``), and
-# ``bucket[b]`` is the segment holding byte b * gran, so a look-up walks a few segments, not a list.
+# -- when each byte of the arena fell free (arena.Segments, compiled; the planner keeps schedule
+# positions, the simulator times): segments tile [0, top) as a doubly linked list in offset order
+# (rows SLO, SHI, SNX, SPV of ``s``; values in ``val``), and ``bucket[b]`` is the segment holding
+# byte b * gran, so a look-up walks a few segments, not a list.
 
 SLO, SHI, SNX, SPV = range(4)
 BUCKETS = 4096

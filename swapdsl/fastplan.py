@@ -28,12 +28,12 @@ from swapdsl.swapplan import INF, OUTPUTS, Policy
 NO_CAP = 1 << 62  # an arena with room for anything
 RUN, OUT, FREE, IN = 0, 1, 2, 3
 VICTIMS = {"lru": 0, "belady": 1}
+PREFETCH = {"none": 0, "earliest": 1, "ahead": 2}
 
 # Leaf functions take arrays from their caller and allocate nothing, so they are compiled without the
 # runtime's reference counting (numba's ``_nrt`` option): at each call numba would otherwise count a
 # reference to every array argument, atomically, and perf put that at 11-23% of the LSTM's planning.
 _leaf = numba.njit(cache=True, _nrt=False)
-PREFETCH = {"none": 0, "earliest": 1, "ahead": 2}
 
 
 @attrs.frozen
@@ -189,8 +189,8 @@ def _sort_ints(a: np.ndarray, n: int) -> None:
 # set of gaps that are not empty (row GS of ``aux``, unordered, so that ``_fit`` looks at few). Node
 # HEAD (end 0) starts the list and TOP (offset cap) ends it. Row NODE of ``aux`` maps a tensor to its
 # node, row FREE_ROW is a stack of unused nodes; ``cnt`` holds [tenants, gaps in the set, free nodes,
-# free-position segments in use]. ``Freed`` holds segments (below) of the position at which each
-# byte last fell free.
+# free-position segments in use]; fs/fval/findex/fgran are the segments (below) of the position at
+# which each byte last fell free.
 
 NX, PV, OFF, END, TEN, GPOS = range(6)
 GS, NODE, FREE_ROW = range(3)
@@ -240,7 +240,8 @@ def _fit(a: np.ndarray, aux: np.ndarray, cnt: np.ndarray, fs: np.ndarray, fval: 
         if g == top:
             top_lo = lo
             continue
-        for offset in (lo, hi - size):
+        for end in range(1 if hi - lo == size else 2):  # the start, and the end unless they are one place
+            offset = hi - size if end else lo
             since = int(_seg_max(offset, offset + size, fs, fval, findex, fgran))
             if best < 0 or sign * since < sign * best_since or (since == best_since and (
                     hi - lo < best_len or (hi - lo == best_len and offset < best_off))):
@@ -430,8 +431,8 @@ def _plan(schedule, cap, pinned0, policy, size, in_ptr, in_idx, out_ptr, out_idx
                             resident[v] = 0
                             todo[ntodo] = v
                             ntodo += 1
-                        recs, nrec = _evict(v, recs, nrec, a, aux, cnt, fs, fval, findex, fgran, where, released, host, host_at, last_access,
-                                            next_i, use_ptr, use_pos, loss)
+                        recs, nrec = _evict(v, recs, nrec, a, aux, cnt, fs, fval, findex, fgran, where, released,
+                                            host, host_at, last_access, next_i, use_ptr, use_pos, loss)
                     _sort_todo(todo, ntodo, size)
                     g, offset, since = _fit(a, aux, cnt, fs, fval, findex, fgran, size[t], newest)
                     break
@@ -450,8 +451,8 @@ def _plan(schedule, cap, pinned0, policy, size, in_ptr, in_idx, out_ptr, out_idx
                     v, k = a[k, TEN], a[k, NX]
                     if not fixed[v]:
                         resident[v] = 0
-                        recs, nrec = _evict(v, recs, nrec, a, aux, cnt, fs, fval, findex, fgran, where, released, host, host_at, last_access,
-                                            next_i, use_ptr, use_pos, loss)
+                        recs, nrec = _evict(v, recs, nrec, a, aux, cnt, fs, fval, findex, fgran, where, released,
+                                            host, host_at, last_access, next_i, use_ptr, use_pos, loss)
                 npend, packed = 0, True
                 ntodo = _queue(todo, i0, i1, o0, o1, in_idx, out_idx, ipo, where, queued, -stamp, size)
                 continue
@@ -538,8 +539,8 @@ def _queue(todo, i0, i1, o0, o1, in_idx, out_idx, ipo, where, queued, tag, size)
 
 
 @numba.njit(cache=True)
-def _evict(v, recs, nrec, a, aux, cnt, fs, fval, findex, fgran, where, released, host, host_at, last_access, next_i, use_ptr, use_pos,
-           loss) -> tuple:  # pragma: no cover - compiled
+def _evict(v, recs, nrec, a, aux, cnt, fs, fval, findex, fgran, where, released, host, host_at, last_access,
+           next_i, use_ptr, use_pos, loss) -> tuple:  # pragma: no cover - compiled
     """Tenant ``v`` leaves after its last use so far: copied out first if still needed."""
     kp = last_access[v]
     if (_next_use(v, next_i, use_ptr, use_pos) != INF or v == loss) and not host[v]:

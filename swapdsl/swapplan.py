@@ -102,7 +102,7 @@ class Arena:
             lo, hi = self.gap(i)
             if hi - lo < size:
                 continue
-            for offset in (lo, hi - size):
+            for offset in dict.fromkeys((lo, hi - size)):  # the start and the end (one place if it fits exactly)
                 key = ((-1 if newest else 1) * self.since(offset, size), hi - lo, offset, i)
                 if best is None or key < best:
                     best = key

@@ -79,7 +79,7 @@ class Evaluator:
         pin = np.zeros(len(self.size), np.bool_)
         pin[list(pinned)] = True
         code = np.array([VICTIMS[policy.victim], PREFETCH[policy.prefetch], int(policy.offload),
-                         OUTPUTS.index(policy.outputs)], np.int64)
+                         OUTPUTS.index(policy.outputs), policy.reserve(cap)], np.int64)
         sched = np.asarray(schedule, np.int64)
         recs, out_off, peak, status = _plan(
             sched, cap, pin, code, self.size, self.in_ptr, self.in_idx, self.out_ptr, self.out_idx,
@@ -190,7 +190,8 @@ def _sort_ints(a: np.ndarray, n: int) -> None:
 # HEAD (end 0) starts the list and TOP (offset cap) ends it. Row NODE of ``aux`` maps a tensor to its
 # node, row FREE_ROW is a stack of unused nodes; ``cnt`` holds [tenants, gaps in the set, free nodes,
 # free-position segments in use]; fs/fval/findex/fgran are the segments (below) of the position at
-# which each byte last fell free.
+# which each byte last fell free; cnt[4] counts the bytes tenants take, cnt[5] the entries of the heap of
+# tensors waiting on the host (below), cnt[6] the early swap-ins taken back.
 
 NX, PV, OFF, END, TEN, GPOS = range(6)
 GS, NODE, FREE_ROW = range(3)
@@ -203,7 +204,7 @@ def _arena(n_t: int, cap: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     head, top = n_t, n_t + 1
     a[head, END], a[head, NX], a[top, PV], a[top, OFF] = 0, top, head, cap
     aux[FREE_ROW, :n_t] = np.arange(n_t - 1, -1, -1)
-    cnt = np.array([0, 0, n_t, 1], np.int64)
+    cnt = np.array([0, 0, n_t, 1, 0, 0, 0], np.int64)
     if cap > 0:
         _gap_add(a, aux, cnt, top)
     return a, aux, cnt
@@ -263,6 +264,7 @@ def _insert(a: np.ndarray, aux: np.ndarray, cnt: np.ndarray, g: int, offset: int
     a[m, NX], a[m, PV], a[before, NX], a[g, PV] = g, before, m, m
     a[m, OFF], a[m, END], a[m, TEN], aux[NODE, t] = offset, offset + size, t, m
     cnt[0] += 1
+    cnt[4] += size
     return offset
 
 
@@ -283,6 +285,7 @@ def _remove(a: np.ndarray, aux: np.ndarray, cnt: np.ndarray, fs: np.ndarray, fva
     aux[FREE_ROW, cnt[2]] = m
     cnt[2] += 1
     cnt[0] -= 1
+    cnt[4] -= a[m, END] - a[m, OFF]
 
 
 @_leaf
@@ -372,6 +375,12 @@ def _plan(schedule, cap, pinned0, policy, size, in_ptr, in_idx, out_ptr, out_idx
             write_back[upd_new[j]] = True
     use_ptr, use_pos = _uses(schedule, in_ptr, in_idx, n_t)
     next_i = use_ptr[:-1].copy()
+    reserve = policy[4]
+    early_rec = np.full(n_t, -1, np.int64)  # the record of an early swap-in not used yet
+    hp = np.empty((2, n_t + 16), np.int64)
+    for t in range(n_t):
+        if host[t] and not is_input[t] and use_ptr[t + 1] > use_ptr[t]:
+            hp = _hp_push(hp, cnt, use_pos[use_ptr[t]], t)
     turn = n_ops
     for pos in range(n_ops):
         if not fwd_act[out_idx[out_ptr[schedule[pos]]]]:
@@ -431,8 +440,9 @@ def _plan(schedule, cap, pinned0, policy, size, in_ptr, in_idx, out_ptr, out_idx
                             resident[v] = 0
                             todo[ntodo] = v
                             ntodo += 1
-                        recs, nrec = _evict(v, recs, nrec, a, aux, cnt, fs, fval, findex, fgran, where, released,
-                                            host, host_at, last_access, next_i, use_ptr, use_pos, loss)
+                        recs, nrec, hp = _evict(v, recs, nrec, a, aux, cnt, fs, fval, findex, fgran, where,
+                                                released, host, host_at, last_access, next_i, use_ptr, use_pos,
+                                                loss, early_rec, hp)
                     _sort_todo(todo, ntodo, size)
                     g, offset, since = _fit(a, aux, cnt, fs, fval, findex, fgran, size[t], newest)
                     break
@@ -451,8 +461,9 @@ def _plan(schedule, cap, pinned0, policy, size, in_ptr, in_idx, out_ptr, out_idx
                     v, k = a[k, TEN], a[k, NX]
                     if not fixed[v]:
                         resident[v] = 0
-                        recs, nrec = _evict(v, recs, nrec, a, aux, cnt, fs, fval, findex, fgran, where, released,
-                                            host, host_at, last_access, next_i, use_ptr, use_pos, loss)
+                        recs, nrec, hp = _evict(v, recs, nrec, a, aux, cnt, fs, fval, findex, fgran, where,
+                                                released, host, host_at, last_access, next_i, use_ptr, use_pos,
+                                                loss, early_rec, hp)
                 npend, packed = 0, True
                 ntodo = _queue(todo, i0, i1, o0, o1, in_idx, out_idx, ipo, where, queued, -stamp, size)
                 continue
@@ -483,6 +494,7 @@ def _plan(schedule, cap, pinned0, policy, size, in_ptr, in_idx, out_ptr, out_idx
         nrec += 1
         for j in range(i0, i1):
             last_access[in_idx[j]] = pos
+            early_rec[in_idx[j]] = -1
         for j in range(o0, o1):
             last_access[out_idx[j]] = pos
         for j in range(i0, i1):
@@ -516,7 +528,28 @@ def _plan(schedule, cap, pinned0, policy, size, in_ptr, in_idx, out_ptr, out_idx
                 nrec += 1
                 _remove(a, aux, cnt, fs, fval, findex, fgran, t, pos)
                 where[t], released[t] = -1, pos
-    return recs[:nrec], out_off, peak, 0
+                if nxt != INF:
+                    hp = _hp_push(hp, cnt, nxt, t)
+        while reserve >= 0 and cnt[5] > 0:  # early swap-ins (swapplan._Planner.bring_early)
+            nxt, t = hp[0, 0], hp[1, 0]
+            if where[t] >= 0 or _next_use(t, next_i, use_ptr, use_pos) != nxt:
+                _hp_pop(hp, cnt)
+                continue
+            if cap - cnt[4] - size[t] < reserve:
+                break
+            g, offset, since = _fit(a, aux, cnt, fs, fval, findex, fgran, size[t], False)
+            if g < 0:
+                break
+            _hp_pop(hp, cnt)
+            where[t] = _insert(a, aux, cnt, g, offset, size[t], t)
+            peak = max(peak, where[t] + size[t])
+            early_rec[t] = nrec
+            recs = _record(recs, nrec, max(max(since, released[t]), host_at[t]) + 1, IN, t, where[t], schedule[nxt])
+            nrec += 1
+    recs = recs[:nrec]
+    if cnt[6] > 0:  # drop the early swap-ins taken back
+        recs = recs[recs[:, 0] >= 0]
+    return recs, out_off, peak, 0
 
 
 @_leaf
@@ -540,8 +573,16 @@ def _queue(todo, i0, i1, o0, o1, in_idx, out_idx, ipo, where, queued, tag, size)
 
 @numba.njit(cache=True)
 def _evict(v, recs, nrec, a, aux, cnt, fs, fval, findex, fgran, where, released, host, host_at, last_access,
-           next_i, use_ptr, use_pos, loss) -> tuple:  # pragma: no cover - compiled
-    """Tenant ``v`` leaves after its last use so far: copied out first if still needed."""
+           next_i, use_ptr, use_pos, loss, early_rec, hp) -> tuple:  # pragma: no cover - compiled
+    """Tenant ``v`` leaves after its last use so far: copied out first if still needed; an early swap-in
+    not used yet is taken back instead, as if never made (its record marked, bucket -1)."""
+    if early_rec[v] >= 0:
+        recs[early_rec[v], 0] = -1
+        cnt[6] += 1
+        early_rec[v] = -1
+        _remove(a, aux, cnt, fs, fval, findex, fgran, v, -1)
+        where[v] = -1
+        return recs, nrec, _hp_push(hp, cnt, _next_use(v, next_i, use_ptr, use_pos), v)
     kp = last_access[v]
     if (_next_use(v, next_i, use_ptr, use_pos) != INF or v == loss) and not host[v]:
         recs = _record(recs, nrec, kp + 1, OUT, v, -1, -1)
@@ -551,7 +592,52 @@ def _evict(v, recs, nrec, a, aux, cnt, fs, fval, findex, fgran, where, released,
     nrec += 1
     _remove(a, aux, cnt, fs, fval, findex, fgran, v, kp)
     where[v], released[v] = -1, kp
-    return recs, nrec
+    if _next_use(v, next_i, use_ptr, use_pos) != INF:
+        hp = _hp_push(hp, cnt, _next_use(v, next_i, use_ptr, use_pos), v)
+    return recs, nrec, hp
+
+
+# -- tensors waiting on the host, a binary heap by (next use, tensor) in ``hp`` (rows: next use, tensor)
+# with cnt[5] entries; as in the reference (heapq), stale entries stay until they reach the top.
+
+
+@numba.njit(cache=True, inline="always")
+def _hp_less(hp: np.ndarray, i: int, j: int) -> bool:
+    return hp[0, i] < hp[0, j] or (hp[0, i] == hp[0, j] and hp[1, i] < hp[1, j])
+
+
+@numba.njit(cache=True)
+def _hp_push(hp: np.ndarray, cnt: np.ndarray, key: int, t: int) -> np.ndarray:
+    if cnt[5] == hp.shape[1]:
+        bigger = np.empty((2, 2 * hp.shape[1]), np.int64)
+        bigger[:, :cnt[5]] = hp
+        hp = bigger
+    i = cnt[5]
+    cnt[5] += 1
+    hp[0, i], hp[1, i] = key, t
+    while i > 0 and _hp_less(hp, i, (i - 1) // 2):
+        up = (i - 1) // 2
+        hp[0, i], hp[0, up], hp[1, i], hp[1, up] = hp[0, up], hp[0, i], hp[1, up], hp[1, i]
+        i = up
+    return hp
+
+
+@_leaf
+def _hp_pop(hp: np.ndarray, cnt: np.ndarray) -> None:
+    cnt[5] -= 1
+    n = cnt[5]
+    hp[0, 0], hp[1, 0] = hp[0, n], hp[1, n]
+    j = 0
+    while True:
+        s, left, right = j, 2 * j + 1, 2 * j + 2
+        if left < n and _hp_less(hp, left, s):
+            s = left
+        if right < n and _hp_less(hp, right, s):
+            s = right
+        if s == j:
+            return
+        hp[0, j], hp[0, s], hp[1, j], hp[1, s] = hp[0, s], hp[0, j], hp[1, s], hp[1, j]
+        j = s
 
 
 @numba.njit(cache=True)

@@ -1,9 +1,11 @@
 """The optimiser: SwapAdvisor's genetic search over schedules, plus what to pin.
 
 A genome is a priority per op, the share of the cap given to pinned
-persistent tensors, and where op outputs go in the arena (``Policy.outputs``:
+persistent tensors, where op outputs go in the arena (``Policy.outputs``:
 the bytes free longest, or those freed last, always or in the backward pass
-only; which is best depends on the model and the cap). Decoding: the schedule is the topological order that
+only; which is best depends on the model and the cap), and whether tensors on
+the host come back as soon as a gap holds them, and how much of the cap such
+early swap-ins leave free (``Policy.early``). Decoding: the schedule is the topological order that
 always runs the ready op of highest priority (so every genome is a valid
 schedule and crossover needs no repair); the pinned set is the persistent
 tensors read most per byte that fit in that share (less if the ops would not
@@ -14,7 +16,7 @@ carving to search (any tensor may take any free bytes), which is what lets a
 plan use the whole cap. Seeds: the default schedule at every pinning level
 and with each output placement, a schedule that keeps the ops reading one
 weight together (``locality_priority``) at every pinning level and output
-placement, and jittered variants of both. Selection is by tournament with elitism; children mix
+placement, each with and without early swap-ins, and jittered variants of both. Selection is by tournament with elitism; children mix
 their parents' priorities op by op (or at one cut), then mutate. The result
 is never worse than the best baseline: those plans are scored too, and kept
 if nothing beats them.
@@ -47,8 +49,9 @@ from swapdsl.problem import Problem
 from swapdsl.sizing import choose_pinned, need_bytes
 from swapdsl.swapplan import OUTPUTS, Policy
 
-POLICY = Policy("belady", "earliest")  # the genome picks ``outputs``
+POLICY = Policy("belady", "earliest")  # the genome picks ``outputs`` and ``early``
 PIN_LEVELS = (0.0, 0.1, 0.25, 0.5, 0.75, 1.0)
+EARLY = (None, 0.0, 0.02, 0.05, 0.1)  # Policy.early: none, or the share of the cap early swap-ins leave free
 
 
 def _frozen(values: object) -> np.ndarray:
@@ -62,15 +65,16 @@ class Genome:
     priority: np.ndarray = attrs.field(converter=_frozen)  # one per op, read-only
     pin: float = attrs.field(converter=float)  # share of the cap for pinned persistent tensors
     outputs: int = 0  # index into swapplan.OUTPUTS
+    early: int = 0  # index into EARLY
 
     @property
-    def key(self) -> tuple[bytes, float, int]:
+    def key(self) -> tuple[bytes, float, int, int]:
         """What identifies a genome (arrays do not hash)."""
-        return self.priority.tobytes(), self.pin, self.outputs
+        return self.priority.tobytes(), self.pin, self.outputs, self.early
 
     @property
     def policy(self) -> Policy:
-        return attrs.evolve(POLICY, outputs=OUTPUTS[self.outputs])
+        return attrs.evolve(POLICY, outputs=OUTPUTS[self.outputs], early=EARLY[self.early])
 
 
 @attrs.frozen
@@ -262,13 +266,15 @@ def _seeds(d: Decoder, rng: np.random.Generator, size: int) -> list[Genome]:
         base_pin = 1.0 if choose_pinned(d.p, d.req.cap, d.no_swap) else 0.0
     except SwpError:
         base_pin = 0.0
-    seeds = [Genome(default, base_pin)] + [Genome(default, pin) for pin in PIN_LEVELS if pin != base_pin]
-    seeds += [Genome(default, base_pin, o) for o in range(1, len(OUTPUTS))]
-    seeds += [Genome(local, pin, o) for pin in PIN_LEVELS for o in range(len(OUTPUTS))]
+    base = [Genome(default, base_pin)] + [Genome(default, pin) for pin in PIN_LEVELS if pin != base_pin]
+    base += [Genome(default, base_pin, o) for o in range(1, len(OUTPUTS))]
+    base += [Genome(local, pin, o) for pin in PIN_LEVELS for o in range(len(OUTPUTS))]
+    seeds = [s for g in base for s in (g, attrs.evolve(g, early=1))]  # each with and without early swap-ins
+    seeds += [Genome(default, base_pin, 0, e) for e in range(2, len(EARLY))]
     while len(seeds) < size:
         jitter = rng.normal(0.0, rng.choice([0.5, 2.0, 8.0]), n)
         seeds.append(Genome((default, local)[len(seeds) % 2] + jitter, float(rng.choice(PIN_LEVELS)),
-                            int(rng.integers(len(OUTPUTS)))))
+                            int(rng.integers(len(OUTPUTS))), int(rng.integers(len(EARLY)))))
     return seeds[:max(size, 1)]
 
 
@@ -278,7 +284,7 @@ def _crossover(a: Genome, b: Genome, rng: np.random.Generator) -> Genome:
         cut = int(rng.integers(0, len(a.priority) + 1))
         take = np.arange(len(a.priority)) < cut
     return Genome(np.where(take, a.priority, b.priority), a.pin if rng.random() < 0.5 else b.pin,
-                  a.outputs if rng.random() < 0.5 else b.outputs)
+                  a.outputs if rng.random() < 0.5 else b.outputs, a.early if rng.random() < 0.5 else b.early)
 
 
 def _mutate(g: Genome, rng: np.random.Generator) -> Genome:
@@ -286,10 +292,13 @@ def _mutate(g: Genome, rng: np.random.Generator) -> Genome:
         priority = np.array(g.priority)
         ops = rng.integers(0, len(priority), size=int(rng.integers(1, 8)))
         priority[ops] += rng.normal(0.0, rng.choice([1.0, 5.0, 25.0]), len(ops))
-        return Genome(priority, g.pin, g.outputs)
-    if rng.random() < 0.5:
-        return Genome(g.priority, float(rng.choice(PIN_LEVELS)), g.outputs)
-    return Genome(g.priority, g.pin, int(rng.integers(len(OUTPUTS))))
+        return attrs.evolve(g, priority=priority)
+    which = rng.random()
+    if which < 1 / 3:
+        return attrs.evolve(g, pin=float(rng.choice(PIN_LEVELS)))
+    if which < 2 / 3:
+        return attrs.evolve(g, outputs=int(rng.integers(len(OUTPUTS))))
+    return attrs.evolve(g, early=int(rng.integers(len(EARLY))))
 
 
 def _tournament(pop: list[Genome], fit: list[float], rng: np.random.Generator, k: int = 3) -> Genome:

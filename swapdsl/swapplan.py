@@ -29,7 +29,14 @@ of ``sizing.need_bytes`` always suffices.
 
 A swap-in starts on demand (``none``), as early as its region and its host
 copy allow (``earliest``), or one op ahead (``ahead``); its region is free
-since the latest position at which any of its bytes fell free.
+since the latest position at which any of its bytes fell free. Those are
+placed when the op that reads the tensor comes, so the ops in between have
+already taken the bytes that fell free long before. With ``early`` set, after
+each op the tensor needed soonest of those only on the host comes in at once
+(placed as above, started as early as its region and host copy allow) while a
+gap holds it and a share ``early`` of the cap stays free; repeated. Such a
+tensor is a tenant like any other; if it must leave before its use, its swap-in
+is taken back as if never made.
 ``offload`` (vDNN) copies every forward activation needed in the backward
 pass to the host as soon as it is produced and frees it after its last
 forward use. Instructions are placed at the op they follow, so a victim's
@@ -40,6 +47,7 @@ fell free.
 from __future__ import annotations
 
 import bisect
+import heapq
 
 import attrs
 
@@ -62,6 +70,11 @@ class Policy:
     prefetch: str  # "none", "earliest" or "ahead"
     offload: bool = False
     outputs: str = "oldest"  # where an op's outputs go: one of OUTPUTS (see the module docstring)
+    early: float | None = None  # bring tensors back as soon as a gap holds them, keeping this part of the cap free
+
+    def reserve(self, cap: int) -> int:
+        """Bytes an early swap-in leaves free (-1: no early swap-ins)."""
+        return -1 if self.early is None else int(self.early * cap)
 
     def newest(self, pos: int, turn: int) -> bool:
         """Do the outputs of the op at ``pos`` take the bytes freed last?"""
@@ -83,6 +96,7 @@ class Arena:
         self.off: list[int] = []
         self.end: list[int] = []
         self.ten: list[int] = []
+        self.used = 0
         self.freed: Segments[int] = Segments()
 
     def gap(self, i: int) -> tuple[int, int]:
@@ -116,6 +130,7 @@ class Arena:
         self.off.insert(i, offset)
         self.end.insert(i, offset + size)
         self.ten.insert(i, t)
+        self.used += size
         return offset
 
     def index(self, offset: int) -> int:
@@ -125,6 +140,7 @@ class Arena:
         """Tenant i leaves at position ``pos`` (-1: it was never written, its bytes keep their past)."""
         if pos >= 0:
             self.freed.assign(self.off[i], self.end[i], pos)
+        self.used -= self.end[i] - self.off[i]
         del self.off[i], self.end[i], self.ten[i]
 
 
@@ -146,6 +162,11 @@ class _Planner:
         self.write_back = {new for old, new in p.updates if old in p.persistent and old not in pinned}
         self.turn = next((i for i, op in enumerate(schedule)
                           if not p.is_forward_activation(p.op_outputs[op][0])), len(schedule))
+        # tensors needed again that are only on the host, by next use (stale entries are skipped), and
+        # the early swap-ins not yet used: (position they follow, instruction)
+        self.waiting = [(self.uses[t][0], t) for t in sorted(self.host - set(p.inputs)) if self.uses[t]]
+        heapq.heapify(self.waiting)
+        self.early: dict[int, tuple[int, SwapIn]] = {}
 
     # -- helpers
 
@@ -210,6 +231,7 @@ class _Planner:
         self.runs.append(Run(op, tuple((p.names[t], r) for t, r in placed.items()), in_place_out is not None))
         for t in protect:
             self.last_access[t] = pos
+            self.early.pop(t, None)
         for t in ins:
             if self.next_i[t] < len(self.uses[t]) and self.uses[t][self.next_i[t]] == pos:
                 self.next_i[t] += 1
@@ -294,12 +316,21 @@ class _Planner:
         resident.clear()
 
     def evict(self, v: int) -> None:
+        if v in self.early:  # an early swap-in not used yet is taken back, as if never made
+            at, instr = self.early.pop(v)
+            bucket = self.buckets[at + 1][_IN]
+            del bucket[next(i for i, x in enumerate(bucket) if x is instr)]
+            self.arena.remove(self.arena.index(self.where.pop(v)), -1)
+            heapq.heappush(self.waiting, (self.next_use(v), v))
+            return
         k = self.last_access[v]
         needed = self.next_use(v) != INF or v == self.p.loss
         if needed and v not in self.host:
             self.copy_out(v, k)
         self.emit(k, _FREE, Free(self.p.names[v], self.op_at(k)))
         self.release(v, k)
+        if self.next_use(v) != INF:
+            heapq.heappush(self.waiting, (self.next_use(v), v))
 
     def swapin_at(self, t: int, pos: int, since: int) -> int:
         """Where the swap-in goes: the position it waits for; fixes up the placeholder ``after``."""
@@ -322,6 +353,28 @@ class _Planner:
             if nxt == INF or offloaded:
                 self.emit(pos, _FREE, Free(p.names[t], self.op_at(pos)))
                 self.release(t, pos)
+                if offloaded:
+                    heapq.heappush(self.waiting, (nxt, t))
+        self.bring_early(pos)
+
+    def bring_early(self, pos: int) -> None:
+        """Early swap-ins: while the tensor needed soonest of those only on the host fits in a gap and
+        leaves the reserve free, it comes in, as early as its region and its host copy allow."""
+        reserve = self.policy.reserve(self.arena.cap)
+        while reserve >= 0 and self.waiting:
+            nxt, t = self.waiting[0]
+            if t in self.where or self.next_use(t) != nxt:
+                heapq.heappop(self.waiting)
+                continue
+            size = self.p.size[t]
+            gap = self.arena.fit(size) if self.arena.cap - self.arena.used - size >= reserve else None
+            if gap is None:
+                return
+            heapq.heappop(self.waiting)
+            at = max(self.place(t, gap), self.released[t], self.host_at.get(t, -1))
+            instr = SwapIn(self.p.names[t], self.region(t), -1, self.schedule[nxt])
+            self.emit(at, _IN, instr)
+            self.early[t] = (at, instr)
 
     def copy_out(self, t: int, pos: int) -> None:
         self.emit(pos, _OUT, SwapOut(self.p.names[t], self.op_at(pos)))

@@ -316,16 +316,18 @@ def test_ga_improves_on_its_seeds_where_the_default_schedule_is_poor() -> None:
 @settings(max_examples=40, deadline=None)
 @given(training_graphs(), st.floats(0.0, 1.0), st.integers(0, 2**31 - 1))
 def test_any_genome_decodes_to_a_valid_plan(t: Graph, where: float, seed: int) -> None:
-    """The search may try any schedule and pinning: every one must plan validly."""
+    """The search may try any schedule, pinning, output placement and early swap-ins: every one must
+    plan validly, and no plan beats the bound."""
     import numpy as np
 
-    from swapdsl.ga import Decoder, Genome
+    from swapdsl.ga import EARLY, Decoder, Genome
 
     need, no_swap = caps(t)
     cap = int(need + where * (no_swap - need))
     d = Decoder(Request(t, V100, cap, "random.swp", ()))
     rng = np.random.default_rng(seed)
-    genome = Genome(rng.normal(0, 10, d.p.n_ops), float(rng.choice([0, 0.3, 1.0])), int(rng.integers(3)))
+    genome = Genome(rng.normal(0, 10, d.p.n_ops), float(rng.choice([0, 0.3, 1.0])), int(rng.integers(3)),
+                    int(rng.integers(len(EARLY))))
     plan = d.plan(genome)
     assert plan is not None
     validate(plan)

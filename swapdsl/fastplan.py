@@ -191,7 +191,8 @@ def _sort_ints(a: np.ndarray, n: int) -> None:
 # node, row FREE_ROW is a stack of unused nodes; ``cnt`` holds [tenants, gaps in the set, free nodes,
 # free-position segments in use]; fs/fval/findex/fgran are the segments (below) of the position at
 # which each byte last fell free; cnt[4] counts the bytes tenants take, cnt[5] the entries of the heap of
-# tensors waiting on the host (below), cnt[6] the early swap-ins taken back.
+# tensors waiting on the host (below), cnt[6] the early swap-ins taken back; cnt[7] is the planner's
+# early_limit.
 
 NX, PV, OFF, END, TEN, GPOS = range(6)
 GS, NODE, FREE_ROW = range(3)
@@ -204,7 +205,7 @@ def _arena(n_t: int, cap: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     head, top = n_t, n_t + 1
     a[head, END], a[head, NX], a[top, PV], a[top, OFF] = 0, top, head, cap
     aux[FREE_ROW, :n_t] = np.arange(n_t - 1, -1, -1)
-    cnt = np.array([0, 0, n_t, 1, 0, 0, 0], np.int64)
+    cnt = np.array([0, 0, n_t, 1, 0, 0, 0, INF], np.int64)
     if cap > 0:
         _gap_add(a, aux, cnt, top)
     return a, aux, cnt
@@ -530,11 +531,15 @@ def _plan(schedule, cap, pinned0, policy, size, in_ptr, in_idx, out_ptr, out_idx
                 where[t], released[t] = -1, pos
                 if nxt != INF:
                     hp = _hp_push(hp, cnt, nxt, t)
+        if pos >= cnt[7]:
+            cnt[7] = INF
         while reserve >= 0 and cnt[5] > 0:  # early swap-ins (swapplan._Planner.bring_early)
             nxt, t = hp[0, 0], hp[1, 0]
             if where[t] >= 0 or _next_use(t, next_i, use_ptr, use_pos) != nxt:
                 _hp_pop(hp, cnt)
                 continue
+            if nxt >= cnt[7]:
+                break
             if cap - cnt[4] - size[t] < reserve:
                 break
             g, offset, since = _fit(a, aux, cnt, fs, fval, findex, fgran, size[t], False)
@@ -582,6 +587,7 @@ def _evict(v, recs, nrec, a, aux, cnt, fs, fval, findex, fgran, where, released,
         early_rec[v] = -1
         _remove(a, aux, cnt, fs, fval, findex, fgran, v, -1)
         where[v] = -1
+        cnt[7] = min(cnt[7], _next_use(v, next_i, use_ptr, use_pos))
         return recs, nrec, _hp_push(hp, cnt, _next_use(v, next_i, use_ptr, use_pos), v)
     kp = last_access[v]
     if (_next_use(v, next_i, use_ptr, use_pos) != INF or v == loss) and not host[v]:

@@ -36,7 +36,8 @@ each op the tensor needed soonest of those only on the host comes in at once
 (placed as above, started as early as its region and host copy allow) while a
 gap holds it and a share ``early`` of the cap stays free; repeated. Such a
 tensor is a tenant like any other; if it must leave before its use, its swap-in
-is taken back as if never made.
+is taken back as if never made, and no tensor needed at or after that use
+comes in early until then (else the same one would come and go at every op).
 ``offload`` (vDNN) copies every forward activation needed in the backward
 pass to the host as soon as it is produced and frees it after its last
 forward use. Instructions are placed at the op they follow, so a victim's
@@ -167,6 +168,7 @@ class _Planner:
         self.waiting = [(self.uses[t][0], t) for t in sorted(self.host - set(p.inputs)) if self.uses[t]]
         heapq.heapify(self.waiting)
         self.early: dict[int, tuple[int, SwapIn]] = {}
+        self.early_limit = INF  # after one is taken back: none needed at or after its use, until then
 
     # -- helpers
 
@@ -322,6 +324,7 @@ class _Planner:
             del bucket[next(i for i, x in enumerate(bucket) if x is instr)]
             self.arena.remove(self.arena.index(self.where.pop(v)), -1)
             heapq.heappush(self.waiting, (self.next_use(v), v))
+            self.early_limit = min(self.early_limit, self.next_use(v))
             return
         k = self.last_access[v]
         needed = self.next_use(v) != INF or v == self.p.loss
@@ -361,11 +364,15 @@ class _Planner:
         """Early swap-ins: while the tensor needed soonest of those only on the host fits in a gap and
         leaves the reserve free, it comes in, as early as its region and its host copy allow."""
         reserve = self.policy.reserve(self.arena.cap)
+        if pos >= self.early_limit:
+            self.early_limit = INF
         while reserve >= 0 and self.waiting:
             nxt, t = self.waiting[0]
             if t in self.where or self.next_use(t) != nxt:
                 heapq.heappop(self.waiting)
                 continue
+            if nxt >= self.early_limit:
+                return
             size = self.p.size[t]
             gap = self.arena.fit(size) if self.arena.cap - self.arena.used - size >= reserve else None
             if gap is None:

@@ -549,7 +549,8 @@ def _plan(schedule, cap, pinned0, policy, size, in_ptr, in_idx, out_ptr, out_idx
             where[t] = _insert(a, aux, cnt, g, offset, size[t], t)
             peak = max(peak, where[t] + size[t])
             early_rec[t] = nrec
-            recs = _record(recs, nrec, max(max(since, released[t]), host_at[t]) + 1, IN, t, where[t], schedule[nxt])
+            at = max(max(since, released[t]), host_at[t])
+            recs = _record(recs, nrec, at + 1, IN, t, where[t], schedule[nxt])
             nrec += 1
     recs = recs[:nrec]
     if cnt[6] > 0:  # drop the early swap-ins taken back

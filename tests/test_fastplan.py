@@ -139,8 +139,9 @@ def test_tight_caps_take_the_last_resort_paths_and_still_agree(monkeypatch: pyte
         p = Problem.build(t, V100)
         need, no_swap = _need_and_no_swap(p)
         cap = need + int(random.Random(seed).choice([0.0, 0.05]) * (no_swap - need))
-        for policy in (Policy("belady", "earliest"), Policy("lru", "none"), Policy("belady", "earliest", outputs="newest"),
-                       Policy("belady", "earliest", early=0.0), Policy("lru", "none", outputs="newest", early=0.02)):
+        for policy in (Policy("belady", "earliest"), Policy("lru", "none"),
+                       Policy("belady", "earliest", outputs="newest"), Policy("belady", "earliest", early=0.0),
+                       Policy("lru", "none", outputs="newest", early=0.02)):
             _agree(Request(t, V100, cap, "random.swp", ()), p, list(range(p.n_ops)), policy, frozenset())
     assert taken["clear"] > 0 and taken["bounce"] > 0
 

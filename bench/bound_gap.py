@@ -5,9 +5,10 @@ Usage: python bench/bound_gap.py [--graphs 20] [--max-orders 3000] [--seed 0]
 Small random training graphs (the property tests' generator, two hidden
 layers) at a cap halfway between the smallest feasible one and the no-swap
 arena. For each: every topological order (up to --max-orders, enumerated
-depth-first), with both pinning choices and every output placement, planned by the Belady swap planner
-and simulated (the compiled evaluator the search uses); the best iteration time over all of them is set
-against the bound. A `+` after the count of orders marks a graph with more
+depth-first), with both pinning choices, every output placement and every
+early-swap-in setting of the search (``ga.EARLY``), planned by the Belady swap
+planner and simulated (the compiled evaluator the search uses); the best
+iteration time over all of them is set against the bound. A `+` after the count of orders marks a graph with more
 orders than the limit: its best is over a sample, not exhaustive.
 """
 
@@ -25,7 +26,7 @@ from graphs import seeded_training_graph  # noqa: E402
 
 from swapdsl.bound import bound_ms  # noqa: E402
 from swapdsl.devices import BUILTIN  # noqa: E402
-from swapdsl.ga import POLICY, Decoder  # noqa: E402
+from swapdsl.ga import EARLY, POLICY, Decoder  # noqa: E402
 from swapdsl.planners import Request  # noqa: E402
 from swapdsl.sizing import need_bytes, no_swap_bytes  # noqa: E402
 from swapdsl.swapplan import OUTPUTS  # noqa: E402
@@ -67,8 +68,9 @@ def best_over_orders(d: Decoder, cap: int, limit: int) -> tuple[float, int]:
             continue
         for schedule in all_orders:
             for outputs in OUTPUTS:
-                policy = attrs.evolve(POLICY, outputs=outputs)
-                best = min(best, d.evaluator(schedule, cap, pinned, policy).iteration_ms)
+                for early in EARLY:
+                    policy = attrs.evolve(POLICY, outputs=outputs, early=early)
+                    best = min(best, d.evaluator(schedule, cap, pinned, policy).iteration_ms)
     return best, len(all_orders)
 
 

@@ -8,8 +8,9 @@ arena. For each: every topological order (up to --max-orders, enumerated
 depth-first), with both pinning choices, every output placement and every
 early-swap-in setting of the search (``ga.EARLY``), planned by the Belady swap
 planner and simulated (the compiled evaluator the search uses); the best
-iteration time over all of them is set against the bound. A `+` after the count of orders marks a graph with more
-orders than the limit: its best is over a sample, not exhaustive.
+iteration time over all of them is set against the bound. A `+` after the
+count of orders marks a graph with more orders than the limit: its best is
+over a sample, not exhaustive.
 """
 
 from __future__ import annotations

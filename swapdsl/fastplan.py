@@ -582,16 +582,17 @@ def _evict(v, recs, nrec, a, aux, cnt, fs, fval, findex, fgran, where, released,
            next_i, use_ptr, use_pos, loss, early_rec, hp) -> tuple:  # pragma: no cover - compiled
     """Tenant ``v`` leaves after its last use so far: copied out first if still needed; an early swap-in
     not used yet is taken back instead, as if never made (its record marked, bucket -1)."""
+    nxt = _next_use(v, next_i, use_ptr, use_pos)
     if early_rec[v] >= 0:
         recs[early_rec[v], 0] = -1
         cnt[6] += 1
         early_rec[v] = -1
         _remove(a, aux, cnt, fs, fval, findex, fgran, v, -1)
         where[v] = -1
-        cnt[7] = min(cnt[7], _next_use(v, next_i, use_ptr, use_pos))
-        return recs, nrec, _hp_push(hp, cnt, _next_use(v, next_i, use_ptr, use_pos), v)
+        cnt[7] = min(cnt[7], nxt)
+        return recs, nrec, _hp_push(hp, cnt, nxt, v)
     kp = last_access[v]
-    if (_next_use(v, next_i, use_ptr, use_pos) != INF or v == loss) and not host[v]:
+    if (nxt != INF or v == loss) and not host[v]:
         recs = _record(recs, nrec, kp + 1, OUT, v, -1, -1)
         nrec += 1
         host[v], host_at[v] = True, kp
@@ -599,8 +600,8 @@ def _evict(v, recs, nrec, a, aux, cnt, fs, fval, findex, fgran, where, released,
     nrec += 1
     _remove(a, aux, cnt, fs, fval, findex, fgran, v, kp)
     where[v], released[v] = -1, kp
-    if _next_use(v, next_i, use_ptr, use_pos) != INF:
-        hp = _hp_push(hp, cnt, _next_use(v, next_i, use_ptr, use_pos), v)
+    if nxt != INF:
+        hp = _hp_push(hp, cnt, nxt, v)
     return recs, nrec, hp
 
 

@@ -318,22 +318,22 @@ class _Planner:
         resident.clear()
 
     def evict(self, v: int) -> None:
+        nxt = self.next_use(v)
         if v in self.early:  # an early swap-in not used yet is taken back, as if never made
             at, instr = self.early.pop(v)
             bucket = self.buckets[at + 1][_IN]
             del bucket[next(i for i, x in enumerate(bucket) if x is instr)]
             self.arena.remove(self.arena.index(self.where.pop(v)), -1)
-            heapq.heappush(self.waiting, (self.next_use(v), v))
-            self.early_limit = min(self.early_limit, self.next_use(v))
+            heapq.heappush(self.waiting, (nxt, v))
+            self.early_limit = min(self.early_limit, nxt)
             return
         k = self.last_access[v]
-        needed = self.next_use(v) != INF or v == self.p.loss
-        if needed and v not in self.host:
+        if (nxt != INF or v == self.p.loss) and v not in self.host:
             self.copy_out(v, k)
         self.emit(k, _FREE, Free(self.p.names[v], self.op_at(k)))
         self.release(v, k)
-        if self.next_use(v) != INF:
-            heapq.heappush(self.waiting, (self.next_use(v), v))
+        if nxt != INF:
+            heapq.heappush(self.waiting, (nxt, v))
 
     def swapin_at(self, t: int, pos: int, since: int) -> int:
         """Where the swap-in goes: the position it waits for; fixes up the placeholder ``after``."""

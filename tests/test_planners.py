@@ -395,12 +395,12 @@ def test_early_swap_ins_use_room_as_soon_as_it_falls_free() -> None:
     req = Request(t, V100, no_swap_bytes(p) // 2, "tiny_resnet.swp", ())
     s, _ = baseline_setup(p, "belady", req.cap)
     turn = next(i for i, op in enumerate(s.schedule) if not p.is_forward_activation(p.op_outputs[op][0]))
+    position = {op: i for i, op in enumerate(s.schedule)}
     runs: dict[str, tuple[float, int]] = {}
     for early in (None, 0.0):
         program, homes = plan_swaps_reference(p, s.schedule, req.cap, s.pinned, attrs.evolve(s.policy, early=early))
         plan = assemble(req, p, "belady", homes, tuple(program))
         validate(plan)
-        position = {op: i for i, op in enumerate(s.schedule)}
         first_in = min(position[ins.after] for ins in program  # the first swap-in of the backward pass
                        if isinstance(ins, SwapIn) and ins.after >= 0 and position[ins.after] >= turn)
         runs[str(early)] = (simulate(plan).iteration_ms, first_in)

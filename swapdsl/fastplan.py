@@ -34,6 +34,9 @@ PREFETCH = {"none": 0, "earliest": 1, "ahead": 2}
 # runtime's reference counting (numba's ``_nrt`` option): at each call numba would otherwise count a
 # reference to every array argument, atomically, and perf put that at 11-23% of the LSTM's planning.
 _leaf = numba.njit(cache=True, _nrt=False)
+# Inlined (at numba's IR level) only into leaf functions: inlined into one that counts references, each
+# call would count a reference to every array it is given.
+_inline = numba.njit(cache=True, inline="always")
 
 
 @attrs.frozen
@@ -127,17 +130,33 @@ class Evaluator:
 # -- compiled helpers
 
 
-@numba.njit(cache=True, inline="always")
-def _record(recs: np.ndarray, n: int, bucket: int, kind: int, t: int, offset: int, before: int) -> np.ndarray:
-    if n == recs.shape[0]:
-        bigger = np.empty((2 * n, 5), np.int64)
-        bigger[:n] = recs
-        recs = bigger
+@_leaf
+def _record(recs: np.ndarray, n: int, bucket: int, kind: int, t: int, offset: int, before: int) -> int:
+    """Record ``n`` (room for it was made: see ``_grown``); returns n + 1."""
     recs[n, 0], recs[n, 1], recs[n, 2], recs[n, 3], recs[n, 4] = bucket, kind, t, offset, before
-    return recs
+    return n + 1
 
 
-@numba.njit(cache=True, inline="always")
+@numba.njit(cache=True)
+def _grown(x: np.ndarray, rows: int, axis1: bool) -> np.ndarray:
+    """``x`` with room for at least ``rows`` rows (columns if ``axis1``), the same array if it has.
+
+    Growth is checked once per op against what the op can add, not at each record: an array
+    reassigned in the loop would cost numba's reference counting at every step."""
+    have = x.shape[1] if axis1 else x.shape[0]
+    if rows <= have:
+        return x
+    more = max(2 * have, rows)
+    if axis1:
+        bigger = np.empty((x.shape[0], more), x.dtype)
+        bigger[:, :have] = x
+    else:
+        bigger = np.empty((more, x.shape[1]), x.dtype)
+        bigger[:have] = x
+    return bigger
+
+
+@_leaf
 def _next_use(t: int, next_i: np.ndarray, use_ptr: np.ndarray, use_pos: np.ndarray) -> int:
     return use_pos[next_i[t]] if next_i[t] < use_ptr[t + 1] else INF
 
@@ -162,7 +181,7 @@ def _uses(schedule: np.ndarray, in_ptr: np.ndarray, in_idx: np.ndarray, n_t: int
     return ptr, pos_of
 
 
-@numba.njit(cache=True, inline="always")
+@_leaf
 def _sort_todo(todo: np.ndarray, n: int, size: np.ndarray) -> None:
     """placement_order: largest first, then by id (insertion sort; an op touches few tensors)."""
     for i in range(1, n):
@@ -174,7 +193,7 @@ def _sort_todo(todo: np.ndarray, n: int, size: np.ndarray) -> None:
         todo[j + 1] = t
 
 
-@numba.njit(cache=True, inline="always")
+@_leaf
 def _sort_ints(a: np.ndarray, n: int) -> None:
     for i in range(1, n):
         x, j = a[i], i - 1
@@ -186,15 +205,15 @@ def _sort_ints(a: np.ndarray, n: int) -> None:
 
 # -- the arena, a doubly linked list of nodes in offset order. Row ``a[m]`` of node m (one cache line):
 # NX/PV link the nodes, OFF/END/TEN describe its tenant, GPOS is the place of the gap before m in the
-# set of gaps that are not empty (row GS of ``aux``, unordered, so that ``_fit`` looks at few). Node
-# HEAD (end 0) starts the list and TOP (offset cap) ends it. Row NODE of ``aux`` maps a tensor to its
-# node, row FREE_ROW is a stack of unused nodes; ``cnt`` holds [tenants, gaps in the set, free nodes,
-# free-position segments in use]; fs/fval/findex/fgran are the segments (below) of the position at
-# which each byte last fell free; cnt[4] counts the bytes tenants take, cnt[5] the entries of the heap of
-# tensors waiting on the host (below), cnt[6] the early swap-ins taken back; cnt[7] is the planner's
-# early_limit.
+# set of gaps that are not empty (row GS of ``aux``, unordered, so that ``_fit`` looks at few); RUN_AT
+# and RUN_END serve ``_window``. Node HEAD (end 0) starts the list and TOP (offset cap) ends it. Row NODE
+# of ``aux`` maps a tensor to its node, row FREE_ROW is a stack of unused nodes; ``cnt`` holds
+# [tenants, gaps in the set, free nodes, free-position segments in use]; fs/fval/findex/fgran are the
+# segments (below) of the position at which each byte last fell free; cnt[4] counts the bytes tenants
+# take, cnt[5] the entries of the heap of tensors waiting on the host (below), cnt[6] the early
+# swap-ins taken back; cnt[7] is the planner's early_limit, cnt[8] counts ``_window``'s searches.
 
-NX, PV, OFF, END, TEN, GPOS = range(6)
+NX, PV, OFF, END, TEN, GPOS, RUN_AT, RUN_END = range(8)
 GS, NODE, FREE_ROW = range(3)
 
 
@@ -205,7 +224,7 @@ def _arena(n_t: int, cap: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     head, top = n_t, n_t + 1
     a[head, END], a[head, NX], a[top, PV], a[top, OFF] = 0, top, head, cap
     aux[FREE_ROW, :n_t] = np.arange(n_t - 1, -1, -1)
-    cnt = np.array([0, 0, n_t, 1, 0, 0, 0, INF], np.int64)
+    cnt = np.array([0, 0, n_t, 1, 0, 0, 0, INF, 0], np.int64)
     if cap > 0:
         _gap_add(a, aux, cnt, top)
     return a, aux, cnt
@@ -254,8 +273,10 @@ def _fit(a: np.ndarray, aux: np.ndarray, cnt: np.ndarray, fs: np.ndarray, fval: 
 
 
 @_leaf
-def _insert(a: np.ndarray, aux: np.ndarray, cnt: np.ndarray, g: int, offset: int, size: int, t: int) -> int:
-    """Tenant ``t`` takes [offset, offset + size) in the gap before node ``g``."""
+def _insert(a: np.ndarray, aux: np.ndarray, cnt: np.ndarray, rk: np.ndarray, kh: np.ndarray, g: int, offset: int,
+            size: int, t: int, key: int) -> int:
+    """Tenant ``t`` takes [offset, offset + size) in the gap before node ``g``; ranked by ``key`` unless -1
+    (it never moves)."""
     cnt[2] -= 1
     m, before = aux[FREE_ROW, cnt[2]], a[g, PV]
     if offset + size == a[g, OFF]:
@@ -266,12 +287,14 @@ def _insert(a: np.ndarray, aux: np.ndarray, cnt: np.ndarray, g: int, offset: int
     a[m, OFF], a[m, END], a[m, TEN], aux[NODE, t] = offset, offset + size, t, m
     cnt[0] += 1
     cnt[4] += size
+    if key >= 0:
+        _rank_add(rk, kh, t, key)
     return offset
 
 
 @_leaf
-def _remove(a: np.ndarray, aux: np.ndarray, cnt: np.ndarray, fs: np.ndarray, fval: np.ndarray,
-            findex: np.ndarray, fgran: int, t: int, pos: int) -> None:
+def _remove(a: np.ndarray, aux: np.ndarray, cnt: np.ndarray, rk: np.ndarray, kh: np.ndarray, fs: np.ndarray,
+            fval: np.ndarray, findex: np.ndarray, fgran: int, t: int, pos: int) -> None:
     """Tenant ``t`` leaves at ``pos`` (-1: never written, its bytes keep their past); it and the gaps
     either side become one gap."""
     m = aux[NODE, t]
@@ -287,65 +310,131 @@ def _remove(a: np.ndarray, aux: np.ndarray, cnt: np.ndarray, fs: np.ndarray, fva
     cnt[2] += 1
     cnt[0] -= 1
     cnt[4] -= a[m, END] - a[m, OFF]
+    _rank_drop(rk, kh, t)
+
+
+# -- tenants that may move, ranked for ``_window``: a key is the tenant's next use (belady, INF as the
+# number of ops) or the number of ops less its last access (lru), so a larger key is a better victim.
+# Row 0 of ``kh`` heads a list of the tenants of each key (linked by rows 0 and 1 of ``rk``, row 2 their
+# keys, -1 if unranked); rows 1 and 2 count the tenants of each block of 64 and 4096 keys.
 
 
 @_leaf
-def _window(size, cap, a, tsize, vals, dq, fixed, mark, resident, stamp, bounce, belady, next_i, use_ptr,
-            use_pos, last_access) -> tuple:  # pragma: no cover - compiled
-    """The best window to clear: returns (its first tenant's node, the node after its last); (-1, -1)
-    if none.
+def _rank_add(rk: np.ndarray, kh: np.ndarray, t: int, key: int) -> None:
+    h = kh[0, key]
+    rk[0, t], rk[1, t], rk[2, t] = h, -1, key
+    if h >= 0:
+        rk[1, h] = t
+    kh[0, key] = t
+    kh[1, key >> 6] += 1
+    kh[2, key >> 12] += 1
 
-    Windows start at each gap; the window of the gap before node k holds the tenants from k up to j.
-    Walking both ends along the list (``kc``, ``jc`` count the steps), a monotonic queue keeps the
-    smallest ``value`` in the window (score = -that) and a sum its bytes; a tenant that may not move
-    rules out every window that reaches it, so the scan jumps past it."""
-    top = a.shape[0] - 1
-    best_k, best_j = -1, -1
-    b1 = b2 = b3 = 0
-    k = j = a[top - 1, NX]
-    kc = jc = total = head = tail = 0
-    while True:
-        lo = a[a[k, PV], END]
-        if lo + size > cap:
-            break
-        if jc < kc:
-            j, jc, total, head, tail = k, kc, 0, 0, 0
-        blocked = -1
-        while j != top and a[j, OFF] < lo + size:
-            v = a[j, TEN]
-            # may it leave now: never a fixed tensor, nor one of this op's unless bouncing one that was on
-            # the device before the op (a helper taking arrays would cost reference counts each step)
-            if fixed[v] or (mark[v] == stamp and not (bounce and resident[v] == stamp)):
-                blocked = j
-                break
-            if belady:  # a window is judged by its worst tenant: the soonest next use, or the latest use
-                vals[jc] = use_pos[next_i[v]] if next_i[v] < use_ptr[v + 1] else INF
-            else:
-                vals[jc] = -last_access[v]
-            total += tsize[v]
-            while head < tail and vals[dq[tail - 1]] >= vals[jc]:
-                tail -= 1
-            dq[tail] = jc
-            tail += 1
-            j = a[j, NX]
-            jc += 1
-        if blocked >= 0:  # every window from gap k to the blocking tenant holds it: skip them all
-            k = j = a[blocked, NX]
-            kc = jc = jc + 1
-            total = head = tail = 0
+
+@_leaf
+def _rank_drop(rk: np.ndarray, kh: np.ndarray, t: int) -> None:
+    key = rk[2, t]
+    if key < 0:
+        return
+    after, before = rk[0, t], rk[1, t]
+    if before >= 0:
+        rk[0, before] = after
+    else:
+        kh[0, key] = after
+    if after >= 0:
+        rk[1, after] = before
+    rk[2, t] = -1
+    kh[1, key >> 6] -= 1
+    kh[2, key >> 12] -= 1
+
+
+@_leaf
+def _best_key(kh: np.ndarray, x: int) -> int:
+    """The largest key at most ``x`` that some tenant has, else -1."""
+    while x >= 0:
+        if kh[2, x >> 12] == 0:
+            x = ((x >> 12) << 12) - 1
+        elif kh[1, x >> 6] == 0:
+            x = ((x >> 6) << 6) - 1
+        elif kh[0, x] < 0:
+            x -= 1
+        else:
+            return x
+    return -1
+
+
+@_leaf
+def _window(size, a, aux, rk, kh, tsize, fixed, mark, resident, stamp, bounce, cnt, found) -> tuple:
+    """The best window to clear (swapplan._Planner.window): returns (its first tenant's node, the node after
+    its last); (-1, -1) if none.
+
+    A window is as good as its worst tenant, so the best windows are found by admitting tenants best key
+    first: admitted neighbours form runs (RUN_END of a run's first node is its last, and the other way
+    round), and the first key at which a run, with the gaps around it, spans ``size`` bytes is the best
+    score; every window of that score lies in such a run, and those are compared by bytes, then offset.
+    A tenant that may not move (fixed, or this op's unless bouncing one that was on the device before
+    the op) is never admitted."""
+    cnt[8] += 1
+    scan = cnt[8]
+    x, nfound = _best_key(kh, kh.shape[1] - 1), 0
+    while x >= 0 and nfound == 0:
+        t, nkey = kh[0, x], 0
+        while t >= 0:
+            if not (fixed[t] or (mark[t] == stamp and not (bounce and resident[t] == stamp))):
+                m = aux[NODE, t]
+                first = a[a[m, PV], RUN_END] if a[a[m, PV], RUN_AT] == scan else m
+                last = a[a[m, NX], RUN_END] if a[a[m, NX], RUN_AT] == scan else m
+                a[m, RUN_AT] = scan
+                a[first, RUN_END], a[last, RUN_END] = last, first
+                found[nkey] = m
+                nkey += 1
+                if a[a[last, NX], OFF] - a[a[first, PV], END] >= size:
+                    nfound = nkey
+            t = rk[0, t]
+        x = _best_key(kh, x - 1)
+    best_k, best_j, b_total, b_lo = -1, -1, 0, 0
+    nruns = 0  # the runs holding this key's tenants: found[nkey:] their first nodes
+    for q in range(nkey if nfound > 0 else 0):
+        k = found[q]
+        while a[a[k, PV], RUN_AT] == scan:
+            k = a[k, PV]
+        seen = False
+        for r in range(nruns):
+            seen = seen or found[nkey + r] == k
+        if seen:
             continue
-        if jc > kc:
-            score = -vals[dq[head]]
-            if best_k < 0 or score < b1 or (score == b1 and (total < b2 or (total == b2 and lo < b3))):
-                best_k, best_j, b1, b2, b3 = k, j, score, total, lo
-            total -= tsize[a[k, TEN]]  # tenant k leaves for the next window
-        if k == top:
-            break
-        k = a[k, NX]
-        kc += 1
-        while head < tail and dq[head] < kc:
-            head += 1
+        found[nkey + nruns] = k
+        nruns += 1
+        last = a[k, RUN_END]
+        bound = a[last, NX]
+        j, total = k, 0
+        while True:  # the windows starting in the run, as swapplan._Planner.window slides them
+            lo = a[a[k, PV], END]
+            while j != bound and a[j, OFF] < lo + size:
+                total += tsize[a[j, TEN]]
+                j = a[j, NX]
+            if a[j, OFF] < lo + size:
+                break
+            if j == k:  # a gap that holds ``size`` is no window (and is not there when no gap fits)
+                if k == last:
+                    break
+                k = j = a[k, NX]
+                continue
+            if best_k < 0 or total < b_total or (total == b_total and lo < b_lo):
+                best_k, best_j, b_total, b_lo = k, j, total, lo
+            if k == last:
+                break
+            total -= tsize[a[k, TEN]]
+            k = a[k, NX]
     return best_k, best_j
+
+
+@_leaf
+def _rank(t: int, belady: bool, n_ops: int, next_i: np.ndarray, use_ptr: np.ndarray, use_pos: np.ndarray,
+          last_access: np.ndarray) -> int:
+    """The key that ranks tenant ``t`` as a victim (above ``_rank_add``)."""
+    if belady:
+        return use_pos[next_i[t]] if next_i[t] < use_ptr[t + 1] else n_ops
+    return n_ops - 1 - last_access[t]
 
 
 @numba.njit(cache=True)
@@ -356,7 +445,9 @@ def _plan(schedule, cap, pinned0, policy, size, in_ptr, in_idx, out_ptr, out_idx
     a, aux, cnt = _arena(n_t, cap)
     fs, fval, findex, fgran = _segments(min(cap, size.sum()), n_t + 16, -1.0)
     newest_from = n_ops if policy[3] == 0 else (0 if policy[3] == 1 else -1)  # -1: the turn, found below
-    vals, dq = np.empty(n_t + 1, np.int64), np.empty(n_t + 1, np.int64)
+    found = np.empty(2 * n_t + 2, np.int64)
+    rk, kh = np.full((3, n_t), -1, np.int64), np.full((3, n_ops + 1), -1, np.int64)
+    kh[1:] = 0
     peak = 0
     where = np.full(n_t, -1, np.int64)
     out_off = np.full(n_t, -1, np.int64)
@@ -381,7 +472,7 @@ def _plan(schedule, cap, pinned0, policy, size, in_ptr, in_idx, out_ptr, out_idx
     hp = np.empty((2, n_t + 16), np.int64)
     for t in range(n_t):
         if host[t] and not is_input[t] and use_ptr[t + 1] > use_ptr[t]:
-            hp = _hp_push(hp, cnt, use_pos[use_ptr[t]], t)
+            _hp_push(hp, cnt, use_pos[use_ptr[t]], t)
     turn = n_ops
     for pos in range(n_ops):
         if not fwd_act[out_idx[out_ptr[schedule[pos]]]]:
@@ -397,7 +488,7 @@ def _plan(schedule, cap, pinned0, policy, size, in_ptr, in_idx, out_ptr, out_idx
                 g, offset, _ = _fit(a, aux, cnt, fs, fval, findex, fgran, size[t], False)
                 if g < 0:
                     return recs[:0], out_off, peak, 1
-                where[t] = out_off[t] = _insert(a, aux, cnt, g, offset, size[t], t)
+                where[t] = out_off[t] = _insert(a, aux, cnt, rk, kh, g, offset, size[t], t, -1)
                 peak = max(peak, where[t] + size[t])
     todo = np.empty(64, np.int64)
     pend = np.empty(64, np.int64)  # swap-ins of this op: tensor, and (in pend_since) since when free
@@ -408,8 +499,15 @@ def _plan(schedule, cap, pinned0, policy, size, in_ptr, in_idx, out_ptr, out_idx
         width = 2 * ((i1 - i0) + (o1 - o0)) + 4
         if todo.shape[0] < width:
             todo, pend, pend_since = np.empty(width, np.int64), np.empty(width, np.int64), np.empty(width, np.int64)
-        # this op frees at most the tenants there now and its own tensors
-        fs, fval = _seg_reserve(fs, fval, cnt[3], cnt[0] + width)
+        # this op removes at most the tenants there now and its own tensors twice (by a window, then
+        # all at once) and its own once more (frees), each with two records, one free and a heap entry
+        most = 2 * cnt[0] + 3 * width
+        if cnt[3] + 2 * most > fs.shape[1]:
+            fs, fval = _seg_reserve(fs, fval, cnt[3], most)
+        if nrec + 2 * most + width > recs.shape[0]:
+            recs = _grown(recs, nrec + 2 * most + width, False)
+        if cnt[5] + most > hp.shape[1]:
+            hp = _grown(hp, cnt[5] + most, True)
         ipo = out_idx[o0] if in_place[op] else -1
         for j in range(i0, i1):
             mark[in_idx[j]] = stamp
@@ -431,8 +529,7 @@ def _plan(schedule, cap, pinned0, policy, size, in_ptr, in_idx, out_ptr, out_idx
             g, offset, since = _fit(a, aux, cnt, fs, fval, findex, fgran, size[t], newest)
             if g < 0:
                 for bounce in (False, True):
-                    k, kj = _window(size[t], cap, a, size, vals, dq, fixed, mark, resident, stamp, bounce, belady,
-                                    next_i, use_ptr, use_pos, last_access)
+                    k, kj = _window(size[t], a, aux, rk, kh, size, fixed, mark, resident, stamp, bounce, cnt, found)
                     if k < 0:
                         continue
                     while k != kj:
@@ -441,7 +538,7 @@ def _plan(schedule, cap, pinned0, policy, size, in_ptr, in_idx, out_ptr, out_idx
                             resident[v] = 0
                             todo[ntodo] = v
                             ntodo += 1
-                        recs, nrec, hp = _evict(v, recs, nrec, a, aux, cnt, fs, fval, findex, fgran, where,
+                        nrec = _evict(v, recs, nrec, a, aux, cnt, rk, kh, fs, fval, findex, fgran, where,
                                                 released, host, host_at, last_access, next_i, use_ptr, use_pos,
                                                 loss, early_rec, hp)
                     _sort_todo(todo, ntodo, size)
@@ -450,19 +547,19 @@ def _plan(schedule, cap, pinned0, policy, size, in_ptr, in_idx, out_ptr, out_idx
             if g < 0 and not packed:  # last resort: take back this op's placements, clear everything
                 for j in range(npend):
                     u = pend[j]
-                    _remove(a, aux, cnt, fs, fval, findex, fgran, u, -1)
+                    _remove(a, aux, cnt, rk, kh, fs, fval, findex, fgran, u, -1)
                     where[u] = -1
                 for j in range(o0, o1):
                     u = out_idx[j]
                     if u != ipo and where[u] >= 0:
-                        _remove(a, aux, cnt, fs, fval, findex, fgran, u, -1)
+                        _remove(a, aux, cnt, rk, kh, fs, fval, findex, fgran, u, -1)
                         where[u] = -1
                 k, top = a[n_t, NX], n_t + 1
                 while k != top:
                     v, k = a[k, TEN], a[k, NX]
                     if not fixed[v]:
                         resident[v] = 0
-                        recs, nrec, hp = _evict(v, recs, nrec, a, aux, cnt, fs, fval, findex, fgran, where,
+                        nrec = _evict(v, recs, nrec, a, aux, cnt, rk, kh, fs, fval, findex, fgran, where,
                                                 released, host, host_at, last_access, next_i, use_ptr, use_pos,
                                                 loss, early_rec, hp)
                 npend, packed = 0, True
@@ -470,7 +567,8 @@ def _plan(schedule, cap, pinned0, policy, size, in_ptr, in_idx, out_ptr, out_idx
                 continue
             if g < 0:
                 return recs[:0], out_off, peak, 2
-            where[t] = _insert(a, aux, cnt, g, offset, size[t], t)
+            where[t] = _insert(a, aux, cnt, rk, kh, g, offset, size[t], t,
+                               _rank(t, belady, n_ops, next_i, use_ptr, use_pos, last_access))
             peak = max(peak, where[t] + size[t])
             if is_out[t] == stamp:
                 out_off[t] = where[t]
@@ -481,18 +579,19 @@ def _plan(schedule, cap, pinned0, policy, size, in_ptr, in_idx, out_ptr, out_idx
             t = pend[j]
             floor = max(max(pend_since[j], released[t]), host_at[t])
             at = pos - 1 if prefetch == 0 else (floor if prefetch == 1 else pos - 2)
-            recs = _record(recs, nrec, max(at, floor) + 1, IN, t, where[t], op)
-            nrec += 1
+            nrec = _record(recs, nrec, max(at, floor) + 1, IN, t, where[t], op)
         if ipo >= 0:
             old = in_idx[i0]
             where[ipo] = out_off[ipo] = where[old]
             where[old] = -1
             aux[NODE, ipo] = aux[NODE, old]
             a[aux[NODE, ipo], TEN] = ipo
+            _rank_drop(rk, kh, old)
             if pinned[old]:
                 pinned[ipo] = fixed[ipo] = True
-        recs = _record(recs, nrec, pos + 1, RUN, op, -1, -1)
-        nrec += 1
+            else:
+                _rank_add(rk, kh, ipo, 0)
+        nrec = _record(recs, nrec, pos + 1, RUN, op, -1, -1)
         for j in range(i0, i1):
             last_access[in_idx[j]] = pos
             early_rec[in_idx[j]] = -1
@@ -502,14 +601,20 @@ def _plan(schedule, cap, pinned0, policy, size, in_ptr, in_idx, out_ptr, out_idx
             t = in_idx[j]
             if next_i[t] < use_ptr[t + 1] and use_pos[next_i[t]] == pos:
                 next_i[t] += 1
+        for j in range(i0, o1 + i1 - o0):  # the op's tensors still ranked take their new keys
+            t = in_idx[j] if j < i1 else out_idx[j - i1 + o0]
+            if rk[2, t] >= 0:
+                key = _rank(t, belady, n_ops, next_i, use_ptr, use_pos, last_access)
+                if key != rk[2, t]:
+                    _rank_drop(rk, kh, t)
+                    _rank_add(rk, kh, t, key)
         # after the run: write-backs and vDNN offloads, then frees of what is done with (by tensor id)
         for j in range(o0, o1):
             t = out_idx[j]
             nxt = _next_use(t, next_i, use_ptr, use_pos)
             off_t = offload and pos < turn and fwd_act[t] and nxt != INF and use_pos[use_ptr[t + 1] - 1] >= turn
             if (write_back[t] or off_t) and not host[t]:
-                recs = _record(recs, nrec, pos + 1, OUT, t, -1, -1)
-                nrec += 1
+                nrec = _record(recs, nrec, pos + 1, OUT, t, -1, -1)
                 host[t], host_at[t] = True, pos
         nt = 0
         for j in range(i0, i1):
@@ -525,12 +630,11 @@ def _plan(schedule, cap, pinned0, policy, size, in_ptr, in_idx, out_ptr, out_idx
                 continue
             nxt = _next_use(t, next_i, use_ptr, use_pos)
             if nxt == INF or (offload and host[t] and pos < turn and turn <= nxt):
-                recs = _record(recs, nrec, pos + 1, FREE, t, -1, -1)
-                nrec += 1
-                _remove(a, aux, cnt, fs, fval, findex, fgran, t, pos)
+                nrec = _record(recs, nrec, pos + 1, FREE, t, -1, -1)
+                _remove(a, aux, cnt, rk, kh, fs, fval, findex, fgran, t, pos)
                 where[t], released[t] = -1, pos
                 if nxt != INF:
-                    hp = _hp_push(hp, cnt, nxt, t)
+                    _hp_push(hp, cnt, nxt, t)
         if pos >= cnt[7]:
             cnt[7] = INF
         while reserve >= 0 and cnt[5] > 0:  # early swap-ins (swapplan._Planner.bring_early)
@@ -546,12 +650,14 @@ def _plan(schedule, cap, pinned0, policy, size, in_ptr, in_idx, out_ptr, out_idx
             if g < 0:
                 break
             _hp_pop(hp, cnt)
-            where[t] = _insert(a, aux, cnt, g, offset, size[t], t)
+            if nrec == recs.shape[0]:
+                recs = _grown(recs, nrec + 1, False)
+            where[t] = _insert(a, aux, cnt, rk, kh, g, offset, size[t], t,
+                               _rank(t, belady, n_ops, next_i, use_ptr, use_pos, last_access))
             peak = max(peak, where[t] + size[t])
             early_rec[t] = nrec
             at = max(max(since, released[t]), host_at[t])
-            recs = _record(recs, nrec, at + 1, IN, t, where[t], schedule[nxt])
-            nrec += 1
+            nrec = _record(recs, nrec, at + 1, IN, t, where[t], schedule[nxt])
     recs = recs[:nrec]
     if cnt[6] > 0:  # drop the early swap-ins taken back
         recs = recs[recs[:, 0] >= 0]
@@ -577,9 +683,9 @@ def _queue(todo, i0, i1, o0, o1, in_idx, out_idx, ipo, where, queued, tag, size)
     return ntodo
 
 
-@numba.njit(cache=True)
-def _evict(v, recs, nrec, a, aux, cnt, fs, fval, findex, fgran, where, released, host, host_at, last_access,
-           next_i, use_ptr, use_pos, loss, early_rec, hp) -> tuple:  # pragma: no cover - compiled
+@_leaf
+def _evict(v, recs, nrec, a, aux, cnt, rk, kh, fs, fval, findex, fgran, where, released, host, host_at, last_access,
+           next_i, use_ptr, use_pos, loss, early_rec, hp) -> int:  # pragma: no cover - compiled
     """Tenant ``v`` leaves after its last use so far: copied out first if still needed; an early swap-in
     not used yet is taken back instead, as if never made (its record marked, bucket -1)."""
     nxt = _next_use(v, next_i, use_ptr, use_pos)
@@ -587,39 +693,34 @@ def _evict(v, recs, nrec, a, aux, cnt, fs, fval, findex, fgran, where, released,
         recs[early_rec[v], 0] = -1
         cnt[6] += 1
         early_rec[v] = -1
-        _remove(a, aux, cnt, fs, fval, findex, fgran, v, -1)
+        _remove(a, aux, cnt, rk, kh, fs, fval, findex, fgran, v, -1)
         where[v] = -1
         cnt[7] = min(cnt[7], nxt)
-        return recs, nrec, _hp_push(hp, cnt, nxt, v)
+        _hp_push(hp, cnt, nxt, v)
+        return nrec
     kp = last_access[v]
     if (nxt != INF or v == loss) and not host[v]:
-        recs = _record(recs, nrec, kp + 1, OUT, v, -1, -1)
-        nrec += 1
+        nrec = _record(recs, nrec, kp + 1, OUT, v, -1, -1)
         host[v], host_at[v] = True, kp
-    recs = _record(recs, nrec, kp + 1, FREE, v, -1, -1)
-    nrec += 1
-    _remove(a, aux, cnt, fs, fval, findex, fgran, v, kp)
+    nrec = _record(recs, nrec, kp + 1, FREE, v, -1, -1)
+    _remove(a, aux, cnt, rk, kh, fs, fval, findex, fgran, v, kp)
     where[v], released[v] = -1, kp
     if nxt != INF:
-        hp = _hp_push(hp, cnt, nxt, v)
-    return recs, nrec, hp
+        _hp_push(hp, cnt, nxt, v)
+    return nrec
 
 
 # -- tensors waiting on the host, a binary heap by (next use, tensor) in ``hp`` (rows: next use, tensor)
 # with cnt[5] entries; as in the reference (heapq), stale entries stay until they reach the top.
 
 
-@numba.njit(cache=True, inline="always")
+@_inline
 def _hp_less(hp: np.ndarray, i: int, j: int) -> bool:
     return hp[0, i] < hp[0, j] or (hp[0, i] == hp[0, j] and hp[1, i] < hp[1, j])
 
 
 @numba.njit(cache=True)
-def _hp_push(hp: np.ndarray, cnt: np.ndarray, key: int, t: int) -> np.ndarray:
-    if cnt[5] == hp.shape[1]:
-        bigger = np.empty((2, 2 * hp.shape[1]), np.int64)
-        bigger[:, :cnt[5]] = hp
-        hp = bigger
+def _hp_push(hp: np.ndarray, cnt: np.ndarray, key: int, t: int) -> None:
     i = cnt[5]
     cnt[5] += 1
     hp[0, i], hp[1, i] = key, t
@@ -627,7 +728,6 @@ def _hp_push(hp: np.ndarray, cnt: np.ndarray, key: int, t: int) -> np.ndarray:
         up = (i - 1) // 2
         hp[0, i], hp[0, up], hp[1, i], hp[1, up] = hp[0, up], hp[0, i], hp[1, up], hp[1, i]
         i = up
-    return hp
 
 
 @_leaf
@@ -694,7 +794,7 @@ def _seg_reserve(s: np.ndarray, val: np.ndarray, n: int, more: int) -> tuple[np.
     return s2, val2
 
 
-@numba.njit(cache=True, inline="always")
+@_inline
 def _seg_find(lo: int, s: np.ndarray, bucket: np.ndarray, gran: int) -> int:
     x = bucket[lo // gran]
     while s[SHI, x] <= lo:
@@ -712,14 +812,14 @@ def _seg_max(lo: int, hi: int, s: np.ndarray, val: np.ndarray, bucket: np.ndarra
     return most
 
 
-@numba.njit(cache=True, inline="always")
+@_inline
 def _seg_point(lo: int, hi: int, x: int, bucket: np.ndarray, gran: int) -> None:
     """Buckets whose first byte lies in [lo, hi) now start in segment x."""
     for b in range(-(-lo // gran), -(-hi // gran)):
         bucket[b] = x
 
 
-@numba.njit(cache=True, inline="always")
+@_inline
 def _seg_new(s: np.ndarray, val: np.ndarray, n: int, lo: int, hi: int, v: float, prev: int, nxt: int) -> None:
     """Node n takes [lo, hi) between prev and nxt."""
     s[SLO, n], s[SHI, n], s[SPV, n], s[SNX, n], val[n] = lo, hi, prev, nxt, v
@@ -825,12 +925,12 @@ def _simulate(schedule, recs, out_off, top, size, in_ptr, in_idx, out_ptr, out_i
     return max(compute, max(h2d_clock, d2h_clock)), h2d, d2h
 
 
-@numba.njit(cache=True, inline="always")
+@_inline
 def _before(priority: np.ndarray, a: int, b: int) -> bool:
     return priority[a] > priority[b] or (priority[a] == priority[b] and a < b)
 
 
-@numba.njit(cache=True, inline="always")
+@_leaf
 def _ready_push(heap: np.ndarray, size: int, op: int, priority: np.ndarray) -> None:
     i = size
     heap[i] = op
@@ -839,7 +939,7 @@ def _ready_push(heap: np.ndarray, size: int, op: int, priority: np.ndarray) -> N
         i = (i - 1) // 2
 
 
-@numba.njit(cache=True, inline="always")
+@_leaf
 def _ready_pop(heap: np.ndarray, size: int, priority: np.ndarray) -> int:
     top = heap[0]
     size -= 1

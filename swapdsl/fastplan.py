@@ -205,43 +205,52 @@ def _sort_ints(a: np.ndarray, n: int) -> None:
 
 # -- the arena, a doubly linked list of nodes in offset order. Row ``a[m]`` of node m (one cache line):
 # NX/PV link the nodes, OFF/END/TEN describe its tenant, GPOS is the place of the gap before m in the
-# set of gaps that are not empty (row GS of ``aux``, unordered, so that ``_fit`` looks at few); RUN_AT
-# and RUN_END serve ``_window``. Node HEAD (end 0) starts the list and TOP (offset cap) ends it. Row NODE
-# of ``aux`` maps a tensor to its node, row FREE_ROW is a stack of unused nodes; ``cnt`` holds
-# [tenants, gaps in the set, free nodes, free-position segments in use]; fs/fval/findex/fgran are the
-# segments (below) of the position at which each byte last fell free; cnt[4] counts the bytes tenants
-# take, cnt[5] the entries of the heap of tensors waiting on the host (below), cnt[6] the early
-# swap-ins taken back; cnt[7] is the planner's early_limit, cnt[8] counts ``_window``'s searches.
+# set of gaps that are not empty; RUN_AT and RUN_END serve ``_window``. Node HEAD (end 0) starts the
+# list and TOP (offset cap) ends it. Row NODE of ``aux`` maps a tensor to its node, row FREE_ROW is a
+# stack of unused nodes. The set of gaps is unordered, so that ``_fit`` reads few: its q-th gap lies
+# before node aux[GS, q] and spans [aux[GLO, q], aux[GHI, q]); aux[GSIZE, q] is the last size ``_fit``
+# asked of it and GSINCE0/GSINCE1 the positions since which the bytes at its start and its end are free
+# for that size (-1: not known), as the gap has not changed since. ``cnt`` holds [tenants, gaps in the
+# set, free nodes, free-position segments in use]; fs/fval/findex/fgran are the segments (below) of the
+# position at which each byte last fell free; cnt[4] counts the bytes tenants take, cnt[5] the entries
+# of the heap of tensors waiting on the host (below), cnt[6] the early swap-ins taken back; cnt[7] is
+# the planner's early_limit, cnt[8] counts ``_window``'s searches.
 
 NX, PV, OFF, END, TEN, GPOS, RUN_AT, RUN_END = range(8)
-GS, NODE, FREE_ROW = range(3)
+GS, NODE, FREE_ROW, GLO, GHI, GSIZE, GSINCE0, GSINCE1 = range(8)
 
 
 @numba.njit(cache=True)
 def _arena(n_t: int, cap: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     a = np.full((n_t + 2, 8), -1, np.int64)
-    aux = np.empty((3, n_t + 2), np.int64)
+    aux = np.empty((8, n_t + 2), np.int64)
     head, top = n_t, n_t + 1
     a[head, END], a[head, NX], a[top, PV], a[top, OFF] = 0, top, head, cap
     aux[FREE_ROW, :n_t] = np.arange(n_t - 1, -1, -1)
     cnt = np.array([0, 0, n_t, 1, 0, 0, 0, INF, 0], np.int64)
-    if cap > 0:
-        _gap_add(a, aux, cnt, top)
+    _gap_set(a, aux, cnt, top, 0, cap)
     return a, aux, cnt
 
 
 @_leaf
-def _gap_add(a: np.ndarray, aux: np.ndarray, cnt: np.ndarray, g: int) -> None:
-    aux[GS, cnt[1]], a[g, GPOS] = g, cnt[1]
-    cnt[1] += 1
-
-
-@_leaf
-def _gap_drop(a: np.ndarray, aux: np.ndarray, cnt: np.ndarray, g: int) -> None:
-    cnt[1] -= 1
-    last = aux[GS, cnt[1]]
-    aux[GS, a[g, GPOS]], a[last, GPOS] = last, a[g, GPOS]
-    a[g, GPOS] = -1
+def _gap_set(a: np.ndarray, aux: np.ndarray, cnt: np.ndarray, g: int, lo: int, hi: int) -> None:
+    """The gap before node ``g`` is now [lo, hi), none if empty."""
+    q = a[g, GPOS]
+    if lo == hi:
+        if q >= 0:
+            cnt[1] -= 1
+            last = cnt[1]
+            for row in range(GLO, GSINCE1 + 1):
+                aux[row, q] = aux[row, last]
+            aux[GS, q] = aux[GS, last]
+            a[aux[GS, q], GPOS] = q
+            a[g, GPOS] = -1
+        return
+    if q < 0:
+        q = cnt[1]
+        cnt[1] += 1
+        aux[GS, q], a[g, GPOS] = g, q
+    aux[GLO, q], aux[GHI, q], aux[GSIZE, q] = lo, hi, -1
 
 
 @_leaf
@@ -254,19 +263,21 @@ def _fit(a: np.ndarray, aux: np.ndarray, cnt: np.ndarray, fs: np.ndarray, fval: 
     sign = -1 if newest else 1
     best, best_off, best_since, best_len, top_lo = -1, 0, 0, 0, -1
     for q in range(cnt[1]):
-        g = aux[GS, q]
-        lo, hi = a[a[g, PV], END], a[g, OFF]
+        lo, hi = aux[GLO, q], aux[GHI, q]
         if hi - lo < size:
             continue
-        if g == top:
+        if aux[GS, q] == top:
             top_lo = lo
             continue
+        if aux[GSIZE, q] != size:  # (asked again for the same size one time in two on the LSTM)
+            aux[GSIZE, q], aux[GSINCE0, q] = size, int(_seg_max(lo, lo + size, fs, fval, findex, fgran))
+            aux[GSINCE1, q] = int(_seg_max(hi - size, hi, fs, fval, findex, fgran)) if hi - lo > size else -1
         for end in range(1 if hi - lo == size else 2):  # the start, and the end unless they are one place
             offset = hi - size if end else lo
-            since = int(_seg_max(offset, offset + size, fs, fval, findex, fgran))
+            since = aux[GSINCE0 + end, q]
             if best < 0 or sign * since < sign * best_since or (since == best_since and (
                     hi - lo < best_len or (hi - lo == best_len and offset < best_off))):
-                best, best_off, best_since, best_len = g, offset, since, hi - lo
+                best, best_off, best_since, best_len = aux[GS, q], offset, since, hi - lo
     if best < 0 and top_lo >= 0:
         return top, top_lo, int(_seg_max(top_lo, top_lo + size, fs, fval, findex, fgran))
     return best, best_off, best_since
@@ -279,12 +290,10 @@ def _insert(a: np.ndarray, aux: np.ndarray, cnt: np.ndarray, rk: np.ndarray, kh:
     (it never moves)."""
     cnt[2] -= 1
     m, before = aux[FREE_ROW, cnt[2]], a[g, PV]
-    if offset + size == a[g, OFF]:
-        _gap_drop(a, aux, cnt, g)
-    if offset > a[before, END]:
-        _gap_add(a, aux, cnt, m)
+    _gap_set(a, aux, cnt, g, offset + size, a[g, OFF])
     a[m, NX], a[m, PV], a[before, NX], a[g, PV] = g, before, m, m
     a[m, OFF], a[m, END], a[m, TEN], aux[NODE, t] = offset, offset + size, t, m
+    _gap_set(a, aux, cnt, m, a[before, END], offset)
     cnt[0] += 1
     cnt[4] += size
     if key >= 0:
@@ -301,11 +310,9 @@ def _remove(a: np.ndarray, aux: np.ndarray, cnt: np.ndarray, rk: np.ndarray, kh:
     before, after = a[m, PV], a[m, NX]
     if pos >= 0:
         cnt[3] = _seg_assign(a[m, OFF], a[m, END], float(pos), fs, fval, findex, fgran, cnt[3])
-    if a[m, GPOS] >= 0:
-        _gap_drop(a, aux, cnt, m)
-    if a[after, GPOS] < 0:
-        _gap_add(a, aux, cnt, after)
+    _gap_set(a, aux, cnt, m, 0, 0)
     a[before, NX], a[after, PV] = after, before
+    _gap_set(a, aux, cnt, after, a[before, END], a[after, OFF])
     aux[FREE_ROW, cnt[2]] = m
     cnt[2] += 1
     cnt[0] -= 1

@@ -208,49 +208,58 @@ def _sort_ints(a: np.ndarray, n: int) -> None:
 # set of gaps that are not empty; RUN_AT and RUN_END serve ``_window``. Node HEAD (end 0) starts the
 # list and TOP (offset cap) ends it. Row NODE of ``aux`` maps a tensor to its node, row FREE_ROW is a
 # stack of unused nodes. The set of gaps is unordered, so that ``_fit`` reads few: its q-th gap lies
-# before node aux[GS, q] and spans [aux[GLO, q], aux[GHI, q]); aux[GSIZE, q] is the last size ``_fit``
-# asked of it and GSINCE0/GSINCE1 the positions since which the bytes at its start and its end are free
-# for that size (-1: not known), as the gap has not changed since. ``cnt`` holds [tenants, gaps in the
-# set, free nodes, free-position segments in use]; fs/fval/findex/fgran are the segments (below) of the
-# position at which each byte last fell free; cnt[4] counts the bytes tenants take, cnt[5] the entries
-# of the heap of tensors waiting on the host (below), cnt[6] the early swap-ins taken back; cnt[7] is
-# the planner's early_limit, cnt[8] counts ``_window``'s searches.
+# before node aux[GS, q] and spans [aux[GLO, q], aux[GHI, q]); GSINCE0 is the position since which the
+# first aux[GSIZE0, q] bytes of the gap are free, GSINCE1 the same for its last GSIZE1 bytes (the last
+# size ``_fit`` asked; -1: not known). A gap that shrinks or grows at one end keeps what it knows of the
+# other. ``cnt`` holds [tenants, gaps in the set, free nodes, free-position segments in use];
+# fs/fval/findex/fgran are the segments (below) of the position at which each byte last fell free;
+# cnt[4] counts the bytes tenants take, cnt[5] the entries of the heap of tensors waiting on the host
+# (below), cnt[6] the early swap-ins taken back; cnt[7] is the planner's early_limit, cnt[8] counts
+# ``_window``'s searches, and no gap is longer than cnt[9].
 
 NX, PV, OFF, END, TEN, GPOS, RUN_AT, RUN_END = range(8)
-GS, NODE, FREE_ROW, GLO, GHI, GSIZE, GSINCE0, GSINCE1 = range(8)
+GS, NODE, FREE_ROW, GLO, GHI, GSIZE0, GSINCE0, GSIZE1, GSINCE1 = range(9)
 
 
 @numba.njit(cache=True)
 def _arena(n_t: int, cap: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     a = np.full((n_t + 2, 8), -1, np.int64)
-    aux = np.empty((8, n_t + 2), np.int64)
+    aux = np.empty((9, n_t + 2), np.int64)
     head, top = n_t, n_t + 1
     a[head, END], a[head, NX], a[top, PV], a[top, OFF] = 0, top, head, cap
     aux[FREE_ROW, :n_t] = np.arange(n_t - 1, -1, -1)
-    cnt = np.array([0, 0, n_t, 1, 0, 0, 0, INF, 0], np.int64)
-    _gap_set(a, aux, cnt, top, 0, cap)
+    cnt = np.array([0, 0, n_t, 1, 0, 0, 0, INF, 0, cap], np.int64)
+    if cap > 0:
+        _gap_put(a, aux, cnt, top, 0, cap, -1, 0, -1, 0)
     return a, aux, cnt
 
 
 @_leaf
-def _gap_set(a: np.ndarray, aux: np.ndarray, cnt: np.ndarray, g: int, lo: int, hi: int) -> None:
-    """The gap before node ``g`` is now [lo, hi), none if empty."""
+def _gap_put(a: np.ndarray, aux: np.ndarray, cnt: np.ndarray, g: int, lo: int, hi: int, size0: int, since0: int,
+             size1: int, since1: int) -> None:
+    """The gap before node ``g`` is [lo, hi), not empty, and what is known of its ends."""
     q = a[g, GPOS]
-    if lo == hi:
-        if q >= 0:
-            cnt[1] -= 1
-            last = cnt[1]
-            for row in range(GLO, GSINCE1 + 1):
-                aux[row, q] = aux[row, last]
-            aux[GS, q] = aux[GS, last]
-            a[aux[GS, q], GPOS] = q
-            a[g, GPOS] = -1
-        return
     if q < 0:
         q = cnt[1]
         cnt[1] += 1
         aux[GS, q], a[g, GPOS] = g, q
-    aux[GLO, q], aux[GHI, q], aux[GSIZE, q] = lo, hi, -1
+    aux[GLO, q], aux[GHI, q] = lo, hi
+    aux[GSIZE0, q], aux[GSINCE0, q], aux[GSIZE1, q], aux[GSINCE1, q] = size0, since0, size1, since1
+
+
+@_leaf
+def _gap_drop(a: np.ndarray, aux: np.ndarray, cnt: np.ndarray, g: int) -> None:
+    """There is no gap before node ``g`` (any more)."""
+    q = a[g, GPOS]
+    if q < 0:
+        return
+    cnt[1] -= 1
+    last = cnt[1]
+    for row in range(GS, GSINCE1 + 1):
+        if row != NODE and row != FREE_ROW:
+            aux[row, q] = aux[row, last]
+    a[aux[GS, q], GPOS] = q
+    a[g, GPOS] = -1
 
 
 @_leaf
@@ -259,25 +268,30 @@ def _fit(a: np.ndarray, aux: np.ndarray, cnt: np.ndarray, fs: np.ndarray, fval: 
     """Arena.fit: (node after the gap, offset, position since which the bytes are free) of the best
     place at the start or end of a gap that holds ``size``, else at the start of the gap above the
     last tenant; node -1 if none holds it."""
+    if size > cnt[9]:  # (the early swap-ins ask at every op, mostly in vain)
+        return -1, 0, 0
     top = a.shape[0] - 1
     sign = -1 if newest else 1
-    best, best_off, best_since, best_len, top_lo = -1, 0, 0, 0, -1
+    best, best_off, best_since, best_len, top_lo, longest = -1, 0, 0, 0, -1, 0
     for q in range(cnt[1]):
         lo, hi = aux[GLO, q], aux[GHI, q]
+        longest = max(longest, hi - lo)
         if hi - lo < size:
             continue
         if aux[GS, q] == top:
             top_lo = lo
             continue
-        if aux[GSIZE, q] != size:  # (asked again for the same size one time in two on the LSTM)
-            aux[GSIZE, q], aux[GSINCE0, q] = size, int(_seg_max(lo, lo + size, fs, fval, findex, fgran))
-            aux[GSINCE1, q] = int(_seg_max(hi - size, hi, fs, fval, findex, fgran)) if hi - lo > size else -1
+        if aux[GSIZE0, q] != size:
+            aux[GSIZE0, q], aux[GSINCE0, q] = size, int(_seg_max(lo, lo + size, fs, fval, findex, fgran))
+        if hi - lo > size and aux[GSIZE1, q] != size:
+            aux[GSIZE1, q], aux[GSINCE1, q] = size, int(_seg_max(hi - size, hi, fs, fval, findex, fgran))
         for end in range(1 if hi - lo == size else 2):  # the start, and the end unless they are one place
             offset = hi - size if end else lo
-            since = aux[GSINCE0 + end, q]
+            since = aux[GSINCE1, q] if end else aux[GSINCE0, q]
             if best < 0 or sign * since < sign * best_since or (since == best_since and (
                     hi - lo < best_len or (hi - lo == best_len and offset < best_off))):
                 best, best_off, best_since, best_len = aux[GS, q], offset, since, hi - lo
+    cnt[9] = longest
     if best < 0 and top_lo >= 0:
         return top, top_lo, int(_seg_max(top_lo, top_lo + size, fs, fval, findex, fgran))
     return best, best_off, best_since
@@ -287,13 +301,19 @@ def _fit(a: np.ndarray, aux: np.ndarray, cnt: np.ndarray, fs: np.ndarray, fval: 
 def _insert(a: np.ndarray, aux: np.ndarray, cnt: np.ndarray, rk: np.ndarray, kh: np.ndarray, g: int, offset: int,
             size: int, t: int, key: int) -> int:
     """Tenant ``t`` takes [offset, offset + size) in the gap before node ``g``; ranked by ``key`` unless -1
-    (it never moves)."""
+    (it never moves). What lies before it keeps the gap's start, what lies after its end."""
     cnt[2] -= 1
-    m, before = aux[FREE_ROW, cnt[2]], a[g, PV]
-    _gap_set(a, aux, cnt, g, offset + size, a[g, OFF])
+    m, before, q = aux[FREE_ROW, cnt[2]], a[g, PV], a[g, GPOS]
+    lo, hi, size0, since0 = aux[GLO, q], aux[GHI, q], aux[GSIZE0, q], aux[GSINCE0, q]
+    if offset + size == hi:
+        _gap_drop(a, aux, cnt, g)
+    else:  # (what is known of an end holds for the gap while it is no longer than the gap)
+        size1 = aux[GSIZE1, q] if aux[GSIZE1, q] <= hi - offset - size else -1
+        _gap_put(a, aux, cnt, g, offset + size, hi, -1, 0, size1, aux[GSINCE1, q])
     a[m, NX], a[m, PV], a[before, NX], a[g, PV] = g, before, m, m
-    a[m, OFF], a[m, END], a[m, TEN], aux[NODE, t] = offset, offset + size, t, m
-    _gap_set(a, aux, cnt, m, a[before, END], offset)
+    a[m, OFF], a[m, END], a[m, TEN], a[m, GPOS], aux[NODE, t] = offset, offset + size, t, -1, m
+    if offset > lo:
+        _gap_put(a, aux, cnt, m, lo, offset, size0 if size0 <= offset - lo else -1, since0, -1, 0)
     cnt[0] += 1
     cnt[4] += size
     if key >= 0:
@@ -305,14 +325,18 @@ def _insert(a: np.ndarray, aux: np.ndarray, cnt: np.ndarray, rk: np.ndarray, kh:
 def _remove(a: np.ndarray, aux: np.ndarray, cnt: np.ndarray, rk: np.ndarray, kh: np.ndarray, fs: np.ndarray,
             fval: np.ndarray, findex: np.ndarray, fgran: int, t: int, pos: int) -> None:
     """Tenant ``t`` leaves at ``pos`` (-1: never written, its bytes keep their past); it and the gaps
-    either side become one gap."""
+    either side become one gap, which keeps the start of the one before and the end of the one after."""
     m = aux[NODE, t]
     before, after = a[m, PV], a[m, NX]
     if pos >= 0:
         cnt[3] = _seg_assign(a[m, OFF], a[m, END], float(pos), fs, fval, findex, fgran, cnt[3])
-    _gap_set(a, aux, cnt, m, 0, 0)
+    qm, qa = a[m, GPOS], a[after, GPOS]
+    size0, since0 = (aux[GSIZE0, qm], aux[GSINCE0, qm]) if qm >= 0 else (-1, 0)
+    size1, since1 = (aux[GSIZE1, qa], aux[GSINCE1, qa]) if qa >= 0 else (-1, 0)
+    _gap_drop(a, aux, cnt, m)
     a[before, NX], a[after, PV] = after, before
-    _gap_set(a, aux, cnt, after, a[before, END], a[after, OFF])
+    _gap_put(a, aux, cnt, after, a[before, END], a[after, OFF], size0, since0, size1, since1)
+    cnt[9] = max(cnt[9], a[after, OFF] - a[before, END])
     aux[FREE_ROW, cnt[2]] = m
     cnt[2] += 1
     cnt[0] -= 1
@@ -509,7 +533,7 @@ def _plan(schedule, cap, pinned0, policy, size, in_ptr, in_idx, out_ptr, out_idx
         # this op removes at most the tenants there now and its own tensors twice (by a window, then
         # all at once) and its own once more (frees), each with two records, one free and a heap entry
         most = 2 * cnt[0] + 3 * width
-        if cnt[3] + 2 * most > fs.shape[1]:
+        if cnt[3] + 2 * most > fs.shape[0]:
             fs, fval = _seg_reserve(fs, fval, cnt[3], most)
         if nrec + 2 * most + width > recs.shape[0]:
             recs = _grown(recs, nrec + 2 * most + width, False)
@@ -774,8 +798,8 @@ def _program_order(recs: np.ndarray, n_ops: int) -> np.ndarray:
 
 # -- when each byte of the arena fell free (arena.Segments, compiled; the planner keeps schedule
 # positions, the simulator times): segments tile [0, top) as a doubly linked list in offset order
-# (rows SLO, SHI, SNX, SPV of ``s``; values in ``val``), and ``bucket[b]`` is the segment holding
-# byte b * gran, so a look-up walks a few segments, not a list.
+# (columns SLO, SHI, SNX, SPV of ``s``, a row per segment; values in ``val``), and ``bucket[b]`` is the
+# segment holding byte b * gran, so a look-up walks a few segments, not a list.
 
 SLO, SHI, SNX, SPV = range(4)
 BUCKETS = 4096
@@ -784,8 +808,8 @@ BUCKETS = 4096
 @numba.njit(cache=True)
 def _segments(top: int, n_assign: int, first: float) -> tuple[np.ndarray, np.ndarray, np.ndarray, int]:
     """Room for ``n_assign`` assignments over [0, top), every byte holding ``first``."""
-    s = np.empty((4, 2 * n_assign + 2), np.int64)
-    s[SLO, 0], s[SHI, 0], s[SNX, 0], s[SPV, 0] = 0, max(top, 1), -1, -1
+    s = np.empty((2 * n_assign + 2, 4), np.int64)
+    s[0, SLO], s[0, SHI], s[0, SNX], s[0, SPV] = 0, max(top, 1), -1, -1
     gran = max(256, -(-top // BUCKETS))
     return s, np.full(2 * n_assign + 2, first, np.float64), np.zeros(BUCKETS + 1, np.int64), gran
 
@@ -793,19 +817,19 @@ def _segments(top: int, n_assign: int, first: float) -> tuple[np.ndarray, np.nda
 @numba.njit(cache=True)
 def _seg_reserve(s: np.ndarray, val: np.ndarray, n: int, more: int) -> tuple[np.ndarray, np.ndarray]:
     """Room for ``more`` assignments beyond the ``n`` nodes in use (the same arrays if there is)."""
-    if n + 2 * more <= s.shape[1]:
+    if n + 2 * more <= s.shape[0]:
         return s, val
-    size = max(2 * s.shape[1], n + 2 * more)
-    s2, val2 = np.empty((4, size), np.int64), np.empty(size, np.float64)
-    s2[:, :n], val2[:n] = s[:, :n], val[:n]
+    size = max(2 * s.shape[0], n + 2 * more)
+    s2, val2 = np.empty((size, 4), np.int64), np.empty(size, np.float64)
+    s2[:n], val2[:n] = s[:n], val[:n]
     return s2, val2
 
 
 @_inline
 def _seg_find(lo: int, s: np.ndarray, bucket: np.ndarray, gran: int) -> int:
     x = bucket[lo // gran]
-    while s[SHI, x] <= lo:
-        x = s[SNX, x]
+    while s[x, SHI] <= lo:
+        x = s[x, SNX]
     return x
 
 
@@ -813,9 +837,9 @@ def _seg_find(lo: int, s: np.ndarray, bucket: np.ndarray, gran: int) -> int:
 def _seg_max(lo: int, hi: int, s: np.ndarray, val: np.ndarray, bucket: np.ndarray, gran: int) -> float:
     x = _seg_find(lo, s, bucket, gran)
     most = -np.inf  # (the segments tile the range: some value is met)
-    while x >= 0 and s[SLO, x] < hi:
+    while x >= 0 and s[x, SLO] < hi:
         most = max(most, val[x])
-        x = s[SNX, x]
+        x = s[x, SNX]
     return most
 
 
@@ -829,11 +853,11 @@ def _seg_point(lo: int, hi: int, x: int, bucket: np.ndarray, gran: int) -> None:
 @_inline
 def _seg_new(s: np.ndarray, val: np.ndarray, n: int, lo: int, hi: int, v: float, prev: int, nxt: int) -> None:
     """Node n takes [lo, hi) between prev and nxt."""
-    s[SLO, n], s[SHI, n], s[SPV, n], s[SNX, n], val[n] = lo, hi, prev, nxt, v
+    s[n, SLO], s[n, SHI], s[n, SPV], s[n, SNX], val[n] = lo, hi, prev, nxt, v
     if prev >= 0:
-        s[SNX, prev] = n
+        s[prev, SNX] = n
     if nxt >= 0:
-        s[SPV, nxt] = n
+        s[nxt, SPV] = n
 
 
 @_leaf
@@ -842,7 +866,7 @@ def _seg_assign(lo: int, hi: int, v: float, s: np.ndarray, val: np.ndarray, buck
     """[lo, hi) now holds ``v``; returns how many nodes are in use. A segment cut in three keeps its id
     for the side with more buckets, so re-pointing buckets costs little overall."""
     x = _seg_find(lo, s, bucket, gran)
-    x_lo, x_hi, x_v = s[SLO, x], s[SHI, x], val[x]
+    x_lo, x_hi, x_v = s[x, SLO], s[x, SHI], val[x]
     if x_hi >= hi:  # one segment holds [lo, hi)
         if x_lo == lo and x_hi == hi:
             val[x] = v
@@ -850,35 +874,35 @@ def _seg_assign(lo: int, hi: int, v: float, s: np.ndarray, val: np.ndarray, buck
         left = -(-lo // gran) - -(-x_lo // gran)
         right = -(-x_hi // gran) - -(-hi // gran)
         if x_lo < lo and (x_hi == hi or left >= right):  # x keeps the left part
-            s[SHI, x] = lo
-            _seg_new(s, val, n, lo, hi, v, x, s[SNX, x])
+            s[x, SHI] = lo
+            _seg_new(s, val, n, lo, hi, v, x, s[x, SNX])
             _seg_point(lo, hi, n, bucket, gran)
             if x_hi > hi:
-                _seg_new(s, val, n + 1, hi, x_hi, x_v, n, s[SNX, n])
+                _seg_new(s, val, n + 1, hi, x_hi, x_v, n, s[n, SNX])
                 _seg_point(hi, x_hi, n + 1, bucket, gran)
                 return n + 2
             return n + 1
-        s[SLO, x] = hi  # x keeps the right part
-        _seg_new(s, val, n, lo, hi, v, s[SPV, x], x)
+        s[x, SLO] = hi  # x keeps the right part
+        _seg_new(s, val, n, lo, hi, v, s[x, SPV], x)
         _seg_point(lo, hi, n, bucket, gran)
         if x_lo < lo:
-            _seg_new(s, val, n + 1, x_lo, lo, x_v, s[SPV, n], n)
+            _seg_new(s, val, n + 1, x_lo, lo, x_v, s[n, SPV], n)
             _seg_point(x_lo, lo, n + 1, bucket, gran)
             return n + 2
         return n + 1
-    y = s[SNX, x]  # [lo, hi) spans several segments: drop those inside, trim the two at the ends
-    while s[SHI, y] <= hi and s[SNX, y] >= 0:
-        y = s[SNX, y]
-    if s[SHI, y] <= hi:  # the last segment ends at hi exactly (top of the arena)
+    y = s[x, SNX]  # [lo, hi) spans several segments: drop those inside, trim the two at the ends
+    while s[y, SHI] <= hi and s[y, SNX] >= 0:
+        y = s[y, SNX]
+    if s[y, SHI] <= hi:  # the last segment ends at hi exactly (top of the arena)
         y_next = -1
     else:
-        s[SLO, y] = max(s[SLO, y], hi)
+        s[y, SLO] = max(s[y, SLO], hi)
         y_next = y
     if x_lo < lo:
-        s[SHI, x] = lo
+        s[x, SHI] = lo
         _seg_new(s, val, n, lo, hi, v, x, y_next)
     else:
-        _seg_new(s, val, n, lo, hi, v, s[SPV, x], y_next)
+        _seg_new(s, val, n, lo, hi, v, s[x, SPV], y_next)
     _seg_point(lo, hi, n, bucket, gran)
     return n + 1
 

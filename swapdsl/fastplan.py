@@ -660,7 +660,7 @@ def _plan(schedule, cap, pinned0, policy, size, in_ptr, in_idx, out_ptr, out_idx
             if (j > 0 and todo[j - 1] == t) or where[t] < 0 or pinned[t] or t == loss:
                 continue
             nxt = _next_use(t, next_i, use_ptr, use_pos)
-            if nxt == INF or (offload and host[t] and pos < turn and turn <= nxt):
+            if nxt == INF or (offload and host[t] and not fixed[t] and pos < turn and turn <= nxt):
                 nrec = _record(recs, nrec, pos + 1, FREE, t, -1, -1)
                 _remove(a, aux, cnt, rk, kh, fs, fval, findex, fgran, t, pos)
                 where[t], released[t] = -1, pos

@@ -40,7 +40,9 @@ is taken back as if never made, and no tensor needed at or after that use
 comes in early until then (else the same one would come and go at every op).
 ``offload`` (vDNN) copies every forward activation needed in the backward
 pass to the host as soon as it is produced and frees it after its last
-forward use. Instructions are placed at the op they follow, so a victim's
+forward use; so it does with unpinned weights, which have a host copy, but
+not with inputs, which never move (one brought back elsewhere would hold its
+bytes for good, and a cap of ``need_bytes`` might no longer do). Instructions are placed at the op they follow, so a victim's
 free and swap-out go back to its last use and a prefetch to when its region
 fell free.
 """
@@ -352,7 +354,8 @@ class _Planner:
             if t not in self.where or t in self.pinned or t == p.loss:
                 continue
             nxt = self.next_use(t)
-            offloaded = self.policy.offload and t in self.host and pos < self.turn <= nxt < INF
+            offloaded = (self.policy.offload and t in self.host and t not in self.fixed
+                         and pos < self.turn <= nxt < INF)
             if nxt == INF or offloaded:
                 self.emit(pos, _FREE, Free(p.names[t], self.op_at(pos)))
                 self.release(t, pos)

@@ -65,7 +65,8 @@ def test_below_the_smallest_feasible_cap_is_a_clear_error(t: Graph) -> None:
     need, _ = caps(t)
     with pytest.raises(SwpError, match=f"below the smallest feasible cap for this model, .* \\({need} bytes\\)"):
         plan_for(t, need - 1, "lru")
-    validate(plan_for(t, need, "lru"))
+    for method in sorted(METHODS):  # and the smallest feasible cap suffices, whatever the method
+        validate(plan_for(t, need, method))
 
 
 # ---- mutations: each breaks one invariant, and the validator says which -----------
@@ -176,6 +177,20 @@ def test_methods_differ_where_they_should(method: str) -> None:
     validate(plan)
     has_early_swapouts = any(isinstance(i, SwapOut) for i in plan.program)
     assert has_early_swapouts
+
+
+@pytest.mark.parametrize("method", sorted(METHODS))
+def test_inputs_stay_where_they_start_until_their_last_use(method: str) -> None:
+    # vDNN offloads what the backward pass reads again, but an input brought back elsewhere could
+    # never move again: the smallest feasible cap would no longer be enough
+    plan = swapping_plan(method)
+    inputs = {t.name for t in plan.tensors if t.kind == "input"}
+    last_read = {name: max(k for k, i in enumerate(plan.program)
+                           if isinstance(i, Run) and name in plan.ops[i.op].inputs) for name in inputs}
+    for k, instr in enumerate(plan.program):
+        assert not (isinstance(instr, SwapIn) and instr.tensor in inputs)
+        if isinstance(instr, Free) and instr.tensor in inputs:
+            assert k > last_read[instr.tensor]
 
 
 ZOO_QUICK = ["resnet", "wide_resnet", "inception_v4", "nasnet", "bert", "gpt"]

@@ -15,6 +15,10 @@ then swap-outs, frees and swap-ins.
 
 from __future__ import annotations
 
+import ctypes
+import functools
+import sys
+
 import attrs
 import numba
 import numpy as np
@@ -52,10 +56,23 @@ def _csr(rows: tuple[tuple[int, ...], ...]) -> tuple[np.ndarray, np.ndarray]:
     return ptr, np.array([t for r in rows for t in r], np.int64)
 
 
+@functools.cache
+def _keep_freed_memory() -> None:
+    """Each evaluation allocates and frees some tens of MB of scratch arrays. glibc gives freed blocks
+    that large back to the kernel and takes them again page by page at the next evaluation (perf put
+    page faults at 7% of an LSTM evaluation); with these thresholds raised it keeps them for reuse."""
+    mallopt = getattr(ctypes.CDLL(None), "mallopt", None) if sys.platform.startswith("linux") else None
+    if mallopt is not None:
+        m_trim_threshold, m_mmap_threshold = -1, -3
+        mallopt(m_mmap_threshold, 32 << 20)  # (glibc's largest allowed value)
+        mallopt(m_trim_threshold, 512 << 20)
+
+
 class Evaluator:
     """A Problem flattened once into arrays; each call plans and times one candidate."""
 
     def __init__(self, p: Problem) -> None:
+        _keep_freed_memory()
         n = len(p.names)
         self.p = p
         self.size = np.array(p.size, np.int64)
@@ -212,7 +229,7 @@ def _sort_ints(a: np.ndarray, n: int) -> None:
 # first aux[GSIZE0, q] bytes of the gap are free, GSINCE1 the same for its last GSIZE1 bytes (the last
 # size ``_fit`` asked; -1: not known). A gap that shrinks or grows at one end keeps what it knows of the
 # other. ``cnt`` holds [tenants, gaps in the set, free nodes, free-position segments in use];
-# fs/fval/findex/fgran are the segments (below) of the position at which each byte last fell free;
+# fs/fval/findex/fshift are the segments (below) of the position at which each byte last fell free;
 # cnt[4] counts the bytes tenants take, cnt[5] the entries of the heap of tensors waiting on the host
 # (below), cnt[6] the early swap-ins taken back; cnt[7] is the planner's early_limit, cnt[8] counts
 # ``_window``'s searches, and no gap is longer than cnt[9].
@@ -264,7 +281,7 @@ def _gap_drop(a: np.ndarray, aux: np.ndarray, cnt: np.ndarray, g: int) -> None:
 
 @_leaf
 def _fit(a: np.ndarray, aux: np.ndarray, cnt: np.ndarray, fs: np.ndarray, fval: np.ndarray,
-         findex: np.ndarray, fgran: int, size: int, newest: bool) -> tuple[int, int, int]:
+         findex: np.ndarray, fshift: int, size: int, newest: bool) -> tuple[int, int, int]:
     """Arena.fit: (node after the gap, offset, position since which the bytes are free) of the best
     place at the start or end of a gap that holds ``size``, else at the start of the gap above the
     last tenant; node -1 if none holds it."""
@@ -282,9 +299,9 @@ def _fit(a: np.ndarray, aux: np.ndarray, cnt: np.ndarray, fs: np.ndarray, fval: 
             top_lo = lo
             continue
         if aux[GSIZE0, q] != size:
-            aux[GSIZE0, q], aux[GSINCE0, q] = size, int(_seg_max(lo, lo + size, fs, fval, findex, fgran))
+            aux[GSIZE0, q], aux[GSINCE0, q] = size, int(_seg_max(lo, lo + size, fs, fval, findex, fshift))
         if hi - lo > size and aux[GSIZE1, q] != size:
-            aux[GSIZE1, q], aux[GSINCE1, q] = size, int(_seg_max(hi - size, hi, fs, fval, findex, fgran))
+            aux[GSIZE1, q], aux[GSINCE1, q] = size, int(_seg_max(hi - size, hi, fs, fval, findex, fshift))
         for end in range(1 if hi - lo == size else 2):  # the start, and the end unless they are one place
             offset = hi - size if end else lo
             since = aux[GSINCE1, q] if end else aux[GSINCE0, q]
@@ -293,7 +310,7 @@ def _fit(a: np.ndarray, aux: np.ndarray, cnt: np.ndarray, fs: np.ndarray, fval: 
                 best, best_off, best_since, best_len = aux[GS, q], offset, since, hi - lo
     cnt[9] = longest
     if best < 0 and top_lo >= 0:
-        return top, top_lo, int(_seg_max(top_lo, top_lo + size, fs, fval, findex, fgran))
+        return top, top_lo, int(_seg_max(top_lo, top_lo + size, fs, fval, findex, fshift))
     return best, best_off, best_since
 
 
@@ -323,13 +340,13 @@ def _insert(a: np.ndarray, aux: np.ndarray, cnt: np.ndarray, rk: np.ndarray, kh:
 
 @_leaf
 def _remove(a: np.ndarray, aux: np.ndarray, cnt: np.ndarray, rk: np.ndarray, kh: np.ndarray, fs: np.ndarray,
-            fval: np.ndarray, findex: np.ndarray, fgran: int, t: int, pos: int) -> None:
+            fval: np.ndarray, findex: np.ndarray, fshift: int, t: int, pos: int) -> None:
     """Tenant ``t`` leaves at ``pos`` (-1: never written, its bytes keep their past); it and the gaps
     either side become one gap, which keeps the start of the one before and the end of the one after."""
     m = aux[NODE, t]
     before, after = a[m, PV], a[m, NX]
     if pos >= 0:
-        cnt[3] = _seg_assign(a[m, OFF], a[m, END], float(pos), fs, fval, findex, fgran, cnt[3])
+        cnt[3] = _seg_assign(a[m, OFF], a[m, END], float(pos), fs, fval, findex, fshift, cnt[3])
     qm, qa = a[m, GPOS], a[after, GPOS]
     size0, since0 = (aux[GSIZE0, qm], aux[GSINCE0, qm]) if qm >= 0 else (-1, 0)
     size1, since1 = (aux[GSIZE1, qa], aux[GSINCE1, qa]) if qa >= 0 else (-1, 0)
@@ -474,7 +491,7 @@ def _plan(schedule, cap, pinned0, policy, size, in_ptr, in_idx, out_ptr, out_idx
     n_t, n_ops = len(size), len(schedule)
     belady, prefetch, offload = policy[0] == 1, policy[1], policy[2] == 1
     a, aux, cnt = _arena(n_t, cap)
-    fs, fval, findex, fgran = _segments(min(cap, size.sum()), n_t + 16, -1.0)
+    fs, fval, findex, fshift = _segments(min(cap, size.sum()), n_t + 16, -1.0)
     newest_from = n_ops if policy[3] == 0 else (0 if policy[3] == 1 else -1)  # -1: the turn, found below
     found = np.empty(2 * n_t + 2, np.int64)
     rk, kh = np.full((3, n_t), -1, np.int64), np.full((3, n_ops + 1), -1, np.int64)
@@ -516,7 +533,7 @@ def _plan(schedule, cap, pinned0, policy, size, in_ptr, in_idx, out_ptr, out_idx
     for sweep in range(2):  # pinned tensors by name, then inputs by name
         for t in by_name:
             if (sweep == 0 and pinned[t]) or (sweep == 1 and is_input[t]):
-                g, offset, _ = _fit(a, aux, cnt, fs, fval, findex, fgran, size[t], False)
+                g, offset, _ = _fit(a, aux, cnt, fs, fval, findex, fshift, size[t], False)
                 if g < 0:
                     return recs[:0], out_off, peak, 1
                 where[t] = out_off[t] = _insert(a, aux, cnt, rk, kh, g, offset, size[t], t, -1)
@@ -557,7 +574,7 @@ def _plan(schedule, cap, pinned0, policy, size, in_ptr, in_idx, out_ptr, out_idx
             for j in range(ntodo):
                 todo[j] = todo[j + 1]
             newest = is_out[t] == stamp and pos >= newest_from
-            g, offset, since = _fit(a, aux, cnt, fs, fval, findex, fgran, size[t], newest)
+            g, offset, since = _fit(a, aux, cnt, fs, fval, findex, fshift, size[t], newest)
             if g < 0:
                 for bounce in (False, True):
                     k, kj = _window(size[t], a, aux, rk, kh, size, fixed, mark, resident, stamp, bounce, cnt, found)
@@ -569,28 +586,28 @@ def _plan(schedule, cap, pinned0, policy, size, in_ptr, in_idx, out_ptr, out_idx
                             resident[v] = 0
                             todo[ntodo] = v
                             ntodo += 1
-                        nrec = _evict(v, recs, nrec, a, aux, cnt, rk, kh, fs, fval, findex, fgran, where,
+                        nrec = _evict(v, recs, nrec, a, aux, cnt, rk, kh, fs, fval, findex, fshift, where,
                                                 released, host, host_at, last_access, next_i, use_ptr, use_pos,
                                                 loss, early_rec, hp)
                     _sort_todo(todo, ntodo, size)
-                    g, offset, since = _fit(a, aux, cnt, fs, fval, findex, fgran, size[t], newest)
+                    g, offset, since = _fit(a, aux, cnt, fs, fval, findex, fshift, size[t], newest)
                     break
             if g < 0 and not packed:  # last resort: take back this op's placements, clear everything
                 for j in range(npend):
                     u = pend[j]
-                    _remove(a, aux, cnt, rk, kh, fs, fval, findex, fgran, u, -1)
+                    _remove(a, aux, cnt, rk, kh, fs, fval, findex, fshift, u, -1)
                     where[u] = -1
                 for j in range(o0, o1):
                     u = out_idx[j]
                     if u != ipo and where[u] >= 0:
-                        _remove(a, aux, cnt, rk, kh, fs, fval, findex, fgran, u, -1)
+                        _remove(a, aux, cnt, rk, kh, fs, fval, findex, fshift, u, -1)
                         where[u] = -1
                 k, top = a[n_t, NX], n_t + 1
                 while k != top:
                     v, k = a[k, TEN], a[k, NX]
                     if not fixed[v]:
                         resident[v] = 0
-                        nrec = _evict(v, recs, nrec, a, aux, cnt, rk, kh, fs, fval, findex, fgran, where,
+                        nrec = _evict(v, recs, nrec, a, aux, cnt, rk, kh, fs, fval, findex, fshift, where,
                                                 released, host, host_at, last_access, next_i, use_ptr, use_pos,
                                                 loss, early_rec, hp)
                 npend, packed = 0, True
@@ -662,7 +679,7 @@ def _plan(schedule, cap, pinned0, policy, size, in_ptr, in_idx, out_ptr, out_idx
             nxt = _next_use(t, next_i, use_ptr, use_pos)
             if nxt == INF or (offload and host[t] and not fixed[t] and pos < turn and turn <= nxt):
                 nrec = _record(recs, nrec, pos + 1, FREE, t, -1, -1)
-                _remove(a, aux, cnt, rk, kh, fs, fval, findex, fgran, t, pos)
+                _remove(a, aux, cnt, rk, kh, fs, fval, findex, fshift, t, pos)
                 where[t], released[t] = -1, pos
                 if nxt != INF:
                     _hp_push(hp, cnt, nxt, t)
@@ -677,7 +694,7 @@ def _plan(schedule, cap, pinned0, policy, size, in_ptr, in_idx, out_ptr, out_idx
                 break
             if cap - cnt[4] - size[t] < reserve:
                 break
-            g, offset, since = _fit(a, aux, cnt, fs, fval, findex, fgran, size[t], False)
+            g, offset, since = _fit(a, aux, cnt, fs, fval, findex, fshift, size[t], False)
             if g < 0:
                 break
             _hp_pop(hp, cnt)
@@ -715,7 +732,7 @@ def _queue(todo, i0, i1, o0, o1, in_idx, out_idx, ipo, where, queued, tag, size)
 
 
 @_leaf
-def _evict(v, recs, nrec, a, aux, cnt, rk, kh, fs, fval, findex, fgran, where, released, host, host_at, last_access,
+def _evict(v, recs, nrec, a, aux, cnt, rk, kh, fs, fval, findex, fshift, where, released, host, host_at, last_access,
            next_i, use_ptr, use_pos, loss, early_rec, hp) -> int:  # pragma: no cover - compiled
     """Tenant ``v`` leaves after its last use so far: copied out first if still needed; an early swap-in
     not used yet is taken back instead, as if never made (its record marked, bucket -1)."""
@@ -724,7 +741,7 @@ def _evict(v, recs, nrec, a, aux, cnt, rk, kh, fs, fval, findex, fgran, where, r
         recs[early_rec[v], 0] = -1
         cnt[6] += 1
         early_rec[v] = -1
-        _remove(a, aux, cnt, rk, kh, fs, fval, findex, fgran, v, -1)
+        _remove(a, aux, cnt, rk, kh, fs, fval, findex, fshift, v, -1)
         where[v] = -1
         cnt[7] = min(cnt[7], nxt)
         _hp_push(hp, cnt, nxt, v)
@@ -734,7 +751,7 @@ def _evict(v, recs, nrec, a, aux, cnt, rk, kh, fs, fval, findex, fgran, where, r
         nrec = _record(recs, nrec, kp + 1, OUT, v, -1, -1)
         host[v], host_at[v] = True, kp
     nrec = _record(recs, nrec, kp + 1, FREE, v, -1, -1)
-    _remove(a, aux, cnt, rk, kh, fs, fval, findex, fgran, v, kp)
+    _remove(a, aux, cnt, rk, kh, fs, fval, findex, fshift, v, kp)
     where[v], released[v] = -1, kp
     if nxt != INF:
         _hp_push(hp, cnt, nxt, v)
@@ -799,7 +816,8 @@ def _program_order(recs: np.ndarray, n_ops: int) -> np.ndarray:
 # -- when each byte of the arena fell free (arena.Segments, compiled; the planner keeps schedule
 # positions, the simulator times): segments tile [0, top) as a doubly linked list in offset order
 # (columns SLO, SHI, SNX, SPV of ``s``, a row per segment; values in ``val``), and ``bucket[b]`` is the
-# segment holding byte b * gran, so a look-up walks a few segments, not a list.
+# segment holding byte b << shift (a power of two, so no division), so a look-up walks a few segments,
+# not a list.
 
 SLO, SHI, SNX, SPV = range(4)
 BUCKETS = 4096
@@ -810,8 +828,10 @@ def _segments(top: int, n_assign: int, first: float) -> tuple[np.ndarray, np.nda
     """Room for ``n_assign`` assignments over [0, top), every byte holding ``first``."""
     s = np.empty((2 * n_assign + 2, 4), np.int64)
     s[0, SLO], s[0, SHI], s[0, SNX], s[0, SPV] = 0, max(top, 1), -1, -1
-    gran = max(256, -(-top // BUCKETS))
-    return s, np.full(2 * n_assign + 2, first, np.float64), np.zeros(BUCKETS + 1, np.int64), gran
+    shift = 8
+    while BUCKETS << shift < top:
+        shift += 1
+    return s, np.full(2 * n_assign + 2, first, np.float64), np.zeros(BUCKETS + 1, np.int64), shift
 
 
 @numba.njit(cache=True)
@@ -826,16 +846,22 @@ def _seg_reserve(s: np.ndarray, val: np.ndarray, n: int, more: int) -> tuple[np.
 
 
 @_inline
-def _seg_find(lo: int, s: np.ndarray, bucket: np.ndarray, gran: int) -> int:
-    x = bucket[lo // gran]
+def _first_bucket(b: int, shift: int) -> int:
+    """The first bucket that starts at or after byte ``b``."""
+    return (b + (1 << shift) - 1) >> shift
+
+
+@_inline
+def _seg_find(lo: int, s: np.ndarray, bucket: np.ndarray, shift: int) -> int:
+    x = bucket[lo >> shift]
     while s[x, SHI] <= lo:
         x = s[x, SNX]
     return x
 
 
 @_leaf
-def _seg_max(lo: int, hi: int, s: np.ndarray, val: np.ndarray, bucket: np.ndarray, gran: int) -> float:
-    x = _seg_find(lo, s, bucket, gran)
+def _seg_max(lo: int, hi: int, s: np.ndarray, val: np.ndarray, bucket: np.ndarray, shift: int) -> float:
+    x = _seg_find(lo, s, bucket, shift)
     most = -np.inf  # (the segments tile the range: some value is met)
     while x >= 0 and s[x, SLO] < hi:
         most = max(most, val[x])
@@ -844,9 +870,9 @@ def _seg_max(lo: int, hi: int, s: np.ndarray, val: np.ndarray, bucket: np.ndarra
 
 
 @_inline
-def _seg_point(lo: int, hi: int, x: int, bucket: np.ndarray, gran: int) -> None:
+def _seg_point(lo: int, hi: int, x: int, bucket: np.ndarray, shift: int) -> None:
     """Buckets whose first byte lies in [lo, hi) now start in segment x."""
-    for b in range(-(-lo // gran), -(-hi // gran)):
+    for b in range(_first_bucket(lo, shift), _first_bucket(hi, shift)):
         bucket[b] = x
 
 
@@ -861,33 +887,33 @@ def _seg_new(s: np.ndarray, val: np.ndarray, n: int, lo: int, hi: int, v: float,
 
 
 @_leaf
-def _seg_assign(lo: int, hi: int, v: float, s: np.ndarray, val: np.ndarray, bucket: np.ndarray, gran: int,
+def _seg_assign(lo: int, hi: int, v: float, s: np.ndarray, val: np.ndarray, bucket: np.ndarray, shift: int,
                 n: int) -> int:
     """[lo, hi) now holds ``v``; returns how many nodes are in use. A segment cut in three keeps its id
     for the side with more buckets, so re-pointing buckets costs little overall."""
-    x = _seg_find(lo, s, bucket, gran)
+    x = _seg_find(lo, s, bucket, shift)
     x_lo, x_hi, x_v = s[x, SLO], s[x, SHI], val[x]
     if x_hi >= hi:  # one segment holds [lo, hi)
         if x_lo == lo and x_hi == hi:
             val[x] = v
             return n
-        left = -(-lo // gran) - -(-x_lo // gran)
-        right = -(-x_hi // gran) - -(-hi // gran)
+        left = _first_bucket(lo, shift) - _first_bucket(x_lo, shift)
+        right = _first_bucket(x_hi, shift) - _first_bucket(hi, shift)
         if x_lo < lo and (x_hi == hi or left >= right):  # x keeps the left part
             s[x, SHI] = lo
             _seg_new(s, val, n, lo, hi, v, x, s[x, SNX])
-            _seg_point(lo, hi, n, bucket, gran)
+            _seg_point(lo, hi, n, bucket, shift)
             if x_hi > hi:
                 _seg_new(s, val, n + 1, hi, x_hi, x_v, n, s[n, SNX])
-                _seg_point(hi, x_hi, n + 1, bucket, gran)
+                _seg_point(hi, x_hi, n + 1, bucket, shift)
                 return n + 2
             return n + 1
         s[x, SLO] = hi  # x keeps the right part
         _seg_new(s, val, n, lo, hi, v, s[x, SPV], x)
-        _seg_point(lo, hi, n, bucket, gran)
+        _seg_point(lo, hi, n, bucket, shift)
         if x_lo < lo:
             _seg_new(s, val, n + 1, x_lo, lo, x_v, s[n, SPV], n)
-            _seg_point(x_lo, lo, n + 1, bucket, gran)
+            _seg_point(x_lo, lo, n + 1, bucket, shift)
             return n + 2
         return n + 1
     y = s[x, SNX]  # [lo, hi) spans several segments: drop those inside, trim the two at the ends
@@ -903,7 +929,7 @@ def _seg_assign(lo: int, hi: int, v: float, s: np.ndarray, val: np.ndarray, buck
         _seg_new(s, val, n, lo, hi, v, x, y_next)
     else:
         _seg_new(s, val, n, lo, hi, v, s[x, SPV], y_next)
-    _seg_point(lo, hi, n, bucket, gran)
+    _seg_point(lo, hi, n, bucket, shift)
     return n + 1
 
 
@@ -912,7 +938,7 @@ def _simulate(schedule, recs, out_off, top, size, in_ptr, in_idx, out_ptr, out_i
               copy):  # pragma: no cover - compiled
     """simulate.simulate on the records: three FIFO streams, one pass in program order."""
     n_t = len(out_off)
-    s, val, index, gran = _segments(top, recs.shape[0], 0.0)
+    s, val, index, shift = _segments(top, recs.shape[0], 0.0)
     n_s = 1
     ready = np.zeros(n_t, np.float64)
     host_ready = np.zeros(n_t, np.float64)
@@ -932,7 +958,7 @@ def _simulate(schedule, recs, out_off, top, size, in_ptr, in_idx, out_ptr, out_i
                 start = max(start, ready[in_idx[j]])
             for j in range(out_ptr[op], out_ptr[op + 1]):
                 u = out_idx[j]
-                start = max(start, _seg_max(out_off[u], out_off[u] + size[u], s, val, index, gran))
+                start = max(start, _seg_max(out_off[u], out_off[u] + size[u], s, val, index, shift))
             end = start + op_ms[op]
             compute = op_end[bucket - 1] = end
             for j in range(out_ptr[op], out_ptr[op + 1]):
@@ -940,7 +966,7 @@ def _simulate(schedule, recs, out_off, top, size, in_ptr, in_idx, out_ptr, out_i
                 where[u], ready[u] = out_off[u], end
         elif kind == IN:
             start = max(max(h2d_clock, after),
-                        max(_seg_max(offset, offset + size[t], s, val, index, gran), host_ready[t]))
+                        max(_seg_max(offset, offset + size[t], s, val, index, shift), host_ready[t]))
             h2d_clock = ready[t] = start + 1e3 * (latency + nbytes[t] / h2d_bw)
             where[t] = offset
             h2d += nbytes[t]
@@ -950,7 +976,7 @@ def _simulate(schedule, recs, out_off, top, size, in_ptr, in_idx, out_ptr, out_i
             d2h += nbytes[t]
         else:
             when = max(max(after, copied_out[t]), ready[t])
-            n_s = _seg_assign(where[t], where[t] + size[t], when, s, val, index, gran, n_s)
+            n_s = _seg_assign(where[t], where[t] + size[t], when, s, val, index, shift, n_s)
             copied_out[t] = 0.0
             where[t] = -1
     return max(compute, max(h2d_clock, d2h_clock)), h2d, d2h

@@ -91,6 +91,8 @@ class Evaluator:
         self.by_name = np.array(sorted(range(n), key=p.names.__getitem__), np.int64)
         dev = p.device
         self.copy = np.array([dev.copy_latency_s, dev.h2d_bw, dev.d2h_bw], np.float64)
+        # records, heap entries and free-position segments the planner makes room for; grown as needed
+        self.room = np.array([4 * len(p.op_ms) + 16, n + 16, n + 16], np.int64)
 
     def records(self, schedule: np.ndarray | list[int], cap: int, pinned: frozenset[int],
                 policy: Policy) -> tuple[np.ndarray, np.ndarray, int, np.ndarray]:
@@ -104,7 +106,7 @@ class Evaluator:
         recs, out_off, peak, status = _plan(
             sched, cap, pin, code, self.size, self.in_ptr, self.in_idx, self.out_ptr, self.out_idx,
             self.in_place, self.is_input, self.persistent, self.fwd_act, self.upd_old, self.upd_new,
-            self.by_name, self.p.loss)
+            self.by_name, self.p.loss, self.room)
         if status == 1:
             raise SwpError("internal: the cap is below the pinned tensors and inputs")
         if status == 2:
@@ -147,33 +149,14 @@ class Evaluator:
 # -- compiled helpers
 
 
-@_leaf
+@_inline
 def _record(recs: np.ndarray, n: int, bucket: int, kind: int, t: int, offset: int, before: int) -> int:
-    """Record ``n`` (room for it was made: see ``_grown``); returns n + 1."""
+    """Record ``n`` (room for it was made: see ``_plan_loop``); returns n + 1."""
     recs[n, 0], recs[n, 1], recs[n, 2], recs[n, 3], recs[n, 4] = bucket, kind, t, offset, before
     return n + 1
 
 
-@numba.njit(cache=True)
-def _grown(x: np.ndarray, rows: int, axis1: bool) -> np.ndarray:
-    """``x`` with room for at least ``rows`` rows (columns if ``axis1``), the same array if it has.
-
-    Growth is checked once per op against what the op can add, not at each record: an array
-    reassigned in the loop would cost numba's reference counting at every step."""
-    have = x.shape[1] if axis1 else x.shape[0]
-    if rows <= have:
-        return x
-    more = max(2 * have, rows)
-    if axis1:
-        bigger = np.empty((x.shape[0], more), x.dtype)
-        bigger[:, :have] = x
-    else:
-        bigger = np.empty((more, x.shape[1]), x.dtype)
-        bigger[:have] = x
-    return bigger
-
-
-@_leaf
+@_inline
 def _next_use(t: int, next_i: np.ndarray, use_ptr: np.ndarray, use_pos: np.ndarray) -> int:
     return use_pos[next_i[t]] if next_i[t] < use_ptr[t + 1] else INF
 
@@ -198,7 +181,7 @@ def _uses(schedule: np.ndarray, in_ptr: np.ndarray, in_idx: np.ndarray, n_t: int
     return ptr, pos_of
 
 
-@_leaf
+@_inline
 def _sort_todo(todo: np.ndarray, n: int, size: np.ndarray) -> None:
     """placement_order: largest first, then by id (insertion sort; an op touches few tensors)."""
     for i in range(1, n):
@@ -210,7 +193,7 @@ def _sort_todo(todo: np.ndarray, n: int, size: np.ndarray) -> None:
         todo[j + 1] = t
 
 
-@_leaf
+@_inline
 def _sort_ints(a: np.ndarray, n: int) -> None:
     for i in range(1, n):
         x, j = a[i], i - 1
@@ -251,7 +234,7 @@ def _arena(n_t: int, cap: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     return a, aux, cnt
 
 
-@_leaf
+@_inline
 def _gap_put(a: np.ndarray, aux: np.ndarray, cnt: np.ndarray, g: int, lo: int, hi: int, size0: int, since0: int,
              size1: int, since1: int) -> None:
     """The gap before node ``g`` is [lo, hi), not empty, and what is known of its ends."""
@@ -264,7 +247,7 @@ def _gap_put(a: np.ndarray, aux: np.ndarray, cnt: np.ndarray, g: int, lo: int, h
     aux[GSIZE0, q], aux[GSINCE0, q], aux[GSIZE1, q], aux[GSINCE1, q] = size0, since0, size1, since1
 
 
-@_leaf
+@_inline
 def _gap_drop(a: np.ndarray, aux: np.ndarray, cnt: np.ndarray, g: int) -> None:
     """There is no gap before node ``g`` (any more)."""
     q = a[g, GPOS]
@@ -314,7 +297,7 @@ def _fit(a: np.ndarray, aux: np.ndarray, cnt: np.ndarray, fs: np.ndarray, fval: 
     return best, best_off, best_since
 
 
-@_leaf
+@_inline
 def _insert(a: np.ndarray, aux: np.ndarray, cnt: np.ndarray, rk: np.ndarray, kh: np.ndarray, g: int, offset: int,
             size: int, t: int, key: int) -> int:
     """Tenant ``t`` takes [offset, offset + size) in the gap before node ``g``; ranked by ``key`` unless -1
@@ -338,7 +321,7 @@ def _insert(a: np.ndarray, aux: np.ndarray, cnt: np.ndarray, rk: np.ndarray, kh:
     return offset
 
 
-@_leaf
+@_inline
 def _remove(a: np.ndarray, aux: np.ndarray, cnt: np.ndarray, rk: np.ndarray, kh: np.ndarray, fs: np.ndarray,
             fval: np.ndarray, findex: np.ndarray, fshift: int, t: int, pos: int) -> None:
     """Tenant ``t`` leaves at ``pos`` (-1: never written, its bytes keep their past); it and the gaps
@@ -346,7 +329,7 @@ def _remove(a: np.ndarray, aux: np.ndarray, cnt: np.ndarray, rk: np.ndarray, kh:
     m = aux[NODE, t]
     before, after = a[m, PV], a[m, NX]
     if pos >= 0:
-        cnt[3] = _seg_assign(a[m, OFF], a[m, END], float(pos), fs, fval, findex, fshift, cnt[3])
+        cnt[3] = _seg_assign_call(a[m, OFF], a[m, END], float(pos), fs, fval, findex, fshift, cnt[3])
     qm, qa = a[m, GPOS], a[after, GPOS]
     size0, since0 = (aux[GSIZE0, qm], aux[GSINCE0, qm]) if qm >= 0 else (-1, 0)
     size1, since1 = (aux[GSIZE1, qa], aux[GSINCE1, qa]) if qa >= 0 else (-1, 0)
@@ -367,7 +350,7 @@ def _remove(a: np.ndarray, aux: np.ndarray, cnt: np.ndarray, rk: np.ndarray, kh:
 # keys, -1 if unranked); rows 1 and 2 count the tenants of each block of 64 and 4096 keys.
 
 
-@_leaf
+@_inline
 def _rank_add(rk: np.ndarray, kh: np.ndarray, t: int, key: int) -> None:
     h = kh[0, key]
     rk[0, t], rk[1, t], rk[2, t] = h, -1, key
@@ -378,7 +361,7 @@ def _rank_add(rk: np.ndarray, kh: np.ndarray, t: int, key: int) -> None:
     kh[2, key >> 12] += 1
 
 
-@_leaf
+@_inline
 def _rank_drop(rk: np.ndarray, kh: np.ndarray, t: int) -> None:
     key = rk[2, t]
     if key < 0:
@@ -395,7 +378,7 @@ def _rank_drop(rk: np.ndarray, kh: np.ndarray, t: int) -> None:
     kh[2, key >> 12] -= 1
 
 
-@_leaf
+@_inline
 def _best_key(kh: np.ndarray, x: int) -> int:
     """The largest key at most ``x`` that some tenant has, else -1."""
     while x >= 0:
@@ -476,7 +459,7 @@ def _window(size, a, aux, rk, kh, tsize, fixed, mark, resident, stamp, bounce, c
     return best_k, best_j
 
 
-@_leaf
+@_inline
 def _rank(t: int, belady: bool, n_ops: int, next_i: np.ndarray, use_ptr: np.ndarray, use_pos: np.ndarray,
           last_access: np.ndarray) -> int:
     """The key that ranks tenant ``t`` as a victim (above ``_rank_add``)."""
@@ -487,75 +470,95 @@ def _rank(t: int, belady: bool, n_ops: int, next_i: np.ndarray, use_ptr: np.ndar
 
 @numba.njit(cache=True)
 def _plan(schedule, cap, pinned0, policy, size, in_ptr, in_idx, out_ptr, out_idx, in_place, is_input,
-          persistent, fwd_act, upd_old, upd_new, by_name, loss):  # pragma: no cover - compiled
+          persistent, fwd_act, upd_old, upd_new, by_name, loss, room):  # pragma: no cover - compiled
+    """Makes and fills the arrays ``_plan_loop`` works on and runs it; again, with twice the room, where it
+    ran out (``room``: records, heap entries and free-position segments to start with, kept for the
+    next call)."""
     n_t, n_ops = len(size), len(schedule)
-    belady, prefetch, offload = policy[0] == 1, policy[1], policy[2] == 1
-    a, aux, cnt = _arena(n_t, cap)
-    fs, fval, findex, fshift = _segments(min(cap, size.sum()), n_t + 16, -1.0)
-    newest_from = n_ops if policy[3] == 0 else (0 if policy[3] == 1 else -1)  # -1: the turn, found below
-    found = np.empty(2 * n_t + 2, np.int64)
-    rk, kh = np.full((3, n_t), -1, np.int64), np.full((3, n_ops + 1), -1, np.int64)
-    kh[1:] = 0
-    peak = 0
-    where = np.full(n_t, -1, np.int64)
-    out_off = np.full(n_t, -1, np.int64)
-    pinned = pinned0.copy()
-    fixed = pinned0 | is_input
-    host = is_input | (persistent & ~pinned0)
-    host_at = np.full(n_t, -1, np.int64)
-    released = np.full(n_t, -1, np.int64)
-    last_access = np.full(n_t, -1, np.int64)
-    mark = np.zeros(n_t, np.int64)  # == stamp: touched by the current op
-    resident = np.zeros(n_t, np.int64)  # == stamp: an input on the device before the current op
-    is_out = np.zeros(n_t, np.int64)  # == stamp: an output of the current op
-    queued = np.zeros(n_t, np.int64)  # == the current queue's tag: an input already queued
-    write_back = np.zeros(n_t, np.bool_)
-    for j in range(len(upd_old)):
-        if persistent[upd_old[j]] and not pinned0[upd_old[j]]:
-            write_back[upd_new[j]] = True
     use_ptr, use_pos = _uses(schedule, in_ptr, in_idx, n_t)
-    next_i = use_ptr[:-1].copy()
-    reserve = policy[4]
-    early_rec = np.full(n_t, -1, np.int64)  # the record of an early swap-in not used yet
-    hp = np.empty((2, n_t + 16), np.int64)
-    for t in range(n_t):
-        if host[t] and not is_input[t] and use_ptr[t + 1] > use_ptr[t]:
-            _hp_push(hp, cnt, use_pos[use_ptr[t]], t)
+    width = 4  # what an op puts in the work rows at most
+    for op in range(len(in_ptr) - 1):
+        width = max(width, 2 * ((in_ptr[op + 1] - in_ptr[op]) + (out_ptr[op + 1] - out_ptr[op])) + 4)
     turn = n_ops
     for pos in range(n_ops):
         if not fwd_act[out_idx[out_ptr[schedule[pos]]]]:
             turn = pos
             break
-    if newest_from < 0:
-        newest_from = turn
-    recs = np.empty((4 * n_ops + 16, 5), np.int64)
-    nrec = 0
+    while True:
+        a, aux, cnt = _arena(n_t, cap)
+        fs, fval, findex, fshift = _segments(min(cap, size.sum()), room[2], -1.0)
+        rk, kh = np.full((3, n_t), -1, np.int64), np.full((3, n_ops + 1), -1, np.int64)
+        kh[1:] = 0
+        ti = np.empty((11, n_t), np.int64)  # per tensor: the rows named at the top of _plan_loop
+        ti[:5], ti[5:9], ti[9], ti[10] = -1, 0, -1, use_ptr[:-1]
+        tb = np.empty((4, n_t), np.bool_)
+        tb[0], tb[1], tb[2], tb[3] = pinned0, pinned0 | is_input, is_input | (persistent & ~pinned0), False
+        for j in range(len(upd_old)):
+            if persistent[upd_old[j]] and not pinned0[upd_old[j]]:
+                tb[3, upd_new[j]] = True
+        hp = np.empty((2, max(room[1], n_t + 16)), np.int64)
+        recs = np.empty((room[0], 5), np.int64)
+        nrec, peak, status = _plan_loop(
+            schedule, cap, policy, size, in_ptr, in_idx, out_ptr, out_idx, in_place, is_input, fwd_act, by_name,
+            loss, use_ptr, use_pos, turn, a, aux, cnt, fs, fval, findex, fshift, rk, kh,
+            np.empty(2 * n_t + 2, np.int64), ti, tb, hp, recs, np.empty((3, width), np.int64))
+        if status < 3:
+            break
+        room[status - 3] *= 2
+    out_off = ti[1]
+    if status > 0:
+        return recs[:0], out_off, peak, status
+    recs = recs[:nrec]
+    if cnt[6] > 0:  # drop the early swap-ins taken back
+        recs = recs[recs[:, 0] >= 0]
+    return recs, out_off, peak, 0
+
+
+@_leaf
+def _plan_loop(schedule, cap, policy, size, in_ptr, in_idx, out_ptr, out_idx, in_place, is_input, fwd_act, by_name,
+               loss, use_ptr, use_pos, turn, a, aux, cnt, fs, fval, findex, fshift, rk, kh, found, ti, tb, hp, recs,
+               work) -> tuple:  # pragma: no cover - compiled
+    """The planner's pass over the schedule (see swapplan.py); returns (records made, the highest byte
+    used, status): 0 done, 1 or 2 no room (for what never moves, for a tensor), 3 to 5 the records, the
+    heap or the free-position segments ran out of room."""
+    n_t, n_ops = len(size), len(schedule)
+    belady, prefetch, offload, reserve = policy[0] == 1, policy[1], policy[2] == 1, policy[4]
+    newest_from = n_ops if policy[3] == 0 else (0 if policy[3] == 1 else turn)
+    where, out_off, host_at, released, last_access = ti[0], ti[1], ti[2], ti[3], ti[4]
+    mark = ti[5]  # == stamp: touched by the current op
+    resident = ti[6]  # == stamp: an input on the device before the current op
+    is_out = ti[7]  # == stamp: an output of the current op
+    queued = ti[8]  # == the current queue's tag: an input already queued
+    early_rec = ti[9]  # the record of an early swap-in not used yet
+    next_i = ti[10]  # the next of the tensor's uses (in use_pos)
+    pinned, fixed, host, write_back = tb[0], tb[1], tb[2], tb[3]
+    todo = work[0]
+    pend, pend_since = work[1], work[2]  # swap-ins of this op: tensor, and since when its bytes are free
+    for t in range(n_t):
+        if host[t] and not is_input[t] and use_ptr[t + 1] > use_ptr[t]:
+            _hp_push(hp, cnt, use_pos[use_ptr[t]], t)
+    peak = nrec = 0
     for sweep in range(2):  # pinned tensors by name, then inputs by name
         for t in by_name:
             if (sweep == 0 and pinned[t]) or (sweep == 1 and is_input[t]):
                 g, offset, _ = _fit(a, aux, cnt, fs, fval, findex, fshift, size[t], False)
                 if g < 0:
-                    return recs[:0], out_off, peak, 1
+                    return nrec, peak, 1
                 where[t] = out_off[t] = _insert(a, aux, cnt, rk, kh, g, offset, size[t], t, -1)
                 peak = max(peak, where[t] + size[t])
-    todo = np.empty(64, np.int64)
-    pend = np.empty(64, np.int64)  # swap-ins of this op: tensor, and (in pend_since) since when free
-    pend_since = np.empty(64, np.int64)
     for pos in range(n_ops):
         op, stamp = schedule[pos], pos + 1
         i0, i1, o0, o1 = in_ptr[op], in_ptr[op + 1], out_ptr[op], out_ptr[op + 1]
         width = 2 * ((i1 - i0) + (o1 - o0)) + 4
-        if todo.shape[0] < width:
-            todo, pend, pend_since = np.empty(width, np.int64), np.empty(width, np.int64), np.empty(width, np.int64)
         # this op removes at most the tenants there now and its own tensors twice (by a window, then
         # all at once) and its own once more (frees), each with two records, one free and a heap entry
         most = 2 * cnt[0] + 3 * width
-        if cnt[3] + 2 * most > fs.shape[0]:
-            fs, fval = _seg_reserve(fs, fval, cnt[3], most)
         if nrec + 2 * most + width > recs.shape[0]:
-            recs = _grown(recs, nrec + 2 * most + width, False)
+            return nrec, peak, 3
         if cnt[5] + most > hp.shape[1]:
-            hp = _grown(hp, cnt[5] + most, True)
+            return nrec, peak, 4
+        if cnt[3] + 2 * most > fs.shape[0]:
+            return nrec, peak, 5
         ipo = out_idx[o0] if in_place[op] else -1
         for j in range(i0, i1):
             mark[in_idx[j]] = stamp
@@ -614,7 +617,7 @@ def _plan(schedule, cap, pinned0, policy, size, in_ptr, in_idx, out_ptr, out_idx
                 ntodo = _queue(todo, i0, i1, o0, o1, in_idx, out_idx, ipo, where, queued, -stamp, size)
                 continue
             if g < 0:
-                return recs[:0], out_off, peak, 2
+                return nrec, peak, 2
             where[t] = _insert(a, aux, cnt, rk, kh, g, offset, size[t], t,
                                _rank(t, belady, n_ops, next_i, use_ptr, use_pos, last_access))
             peak = max(peak, where[t] + size[t])
@@ -699,17 +702,14 @@ def _plan(schedule, cap, pinned0, policy, size, in_ptr, in_idx, out_ptr, out_idx
                 break
             _hp_pop(hp, cnt)
             if nrec == recs.shape[0]:
-                recs = _grown(recs, nrec + 1, False)
+                return nrec, peak, 3
             where[t] = _insert(a, aux, cnt, rk, kh, g, offset, size[t], t,
                                _rank(t, belady, n_ops, next_i, use_ptr, use_pos, last_access))
             peak = max(peak, where[t] + size[t])
             early_rec[t] = nrec
             at = max(max(since, released[t]), host_at[t])
             nrec = _record(recs, nrec, at + 1, IN, t, where[t], schedule[nxt])
-    recs = recs[:nrec]
-    if cnt[6] > 0:  # drop the early swap-ins taken back
-        recs = recs[recs[:, 0] >= 0]
-    return recs, out_off, peak, 0
+    return nrec, peak, 0
 
 
 @_leaf
@@ -767,7 +767,7 @@ def _hp_less(hp: np.ndarray, i: int, j: int) -> bool:
     return hp[0, i] < hp[0, j] or (hp[0, i] == hp[0, j] and hp[1, i] < hp[1, j])
 
 
-@numba.njit(cache=True)
+@_inline
 def _hp_push(hp: np.ndarray, cnt: np.ndarray, key: int, t: int) -> None:
     i = cnt[5]
     cnt[5] += 1
@@ -778,7 +778,7 @@ def _hp_push(hp: np.ndarray, cnt: np.ndarray, key: int, t: int) -> None:
         i = up
 
 
-@_leaf
+@_inline
 def _hp_pop(hp: np.ndarray, cnt: np.ndarray) -> None:
     cnt[5] -= 1
     n = cnt[5]
@@ -834,17 +834,6 @@ def _segments(top: int, n_assign: int, first: float) -> tuple[np.ndarray, np.nda
     return s, np.full(2 * n_assign + 2, first, np.float64), np.zeros(BUCKETS + 1, np.int64), shift
 
 
-@numba.njit(cache=True)
-def _seg_reserve(s: np.ndarray, val: np.ndarray, n: int, more: int) -> tuple[np.ndarray, np.ndarray]:
-    """Room for ``more`` assignments beyond the ``n`` nodes in use (the same arrays if there is)."""
-    if n + 2 * more <= s.shape[0]:
-        return s, val
-    size = max(2 * s.shape[0], n + 2 * more)
-    s2, val2 = np.empty((size, 4), np.int64), np.empty(size, np.float64)
-    s2[:n], val2[:n] = s[:n], val[:n]
-    return s2, val2
-
-
 @_inline
 def _first_bucket(b: int, shift: int) -> int:
     """The first bucket that starts at or after byte ``b``."""
@@ -859,7 +848,7 @@ def _seg_find(lo: int, s: np.ndarray, bucket: np.ndarray, shift: int) -> int:
     return x
 
 
-@_leaf
+@_inline
 def _seg_max(lo: int, hi: int, s: np.ndarray, val: np.ndarray, bucket: np.ndarray, shift: int) -> float:
     x = _seg_find(lo, s, bucket, shift)
     most = -np.inf  # (the segments tile the range: some value is met)
@@ -886,7 +875,7 @@ def _seg_new(s: np.ndarray, val: np.ndarray, n: int, lo: int, hi: int, v: float,
         s[nxt, SPV] = n
 
 
-@_leaf
+@_inline
 def _seg_assign(lo: int, hi: int, v: float, s: np.ndarray, val: np.ndarray, bucket: np.ndarray, shift: int,
                 n: int) -> int:
     """[lo, hi) now holds ``v``; returns how many nodes are in use. A segment cut in three keeps its id
@@ -933,22 +922,34 @@ def _seg_assign(lo: int, hi: int, v: float, s: np.ndarray, val: np.ndarray, buck
     return n + 1
 
 
+# One compiled copy for the planner, which removes tenants at five places (inlined at each, numba took
+# 40 s more to compile), while the simulator's loop inlines its one call.
+_seg_assign_call = _leaf(_seg_assign.py_func)
+
+
 @numba.njit(cache=True)
 def _simulate(schedule, recs, out_off, top, size, in_ptr, in_idx, out_ptr, out_idx, op_ms, nbytes,
               copy):  # pragma: no cover - compiled
     """simulate.simulate on the records: three FIFO streams, one pass in program order."""
     n_t = len(out_off)
     s, val, index, shift = _segments(top, recs.shape[0], 0.0)
+    times = np.zeros((3, n_t), np.float64)
+    return _simulate_loop(schedule, recs, _program_order(recs, len(schedule)), out_off, out_off.copy(), size,
+                          in_ptr, in_idx, out_ptr, out_idx, op_ms, nbytes, copy, s, val, index, shift, times,
+                          np.zeros(len(schedule), np.float64))
+
+
+@_leaf
+def _simulate_loop(schedule, recs, order, out_off, where, size, in_ptr, in_idx, out_ptr, out_idx, op_ms, nbytes,
+                   copy, s, val, index, shift, times, op_end) -> tuple:  # pragma: no cover - compiled
+    """``_simulate``'s pass; ``where`` starts as the home offsets of what starts on the device (runs set
+    the rest), ``times`` holds when each tensor is ready, its host copy is, and it was copied out."""
+    ready, host_ready, copied_out = times[0], times[1], times[2]
     n_s = 1
-    ready = np.zeros(n_t, np.float64)
-    host_ready = np.zeros(n_t, np.float64)
-    copied_out = np.zeros(n_t, np.float64)
-    where = out_off.copy()  # the home offsets of what starts on the device; runs set the rest
-    op_end = np.zeros(len(schedule), np.float64)
     latency, h2d_bw, d2h_bw = copy[0], copy[1], copy[2]
     compute = h2d_clock = d2h_clock = 0.0
     h2d = d2h = 0
-    for r in _program_order(recs, len(schedule)):
+    for r in order:
         bucket, kind, t, offset = recs[r, 0], recs[r, 1], recs[r, 2], recs[r, 3]
         after = op_end[bucket - 1] if bucket > 0 else 0.0
         if kind == RUN:

@@ -498,7 +498,7 @@ def _plan(schedule, cap, pinned0, policy, size, in_ptr, in_idx, out_ptr, out_idx
         for j in range(len(upd_old)):
             if persistent[upd_old[j]] and not pinned0[upd_old[j]]:
                 tb[3, upd_new[j]] = True
-        hp = np.empty((2, max(room[1], n_t + 16)), np.int64)
+        hp = np.empty((2, room[1]), np.int64)
         recs = np.empty((room[0], 5), np.int64)
         nrec, peak, status = _plan_loop(
             schedule, cap, policy, size, in_ptr, in_idx, out_ptr, out_idx, in_place, is_input, fwd_act, by_name,
@@ -506,7 +506,7 @@ def _plan(schedule, cap, pinned0, policy, size, in_ptr, in_idx, out_ptr, out_idx
             np.empty(2 * n_t + 2, np.int64), ti, tb, hp, recs, np.empty((3, width), np.int64))
         if status < 3:
             break
-        room[status - 3] *= 2
+        room[status - 3] = 2 * (recs.shape[0] if status == 3 else (hp.shape[1] if status == 4 else fs.shape[0]))
     out_off = ti[1]
     if status > 0:
         return recs[:0], out_off, peak, status
@@ -536,10 +536,12 @@ def _plan_loop(schedule, cap, policy, size, in_ptr, in_idx, out_ptr, out_idx, in
     pinned, fixed, host, write_back = tb[0], tb[1], tb[2], tb[3]
     todo = work[0]
     pend, pend_since = work[1], work[2]  # swap-ins of this op: tensor, and since when its bytes are free
+    peak = nrec = 0
     for t in range(n_t):
         if host[t] and not is_input[t] and use_ptr[t + 1] > use_ptr[t]:
+            if cnt[5] == hp.shape[1]:
+                return nrec, peak, 4
             _hp_push(hp, cnt, use_pos[use_ptr[t]], t)
-    peak = nrec = 0
     for sweep in range(2):  # pinned tensors by name, then inputs by name
         for t in by_name:
             if (sweep == 0 and pinned[t]) or (sweep == 1 and is_input[t]):

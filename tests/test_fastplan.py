@@ -146,6 +146,22 @@ def test_tight_caps_take_the_last_resort_paths_and_still_agree(monkeypatch: pyte
     assert taken["clear"] > 0 and taken["bounce"] > 0
 
 
+def test_the_program_does_not_depend_on_the_room_the_planner_starts_with() -> None:
+    """Records, heap entries or free-position segments that run out restart the pass with more room:
+    an evaluator that starts with room for one of each makes the same programs as one with the default."""
+    t = training_graph(build_graph(str(MODELS / "tiny_resnet.swp"), [])[1])
+    p = Problem.build(t, V100)
+    need, no_swap = _need_and_no_swap(p)
+    schedule = list(range(p.n_ops))
+    roomy, cramped = Evaluator(p), Evaluator(p)
+    cramped.room[:] = 1
+    for policy in (Policy("belady", "earliest", early=0.0), Policy("lru", "none")):
+        for cap in (need, (need + no_swap) // 2):
+            assert cramped.program(schedule, cap, frozenset(), policy) == \
+                roomy.program(schedule, cap, frozenset(), policy)
+    assert (cramped.room > 1).all()  # each of the three ran out at least once
+
+
 _SPANS = st.tuples(st.integers(0, 10**6), st.integers(1, 3 * 10**5), st.floats(0, 1e3, allow_nan=False))
 
 

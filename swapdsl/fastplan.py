@@ -217,10 +217,10 @@ def _sort_ints(a: np.ndarray, n: int) -> None:
 # fs/fval/findex/fshift are the segments (below) of the position at which each byte last fell free;
 # cnt[4] counts the bytes tenants take, cnt[5] the entries of the heap of tensors waiting on the host
 # (below), cnt[6] the early swap-ins taken back; cnt[7] is the planner's early_limit, cnt[8] counts
-# ``_window``'s searches, and no gap is longer than cnt[9].
+# ``_window``'s searches.
 
 NX, PV, OFF, END, TEN, GPOS, RUN_AT, RUN_END = range(8)
-GS, NODE, FREE_ROW, GLO, GHI, GSIZE0, GSINCE0, GSIZE1, GSINCE1 = range(9)
+NODE, FREE_ROW, GS, GLO, GHI, GSIZE0, GSINCE0, GSIZE1, GSINCE1 = range(9)
 
 
 @numba.njit(cache=True)
@@ -230,7 +230,7 @@ def _arena(n_t: int, cap: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     head, top = n_t, n_t + 1
     a[head, END], a[head, NX], a[top, PV], a[top, OFF] = 0, top, head, cap
     aux[FREE_ROW, :n_t] = np.arange(n_t - 1, -1, -1)
-    cnt = np.array([0, 0, n_t, 1, 0, 0, 0, INF, 0, cap], np.int64)
+    cnt = np.array([0, 0, n_t, 1, 0, 0, 0, INF, 0], np.int64)
     if cap > 0:
         _gap_put(a, aux, cnt, top, 0, cap, -1, 0, -1, 0)
     return a, aux, cnt
@@ -258,8 +258,7 @@ def _gap_drop(a: np.ndarray, aux: np.ndarray, cnt: np.ndarray, g: int) -> None:
     cnt[1] -= 1
     last = cnt[1]
     for row in range(GS, GSINCE1 + 1):
-        if row != NODE and row != FREE_ROW:
-            aux[row, q] = aux[row, last]
+        aux[row, q] = aux[row, last]
     a[aux[GS, q], GPOS] = q
     a[g, GPOS] = -1
 
@@ -270,14 +269,11 @@ def _fit(a: np.ndarray, aux: np.ndarray, cnt: np.ndarray, fs: np.ndarray, fval: 
     """Arena.fit: (node after the gap, offset, position since which the bytes are free) of the best
     place at the start or end of a gap that holds ``size``, else at the start of the gap above the
     last tenant; node -1 if none holds it."""
-    if size > cnt[9]:  # (the early swap-ins ask at every op, mostly in vain)
-        return -1, 0, 0
     top = a.shape[0] - 1
     sign = -1 if newest else 1
-    best, best_off, best_since, best_len, top_lo, longest = -1, 0, 0, 0, -1, 0
+    best, best_off, best_since, best_len, top_lo = -1, 0, 0, 0, -1
     for q in range(cnt[1]):
         lo, hi = aux[GLO, q], aux[GHI, q]
-        longest = max(longest, hi - lo)
         if hi - lo < size:
             continue
         if aux[GS, q] == top:
@@ -293,7 +289,6 @@ def _fit(a: np.ndarray, aux: np.ndarray, cnt: np.ndarray, fs: np.ndarray, fval: 
             if best < 0 or sign * since < sign * best_since or (since == best_since and (
                     hi - lo < best_len or (hi - lo == best_len and offset < best_off))):
                 best, best_off, best_since, best_len = aux[GS, q], offset, since, hi - lo
-    cnt[9] = longest
     if best < 0 and top_lo >= 0:
         return top, top_lo, int(_seg_max(top_lo, top_lo + size, fs, fval, findex, fshift))
     return best, best_off, best_since
@@ -338,7 +333,6 @@ def _remove(a: np.ndarray, aux: np.ndarray, cnt: np.ndarray, rk: np.ndarray, kh:
     _gap_drop(a, aux, cnt, m)
     a[before, NX], a[after, PV] = after, before
     _gap_put(a, aux, cnt, after, a[before, END], a[after, OFF], size0, since0, size1, since1)
-    cnt[9] = max(cnt[9], a[after, OFF] - a[before, END])
     aux[FREE_ROW, cnt[2]] = m
     cnt[2] += 1
     cnt[0] -= 1
@@ -506,7 +500,8 @@ def _plan(schedule, cap, pinned0, policy, size, in_ptr, in_idx, out_ptr, out_idx
             np.empty(2 * n_t + 2, np.int64), ti, tb, hp, recs, np.empty((3, width), np.int64))
         if status < 3:
             break
-        room[status - 3] = 2 * (recs.shape[0] if status == 3 else (hp.shape[1] if status == 4 else fs.shape[0]))
+        # twice the rows that ran out (_segments makes 2 n + 2 rows for n assignments)
+        room[status - 3] = 2 * recs.shape[0] if status == 3 else (2 * hp.shape[1] if status == 4 else fs.shape[0])
     out_off = ti[1]
     if status > 0:
         return recs[:0], out_off, peak, status
@@ -645,7 +640,7 @@ def _plan_loop(schedule, cap, policy, size, in_ptr, in_idx, out_ptr, out_idx, in
             if pinned[old]:
                 pinned[ipo] = fixed[ipo] = True
             else:
-                _rank_add(rk, kh, ipo, 0)
+                _rank_add(rk, kh, ipo, _rank(ipo, belady, n_ops, next_i, use_ptr, use_pos, last_access))
         nrec = _record(recs, nrec, pos + 1, RUN, op, -1, -1)
         for j in range(i0, i1):
             last_access[in_idx[j]] = pos

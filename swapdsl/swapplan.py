@@ -42,9 +42,9 @@ comes in early until then (else the same one would come and go at every op).
 pass to the host as soon as it is produced and frees it after its last
 forward use; so it does with unpinned weights, which have a host copy, but
 not with inputs, which never move (one brought back elsewhere would hold its
-bytes for good, and a cap of ``need_bytes`` might no longer do). Instructions are placed at the op they follow, so a victim's
-free and swap-out go back to its last use and a prefetch to when its region
-fell free.
+bytes for good, and a cap of ``need_bytes`` might no longer do). Instructions
+are placed at the op they follow, so a victim's free and swap-out go back to
+its last use and a prefetch to when its region fell free.
 """
 
 from __future__ import annotations

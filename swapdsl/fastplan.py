@@ -158,11 +158,6 @@ def _record(recs: np.ndarray, n: int, bucket: int, kind: int, t: int, offset: in
     return n + 1
 
 
-@_inline
-def _next_use(t: int, next_i: np.ndarray, use_ptr: np.ndarray, use_pos: np.ndarray) -> int:
-    return use_pos[next_i[t]] if next_i[t] < use_ptr[t + 1] else INF
-
-
 @numba.njit(cache=True)
 def _uses(schedule: np.ndarray, in_ptr: np.ndarray, in_idx: np.ndarray, n_t: int) -> tuple:
     """For each tensor, the positions that read it (CSR, with repeats), as Problem.uses."""
@@ -184,12 +179,12 @@ def _uses(schedule: np.ndarray, in_ptr: np.ndarray, in_idx: np.ndarray, n_t: int
 
 
 @_inline
-def _sort_todo(todo: np.ndarray, n: int, size: np.ndarray) -> None:
+def _sort_todo(todo: np.ndarray, n: int, tr: np.ndarray) -> None:
     """placement_order: largest first, then by id (insertion sort; an op touches few tensors)."""
     for i in range(1, n):
         t = todo[i]
         j = i - 1
-        while j >= 0 and (size[todo[j]] < size[t] or (size[todo[j]] == size[t] and todo[j] > t)):
+        while j >= 0 and (tr[todo[j], SIZE] < tr[t, SIZE] or (tr[todo[j], SIZE] == tr[t, SIZE] and todo[j] > t)):
             todo[j + 1] = todo[j]
             j -= 1
         todo[j + 1] = t
@@ -208,8 +203,8 @@ def _sort_ints(a: np.ndarray, n: int) -> None:
 # -- the arena, a doubly linked list of nodes in offset order. Row ``a[m]`` of node m (one cache line):
 # NX/PV link the nodes, OFF/END/TEN describe its tenant, GPOS is the place of the gap before m in the
 # set of gaps that are not empty; RUN_AT and RUN_END serve ``_window``. Node HEAD (end 0) starts the
-# list and TOP (offset cap) ends it. Row NODE of ``aux`` maps a tensor to its node, row FREE_ROW is a
-# stack of unused nodes. The set of gaps is unordered, so that ``_fit`` reads few: its q-th gap lies
+# list and TOP (offset cap) ends it; column NODE of a tensor's row of ``tr`` (below) is its node. Row
+# FREE_ROW of ``aux`` is a stack of unused nodes. The set of gaps is unordered, so that ``_fit`` reads few: its q-th gap lies
 # before node aux[GS, q] and spans [aux[GLO, q], aux[GHI, q]); GSINCE0 is the position since which the
 # first aux[GSIZE0, q] bytes of the gap are free, GSINCE1 the same for its last GSIZE1 bytes (the last
 # size ``_fit`` asked; -1: not known). A gap that shrinks or grows at one end keeps what it knows of the
@@ -220,13 +215,28 @@ def _sort_ints(a: np.ndarray, n: int) -> None:
 # ``_window``'s searches.
 
 NX, PV, OFF, END, TEN, GPOS, RUN_AT, RUN_END = range(8)
-NODE, FREE_ROW, GS, GLO, GHI, GSIZE0, GSINCE0, GSIZE1, GSINCE1 = range(9)
+FREE_ROW, GS, GLO, GHI, GSIZE0, GSINCE0, GSIZE1, GSINCE1 = range(8)
+
+# -- what the planner keeps of each tensor, a row of ``tr`` per tensor, three cache lines: the first holds
+# what an op reads of every tensor it touches. (One array per field cost the LSTM's planning a cache miss
+# per field on tensors not touched for a while.) WHERE its offset (-1: not on the device), OUT_OFF where
+# it was made; MARK == the op's stamp: touched by the current op, RESIDENT: an input on the device before
+# it, IS_OUT: an output of it, QUEUED == the queue's tag: an input already queued; LAST the position of
+# its last access; NEXT_I its next use (in use_pos), NEXT_USE that use's position (INF: none), USE_END
+# the end of its uses in use_pos, LAST_USE the last one's position; NODE its arena node; RK_* rank it
+# for ``_window``; EARLY_REC is the record of an early swap-in not used yet; FIXED, PINNED, HOST,
+# WRITE_BACK are flags, HOST_AT and RELEASED positions (when its host copy was made, it last left).
+
+WHERE, MARK, RESIDENT, IS_OUT, QUEUED, LAST, NEXT_I, NEXT_USE = range(8)
+SIZE, NODE, RK_NEXT, RK_PREV, RK_KEY, EARLY_REC, FIXED, PINNED = range(8, 16)
+OUT_OFF, HOST_AT, RELEASED, HOST, WRITE_BACK, USE_END, LAST_USE = range(16, 23)
+TR_COLS = 24
 
 
 @numba.njit(cache=True)
 def _arena(n_t: int, cap: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     a = np.full((n_t + 2, 8), -1, np.int64)
-    aux = np.empty((9, n_t + 2), np.int64)
+    aux = np.empty((8, n_t + 2), np.int64)
     head, top = n_t, n_t + 1
     a[head, END], a[head, NX], a[top, PV], a[top, OFF] = 0, top, head, cap
     aux[FREE_ROW, :n_t] = np.arange(n_t - 1, -1, -1)
@@ -295,7 +305,7 @@ def _fit(a: np.ndarray, aux: np.ndarray, cnt: np.ndarray, fs: np.ndarray, fval: 
 
 
 @_inline
-def _insert(a: np.ndarray, aux: np.ndarray, cnt: np.ndarray, rk: np.ndarray, kh: np.ndarray, g: int, offset: int,
+def _insert(a: np.ndarray, aux: np.ndarray, cnt: np.ndarray, tr: np.ndarray, kh: np.ndarray, g: int, offset: int,
             size: int, t: int, key: int) -> int:
     """Tenant ``t`` takes [offset, offset + size) in the gap before node ``g``; ranked by ``key`` unless -1
     (it never moves). What lies before it keeps the gap's start, what lies after its end."""
@@ -308,22 +318,22 @@ def _insert(a: np.ndarray, aux: np.ndarray, cnt: np.ndarray, rk: np.ndarray, kh:
         size1 = aux[GSIZE1, q] if aux[GSIZE1, q] <= hi - offset - size else -1
         _gap_put(a, aux, cnt, g, offset + size, hi, -1, 0, size1, aux[GSINCE1, q])
     a[m, NX], a[m, PV], a[before, NX], a[g, PV] = g, before, m, m
-    a[m, OFF], a[m, END], a[m, TEN], a[m, GPOS], aux[NODE, t] = offset, offset + size, t, -1, m
+    a[m, OFF], a[m, END], a[m, TEN], a[m, GPOS], tr[t, NODE] = offset, offset + size, t, -1, m
     if offset > lo:
         _gap_put(a, aux, cnt, m, lo, offset, size0 if size0 <= offset - lo else -1, since0, -1, 0)
     cnt[0] += 1
     cnt[4] += size
     if key >= 0:
-        _rank_add(rk, kh, t, key)
+        _rank_add(tr, kh, t, key)
     return offset
 
 
 @_inline
-def _remove(a: np.ndarray, aux: np.ndarray, cnt: np.ndarray, rk: np.ndarray, kh: np.ndarray, fs: np.ndarray,
+def _remove(a: np.ndarray, aux: np.ndarray, cnt: np.ndarray, tr: np.ndarray, kh: np.ndarray, fs: np.ndarray,
             fval: np.ndarray, findex: np.ndarray, fshift: int, t: int, pos: int) -> None:
     """Tenant ``t`` leaves at ``pos`` (-1: never written, its bytes keep their past); it and the gaps
     either side become one gap, which keeps the start of the one before and the end of the one after."""
-    m = aux[NODE, t]
+    m = tr[t, NODE]
     before, after = a[m, PV], a[m, NX]
     if pos >= 0:
         cnt[3] = _seg_assign_call(a[m, OFF], a[m, END], float(pos), fs, fval, findex, fshift, cnt[3])
@@ -337,39 +347,39 @@ def _remove(a: np.ndarray, aux: np.ndarray, cnt: np.ndarray, rk: np.ndarray, kh:
     cnt[2] += 1
     cnt[0] -= 1
     cnt[4] -= a[m, END] - a[m, OFF]
-    _rank_drop(rk, kh, t)
+    _rank_drop(tr, kh, t)
 
 
 # -- tenants that may move, ranked for ``_window``: a key is the tenant's next use (belady, INF as the
 # number of ops) or the number of ops less its last access (lru), so a larger key is a better victim.
-# Row 0 of ``kh`` heads a list of the tenants of each key (linked by rows 0 and 1 of ``rk``, row 2 their
-# keys, -1 if unranked); rows 1 and 2 count the tenants of each block of 64 and 4096 keys.
+# Row 0 of ``kh`` heads a list of the tenants of each key (linked by their RK_NEXT and RK_PREV; RK_KEY
+# is the key, -1 if unranked); rows 1 and 2 count the tenants of each block of 64 and 4096 keys.
 
 
 @_inline
-def _rank_add(rk: np.ndarray, kh: np.ndarray, t: int, key: int) -> None:
+def _rank_add(tr: np.ndarray, kh: np.ndarray, t: int, key: int) -> None:
     h = kh[0, key]
-    rk[0, t], rk[1, t], rk[2, t] = h, -1, key
+    tr[t, RK_NEXT], tr[t, RK_PREV], tr[t, RK_KEY] = h, -1, key
     if h >= 0:
-        rk[1, h] = t
+        tr[h, RK_PREV] = t
     kh[0, key] = t
     kh[1, key >> 6] += 1
     kh[2, key >> 12] += 1
 
 
 @_inline
-def _rank_drop(rk: np.ndarray, kh: np.ndarray, t: int) -> None:
-    key = rk[2, t]
+def _rank_drop(tr: np.ndarray, kh: np.ndarray, t: int) -> None:
+    key = tr[t, RK_KEY]
     if key < 0:
         return
-    after, before = rk[0, t], rk[1, t]
+    after, before = tr[t, RK_NEXT], tr[t, RK_PREV]
     if before >= 0:
-        rk[0, before] = after
+        tr[before, RK_NEXT] = after
     else:
         kh[0, key] = after
     if after >= 0:
-        rk[1, after] = before
-    rk[2, t] = -1
+        tr[after, RK_PREV] = before
+    tr[t, RK_KEY] = -1
     kh[1, key >> 6] -= 1
     kh[2, key >> 12] -= 1
 
@@ -390,7 +400,7 @@ def _best_key(kh: np.ndarray, x: int) -> int:
 
 
 @_leaf
-def _window(size, a, aux, rk, kh, tsize, fixed, mark, resident, stamp, bounce, cnt, found) -> tuple:
+def _window(size, a, tr, kh, stamp, bounce, cnt, found) -> tuple:
     """The best window to clear (swapplan._Planner.window): returns (its first tenant's node, the node after
     its last); (-1, -1) if none.
 
@@ -406,8 +416,8 @@ def _window(size, a, aux, rk, kh, tsize, fixed, mark, resident, stamp, bounce, c
     while x >= 0 and nfound == 0:
         t, nkey = kh[0, x], 0
         while t >= 0:
-            if not (fixed[t] or (mark[t] == stamp and not (bounce and resident[t] == stamp))):
-                m = aux[NODE, t]
+            if not (tr[t, FIXED] or (tr[t, MARK] == stamp and not (bounce and tr[t, RESIDENT] == stamp))):
+                m = tr[t, NODE]
                 first = a[a[m, PV], RUN_END] if a[a[m, PV], RUN_AT] == scan else m
                 last = a[a[m, NX], RUN_END] if a[a[m, NX], RUN_AT] == scan else m
                 a[m, RUN_AT] = scan
@@ -416,7 +426,7 @@ def _window(size, a, aux, rk, kh, tsize, fixed, mark, resident, stamp, bounce, c
                 nkey += 1
                 if a[a[last, NX], OFF] - a[a[first, PV], END] >= size:
                     nfound = nkey
-            t = rk[0, t]
+            t = tr[t, RK_NEXT]
         x = _best_key(kh, x - 1)
     best_k, best_j, b_total, b_lo = -1, -1, 0, 0
     nruns = 0  # the runs holding this key's tenants: found[nkey:] their first nodes
@@ -437,7 +447,7 @@ def _window(size, a, aux, rk, kh, tsize, fixed, mark, resident, stamp, bounce, c
         while True:  # the windows starting in the run, as swapplan._Planner.window slides them
             lo = a[a[k, PV], END]
             while j != bound and a[j, OFF] < lo + size:
-                total += tsize[a[j, TEN]]
+                total += a[j, END] - a[j, OFF]
                 j = a[j, NX]
             if a[j, OFF] < lo + size:
                 break
@@ -450,18 +460,17 @@ def _window(size, a, aux, rk, kh, tsize, fixed, mark, resident, stamp, bounce, c
                 best_k, best_j, b_total, b_lo = k, j, total, lo
             if k == last:
                 break
-            total -= tsize[a[k, TEN]]
+            total -= a[k, END] - a[k, OFF]
             k = a[k, NX]
     return best_k, best_j
 
 
 @_inline
-def _rank(t: int, belady: bool, n_ops: int, next_i: np.ndarray, use_ptr: np.ndarray, use_pos: np.ndarray,
-          last_access: np.ndarray) -> int:
+def _rank(t: int, belady: bool, n_ops: int, tr: np.ndarray) -> int:
     """The key that ranks tenant ``t`` as a victim (above ``_rank_add``)."""
     if belady:
-        return use_pos[next_i[t]] if next_i[t] < use_ptr[t + 1] else n_ops
-    return n_ops - 1 - last_access[t]
+        return tr[t, NEXT_USE] if tr[t, NEXT_USE] != INF else n_ops
+    return n_ops - 1 - tr[t, LAST]
 
 
 @numba.njit(cache=True)
@@ -483,26 +492,20 @@ def _plan(schedule, cap, pinned0, policy, size, in_ptr, in_idx, out_ptr, out_idx
     while True:
         a, aux, cnt = _arena(n_t, cap)
         fs, fval, findex, fshift = _segments(min(cap, size.sum()), room[2], -1.0)
-        rk, kh = np.full((3, n_t), -1, np.int64), np.full((3, n_ops + 1), -1, np.int64)
-        kh[1:] = 0
-        ti = np.empty((11, n_t), np.int64)  # per tensor: the rows named at the top of _plan_loop
-        ti[:5], ti[5:9], ti[9], ti[10] = -1, 0, -1, use_ptr[:-1]
-        tb = np.empty((4, n_t), np.bool_)
-        tb[0], tb[1], tb[2], tb[3] = pinned0, pinned0 | is_input, is_input | (persistent & ~pinned0), False
-        for j in range(len(upd_old)):
-            if persistent[upd_old[j]] and not pinned0[upd_old[j]]:
-                tb[3, upd_new[j]] = True
+        kh = np.zeros((3, n_ops + 1), np.int64)
+        kh[0] = -1
+        tr = _tensor_rows(size, use_ptr, use_pos, pinned0, is_input, persistent, upd_old, upd_new)
         hp = np.empty((2, room[1]), np.int64)
         recs = np.empty((room[0], 5), np.int64)
         nrec, peak, status = _plan_loop(
-            schedule, cap, policy, size, in_ptr, in_idx, out_ptr, out_idx, in_place, is_input, fwd_act, by_name,
-            loss, use_ptr, use_pos, turn, a, aux, cnt, fs, fval, findex, fshift, rk, kh,
-            np.empty(2 * n_t + 2, np.int64), ti, tb, hp, recs, np.empty((3, width), np.int64))
+            schedule, cap, policy, in_ptr, in_idx, out_ptr, out_idx, in_place, is_input, fwd_act, by_name,
+            loss, use_pos, turn, a, aux, cnt, fs, fval, findex, fshift, tr, kh,
+            np.empty(2 * n_t + 2, np.int64), hp, recs, np.empty((3, width), np.int64))
         if status < 3:
             break
         # twice the rows that ran out (_segments makes 2 n + 2 rows for n assignments)
         room[status - 3] = 2 * recs.shape[0] if status == 3 else (2 * hp.shape[1] if status == 4 else fs.shape[0])
-    out_off = ti[1]
+    out_off = tr[:, OUT_OFF].copy()
     if status > 0:
         return recs[:0], out_off, peak, status
     recs = recs[:nrec]
@@ -511,40 +514,53 @@ def _plan(schedule, cap, pinned0, policy, size, in_ptr, in_idx, out_ptr, out_idx
     return recs, out_off, peak, 0
 
 
+@numba.njit(cache=True)
+def _tensor_rows(size, use_ptr, use_pos, pinned0, is_input, persistent, upd_old, upd_new) -> np.ndarray:
+    """Each tensor's row of ``tr`` as the planner starts."""
+    n_t = len(size)
+    tr = np.empty((n_t, TR_COLS), np.int64)
+    for t in range(n_t):
+        row = tr[t]
+        row[:] = -1
+        row[MARK], row[RESIDENT], row[IS_OUT], row[QUEUED] = 0, 0, 0, 0
+        row[SIZE], row[NEXT_I], row[USE_END] = size[t], use_ptr[t], use_ptr[t + 1]
+        has_use = use_ptr[t + 1] > use_ptr[t]
+        row[NEXT_USE] = use_pos[use_ptr[t]] if has_use else INF
+        row[LAST_USE] = use_pos[use_ptr[t + 1] - 1] if has_use else -1
+        row[PINNED], row[FIXED] = pinned0[t], pinned0[t] or is_input[t]
+        row[HOST], row[WRITE_BACK] = is_input[t] or (persistent[t] and not pinned0[t]), 0
+    for j in range(len(upd_old)):
+        if persistent[upd_old[j]] and not pinned0[upd_old[j]]:
+            tr[upd_new[j], WRITE_BACK] = 1
+    return tr
+
+
 @_leaf
-def _plan_loop(schedule, cap, policy, size, in_ptr, in_idx, out_ptr, out_idx, in_place, is_input, fwd_act, by_name,
-               loss, use_ptr, use_pos, turn, a, aux, cnt, fs, fval, findex, fshift, rk, kh, found, ti, tb, hp, recs,
+def _plan_loop(schedule, cap, policy, in_ptr, in_idx, out_ptr, out_idx, in_place, is_input, fwd_act, by_name,
+               loss, use_pos, turn, a, aux, cnt, fs, fval, findex, fshift, tr, kh, found, hp, recs,
                work) -> tuple:  # pragma: no cover - compiled
     """The planner's pass over the schedule (see swapplan.py); returns (records made, the highest byte
     used, status): 0 done, 1 or 2 no room (for what never moves, for a tensor), 3 to 5 the records, the
     heap or the free-position segments ran out of room."""
-    n_t, n_ops = len(size), len(schedule)
+    n_t, n_ops = tr.shape[0], len(schedule)
     belady, prefetch, offload, reserve = policy[0] == 1, policy[1], policy[2] == 1, policy[4]
     newest_from = n_ops if policy[3] == 0 else (0 if policy[3] == 1 else turn)
-    where, out_off, host_at, released, last_access = ti[0], ti[1], ti[2], ti[3], ti[4]
-    mark = ti[5]  # == stamp: touched by the current op
-    resident = ti[6]  # == stamp: an input on the device before the current op
-    is_out = ti[7]  # == stamp: an output of the current op
-    queued = ti[8]  # == the current queue's tag: an input already queued
-    early_rec = ti[9]  # the record of an early swap-in not used yet
-    next_i = ti[10]  # the next of the tensor's uses (in use_pos)
-    pinned, fixed, host, write_back = tb[0], tb[1], tb[2], tb[3]
     todo = work[0]
     pend, pend_since = work[1], work[2]  # swap-ins of this op: tensor, and since when its bytes are free
     peak = nrec = 0
     for t in range(n_t):
-        if host[t] and not is_input[t] and use_ptr[t + 1] > use_ptr[t]:
+        if tr[t, HOST] and not is_input[t] and tr[t, NEXT_USE] != INF:
             if cnt[5] == hp.shape[1]:
                 return nrec, peak, 4
-            _hp_push(hp, cnt, use_pos[use_ptr[t]], t)
+            _hp_push(hp, cnt, tr[t, NEXT_USE], t)
     for sweep in range(2):  # pinned tensors by name, then inputs by name
         for t in by_name:
-            if (sweep == 0 and pinned[t]) or (sweep == 1 and is_input[t]):
-                g, offset, _ = _fit(a, aux, cnt, fs, fval, findex, fshift, size[t], False)
+            if (sweep == 0 and tr[t, PINNED]) or (sweep == 1 and is_input[t]):
+                g, offset, _ = _fit(a, aux, cnt, fs, fval, findex, fshift, tr[t, SIZE], False)
                 if g < 0:
                     return nrec, peak, 1
-                where[t] = out_off[t] = _insert(a, aux, cnt, rk, kh, g, offset, size[t], t, -1)
-                peak = max(peak, where[t] + size[t])
+                tr[t, WHERE] = tr[t, OUT_OFF] = _insert(a, aux, cnt, tr, kh, g, offset, tr[t, SIZE], t, -1)
+                peak = max(peak, tr[t, WHERE] + tr[t, SIZE])
     for pos in range(n_ops):
         op, stamp = schedule[pos], pos + 1
         i0, i1, o0, o1 = in_ptr[op], in_ptr[op + 1], out_ptr[op], out_ptr[op + 1]
@@ -560,14 +576,16 @@ def _plan_loop(schedule, cap, policy, size, in_ptr, in_idx, out_ptr, out_idx, in
             return nrec, peak, 5
         ipo = out_idx[o0] if in_place[op] else -1
         for j in range(i0, i1):
-            mark[in_idx[j]] = stamp
-            if where[in_idx[j]] >= 0:
-                resident[in_idx[j]] = stamp
+            t = in_idx[j]
+            tr[t, MARK] = stamp
+            if tr[t, WHERE] >= 0:
+                tr[t, RESIDENT] = stamp
         for j in range(o0, o1):
-            mark[out_idx[j]] = stamp
-            if out_idx[j] != ipo:
-                is_out[out_idx[j]] = stamp
-        ntodo = _queue(todo, i0, i1, o0, o1, in_idx, out_idx, ipo, where, queued, stamp, size)
+            t = out_idx[j]
+            tr[t, MARK] = stamp
+            if t != ipo:
+                tr[t, IS_OUT] = stamp
+        ntodo = _queue(todo, i0, i1, o0, o1, in_idx, out_idx, ipo, tr, stamp)
         npend = 0
         packed = False
         while ntodo > 0:
@@ -575,97 +593,93 @@ def _plan_loop(schedule, cap, policy, size, in_ptr, in_idx, out_ptr, out_idx, in
             ntodo -= 1
             for j in range(ntodo):
                 todo[j] = todo[j + 1]
-            newest = is_out[t] == stamp and pos >= newest_from
-            g, offset, since = _fit(a, aux, cnt, fs, fval, findex, fshift, size[t], newest)
+            newest = tr[t, IS_OUT] == stamp and pos >= newest_from
+            g, offset, since = _fit(a, aux, cnt, fs, fval, findex, fshift, tr[t, SIZE], newest)
             if g < 0:
                 for bounce in (False, True):
-                    k, kj = _window(size[t], a, aux, rk, kh, size, fixed, mark, resident, stamp, bounce, cnt, found)
+                    k, kj = _window(tr[t, SIZE], a, tr, kh, stamp, bounce, cnt, found)
                     if k < 0:
                         continue
                     while k != kj:
                         v, k = a[k, TEN], a[k, NX]
-                        if resident[v] == stamp and bounce:
-                            resident[v] = 0
+                        if tr[v, RESIDENT] == stamp and bounce:
+                            tr[v, RESIDENT] = 0
                             todo[ntodo] = v
                             ntodo += 1
-                        nrec = _evict(v, recs, nrec, a, aux, cnt, rk, kh, fs, fval, findex, fshift, where,
-                                                released, host, host_at, last_access, next_i, use_ptr, use_pos,
-                                                loss, early_rec, hp)
-                    _sort_todo(todo, ntodo, size)
-                    g, offset, since = _fit(a, aux, cnt, fs, fval, findex, fshift, size[t], newest)
+                        nrec = _evict(v, recs, nrec, a, aux, cnt, tr, kh, fs, fval, findex, fshift, loss, hp)
+                    _sort_todo(todo, ntodo, tr)
+                    g, offset, since = _fit(a, aux, cnt, fs, fval, findex, fshift, tr[t, SIZE], newest)
                     break
             if g < 0 and not packed:  # last resort: take back this op's placements, clear everything
                 for j in range(npend):
                     u = pend[j]
-                    _remove(a, aux, cnt, rk, kh, fs, fval, findex, fshift, u, -1)
-                    where[u] = -1
+                    _remove(a, aux, cnt, tr, kh, fs, fval, findex, fshift, u, -1)
+                    tr[u, WHERE] = -1
                 for j in range(o0, o1):
                     u = out_idx[j]
-                    if u != ipo and where[u] >= 0:
-                        _remove(a, aux, cnt, rk, kh, fs, fval, findex, fshift, u, -1)
-                        where[u] = -1
+                    if u != ipo and tr[u, WHERE] >= 0:
+                        _remove(a, aux, cnt, tr, kh, fs, fval, findex, fshift, u, -1)
+                        tr[u, WHERE] = -1
                 k, top = a[n_t, NX], n_t + 1
                 while k != top:
                     v, k = a[k, TEN], a[k, NX]
-                    if not fixed[v]:
-                        resident[v] = 0
-                        nrec = _evict(v, recs, nrec, a, aux, cnt, rk, kh, fs, fval, findex, fshift, where,
-                                                released, host, host_at, last_access, next_i, use_ptr, use_pos,
-                                                loss, early_rec, hp)
+                    if not tr[v, FIXED]:
+                        tr[v, RESIDENT] = 0
+                        nrec = _evict(v, recs, nrec, a, aux, cnt, tr, kh, fs, fval, findex, fshift, loss, hp)
                 npend, packed = 0, True
-                ntodo = _queue(todo, i0, i1, o0, o1, in_idx, out_idx, ipo, where, queued, -stamp, size)
+                ntodo = _queue(todo, i0, i1, o0, o1, in_idx, out_idx, ipo, tr, -stamp)
                 continue
             if g < 0:
                 return nrec, peak, 2
-            where[t] = _insert(a, aux, cnt, rk, kh, g, offset, size[t], t,
-                               _rank(t, belady, n_ops, next_i, use_ptr, use_pos, last_access))
-            peak = max(peak, where[t] + size[t])
-            if is_out[t] == stamp:
-                out_off[t] = where[t]
+            tr[t, WHERE] = _insert(a, aux, cnt, tr, kh, g, offset, tr[t, SIZE], t, _rank(t, belady, n_ops, tr))
+            peak = max(peak, tr[t, WHERE] + tr[t, SIZE])
+            if tr[t, IS_OUT] == stamp:
+                tr[t, OUT_OFF] = tr[t, WHERE]
             else:
                 pend[npend], pend_since[npend] = t, since
                 npend += 1
         for j in range(npend):
             t = pend[j]
-            floor = max(max(pend_since[j], released[t]), host_at[t])
+            floor = max(max(pend_since[j], tr[t, RELEASED]), tr[t, HOST_AT])
             at = pos - 1 if prefetch == 0 else (floor if prefetch == 1 else pos - 2)
-            nrec = _record(recs, nrec, max(at, floor) + 1, IN, t, where[t], op)
+            nrec = _record(recs, nrec, max(at, floor) + 1, IN, t, tr[t, WHERE], op)
         if ipo >= 0:
             old = in_idx[i0]
-            where[ipo] = out_off[ipo] = where[old]
-            where[old] = -1
-            aux[NODE, ipo] = aux[NODE, old]
-            a[aux[NODE, ipo], TEN] = ipo
-            _rank_drop(rk, kh, old)
-            if pinned[old]:
-                pinned[ipo] = fixed[ipo] = True
+            tr[ipo, WHERE] = tr[ipo, OUT_OFF] = tr[old, WHERE]
+            tr[old, WHERE] = -1
+            tr[ipo, NODE] = tr[old, NODE]
+            a[tr[ipo, NODE], TEN] = ipo
+            _rank_drop(tr, kh, old)
+            if tr[old, PINNED]:
+                tr[ipo, PINNED] = tr[ipo, FIXED] = 1
             else:
-                _rank_add(rk, kh, ipo, _rank(ipo, belady, n_ops, next_i, use_ptr, use_pos, last_access))
+                _rank_add(tr, kh, ipo, _rank(ipo, belady, n_ops, tr))
         nrec = _record(recs, nrec, pos + 1, RUN, op, -1, -1)
         for j in range(i0, i1):
-            last_access[in_idx[j]] = pos
-            early_rec[in_idx[j]] = -1
+            t = in_idx[j]
+            tr[t, LAST], tr[t, EARLY_REC] = pos, -1
         for j in range(o0, o1):
-            last_access[out_idx[j]] = pos
+            tr[out_idx[j], LAST] = pos
         for j in range(i0, i1):
             t = in_idx[j]
-            if next_i[t] < use_ptr[t + 1] and use_pos[next_i[t]] == pos:
-                next_i[t] += 1
+            if tr[t, NEXT_USE] == pos:
+                i = tr[t, NEXT_I] + 1
+                tr[t, NEXT_I], tr[t, NEXT_USE] = i, use_pos[i] if i < tr[t, USE_END] else INF
         for j in range(i0, o1 + i1 - o0):  # the op's tensors still ranked take their new keys
             t = in_idx[j] if j < i1 else out_idx[j - i1 + o0]
-            if rk[2, t] >= 0:
-                key = _rank(t, belady, n_ops, next_i, use_ptr, use_pos, last_access)
-                if key != rk[2, t]:
-                    _rank_drop(rk, kh, t)
-                    _rank_add(rk, kh, t, key)
+            if tr[t, RK_KEY] >= 0:
+                key = _rank(t, belady, n_ops, tr)
+                if key != tr[t, RK_KEY]:
+                    _rank_drop(tr, kh, t)
+                    _rank_add(tr, kh, t, key)
         # after the run: write-backs and vDNN offloads, then frees of what is done with (by tensor id)
         for j in range(o0, o1):
             t = out_idx[j]
-            nxt = _next_use(t, next_i, use_ptr, use_pos)
-            off_t = offload and pos < turn and fwd_act[t] and nxt != INF and use_pos[use_ptr[t + 1] - 1] >= turn
-            if (write_back[t] or off_t) and not host[t]:
+            nxt = tr[t, NEXT_USE]
+            off_t = offload and pos < turn and fwd_act[t] and nxt != INF and tr[t, LAST_USE] >= turn
+            if (tr[t, WRITE_BACK] or off_t) and not tr[t, HOST]:
                 nrec = _record(recs, nrec, pos + 1, OUT, t, -1, -1)
-                host[t], host_at[t] = True, pos
+                tr[t, HOST], tr[t, HOST_AT] = 1, pos
         nt = 0
         for j in range(i0, i1):
             todo[nt] = in_idx[j]
@@ -676,82 +690,80 @@ def _plan_loop(schedule, cap, policy, size, in_ptr, in_idx, out_ptr, out_idx, in
         _sort_ints(todo, nt)
         for j in range(nt):
             t = todo[j]
-            if (j > 0 and todo[j - 1] == t) or where[t] < 0 or pinned[t] or t == loss:
+            if (j > 0 and todo[j - 1] == t) or tr[t, WHERE] < 0 or tr[t, PINNED] or t == loss:
                 continue
-            nxt = _next_use(t, next_i, use_ptr, use_pos)
-            if nxt == INF or (offload and host[t] and not fixed[t] and pos < turn and turn <= nxt):
+            nxt = tr[t, NEXT_USE]
+            if nxt == INF or (offload and tr[t, HOST] and not tr[t, FIXED] and pos < turn and turn <= nxt):
                 nrec = _record(recs, nrec, pos + 1, FREE, t, -1, -1)
-                _remove(a, aux, cnt, rk, kh, fs, fval, findex, fshift, t, pos)
-                where[t], released[t] = -1, pos
+                _remove(a, aux, cnt, tr, kh, fs, fval, findex, fshift, t, pos)
+                tr[t, WHERE], tr[t, RELEASED] = -1, pos
                 if nxt != INF:
                     _hp_push(hp, cnt, nxt, t)
         if pos >= cnt[7]:
             cnt[7] = INF
         while reserve >= 0 and cnt[5] > 0:  # early swap-ins (swapplan._Planner.bring_early)
             nxt, t = hp[0, 0], hp[1, 0]
-            if where[t] >= 0 or _next_use(t, next_i, use_ptr, use_pos) != nxt:
+            if tr[t, WHERE] >= 0 or tr[t, NEXT_USE] != nxt:
                 _hp_pop(hp, cnt)
                 continue
             if nxt >= cnt[7]:
                 break
-            if cap - cnt[4] - size[t] < reserve:
+            if cap - cnt[4] - tr[t, SIZE] < reserve:
                 break
-            g, offset, since = _fit(a, aux, cnt, fs, fval, findex, fshift, size[t], False)
+            g, offset, since = _fit(a, aux, cnt, fs, fval, findex, fshift, tr[t, SIZE], False)
             if g < 0:
                 break
             _hp_pop(hp, cnt)
             if nrec == recs.shape[0]:
                 return nrec, peak, 3
-            where[t] = _insert(a, aux, cnt, rk, kh, g, offset, size[t], t,
-                               _rank(t, belady, n_ops, next_i, use_ptr, use_pos, last_access))
-            peak = max(peak, where[t] + size[t])
-            early_rec[t] = nrec
-            at = max(max(since, released[t]), host_at[t])
-            nrec = _record(recs, nrec, at + 1, IN, t, where[t], schedule[nxt])
+            tr[t, WHERE] = _insert(a, aux, cnt, tr, kh, g, offset, tr[t, SIZE], t, _rank(t, belady, n_ops, tr))
+            peak = max(peak, tr[t, WHERE] + tr[t, SIZE])
+            tr[t, EARLY_REC] = nrec
+            at = max(max(since, tr[t, RELEASED]), tr[t, HOST_AT])
+            nrec = _record(recs, nrec, at + 1, IN, t, tr[t, WHERE], schedule[nxt])
     return nrec, peak, 0
 
 
 @_leaf
-def _queue(todo, i0, i1, o0, o1, in_idx, out_idx, ipo, where, queued, tag, size) -> int:
-    """Queue the op's inputs not on the device (once each: ``queued`` marks them with ``tag``) and its
+def _queue(todo, i0, i1, o0, o1, in_idx, out_idx, ipo, tr, tag) -> int:
+    """Queue the op's inputs not on the device (once each: QUEUED marks them with ``tag``) and its
     outputs other than an in-place one, largest first."""
     ntodo = 0
     for j in range(i0, i1):
         t = in_idx[j]
-        if where[t] < 0 and queued[t] != tag:
-            queued[t] = tag
+        if tr[t, WHERE] < 0 and tr[t, QUEUED] != tag:
+            tr[t, QUEUED] = tag
             todo[ntodo] = t
             ntodo += 1
     for j in range(o0, o1):
         if out_idx[j] != ipo:
             todo[ntodo] = out_idx[j]
             ntodo += 1
-    _sort_todo(todo, ntodo, size)
+    _sort_todo(todo, ntodo, tr)
     return ntodo
 
 
 @_leaf
-def _evict(v, recs, nrec, a, aux, cnt, rk, kh, fs, fval, findex, fshift, where, released, host, host_at, last_access,
-           next_i, use_ptr, use_pos, loss, early_rec, hp) -> int:  # pragma: no cover - compiled
+def _evict(v, recs, nrec, a, aux, cnt, tr, kh, fs, fval, findex, fshift, loss, hp) -> int:  # pragma: no cover
     """Tenant ``v`` leaves after its last use so far: copied out first if still needed; an early swap-in
     not used yet is taken back instead, as if never made (its record marked, bucket -1)."""
-    nxt = _next_use(v, next_i, use_ptr, use_pos)
-    if early_rec[v] >= 0:
-        recs[early_rec[v], 0] = -1
+    nxt = tr[v, NEXT_USE]
+    if tr[v, EARLY_REC] >= 0:
+        recs[tr[v, EARLY_REC], 0] = -1
         cnt[6] += 1
-        early_rec[v] = -1
-        _remove(a, aux, cnt, rk, kh, fs, fval, findex, fshift, v, -1)
-        where[v] = -1
+        tr[v, EARLY_REC] = -1
+        _remove(a, aux, cnt, tr, kh, fs, fval, findex, fshift, v, -1)
+        tr[v, WHERE] = -1
         cnt[7] = min(cnt[7], nxt)
         _hp_push(hp, cnt, nxt, v)
         return nrec
-    kp = last_access[v]
-    if (nxt != INF or v == loss) and not host[v]:
+    kp = tr[v, LAST]
+    if (nxt != INF or v == loss) and not tr[v, HOST]:
         nrec = _record(recs, nrec, kp + 1, OUT, v, -1, -1)
-        host[v], host_at[v] = True, kp
+        tr[v, HOST], tr[v, HOST_AT] = 1, kp
     nrec = _record(recs, nrec, kp + 1, FREE, v, -1, -1)
-    _remove(a, aux, cnt, rk, kh, fs, fval, findex, fshift, v, kp)
-    where[v], released[v] = -1, kp
+    _remove(a, aux, cnt, tr, kh, fs, fval, findex, fshift, v, kp)
+    tr[v, WHERE], tr[v, RELEASED] = -1, kp
     if nxt != INF:
         _hp_push(hp, cnt, nxt, v)
     return nrec

@@ -1,6 +1,6 @@
 """Does the simulator predict this machine? Profile, plan with the profile, execute, compare.
 
-Usage: python bench/fidelity.py [--ratios 2 4] [--steps 5] [--backend numpy]
+Usage: python bench/fidelity.py [--ratios 2 4] [--steps 5] [--backend numpy] [--method belady] [--budget 60]
 
 For each model: `swapdsl profile` measures op times and copy bandwidths on
 the backend, `optimize --device` plans with them at each ratio (of the no-swap
@@ -17,7 +17,7 @@ from swapdsl.autodiff import training_graph
 from swapdsl.cli import build_graph
 from swapdsl.devices import BUILTIN
 from swapdsl.paths import STDLIB_DIR
-from swapdsl.planners import Request, optimize
+from swapdsl.planners import Request, SearchOptions, optimize
 from swapdsl.problem import Problem
 from swapdsl.runtime.backend import array_module
 from swapdsl.runtime.interpreter import PlanRunner
@@ -36,6 +36,7 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=5)
     ap.add_argument("--backend", default="numpy")
     ap.add_argument("--method", default="belady")
+    ap.add_argument("--budget", type=float, default=60.0, help="search seconds per plan (--method ga)")
     args = ap.parse_args()
     backend, xp = array_module(args.backend)
     print(f"{'model':<17} {'ratio':>5} {'cap MiB':>8} {'simulated ms':>13} {'measured ms':>12} {'error':>7} "
@@ -48,7 +49,7 @@ def main() -> None:
         no_swap = no_swap_bytes(p)
         for ratio in args.ratios:
             cap = int(no_swap / ratio)
-            plan = optimize(Request(t, device, cap, name, g.args), args.method)
+            plan = optimize(Request(t, device, cap, name, g.args), args.method, SearchOptions(budget_s=args.budget))
             runner = PlanRunner(plan, t, backend, xp, seed=0)
             try:
                 times = [runner.step(step)[1] for step in range(1, args.steps + 1)]

@@ -204,18 +204,21 @@ def _sort_ints(a: np.ndarray, n: int) -> None:
 # NX/PV link the nodes, OFF/END/TEN describe its tenant, GPOS is the place of the gap before m in the
 # set of gaps that are not empty; RUN_AT and RUN_END serve ``_window``. Node HEAD (end 0) starts the
 # list and TOP (offset cap) ends it; column NODE of a tensor's row of ``tr`` (below) is its node. Row
-# FREE_ROW of ``aux`` is a stack of unused nodes. The set of gaps is unordered, so that ``_fit`` reads few: its q-th gap lies
-# before node aux[GS, q] and spans [aux[GLO, q], aux[GHI, q]); GSINCE0 is the position since which the
-# first aux[GSIZE0, q] bytes of the gap are free, GSINCE1 the same for its last GSIZE1 bytes (the last
-# size ``_fit`` asked; -1: not known). A gap that shrinks or grows at one end keeps what it knows of the
-# other. ``cnt`` holds [tenants, gaps in the set, free nodes, free-position segments in use];
+# FREE_ROW of ``aux`` is a stack of unused nodes. The set of gaps is unordered, so that ``_fit`` reads
+# few: its q-th gap lies before node aux[GS, q] and spans [aux[GLO, q], aux[GHI, q]). Rows KNOW0 to
+# KNOW0 + 3 hold what is known of the gap's first bytes, two (size, since) pairs, the one ``_fit`` asked
+# last first: since which position its first ``size`` bytes are free (size -1: nothing); rows KNOW1 on,
+# the same of its last bytes. (Two sizes, since outputs and swap-ins of other sizes alternate: with one,
+# most look-ups on the LSTM missed.) A gap keeps what it knows of an end while it is no shorter than the
+# size and that end stays. ``cnt`` holds [tenants, gaps in the set, free nodes, free-position segments in use];
 # fs/fval/findex/fshift are the segments (below) of the position at which each byte last fell free;
 # cnt[4] counts the bytes tenants take, cnt[5] the entries of the heap of tensors waiting on the host
 # (below), cnt[6] the early swap-ins taken back; cnt[7] is the planner's early_limit, cnt[8] counts
 # ``_window``'s searches.
 
 NX, PV, OFF, END, TEN, GPOS, RUN_AT, RUN_END = range(8)
-FREE_ROW, GS, GLO, GHI, GSIZE0, GSINCE0, GSIZE1, GSINCE1 = range(8)
+FREE_ROW, GS, GLO, GHI = range(4)
+KNOW0, KNOW1, AUX_ROWS = 4, 8, 12
 
 # -- what the planner keeps of each tensor, a row of ``tr`` per tensor, three cache lines: the first holds
 # what an op reads of every tensor it touches. (One array per field cost the LSTM's planning a cache miss
@@ -236,27 +239,50 @@ TR_COLS = 24
 @numba.njit(cache=True)
 def _arena(n_t: int, cap: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     a = np.full((n_t + 2, 8), -1, np.int64)
-    aux = np.empty((8, n_t + 2), np.int64)
+    aux = np.empty((AUX_ROWS, n_t + 2), np.int64)
     head, top = n_t, n_t + 1
     a[head, END], a[head, NX], a[top, PV], a[top, OFF] = 0, top, head, cap
     aux[FREE_ROW, :n_t] = np.arange(n_t - 1, -1, -1)
     cnt = np.array([0, 0, n_t, 1, 0, 0, 0, INF, 0], np.int64)
     if cap > 0:
-        _gap_put(a, aux, cnt, top, 0, cap, -1, 0, -1, 0)
+        _gap_put(a, aux, cnt, top, 0, cap)
     return a, aux, cnt
 
 
 @_inline
-def _gap_put(a: np.ndarray, aux: np.ndarray, cnt: np.ndarray, g: int, lo: int, hi: int, size0: int, since0: int,
-             size1: int, since1: int) -> None:
-    """The gap before node ``g`` is [lo, hi), not empty, and what is known of its ends."""
+def _gap_put(a: np.ndarray, aux: np.ndarray, cnt: np.ndarray, g: int, lo: int, hi: int) -> int:
+    """The gap before node ``g`` is [lo, hi), not empty; returns its place in the set. A new one knows
+    nothing of its ends."""
     q = a[g, GPOS]
     if q < 0:
         q = cnt[1]
         cnt[1] += 1
         aux[GS, q], a[g, GPOS] = g, q
+        aux[KNOW0, q] = aux[KNOW0 + 2, q] = aux[KNOW1, q] = aux[KNOW1 + 2, q] = -1
     aux[GLO, q], aux[GHI, q] = lo, hi
-    aux[GSIZE0, q], aux[GSINCE0, q], aux[GSIZE1, q], aux[GSINCE1, q] = size0, since0, size1, since1
+    return q
+
+
+@_inline
+def _know(aux: np.ndarray, src: int, dst: int, row: int, length: int) -> None:
+    """Gap ``dst`` takes what gap ``src`` knows of an end (rows ``row`` on) of sizes up to ``length``."""
+    for k in range(row, row + 4, 2):
+        aux[k, dst], aux[k + 1, dst] = aux[k, src] if aux[k, src] <= length else -1, aux[k + 1, src]
+
+
+@_inline
+def _since(aux: np.ndarray, q: int, row: int, size: int, lo: int, fs: np.ndarray, fval: np.ndarray,
+           findex: np.ndarray, fshift: int) -> int:
+    """Since which position the ``size`` bytes from ``lo``, an end of gap ``q``, are free (rows ``row`` on
+    know it, or learn it)."""
+    if aux[row, q] == size:
+        return aux[row + 1, q]
+    since = aux[row + 3, q]
+    if aux[row + 2, q] != size:
+        since = int(_seg_max(lo, lo + size, fs, fval, findex, fshift))
+    aux[row + 2, q], aux[row + 3, q] = aux[row, q], aux[row + 1, q]
+    aux[row, q], aux[row + 1, q] = size, since
+    return since
 
 
 @_inline
@@ -267,7 +293,7 @@ def _gap_drop(a: np.ndarray, aux: np.ndarray, cnt: np.ndarray, g: int) -> None:
         return
     cnt[1] -= 1
     last = cnt[1]
-    for row in range(GS, GSINCE1 + 1):
+    for row in range(GS, AUX_ROWS):
         aux[row, q] = aux[row, last]
     a[aux[GS, q], GPOS] = q
     a[g, GPOS] = -1
@@ -289,13 +315,11 @@ def _fit(a: np.ndarray, aux: np.ndarray, cnt: np.ndarray, fs: np.ndarray, fval: 
         if aux[GS, q] == top:
             top_lo = lo
             continue
-        if aux[GSIZE0, q] != size:
-            aux[GSIZE0, q], aux[GSINCE0, q] = size, int(_seg_max(lo, lo + size, fs, fval, findex, fshift))
-        if hi - lo > size and aux[GSIZE1, q] != size:
-            aux[GSIZE1, q], aux[GSINCE1, q] = size, int(_seg_max(hi - size, hi, fs, fval, findex, fshift))
+        since0 = _since(aux, q, KNOW0, size, lo, fs, fval, findex, fshift)
+        since1 = _since(aux, q, KNOW1, size, hi - size, fs, fval, findex, fshift) if hi - lo > size else since0
         for end in range(1 if hi - lo == size else 2):  # the start, and the end unless they are one place
             offset = hi - size if end else lo
-            since = aux[GSINCE1, q] if end else aux[GSINCE0, q]
+            since = since1 if end else since0
             if best < 0 or sign * since < sign * best_since or (since == best_since and (
                     hi - lo < best_len or (hi - lo == best_len and offset < best_off))):
                 best, best_off, best_since, best_len = aux[GS, q], offset, since, hi - lo
@@ -311,16 +335,16 @@ def _insert(a: np.ndarray, aux: np.ndarray, cnt: np.ndarray, tr: np.ndarray, kh:
     (it never moves). What lies before it keeps the gap's start, what lies after its end."""
     cnt[2] -= 1
     m, before, q = aux[FREE_ROW, cnt[2]], a[g, PV], a[g, GPOS]
-    lo, hi, size0, since0 = aux[GLO, q], aux[GHI, q], aux[GSIZE0, q], aux[GSINCE0, q]
-    if offset + size == hi:
-        _gap_drop(a, aux, cnt, g)
-    else:  # (what is known of an end holds for the gap while it is no longer than the gap)
-        size1 = aux[GSIZE1, q] if aux[GSIZE1, q] <= hi - offset - size else -1
-        _gap_put(a, aux, cnt, g, offset + size, hi, -1, 0, size1, aux[GSINCE1, q])
+    lo, hi = aux[GLO, q], aux[GHI, q]
     a[m, NX], a[m, PV], a[before, NX], a[g, PV] = g, before, m, m
     a[m, OFF], a[m, END], a[m, TEN], a[m, GPOS], tr[t, NODE] = offset, offset + size, t, -1, m
     if offset > lo:
-        _gap_put(a, aux, cnt, m, lo, offset, size0 if size0 <= offset - lo else -1, since0, -1, 0)
+        _know(aux, q, _gap_put(a, aux, cnt, m, lo, offset), KNOW0, offset - lo)
+    if offset + size == hi:
+        _gap_drop(a, aux, cnt, g)
+    else:
+        aux[GLO, q], aux[KNOW0, q], aux[KNOW0 + 2, q] = offset + size, -1, -1
+        _know(aux, q, q, KNOW1, hi - offset - size)
     cnt[0] += 1
     cnt[4] += size
     if key >= 0:
@@ -337,12 +361,13 @@ def _remove(a: np.ndarray, aux: np.ndarray, cnt: np.ndarray, tr: np.ndarray, kh:
     before, after = a[m, PV], a[m, NX]
     if pos >= 0:
         cnt[3] = _seg_assign_call(a[m, OFF], a[m, END], float(pos), fs, fval, findex, fshift, cnt[3])
-    qm, qa = a[m, GPOS], a[after, GPOS]
-    size0, since0 = (aux[GSIZE0, qm], aux[GSINCE0, qm]) if qm >= 0 else (-1, 0)
-    size1, since1 = (aux[GSIZE1, qa], aux[GSINCE1, qa]) if qa >= 0 else (-1, 0)
-    _gap_drop(a, aux, cnt, m)
+    qm = a[m, GPOS]
+    qa = _gap_put(a, aux, cnt, after, a[before, END], a[after, OFF])
+    aux[KNOW0, qa], aux[KNOW0 + 2, qa] = -1, -1
+    if qm >= 0:
+        _know(aux, qm, qa, KNOW0, INF)
+        _gap_drop(a, aux, cnt, m)
     a[before, NX], a[after, PV] = after, before
-    _gap_put(a, aux, cnt, after, a[before, END], a[after, OFF], size0, since0, size1, since1)
     aux[FREE_ROW, cnt[2]] = m
     cnt[2] += 1
     cnt[0] -= 1

@@ -432,7 +432,9 @@ def _window(size, a, tr, kh, stamp, bounce, cnt, found) -> tuple:
     A window is as good as its worst tenant, so the best windows are found by admitting tenants best key
     first: admitted neighbours form runs (RUN_END of a run's first node is its last, and the other way
     round), and the first key at which a run, with the gaps around it, spans ``size`` bytes is the best
-    score; every window of that score lies in such a run, and those are compared by bytes, then offset.
+    score. Every window of that score lies in such a run and holds a tenant of that key (else it would
+    have spanned ``size`` at a better key), so only the windows around those tenants are compared, by
+    bytes, then offset.
     A tenant that may not move (fixed, or this op's unless bouncing one that was on the device before
     the op) is never admitted."""
     cnt[8] += 1
@@ -454,36 +456,27 @@ def _window(size, a, tr, kh, stamp, bounce, cnt, found) -> tuple:
             t = tr[t, RK_NEXT]
         x = _best_key(kh, x - 1)
     best_k, best_j, b_total, b_lo = -1, -1, 0, 0
-    nruns = 0  # the runs holding this key's tenants: found[nkey:] their first nodes
     for q in range(nkey if nfound > 0 else 0):
-        k = found[q]
-        while a[a[k, PV], RUN_AT] == scan:
+        f = found[q]
+        k = f  # back to the first node of f's run whose window (starting at the gap before it) reaches f
+        while a[a[k, PV], RUN_AT] == scan and a[a[a[k, PV], PV], END] + size > a[f, OFF]:
             k = a[k, PV]
-        seen = False
-        for r in range(nruns):
-            seen = seen or found[nkey + r] == k
-        if seen:
-            continue
-        found[nkey + nruns] = k
-        nruns += 1
-        last = a[k, RUN_END]
-        bound = a[last, NX]
         j, total = k, 0
-        while True:  # the windows starting in the run, as swapplan._Planner.window slides them
+        while True:  # the windows from k to f, as swapplan._Planner.window slides them
             lo = a[a[k, PV], END]
-            while j != bound and a[j, OFF] < lo + size:
+            while a[j, RUN_AT] == scan and a[j, OFF] < lo + size:
                 total += a[j, END] - a[j, OFF]
                 j = a[j, NX]
             if a[j, OFF] < lo + size:
                 break
             if j == k:  # a gap that holds ``size`` is no window (and is not there when no gap fits)
-                if k == last:
+                if k == f:
                     break
                 k = j = a[k, NX]
                 continue
             if best_k < 0 or total < b_total or (total == b_total and lo < b_lo):
                 best_k, best_j, b_total, b_lo = k, j, total, lo
-            if k == last:
+            if k == f:
                 break
             total -= a[k, END] - a[k, OFF]
             k = a[k, NX]

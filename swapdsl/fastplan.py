@@ -22,6 +22,9 @@ import sys
 import attrs
 import numba
 import numpy as np
+from llvmlite import ir
+from numba.core import types
+from numba.extending import intrinsic
 
 from swapdsl.errors import SwpError
 from swapdsl.ir import Kind
@@ -378,18 +381,27 @@ def _remove(a: np.ndarray, aux: np.ndarray, cnt: np.ndarray, tr: np.ndarray, kh:
 # -- tenants that may move, ranked for ``_window``: a key is the tenant's next use (belady, INF as the
 # number of ops) or the number of ops less its last access (lru), so a larger key is a better victim.
 # Row 0 of ``kh`` heads a list of the tenants of each key (linked by their RK_NEXT and RK_PREV; RK_KEY
-# is the key, -1 if unranked); rows 1 and 2 count the tenants of each block of 64 and 4096 keys.
+# is the key, -1 if unranked). Rows 1 to 3 are bitmaps, 32 bits a word: bit b of word w of row r is set
+# when index 32 w + b of the row above holds anything (row 0: a tenant), so the best key below any
+# other is found in a few steps.
 
 
 @_inline
 def _rank_add(tr: np.ndarray, kh: np.ndarray, t: int, key: int) -> None:
     h = kh[0, key]
     tr[t, RK_NEXT], tr[t, RK_PREV], tr[t, RK_KEY] = h, -1, key
+    kh[0, key] = t
     if h >= 0:
         tr[h, RK_PREV] = t
-    kh[0, key] = t
-    kh[1, key >> 6] += 1
-    kh[2, key >> 12] += 1
+        return
+    y = key
+    for r in range(1, 4):
+        w = y >> 5
+        was = kh[r, w]
+        kh[r, w] = was | (1 << (y & 31))
+        if was != 0:
+            return
+        y = w
 
 
 @_inline
@@ -405,23 +417,54 @@ def _rank_drop(tr: np.ndarray, kh: np.ndarray, t: int) -> None:
     if after >= 0:
         tr[after, RK_PREV] = before
     tr[t, RK_KEY] = -1
-    kh[1, key >> 6] -= 1
-    kh[2, key >> 12] -= 1
+    if kh[0, key] >= 0:
+        return
+    y = key
+    for r in range(1, 4):
+        w = y >> 5
+        kh[r, w] &= ~(1 << (y & 31))
+        if kh[r, w] != 0:
+            return
+        y = w
+
+
+@intrinsic
+def _high_bit(typingctx, x):  # type: ignore[no-untyped-def]
+    """The place of the highest bit set in ``x`` (an int64 above 0): LLVM's count of leading zeros."""
+    def codegen(context, builder, signature, args):  # type: ignore[no-untyped-def]
+        zeros = builder.ctlz(args[0], ir.Constant(ir.IntType(1), 1))
+        return builder.sub(ir.Constant(ir.IntType(64), 63), zeros)
+    return types.int64(types.int64), codegen
 
 
 @_inline
 def _best_key(kh: np.ndarray, x: int) -> int:
-    """The largest key at most ``x`` that some tenant has, else -1."""
-    while x >= 0:
-        if kh[2, x >> 12] == 0:
-            x = ((x >> 12) << 12) - 1
-        elif kh[1, x >> 6] == 0:
-            x = ((x >> 6) << 6) - 1
-        elif kh[0, x] < 0:
-            x -= 1
-        else:
-            return x
-    return -1
+    """The largest key at most ``x`` that some tenant has, else -1: up the bitmaps to a word with a
+    set bit at or below the place sought, then down by the highest bits."""
+    if x < 0:
+        return -1
+    r, y = 1, x  # y: the highest index of row r - 1 sought
+    while True:
+        w = y >> 5
+        bits = kh[r, w] & ((2 << (y & 31)) - 1)
+        if bits != 0:
+            y = 32 * w + _high_bit(bits)
+            break
+        if r == 3:
+            while bits == 0:
+                w -= 1
+                if w < 0:
+                    return -1
+                bits = kh[3, w]
+            y = 32 * w + _high_bit(bits)
+            break
+        y, r = w - 1, r + 1
+        if y < 0:
+            return -1
+    while r > 1:
+        r -= 1
+        y = 32 * y + _high_bit(kh[r, y])
+    return y
 
 
 @_leaf
@@ -510,7 +553,7 @@ def _plan(schedule, cap, pinned0, policy, size, in_ptr, in_idx, out_ptr, out_idx
     while True:
         a, aux, cnt = _arena(n_t, cap)
         fs, fval, findex, fshift = _segments(min(cap, size.sum()), room[2], -1.0)
-        kh = np.zeros((3, n_ops + 1), np.int64)
+        kh = np.zeros((4, n_ops + 1), np.int64)
         kh[0] = -1
         tr = _tensor_rows(size, use_ptr, use_pos, pinned0, is_input, persistent, upd_old, upd_new)
         hp = np.empty((2, room[1]), np.int64)

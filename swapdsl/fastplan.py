@@ -204,17 +204,17 @@ def _sort_ints(a: np.ndarray, n: int) -> None:
 
 
 # -- the arena, a doubly linked list of nodes in offset order. Row ``a[m]`` of node m (one cache line):
-# NX/PV link the nodes, OFF/END/TEN describe its tenant, GPOS is the place of the gap before m in the
-# set of gaps that are not empty; RUN_AT and RUN_END serve ``_window``. Node HEAD (end 0) starts the
-# list and TOP (offset cap) ends it; column NODE of a tensor's row of ``tr`` (below) is its node. Row
-# FREE_ROW of ``aux`` is a stack of unused nodes. The set of gaps is unordered, so that ``_fit`` reads
-# few: its q-th gap lies before node aux[GS, q] and spans [aux[GLO, q], aux[GHI, q]). Rows KNOW0 to
-# KNOW0 + 3 hold what is known of the gap's first bytes, two (size, since) pairs, the one ``_fit`` asked
-# last first: since which position its first ``size`` bytes are free (size -1: nothing); rows KNOW1 on,
-# the same of its last bytes. (Two sizes, since outputs and swap-ins of other sizes alternate: with one,
-# most look-ups on the LSTM missed.) A gap keeps what it knows of an end while it is no shorter than the
-# size and that end stays. ``cnt`` holds [tenants, gaps in the set, free nodes, free-position segments in use];
-# fs/fval/findex/fshift are the segments (below) of the position at which each byte last fell free;
+# NX/PV link the nodes, OFF/END/TEN describe its tenant, GPOS is the place of the gap before m in the set of
+# gaps that are not empty; RUN_AT and RUN_END serve ``_window``. Node HEAD (end 0) starts the list and TOP
+# (offset cap) ends it; column NODE of a tensor's row of ``tr`` (below) is its node. Row FREE_ROW of ``aux``
+# is a stack of unused nodes. The set of gaps is unordered, so that ``_fit`` reads few: its q-th gap lies
+# before node aux[GS, q] and spans [aux[GLO, q], aux[GHI, q]). Rows KNOW0 to KNOW0 + 3 hold what is known of
+# the gap's first bytes, two (size, since) pairs, the one ``_fit`` asked last first: since which position
+# its first ``size`` bytes are free (size -1: nothing); rows KNOW1 on, the same of its last bytes. (Two
+# sizes, since outputs and swap-ins of other sizes alternate: with one, an LSTM candidate with early
+# swap-ins looked up twice as many.) A gap keeps what it knows of an end while it is no shorter than the
+# size and that end stays. ``cnt`` holds [tenants, gaps in the set, free nodes, free-position segments in
+# use]; fs/fval/findex/fshift are the segments (below) of the position at which each byte last fell free;
 # cnt[4] counts the bytes tenants take, cnt[5] the entries of the heap of tensors waiting on the host
 # (below), cnt[6] the early swap-ins taken back; cnt[7] is the planner's early_limit, cnt[8] counts
 # ``_window``'s searches.
@@ -223,15 +223,14 @@ NX, PV, OFF, END, TEN, GPOS, RUN_AT, RUN_END = range(8)
 FREE_ROW, GS, GLO, GHI = range(4)
 KNOW0, KNOW1, AUX_ROWS = 4, 8, 12
 
-# -- what the planner keeps of each tensor, a row of ``tr`` per tensor, three cache lines: the first holds
-# what an op reads of every tensor it touches. (One array per field cost the LSTM's planning a cache miss
-# per field on tensors not touched for a while.) WHERE its offset (-1: not on the device), OUT_OFF where
-# it was made; MARK == the op's stamp: touched by the current op, RESIDENT: an input on the device before
-# it, IS_OUT: an output of it, QUEUED == the queue's tag: an input already queued; LAST the position of
-# its last access; NEXT_I its next use (in use_pos), NEXT_USE that use's position (INF: none), USE_END
-# the end of its uses in use_pos, LAST_USE the last one's position; NODE its arena node; RK_* rank it
-# for ``_window``; EARLY_REC is the record of an early swap-in not used yet; FIXED, PINNED, HOST,
-# WRITE_BACK are flags, HOST_AT and RELEASED positions (when its host copy was made, it last left).
+# -- what the planner keeps of each tensor, a row of ``tr`` per tensor (three cache lines; an array per
+# field made the LSTM's candidates 5-12% slower). WHERE its offset (-1: not on the device), OUT_OFF where it was made; MARK == the op's stamp: touched by the current op, RESIDENT: an
+# input on the device before it, IS_OUT: an output of it, QUEUED == the queue's tag: an input already
+# queued; LAST the position of its last access; NEXT_I its next use (in use_pos), NEXT_USE that use's
+# position (INF: none), USE_END the end of its uses in use_pos, LAST_USE the last one's position; NODE its
+# arena node; RK_* rank it for ``_window``; EARLY_REC is the record of an early swap-in not used yet; FIXED,
+# PINNED, HOST, WRITE_BACK are flags, HOST_AT and RELEASED positions (when its host copy was made, it last
+# left).
 
 WHERE, MARK, RESIDENT, IS_OUT, QUEUED, LAST, NEXT_I, NEXT_USE = range(8)
 SIZE, NODE, RK_NEXT, RK_PREV, RK_KEY, EARLY_REC, FIXED, PINNED = range(8, 16)

@@ -317,14 +317,14 @@ def _fit(a: np.ndarray, aux: np.ndarray, cnt: np.ndarray, fs: np.ndarray, fval: 
         if aux[GS, q] == top:
             top_lo = lo
             continue
-        since0 = _since(aux, q, KNOW0, size, lo, fs, fval, findex, fshift)
-        since1 = _since(aux, q, KNOW1, size, hi - size, fs, fval, findex, fshift) if hi - lo > size else since0
-        for end in range(1 if hi - lo == size else 2):  # the start, and the end unless they are one place
-            offset = hi - size if end else lo
-            since = since1 if end else since0
-            if best < 0 or sign * since < sign * best_since or (since == best_since and (
-                    hi - lo < best_len or (hi - lo == best_len and offset < best_off))):
-                best, best_off, best_since, best_len = aux[GS, q], offset, since, hi - lo
+        since, offset = _since(aux, q, KNOW0, size, lo, fs, fval, findex, fshift), lo
+        if hi - lo > size:  # the end, unless it is the start: better only by its since
+            since1 = _since(aux, q, KNOW1, size, hi - size, fs, fval, findex, fshift)
+            if sign * since1 < sign * since:
+                since, offset = since1, hi - size
+        if best < 0 or sign * since < sign * best_since or (since == best_since and (
+                hi - lo < best_len or (hi - lo == best_len and offset < best_off))):
+            best, best_off, best_since, best_len = aux[GS, q], offset, since, hi - lo
     if best < 0 and top_lo >= 0:
         return top, top_lo, int(_seg_max(top_lo, top_lo + size, fs, fval, findex, fshift))
     return best, best_off, best_since

@@ -224,13 +224,13 @@ FREE_ROW, GS, GLO, GHI = range(4)
 KNOW0, KNOW1, AUX_ROWS = 4, 8, 12
 
 # -- what the planner keeps of each tensor, a row of ``tr`` per tensor (three cache lines; an array per
-# field made the LSTM's candidates 5-12% slower). WHERE its offset (-1: not on the device), OUT_OFF where it was made; MARK == the op's stamp: touched by the current op, RESIDENT: an
-# input on the device before it, IS_OUT: an output of it, QUEUED == the queue's tag: an input already
-# queued; LAST the position of its last access; NEXT_I its next use (in use_pos), NEXT_USE that use's
-# position (INF: none), USE_END the end of its uses in use_pos, LAST_USE the last one's position; NODE its
-# arena node; RK_* rank it for ``_window``; EARLY_REC is the record of an early swap-in not used yet; FIXED,
-# PINNED, HOST, WRITE_BACK are flags, HOST_AT and RELEASED positions (when its host copy was made, it last
-# left).
+# field made the LSTM's candidates 5-12% slower). WHERE its offset (-1: not on the device), OUT_OFF where it
+# was made; MARK == the op's stamp: touched by the current op, RESIDENT: an input on the device before it,
+# IS_OUT: an output of it, QUEUED == the queue's tag: an input already queued; LAST the position of its last
+# access; NEXT_I its next use (in use_pos), NEXT_USE that use's position (INF: none), USE_END the end of its
+# uses in use_pos, LAST_USE the last one's position; NODE its arena node; RK_* rank it for ``_window``;
+# EARLY_REC is the record of an early swap-in not used yet; FIXED, PINNED, HOST, WRITE_BACK are flags,
+# HOST_AT and RELEASED positions (when its host copy was made, it last left).
 
 WHERE, MARK, RESIDENT, IS_OUT, QUEUED, LAST, NEXT_I, NEXT_USE = range(8)
 SIZE, NODE, RK_NEXT, RK_PREV, RK_KEY, EARLY_REC, FIXED, PINNED = range(8, 16)

@@ -186,3 +186,30 @@ def test_compiled_free_time_segments_match_the_readable_ones(top: int, frees: li
             qlo = qlo % top
             qhi = min(top, qlo + qlength)
             assert _seg_max(qlo, qhi, s, val, index, gran) == max(reference.over(qlo, qhi), default=0.0)
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.sampled_from([40, 5_000, 70_000]), st.lists(st.tuples(st.integers(0, 199), st.integers(0, 10**9)),
+                                                      max_size=300), st.lists(st.integers(-1, 10**9), max_size=20))
+def test_the_victim_index_finds_the_best_key_at_or_below_any_other(n_keys: int, moves: list[tuple[int, int]],
+                                                                   asks: list[int]) -> None:
+    """The planner's ranked tenants, kept as key lists under three levels of bitmaps, give the largest
+    key at or below any asked as a scan of the keys held does, as tenants come and go (70,000 keys span
+    several words of every bitmap level)."""
+    from swapdsl.fastplan import TR_COLS, _best_key, _rank_add, _rank_drop
+
+    tr = np.full((200, TR_COLS), -1, np.int64)
+    kh = np.zeros((4, n_keys + 1), np.int64)
+    kh[0] = -1
+    held: dict[int, int] = {}
+    for t, k in moves:
+        if t in held:
+            _rank_drop(tr, kh, t)
+            del held[t]
+        else:
+            held[t] = k % (n_keys + 1) if k % 3 else k % 7  # a third of them share a few small keys
+            _rank_add(tr, kh, t, held[t])
+        for x in asks[:4] + [n_keys, held.get(t, 0)]:
+            x = min(x % (n_keys + 2) - 1, n_keys)
+            assert _best_key(kh, x) == max((k for k in held.values() if k <= x), default=-1)
+    assert all(_best_key(kh, k) == k for k in held.values())

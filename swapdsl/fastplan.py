@@ -106,7 +106,8 @@ class Evaluator:
         pin = np.zeros(len(self.size), np.bool_)
         pin[list(pinned)] = True
         code = np.array([VICTIMS[policy.victim], PREFETCH[policy.prefetch], int(policy.offload),
-                         OUTPUTS.index(policy.outputs), policy.reserve(cap)], np.int64)
+                         OUTPUTS.index(policy.outputs), policy.reserve(cap),
+                         INF if policy.horizon is None else policy.horizon], np.int64)
         sched = np.asarray(schedule, np.int64)
         recs, out_off, peak, status = _plan(
             sched, cap, pin, code, self.size, self.in_ptr, self.in_idx, self.out_ptr, self.out_idx,
@@ -603,7 +604,7 @@ def _plan_loop(schedule, cap, policy, in_ptr, in_idx, out_ptr, out_idx, in_place
     used, status): 0 done, 1 or 2 no room (for what never moves, for a tensor), 3 to 5 the records, the
     heap or the free-position segments ran out of room."""
     n_t, n_ops = tr.shape[0], len(schedule)
-    belady, prefetch, offload, reserve = policy[0] == 1, policy[1], policy[2] == 1, policy[4]
+    belady, prefetch, offload, reserve, horizon = policy[0] == 1, policy[1], policy[2] == 1, policy[4], policy[5]
     newest_from = n_ops if policy[3] == 0 else (0 if policy[3] == 1 else turn)
     todo = work[0]
     pend, pend_since = work[1], work[2]  # swap-ins of this op: tensor, and since when its bytes are free
@@ -766,7 +767,7 @@ def _plan_loop(schedule, cap, policy, in_ptr, in_idx, out_ptr, out_idx, in_place
             if tr[t, WHERE] >= 0 or tr[t, NEXT_USE] != nxt:
                 _hp_pop(hp, cnt)
                 continue
-            if nxt >= cnt[7]:
+            if nxt >= cnt[7] or nxt - pos > horizon:
                 break
             if cap - cnt[4] - tr[t, SIZE] < reserve:
                 break

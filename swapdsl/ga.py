@@ -4,8 +4,8 @@ A genome is a priority per op, the share of the cap given to pinned persistent
 tensors, where op outputs go in the arena (``Policy.outputs``: the bytes free
 longest, or those freed last, always or in the backward pass only; which is
 best depends on the model and the cap), and whether tensors on the host come
-back as soon as a gap holds them, and how much of the cap such early swap-ins
-leave free (``Policy.early``). Decoding: the schedule is the topological order
+back as soon as a gap holds them, how much of the cap such early swap-ins
+leave free and how far ahead they look (``Policy.early`` and ``horizon``). Decoding: the schedule is the topological order
 that always runs the ready op of highest priority (so every genome is a valid
 schedule and crossover needs no repair); the pinned set is the persistent
 tensors read most per byte that fit in that share (less if the ops would not
@@ -52,7 +52,9 @@ from swapdsl.swapplan import OUTPUTS, Policy
 
 POLICY = Policy("belady", "earliest")  # the genome picks ``outputs`` and ``early``
 PIN_LEVELS = (0.0, 0.1, 0.25, 0.5, 0.75, 1.0)
-EARLY = (None, 0.0, 0.02, 0.05, 0.1)  # Policy.early: none, or the share of the cap early swap-ins leave free
+# Policy.early and horizon: none, or the share of the cap early swap-ins leave free and how many ops ahead they look
+EARLY = (None, (0.0, None), (0.02, None), (0.05, None), (0.1, None), (0.0, 200), (0.0, 1000), (0.05, 200),
+         (0.05, 1000))
 
 
 def _frozen(values: object) -> np.ndarray:
@@ -75,7 +77,8 @@ class Genome:
 
     @property
     def policy(self) -> Policy:
-        return attrs.evolve(POLICY, outputs=OUTPUTS[self.outputs], early=EARLY[self.early])
+        early, horizon = EARLY[self.early] or (None, None)
+        return attrs.evolve(POLICY, outputs=OUTPUTS[self.outputs], early=early, horizon=horizon)
 
 
 @attrs.frozen

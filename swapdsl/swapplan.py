@@ -38,6 +38,10 @@ gap holds it and a share ``early`` of the cap stays free; repeated. Such a
 tensor is a tenant like any other; if it must leave before its use, its swap-in
 is taken back as if never made, and no tensor needed at or after that use
 comes in early until then (else the same one would come and go at every op).
+With ``horizon`` set, only tensors needed within that many ops come in early:
+without it, most early swap-ins on the zoo's models were of tensors needed far
+later (on ``lstm_lm``, 21,000 ops on average), and 86% were taken back, their
+bytes held meanwhile from the ops in between.
 ``offload`` (vDNN) copies every forward activation needed in the backward
 pass to the host as soon as it is produced and frees it after its last
 forward use; so it does with unpinned weights, which have a host copy, but
@@ -74,6 +78,7 @@ class Policy:
     offload: bool = False
     outputs: str = "oldest"  # where an op's outputs go: one of OUTPUTS (see the module docstring)
     early: float | None = None  # bring tensors back as soon as a gap holds them, keeping this part of the cap free
+    horizon: int | None = None  # early swap-ins only of tensors needed within this many ops (None: any)
 
     def reserve(self, cap: int) -> int:
         """Bytes an early swap-in leaves free (-1: no early swap-ins)."""
@@ -374,7 +379,7 @@ class _Planner:
             if t in self.where or self.next_use(t) != nxt:
                 heapq.heappop(self.waiting)
                 continue
-            if nxt >= self.early_limit:
+            if nxt >= self.early_limit or (self.policy.horizon is not None and nxt - pos > self.policy.horizon):
                 return
             size = self.p.size[t]
             gap = self.arena.fit(size) if self.arena.cap - self.arena.used - size >= reserve else None

@@ -27,7 +27,8 @@ from swapdsl.swapplan import OUTPUTS, Policy, plan_swaps_reference
 V100 = BUILTIN["v100-16gb"]
 POLICIES = [Policy(v, f) for v in ("lru", "belady") for f in ("none", "earliest", "ahead")] + \
     [Policy("belady", "earliest", outputs=o) for o in OUTPUTS[1:]] + \
-    [Policy(v, "earliest", outputs=o, early=e) for v in ("lru", "belady") for o in OUTPUTS for e in (0.0, 0.1)]
+    [Policy(v, "earliest", outputs=o, early=e) for v in ("lru", "belady") for o in OUTPUTS for e in (0.0, 0.1)] + \
+    [Policy(v, "earliest", early=0.0, horizon=h) for v in ("lru", "belady") for h in (1, 4)]
 
 
 def _need_and_no_swap(p: Problem) -> tuple[int, int]:
@@ -141,7 +142,8 @@ def test_tight_caps_take_the_last_resort_paths_and_still_agree(monkeypatch: pyte
         cap = need + int(random.Random(seed).choice([0.0, 0.05]) * (no_swap - need))
         for policy in (Policy("belady", "earliest"), Policy("lru", "none"),
                        Policy("belady", "earliest", outputs="newest"), Policy("belady", "earliest", early=0.0),
-                       Policy("lru", "none", outputs="newest", early=0.02)):
+                       Policy("lru", "none", outputs="newest", early=0.02), Policy("belady", "earliest", early=0.0,
+                                                                                       horizon=3)):
             _agree(Request(t, V100, cap, "random.swp", ()), p, list(range(p.n_ops)), policy, frozenset())
     assert taken["clear"] > 0 and taken["bounce"] > 0
 

@@ -422,3 +422,32 @@ def test_early_swap_ins_use_room_as_soon_as_it_falls_free() -> None:
     (lazy_ms, lazy_first), (early_ms, early_first) = runs["None"], runs["0.0"]
     assert early_first < lazy_first
     assert early_ms < 0.95 * lazy_ms
+
+
+def test_early_swap_ins_look_no_further_ahead_than_the_horizon() -> None:
+    """A horizon of 0 ops brings nothing in early (the plan without early swap-ins), one as long as the
+    schedule changes nothing, and a short one brings in none as far ahead of its use as the furthest
+    early swap-in without a horizon."""
+    from swapdsl.planners import baseline_setup
+    from swapdsl.swapplan import plan_swaps_reference
+
+    t = training_graph(build_graph(str(MODELS / "tiny_resnet.swp"), [])[1])
+    p = Problem.build(t, V100)
+    s, _ = baseline_setup(p, "belady", no_swap_bytes(p) // 2)
+
+    def program(early: float | None, horizon: int | None) -> list[object]:
+        policy = attrs.evolve(s.policy, early=early, horizon=horizon)
+        return plan_swaps_reference(p, s.schedule, no_swap_bytes(p) // 2, s.pinned, policy)[0]
+
+    lazy, eager = program(None, None), program(0.0, None)
+    assert program(0.0, 0) == lazy != eager
+    assert program(0.0, p.n_ops) == eager
+    position = {op: i for i, op in enumerate(s.schedule)}
+
+    def early_reach(prog: list[object]) -> list[int]:  # how far ahead of its start each swap-in serves
+        return sorted(position[i.before] - (position[i.after] if i.after >= 0 else -1)
+                      for i in prog if isinstance(i, SwapIn))
+
+    bounded = program(0.0, 10)
+    assert early_reach(bounded) != early_reach(eager)
+    assert max(early_reach(bounded)) < max(early_reach(eager))

@@ -4,22 +4,22 @@ A genome is a priority per op, the share of the cap given to pinned persistent
 tensors, where op outputs go in the arena (``Policy.outputs``: the bytes free
 longest, or those freed last, always or in the backward pass only; which is
 best depends on the model and the cap), and whether tensors on the host come
-back as soon as a gap holds them, how much of the cap such early swap-ins
-leave free and how far ahead they look (``Policy.early`` and ``horizon``). Decoding: the schedule is the topological order
-that always runs the ready op of highest priority (so every genome is a valid
-schedule and crossover needs no repair); the pinned set is the persistent
-tensors read most per byte that fit in that share (less if the ops would not
-fit beside them). The swap planner (arena placement, Belady victims, earliest
-prefetch, the genome's output placement and early swap-ins) then makes the
-plan and the simulator scores it. SwapAdvisor also searched over the carving
-of memory into size classes; here the arena has no carving to search (any
-tensor may take any free bytes), which is what lets a plan use the whole cap.
-Seeds: the default schedule at every pinning level and with each output
-placement, a schedule that keeps the ops reading one weight together
-(``locality_priority``) at every pinning level and output placement, each with
-and without early swap-ins, and jittered variants of both. Selection is by
-tournament with elitism; children mix their parents' priorities op by op (or
-at one cut), then mutate. The result is never worse than the best baseline:
+back as soon as a gap holds them, how much of the cap such early swap-ins leave
+free and how far ahead they look (``Policy.early`` and ``horizon``). Decoding:
+the schedule is the topological order that always runs the ready op of highest
+priority (so every genome is a valid schedule and crossover needs no repair);
+the pinned set is the persistent tensors read most per byte that fit in that
+share (less if the ops would not fit beside them). The swap planner (arena
+placement, Belady victims, earliest prefetch, the genome's output placement and
+early swap-ins) then makes the plan and the simulator scores it. SwapAdvisor
+also searched over the carving of memory into size classes; here the arena has
+no carving to search (any tensor may take any free bytes), which is what lets a
+plan use the whole cap. Seeds: the default schedule at every pinning level and
+with each output placement, a schedule that keeps the ops reading one weight
+together (``locality_priority``) at every pinning level and output placement,
+each with and without early swap-ins, and jittered variants of both. Selection
+is by tournament with elitism; children mix their parents' priorities op by op
+(or at one cut), then mutate. The result is never worse than the best baseline:
 those plans are scored too, and kept if nothing beats them.
 
 Random choices come from one seeded generator in the calling process, and

@@ -50,7 +50,7 @@ from swapdsl.problem import Problem
 from swapdsl.sizing import choose_pinned, need_bytes
 from swapdsl.swapplan import OUTPUTS, Policy
 
-POLICY = Policy("belady", "earliest")  # the genome picks ``outputs`` and ``early``
+POLICY = Policy("belady", "earliest")  # the genome picks ``outputs``, ``early`` and ``horizon``
 PIN_LEVELS = (0.0, 0.1, 0.25, 0.5, 0.75, 1.0)
 # Policy.early and horizon: none, or the share of the cap early swap-ins leave free and how many ops ahead they look
 EARLY = (None, (0.0, None), (0.02, None), (0.05, None), (0.1, None), (0.0, 200), (0.0, 1000), (0.05, 200),

@@ -98,6 +98,8 @@ class Evaluator:
         self.copy = np.array([dev.copy_latency_s, dev.h2d_bw, dev.d2h_bw], np.float64)
         # records, heap entries and free-position segments the planner makes room for; grown as needed
         self.room = np.array([4 * len(p.op_ms) + 16, n + 16, n + 16], np.int64)
+        # what an op puts in the planner's work rows at most
+        self.width = int(max(4, (2 * (np.diff(self.in_ptr) + np.diff(self.out_ptr)) + 4).max(initial=0)))
 
     def records(self, schedule: np.ndarray | list[int], cap: int, pinned: frozenset[int],
                 policy: Policy) -> tuple[np.ndarray, np.ndarray, int, np.ndarray]:
@@ -112,7 +114,7 @@ class Evaluator:
         recs, out_off, peak, status = _plan(
             sched, cap, pin, code, self.size, self.in_ptr, self.in_idx, self.out_ptr, self.out_idx,
             self.in_place, self.is_input, self.persistent, self.fwd_act, self.upd_old, self.upd_new,
-            self.by_name, self.p.loss, self.room)
+            self.by_name, self.p.loss, self.room, self.width)
         if status == 1:
             raise SwpError("internal: the cap is below the pinned tensors and inputs")
         if status == 2:
@@ -482,8 +484,8 @@ def _window(size, a, tr, kh, stamp, bounce, cnt, found) -> tuple:
     the op) is never admitted."""
     cnt[8] += 1
     scan = cnt[8]
-    x, nfound = _best_key(kh, kh.shape[1] - 1), 0
-    while x >= 0 and nfound == 0:
+    x, spanned = _best_key(kh, kh.shape[1] - 1), False
+    while x >= 0 and not spanned:
         t, nkey = kh[0, x], 0
         while t >= 0:
             if not (tr[t, FIXED] or (tr[t, MARK] == stamp and not (bounce and tr[t, RESIDENT] == stamp))):
@@ -494,12 +496,11 @@ def _window(size, a, tr, kh, stamp, bounce, cnt, found) -> tuple:
                 a[first, RUN_END], a[last, RUN_END] = last, first
                 found[nkey] = m
                 nkey += 1
-                if a[a[last, NX], OFF] - a[a[first, PV], END] >= size:
-                    nfound = nkey
+                spanned = spanned or a[a[last, NX], OFF] - a[a[first, PV], END] >= size
             t = tr[t, RK_NEXT]
         x = _best_key(kh, x - 1)
     best_k, best_j, b_total, b_lo = -1, -1, 0, 0
-    for q in range(nkey if nfound > 0 else 0):
+    for q in range(nkey if spanned else 0):
         f = found[q]
         k = f  # back to the first node of f's run whose window (starting at the gap before it) reaches f
         while a[a[k, PV], RUN_AT] == scan and a[a[a[k, PV], PV], END] + size > a[f, OFF]:
@@ -536,15 +537,12 @@ def _rank(t: int, belady: bool, n_ops: int, tr: np.ndarray) -> int:
 
 @numba.njit(cache=True)
 def _plan(schedule, cap, pinned0, policy, size, in_ptr, in_idx, out_ptr, out_idx, in_place, is_input,
-          persistent, fwd_act, upd_old, upd_new, by_name, loss, room):  # pragma: no cover - compiled
+          persistent, fwd_act, upd_old, upd_new, by_name, loss, room, width):  # pragma: no cover - compiled
     """Makes and fills the arrays ``_plan_loop`` works on and runs it; again, with twice the room, where it
     ran out (``room``: records, heap entries and free-position segments to start with, kept for the
-    next call)."""
+    next call; ``width``: the work rows an op needs at most)."""
     n_t, n_ops = len(size), len(schedule)
     use_ptr, use_pos = _uses(schedule, in_ptr, in_idx, n_t)
-    width = 4  # what an op puts in the work rows at most
-    for op in range(len(in_ptr) - 1):
-        width = max(width, 2 * ((in_ptr[op + 1] - in_ptr[op]) + (out_ptr[op + 1] - out_ptr[op])) + 4)
     turn = n_ops
     for pos in range(n_ops):
         if not fwd_act[out_idx[out_ptr[schedule[pos]]]]:
@@ -561,7 +559,7 @@ def _plan(schedule, cap, pinned0, policy, size, in_ptr, in_idx, out_ptr, out_idx
         nrec, peak, status = _plan_loop(
             schedule, cap, policy, in_ptr, in_idx, out_ptr, out_idx, in_place, is_input, fwd_act, by_name,
             loss, use_pos, turn, a, aux, cnt, fs, fval, findex, fshift, tr, kh,
-            np.empty(2 * n_t + 2, np.int64), hp, recs, np.empty((3, width), np.int64))
+            np.empty(n_t, np.int64), hp, recs, np.empty((3, width), np.int64))
         if status < 3:
             break
         # twice the rows that ran out (_segments makes 2 n + 2 rows for n assignments)

@@ -206,25 +206,31 @@ def _sort_ints(a: np.ndarray, n: int) -> None:
         a[j + 1] = x
 
 
-# -- the arena, a doubly linked list of nodes in offset order. Row ``a[m]`` of node m (one cache line):
-# NX/PV link the nodes, OFF/END/TEN describe its tenant, GPOS is the place of the gap before m in the set of
-# gaps that are not empty; RUN_AT and RUN_END serve ``_window``. Node HEAD (end 0) starts the list and TOP
-# (offset cap) ends it; column NODE of a tensor's row of ``tr`` (below) is its node. Row FREE_ROW of ``aux``
-# is a stack of unused nodes. The set of gaps is unordered, so that ``_fit`` reads few: its q-th gap lies
-# before node aux[GS, q] and spans [aux[GLO, q], aux[GHI, q]). Rows KNOW0 to KNOW0 + 3 hold what is known of
-# the gap's first bytes, two (size, since) pairs, the one ``_fit`` asked last first: since which position
-# its first ``size`` bytes are free (size -1: nothing); rows KNOW1 on, the same of its last bytes. (Two
-# sizes, since outputs and swap-ins of other sizes alternate: with one, an LSTM candidate with early
-# swap-ins looked up twice as many.) A gap keeps what it knows of an end while it is no shorter than the
-# size and that end stays. ``cnt`` holds [tenants, gaps in the set, free nodes, free-position segments in
+# -- the arena, a doubly linked list of nodes in offset order. Row ``a[m]`` of node m: NX/PV link the nodes,
+# OFF/END/TEN describe its tenant, GPOS is the place of the gap before m in the set of gaps that are not
+# empty; RUN_AT and RUN_END serve ``_window``; NLB and NUB bound its bytes' free positions as GLB and GUB
+# (below) bound a gap's. Node HEAD (end 0) starts the list and TOP (offset cap) ends it; column NODE of a
+# tensor's row of ``tr`` (below) is its node. Row FREE_ROW of ``aux`` is a stack of unused nodes. The set of
+# gaps is unordered, so that ``_fit`` reads few: its q-th gap lies before node aux[GS, q] and spans
+# [aux[GLO, q], aux[GHI, q]). Rows KNOW0 to KNOW0 + 3 hold what is known of the gap's first bytes, two (size,
+# since) pairs, the one ``_fit`` asked last first: since which position its first ``size`` bytes are free
+# (size -1: nothing); rows KNOW1 on, the same of its last bytes. (Two sizes, since outputs and swap-ins of
+# other sizes alternate: with one, an LSTM candidate with early swap-ins looked up twice as many.) A gap keeps
+# what it knows of an end while it is no shorter than the size and that end stays. Rows GLB and GUB bound the
+# positions at which the gap's bytes fell free (the least and the most, or looser): the since of any place in
+# it lies between them, so ``_fit`` skips a gap whose bound is worse than the best place found (this cut the
+# since looked up on an LSTM candidate from 20 of the 29 gaps each fit sees to 4). A gap cut by a tenant
+# leaves both parts, and the tenant, the whole gap's bounds; gaps joined by a tenant's leaving take the least
+# and the most of the three. ``cnt`` holds [tenants, gaps in the set, free nodes, free-position segments in
 # use]; fs/fval/findex/fshift are the segments (below) of the position at which each byte last fell free;
-# cnt[4] counts the bytes tenants take, cnt[5] the entries of the heap of tensors waiting on the host
-# (below), cnt[6] the early swap-ins taken back; cnt[7] is the planner's early_limit, cnt[8] counts
-# ``_window``'s searches.
+# cnt[4] counts the bytes tenants take, cnt[5] the entries of the heap of tensors waiting on the host (below),
+# cnt[6] the early swap-ins taken back; cnt[7] is the planner's early_limit, cnt[8] counts ``_window``'s
+# searches.
 
 NX, PV, OFF, END, TEN, GPOS, RUN_AT, RUN_END = range(8)
 FREE_ROW, GS, GLO, GHI = range(4)
-KNOW0, KNOW1, AUX_ROWS = 4, 8, 12
+NLB, NUB = 8, 9
+KNOW0, KNOW1, GLB, GUB, AUX_ROWS = 4, 8, 12, 13, 14
 
 # -- what the planner keeps of each tensor, a row of ``tr`` per tensor (three cache lines; an array per
 # field made the LSTM's candidates 5-12% slower). WHERE its offset (-1: not on the device), OUT_OFF where it
@@ -243,14 +249,15 @@ TR_COLS = 24
 
 @numba.njit(cache=True)
 def _arena(n_t: int, cap: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    a = np.full((n_t + 2, 8), -1, np.int64)
+    a = np.full((n_t + 2, 10), -1, np.int64)
     aux = np.empty((AUX_ROWS, n_t + 2), np.int64)
     head, top = n_t, n_t + 1
     a[head, END], a[head, NX], a[top, PV], a[top, OFF] = 0, top, head, cap
     aux[FREE_ROW, :n_t] = np.arange(n_t - 1, -1, -1)
     cnt = np.array([0, 0, n_t, 1, 0, 0, 0, INF, 0], np.int64)
     if cap > 0:
-        _gap_put(a, aux, cnt, top, 0, cap)
+        q = _gap_put(a, aux, cnt, top, 0, cap)
+        aux[GLB, q], aux[GUB, q] = -1, -1
     return a, aux, cnt
 
 
@@ -264,6 +271,7 @@ def _gap_put(a: np.ndarray, aux: np.ndarray, cnt: np.ndarray, g: int, lo: int, h
         cnt[1] += 1
         aux[GS, q], a[g, GPOS] = g, q
         aux[KNOW0, q] = aux[KNOW0 + 2, q] = aux[KNOW1, q] = aux[KNOW1 + 2, q] = -1
+        aux[GLB, q], aux[GUB, q] = INF, -INF
     aux[GLO, q], aux[GHI, q] = lo, hi
     return q
 
@@ -320,6 +328,8 @@ def _fit(a: np.ndarray, aux: np.ndarray, cnt: np.ndarray, fs: np.ndarray, fval: 
         if aux[GS, q] == top:
             top_lo = lo
             continue
+        if best >= 0 and (aux[GLB, q] > best_since if sign > 0 else aux[GUB, q] < best_since):
+            continue
         since, offset = _since(aux, q, KNOW0, size, lo, fs, fval, findex, fshift), lo
         if hi - lo > size:  # the end, unless it is the start: better only by its since
             since1 = _since(aux, q, KNOW1, size, hi - size, fs, fval, findex, fshift)
@@ -343,8 +353,11 @@ def _insert(a: np.ndarray, aux: np.ndarray, cnt: np.ndarray, tr: np.ndarray, kh:
     lo, hi = aux[GLO, q], aux[GHI, q]
     a[m, NX], a[m, PV], a[before, NX], a[g, PV] = g, before, m, m
     a[m, OFF], a[m, END], a[m, TEN], a[m, GPOS], tr[t, NODE] = offset, offset + size, t, -1, m
+    a[m, NLB], a[m, NUB] = aux[GLB, q], aux[GUB, q]
     if offset > lo:
-        _know(aux, q, _gap_put(a, aux, cnt, m, lo, offset), KNOW0, offset - lo)
+        ql = _gap_put(a, aux, cnt, m, lo, offset)
+        _know(aux, q, ql, KNOW0, offset - lo)
+        aux[GLB, ql], aux[GUB, ql] = aux[GLB, q], aux[GUB, q]
     if offset + size == hi:
         _gap_drop(a, aux, cnt, g)
     else:
@@ -369,6 +382,11 @@ def _remove(a: np.ndarray, aux: np.ndarray, cnt: np.ndarray, tr: np.ndarray, kh:
     qm = a[m, GPOS]
     qa = _gap_put(a, aux, cnt, after, a[before, END], a[after, OFF])
     aux[KNOW0, qa], aux[KNOW0 + 2, qa] = -1, -1
+    lb, ub = (pos, pos) if pos >= 0 else (a[m, NLB], a[m, NUB])
+    lb, ub = min(lb, aux[GLB, qa]), max(ub, aux[GUB, qa])
+    if qm >= 0:
+        lb, ub = min(lb, aux[GLB, qm]), max(ub, aux[GUB, qm])
+    aux[GLB, qa], aux[GUB, qa] = lb, ub
     if qm >= 0:
         _know(aux, qm, qa, KNOW0, INF)
         _gap_drop(a, aux, cnt, m)
@@ -567,10 +585,21 @@ def _plan(schedule, cap, pinned0, policy, size, in_ptr, in_idx, out_ptr, out_idx
     out_off = tr[:, OUT_OFF].copy()
     if status > 0:
         return recs[:0], out_off, peak, status
-    recs = recs[:nrec]
     if cnt[6] > 0:  # drop the early swap-ins taken back
-        recs = recs[recs[:, 0] >= 0]
-    return recs, out_off, peak, 0
+        nrec = _compact(recs, nrec)
+    return recs[:nrec], out_off, peak, 0
+
+
+@_leaf
+def _compact(recs: np.ndarray, n: int) -> int:
+    """Moves the first ``n`` records whose bucket is not -1 to the front, in order; returns how many."""
+    kept = 0
+    for r in range(n):
+        if recs[r, 0] >= 0:
+            for c in range(recs.shape[1]):
+                recs[kept, c] = recs[r, c]
+            kept += 1
+    return kept
 
 
 @numba.njit(cache=True)

@@ -103,8 +103,9 @@ class Evaluator:
 
     def records(self, schedule: np.ndarray | list[int], cap: int, pinned: frozenset[int],
                 policy: Policy) -> tuple[np.ndarray, np.ndarray, int, np.ndarray]:
-        """The program as records, each tensor's offset when made (homes for what starts on the device),
-        the highest byte the arena used, and the schedule as an array."""
+        """The program as records (with the early swap-ins taken back, bucket -1: ``_program_order`` leaves
+        them out), each tensor's offset when made (homes for what starts on the device), the highest byte
+        the arena used, and the schedule as an array."""
         pin = np.zeros(len(self.size), np.bool_)
         pin[list(pinned)] = True
         code = np.array([VICTIMS[policy.victim], PREFETCH[policy.prefetch], int(policy.offload),
@@ -585,21 +586,7 @@ def _plan(schedule, cap, pinned0, policy, size, in_ptr, in_idx, out_ptr, out_idx
     out_off = tr[:, OUT_OFF].copy()
     if status > 0:
         return recs[:0], out_off, peak, status
-    if cnt[6] > 0:  # drop the early swap-ins taken back
-        nrec = _compact(recs, nrec)
     return recs[:nrec], out_off, peak, 0
-
-
-@_leaf
-def _compact(recs: np.ndarray, n: int) -> int:
-    """Moves the first ``n`` records whose bucket is not -1 to the front, in order; returns how many."""
-    kept = 0
-    for r in range(n):
-        if recs[r, 0] >= 0:
-            for c in range(recs.shape[1]):
-                recs[kept, c] = recs[r, c]
-            kept += 1
-    return kept
 
 
 @numba.njit(cache=True)
@@ -897,18 +884,21 @@ def _hp_pop(hp: np.ndarray, cnt: np.ndarray) -> None:
 
 @numba.njit(cache=True)
 def _program_order(recs: np.ndarray, n_ops: int) -> np.ndarray:
-    """Records in program order: by (bucket, kind), stable (a counting sort)."""
+    """The records in program order, by (bucket, kind), stable (a counting sort); those taken back
+    (bucket -1) are left out."""
     n_keys = 4 * (n_ops + 1)
     start = np.zeros(n_keys + 1, np.int64)
     for r in range(recs.shape[0]):
-        start[recs[r, 0] * 4 + recs[r, 1] + 1] += 1
+        if recs[r, 0] >= 0:
+            start[recs[r, 0] * 4 + recs[r, 1] + 1] += 1
     for k in range(n_keys):
         start[k + 1] += start[k]
-    order = np.empty(recs.shape[0], np.int64)
+    order = np.empty(start[n_keys], np.int64)
     for r in range(recs.shape[0]):
-        key = recs[r, 0] * 4 + recs[r, 1]
-        order[start[key]] = r
-        start[key] += 1
+        if recs[r, 0] >= 0:
+            key = recs[r, 0] * 4 + recs[r, 1]
+            order[start[key]] = r
+            start[key] += 1
     return order
 
 

@@ -1,6 +1,7 @@
 """Candidate evaluation speed on the largest zoo training graphs.
 
 Usage: python bench/simulator.py [--models lstm_lm nasnet bert resnet] [--ratio 4] [--seconds 3] [--seeds 64]
+                                 [--search 0]
 
 A plan is made once (belady at the given ratio, default schedule). Then, each
 repeated for the time budget and reported as a median:
@@ -12,6 +13,9 @@ repeated for the time budget and reported as a median:
 - `seeds ms`: the median of one such evaluation over the search's own first
   population (`--seeds` genomes: other schedules, pinning shares, output
   placements and early swap-ins, which cost more than the plan above);
+- `search ms` (with `--search S`): the median evaluation of an S-second search
+  on one core (one worker process), from its first generation to its last: what
+  the search itself pays per candidate as its population converges;
 - `simulate ms`: the Python simulator replaying the finished plan (what
   `swapdsl simulate` runs), and `validate ms`: the validator, once.
 """
@@ -28,9 +32,9 @@ import numpy as np
 from swapdsl.autodiff import training_graph
 from swapdsl.cli import build_graph
 from swapdsl.devices import load_device
-from swapdsl.ga import Decoder, _seeds
+from swapdsl.ga import Decoder, Genome, _seeds, genetic_search
 from swapdsl.paths import STDLIB_DIR
-from swapdsl.planners import Request, baseline_setup, optimize
+from swapdsl.planners import Request, SearchOptions, baseline_setup, optimize
 from swapdsl.problem import Problem
 from swapdsl.simulate import simulate
 from swapdsl.sizing import no_swap_bytes
@@ -44,10 +48,11 @@ def main() -> None:
     ap.add_argument("--seconds", type=float, default=3.0)
     ap.add_argument("--device", default="v100-16gb")
     ap.add_argument("--seeds", type=int, default=64)
+    ap.add_argument("--search", type=float, default=0.0, help="seconds of search to time (0: none)")
     args = ap.parse_args()
     device = load_device(args.device)
     print(f"{'model':<10} {'ops':>7} {'instructions':>12} {'plan s':>7} {'validate ms':>12} "
-          f"{'simulate ms':>12} {'evaluate ms':>12} {'candidate ms':>13} {'seeds ms':>9}")
+          f"{'simulate ms':>12} {'evaluate ms':>12} {'candidate ms':>13} {'seeds ms':>9} {'search ms':>10}")
     for model in args.models:
         _, g = build_graph(str(STDLIB_DIR / "models" / f"{model}.swp"), [])
         t = training_graph(g)
@@ -69,7 +74,29 @@ def main() -> None:
               f"{_median_ms(lambda: simulate(plan), args.seconds):>12.2f} "
               f"{_median_ms(lambda: d.evaluator(schedule, plan.cap, s.pinned, s.policy), args.seconds):>12.2f} "
               f"{_median_ms(lambda: d.score(genome), args.seconds):>13.2f} "
-              f"{statistics.median(_ms(lambda: d.score(g)) for g in population):>9.2f}")
+              f"{statistics.median(_ms(lambda: d.score(g)) for g in population):>9.2f} "
+              f"{_search_ms(d.req, args.search):>10}")
+
+
+def _search_ms(req: Request, seconds: float) -> str:
+    """The median time of ``Decoder.score`` over a search of ``seconds`` in this process."""
+    if seconds <= 0:
+        return "-"
+    times: list[float] = []
+    score = Decoder.score
+
+    def timed(self: Decoder, g: Genome) -> float:
+        started = time.perf_counter()
+        result = score(self, g)
+        times.append(1e3 * (time.perf_counter() - started))
+        return result
+
+    Decoder.score = timed  # type: ignore[method-assign]
+    try:
+        genetic_search(req, SearchOptions(budget_s=seconds, workers=1))
+    finally:
+        Decoder.score = score  # type: ignore[method-assign]
+    return f"{statistics.median(times):.2f}"
 
 
 def _ms(f: Callable[[], object]) -> float:

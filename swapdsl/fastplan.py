@@ -257,23 +257,21 @@ def _arena(n_t: int, cap: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     aux[FREE_ROW, :n_t] = np.arange(n_t - 1, -1, -1)
     cnt = np.array([0, 0, n_t, 1, 0, 0, 0, INF, 0], np.int64)
     if cap > 0:
-        q = _gap_put(a, aux, cnt, top, 0, cap)
-        aux[GLB, q], aux[GUB, q] = -1, -1
+        _gap_put(a, aux, cnt, top, 0, cap, -1, -1)
     return a, aux, cnt
 
 
 @_inline
-def _gap_put(a: np.ndarray, aux: np.ndarray, cnt: np.ndarray, g: int, lo: int, hi: int) -> int:
-    """The gap before node ``g`` is [lo, hi), not empty; returns its place in the set. A new one knows
-    nothing of its ends."""
+def _gap_put(a: np.ndarray, aux: np.ndarray, cnt: np.ndarray, g: int, lo: int, hi: int, lb: int, ub: int) -> int:
+    """The gap before node ``g`` is [lo, hi), not empty, its bytes free since [lb, ub] (GLB, GUB); returns
+    its place in the set. A new one knows nothing of its ends."""
     q = a[g, GPOS]
     if q < 0:
         q = cnt[1]
         cnt[1] += 1
         aux[GS, q], a[g, GPOS] = g, q
         aux[KNOW0, q] = aux[KNOW0 + 2, q] = aux[KNOW1, q] = aux[KNOW1 + 2, q] = -1
-        aux[GLB, q], aux[GUB, q] = INF, -INF
-    aux[GLO, q], aux[GHI, q] = lo, hi
+    aux[GLO, q], aux[GHI, q], aux[GLB, q], aux[GUB, q] = lo, hi, lb, ub
     return q
 
 
@@ -356,9 +354,7 @@ def _insert(a: np.ndarray, aux: np.ndarray, cnt: np.ndarray, tr: np.ndarray, kh:
     a[m, OFF], a[m, END], a[m, TEN], a[m, GPOS], tr[t, NODE] = offset, offset + size, t, -1, m
     a[m, NLB], a[m, NUB] = aux[GLB, q], aux[GUB, q]
     if offset > lo:
-        ql = _gap_put(a, aux, cnt, m, lo, offset)
-        _know(aux, q, ql, KNOW0, offset - lo)
-        aux[GLB, ql], aux[GUB, ql] = aux[GLB, q], aux[GUB, q]
+        _know(aux, q, _gap_put(a, aux, cnt, m, lo, offset, aux[GLB, q], aux[GUB, q]), KNOW0, offset - lo)
     if offset + size == hi:
         _gap_drop(a, aux, cnt, g)
     else:
@@ -380,14 +376,14 @@ def _remove(a: np.ndarray, aux: np.ndarray, cnt: np.ndarray, tr: np.ndarray, kh:
     before, after = a[m, PV], a[m, NX]
     if pos >= 0:
         cnt[3] = _seg_assign_call(a[m, OFF], a[m, END], float(pos), fs, fval, findex, fshift, cnt[3])
-    qm = a[m, GPOS]
-    qa = _gap_put(a, aux, cnt, after, a[before, END], a[after, OFF])
-    aux[KNOW0, qa], aux[KNOW0 + 2, qa] = -1, -1
+    qm, qa = a[m, GPOS], a[after, GPOS]
     lb, ub = (pos, pos) if pos >= 0 else (a[m, NLB], a[m, NUB])
-    lb, ub = min(lb, aux[GLB, qa]), max(ub, aux[GUB, qa])
+    if qa >= 0:
+        lb, ub = min(lb, aux[GLB, qa]), max(ub, aux[GUB, qa])
     if qm >= 0:
         lb, ub = min(lb, aux[GLB, qm]), max(ub, aux[GUB, qm])
-    aux[GLB, qa], aux[GUB, qa] = lb, ub
+    qa = _gap_put(a, aux, cnt, after, a[before, END], a[after, OFF], lb, ub)
+    aux[KNOW0, qa], aux[KNOW0 + 2, qa] = -1, -1
     if qm >= 0:
         _know(aux, qm, qa, KNOW0, INF)
         _gap_drop(a, aux, cnt, m)

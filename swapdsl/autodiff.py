@@ -3,9 +3,13 @@
 Reverse-mode differentiation over the op list. Each op's gradient rule (in
 the registry) appends ordinary IR ops, so the planner can schedule and swap
 backward ops like any other. A tensor read several times gets the sum of its
-gradients. Forward ops that do not reach the loss are dropped, backward ops
-whose result nothing needs are dropped, and each parameter's update is placed
-right after its gradient is complete, so gradients die early.
+gradients. The gradients of slices of one tensor are joined as a framework's
+split backward does: slices along one axis that do not overlap get one concat
+(zeros filling what no slice read), not a zero-padded full-size tensor per
+slice and a chain of adds (which gave an unrolled LSTM's input a full-size
+tensor per time step). Forward ops that do not reach the loss are dropped,
+backward ops whose result nothing needs are dropped, and each parameter's
+update is placed right after its gradient is complete, so gradients die early.
 """
 
 from __future__ import annotations
@@ -18,6 +22,19 @@ import attrs
 from swapdsl import ops
 from swapdsl.errors import Span
 from swapdsl.ir import Graph, Init, Kind, Op, Tensor, TensorType
+
+
+@attrs.frozen
+class _Piece:
+    """The gradient of one slice of a tensor, waiting to be joined with the others."""
+
+    axis: int
+    start: int
+    stop: int
+    step: int
+    grad: str
+    span: Span | None
+
 
 class _Builder:
     """Appends typed ops to the training graph; the GradBuilder of the registry."""
@@ -78,33 +95,75 @@ def training_graph(fwd: Graph) -> Graph:
     b.kind = Kind.gradient
     grads: dict[str, str] = {fwd.loss: b.emit("fill", [], {"shape": (), "value": 1.0,
                                                             "dtype": b.type(fwd.loss).dtype.label})}
+    pieces: dict[str, list[_Piece]] = {}
     updates: list[tuple[str, str]] = []
     param_grads: list[tuple[str, str]] = []
     state: list[str] = []
     for i in range(len(forward) - 1, -1, -1):
         op = forward[i]
-        g = grads.get(op.outputs[0])
+        g = _gradient(b, op.outputs[0], grads, pieces)
         if g is not None:
-            _backprop(b, op, g, grads, needs_grad)
+            _backprop(b, op, g, grads, pieces, needs_grad)
         for name in dict.fromkeys(op.inputs):
-            if name in fwd.params and first_use[name] == i and name in grads:
+            if name in fwd.params and first_use[name] == i and _gradient(b, name, grads, pieces) is not None:
                 param_grads.append((name, grads[name]))
                 updates += _update(b, fwd, name, grads[name], state)
     return _assemble(fwd, forward, b, updates, param_grads, state)
 
 
-def _backprop(b: _Builder, op: Op, g: str, grads: dict[str, str], needs_grad: set[str]) -> None:
+def _backprop(b: _Builder, op: Op, g: str, grads: dict[str, str], pieces: dict[str, list[_Piece]],
+              needs_grad: set[str]) -> None:
     rule = ops.REGISTRY[op.op].grad
     if rule is None or not needs_grad.intersection(op.inputs):
+        return
+    if op.op == "slice":  # joined with the other slices' when the whole gradient is asked for
+        a = op.attr_dict
+        pieces.setdefault(op.inputs[0], []).append(_Piece(a["axis"], a["start"], a["stop"], a["step"], g, op.span))
         return
     b.span, b.kind = op.span, Kind.temporary
     in_grads = rule(b, op.inputs, op.outputs[0], g, op.attr_dict)
     b.kind = Kind.gradient
     for name, dx in zip(op.inputs, in_grads):
-        if dx is None or name not in needs_grad:
-            continue
-        _mark_gradient(b, dx)
-        grads[name] = dx if name not in grads else b.emit("add", [grads[name], dx])
+        if dx is not None and name in needs_grad:
+            _accumulate(b, name, dx, grads)
+
+
+def _accumulate(b: _Builder, name: str, dx: str, grads: dict[str, str]) -> None:
+    _mark_gradient(b, dx)
+    grads[name] = dx if name not in grads else b.emit("add", [grads[name], dx])
+
+
+def _gradient(b: _Builder, name: str, grads: dict[str, str], pieces: dict[str, list[_Piece]]) -> str | None:
+    """The whole gradient of ``name`` (None: none flows into it), its slices' pieces joined first."""
+    parts = pieces.pop(name, [])
+    if not parts:
+        return grads.get(name)
+    b.span, b.kind = parts[0].span, Kind.gradient
+    for dx in _join(b, name, parts):
+        _accumulate(b, name, dx, grads)
+    return grads[name]
+
+
+def _join(b: _Builder, name: str, parts: list[_Piece]) -> list[str]:
+    """Gradients of ``name`` that sum to its slices': one concat where the slices run along one axis with
+    step 1 and do not overlap, else a zero-padded tensor per slice."""
+    shape = b.type(name).shape
+    axis = parts[0].axis
+    ranges = sorted((p.start, p.stop, p.grad) for p in parts)
+    disjoint = all(hi <= lo for (_, hi, _), (lo, _, _) in zip(ranges, ranges[1:]))
+    if len(parts) == 1 or not disjoint or any(p.axis != axis or p.step != 1 for p in parts):
+        return [b.emit("slice_grad", [p.grad], {"axis": p.axis, "start": p.start, "stop": p.stop,
+                                                "step": p.step, "size": shape[p.axis]}) for p in parts]
+    pieces, at = [], 0
+    for lo, hi, grad in [*ranges, (shape[axis], shape[axis], None)]:
+        if lo > at:
+            zeros = {"shape": shape[:axis] + (lo - at,) + shape[axis + 1:], "value": 0.0,
+                     "dtype": b.type(name).dtype.label}
+            pieces.append(b.emit("fill", [], zeros))
+        if grad is not None:
+            pieces.append(grad)
+        at = hi
+    return [b.emit("concat", pieces, {"axis": axis})]
 
 
 def _mark_gradient(b: _Builder, name: str) -> None:

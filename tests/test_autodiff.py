@@ -182,6 +182,7 @@ SMALL = {
     "mlp": ["batch=4", "features=6", "hidden=5", "classes=3"],
     "tiny_transformer": ["batch=2", "seq=4", "vocab=7", "dim=8", "heads=2", "ffn=6"],
     "tiny_resnet": ["batch=3", "image=6", "width=2", "blocks=1", "classes=3"],
+    "lstm_lm": ["layers=2", "hidden=3", "vocab=5", "seq=3", "batch=2"],
 }
 
 
@@ -207,6 +208,34 @@ def test_multiple_uses_sum_their_gradients(in_tmp) -> None:
     t = training_graph(g)
     env = {"w": np.array([1.0, 2.0, 3.0], dtype=np.float32)}
     np.testing.assert_allclose(analytic_grads(t, env)["w"], 2 * env["w"] + 1)
+
+
+SLICES = """model m() {{
+    param w: [2, 6] = xavier
+    loss = {expr}
+    minimize loss with sgd(lr = 0.1)
+}}
+"""
+
+
+@pytest.mark.parametrize("expr,joined", [
+    ("sum(w[:, 0:2] * w[:, 2:4] + w[:, 4:6])", True),  # a partition: one concat
+    ("sum(w[:, 1:2] * w[:, 4:6])", True),  # gaps: zeros fill them
+    ("sum(w[:, 0:4] * w[:, 2:6])", False),  # overlapping: a padded tensor each, summed
+    ("sum(w[:, 0:6:2] * w[:, 1:6:2])", False),  # strided
+    ("sum(w[0:1, :] * w[:, 0:6][1:2, :])", False),  # along two axes
+])
+def test_slice_gradients_are_joined(in_tmp, expr: str, joined: bool) -> None:
+    write(in_tmp / "m.swp", SLICES.format(expr=expr))
+    _, g = build_graph("m.swp", [])
+    t = retyped(training_graph(g), DType.f32, F64)
+    check_graph(t)
+    producer = {op.outputs[0]: op for op in t.ops}
+    (grad,) = [g for _, g in t.grads]
+    assert (producer[grad].op == "concat") == joined
+    assert any(op.op == "slice_grad" for op in t.ops) != joined
+    env = {"w": np.random.default_rng(0).normal(0, 1, (2, 6))}
+    directional_check(t, retyped(g, DType.f32, F64), env)
 
 
 def test_unused_branches_get_no_backward_ops(in_tmp) -> None:

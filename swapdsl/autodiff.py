@@ -26,14 +26,13 @@ from swapdsl.ir import Graph, Init, Kind, Op, Tensor, TensorType
 
 @attrs.frozen
 class _Piece:
-    """The gradient of one slice of a tensor, waiting to be joined with the others."""
+    """The gradient of one slice of a tensor, waiting to be joined with the others'."""
 
-    axis: int
-    start: int
-    stop: int
-    step: int
+    op: Op  # the slice
     grad: str
-    span: Span | None
+
+    def attr(self, key: str) -> int:
+        return int(self.op.attr_dict[key])
 
 
 class _Builder:
@@ -95,7 +94,7 @@ def training_graph(fwd: Graph) -> Graph:
     b.kind = Kind.gradient
     grads: dict[str, str] = {fwd.loss: b.emit("fill", [], {"shape": (), "value": 1.0,
                                                             "dtype": b.type(fwd.loss).dtype.label})}
-    pieces: dict[str, list[_Piece]] = {}
+    pieces: dict[str, list[_Piece]] = {name: [] for name in _joinable(forward)}
     updates: list[tuple[str, str]] = []
     param_grads: list[tuple[str, str]] = []
     state: list[str] = []
@@ -116,9 +115,8 @@ def _backprop(b: _Builder, op: Op, g: str, grads: dict[str, str], pieces: dict[s
     rule = ops.REGISTRY[op.op].grad
     if rule is None or not needs_grad.intersection(op.inputs):
         return
-    if op.op == "slice":  # joined with the other slices' when the whole gradient is asked for
-        a = op.attr_dict
-        pieces.setdefault(op.inputs[0], []).append(_Piece(a["axis"], a["start"], a["stop"], a["step"], g, op.span))
+    if op.op == "slice" and op.inputs[0] in pieces:  # joined when the whole gradient is asked for
+        pieces[op.inputs[0]].append(_Piece(op, g))
         return
     b.span, b.kind = op.span, Kind.temporary
     in_grads = rule(b, op.inputs, op.outputs[0], g, op.attr_dict)
@@ -133,28 +131,46 @@ def _accumulate(b: _Builder, name: str, dx: str, grads: dict[str, str]) -> None:
     grads[name] = dx if name not in grads else b.emit("add", [grads[name], dx])
 
 
+def _joinable(forward: list[Op]) -> list[str]:
+    """The tensors read by several slices along one axis, with step 1, that do not overlap."""
+    slices: dict[str, list[dict[str, Any]]] = {}
+    for op in forward:
+        if op.op == "slice":
+            slices.setdefault(op.inputs[0], []).append(op.attr_dict)
+    out = []
+    for name, a in slices.items():
+        ranges = sorted((x["start"], x["stop"]) for x in a)
+        if (len(a) > 1 and len({x["axis"] for x in a}) == 1 and all(x["step"] == 1 for x in a)
+                and all(hi <= lo for (_, hi), (lo, _) in zip(ranges, ranges[1:]))):
+            out.append(name)
+    return out
+
+
 def _gradient(b: _Builder, name: str, grads: dict[str, str], pieces: dict[str, list[_Piece]]) -> str | None:
-    """The whole gradient of ``name`` (None: none flows into it), its slices' pieces joined first."""
+    """The whole gradient of ``name`` (None: none flows into it), its slices' gradients joined first (all
+    its readers are done with by now)."""
     parts = pieces.pop(name, [])
     if not parts:
         return grads.get(name)
-    b.span, b.kind = parts[0].span, Kind.gradient
     for dx in _join(b, name, parts):
         _accumulate(b, name, dx, grads)
     return grads[name]
 
 
 def _join(b: _Builder, name: str, parts: list[_Piece]) -> list[str]:
-    """Gradients of ``name`` that sum to its slices': one concat where the slices run along one axis with
-    step 1 and do not overlap, else a zero-padded tensor per slice."""
+    """The gradient of ``name`` from its slices' (of a ``_joinable`` tensor): one concat, with zeros
+    where no slice read (the slice's own rule, a zero-padded tensor, if only one slice's came)."""
+    if len(parts) == 1:
+        (p,) = parts
+        b.span, b.kind = p.op.span, Kind.temporary
+        (dx,) = ops.REGISTRY["slice"].grad(b, p.op.inputs, p.op.outputs[0], p.grad, p.op.attr_dict)
+        b.kind = Kind.gradient
+        return [dx]
     shape = b.type(name).shape
-    axis = parts[0].axis
-    ranges = sorted((p.start, p.stop, p.grad) for p in parts)
-    disjoint = all(hi <= lo for (_, hi, _), (lo, _, _) in zip(ranges, ranges[1:]))
-    if len(parts) == 1 or not disjoint or any(p.axis != axis or p.step != 1 for p in parts):
-        return [b.emit("slice_grad", [p.grad], {"axis": p.axis, "start": p.start, "stop": p.stop,
-                                                "step": p.step, "size": shape[p.axis]}) for p in parts]
+    axis = parts[0].attr("axis")
+    b.span, b.kind = parts[0].op.span, Kind.gradient
     pieces, at = [], 0
+    ranges = sorted((p.attr("start"), p.attr("stop"), p.grad) for p in parts)
     for lo, hi, grad in [*ranges, (shape[axis], shape[axis], None)]:
         if lo > at:
             zeros = {"shape": shape[:axis] + (lo - at,) + shape[axis + 1:], "value": 0.0,

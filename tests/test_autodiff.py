@@ -238,6 +238,16 @@ def test_slice_gradients_are_joined(in_tmp, expr: str, joined: bool) -> None:
     directional_check(t, retyped(g, DType.f32, F64), env)
 
 
+def test_unrolled_lstm_input_gradient_is_one_concat() -> None:
+    _, g = build_graph(str(MODELS / "lstm_lm.swp"), SMALL["lstm_lm"])
+    t = training_graph(g)
+    assert not any(op.op == "slice_grad" for op in t.ops)
+    joins = [len(op.inputs) for op in t.ops if op.op == "concat" and t.tensors[op.outputs[0]].kind is Kind.gradient]
+    # per layer (2): the gradient of its input is one concat of its 3 time steps', that of each step's gates
+    # one of the 4 gates'
+    assert sorted(joins) == [3] * 2 + [4] * 2 * 3
+
+
 def test_unused_branches_get_no_backward_ops(in_tmp) -> None:
     write(in_tmp / "m.swp", """model m(batch = 2) {
     input x: f32[batch, 3]

@@ -118,12 +118,17 @@ def _backprop(b: _Builder, op: Op, g: str, grads: dict[str, str], pieces: dict[s
     if op.op == "slice" and op.inputs[0] in pieces:  # joined when the whole gradient is asked for
         pieces[op.inputs[0]].append(_Piece(op, g))
         return
-    b.span, b.kind = op.span, Kind.temporary
-    in_grads = rule(b, op.inputs, op.outputs[0], g, op.attr_dict)
-    b.kind = Kind.gradient
-    for name, dx in zip(op.inputs, in_grads):
+    for name, dx in zip(op.inputs, _rule_grads(b, op, g)):
         if dx is not None and name in needs_grad:
             _accumulate(b, name, dx, grads)
+
+
+def _rule_grads(b: _Builder, op: Op, g: str) -> tuple[str | None, ...]:
+    """The gradients of ``op``'s inputs by its registry rule, given its output's ``g``."""
+    b.span, b.kind = op.span, Kind.temporary
+    in_grads = ops.REGISTRY[op.op].grad(b, op.inputs, op.outputs[0], g, op.attr_dict)
+    b.kind = Kind.gradient
+    return in_grads
 
 
 def _accumulate(b: _Builder, name: str, dx: str, grads: dict[str, str]) -> None:
@@ -161,10 +166,8 @@ def _join(b: _Builder, name: str, parts: list[_Piece]) -> list[str]:
     """The gradient of ``name`` from its slices' (of a ``_joinable`` tensor): one concat, with zeros
     where no slice read (the slice's own rule, a zero-padded tensor, if only one slice's came)."""
     if len(parts) == 1:
-        (p,) = parts
-        b.span, b.kind = p.op.span, Kind.temporary
-        (dx,) = ops.REGISTRY["slice"].grad(b, p.op.inputs, p.op.outputs[0], p.grad, p.op.attr_dict)
-        b.kind = Kind.gradient
+        (dx,) = _rule_grads(b, parts[0].op, parts[0].grad)
+        assert dx is not None
         return [dx]
     shape = b.type(name).shape
     axis = parts[0].attr("axis")

@@ -231,7 +231,7 @@ def test_slice_gradients_are_joined(in_tmp, expr: str, joined: bool) -> None:
     t = retyped(training_graph(g), DType.f32, F64)
     check_graph(t)
     producer = {op.outputs[0]: op for op in t.ops}
-    (grad,) = [g for _, g in t.grads]
+    (grad,) = [dw for _, dw in t.grads]
     assert (producer[grad].op == "concat") == joined
     assert any(op.op == "slice_grad" for op in t.ops) != joined
     env = {"w": np.random.default_rng(0).normal(0, 1, (2, 6))}

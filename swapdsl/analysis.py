@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections import Counter
 from typing import Any
 
 from swapdsl import ops
@@ -14,17 +15,37 @@ def op_flops(g: Graph, index: int) -> int:
     return ops.REGISTRY[op.op].flops(ins, g.type_of(op.outputs[0]), op.attr_dict)
 
 
+def in_place_ops(g: Graph) -> frozenset[int]:
+    """The ops that write their output over their first input: an optimiser update over the value it
+    replaces (ordered after that value's other readers), and any other op the registry allows to whose
+    first input nothing else reads, of the output's type, and not kept past the step (a gradient sum)."""
+    readers = Counter(n for op in g.ops for n in op.inputs)
+    updated = {new for _, new in g.updates}
+    kept = set(g.persistent) | set(g.inputs) | {g.loss}
+    out = set()
+    for i, op in enumerate(g.ops):
+        if not ops.REGISTRY[op.op].in_place or not op.inputs:
+            continue
+        first = op.inputs[0]
+        if op.outputs[0] in updated or (readers[first] == 1 and first not in kept
+                                         and g.type_of(first) == g.type_of(op.outputs[0])):
+            out.add(i)
+    return frozenset(out)
+
+
 def peak_bytes(g: Graph, *, persistent: bool = True, inputs: bool = True) -> int:
     """Peak device bytes when the ops run in graph order with nothing swapped.
 
     Persistent tensors (params, optimiser state) are resident throughout, and
-    an update's result takes the place of the tensor it replaces (updates run
-    in place). Inputs are resident from the start until their last reader.
-    Every other tensor is allocated when its op starts and freed when its last
-    reader finishes; the loss lives to the end. ``persistent`` and ``inputs``
-    choose whether those are counted at all.
+    an update's result takes the place of the tensor it replaces. Inputs are
+    resident from the start until their last reader. Every other tensor is
+    allocated when its op starts, or takes its first input's bytes where the op
+    works in place (``in_place_ops``), and freed when its last reader finishes;
+    the loss lives to the end. ``persistent`` and ``inputs`` choose whether
+    those are counted at all.
     """
-    in_place = {new for _, new in g.updates}
+    in_place = in_place_ops(g)
+    updated = {new for _, new in g.updates}
     last = {name: len(g.ops) for name in g.inputs}
     for i, op in enumerate(g.ops):
         for name in op.inputs:
@@ -34,10 +55,11 @@ def peak_bytes(g: Graph, *, persistent: bool = True, inputs: bool = True) -> int
     live = sum(g.type_of(n).nbytes for n in g.inputs) if inputs else 0
     peak = live
     for i, op in enumerate(g.ops):
-        live += sum(g.type_of(o).nbytes for o in op.outputs if o not in in_place)
+        handed = op.inputs[0] if i in in_place else None  # its bytes become the output's
+        live += sum(g.type_of(o).nbytes for o in op.outputs[1 if handed else 0:])
         peak = max(peak, live)
         for name in set(op.inputs) | set(op.outputs):
-            transient = name not in in_place and name not in g.persistent
+            transient = name not in updated and name not in g.persistent and name != handed
             counted = inputs or g.tensors[name].kind is not Kind.input
             if transient and counted and last.get(name, i) == i:
                 live -= g.type_of(name).nbytes

@@ -44,6 +44,7 @@ class _Builder:
         self.counter = 1 + max((int(n[1:]) for n in fwd.tensors if n.startswith("%")), default=-1)
         self.span: Span | None = None
         self.kind = Kind.temporary
+        self.made: dict[str, int] = {}  # output name -> its op's index in ``ops``
 
     def type(self, name: str) -> TensorType:
         return self.tensors[name].type
@@ -54,8 +55,21 @@ class _Builder:
         name = f"%{self.counter}"
         self.counter += 1
         self.tensors[name] = Tensor(name, out_type, self.kind, None, self.span)
+        self.made[name] = len(self.ops)
         self.ops.append(Op(op, tuple(inputs), (name,), tuple(sorted(a.items())), self.span))
         return name
+
+    def fold_into(self, acc: str, dx: str) -> bool:
+        """Rewrite the op that made ``dx`` to add its result to ``acc`` as it goes (the registry's
+        ``accumulate`` form), where it has one and nothing has read ``dx`` yet; says whether it did."""
+        k = self.made.get(dx)
+        op = self.ops[k] if k is not None else None
+        if op is None or ops.REGISTRY[op.op].accumulate is None or self.type(acc) != self.type(dx):
+            return False
+        if any(dx in later.inputs for later in self.ops[k + 1:]):
+            return False
+        self.ops[k] = attrs.evolve(op, op=ops.REGISTRY[op.op].accumulate, inputs=(acc, *op.inputs))
+        return True
 
     def add_tensor(self, name: str, typ: TensorType, kind: Kind, init: Init | None = None) -> str:
         assert name not in self.tensors, f"state tensor {name} collides with a model tensor"
@@ -132,8 +146,14 @@ def _rule_grads(b: _Builder, op: Op, g: str) -> tuple[str | None, ...]:
 
 
 def _accumulate(b: _Builder, name: str, dx: str, grads: dict[str, str]) -> None:
+    """Add ``dx`` to the gradient of ``name`` so far: by the op that made it where the registry fuses
+    the addition into it (a weight gradient's matmul), else by an add. Either writes over the sum so far
+    (see analysis.in_place_ops), as frameworks accumulate gradients in place."""
     _mark_gradient(b, dx)
-    grads[name] = dx if name not in grads else b.emit("add", [grads[name], dx])
+    if name not in grads or b.fold_into(grads[name], dx):
+        grads[name] = dx
+    else:
+        grads[name] = b.emit("add", [grads[name], dx])
 
 
 def _joinable(forward: list[Op]) -> list[str]:

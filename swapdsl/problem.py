@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import attrs
 
-from swapdsl import ops as registry
+from swapdsl.analysis import in_place_ops
 from swapdsl.costmodel import op_times_ms
 from swapdsl.devices import Device
 from swapdsl.ir import Graph, Kind
@@ -32,7 +32,7 @@ class Problem:
     op_ms: tuple[float, ...]
     op_inputs: tuple[tuple[int, ...], ...]
     op_outputs: tuple[tuple[int, ...], ...]
-    in_place: tuple[bool, ...]  # op may write its output over its first input
+    in_place: tuple[bool, ...]  # op writes its output over its first input (analysis.in_place_ops)
     persistent: frozenset[int]
     inputs: frozenset[int]
     updates: tuple[tuple[int, int], ...]  # (persistent id, id of its new value)
@@ -44,8 +44,8 @@ class Problem:
         index = {n: i for i, n in enumerate(names)}
         types = [g.tensors[n].type for n in names]
         nbytes = tuple(t.nbytes for t in types)
-        updated_new = {new for _, new in g.updates}
-        in_place = tuple(registry.REGISTRY[op.op].in_place and op.outputs[0] in updated_new for op in g.ops)
+        in_place_set = in_place_ops(g)
+        in_place = tuple(i in in_place_set for i in range(len(g.ops)))
         return Problem(
             g, device, names, nbytes, tuple(arena_bytes(b) for b in nbytes),
             tuple(g.tensors[n].kind.value for n in names), tuple(op_times_ms(device, g)),

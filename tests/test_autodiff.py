@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 
 from conftest import MODELS, write
+from swapdsl.analysis import in_place_ops
 from swapdsl.autodiff import training_graph
 from swapdsl.cli import build_graph
 from swapdsl.ir import DType, Graph, Kind, Op, Optimizer, Tensor, TensorType, retyped
@@ -246,6 +247,55 @@ def test_unrolled_lstm_input_gradient_is_one_concat() -> None:
     # per layer (2): the gradient of its input is one concat of its 3 time steps', that of each step's gates
     # one of the 4 gates'
     assert sorted(joins) == [3] * 2 + [4] * 2 * 3
+
+
+def test_a_shared_weight_gradient_is_summed_in_place(in_tmp) -> None:
+    """A weight read by three matmuls (an RNN's over three time steps) gets one weight-gradient matmul
+    and two that add into the sum so far, each writing over it; no add and no second full-size
+    gradient is made, and the sum is right."""
+    write(in_tmp / "m.swp", """model m(batch = 2) {
+    input x: f32[batch, 3]
+    param w: [3, 3] = xavier
+    h = tanh(tanh(x @ w) @ w)
+    loss = mean(h @ w)
+    minimize loss with sgd(lr = 0.1)
+}
+""")
+    _, g = build_graph("m.swp", [])
+    t = retyped(training_graph(g), DType.f32, F64)
+    check_graph(t)
+    producer = {op.outputs[0]: i for i, op in enumerate(t.ops)}
+    (dw,) = [grad for _, grad in t.grads]
+    chain = [producer[dw]]
+    while t.ops[chain[-1]].op == "matmul_tn_fold_acc":
+        chain.append(producer[t.ops[chain[-1]].inputs[0]])
+    assert [t.ops[i].op for i in chain] == ["matmul_tn_fold_acc"] * 2 + ["matmul_tn_fold"]
+    assert in_place_ops(t) >= set(chain[:2])
+    assert not any(op.op == "add" and dw in op.outputs for op in t.ops)
+    env = {"x": rnd(2, 3, seed=1), "w": rnd(3, 3, seed=2)}
+    directional_check(t, retyped(g, DType.f32, F64), env)
+
+
+def test_which_ops_write_over_their_first_input(in_tmp) -> None:
+    """An add writes over its first operand when it alone reads it, at the output's type, and it is
+    not kept past the step; never over a parameter, an input or a broadcast operand."""
+    write(in_tmp / "m.swp", """model m(batch = 2) {
+    input x: f32[batch, 3]
+    param w: [3, 3] = xavier
+    param b: [3] = zeros
+    y = x @ w + b
+    z = b + tanh(x)
+    u = x + y
+    loss = mean(u * z)
+    minimize loss with sgd(lr = 0.1)
+}
+""")
+    _, g = build_graph("m.swp", [])
+    adds = [i for i, op in enumerate(g.ops) if op.op == "add"]  # x @ w + b, b + tanh(x), x + y
+    assert in_place_ops(g) == {adds[0]}
+    t = training_graph(g)
+    assert all(t.ops[i].op in ("add", "sgd") for i in in_place_ops(t))
+    assert sum(t.ops[i].op == "sgd" for i in in_place_ops(t)) == 2
 
 
 def test_unused_branches_get_no_backward_ops(in_tmp) -> None:

@@ -17,7 +17,7 @@ from graphs import training_graphs
 from swapdsl.autodiff import training_graph
 from swapdsl.cli import build_graph
 from swapdsl.ir import Graph
-from swapdsl.plan import Plan, SwapIn
+from swapdsl.plan import Plan, Run, SwapIn
 from swapdsl.planners import METHODS
 from swapdsl.runtime.backend import to_host
 from swapdsl.runtime.interpreter import PlanRunner
@@ -85,6 +85,21 @@ def test_plans_match_the_reference(name: str) -> None:
         for method in sorted(METHODS):
             plan = plan_for(t, cap, method)
             assert run_against_reference(plan, t, steps=5) <= 1e-5, (name, cap, method)
+
+
+def test_gradient_sums_run_in_place() -> None:
+    """The LSTM's weight gradients are summed over its time steps by matmuls that add into the sum so
+    far, its other gradient sums by adds; at the smallest cap every one of them runs over the sum, in
+    its region, and the steps still match the reference."""
+    t = small_training_graph("lstm_lm")
+    need, _ = caps(t)
+    plan = plan_for(t, need, "belady")
+    runs = [i for i in plan.program if isinstance(i, Run)]
+    folds = [r for r in runs if t.ops[r.op].op == "matmul_tn_fold_acc"]
+    assert len(folds) == 2 * 2 * (4 - 1)  # 2 layers, 2 matmul weights each, 4 steps: one first, 3 summed
+    assert all(r.in_place for r in folds)
+    assert any(r.in_place for r in runs if t.ops[r.op].op == "add")
+    assert run_against_reference(plan, t, steps=3) <= 1e-5
 
 
 @settings(max_examples=20, deadline=None)

@@ -213,7 +213,8 @@ def _backward(name: str, flops: int, kernel, arity: int = 2) -> OpDef:  # noqa: 
 
 
 register(
-    OpDef("add", (2, 2), _binary_infer("add"), per_element(1), _k(lambda xp, x, y: x + y), _add_grad),
+    OpDef("add", (2, 2), _binary_infer("add"), per_element(1), _k(lambda xp, x, y: x + y), _add_grad,
+          in_place=True),
     OpDef("sub", (2, 2), _binary_infer("sub"), per_element(1), _k(lambda xp, x, y: x - y), _sub_grad),
     OpDef("mul", (2, 2), _binary_infer("mul"), per_element(1), _k(lambda xp, x, y: x * y), _mul_grad),
     OpDef("div", (2, 2), _binary_infer("div"), per_element(1), _k(lambda xp, x, y: x / y), _div_grad),

@@ -42,6 +42,14 @@ def _tn_fold_infer(ins: Types, a: Attrs) -> TensorType:
     return TensorType((x.shape[-1], g.shape[-1]), floating("matmul_tn_fold", x, g))
 
 
+def _tn_fold_acc_infer(ins: Types, a: Attrs) -> TensorType:
+    acc, x, g = ins  # acc + matmul_tn_fold(x, g)
+    out = _tn_fold_infer((x, g), a)
+    if acc != out:
+        raise SwpError(f"matmul_tn_fold_acc adds {out} into {acc}: they must be the same type")
+    return out
+
+
 def _swap(xp: object, t: Array) -> Array:
     return t.swapaxes(-1, -2)
 
@@ -81,11 +89,18 @@ def _fold(c: KernelContext, ins: list[Array], a: Attrs) -> Array:
     return x.reshape(-1, x.shape[-1]).T @ g.reshape(-1, g.shape[-1])
 
 
+def _fold_acc_flops(ins: Types, out: TensorType, a: Attrs) -> int:
+    return _mm_flops("fold")(ins[1:], out, a) + out.numel
+
+
 register(
     OpDef("matmul", (2, 2), _matmul_infer, _mm_flops("nn"), lambda c, ins, a: c.xp.matmul(ins[0], ins[1]),
           _matmul_grad),
     OpDef("matmul_nt", (2, 2), _nt_infer, _mm_flops("nt"), lambda c, ins, a: c.xp.matmul(ins[0], _swap(c.xp, ins[1])),
           _matmul_nt_grad),
     OpDef("matmul_tn", (2, 2), _tn_infer, _mm_flops("tn"), lambda c, ins, a: c.xp.matmul(_swap(c.xp, ins[0]), ins[1])),
-    OpDef("matmul_tn_fold", (2, 2), _tn_fold_infer, _mm_flops("fold"), _fold),
+    OpDef("matmul_tn_fold", (2, 2), _tn_fold_infer, _mm_flops("fold"), _fold, accumulate="matmul_tn_fold_acc"),
+    # a weight gradient summed over uses (an RNN's time steps) as it is made: a GEMM with beta = 1
+    OpDef("matmul_tn_fold_acc", (3, 3), _tn_fold_acc_infer, _fold_acc_flops,
+          lambda c, ins, a: ins[0] + _fold(c, ins[1:], a), in_place=True),
 )

@@ -60,7 +60,8 @@ class OpDef:
     flops: Cost
     kernel: Kernel
     grad: GradRule | None = None  # None: no gradient flows through (backward and update ops)
-    in_place: bool = False  # the kernel may write its output over its first input (elementwise updates)
+    in_place: bool = False  # the kernel may write its output over its first input (updates, accumulation)
+    accumulate: str | None = None  # the op computing (first input) + this op's result, for gradient sums
     bytes_read: Cost = _read_all
     bytes_written: Cost = _write_out
 

@@ -70,6 +70,23 @@ def test_peak_bytes_by_hand(cli, in_tmp: Path) -> None:
     assert info["state_bytes"] == 0
 
 
+def test_an_add_over_its_dead_operand_takes_no_new_bytes(cli, in_tmp: Path) -> None:
+    """Forward only: m = x @ w (32 B); u = tanh(m) (+32 = 64); v = u + x, in place over u (still 64;
+    96 if not, then u dies); sum(v) (+4 = 68, then v dies: 36); sum(m) (+4, then m dies: 8); the last
+    add is in place too. Peak 68, not 96."""
+    write(in_tmp / "p.swp", """model p(batch = 2) {
+    input x: f32[batch, 4]
+    param w: [4, 4] = zeros
+    m = x @ w
+    loss = sum(tanh(m) + x) + sum(m)
+    minimize loss with sgd(lr = 0.1)
+}
+""")
+    code, out, err = cli("check", "p.swp", "--json")
+    assert code == 0, err
+    assert json.loads(out)["activation_peak_bytes"] == 68
+
+
 def test_training_json_has_the_figures(cli) -> None:
     code, out, _ = cli("check", MODELS / "tiny_resnet.swp", "--training", "--json")
     assert code == 0

@@ -61,10 +61,12 @@ class _Builder:
 
     def fold_into(self, acc: str, dx: str) -> bool:
         """Rewrite the op that made ``dx`` to add its result to ``acc`` as it goes (the registry's
-        ``accumulate`` form), where it has one and nothing has read ``dx`` yet; says whether it did."""
+        ``accumulate`` form), where it has one, ``acc`` was made before it and nothing has read ``dx``
+        yet; says whether it did."""
         k = self.made.get(dx)
         op = self.ops[k] if k is not None else None
-        if op is None or ops.REGISTRY[op.op].accumulate is None or self.type(acc) != self.type(dx):
+        if (op is None or ops.REGISTRY[op.op].accumulate is None or self.type(acc) != self.type(dx)
+                or self.made.get(acc, k) >= k):
             return False
         if any(dx in later.inputs for later in self.ops[k + 1:]):
             return False

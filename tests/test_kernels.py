@@ -54,6 +54,9 @@ def test_matmul_transposed_forms(xp: Any) -> None:
     np.testing.assert_array_equal(run(xp, "matmul_tn", a, b), [[26, 30], [38, 44]])  # a.T @ b
     np.testing.assert_array_equal(run(xp, "matmul_tn_fold", [[[1.0, 2]], [[3, 4]]], [[[5.0, 6]], [[7, 8]]]),
                                   [[26, 30], [38, 44]])
+    # the same, added into a sum so far (a weight gradient summed over time steps)
+    np.testing.assert_array_equal(run(xp, "matmul_tn_fold_acc", [[1.0, -1], [0, 2]], [[[1.0, 2]], [[3, 4]]],
+                                      [[[5.0, 6]], [[7, 8]]]), [[27, 29], [38, 46]])
 
 
 def test_conv2d_sums_each_window(xp: Any) -> None:

@@ -317,29 +317,32 @@ def _fit(a: np.ndarray, aux: np.ndarray, cnt: np.ndarray, fs: np.ndarray, fval: 
     """Arena.fit: (node after the gap, offset, position since which the bytes are free) of the best
     place at the start or end of a gap that holds ``size``, else at the start of the gap above the
     last tenant; node -1 if none holds it."""
-    top = a.shape[0] - 1
-    sign = -1 if newest else 1
-    best, best_off, best_since, best_len, top_lo = -1, 0, 0, 0, -1
+    if newest:  # (a loop for each direction: the compiler folds the sign away)
+        return _fit_by(a, aux, cnt, fs, fval, findex, fshift, size, -1, GUB)
+    return _fit_by(a, aux, cnt, fs, fval, findex, fshift, size, 1, GLB)
+
+
+@_inline
+def _fit_by(a: np.ndarray, aux: np.ndarray, cnt: np.ndarray, fs: np.ndarray, fval: np.ndarray,
+            findex: np.ndarray, fshift: int, size: int, sign: int, bound: int) -> tuple[int, int, int]:
+    """``_fit`` ranking places by ``sign`` * since (least first); row ``bound`` of ``aux`` bounds a gap's."""
+    top_q = a[a.shape[0] - 1, GPOS]
+    best, best_off, best_key, best_len = -1, 0, INF, 0
     for q in range(cnt[1]):
         lo, hi = aux[GLO, q], aux[GHI, q]
-        if hi - lo < size:
+        if hi - lo < size or q == top_q or sign * aux[bound, q] > best_key:
             continue
-        if aux[GS, q] == top:
-            top_lo = lo
-            continue
-        if best >= 0 and (aux[GLB, q] > best_since if sign > 0 else aux[GUB, q] < best_since):
-            continue
-        since, offset = _since(aux, q, KNOW0, size, lo, fs, fval, findex, fshift), lo
+        key, offset = sign * _since(aux, q, KNOW0, size, lo, fs, fval, findex, fshift), lo
         if hi - lo > size:  # the end, unless it is the start: better only by its since
-            since1 = _since(aux, q, KNOW1, size, hi - size, fs, fval, findex, fshift)
-            if sign * since1 < sign * since:
-                since, offset = since1, hi - size
-        if best < 0 or sign * since < sign * best_since or (since == best_since and (
-                hi - lo < best_len or (hi - lo == best_len and offset < best_off))):
-            best, best_off, best_since, best_len = aux[GS, q], offset, since, hi - lo
-    if best < 0 and top_lo >= 0:
-        return top, top_lo, int(_seg_max(top_lo, top_lo + size, fs, fval, findex, fshift))
-    return best, best_off, best_since
+            key1 = sign * _since(aux, q, KNOW1, size, hi - size, fs, fval, findex, fshift)
+            if key1 < key:
+                key, offset = key1, hi - size
+        if key < best_key or (key == best_key and (hi - lo < best_len or (hi - lo == best_len and offset < best_off))):
+            best, best_off, best_key, best_len = aux[GS, q], offset, key, hi - lo
+    if best < 0 and top_q >= 0 and aux[GHI, top_q] - aux[GLO, top_q] >= size:
+        lo = aux[GLO, top_q]
+        return a.shape[0] - 1, lo, int(_seg_max(lo, lo + size, fs, fval, findex, fshift))
+    return best, best_off, sign * best_key
 
 
 @_inline

@@ -20,14 +20,12 @@ import statistics
 import sys
 from pathlib import Path
 
-import attrs
-
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 from graphs import seeded_training_graph  # noqa: E402
 
 from swapdsl.bound import bound_ms  # noqa: E402
 from swapdsl.devices import BUILTIN  # noqa: E402
-from swapdsl.ga import EARLY, POLICY, Decoder  # noqa: E402
+from swapdsl.ga import EARLY, Decoder, policy_of  # noqa: E402
 from swapdsl.planners import Request  # noqa: E402
 from swapdsl.sizing import need_bytes, no_swap_bytes  # noqa: E402
 from swapdsl.swapplan import OUTPUTS  # noqa: E402
@@ -68,9 +66,9 @@ def best_over_orders(d: Decoder, cap: int, limit: int) -> tuple[float, int]:
         if need_bytes(d.p, pinned) > cap:
             continue
         for schedule in all_orders:
-            for outputs in OUTPUTS:
-                for early in EARLY:
-                    policy = attrs.evolve(POLICY, outputs=outputs, early=early)
+            for outputs in range(len(OUTPUTS)):
+                for early in range(len(EARLY)):
+                    policy = policy_of(outputs, early)
                     best = min(best, d.evaluator(schedule, cap, pinned, policy).iteration_ms)
     return best, len(all_orders)
 

@@ -77,8 +77,14 @@ class Genome:
 
     @property
     def policy(self) -> Policy:
-        early, horizon = EARLY[self.early] or (None, None)
-        return attrs.evolve(POLICY, outputs=OUTPUTS[self.outputs], early=early, horizon=horizon)
+        return policy_of(self.outputs, self.early)
+
+
+def policy_of(outputs: int, early: int) -> Policy:
+    """The swap planner's policy for a genome's ``outputs`` and ``early`` genes (indices into
+    ``swapplan.OUTPUTS`` and ``EARLY``)."""
+    share, horizon = EARLY[early] or (None, None)
+    return attrs.evolve(POLICY, outputs=OUTPUTS[outputs], early=share, horizon=horizon)
 
 
 @attrs.frozen

@@ -451,3 +451,20 @@ def test_early_swap_ins_look_no_further_ahead_than_the_horizon() -> None:
     bounded = program(0.0, 10)
     assert early_reach(bounded) != early_reach(eager)
     assert max(early_reach(bounded)) < max(early_reach(eager))
+
+
+def test_bound_gap_script_finds_no_plan_below_the_bound() -> None:
+    """bench/bound_gap.py (the README's figures on the bound's tightness) runs with the search's own
+    policies, and no schedule it tries beats the bound."""
+    import re
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    script = Path(__file__).resolve().parent.parent / "bench" / "bound_gap.py"
+    out = subprocess.run([sys.executable, str(script), "--graphs", "2", "--max-orders", "30"],
+                         capture_output=True, text=True, check=True).stdout
+    ratios = [float(r) for r in re.findall(r"best/bound (\d+\.\d+)$", out, re.M)]
+    assert len(ratios) == 2, out
+    assert all(r >= 1.0 for r in ratios), out
+    assert re.search(r"^best/bound: median \d", out, re.M), out

@@ -798,7 +798,7 @@ def _plan_loop(schedule, cap, policy, in_ptr, in_idx, out_ptr, out_idx, in_place
     return nrec, peak, 0
 
 
-@_leaf
+@_inline
 def _queue(todo, i0, i1, o0, o1, in_idx, out_idx, ipo, tr, tag) -> int:
     """Queue the op's inputs not on the device (once each: QUEUED marks them with ``tag``) and its
     outputs other than an in-place one, largest first."""

@@ -2,6 +2,11 @@
 
 from __future__ import annotations
 
+import re
+import subprocess
+import sys
+from pathlib import Path
+
 import attrs
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -456,11 +461,6 @@ def test_early_swap_ins_look_no_further_ahead_than_the_horizon() -> None:
 def test_bound_gap_script_finds_no_plan_below_the_bound() -> None:
     """bench/bound_gap.py (the README's figures on the bound's tightness) runs with the search's own
     policies, and no schedule it tries beats the bound."""
-    import re
-    import subprocess
-    import sys
-    from pathlib import Path
-
     script = Path(__file__).resolve().parent.parent / "bench" / "bound_gap.py"
     out = subprocess.run([sys.executable, str(script), "--graphs", "2", "--max-orders", "30"],
                          capture_output=True, text=True, check=True).stdout

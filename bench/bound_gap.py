@@ -62,14 +62,13 @@ def orders(d: Decoder, limit: int) -> list[list[int]]:
 def best_over_orders(d: Decoder, cap: int, limit: int) -> tuple[float, int]:
     best = float("inf")
     all_orders = orders(d, limit)
+    policies = [policy_of(outputs, early) for outputs in range(len(OUTPUTS)) for early in range(len(EARLY))]
     for pinned in (frozenset(d.p.persistent), frozenset()):
         if need_bytes(d.p, pinned) > cap:
             continue
         for schedule in all_orders:
-            for outputs in range(len(OUTPUTS)):
-                for early in range(len(EARLY)):
-                    policy = policy_of(outputs, early)
-                    best = min(best, d.evaluator(schedule, cap, pinned, policy).iteration_ms)
+            for policy in policies:
+                best = min(best, d.evaluator(schedule, cap, pinned, policy).iteration_ms)
     return best, len(all_orders)
 
 

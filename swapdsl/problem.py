@@ -67,5 +67,13 @@ class Problem:
                 out[t].append(pos)
         return out
 
+    def in_place_ops(self, sums: bool = True) -> tuple[bool, ...]:
+        """Which ops write their output over their first input: every op that may (``in_place``), or,
+        without ``sums``, only the optimiser updates (a gradient sum then takes bytes of its own)."""
+        if sums:
+            return self.in_place
+        new = {n for _, n in self.updates}
+        return tuple(ip and self.op_outputs[op][0] in new for op, ip in enumerate(self.in_place))
+
     def is_forward_activation(self, t: int) -> bool:
         return self.kinds[t] == Kind.activation.value

@@ -322,7 +322,7 @@ def test_ga_improves_on_its_seeds_where_the_default_schedule_is_poor() -> None:
     need, no_swap = caps(t)
     cap = need + (no_swap - need) // 4
     seen: list[float] = []
-    opts = SearchOptions(budget_s=600, generations=30, population=10, seed=1, workers=1)
+    opts = SearchOptions(budget_s=600, generations=100, population=10, seed=1, workers=1)
     outcome = genetic_search(Request(t, V100, cap, "branches.swp", ()), opts,
                              on_generation=lambda gen, best: seen.append(best))
     validate(outcome.plan)
@@ -336,8 +336,8 @@ def test_ga_improves_on_its_seeds_where_the_default_schedule_is_poor() -> None:
 @settings(max_examples=40, deadline=None)
 @given(training_graphs(), st.floats(0.0, 1.0), st.integers(0, 2**31 - 1))
 def test_any_genome_decodes_to_a_valid_plan(t: Graph, where: float, seed: int) -> None:
-    """The search may try any schedule, pinning, output placement and early swap-ins: every one must
-    plan validly, and no plan beats the bound."""
+    """The search may try any schedule, pinning, output placement, early swap-ins and gradient sums in
+    place or not: every one must plan validly, and no plan beats the bound."""
     import numpy as np
 
     from swapdsl.ga import EARLY, Decoder, Genome
@@ -347,7 +347,7 @@ def test_any_genome_decodes_to_a_valid_plan(t: Graph, where: float, seed: int) -
     d = Decoder(Request(t, V100, cap, "random.swp", ()))
     rng = np.random.default_rng(seed)
     genome = Genome(rng.normal(0, 10, d.p.n_ops), float(rng.choice([0, 0.3, 1.0])), int(rng.integers(3)),
-                    int(rng.integers(len(EARLY))))
+                    int(rng.integers(len(EARLY))), bool(rng.integers(2)))
     plan = d.plan(genome)
     assert plan is not None
     validate(plan)

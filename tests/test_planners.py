@@ -354,6 +354,25 @@ def test_any_genome_decodes_to_a_valid_plan(t: Graph, where: float, seed: int) -
     assert simulate(plan).iteration_ms >= bound_ms(d.p, cap) * (1 - 1e-9)
 
 
+def test_sums_run_in_place_where_out_of_place_cannot_fit() -> None:
+    """A genome asking for gradient sums out of place gets them, unless even with nothing pinned the ops
+    would not fit that way: then they run in place rather than the genome being thrown away."""
+    import numpy as np
+
+    from swapdsl.ga import Decoder, Genome
+    from swapdsl.sizing import need_bytes
+
+    t = training_graph(build_graph(str(MODELS / "lstm_lm.swp"), ["layers=2", "hidden=8", "vocab=12", "seq=4",
+                                                                   "batch=2"])[1])
+    p = Problem.build(t, V100)
+    tight, roomy = need_bytes(p, frozenset()), need_bytes(p, frozenset(), sums_in_place=False)
+    assert tight < roomy
+    genome = Genome(np.zeros(p.n_ops), 0.0, sums=False)
+    for cap, sums in ((tight, True), (roomy, False)):
+        decoded = Decoder(Request(t, V100, cap, "lstm_lm.swp", ())).decode(genome)
+        assert decoded is not None and decoded[2].sums_in_place is sums
+
+
 def test_a_tensor_goes_where_its_bytes_have_been_free_longest() -> None:
     """A short-lived tensor freed at the bottom of a long-free gap does not make the whole gap new:
     a swap-in takes the gap's top end, free since long ago; outputs asked to take the bytes freed

@@ -114,8 +114,8 @@ class Evaluator:
         sched = np.asarray(schedule, np.int64)
         recs, out_off, peak, status = _plan(
             sched, cap, pin, code, self.size, self.in_ptr, self.in_idx, self.out_ptr, self.out_idx,
-            self.in_place[policy.sums_in_place], self.is_input, self.persistent, self.fwd_act, self.upd_old, self.upd_new,
-            self.by_name, self.p.loss, self.room, self.width)
+            self.in_place[policy.sums_in_place], self.is_input, self.persistent, self.fwd_act, self.upd_old,
+            self.upd_new, self.by_name, self.p.loss, self.room, self.width)
         if status == 1:
             raise SwpError("internal: the cap is below the pinned tensors and inputs")
         if status == 2:

@@ -32,7 +32,7 @@ class Problem:
     op_ms: tuple[float, ...]
     op_inputs: tuple[tuple[int, ...], ...]
     op_outputs: tuple[tuple[int, ...], ...]
-    in_place: tuple[bool, ...]  # op writes its output over its first input (analysis.in_place_ops)
+    in_place: tuple[bool, ...]  # op may write its output over its first input (analysis.in_place_ops)
     persistent: frozenset[int]
     inputs: frozenset[int]
     updates: tuple[tuple[int, int], ...]  # (persistent id, id of its new value)

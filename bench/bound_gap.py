@@ -5,9 +5,8 @@ Usage: python bench/bound_gap.py [--graphs 20] [--max-orders 3000] [--seed 0]
 Small random training graphs (the property tests' generator, two hidden
 layers) at a cap halfway between the smallest feasible one and the no-swap
 arena. For each: every topological order (up to --max-orders, enumerated
-depth-first), with both pinning choices, every output placement, every
-early-swap-in setting of the search (``ga.EARLY``) and gradient sums in place
-or not (where the cap allows), planned by the Belady swap
+depth-first), with both pinning choices, every output placement and every
+early-swap-in setting of the search (``ga.EARLY``), planned by the Belady swap
 planner and simulated (the compiled evaluator the search uses); the best
 iteration time over all of them is set against the bound. A `+` after the
 count of orders marks a graph with more orders than the limit: its best is
@@ -63,12 +62,12 @@ def orders(d: Decoder, limit: int) -> list[list[int]]:
 def best_over_orders(d: Decoder, cap: int, limit: int) -> tuple[float, int]:
     best = float("inf")
     all_orders = orders(d, limit)
-    policies = [policy_of(outputs, early, sums) for outputs in range(len(OUTPUTS)) for early in range(len(EARLY))
-                for sums in (True, False)]
+    policies = [policy_of(outputs, early) for outputs in range(len(OUTPUTS)) for early in range(len(EARLY))]
     for pinned in (frozenset(d.p.persistent), frozenset()):
-        fits = [policy for policy in policies if need_bytes(d.p, pinned, policy.sums_in_place) <= cap]
+        if need_bytes(d.p, pinned) > cap:
+            continue
         for schedule in all_orders:
-            for policy in fits:
+            for policy in policies:
                 best = min(best, d.evaluator(schedule, cap, pinned, policy).iteration_ms)
     return best, len(all_orders)
 

@@ -84,7 +84,7 @@ class Evaluator:
         self.nbytes = np.array(p.nbytes, np.int64)
         self.in_ptr, self.in_idx = _csr(p.op_inputs)
         self.out_ptr, self.out_idx = _csr(p.op_outputs)
-        self.in_place = {sums: np.array(p.in_place_ops(sums), np.bool_) for sums in (True, False)}
+        self.in_place = np.array(p.in_place, np.bool_)
         self.op_ms = np.array(p.op_ms, np.float64)
         self.is_input = np.zeros(n, np.bool_)
         self.is_input[list(p.inputs)] = True
@@ -114,8 +114,8 @@ class Evaluator:
         sched = np.asarray(schedule, np.int64)
         recs, out_off, peak, status = _plan(
             sched, cap, pin, code, self.size, self.in_ptr, self.in_idx, self.out_ptr, self.out_idx,
-            self.in_place[policy.sums_in_place], self.is_input, self.persistent, self.fwd_act, self.upd_old,
-            self.upd_new, self.by_name, self.p.loss, self.room, self.width)
+            self.in_place, self.is_input, self.persistent, self.fwd_act, self.upd_old, self.upd_new,
+            self.by_name, self.p.loss, self.room, self.width)
         if status == 1:
             raise SwpError("internal: the cap is below the pinned tensors and inputs")
         if status == 2:
@@ -133,14 +133,14 @@ class Evaluator:
                 policy: Policy) -> tuple[list[Instr], dict[int, Region]]:
         """The plan's program and the home region of each pinned tensor and input."""
         recs, out_off, _, sched = self.records(schedule, cap, pinned, policy)
-        p, in_place = self.p, self.in_place[policy.sums_in_place]
+        p = self.p
         out: list[Instr] = []
         for r in _program_order(recs, len(sched)):
             bucket, kind, t, offset, before = (int(x) for x in recs[r])
             after = int(sched[bucket - 1]) if bucket > 0 else -1
             if kind == RUN:
                 outs = tuple((p.names[u], Region(int(out_off[u]), p.size[u])) for u in p.op_outputs[t])
-                out.append(Run(t, outs, bool(in_place[t])))
+                out.append(Run(t, outs, p.in_place[t]))
             elif kind == IN:
                 out.append(SwapIn(p.names[t], Region(offset, p.size[t]), after, before))
             elif kind == OUT:

@@ -5,9 +5,7 @@ tensors, where op outputs go in the arena (``Policy.outputs``: the bytes free
 longest, or those freed last, always or in the backward pass only; which is
 best depends on the model and the cap), and whether tensors on the host come
 back as soon as a gap holds them, how much of the cap such early swap-ins leave
-free and how far ahead they look (``Policy.early`` and ``horizon``), and
-whether gradient sums write over their operand (``Policy.sums_in_place``:
-faster for some models at a loose cap, slower for others). Decoding:
+free and how far ahead they look (``Policy.early`` and ``horizon``). Decoding:
 the schedule is the topological order that always runs the ready op of highest
 priority (so every genome is a valid schedule and crossover needs no repair);
 the pinned set is the persistent tensors read most per byte that fit in that
@@ -19,8 +17,7 @@ no carving to search (any tensor may take any free bytes), which is what lets a
 plan use the whole cap. Seeds: the default schedule at every pinning level and
 with each output placement, a schedule that keeps the ops reading one weight
 together (``locality_priority``) at every pinning level and output placement,
-each with and without early swap-ins, the default schedule with sums out of
-place, and jittered variants of both. Selection
+each with and without early swap-ins, and jittered variants of both. Selection
 is by tournament with elitism; children mix their parents' priorities op by op
 (or at one cut), then mutate. The result is never worse than the best baseline:
 those plans are scored too, and kept if nothing beats them.
@@ -72,19 +69,22 @@ class Genome:
     pin: float = attrs.field(converter=float)  # share of the cap for pinned persistent tensors
     outputs: int = 0  # index into swapplan.OUTPUTS
     early: int = 0  # index into EARLY
-    sums: bool = attrs.field(default=True, converter=bool)  # gradient sums written in place (Policy.sums_in_place)
 
     @property
-    def key(self) -> tuple[bytes, float, int, int, bool]:
+    def key(self) -> tuple[bytes, float, int, int]:
         """What identifies a genome (arrays do not hash)."""
-        return self.priority.tobytes(), self.pin, self.outputs, self.early, self.sums
+        return self.priority.tobytes(), self.pin, self.outputs, self.early
+
+    @property
+    def policy(self) -> Policy:
+        return policy_of(self.outputs, self.early)
 
 
-def policy_of(outputs: int, early: int, sums: bool = True) -> Policy:
-    """The swap planner's policy for a genome's ``outputs``, ``early`` and ``sums`` genes (indices into
-    ``swapplan.OUTPUTS`` and ``EARLY``, and ``Policy.sums_in_place``)."""
+def policy_of(outputs: int, early: int) -> Policy:
+    """The swap planner's policy for a genome's ``outputs`` and ``early`` genes (indices into
+    ``swapplan.OUTPUTS`` and ``EARLY``)."""
     share, horizon = EARLY[early] or (None, None)
-    return attrs.evolve(POLICY, outputs=OUTPUTS[outputs], early=share, horizon=horizon, sums_in_place=sums)
+    return attrs.evolve(POLICY, outputs=OUTPUTS[outputs], early=share, horizon=horizon)
 
 
 @attrs.frozen
@@ -113,7 +113,7 @@ class Decoder:
                 if t in reads:
                     reads[t] += 1
         self.pin_order = sorted(self.p.persistent, key=lambda t: (-reads[t] / max(self.p.nbytes[t], 1), t))
-        self._need: dict[tuple[frozenset[int], bool], int] = {}
+        self._need: dict[frozenset[int], int] = {}
         self._pinned: dict[float, frozenset[int]] = {}
 
     def _edges(self) -> tuple[list[set[int]], list[set[int]]]:
@@ -158,25 +158,17 @@ class Decoder:
                 used += self.p.size[t]
         return frozenset(chosen)
 
-    def need(self, pinned: frozenset[int], sums: bool) -> int:
-        if (pinned, sums) not in self._need:
-            self._need[pinned, sums] = need_bytes(self.p, pinned, sums)
-        return self._need[pinned, sums]
+    def need(self, pinned: frozenset[int]) -> int:
+        if pinned not in self._need:
+            self._need[pinned] = need_bytes(self.p, pinned)
+        return self._need[pinned]
 
-    def decode(self, g: Genome) -> tuple[np.ndarray, frozenset[int], Policy] | None:
-        """The genome's schedule, pinned set and policy; None if no pinning lets the ops fit. Sums out
-        of place need more room: where they cannot fit at all, they run in place."""
-        for sums in dict.fromkeys((g.sums, True)):
-            pinned = self._pinning(g.pin, sums)
-            if pinned is not None:
-                return self.schedule(g.priority), pinned, policy_of(g.outputs, g.early, sums)
-        return None
-
-    def _pinning(self, share: float, sums: bool) -> frozenset[int] | None:
+    def decode(self, g: Genome) -> tuple[np.ndarray, frozenset[int]] | None:
+        share = g.pin
         while True:
             pinned = self.pinned(share)
-            if self.need(pinned, sums) <= self.req.cap:
-                return pinned
+            if self.need(pinned) <= self.req.cap:
+                return self.schedule(g.priority), pinned
             if not pinned:
                 return None
             share /= 2  # pinned tensors crowd out what some op needs: pin less
@@ -187,15 +179,16 @@ class Decoder:
         decoded = self.decode(g)
         if decoded is None:
             return None
-        schedule, pinned, policy = decoded
-        return build_plan(self.req, self.p, "ga", schedule.tolist(), pinned, policy, self.evaluator)
+        schedule, pinned = decoded
+        return build_plan(self.req, self.p, "ga", schedule.tolist(), pinned, g.policy, self.evaluator)
 
     def score(self, g: Genome) -> float:
         """The iteration time of the genome's plan, from the compiled planner and simulator."""
         decoded = self.decode(g)
         if decoded is None:
             return math.inf
-        return self.evaluator(decoded[0], self.req.cap, decoded[1], decoded[2]).iteration_ms
+        schedule, pinned = decoded
+        return self.evaluator(schedule, self.req.cap, pinned, g.policy).iteration_ms
 
 
 _DECODER: Decoder | None = None
@@ -216,7 +209,7 @@ class _Scorer:
 
     def __init__(self, req: Request, decoder: Decoder, workers: int) -> None:
         self.decoder = decoder
-        self.cache: dict[tuple[bytes, float, int, int, bool], float] = {}
+        self.cache: dict[tuple[bytes, float, int], float] = {}
         self.pool: ProcessPoolExecutor | None = None
         if workers > 1:
             method = "fork" if "fork" in multiprocessing.get_all_start_methods() else "spawn"
@@ -287,12 +280,11 @@ def _seeds(d: Decoder, rng: np.random.Generator, size: int) -> list[Genome]:
     base += [Genome(default, base_pin, o) for o in range(1, len(OUTPUTS))]
     base += [Genome(local, pin, o) for pin in PIN_LEVELS for o in range(len(OUTPUTS))]
     seeds = [s for g in base for s in (g, attrs.evolve(g, early=1))]  # each with and without early swap-ins
-    seeds += [Genome(default, base_pin, o, 1, sums=False) for o in range(len(OUTPUTS))]  # gradient sums out of place
     seeds += [Genome(default, base_pin, 0, e) for e in range(2, len(EARLY))]
     while len(seeds) < size:
         jitter = rng.normal(0.0, rng.choice([0.5, 2.0, 8.0]), n)
         seeds.append(Genome((default, local)[len(seeds) % 2] + jitter, float(rng.choice(PIN_LEVELS)),
-                            int(rng.integers(len(OUTPUTS))), int(rng.integers(len(EARLY))), bool(rng.integers(2))))
+                            int(rng.integers(len(OUTPUTS))), int(rng.integers(len(EARLY)))))
     return seeds[:max(size, 1)]
 
 
@@ -302,8 +294,7 @@ def _crossover(a: Genome, b: Genome, rng: np.random.Generator) -> Genome:
         cut = int(rng.integers(0, len(a.priority) + 1))
         take = np.arange(len(a.priority)) < cut
     return Genome(np.where(take, a.priority, b.priority), a.pin if rng.random() < 0.5 else b.pin,
-                  a.outputs if rng.random() < 0.5 else b.outputs, a.early if rng.random() < 0.5 else b.early,
-                  a.sums if rng.random() < 0.5 else b.sums)
+                  a.outputs if rng.random() < 0.5 else b.outputs, a.early if rng.random() < 0.5 else b.early)
 
 
 def _mutate(g: Genome, rng: np.random.Generator) -> Genome:
@@ -313,13 +304,11 @@ def _mutate(g: Genome, rng: np.random.Generator) -> Genome:
         priority[ops] += rng.normal(0.0, rng.choice([1.0, 5.0, 25.0]), len(ops))
         return attrs.evolve(g, priority=priority)
     which = rng.random()
-    if which < 1 / 4:
+    if which < 1 / 3:
         return attrs.evolve(g, pin=float(rng.choice(PIN_LEVELS)))
-    if which < 2 / 4:
+    if which < 2 / 3:
         return attrs.evolve(g, outputs=int(rng.integers(len(OUTPUTS))))
-    if which < 3 / 4:
-        return attrs.evolve(g, early=int(rng.integers(len(EARLY))))
-    return attrs.evolve(g, sums=not g.sums)
+    return attrs.evolve(g, early=int(rng.integers(len(EARLY))))
 
 
 def _tournament(pop: list[Genome], fit: list[float], rng: np.random.Generator, k: int = 3) -> Genome:

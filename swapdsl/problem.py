@@ -32,7 +32,7 @@ class Problem:
     op_ms: tuple[float, ...]
     op_inputs: tuple[tuple[int, ...], ...]
     op_outputs: tuple[tuple[int, ...], ...]
-    in_place: tuple[bool, ...]  # op may write its output over its first input (analysis.in_place_ops)
+    in_place: tuple[bool, ...]  # op writes its output over its first input (analysis.in_place_ops)
     persistent: frozenset[int]
     inputs: frozenset[int]
     updates: tuple[tuple[int, int], ...]  # (persistent id, id of its new value)
@@ -66,14 +66,6 @@ class Problem:
             for t in self.op_inputs[op]:
                 out[t].append(pos)
         return out
-
-    def in_place_ops(self, sums: bool = True) -> tuple[bool, ...]:
-        """Which ops write their output over their first input: every op that may (``in_place``), or,
-        without ``sums``, only the optimiser updates (a gradient sum then takes bytes of its own)."""
-        if sums:
-            return self.in_place
-        new = {n for _, n in self.updates}
-        return tuple(ip and self.op_outputs[op][0] in new for op, ip in enumerate(self.in_place))
 
     def is_forward_activation(self, t: int) -> bool:
         return self.kinds[t] == Kind.activation.value

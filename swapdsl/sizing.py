@@ -17,14 +17,13 @@ def resident_at_start(p: Problem, pinned: frozenset[int]) -> list[int]:
     return sorted(pinned, key=p.names.__getitem__) + sorted(p.inputs, key=p.names.__getitem__)
 
 
-def need_bytes(p: Problem, pinned: frozenset[int], sums_in_place: bool = True) -> int:
+def need_bytes(p: Problem, pinned: frozenset[int]) -> int:
     """The smallest cap that can run any schedule: what never moves, plus the most any op touches
-    (an in-place output shares its input's bytes; see ``Problem.in_place_ops`` for ``sums_in_place``)."""
+    (an in-place output shares its input's bytes)."""
     fixed = set(resident_at_start(p, pinned))
-    in_place = p.in_place_ops(sums_in_place)
     most = 0
     for op in range(p.n_ops):
-        touched = set(p.op_inputs[op]) | set(p.op_outputs[op][1 if in_place[op] else 0:])
+        touched = set(p.op_inputs[op]) | set(p.op_outputs[op][1 if p.in_place[op] else 0:])
         most = max(most, sum(p.size[t] for t in touched - fixed))
     return sum(p.size[t] for t in fixed) + most
 

@@ -27,13 +27,6 @@ back in their turn; if that fails as well, everything that may move leaves,
 and the op's tensors are packed from the bottom of the free space, so a cap
 of ``sizing.need_bytes`` always suffices.
 
-An op that works in place (``Problem.in_place``) leaves its output in its
-first input's bytes. Optimiser updates always do; a gradient sum does only
-with ``sums_in_place``, else its output is placed like any other and its
-operand freed after it. Which is faster depends on the model and the cap
-(a sum written over its operand stays where the operand was, not where the
-placement rule would put it), so the genetic search chooses per plan.
-
 A swap-in starts on demand (``none``), as early as its region and its host
 copy allow (``earliest``), or one op ahead (``ahead``); its region is free
 since the latest position at which any of its bytes fell free. Those are
@@ -86,7 +79,6 @@ class Policy:
     outputs: str = "oldest"  # where an op's outputs go: one of OUTPUTS (see the module docstring)
     early: float | None = None  # bring tensors back as soon as a gap holds them, keeping this part of the cap free
     horizon: int | None = None  # early swap-ins only of tensors needed within this many ops (None: any)
-    sums_in_place: bool = True  # gradient sums write over their operand (else only optimiser updates do)
 
     def reserve(self, cap: int) -> int:
         """Bytes an early swap-in leaves free (-1: no early swap-ins)."""
@@ -163,7 +155,6 @@ class Arena:
 class _Planner:
     def __init__(self, p: Problem, schedule: list[int], cap: int, pinned: frozenset[int], policy: Policy) -> None:
         self.p, self.schedule, self.policy = p, schedule, policy
-        self.in_place = p.in_place_ops(policy.sums_in_place)
         self.arena = Arena(cap)
         self.pinned = set(pinned)
         self.fixed = set(pinned) | set(p.inputs)  # never leave the device
@@ -233,7 +224,7 @@ class _Planner:
         p = self.p
         ins, outs = p.op_inputs[op], list(p.op_outputs[op])
         protect = set(ins) | set(outs)
-        in_place_out = outs.pop(0) if self.in_place[op] else None
+        in_place_out = outs.pop(0) if p.in_place[op] else None
         swapins = self.place_all(pos, ins, outs, protect)
         for t, since in swapins:
             self.emit(self.swapin_at(t, pos, since), _IN, SwapIn(p.names[t], self.region(t), -1, op))

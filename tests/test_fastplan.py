@@ -28,14 +28,12 @@ V100 = BUILTIN["v100-16gb"]
 POLICIES = [Policy(v, f) for v in ("lru", "belady") for f in ("none", "earliest", "ahead")] + \
     [Policy("belady", "earliest", outputs=o) for o in OUTPUTS[1:]] + \
     [Policy(v, "earliest", outputs=o, early=e) for v in ("lru", "belady") for o in OUTPUTS for e in (0.0, 0.1)] + \
-    [Policy(v, "earliest", early=0.0, horizon=h) for v in ("lru", "belady") for h in (1, 4)] + \
-    [Policy(v, "earliest", outputs=o, early=e, sums_in_place=False) for v in ("lru", "belady")
-     for o in OUTPUTS for e in (None, 0.0)]
+    [Policy(v, "earliest", early=0.0, horizon=h) for v in ("lru", "belady") for h in (1, 4)]
 
 
-def _need_and_no_swap(p: Problem, sums_in_place: bool = True) -> tuple[int, int]:
+def _need_and_no_swap(p: Problem) -> tuple[int, int]:
     """Caps from the least any unpinned plan needs to the no-swap arena (or that least, if larger)."""
-    need = need_bytes(p, frozenset(), sums_in_place)
+    need = need_bytes(p, frozenset())
     return need, max(need, no_swap_bytes(p))
 
 
@@ -55,15 +53,14 @@ def test_compiled_planner_and_simulator_agree_with_the_reference(t: Graph, where
                                                                   seed: int) -> None:
     """Any schedule, cap and pinning the search can produce: the same program, bit-identical time."""
     p = Problem.build(t, V100)
-    need, no_swap = _need_and_no_swap(p, policy.sums_in_place)
+    need, no_swap = _need_and_no_swap(p)
     req = Request(t, V100, int(need + where * (no_swap - need)), "random.swp", ())
     d = Decoder(req)
     rng = np.random.default_rng(seed)
-    genome = Genome(rng.normal(0, 5, p.n_ops), float(rng.choice([0, 0.3, 1.0])), sums=policy.sums_in_place)
+    genome = Genome(rng.normal(0, 5, p.n_ops), float(rng.choice([0, 0.3, 1.0])))
     decoded = d.decode(genome)
     assert decoded is not None
-    schedule, pinned, chosen = decoded
-    assert chosen.sums_in_place == policy.sums_in_place  # the cap lets sums run out of place where asked
+    schedule, pinned = decoded
     _agree(req, d.p, schedule.tolist(), policy, pinned)
 
 
@@ -141,13 +138,12 @@ def test_tight_caps_take_the_last_resort_paths_and_still_agree(monkeypatch: pyte
     for seed in range(60):
         t = seeded_training_graph(seed)
         p = Problem.build(t, V100)
+        need, no_swap = _need_and_no_swap(p)
+        cap = need + int(random.Random(seed).choice([0.0, 0.05]) * (no_swap - need))
         for policy in (Policy("belady", "earliest"), Policy("lru", "none"),
                        Policy("belady", "earliest", outputs="newest"), Policy("belady", "earliest", early=0.0),
                        Policy("lru", "none", outputs="newest", early=0.02), Policy("belady", "earliest", early=0.0,
-                                                                                       horizon=3),
-                       Policy("belady", "earliest", early=0.0, sums_in_place=False)):
-            need, no_swap = _need_and_no_swap(p, policy.sums_in_place)
-            cap = need + int(random.Random(seed).choice([0.0, 0.05]) * (no_swap - need))
+                                                                                       horizon=3)):
             _agree(Request(t, V100, cap, "random.swp", ()), p, list(range(p.n_ops)), policy, frozenset())
     assert taken["clear"] > 0 and taken["bounce"] > 0
 

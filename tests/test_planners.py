@@ -336,8 +336,8 @@ def test_ga_improves_on_its_seeds_where_the_default_schedule_is_poor() -> None:
 @settings(max_examples=40, deadline=None)
 @given(training_graphs(), st.floats(0.0, 1.0), st.integers(0, 2**31 - 1))
 def test_any_genome_decodes_to_a_valid_plan(t: Graph, where: float, seed: int) -> None:
-    """The search may try any schedule, pinning, output placement, early swap-ins and gradient sums in
-    place or not: every one must plan validly, and no plan beats the bound."""
+    """The search may try any schedule, pinning, output placement and early swap-ins: every one must
+    plan validly, and no plan beats the bound."""
     import numpy as np
 
     from swapdsl.ga import EARLY, Decoder, Genome
@@ -347,30 +347,11 @@ def test_any_genome_decodes_to_a_valid_plan(t: Graph, where: float, seed: int) -
     d = Decoder(Request(t, V100, cap, "random.swp", ()))
     rng = np.random.default_rng(seed)
     genome = Genome(rng.normal(0, 10, d.p.n_ops), float(rng.choice([0, 0.3, 1.0])), int(rng.integers(3)),
-                    int(rng.integers(len(EARLY))), bool(rng.integers(2)))
+                    int(rng.integers(len(EARLY))))
     plan = d.plan(genome)
     assert plan is not None
     validate(plan)
     assert simulate(plan).iteration_ms >= bound_ms(d.p, cap) * (1 - 1e-9)
-
-
-def test_sums_run_in_place_where_out_of_place_cannot_fit() -> None:
-    """A genome asking for gradient sums out of place gets them, unless even with nothing pinned the ops
-    would not fit that way: then they run in place rather than the genome being thrown away."""
-    import numpy as np
-
-    from swapdsl.ga import Decoder, Genome
-    from swapdsl.sizing import need_bytes
-
-    t = training_graph(build_graph(str(MODELS / "lstm_lm.swp"), ["layers=2", "hidden=8", "vocab=12", "seq=4",
-                                                                   "batch=2"])[1])
-    p = Problem.build(t, V100)
-    tight, roomy = need_bytes(p, frozenset()), need_bytes(p, frozenset(), sums_in_place=False)
-    assert tight < roomy
-    genome = Genome(np.zeros(p.n_ops), 0.0, sums=False)
-    for cap, sums in ((tight, True), (roomy, False)):
-        decoded = Decoder(Request(t, V100, cap, "lstm_lm.swp", ())).decode(genome)
-        assert decoded is not None and decoded[2].sums_in_place is sums
 
 
 def test_a_tensor_goes_where_its_bytes_have_been_free_longest() -> None:

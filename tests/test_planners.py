@@ -322,7 +322,7 @@ def test_ga_improves_on_its_seeds_where_the_default_schedule_is_poor() -> None:
     need, no_swap = caps(t)
     cap = need + (no_swap - need) // 4
     seen: list[float] = []
-    opts = SearchOptions(budget_s=600, generations=100, population=10, seed=1, workers=1)
+    opts = SearchOptions(budget_s=600, generations=150, population=10, seed=1, workers=1)
     outcome = genetic_search(Request(t, V100, cap, "branches.swp", ()), opts,
                              on_generation=lambda gen, best: seen.append(best))
     validate(outcome.plan)

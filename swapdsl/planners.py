@@ -17,23 +17,19 @@ on the host, come in when needed, and their new values are written back.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 import attrs
 
 from swapdsl.analysis import peak_bytes
 from swapdsl.bound import bound_ms, ideal_ms
 from swapdsl.devices import Device
 from swapdsl.errors import SwpError
+from swapdsl.fastplan import Evaluator
 from swapdsl.ir import Graph
 from swapdsl.plan import HOST, Plan, PlanOp, PlanTensor, Region
 from swapdsl.problem import Problem
 from swapdsl.simulate import simulate
 from swapdsl.sizing import choose_pinned, no_swap_bytes
 from swapdsl.swapplan import Policy
-
-if TYPE_CHECKING:
-    from swapdsl.fastplan import Evaluator  # imported when planning: it loads numba
 
 METHODS: dict[str, Policy] = {
     "lru": Policy("lru", "none"),
@@ -85,8 +81,6 @@ def baseline_setup(p: Problem, method: str, cap: int, no_swap: int | None = None
 
 def baseline(req: Request, p: Problem, method: str) -> tuple[Plan, int]:
     """A baseline's plan (without figures) on the default schedule, and the no-swap arena's bytes."""
-    from swapdsl.fastplan import Evaluator
-
     evaluator = Evaluator(p)  # flattened once: it sizes the no-swap arena and makes the plan
     s, no_swap = baseline_setup(p, method, req.cap, evaluator.no_swap_bytes(list(range(p.n_ops))))
     return build_plan(req, p, method, s.schedule, s.pinned, s.policy, evaluator), no_swap
@@ -107,8 +101,6 @@ class SearchOptions:
 def build_plan(req: Request, p: Problem, method: str, schedule: list[int], pinned: frozenset[int],
                policy: Policy, evaluator: Evaluator | None = None) -> Plan:
     """The plan the compiled swap planner makes (``evaluator``: ``p`` already flattened, if at hand)."""
-    from swapdsl.fastplan import Evaluator
-
     program, homes = (evaluator or Evaluator(p)).program(schedule, req.cap, pinned, policy)
     return assemble(req, p, method, homes, tuple(program))
 

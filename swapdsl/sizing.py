@@ -31,7 +31,7 @@ def need_bytes(p: Problem, pinned: frozenset[int]) -> int:
 def no_swap_bytes(p: Problem, schedule: list[int] | None = None) -> int:
     """The arena ``schedule`` (default: the graph's order) needs with every tensor resident from birth
     to last use, placed as the swap planner places them."""
-    from swapdsl.fastplan import Evaluator
+    from swapdsl.fastplan import Evaluator  # (here: fastplan imports swapplan, which imports this module)
 
     return Evaluator(p).no_swap_bytes(list(range(p.n_ops)) if schedule is None else schedule)
 

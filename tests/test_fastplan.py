@@ -175,19 +175,22 @@ def test_compiled_free_time_segments_match_the_readable_ones(top: int, frees: li
     """The simulator's linked, bucket-indexed segments answer every look-up as arena.Segments does,
     whether a free cuts one segment in three, trims two, or swallows many (``top`` 10**6 puts several
     segments in one bucket)."""
+    from swapdsl._fastplan import segments_replay
     from swapdsl.arena import Segments
-    from swapdsl.fastplan import _seg_assign, _seg_max, _segments
 
-    s, val, index, gran = _segments(top, len(frees), 0.0)
-    n, reference = 1, Segments[float]()
-    for lo, length, when in frees:
-        lo, hi = lo % top, min(top, lo % top + length)
-        n = _seg_assign(lo, hi, when, s, val, index, gran, n)
-        reference.assign(lo, hi, when)
-        for qlo, qlength in queries[:5] + [(lo, length)]:
-            qlo = qlo % top
-            qhi = min(top, qlo + qlength)
-            assert _seg_max(qlo, qhi, s, val, index, gran) == max(reference.over(qlo, qhi), default=0.0)
+    lo = np.array([f[0] % top for f in frees], np.int64)
+    hi = np.minimum(top, lo + np.array([f[1] for f in frees], np.int64))
+    when = np.array([f[2] for f in frees], np.float64)
+    asks = [(i, q % top, min(top, q % top + n)) for i, (first, length, _) in enumerate(frees)
+            for q, n in queries[:5] + [(first, length)]]
+    after, qlo, qhi = (np.array([a[k] for a in asks], np.int64) for k in range(3))
+    got = np.zeros(len(asks))
+    segments_replay(top, lo, hi, when, qlo, qhi, after, got)
+    reference, expected = Segments[float](), []
+    for i in range(len(frees)):
+        reference.assign(int(lo[i]), int(hi[i]), float(when[i]))
+        expected += [max(reference.over(a, b), default=0.0) for j, a, b in asks if j == i]
+    assert got.tolist() == expected
 
 
 @settings(max_examples=60, deadline=None)
@@ -198,20 +201,28 @@ def test_the_victim_index_finds_the_best_key_at_or_below_any_other(n_keys: int, 
     """The planner's ranked tenants, kept as key lists under three levels of bitmaps, give the largest
     key at or below any asked as a scan of the keys held does, as tenants come and go (70,000 keys span
     several words of every bitmap level)."""
-    from swapdsl.fastplan import TR_COLS, _best_key, _rank_add, _rank_drop
+    from swapdsl._fastplan import victims_replay
 
-    tr = np.full((200, TR_COLS), -1, np.int64)
-    kh = np.zeros((4, n_keys + 1), np.int64)
-    kh[0] = -1
     held: dict[int, int] = {}
-    for t, k in moves:
+    tensors, keys, asked, after, expected = [], [], [], [], []
+
+    def ask(x: int, i: int) -> None:
+        asked.append(x)
+        after.append(i)
+        expected.append(max((k for k in held.values() if k <= x), default=-1))
+
+    for i, (t, k) in enumerate(moves):
         if t in held:
-            _rank_drop(tr, kh, t)
             del held[t]
+            key = -1  # (it leaves)
         else:
-            held[t] = k % (n_keys + 1) if k % 3 else k % 7  # a third of them share a few small keys
-            _rank_add(tr, kh, t, held[t])
+            key = held[t] = k % (n_keys + 1) if k % 3 else k % 7  # a third of them share a few small keys
+        tensors.append(t)
+        keys.append(key)
         for x in asks[:4] + [n_keys, held.get(t, 0)]:
-            x = min(x % (n_keys + 2) - 1, n_keys)
-            assert _best_key(kh, x) == max((k for k in held.values() if k <= x), default=-1)
-    assert all(_best_key(kh, k) == k for k in held.values())
+            ask(min(x % (n_keys + 2) - 1, n_keys), i)
+    for k in held.values():
+        ask(k, len(moves) - 1)
+    got = np.zeros(len(asked), np.int64)
+    victims_replay(n_keys, 200, *(np.array(v, np.int64) for v in (tensors, keys, asked, after)), got)
+    assert got.tolist() == expected

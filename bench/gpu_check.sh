@@ -4,7 +4,8 @@
 #
 # Usage: bash bench/gpu_check.sh [OUTDIR]     (logs go to OUTDIR, default $OUT or /tmp/gpu_check)
 # Wheels of packages the machine lacks may wait in .whl/; they are installed first. The project is
-# installed (no dependencies, no index) into the Python it runs with.
+# installed (no dependencies, no index) into the Python it runs with; its C extension is built with that
+# Python's setuptools (77 or newer) and the machine's C compiler.
 set -uo pipefail
 out=${1:-${OUT:-/tmp/gpu_check}}
 mkdir -p "$out"
@@ -24,7 +25,7 @@ step() {  # step NAME SECONDS COMMAND...: run it from /tmp (so the installed pac
     echo "== $name: exit ${PIPESTATUS[0]}"
 }
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | tee "$out/gpu.txt"
-$py -c 'import cupy, numba, numpy; print("cupy", cupy.__version__, "numba", numba.__version__, "numpy", numpy.__version__)'
+$py -c 'import cupy, numpy, setuptools; print("cupy", cupy.__version__, "numpy", numpy.__version__, "setuptools", setuptools.__version__)'
 step gpu_tests 240 $py -m pytest -q -m gpu -p no:cacheprovider "$repo/tests"
 step ga_exec 150 bash -c "$py -m swapdsl optimize $repo/stdlib/models/resnet.swp -D batch=8 --memory 512MiB --budget 20 \
     -o /tmp/resnet.plan --json && $py -m swapdsl exec /tmp/resnet.plan --backend cupy --steps 3 --check"

@@ -1,12 +1,15 @@
-/* The optimiser's inner loop in C: the swap planner and the simulator of fastplan.py, one call each.
+/* The optimiser's inner loop in C: the swap planner, the simulator and the schedule decoder that
+   fastplan.Evaluator calls, one call each.
 
-   It makes exactly the program that swapplan.plan_swaps_reference makes and times it exactly as
-   simulate.simulate does; tests/test_fastplan.py holds it to both. The data structures are those the
-   comments of fastplan.py describe (arena nodes, the unordered set of gaps and what each knows of its
-   ends, free-position segments under buckets, victims ranked under bitmaps, the heap of tensors waiting
-   on the host); here they are rows of fixed width in malloc'd memory, so an index costs no wraparound
-   test and no stride load. numba compiled the same algorithm 1.6x slower.
-   Arrays come in through the buffer protocol, so building this needs no NumPy headers. */
+   plan() makes exactly the program that swapplan.plan_swaps_reference makes, and simulate() times it
+   exactly as simulate.simulate does; tests/test_fastplan.py holds both to those references on random
+   graphs, caps and policies. The program is a list of records (bucket, kind, tensor, offset, before):
+   bucket b holds what is issued after the op at schedule position b - 1, and kinds order a bucket as
+   the reference does (the run, then swap-outs, frees and swap-ins).
+
+   Until this file the same algorithm was numba-compiled: here the simulator runs 1.6x and the planner
+   1.1-1.2x faster on the LSTM's plan, with no compile on first use. Arrays come in through the buffer
+   protocol, so building this needs no NumPy headers. */
 
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -144,7 +147,21 @@ static void seg_assign(Segs *g, i64 lo, i64 hi, double v) {
     g->n = n + 1;
 }
 
-/* -- the planner's state. Arena node m is row a[m]: NX/PV link nodes in offset order, OFF/END/TEN its
+/* -- the planner's state.
+
+   Choosing a place (fit) ranks the places at the start or the end of each gap that holds the size by
+   since when all their bytes are free (longest first, or freed last for "newest" outputs), then the
+   smallest gap, then the lowest offset; the gap above the last tenant is used, at its start, only when
+   no other gap holds the size. Two things keep that cheap. A gap knows, for two sizes, since when the
+   first and the last `size` bytes are free (KNOW0 for its start, KNOW1 for its end: a (size, since)
+   pair for the size asked last, then one for the size before), so most look-ups never reach the
+   segments; it keeps what it knows of an end while that end stays and the gap is no shorter. And GLB
+   and GUB bound the positions at which the gap's bytes fell free, so a gap whose bound is worse than
+   the best place found is skipped. A gap cut by a tenant leaves both parts (and the tenant, in NLB and
+   NUB) the whole gap's bounds; gaps joined by a tenant's leaving take the least and the most of the
+   three.
+
+   Arena node m is row a[m]: NX/PV link nodes in offset order, OFF/END/TEN its
    tenant, GPOS the place of the gap before it in the set of gaps, RUN_AT/RUN_END serve window(), NLB/NUB
    bound its bytes' free positions. Node HEAD = n_t starts the list, TOP = n_t + 1 ends it; `spare` is a
    stack of unused nodes. aux[q] is the q-th gap of the (unordered) gap set: the node after it (GS), its
@@ -247,7 +264,11 @@ static i64 fit(Planner *P, i64 size, int newest, i64 *offset, i64 *since) {
     return fit_by(P, size, 1, GLB, offset, since);
 }
 
-/* victims ranked by key: row 0 of kh heads a list per key, rows 1-3 are bitmaps of the row above */
+/* -- tenants that may move, ranked as victims: a key is the tenant's next use (belady; no next use:
+   the number of ops) or the number of ops less its last access (lru), so a larger key is a better
+   victim. Row 0 of kh heads a list of the tenants of each key (RK_NEXT, RK_PREV); rows 1 to 3 are
+   bitmaps, 32 bits a word: bit b of word w of row r is set when index 32 w + b of row r - 1 holds
+   anything, so the best key at or below any other is found in a few steps. */
 
 static inline void rank_add(Planner *P, i64 t, i64 key) {
     i64 h = KH(0, key);
@@ -403,8 +424,13 @@ static void hp_pop(Planner *P) {
     }
 }
 
-/* The best window to clear (swapplan._Planner.window): its first tenant's node and the node after its
-   last, -1 if none. Tenants are admitted best key first; see fastplan._window. */
+/* The best window to clear (swapplan._Planner.window): its first tenant's node (-1: none) and, in *kj,
+   the node after its last. A window is as good as its worst tenant, so tenants are admitted best key
+   first: admitted neighbours form runs (RUN_END of a run's first node is its last and the other way
+   round), and the first key at which a run, with the gaps around it, spans the size is the best score.
+   Every window of that score lies in such a run and holds a tenant of that key, so only the windows
+   around those tenants are compared, by bytes, then offset. A tenant that may not move (fixed, or the
+   op's own unless bouncing one that was on the device before the op) is never admitted. */
 static i64 window(Planner *P, i64 size, i64 stamp, int bounce, i64 *kj) {
     i64 scan = ++P->scans, *found = P->found, nkey = 0;
     int spanned = 0;

@@ -48,16 +48,20 @@ static int segs_init(Segs *g, i64 top, i64 room, double first) {
 
 static void segs_free(Segs *g) { free(g->s); free(g->val); free(g->bucket); }
 
+/* *p reallocated to `bytes`: 0, or -1 (*p unchanged) when out of memory. */
+static int grow(void **p, size_t bytes) {
+    void *q = realloc(*p, bytes);
+    if (!q) return -1;
+    *p = q;
+    return 0;
+}
+
 /* Room for two more segments (an assignment makes at most two). */
 static int segs_reserve(Segs *g) {
     if (g->n + 2 <= g->room) return 0;
     i64 room = 2 * g->room;
-    Seg *s = realloc(g->s, sizeof(Seg) * room);
-    if (!s) return -1;
-    g->s = s;
-    double *val = realloc(g->val, sizeof(double) * room);
-    if (!val) return -1;
-    g->val = val;
+    if (grow((void **)&g->s, sizeof(Seg) * room) < 0 || grow((void **)&g->val, sizeof(double) * room) < 0)
+        return -1;
     g->room = room;
     return 0;
 }
@@ -176,7 +180,7 @@ enum { WHERE, MARK, RESIDENT, IS_OUT, QUEUED, LAST, NEXT_I, NEXT_USE, SIZE, NODE
 
 typedef struct {
     i64 n_t, n_ops, kh_w;
-    i64 *a, *aux, *tr, *kh, *found, *spare;
+    i64 *a, *aux, *tr, *kh, *found, *spare, *use_pos; /* use_pos lies after found's n_t rows */
     i64 tenants, gaps, free_nodes, bytes, early_limit, scans;
     Segs f;
     i64 *hk, *ht, hp_n, hp_room; /* heap of (next use, tensor) waiting on the host */
@@ -392,12 +396,8 @@ static inline int hp_less(Planner *P, i64 i, i64 j) {
 static int hp_push(Planner *P, i64 key, i64 t) {
     if (P->hp_n == P->hp_room) {
         i64 room = 2 * P->hp_room + 16;
-        i64 *hk = realloc(P->hk, sizeof(i64) * room);
-        if (!hk) return -1;
-        P->hk = hk;
-        i64 *ht = realloc(P->ht, sizeof(i64) * room);
-        if (!ht) return -1;
-        P->ht = ht;
+        if (grow((void **)&P->hk, sizeof(i64) * room) < 0 || grow((void **)&P->ht, sizeof(i64) * room) < 0)
+            return -1;
         P->hp_room = room;
     }
     i64 i = P->hp_n++;
@@ -626,7 +626,7 @@ static int after_op(Planner *P, const Inputs *in, i64 pos, int belady, int offlo
         i64 t = in->in_idx[j];
         if (TR(t, NEXT_USE) == pos) {
             i64 i = TR(t, NEXT_I) + 1;
-            TR(t, NEXT_I) = i, TR(t, NEXT_USE) = i < TR(t, USE_END) ? P->found[P->n_t + i] : INF;
+            TR(t, NEXT_I) = i, TR(t, NEXT_USE) = i < TR(t, USE_END) ? P->use_pos[i] : INF;
         }
     }
     for (i64 j = i0; j < o1 + i1 - o0; j++) { /* the op's tensors still ranked take their new keys */
@@ -801,7 +801,7 @@ static int plan(const Inputs *in, i64 *recs, i64 rec_room, i64 *room, i64 *out_o
     if (!use_ptr || !P->a || !P->aux || !P->spare || !P->tr || !P->kh || !P->found || !P->hk || !P->ht ||
         segs_init(&P->f, min64(in->cap, total), 2 * room[2] + 2, -1.0) < 0)
         goto done;
-    i64 *use_pos = P->found + n_t;
+    i64 *use_pos = P->use_pos = P->found + n_t;
     for (i64 pos = 0; pos < n_ops; pos++) {
         i64 op = in->schedule[pos];
         for (i64 j = in->in_ptr[op]; j < in->in_ptr[op + 1]; j++) use_ptr[in->in_idx[j] + 1]++;

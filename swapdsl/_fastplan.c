@@ -174,13 +174,21 @@ static void seg_assign(Segs *g, i64 lo, i64 hi, double v) {
    every gap, and this layout made the LSTM's belady plan 7-10% faster). tr[t] is tensor t's row. */
 
 enum { NX, PV, OFF, END, TEN, GPOS, RUN_AT, RUN_END, NLB, NUB, A_COLS };
-enum { GS, GLO, GHI, KNOW0, KNOW1 = 7, GLB = 11, GUB, AUX_ROWS = 16 }; /* (13 used) */
-enum { WHERE, MARK, RESIDENT, IS_OUT, QUEUED, LAST, NEXT_I, NEXT_USE, SIZE, NODE, RK_NEXT, RK_PREV, RK_KEY,
-       EARLY_REC, FIXED, PINNED, OUT_OFF, HOST_AT, RELEASED, HOST, WRITE_BACK, USE_END, LAST_USE, TR_COLS = 24 }; /* (three cache lines a row) */
+enum { GLO, GHI, GLB, GUB, KNOW0, KNOW1 = 6, GS = 8, KNOW_OLD = 8, AUX_ROWS = 16 }; /* (13 used) */
+/* tensor t's row: where it lives (-1: not on the device) and the rest of its state; positions and
+   indices as int32 so a row is 96 bytes, half what int64 columns took, which made the LSTM's search
+   candidates ~4% faster */
+typedef struct {
+    i64 where, size, out_off, next_use;
+    int32_t mark, resident, is_out, queued, last, next_i, use_end, last_use, node, rk_next, rk_prev, rk_key,
+        early_rec, host_at, released;
+    uint8_t fixed, pinned, host, write_back;
+} Tensor;
 
 typedef struct {
-    i64 n_t, n_ops, kh_w;
-    i64 *a, *aux, *tr, *kh, *found, *spare, *use_pos; /* use_pos lies after found's n_t rows */
+    i64 n_t, n_ops, kh_w, kh_row[4];
+    i64 *a, *aux, *kh, *found, *spare, *use_pos; /* use_pos lies after found's n_t rows */
+    Tensor *tr;
     i64 tenants, gaps, free_nodes, bytes, early_limit, scans;
     Segs f;
     i64 *hk, *ht, hp_n, hp_room; /* heap of (next use, tensor) waiting on the host */
@@ -189,8 +197,8 @@ typedef struct {
 
 #define A(m, c) P->a[(m) * A_COLS + (c)]
 #define AUX(field, q) P->aux[(q) * AUX_ROWS + (field)]
-#define TR(t, c) P->tr[(t) * TR_COLS + (c)]
-#define KH(r, w) P->kh[(r) * P->kh_w + (w)]
+#define TR(t, c) P->tr[t].c
+#define KH(r, w) P->kh[P->kh_row[r] + (w)]
 
 static inline void record(Planner *P, i64 bucket, i64 kind, i64 t, i64 offset, i64 before) {
     i64 *r = P->recs + 5 * P->nrec++;
@@ -205,14 +213,14 @@ static inline i64 gap_put(Planner *P, i64 g, i64 lo, i64 hi, i64 lb, i64 ub) {
         q = P->gaps++;
         AUX(GS, q) = g;
         A(g, GPOS) = q;
-        AUX(KNOW0, q) = AUX(KNOW0 + 2, q) = AUX(KNOW1, q) = AUX(KNOW1 + 2, q) = -1;
+        AUX(KNOW0, q) = AUX(KNOW0 + KNOW_OLD, q) = AUX(KNOW1, q) = AUX(KNOW1 + KNOW_OLD, q) = -1;
     }
     AUX(GLO, q) = lo, AUX(GHI, q) = hi, AUX(GLB, q) = lb, AUX(GUB, q) = ub;
     return q;
 }
 
 static inline void know(Planner *P, i64 src, i64 dst, int row, i64 length) {
-    for (int k = row; k < row + 4; k += 2) {
+    for (int k = row; k <= row + KNOW_OLD; k += KNOW_OLD) {
         i64 size = AUX(k, src) <= length ? AUX(k, src) : -1, since = AUX(k + 1, src);
         AUX(k, dst) = size, AUX(k + 1, dst) = since;
     }
@@ -220,9 +228,9 @@ static inline void know(Planner *P, i64 src, i64 dst, int row, i64 length) {
 
 static inline i64 since_of(Planner *P, i64 q, int row, i64 size, i64 lo) {
     if (AUX(row, q) == size) return AUX(row + 1, q);
-    i64 since = AUX(row + 3, q);
-    if (AUX(row + 2, q) != size) since = (i64)seg_max(&P->f, lo, lo + size);
-    AUX(row + 2, q) = AUX(row, q), AUX(row + 3, q) = AUX(row + 1, q);
+    i64 since = AUX(row + KNOW_OLD + 1, q);
+    if (AUX(row + KNOW_OLD, q) != size) since = (i64)seg_max(&P->f, lo, lo + size);
+    AUX(row + KNOW_OLD, q) = AUX(row, q), AUX(row + KNOW_OLD + 1, q) = AUX(row + 1, q);
     AUX(row, q) = size, AUX(row + 1, q) = since;
     return since;
 }
@@ -231,7 +239,7 @@ static inline void gap_drop(Planner *P, i64 g) {
     i64 q = A(g, GPOS);
     if (q < 0) return;
     i64 last = --P->gaps;
-    for (int row = GS; row < AUX_ROWS; row++) AUX(row, q) = AUX(row, last);
+    for (int row = 0; row < AUX_ROWS; row++) AUX(row, q) = AUX(row, last);
     A(AUX(GS, q), GPOS) = q;
     A(g, GPOS) = -1;
 }
@@ -276,10 +284,10 @@ static i64 fit(Planner *P, i64 size, int newest, i64 *offset, i64 *since) {
 
 static inline void rank_add(Planner *P, i64 t, i64 key) {
     i64 h = KH(0, key);
-    TR(t, RK_NEXT) = h, TR(t, RK_PREV) = -1, TR(t, RK_KEY) = key;
+    TR(t, rk_next) = h, TR(t, rk_prev) = -1, TR(t, rk_key) = key;
     KH(0, key) = t;
     if (h >= 0) {
-        TR(h, RK_PREV) = t;
+        TR(h, rk_prev) = t;
         return;
     }
     for (i64 r = 1, y = key; r < 4; r++) {
@@ -291,13 +299,13 @@ static inline void rank_add(Planner *P, i64 t, i64 key) {
 }
 
 static inline void rank_drop(Planner *P, i64 t) {
-    i64 key = TR(t, RK_KEY);
+    i64 key = TR(t, rk_key);
     if (key < 0) return;
-    i64 after = TR(t, RK_NEXT), before = TR(t, RK_PREV);
-    if (before >= 0) TR(before, RK_NEXT) = after;
+    i64 after = TR(t, rk_next), before = TR(t, rk_prev);
+    if (before >= 0) TR(before, rk_next) = after;
     else KH(0, key) = after;
-    if (after >= 0) TR(after, RK_PREV) = before;
-    TR(t, RK_KEY) = -1;
+    if (after >= 0) TR(after, rk_prev) = before;
+    TR(t, rk_key) = -1;
     if (KH(0, key) >= 0) return;
     for (i64 r = 1, y = key; r < 4; r++) {
         i64 w = y >> 5;
@@ -337,9 +345,24 @@ static i64 best_key(Planner *P, i64 x) {
     return y;
 }
 
+/* Room for keys 0 to n_keys - 1: row 0 of kh empty (-1), each bitmap row a 32nd of the row below. */
+static int kh_alloc(Planner *P, i64 n_keys) {
+    i64 len = n_keys, at = 0;
+    P->kh_w = n_keys;
+    for (int r = 0; r < 4; r++) {
+        P->kh_row[r] = at;
+        at += len;
+        len = len / 32 + 1;
+    }
+    P->kh = calloc(at, sizeof(i64));
+    if (!P->kh) return -1;
+    for (i64 w = 0; w < n_keys; w++) KH(0, w) = -1;
+    return 0;
+}
+
 static inline i64 rank_of(Planner *P, i64 t, int belady) {
-    if (belady) return TR(t, NEXT_USE) != INF ? TR(t, NEXT_USE) : P->n_ops;
-    return P->n_ops - 1 - TR(t, LAST);
+    if (belady) return TR(t, next_use) != INF ? TR(t, next_use) : P->n_ops;
+    return P->n_ops - 1 - TR(t, last);
 }
 
 /* arena tenants */
@@ -348,13 +371,13 @@ static inline i64 insert(Planner *P, i64 g, i64 offset, i64 size, i64 t, i64 key
     i64 m = P->spare[--P->free_nodes], before = A(g, PV), q = A(g, GPOS);
     i64 lo = AUX(GLO, q), hi = AUX(GHI, q);
     A(m, NX) = g, A(m, PV) = before, A(before, NX) = m, A(g, PV) = m;
-    A(m, OFF) = offset, A(m, END) = offset + size, A(m, TEN) = t, A(m, GPOS) = -1, TR(t, NODE) = m;
+    A(m, OFF) = offset, A(m, END) = offset + size, A(m, TEN) = t, A(m, GPOS) = -1, A(m, RUN_AT) = -1, TR(t, node) = m;
     A(m, NLB) = AUX(GLB, q), A(m, NUB) = AUX(GUB, q);
     if (offset > lo) know(P, q, gap_put(P, m, lo, offset, AUX(GLB, q), AUX(GUB, q)), KNOW0, offset - lo);
     if (offset + size == hi) {
         gap_drop(P, g);
     } else {
-        AUX(GLO, q) = offset + size, AUX(KNOW0, q) = -1, AUX(KNOW0 + 2, q) = -1;
+        AUX(GLO, q) = offset + size, AUX(KNOW0, q) = -1, AUX(KNOW0 + KNOW_OLD, q) = -1;
         know(P, q, q, KNOW1, hi - offset - size);
     }
     P->tenants++;
@@ -364,7 +387,7 @@ static inline i64 insert(Planner *P, i64 g, i64 offset, i64 size, i64 t, i64 key
 }
 
 static int remove_tenant(Planner *P, i64 t, i64 pos) {
-    i64 m = TR(t, NODE), before = A(m, PV), after = A(m, NX);
+    i64 m = TR(t, node), before = A(m, PV), after = A(m, NX);
     if (pos >= 0) {
         if (segs_reserve(&P->f) < 0) return -1;
         seg_assign(&P->f, A(m, OFF), A(m, END), (double)pos);
@@ -374,7 +397,7 @@ static int remove_tenant(Planner *P, i64 t, i64 pos) {
     if (qa >= 0) lb = min64(lb, AUX(GLB, qa)), ub = max64(ub, AUX(GUB, qa));
     if (qm >= 0) lb = min64(lb, AUX(GLB, qm)), ub = max64(ub, AUX(GUB, qm));
     qa = gap_put(P, after, A(before, END), A(after, OFF), lb, ub);
-    AUX(KNOW0, qa) = -1, AUX(KNOW0 + 2, qa) = -1;
+    AUX(KNOW0, qa) = -1, AUX(KNOW0 + KNOW_OLD, qa) = -1;
     if (qm >= 0) {
         know(P, qm, qa, KNOW0, INF);
         gap_drop(P, m);
@@ -436,9 +459,9 @@ static i64 window(Planner *P, i64 size, i64 stamp, int bounce, i64 *kj) {
     int spanned = 0;
     for (i64 x = best_key(P, P->kh_w - 1); x >= 0 && !spanned; x = best_key(P, x - 1)) {
         nkey = 0;
-        for (i64 t = KH(0, x); t >= 0; t = TR(t, RK_NEXT)) {
-            if (TR(t, FIXED) || (TR(t, MARK) == stamp && !(bounce && TR(t, RESIDENT) == stamp))) continue;
-            i64 m = TR(t, NODE);
+        for (i64 t = KH(0, x); t >= 0; t = TR(t, rk_next)) {
+            if (TR(t, fixed) || (TR(t, mark) == stamp && !(bounce && TR(t, resident) == stamp))) continue;
+            i64 m = TR(t, node);
             i64 first = A(A(m, PV), RUN_AT) == scan ? A(A(m, PV), RUN_END) : m;
             i64 last = A(A(m, NX), RUN_AT) == scan ? A(A(m, NX), RUN_END) : m;
             A(m, RUN_AT) = scan;
@@ -478,23 +501,23 @@ static i64 window(Planner *P, i64 size, i64 stamp, int bounce, i64 *kj) {
 /* Tenant v leaves after its last use so far: copied out first if still needed; an early swap-in not used
    yet is taken back instead, as if never made (its record's bucket set to -1). */
 static int evict(Planner *P, i64 v, i64 loss) {
-    i64 nxt = TR(v, NEXT_USE);
-    if (TR(v, EARLY_REC) >= 0) {
-        P->recs[5 * TR(v, EARLY_REC)] = -1;
-        TR(v, EARLY_REC) = -1;
+    i64 nxt = TR(v, next_use);
+    if (TR(v, early_rec) >= 0) {
+        P->recs[5 * TR(v, early_rec)] = -1;
+        TR(v, early_rec) = -1;
         if (remove_tenant(P, v, -1) < 0) return -1;
-        TR(v, WHERE) = -1;
+        TR(v, where) = -1;
         P->early_limit = min64(P->early_limit, nxt);
         return hp_push(P, nxt, v);
     }
-    i64 kp = TR(v, LAST);
-    if ((nxt != INF || v == loss) && !TR(v, HOST)) {
+    i64 kp = TR(v, last);
+    if ((nxt != INF || v == loss) && !TR(v, host)) {
         record(P, kp + 1, OUT, v, -1, -1);
-        TR(v, HOST) = 1, TR(v, HOST_AT) = kp;
+        TR(v, host) = 1, TR(v, host_at) = kp;
     }
     record(P, kp + 1, FREE, v, -1, -1);
     if (remove_tenant(P, v, kp) < 0) return -1;
-    TR(v, WHERE) = -1, TR(v, RELEASED) = kp;
+    TR(v, where) = -1, TR(v, released) = kp;
     return nxt != INF ? hp_push(P, nxt, v) : 0;
 }
 
@@ -502,7 +525,7 @@ static int evict(Planner *P, i64 v, i64 loss) {
 static inline void sort_todo(Planner *P, i64 *todo, i64 n) {
     for (i64 i = 1; i < n; i++) {
         i64 t = todo[i], j = i - 1;
-        while (j >= 0 && (TR(todo[j], SIZE) < TR(t, SIZE) || (TR(todo[j], SIZE) == TR(t, SIZE) && todo[j] > t))) {
+        while (j >= 0 && (TR(todo[j], size) < TR(t, size) || (TR(todo[j], size) == TR(t, size) && todo[j] > t))) {
             todo[j + 1] = todo[j];
             j--;
         }
@@ -533,8 +556,8 @@ static i64 queue(Planner *P, const Inputs *in, i64 *todo, i64 op, i64 ipo, i64 t
     i64 n = 0;
     for (i64 j = in->in_ptr[op]; j < in->in_ptr[op + 1]; j++) {
         i64 t = in->in_idx[j];
-        if (TR(t, WHERE) < 0 && TR(t, QUEUED) != tag) {
-            TR(t, QUEUED) = tag;
+        if (TR(t, where) < 0 && TR(t, queued) != tag) {
+            TR(t, queued) = tag;
             todo[n++] = t;
         }
     }
@@ -557,41 +580,41 @@ static int place_op(Planner *P, const Inputs *in, i64 pos, i64 ipo, int belady, 
     while (ntodo > 0) {
         i64 t = todo[0], offset, since;
         memmove(todo, todo + 1, sizeof(i64) * --ntodo);
-        int newest = TR(t, IS_OUT) == stamp && pos >= newest_from;
-        i64 g = fit(P, TR(t, SIZE), newest, &offset, &since);
+        int newest = TR(t, is_out) == stamp && pos >= newest_from;
+        i64 g = fit(P, TR(t, size), newest, &offset, &since);
         for (int bounce = 0; g < 0 && bounce < 2; bounce++) {
-            i64 kj, k = window(P, TR(t, SIZE), stamp, bounce, &kj);
+            i64 kj, k = window(P, TR(t, size), stamp, bounce, &kj);
             if (k < 0) continue;
             while (k != kj) {
                 i64 v = A(k, TEN);
                 k = A(k, NX);
-                if (TR(v, RESIDENT) == stamp && bounce) {
-                    TR(v, RESIDENT) = 0;
+                if (TR(v, resident) == stamp && bounce) {
+                    TR(v, resident) = 0;
                     todo[ntodo++] = v;
                 }
                 if (evict(P, v, in->loss) < 0) return -1;
             }
             sort_todo(P, todo, ntodo);
-            g = fit(P, TR(t, SIZE), newest, &offset, &since);
+            g = fit(P, TR(t, size), newest, &offset, &since);
             break;
         }
         if (g < 0 && !packed) { /* last resort: take back this op's placements, clear everything */
             for (i64 j = 0; j < npend; j++) {
                 if (remove_tenant(P, pend[j], -1) < 0) return -1;
-                TR(pend[j], WHERE) = -1;
+                TR(pend[j], where) = -1;
             }
             for (i64 j = o0; j < o1; j++) {
                 i64 u = in->out_idx[j];
-                if (u != ipo && TR(u, WHERE) >= 0) {
+                if (u != ipo && TR(u, where) >= 0) {
                     if (remove_tenant(P, u, -1) < 0) return -1;
-                    TR(u, WHERE) = -1;
+                    TR(u, where) = -1;
                 }
             }
             for (i64 k = A(P->n_t, NX), top = P->n_t + 1; k != top;) {
                 i64 v = A(k, TEN);
                 k = A(k, NX);
-                if (!TR(v, FIXED)) {
-                    TR(v, RESIDENT) = 0;
+                if (!TR(v, fixed)) {
+                    TR(v, resident) = 0;
                     if (evict(P, v, in->loss) < 0) return -1;
                 }
             }
@@ -600,10 +623,10 @@ static int place_op(Planner *P, const Inputs *in, i64 pos, i64 ipo, int belady, 
             continue;
         }
         if (g < 0) return 2;
-        TR(t, WHERE) = insert(P, g, offset, TR(t, SIZE), t, rank_of(P, t, belady));
-        *peak = max64(*peak, TR(t, WHERE) + TR(t, SIZE));
-        if (TR(t, IS_OUT) == stamp) {
-            TR(t, OUT_OFF) = TR(t, WHERE);
+        TR(t, where) = insert(P, g, offset, TR(t, size), t, rank_of(P, t, belady));
+        *peak = max64(*peak, TR(t, where) + TR(t, size));
+        if (TR(t, is_out) == stamp) {
+            TR(t, out_off) = TR(t, where);
         } else {
             pend[npend] = t, pend_since[npend] = since;
             npend++;
@@ -619,32 +642,32 @@ static int after_op(Planner *P, const Inputs *in, i64 pos, int belady, int offlo
     i64 i0 = in->in_ptr[op], i1 = in->in_ptr[op + 1], o0 = in->out_ptr[op], o1 = in->out_ptr[op + 1];
     for (i64 j = i0; j < i1; j++) {
         i64 t = in->in_idx[j];
-        TR(t, LAST) = pos, TR(t, EARLY_REC) = -1;
+        TR(t, last) = pos, TR(t, early_rec) = -1;
     }
-    for (i64 j = o0; j < o1; j++) TR(in->out_idx[j], LAST) = pos;
+    for (i64 j = o0; j < o1; j++) TR(in->out_idx[j], last) = pos;
     for (i64 j = i0; j < i1; j++) {
         i64 t = in->in_idx[j];
-        if (TR(t, NEXT_USE) == pos) {
-            i64 i = TR(t, NEXT_I) + 1;
-            TR(t, NEXT_I) = i, TR(t, NEXT_USE) = i < TR(t, USE_END) ? P->use_pos[i] : INF;
+        if (TR(t, next_use) == pos) {
+            i64 i = TR(t, next_i) + 1;
+            TR(t, next_i) = i, TR(t, next_use) = i < TR(t, use_end) ? P->use_pos[i] : INF;
         }
     }
     for (i64 j = i0; j < o1 + i1 - o0; j++) { /* the op's tensors still ranked take their new keys */
         i64 t = j < i1 ? in->in_idx[j] : in->out_idx[j - i1 + o0];
-        if (TR(t, RK_KEY) >= 0) {
+        if (TR(t, rk_key) >= 0) {
             i64 key = rank_of(P, t, belady);
-            if (key != TR(t, RK_KEY)) {
+            if (key != TR(t, rk_key)) {
                 rank_drop(P, t);
                 rank_add(P, t, key);
             }
         }
     }
     for (i64 j = o0; j < o1; j++) {
-        i64 t = in->out_idx[j], nxt = TR(t, NEXT_USE);
-        int off_t = offload && pos < turn && in->fwd_act[t] && nxt != INF && TR(t, LAST_USE) >= turn;
-        if ((TR(t, WRITE_BACK) || off_t) && !TR(t, HOST)) {
+        i64 t = in->out_idx[j], nxt = TR(t, next_use);
+        int off_t = offload && pos < turn && in->fwd_act[t] && nxt != INF && TR(t, last_use) >= turn;
+        if ((TR(t, write_back) || off_t) && !TR(t, host)) {
             record(P, pos + 1, OUT, t, -1, -1);
-            TR(t, HOST) = 1, TR(t, HOST_AT) = pos;
+            TR(t, host) = 1, TR(t, host_at) = pos;
         }
     }
     i64 nt = 0;
@@ -653,12 +676,12 @@ static int after_op(Planner *P, const Inputs *in, i64 pos, int belady, int offlo
     sort_ints(todo, nt);
     for (i64 j = 0; j < nt; j++) {
         i64 t = todo[j];
-        if ((j > 0 && todo[j - 1] == t) || TR(t, WHERE) < 0 || TR(t, PINNED) || t == in->loss) continue;
-        i64 nxt = TR(t, NEXT_USE);
-        if (nxt == INF || (offload && TR(t, HOST) && !TR(t, FIXED) && pos < turn && turn <= nxt)) {
+        if ((j > 0 && todo[j - 1] == t) || TR(t, where) < 0 || TR(t, pinned) || t == in->loss) continue;
+        i64 nxt = TR(t, next_use);
+        if (nxt == INF || (offload && TR(t, host) && !TR(t, fixed) && pos < turn && turn <= nxt)) {
             record(P, pos + 1, FREE, t, -1, -1);
             if (remove_tenant(P, t, pos) < 0) return -1;
-            TR(t, WHERE) = -1, TR(t, RELEASED) = pos;
+            TR(t, where) = -1, TR(t, released) = pos;
             if (nxt != INF && hp_push(P, nxt, t) < 0) return -1;
         }
     }
@@ -669,21 +692,21 @@ static int after_op(Planner *P, const Inputs *in, i64 pos, int belady, int offlo
 static int bring_early(Planner *P, const Inputs *in, i64 pos, int belady, i64 reserve, i64 horizon, i64 *peak) {
     while (reserve >= 0 && P->hp_n > 0) {
         i64 nxt = P->hk[0], t = P->ht[0], offset, since;
-        if (TR(t, WHERE) >= 0 || TR(t, NEXT_USE) != nxt) {
+        if (TR(t, where) >= 0 || TR(t, next_use) != nxt) {
             hp_pop(P);
             continue;
         }
         if (nxt >= P->early_limit || nxt - pos > horizon) break;
-        if (in->cap - P->bytes - TR(t, SIZE) < reserve) break;
-        i64 g = fit(P, TR(t, SIZE), 0, &offset, &since);
+        if (in->cap - P->bytes - TR(t, size) < reserve) break;
+        i64 g = fit(P, TR(t, size), 0, &offset, &since);
         if (g < 0) break;
         hp_pop(P);
         if (P->nrec == P->rec_room) return 3;
-        TR(t, WHERE) = insert(P, g, offset, TR(t, SIZE), t, rank_of(P, t, belady));
-        *peak = max64(*peak, TR(t, WHERE) + TR(t, SIZE));
-        TR(t, EARLY_REC) = P->nrec;
-        i64 at = max64(max64(since, TR(t, RELEASED)), TR(t, HOST_AT));
-        record(P, at + 1, IN, t, TR(t, WHERE), in->schedule[nxt]);
+        TR(t, where) = insert(P, g, offset, TR(t, size), t, rank_of(P, t, belady));
+        *peak = max64(*peak, TR(t, where) + TR(t, size));
+        TR(t, early_rec) = P->nrec;
+        i64 at = max64(max64(since, TR(t, released)), TR(t, host_at));
+        record(P, at + 1, IN, t, TR(t, where), in->schedule[nxt]);
     }
     return 0;
 }
@@ -691,16 +714,16 @@ static int bring_early(Planner *P, const Inputs *in, i64 pos, int belady, i64 re
 /* Pinned tensors by name, then inputs by name, from the bottom; then what starts on the host waits. */
 static int place_fixed(Planner *P, const Inputs *in, i64 *peak) {
     for (i64 t = 0; t < in->n_t; t++)
-        if (TR(t, HOST) && !in->is_input[t] && TR(t, NEXT_USE) != INF && hp_push(P, TR(t, NEXT_USE), t) < 0)
+        if (TR(t, host) && !in->is_input[t] && TR(t, next_use) != INF && hp_push(P, TR(t, next_use), t) < 0)
             return -1;
     for (int sweep = 0; sweep < 2; sweep++) {
         for (i64 i = 0; i < in->n_t; i++) {
             i64 t = in->by_name[i], offset, since;
             if (!((sweep == 0 && in->pinned0[t]) || (sweep == 1 && in->is_input[t]))) continue;
-            i64 g = fit(P, TR(t, SIZE), 0, &offset, &since);
+            i64 g = fit(P, TR(t, size), 0, &offset, &since);
             if (g < 0) return 1;
-            TR(t, WHERE) = TR(t, OUT_OFF) = insert(P, g, offset, TR(t, SIZE), t, -1);
-            *peak = max64(*peak, TR(t, WHERE) + TR(t, SIZE));
+            TR(t, where) = TR(t, out_off) = insert(P, g, offset, TR(t, size), t, -1);
+            *peak = max64(*peak, TR(t, where) + TR(t, size));
         }
     }
     return 0;
@@ -725,29 +748,29 @@ static int plan_loop(Planner *P, const Inputs *in, i64 turn, i64 *peak) {
         i64 ipo = in->in_place[op] ? in->out_idx[o0] : -1;
         for (i64 j = i0; j < i1; j++) {
             i64 t = in->in_idx[j];
-            TR(t, MARK) = stamp;
-            if (TR(t, WHERE) >= 0) TR(t, RESIDENT) = stamp;
+            TR(t, mark) = stamp;
+            if (TR(t, where) >= 0) TR(t, resident) = stamp;
         }
         for (i64 j = o0; j < o1; j++) {
             i64 t = in->out_idx[j];
-            TR(t, MARK) = stamp;
-            if (t != ipo) TR(t, IS_OUT) = stamp;
+            TR(t, mark) = stamp;
+            if (t != ipo) TR(t, is_out) = stamp;
         }
         status = place_op(P, in, pos, ipo, belady, newest_from, todo, pend, pend_since, &npend, peak);
         if (status != 0) break;
         for (i64 j = 0; j < npend; j++) {
-            i64 t = pend[j], floor = max64(max64(pend_since[j], TR(t, RELEASED)), TR(t, HOST_AT));
+            i64 t = pend[j], floor = max64(max64(pend_since[j], TR(t, released)), TR(t, host_at));
             i64 at = prefetch == 0 ? pos - 1 : (prefetch == 1 ? floor : pos - 2);
-            record(P, max64(at, floor) + 1, IN, t, TR(t, WHERE), op);
+            record(P, max64(at, floor) + 1, IN, t, TR(t, where), op);
         }
         if (ipo >= 0) {
             i64 old = in->in_idx[i0];
-            TR(ipo, WHERE) = TR(ipo, OUT_OFF) = TR(old, WHERE);
-            TR(old, WHERE) = -1;
-            TR(ipo, NODE) = TR(old, NODE);
-            A(TR(ipo, NODE), TEN) = ipo;
+            TR(ipo, where) = TR(ipo, out_off) = TR(old, where);
+            TR(old, where) = -1;
+            TR(ipo, node) = TR(old, node);
+            A(TR(ipo, node), TEN) = ipo;
             rank_drop(P, old);
-            if (TR(old, PINNED)) TR(ipo, PINNED) = TR(ipo, FIXED) = 1;
+            if (TR(old, pinned)) TR(ipo, pinned) = TR(ipo, fixed) = 1;
             else rank_add(P, ipo, rank_of(P, ipo, belady));
         }
         record(P, pos + 1, RUN, op, -1, -1);
@@ -764,18 +787,18 @@ static int plan_loop(Planner *P, const Inputs *in, i64 turn, i64 *peak) {
    after the found rows in P->found). */
 static void tensor_rows(Planner *P, const Inputs *in, const i64 *use_ptr, const i64 *use_pos) {
     for (i64 t = 0; t < in->n_t; t++) {
-        i64 *row = P->tr + t * TR_COLS;
-        for (int c = 0; c < TR_COLS; c++) row[c] = -1;
-        row[MARK] = row[RESIDENT] = row[IS_OUT] = row[QUEUED] = 0;
-        row[SIZE] = in->size[t], row[NEXT_I] = use_ptr[t], row[USE_END] = use_ptr[t + 1];
         int has_use = use_ptr[t + 1] > use_ptr[t];
-        row[NEXT_USE] = has_use ? use_pos[use_ptr[t]] : INF;
-        row[LAST_USE] = has_use ? use_pos[use_ptr[t + 1] - 1] : -1;
-        row[PINNED] = in->pinned0[t], row[FIXED] = in->pinned0[t] || in->is_input[t];
-        row[HOST] = in->is_input[t] || (in->persistent[t] && !in->pinned0[t]), row[WRITE_BACK] = 0;
+        P->tr[t] = (Tensor){
+            .where = -1, .size = in->size[t], .out_off = -1, .next_use = has_use ? use_pos[use_ptr[t]] : INF,
+            .last = -1, .next_i = use_ptr[t], .use_end = use_ptr[t + 1],
+            .last_use = has_use ? use_pos[use_ptr[t + 1] - 1] : -1, .node = -1, .rk_next = -1, .rk_prev = -1,
+            .rk_key = -1, .early_rec = -1, .host_at = -1, .released = -1,
+            .fixed = in->pinned0[t] || in->is_input[t], .pinned = in->pinned0[t],
+            .host = in->is_input[t] || (in->persistent[t] && !in->pinned0[t]),
+        };
     }
     for (i64 j = 0; j < in->n_upd; j++)
-        if (in->persistent[in->upd_old[j]] && !in->pinned0[in->upd_old[j]]) P->tr[in->upd_new[j] * TR_COLS + WRITE_BACK] = 1;
+        if (in->persistent[in->upd_old[j]] && !in->pinned0[in->upd_old[j]]) P->tr[in->upd_new[j]].write_back = 1;
 }
 
 /* The whole pass: returns a status (above); on 0, nrec records were written to recs. */
@@ -783,14 +806,13 @@ static int plan(const Inputs *in, i64 *recs, i64 rec_room, i64 *room, i64 *out_o
     i64 n_t = in->n_t, n_ops = in->n_ops, n_uses = 0;
     for (i64 pos = 0; pos < n_ops; pos++) n_uses += in->in_ptr[in->schedule[pos] + 1] - in->in_ptr[in->schedule[pos]];
     Planner S = {0}, *P = &S;
-    P->n_t = n_t, P->n_ops = n_ops, P->kh_w = n_ops + 1;
+    P->n_t = n_t, P->n_ops = n_ops;
     P->recs = recs, P->rec_room = rec_room, P->early_limit = INF, P->free_nodes = n_t;
     i64 *use_ptr = calloc(n_t + 1, sizeof(i64));
     P->a = malloc(sizeof(i64) * (n_t + 2) * A_COLS);
-    P->aux = malloc(sizeof(i64) * AUX_ROWS * (n_t + 2));
+    P->aux = aligned_alloc(64, sizeof(i64) * AUX_ROWS * (n_t + 2));
     P->spare = malloc(sizeof(i64) * (n_t + 1));
-    P->tr = malloc(sizeof(i64) * n_t * TR_COLS);
-    P->kh = calloc(4 * (n_ops + 1), sizeof(i64));
+    P->tr = malloc(sizeof(Tensor) * n_t);
     P->found = malloc(sizeof(i64) * (n_t + n_uses + 1)); /* window's found rows, then use positions */
     P->hp_room = room[1] > 1 ? room[1] : 1;
     P->hk = malloc(sizeof(i64) * P->hp_room);
@@ -798,7 +820,7 @@ static int plan(const Inputs *in, i64 *recs, i64 rec_room, i64 *room, i64 *out_o
     i64 total = 0;
     for (i64 t = 0; t < n_t; t++) total += in->size[t];
     int status = -1;
-    if (!use_ptr || !P->a || !P->aux || !P->spare || !P->tr || !P->kh || !P->found || !P->hk || !P->ht ||
+    if (!use_ptr || !P->a || !P->aux || !P->spare || !P->tr || kh_alloc(P, n_ops + 1) < 0 || !P->found || !P->hk || !P->ht ||
         segs_init(&P->f, min64(in->cap, total), 2 * room[2] + 2, -1.0) < 0)
         goto done;
     i64 *use_pos = P->use_pos = P->found + n_t;
@@ -807,16 +829,15 @@ static int plan(const Inputs *in, i64 *recs, i64 rec_room, i64 *room, i64 *out_o
         for (i64 j = in->in_ptr[op]; j < in->in_ptr[op + 1]; j++) use_ptr[in->in_idx[j] + 1]++;
     }
     for (i64 t = 0; t < n_t; t++) use_ptr[t + 1] += use_ptr[t];
-    i64 *fill = P->tr; /* (scratch: tr is filled below) */
+    i64 *fill = (i64 *)P->tr; /* (scratch: tr is filled below) */
     memcpy(fill, use_ptr, sizeof(i64) * n_t);
     for (i64 pos = 0; pos < n_ops; pos++) {
         i64 op = in->schedule[pos];
         for (i64 j = in->in_ptr[op]; j < in->in_ptr[op + 1]; j++) use_pos[fill[in->in_idx[j]]++] = pos;
     }
     tensor_rows(P, in, use_ptr, use_pos);
-    for (i64 m = 0; m < (n_t + 2) * A_COLS; m++) P->a[m] = -1;
+    for (i64 m = n_t * A_COLS; m < (n_t + 2) * A_COLS; m++) P->a[m] = -1; /* other nodes are set up as they are taken */
     for (i64 m = 0; m < n_t; m++) P->spare[m] = n_t - 1 - m;
-    for (i64 w = 0; w < n_ops + 1; w++) KH(0, w) = -1;
     i64 head = n_t, top = n_t + 1;
     A(head, END) = 0, A(head, NX) = top, A(top, PV) = head, A(top, OFF) = in->cap;
     if (in->cap > 0) gap_put(P, top, 0, in->cap, -1, -1);
@@ -830,7 +851,7 @@ static int plan(const Inputs *in, i64 *recs, i64 rec_room, i64 *room, i64 *out_o
     *peak = 0;
     status = plan_loop(P, in, turn, peak);
     *nrec = P->nrec;
-    for (i64 t = 0; t < n_t; t++) out_off[t] = TR(t, OUT_OFF);
+    for (i64 t = 0; t < n_t; t++) out_off[t] = TR(t, out_off);
     room[1] = max64(room[1], P->hp_room), room[2] = max64(room[2], P->f.room / 2);
 done:
     free(use_ptr), free(P->a), free(P->aux), free(P->spare), free(P->tr), free(P->kh), free(P->found), free(P->hk), free(P->ht);
@@ -1120,14 +1141,9 @@ static PyObject *py_victims_replay(PyObject *self, PyObject *tuple) {
     const i64 *mt = a.ptr[2], *mk = a.ptr[3], *ask = a.ptr[4], *ask_after = a.ptr[5];
     i64 *out = a.ptr[6];
     Planner S = {0}, *P = &S;
-    P->kh_w = n_keys + 1;
-    P->tr = malloc(sizeof(i64) * (n_t + 1) * TR_COLS);
-    P->kh = calloc(4 * (n_keys + 1), sizeof(i64));
-    int ok = P->tr && P->kh && a.len[6] >= n_ask && a.len[5] >= n_ask;
-    if (ok) {
-        for (i64 i = 0; i < (n_t + 1) * TR_COLS; i++) P->tr[i] = -1;
-        for (i64 w = 0; w <= n_keys; w++) KH(0, w) = -1;
-    }
+    P->tr = malloc(sizeof(Tensor) * (n_t + 1));
+    int ok = P->tr && kh_alloc(P, n_keys + 1) == 0 && a.len[6] >= n_ask && a.len[5] >= n_ask;
+    for (i64 t = 0; ok && t <= n_t; t++) P->tr[t].rk_key = -1;
     for (i64 i = 0, q = 0; ok && i < n_move; i++) {
         if (mk[i] < 0) rank_drop(P, mt[i]);
         else rank_add(P, mt[i], mk[i]);

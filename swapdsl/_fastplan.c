@@ -156,25 +156,20 @@ static void seg_assign(Segs *g, i64 lo, i64 hi, double v) {
    Choosing a place (fit) ranks the places at the start or the end of each gap that holds the size by
    since when all their bytes are free (longest first, or freed last for "newest" outputs), then the
    smallest gap, then the lowest offset; the gap above the last tenant is used, at its start, only when
-   no other gap holds the size. Two things keep that cheap. A gap knows, for two sizes, since when the
-   first and the last `size` bytes are free (KNOW0 for its start, KNOW1 for its end: a (size, since)
-   pair for the size asked last, then one for the size before), so most look-ups never reach the
-   segments; it keeps what it knows of an end while that end stays and the gap is no shorter. And GLB
-   and GUB bound the positions at which the gap's bytes fell free, so a gap whose bound is worse than
-   the best place found is skipped. A gap cut by a tenant leaves both parts (and the tenant, in NLB and
-   NUB) the whole gap's bounds; gaps joined by a tenant's leaving take the least and the most of the
-   three.
+   no other gap holds the size. A ranking (below) keeps the best place for a (size, direction) up to
+   date as gaps change. A gap knows, for two sizes, since when the first and the last `size` bytes are
+   free (KNOW0 for its start, KNOW1 for its end: a (size, since) pair for the size asked last, then one,
+   KNOW_OLD further on, for the size before), so most look-ups never reach the segments; it keeps what
+   it knows of an end while that end stays and the gap is no shorter.
 
-   Arena node m is row a[m]: NX/PV link nodes in offset order, OFF/END/TEN its
-   tenant, GPOS the place of the gap before it in the set of gaps, RUN_AT/RUN_END serve window(), NLB/NUB
-   bound its bytes' free positions. Node HEAD = n_t starts the list, TOP = n_t + 1 ends it; `spare` is a
-   stack of unused nodes. aux[q] is the q-th gap of the (unordered) gap set: the node after it (GS), its
-   bytes (GLO, GHI), what it knows of its ends (KNOW0, KNOW1) and the bounds on its since (GLB, GUB), in
-   a row of 16, two cache lines (numba kept a row per field: choosing a place reads three fields of
-   every gap, and this layout made the LSTM's belady plan 7-10% faster). tr[t] is tensor t's row. */
+   Arena node m is row a[m]: NX/PV link nodes in offset order, OFF/END/TEN its tenant, GPOS the slot of
+   the gap before it in the set of gaps, RUN_AT/RUN_END serve window(). Node HEAD = n_t starts the
+   list, TOP = n_t + 1 ends it; `spare` is a stack of unused nodes. aux[q] is slot q of the (unordered)
+   gap set: the node after it (GS), its bytes (GLO, GHI) and what it knows of its ends (KNOW0, KNOW1).
+   tr[t] is tensor t's row. */
 
 enum { NX, PV, OFF, END, TEN, GPOS, RUN_AT, RUN_END, NLB, NUB, A_COLS };
-enum { GLO, GHI, GLB, GUB, KNOW0, KNOW1 = 6, GS = 8, KNOW_OLD = 8, AUX_ROWS = 16 }; /* (13 used) */
+enum { GLO, GHI, GS, GLB, GUB, KNOW0, KNOW1 = 7, KNOW_OLD = 4, AUX_ROWS = 13 };
 /* tensor t's row: where it lives (-1: not on the device) and the rest of its state; positions and
    indices as int32 so a row is 96 bytes, half what int64 columns took, which made the LSTM's search
    candidates ~4% faster */
@@ -185,14 +180,38 @@ typedef struct {
     uint8_t fixed, pinned, host, write_back;
 } Tensor;
 
+/* With many gaps, fit() reads the best place for a (size, direction) off a ranking: a tournament tree
+   over the gap slots, leaf q slot q's place (leaf cap: none, for a slot that holds no gap taking the
+   size, or only the one above the last tenant), node i < cap the better of nodes 2i and 2i + 1. A
+   slot's place changes only when its gap does (a tenant's leaving changes the bytes of the gap it
+   joins, and that gap is put again), so the planner logs each slot it changes and a ranking replays
+   the log since it was last asked: a few leaves and their paths to the root. A ranking made anew holds
+   bounds (the least key a gap's bytes allow, at its lowest offset: never worse than its place), and a
+   bound that leads is made exact. A ranking pays only while its size is asked often: one asked after
+   more than gaps / STALE changes is noted again, and that fit looks at every gap, as do fits among
+   fewer than rank_gaps gaps (fastplan.RANK_GAPS). Measured: below 48 gaps rankings cost more than they
+   save on the zoo's smaller graphs; above, the LSTM's search candidates plan 14% faster. */
+#define RANKINGS 4
+#define STALE 2
+#define CHANGES 1024 /* (a power of two) */
+typedef struct { i64 key, len, off, stamp, exact; } Place;
 typedef struct {
-    i64 n_t, n_ops, kh_w, kh_row[4];
+    i64 size, sign, cap, room; /* cap leaves (0: noted, not made), room for more */
+    i64 seen, used;            /* changes applied; when last asked */
+    i64 *node;                 /* node[1 .. 2 cap): winners (slots) */
+    Place *leaf;               /* each slot's place or bound, and when it was last replayed */
+} Ranking;
+
+typedef struct {
+    i64 n_t, n_ops, kh_w, kh_row[4], rank_gaps;
     i64 *a, *aux, *kh, *found, *spare, *use_pos; /* use_pos lies after found's n_t rows */
     Tensor *tr;
     i64 tenants, gaps, free_nodes, bytes, early_limit, scans;
     Segs f;
     i64 *hk, *ht, hp_n, hp_room; /* heap of (next use, tensor) waiting on the host */
     i64 *recs, nrec, rec_room;   /* records: bucket, kind, tensor, offset, before */
+    Ranking rk[RANKINGS];
+    i64 changed[CHANGES], clock, asks; /* gap slots changed (a ring), changes so far, fits so far */
 } Planner;
 
 #define A(m, c) P->a[(m) * A_COLS + (c)]
@@ -207,6 +226,8 @@ static inline void record(Planner *P, i64 bucket, i64 kind, i64 t, i64 offset, i
 
 /* the gap set */
 
+static inline void changed(Planner *P, i64 q) { P->changed[P->clock++ & (CHANGES - 1)] = q; }
+
 static inline i64 gap_put(Planner *P, i64 g, i64 lo, i64 hi, i64 lb, i64 ub) {
     i64 q = A(g, GPOS);
     if (q < 0) {
@@ -216,6 +237,7 @@ static inline i64 gap_put(Planner *P, i64 g, i64 lo, i64 hi, i64 lb, i64 ub) {
         AUX(KNOW0, q) = AUX(KNOW0 + KNOW_OLD, q) = AUX(KNOW1, q) = AUX(KNOW1 + KNOW_OLD, q) = -1;
     }
     AUX(GLO, q) = lo, AUX(GHI, q) = hi, AUX(GLB, q) = lb, AUX(GUB, q) = ub;
+    changed(P, q);
     return q;
 }
 
@@ -242,38 +264,165 @@ static inline void gap_drop(Planner *P, i64 g) {
     for (int row = 0; row < AUX_ROWS; row++) AUX(row, q) = AUX(row, last);
     A(AUX(GS, q), GPOS) = q;
     A(g, GPOS) = -1;
+    changed(P, q);
+    changed(P, last);
 }
 
-/* Arena.fit ranking places by sign * since (least first); row `bound` of aux bounds a gap's since.
-   Returns the node after the gap (-1: none holds size) and sets *offset and *since. */
-static inline i64 fit_by(Planner *P, i64 size, i64 sign, int bound, i64 *offset, i64 *since) {
-    i64 top = P->n_t + 1, top_q = A(top, GPOS);
-    i64 best = -1, best_off = 0, best_key = INF, best_len = 0;
-    for (i64 q = 0, n = P->gaps; q < n; q++) {
-        i64 lo = AUX(GLO, q), hi = AUX(GHI, q);
-        if (hi - lo < size || q == top_q || sign * AUX(bound, q) > best_key) continue;
-        i64 key = sign * since_of(P, q, KNOW0, size, lo), off = lo;
-        if (hi - lo > size) {
-            i64 key1 = sign * since_of(P, q, KNOW1, size, hi - size);
-            if (key1 < key) key = key1, off = hi - size;
-        }
-        if (key < best_key || (key == best_key && (hi - lo < best_len || (hi - lo == best_len && off < best_off))))
-            best = AUX(GS, q), best_off = off, best_key = key, best_len = hi - lo;
+/* Slot q's best place for `size`: the start or the end of its gap, ranked by sign * since (least
+   first), then the smaller gap, then the lower offset. 0 when the slot holds no gap that takes the
+   size, or only the one above the last tenant. */
+static inline int place_of(Planner *P, i64 q, i64 size, i64 sign, Place *out) {
+    i64 lo = q < P->gaps ? AUX(GLO, q) : 0, len = q < P->gaps ? AUX(GHI, q) - lo : -1;
+    if (len < size || AUX(GS, q) == P->n_t + 1) return 0;
+    i64 key = sign * since_of(P, q, KNOW0, size, lo), off = lo;
+    if (len > size) {
+        i64 key1 = sign * since_of(P, q, KNOW1, size, lo + len - size);
+        if (key1 < key) key = key1, off = lo + len - size;
     }
-    if (best < 0 && top_q >= 0 && AUX(GHI, top_q) - AUX(GLO, top_q) >= size) {
+    out->key = key, out->len = len, out->off = off;
+    return 1;
+}
+
+static inline int ahead(const Place *x, const Place *y) {
+    if (x->key != y->key) return x->key < y->key;
+    if (x->len != y->len) return x->len < y->len;
+    return x->off < y->off;
+}
+
+/* Slot q's leaf: its place, or (exact 0) a bound on it, the least key its bytes allow at its lowest
+   offset, which ranks no worse than the place. */
+static inline void rank_leaf(Planner *P, Ranking *R, i64 q, int exact) {
+    Place *x = &R->leaf[q];
+    int holds;
+    if (exact) {
+        holds = place_of(P, q, R->size, R->sign, x);
+    } else {
+        i64 lo = q < P->gaps ? AUX(GLO, q) : 0, len = q < P->gaps ? AUX(GHI, q) - lo : -1;
+        holds = len >= R->size && AUX(GS, q) != P->n_t + 1;
+        x->key = R->sign > 0 ? AUX(GLB, q) : -AUX(GUB, q), x->len = len, x->off = lo;
+    }
+    x->exact = exact;
+    R->node[R->cap + q] = holds ? q : R->cap;
+}
+
+/* The better of two slots' places (slot cap: none, ranked last). */
+static inline i64 better(const Ranking *R, i64 a, i64 b) { return ahead(&R->leaf[b], &R->leaf[a]) ? b : a; }
+
+/* The ranking made anew, over the fewest leaves (a power of two) that hold the gaps. */
+static int rank_all(Planner *P, Ranking *R) {
+    i64 cap = 1;
+    while (cap < P->gaps) cap *= 2;
+    if (cap > R->room) {
+        if (grow((void **)&R->node, sizeof(i64) * 2 * cap) < 0 || grow((void **)&R->leaf, sizeof(Place) * (cap + 1)) < 0)
+            return -1;
+        R->room = cap;
+    }
+    R->cap = cap;
+    for (i64 q = 0; q < cap; q++) R->leaf[q].stamp = -1;
+    R->leaf[cap] = (Place){INF, INF, INF, -1, 1};
+    for (i64 q = 0; q < cap; q++) rank_leaf(P, R, q, 0);
+    for (i64 i = cap - 1; i >= 1; i--) R->node[i] = better(R, R->node[2 * i], R->node[2 * i + 1]);
+    R->seen = P->clock;
+    return 0;
+}
+
+/* Leaf q changed: the winners on its path to the root again, up to one that is another slot, unchanged. */
+static inline void rank_path(Ranking *R, i64 q) {
+    for (i64 i = (R->cap + q) >> 1; i >= 1; i >>= 1) {
+        i64 was = R->node[i], now = better(R, R->node[2 * i], R->node[2 * i + 1]);
+        R->node[i] = now;
+        if (now == was && now != q) break;
+    }
+}
+
+/* Replays the slots changed since the ranking was last asked; a path stops once its winner is a slot
+   other than the one changed and is unchanged. */
+static int rank_update(Planner *P, Ranking *R) {
+    for (; R->seen < P->clock; R->seen++) {
+        i64 q = P->changed[R->seen & (CHANGES - 1)];
+        if (q >= R->cap || R->leaf[q].stamp == P->clock) continue; /* (past the gaps now, or done) */
+        R->leaf[q].stamp = P->clock;
+        rank_leaf(P, R, q, 1);
+        rank_path(R, q);
+    }
+    return 0;
+}
+
+/* The best place (-1: none): while a bound leads, it is made exact and ranked again. */
+static i64 rank_best(Planner *P, Ranking *R) {
+    for (;;) {
+        i64 q = R->node[1];
+        if (q == R->cap) return -1;
+        if (R->leaf[q].exact) return q;
+        rank_leaf(P, R, q, 1);
+        rank_path(R, q);
+    }
+}
+
+/* The best place for `size` by looking at every gap but those whose bound (row `bound`) is worse than
+   the best place found. */
+static inline __attribute__((always_inline)) i64 scan(Planner *P, i64 size, i64 sign, int bound, Place *best) {
+    i64 found = -1;
+    Place x;
+    *best = (Place){INF, INF, INF, -1, 1};
+    for (i64 q = 0, n = P->gaps; q < n; q++) {
+        if (AUX(GHI, q) - AUX(GLO, q) < size || sign * AUX(bound, q) > best->key) continue;
+        if (place_of(P, q, size, sign, &x) && ahead(&x, best)) found = q, *best = x;
+    }
+    return found;
+}
+
+/* In *out the ranking for (size, sign), brought up to date, if it was last asked at most gaps / STALE
+   changes ago; else it is noted (cap 0) and *out is NULL: the caller looks at every gap. Returns -1
+   when out of memory. */
+static int ranking(Planner *P, i64 size, i64 sign, Ranking **out) {
+    Ranking *R = &P->rk[0];
+    *out = NULL;
+    for (int r = 0; r < RANKINGS; r++) {
+        Ranking *x = &P->rk[r];
+        if (x->size == size && x->sign == sign) {
+            R = x;
+            break;
+        }
+        if (x->used < R->used) R = x;
+    }
+    R->used = ++P->asks;
+    i64 behind = P->clock - R->seen;
+    int fresh = R->size == size && R->sign == sign && behind <= P->gaps / STALE && behind <= CHANGES;
+    if (!fresh) {
+        R->size = size, R->sign = sign, R->cap = 0, R->seen = P->clock;
+        return 0;
+    }
+    *out = R;
+    return R->cap == 0 || P->gaps > R->cap ? rank_all(P, R) : rank_update(P, R);
+}
+
+/* Arena.fit: the node after the gap chosen (-1: none holds size; -2: out of memory), its offset and since
+   when its bytes are free. The gap above the last tenant is used, at its start, only when no other gap
+   holds the size. */
+static i64 fit(Planner *P, i64 size, int newest, i64 *offset, i64 *since) {
+    i64 sign = newest ? -1 : 1, top = P->n_t + 1, top_q = A(top, GPOS), best;
+    Place place;
+    Ranking *R = NULL;
+    if (P->gaps >= P->rank_gaps && ranking(P, size, sign, &R) < 0) return -2;
+    if (R) {
+        best = rank_best(P, R);
+        if (best >= 0) place = R->leaf[best];
+    } else {
+        best = newest ? scan(P, size, -1, GUB, &place) : scan(P, size, 1, GLB, &place);
+    }
+    if (best >= 0) {
+        *offset = place.off;
+        *since = sign * place.key;
+        return AUX(GS, best);
+    }
+    if (top_q >= 0 && AUX(GHI, top_q) - AUX(GLO, top_q) >= size) {
         i64 lo = AUX(GLO, top_q);
         *offset = lo;
         *since = (i64)seg_max(&P->f, lo, lo + size);
         return top;
     }
-    *offset = best_off;
-    *since = sign * best_key;
-    return best;
-}
-
-static i64 fit(Planner *P, i64 size, int newest, i64 *offset, i64 *since) {
-    if (newest) return fit_by(P, size, -1, GUB, offset, since);
-    return fit_by(P, size, 1, GLB, offset, since);
+    return -1;
 }
 
 /* -- tenants that may move, ranked as victims: a key is the tenant's next use (belady; no next use:
@@ -379,6 +528,7 @@ static inline i64 insert(Planner *P, i64 g, i64 offset, i64 size, i64 t, i64 key
     } else {
         AUX(GLO, q) = offset + size, AUX(KNOW0, q) = -1, AUX(KNOW0 + KNOW_OLD, q) = -1;
         know(P, q, q, KNOW1, hi - offset - size);
+        changed(P, q);
     }
     P->tenants++;
     P->bytes += size;
@@ -547,7 +697,7 @@ static inline void sort_ints(i64 *a, i64 n) {
 typedef struct {
     const i64 *schedule, *policy, *size, *in_ptr, *in_idx, *out_ptr, *out_idx, *upd_old, *upd_new, *by_name;
     const uint8_t *pinned0, *in_place, *is_input, *persistent, *fwd_act;
-    i64 n_ops, n_t, n_upd, cap, loss, width;
+    i64 n_ops, n_t, n_upd, cap, loss, width, rank_gaps;
 } Inputs;
 
 /* The op's inputs not on the device (once each: QUEUED marks them with tag) and its outputs other than
@@ -582,6 +732,7 @@ static int place_op(Planner *P, const Inputs *in, i64 pos, i64 ipo, int belady, 
         memmove(todo, todo + 1, sizeof(i64) * --ntodo);
         int newest = TR(t, is_out) == stamp && pos >= newest_from;
         i64 g = fit(P, TR(t, size), newest, &offset, &since);
+        if (g == -2) return -1;
         for (int bounce = 0; g < 0 && bounce < 2; bounce++) {
             i64 kj, k = window(P, TR(t, size), stamp, bounce, &kj);
             if (k < 0) continue;
@@ -596,6 +747,7 @@ static int place_op(Planner *P, const Inputs *in, i64 pos, i64 ipo, int belady, 
             }
             sort_todo(P, todo, ntodo);
             g = fit(P, TR(t, size), newest, &offset, &since);
+            if (g == -2) return -1;
             break;
         }
         if (g < 0 && !packed) { /* last resort: take back this op's placements, clear everything */
@@ -699,6 +851,7 @@ static int bring_early(Planner *P, const Inputs *in, i64 pos, int belady, i64 re
         if (nxt >= P->early_limit || nxt - pos > horizon) break;
         if (in->cap - P->bytes - TR(t, size) < reserve) break;
         i64 g = fit(P, TR(t, size), 0, &offset, &since);
+        if (g == -2) return -1;
         if (g < 0) break;
         hp_pop(P);
         if (P->nrec == P->rec_room) return 3;
@@ -721,7 +874,7 @@ static int place_fixed(Planner *P, const Inputs *in, i64 *peak) {
             i64 t = in->by_name[i], offset, since;
             if (!((sweep == 0 && in->pinned0[t]) || (sweep == 1 && in->is_input[t]))) continue;
             i64 g = fit(P, TR(t, size), 0, &offset, &since);
-            if (g < 0) return 1;
+            if (g < 0) return g == -2 ? -1 : 1;
             TR(t, where) = TR(t, out_off) = insert(P, g, offset, TR(t, size), t, -1);
             *peak = max64(*peak, TR(t, where) + TR(t, size));
         }
@@ -806,11 +959,11 @@ static int plan(const Inputs *in, i64 *recs, i64 rec_room, i64 *room, i64 *out_o
     i64 n_t = in->n_t, n_ops = in->n_ops, n_uses = 0;
     for (i64 pos = 0; pos < n_ops; pos++) n_uses += in->in_ptr[in->schedule[pos] + 1] - in->in_ptr[in->schedule[pos]];
     Planner S = {0}, *P = &S;
-    P->n_t = n_t, P->n_ops = n_ops;
+    P->n_t = n_t, P->n_ops = n_ops, P->rank_gaps = in->rank_gaps;
     P->recs = recs, P->rec_room = rec_room, P->early_limit = INF, P->free_nodes = n_t;
     i64 *use_ptr = calloc(n_t + 1, sizeof(i64));
     P->a = malloc(sizeof(i64) * (n_t + 2) * A_COLS);
-    P->aux = aligned_alloc(64, sizeof(i64) * AUX_ROWS * (n_t + 2));
+    P->aux = malloc(sizeof(i64) * AUX_ROWS * (n_t + 2));
     P->spare = malloc(sizeof(i64) * (n_t + 1));
     P->tr = malloc(sizeof(Tensor) * n_t);
     P->found = malloc(sizeof(i64) * (n_t + n_uses + 1)); /* window's found rows, then use positions */
@@ -856,6 +1009,7 @@ static int plan(const Inputs *in, i64 *recs, i64 rec_room, i64 *room, i64 *out_o
 done:
     free(use_ptr), free(P->a), free(P->aux), free(P->spare), free(P->tr), free(P->kh), free(P->found), free(P->hk), free(P->ht);
     segs_free(&P->f);
+    for (int r = 0; r < RANKINGS; r++) free(P->rk[r].node), free(P->rk[r].leaf);
     return status;
 }
 
@@ -991,23 +1145,23 @@ fail:
 static PyObject *py_plan(PyObject *self, PyObject *tuple) {
     (void)self;
     Args a;
-    if (args_parse(tuple, "qnbqqqqqqbbbbqqqnnwww", &a) < 0) return NULL;
+    if (args_parse(tuple, "qnbqqqqqqbbbbqqqnnnwww", &a) < 0) return NULL;
     Inputs in = {
         .schedule = a.ptr[0], .n_ops = a.len[0], .cap = a.num[1], .pinned0 = a.ptr[2], .policy = a.ptr[3],
         .size = a.ptr[4], .n_t = a.len[4], .in_ptr = a.ptr[5], .in_idx = a.ptr[6], .out_ptr = a.ptr[7],
         .out_idx = a.ptr[8], .in_place = a.ptr[9], .is_input = a.ptr[10], .persistent = a.ptr[11],
         .fwd_act = a.ptr[12], .upd_old = a.ptr[13], .n_upd = a.len[13], .upd_new = a.ptr[14], .by_name = a.ptr[15],
-        .loss = a.num[16], .width = a.num[17],
+        .loss = a.num[16], .width = a.num[17], .rank_gaps = a.num[18],
     };
-    i64 *room = a.ptr[18], *recs = a.ptr[19], *out_off = a.ptr[20], nrec = 0, peak = 0;
+    i64 *room = a.ptr[19], *recs = a.ptr[20], *out_off = a.ptr[21], nrec = 0, peak = 0;
     int status;
-    if (a.len[3] < 6 || a.len[18] < 3 || a.len[20] < in.n_t || a.len[2] < in.n_t) {
+    if (a.len[3] < 6 || a.len[19] < 3 || a.len[21] < in.n_t || a.len[2] < in.n_t) {
         args_release(&a);
         PyErr_SetString(PyExc_ValueError, "plan: an array is shorter than the problem");
         return NULL;
     }
     Py_BEGIN_ALLOW_THREADS
-    status = plan(&in, recs, a.len[19] / 5, room, out_off, &nrec, &peak);
+    status = plan(&in, recs, a.len[20] / 5, room, out_off, &nrec, &peak);
     Py_END_ALLOW_THREADS
     args_release(&a);
     if (status < 0) return PyErr_NoMemory();
@@ -1166,7 +1320,7 @@ static PyMethodDef methods[] = {
      "out[q] = the best key at most ask[q] after move ask_after[q] (ascending)"},
     {"plan", py_plan, METH_VARARGS,
      "plan(schedule, cap, pinned, policy, size, in_ptr, in_idx, out_ptr, out_idx, in_place, is_input, persistent, "
-     "fwd_act, upd_old, upd_new, by_name, loss, width, room, recs, out_off) -> (records, peak, status)"},
+     "fwd_act, upd_old, upd_new, by_name, loss, width, rank_gaps, room, recs, out_off) -> (records, peak, status)"},
     {"simulate", py_simulate, METH_VARARGS,
      "simulate(schedule, recs, n_rec, out_off, top, size, in_ptr, in_idx, out_ptr, out_idx, op_ms, nbytes, copy) "
      "-> (iteration_ms, h2d_bytes, d2h_bytes)"},

@@ -32,6 +32,8 @@ from swapdsl.swapplan import INF, OUTPUTS, Policy
 NO_CAP = 1 << 62  # an arena with room for anything
 RUN, OUT, FREE, IN = 0, 1, 2, 3
 VICTIMS = {"lru": 0, "belady": 1}
+# a fit among this many gaps or more reads a ranking kept up to date (_fastplan.c, "With many gaps")
+RANK_GAPS = 48
 PREFETCH = {"none": 0, "earliest": 1, "ahead": 2}
 
 
@@ -63,8 +65,9 @@ def _keep_freed_memory() -> None:
 class Evaluator:
     """A Problem flattened once into arrays; each call plans and times one candidate."""
 
-    def __init__(self, p: Problem) -> None:
+    def __init__(self, p: Problem, rank_gaps: int = RANK_GAPS) -> None:
         _keep_freed_memory()
+        self.rank_gaps = rank_gaps  # (tests set 0 to rank every fit: the same program either way)
         n = len(p.names)
         self.p = p
         self.size = np.array(p.size, np.int64)
@@ -106,7 +109,7 @@ class Evaluator:
             nrec, peak, status = _fastplan.plan(
                 sched, cap, pin, code, self.size, self.in_ptr, self.in_idx, self.out_ptr, self.out_idx,
                 self.in_place, self.is_input, self.persistent, self.fwd_act, self.upd_old, self.upd_new,
-                self.by_name, self.p.loss, self.width, self.room, recs, out_off)
+                self.by_name, self.p.loss, self.width, self.rank_gaps, self.room, recs, out_off)
             if status != 3:
                 break
             self.room[0] *= 2  # the records ran out of room: again, with twice the room

@@ -174,7 +174,7 @@ enum { GLO, GHI, GS, GLB, GUB, KNOW0, KNOW1 = 7, KNOW_OLD = 4, AUX_ROWS = 13 };
    indices as int32 so a row is 96 bytes, half what int64 columns took, which made the LSTM's search
    candidates ~4% faster */
 typedef struct {
-    i64 where, size, out_off, next_use;
+    i64 where, size, next_use;
     int32_t mark, resident, is_out, queued, last, next_i, use_end, last_use, node, rk_next, rk_prev, rk_key,
         early_rec, host_at, released;
     uint8_t fixed, pinned, host, write_back;
@@ -697,7 +697,8 @@ static inline void sort_ints(i64 *a, i64 n) {
 typedef struct {
     const i64 *schedule, *policy, *size, *in_ptr, *in_idx, *out_ptr, *out_idx, *upd_old, *upd_new, *by_name;
     const uint8_t *pinned0, *in_place, *is_input, *persistent, *fwd_act;
-    i64 n_ops, n_t, n_upd, cap, loss, width, rank_gaps;
+    i64 n_ops, n_t, n_upd, n_by_name, cap, loss, width, rank_gaps;
+    i64 *out_off;
 } Inputs;
 
 /* The op's inputs not on the device (once each: QUEUED marks them with tag) and its outputs other than
@@ -778,7 +779,7 @@ static int place_op(Planner *P, const Inputs *in, i64 pos, i64 ipo, int belady, 
         TR(t, where) = insert(P, g, offset, TR(t, size), t, rank_of(P, t, belady));
         *peak = max64(*peak, TR(t, where) + TR(t, size));
         if (TR(t, is_out) == stamp) {
-            TR(t, out_off) = TR(t, where);
+            in->out_off[t] = TR(t, where);
         } else {
             pend[npend] = t, pend_since[npend] = since;
             npend++;
@@ -864,18 +865,21 @@ static int bring_early(Planner *P, const Inputs *in, i64 pos, int belady, i64 re
     return 0;
 }
 
-/* Pinned tensors by name, then inputs by name, from the bottom; then what starts on the host waits. */
+/* Pinned tensors by name, then inputs by name, from the bottom; then what starts on the host waits
+   (by_name: the persistent tensors and the inputs, which are all that may start anywhere but nowhere). */
 static int place_fixed(Planner *P, const Inputs *in, i64 *peak) {
-    for (i64 t = 0; t < in->n_t; t++)
+    for (i64 i = 0; i < in->n_by_name; i++) {
+        i64 t = in->by_name[i];
         if (TR(t, host) && !in->is_input[t] && TR(t, next_use) != INF && hp_push(P, TR(t, next_use), t) < 0)
             return -1;
+    }
     for (int sweep = 0; sweep < 2; sweep++) {
-        for (i64 i = 0; i < in->n_t; i++) {
+        for (i64 i = 0; i < in->n_by_name; i++) {
             i64 t = in->by_name[i], offset, since;
             if (!((sweep == 0 && in->pinned0[t]) || (sweep == 1 && in->is_input[t]))) continue;
             i64 g = fit(P, TR(t, size), 0, &offset, &since);
             if (g < 0) return g == -2 ? -1 : 1;
-            TR(t, where) = TR(t, out_off) = insert(P, g, offset, TR(t, size), t, -1);
+            TR(t, where) = in->out_off[t] = insert(P, g, offset, TR(t, size), t, -1);
             *peak = max64(*peak, TR(t, where) + TR(t, size));
         }
     }
@@ -918,7 +922,7 @@ static int plan_loop(Planner *P, const Inputs *in, i64 turn, i64 *peak) {
         }
         if (ipo >= 0) {
             i64 old = in->in_idx[i0];
-            TR(ipo, where) = TR(ipo, out_off) = TR(old, where);
+            TR(ipo, where) = in->out_off[ipo] = TR(old, where);
             TR(old, where) = -1;
             TR(ipo, node) = TR(old, node);
             A(TR(ipo, node), TEN) = ipo;
@@ -941,8 +945,9 @@ static int plan_loop(Planner *P, const Inputs *in, i64 turn, i64 *peak) {
 static void tensor_rows(Planner *P, const Inputs *in, const i64 *use_ptr, const i64 *use_pos) {
     for (i64 t = 0; t < in->n_t; t++) {
         int has_use = use_ptr[t + 1] > use_ptr[t];
+        in->out_off[t] = -1;
         P->tr[t] = (Tensor){
-            .where = -1, .size = in->size[t], .out_off = -1, .next_use = has_use ? use_pos[use_ptr[t]] : INF,
+            .where = -1, .size = in->size[t], .next_use = has_use ? use_pos[use_ptr[t]] : INF,
             .last = -1, .next_i = use_ptr[t], .use_end = use_ptr[t + 1],
             .last_use = has_use ? use_pos[use_ptr[t + 1] - 1] : -1, .node = -1, .rk_next = -1, .rk_prev = -1,
             .rk_key = -1, .early_rec = -1, .host_at = -1, .released = -1,
@@ -955,7 +960,7 @@ static void tensor_rows(Planner *P, const Inputs *in, const i64 *use_ptr, const 
 }
 
 /* The whole pass: returns a status (above); on 0, nrec records were written to recs. */
-static int plan(const Inputs *in, i64 *recs, i64 rec_room, i64 *room, i64 *out_off, i64 *nrec, i64 *peak) {
+static int plan(const Inputs *in, i64 *recs, i64 rec_room, i64 *room, i64 *nrec, i64 *peak) {
     i64 n_t = in->n_t, n_ops = in->n_ops, n_uses = 0;
     for (i64 pos = 0; pos < n_ops; pos++) n_uses += in->in_ptr[in->schedule[pos] + 1] - in->in_ptr[in->schedule[pos]];
     Planner S = {0}, *P = &S;
@@ -1004,7 +1009,6 @@ static int plan(const Inputs *in, i64 *recs, i64 rec_room, i64 *room, i64 *out_o
     *peak = 0;
     status = plan_loop(P, in, turn, peak);
     *nrec = P->nrec;
-    for (i64 t = 0; t < n_t; t++) out_off[t] = TR(t, out_off);
     room[1] = max64(room[1], P->hp_room), room[2] = max64(room[2], P->f.room / 2);
 done:
     free(use_ptr), free(P->a), free(P->aux), free(P->spare), free(P->tr), free(P->kh), free(P->found), free(P->hk), free(P->ht);
@@ -1016,12 +1020,17 @@ done:
 /* -- the simulator: three FIFO streams, one pass over the records in program order (by bucket, then
    kind; stable), as simulate.simulate replays a plan. */
 
-static i64 *program_order(const i64 *recs, i64 n_rec, i64 n_ops, i64 *n_out) {
+/* The records' indices in program order, *n_out of them (the frees among them: *n_free). */
+static i64 *program_order(const i64 *recs, i64 n_rec, i64 n_ops, i64 *n_out, i64 *n_free) {
     i64 n_keys = 4 * (n_ops + 1);
     i64 *start = calloc(n_keys + 1, sizeof(i64));
     if (!start) return NULL;
-    for (i64 r = 0; r < n_rec; r++)
-        if (recs[5 * r] >= 0) start[recs[5 * r] * 4 + recs[5 * r + 1] + 1]++;
+    *n_free = 0;
+    for (i64 r = 0; r < n_rec; r++) {
+        if (recs[5 * r] < 0) continue;
+        start[recs[5 * r] * 4 + recs[5 * r + 1] + 1]++;
+        *n_free += recs[5 * r + 1] == FREE;
+    }
     for (i64 k = 0; k < n_keys; k++) start[k + 1] += start[k];
     *n_out = start[n_keys];
     i64 *order = malloc(sizeof(i64) * (*n_out + 1));
@@ -1040,8 +1049,7 @@ typedef struct {
 
 static int simulate(const SimInputs *in, double *ms, i64 *h2d_out, i64 *d2h_out) {
     i64 n_ord = 0, n_t = in->n_t, n_free = 0;
-    for (i64 r = 0; r < in->n_rec; r++) n_free += in->recs[5 * r] >= 0 && in->recs[5 * r + 1] == FREE;
-    i64 *order = program_order(in->recs, in->n_rec, in->n_ops, &n_ord), *where = malloc(sizeof(i64) * n_t);
+    i64 *order = program_order(in->recs, in->n_rec, in->n_ops, &n_ord, &n_free), *where = malloc(sizeof(i64) * n_t);
     double *times = calloc(3 * n_t + in->n_ops, sizeof(double));
     Segs g = {0};
     int status = -1;
@@ -1151,9 +1159,10 @@ static PyObject *py_plan(PyObject *self, PyObject *tuple) {
         .size = a.ptr[4], .n_t = a.len[4], .in_ptr = a.ptr[5], .in_idx = a.ptr[6], .out_ptr = a.ptr[7],
         .out_idx = a.ptr[8], .in_place = a.ptr[9], .is_input = a.ptr[10], .persistent = a.ptr[11],
         .fwd_act = a.ptr[12], .upd_old = a.ptr[13], .n_upd = a.len[13], .upd_new = a.ptr[14], .by_name = a.ptr[15],
-        .loss = a.num[16], .width = a.num[17], .rank_gaps = a.num[18],
+        .n_by_name = a.len[15],
+        .loss = a.num[16], .width = a.num[17], .rank_gaps = a.num[18], .out_off = a.ptr[21],
     };
-    i64 *room = a.ptr[19], *recs = a.ptr[20], *out_off = a.ptr[21], nrec = 0, peak = 0;
+    i64 *room = a.ptr[19], *recs = a.ptr[20], nrec = 0, peak = 0;
     int status;
     if (a.len[3] < 6 || a.len[19] < 3 || a.len[21] < in.n_t || a.len[2] < in.n_t) {
         args_release(&a);
@@ -1161,7 +1170,7 @@ static PyObject *py_plan(PyObject *self, PyObject *tuple) {
         return NULL;
     }
     Py_BEGIN_ALLOW_THREADS
-    status = plan(&in, recs, a.len[20] / 5, room, out_off, &nrec, &peak);
+    status = plan(&in, recs, a.len[20] / 5, room, &nrec, &peak);
     Py_END_ALLOW_THREADS
     args_release(&a);
     if (status < 0) return PyErr_NoMemory();

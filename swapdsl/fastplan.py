@@ -83,7 +83,8 @@ class Evaluator:
         self.fwd_act = np.array([k == Kind.activation.value for k in p.kinds], np.bool_)
         self.upd_old = np.array([o for o, _ in p.updates], np.int64)
         self.upd_new = np.array([w for _, w in p.updates], np.int64)
-        self.by_name = np.array(sorted(range(n), key=p.names.__getitem__), np.int64)
+        # what may start on the device or the host: the persistent tensors and the inputs, by name
+        self.by_name = np.array(sorted(p.persistent | p.inputs, key=p.names.__getitem__), np.int64)
         dev = p.device
         self.copy = np.array([dev.copy_latency_s, dev.h2d_bw, dev.d2h_bw], np.float64)
         # records, heap entries and free-position segments the planner makes room for; grown as needed
@@ -97,6 +98,8 @@ class Evaluator:
         """The program as records (with the early swap-ins taken back, bucket -1: ``_program_order`` leaves
         them out), each tensor's offset when made (homes for what starts on the device), the highest byte
         the arena used, and the schedule as an array."""
+        if not pinned <= self.p.persistent:
+            raise SwpError("internal: only persistent tensors can be pinned")
         pin = np.zeros(len(self.size), np.bool_)
         pin[list(pinned)] = True
         code = np.array([VICTIMS[policy.victim], PREFETCH[policy.prefetch], int(policy.offload),

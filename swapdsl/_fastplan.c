@@ -160,15 +160,19 @@ static void seg_assign(Segs *g, i64 lo, i64 hi, double v) {
    date as gaps change. A gap knows, for two sizes, since when the first and the last `size` bytes are
    free (KNOW0 for its start, KNOW1 for its end: a (size, since) pair for the size asked last, then one,
    KNOW_OLD further on, for the size before), so most look-ups never reach the segments; it keeps what
-   it knows of an end while that end stays and the gap is no shorter.
+   it knows of an end while that end stays and the gap is no shorter. GLB and GUB bound the positions
+   at which a gap's bytes fell free, so a look at every gap skips one whose bound is worse than the best
+   place found. A gap cut by a tenant leaves both parts (and the tenant, in nb) the whole gap's bounds;
+   gaps joined by a tenant's leaving take the least and the most of the three.
 
-   Arena node m is row a[m]: NX/PV link nodes in offset order, OFF/END/TEN its tenant, GPOS the slot of
-   the gap before it in the set of gaps, RUN_AT/RUN_END serve window(). Node HEAD = n_t starts the
-   list, TOP = n_t + 1 ends it; `spare` is a stack of unused nodes. aux[q] is slot q of the (unordered)
-   gap set: the node after it (GS), its bytes (GLO, GHI) and what it knows of its ends (KNOW0, KNOW1).
-   tr[t] is tensor t's row. */
+   Arena node m is row a[m], one cache line (window() walks them): NX/PV link nodes in offset order,
+   OFF/END/TEN its tenant, GPOS the slot of the gap before it in the set of gaps, RUN_AT/RUN_END serve
+   window(); nb[2m], nb[2m + 1] bound its bytes' free positions. Node HEAD = n_t starts the list, TOP =
+   n_t + 1 ends it; `spare` is a stack of unused nodes. aux[q] is slot q of the (unordered) gap set: the
+   node after it (GS), its bytes (GLO, GHI), their bounds (GLB, GUB) and what it knows of its ends
+   (KNOW0, KNOW1). tr[t] is tensor t's row. */
 
-enum { NX, PV, OFF, END, TEN, GPOS, RUN_AT, RUN_END, NLB, NUB, A_COLS };
+enum { NX, PV, OFF, END, TEN, GPOS, RUN_AT, RUN_END, A_COLS }; /* (a cache line a row) */
 enum { GLO, GHI, GS, GLB, GUB, KNOW0, KNOW1 = 7, KNOW_OLD = 4, AUX_ROWS = 13 };
 /* tensor t's row: where it lives (-1: not on the device) and the rest of its state; positions and
    indices as int32 so a row is 96 bytes, half what int64 columns took, which made the LSTM's search
@@ -204,7 +208,7 @@ typedef struct {
 
 typedef struct {
     i64 n_t, n_ops, kh_w, kh_row[4], rank_gaps;
-    i64 *a, *aux, *kh, *found, *spare, *use_pos; /* use_pos lies after found's n_t rows */
+    i64 *a, *nb, *aux, *kh, *found, *spare, *use_pos; /* use_pos lies after found's n_t rows */
     Tensor *tr;
     i64 tenants, gaps, free_nodes, bytes, early_limit, scans;
     Segs f;
@@ -521,7 +525,7 @@ static inline i64 insert(Planner *P, i64 g, i64 offset, i64 size, i64 t, i64 key
     i64 lo = AUX(GLO, q), hi = AUX(GHI, q);
     A(m, NX) = g, A(m, PV) = before, A(before, NX) = m, A(g, PV) = m;
     A(m, OFF) = offset, A(m, END) = offset + size, A(m, TEN) = t, A(m, GPOS) = -1, A(m, RUN_AT) = -1, TR(t, node) = m;
-    A(m, NLB) = AUX(GLB, q), A(m, NUB) = AUX(GUB, q);
+    P->nb[2 * m] = AUX(GLB, q), P->nb[2 * m + 1] = AUX(GUB, q);
     if (offset > lo) know(P, q, gap_put(P, m, lo, offset, AUX(GLB, q), AUX(GUB, q)), KNOW0, offset - lo);
     if (offset + size == hi) {
         gap_drop(P, g);
@@ -543,7 +547,7 @@ static int remove_tenant(Planner *P, i64 t, i64 pos) {
         seg_assign(&P->f, A(m, OFF), A(m, END), (double)pos);
     }
     i64 qm = A(m, GPOS), qa = A(after, GPOS);
-    i64 lb = pos >= 0 ? pos : A(m, NLB), ub = pos >= 0 ? pos : A(m, NUB);
+    i64 lb = pos >= 0 ? pos : P->nb[2 * m], ub = pos >= 0 ? pos : P->nb[2 * m + 1];
     if (qa >= 0) lb = min64(lb, AUX(GLB, qa)), ub = max64(ub, AUX(GUB, qa));
     if (qm >= 0) lb = min64(lb, AUX(GLB, qm)), ub = max64(ub, AUX(GUB, qm));
     qa = gap_put(P, after, A(before, END), A(after, OFF), lb, ub);
@@ -967,7 +971,8 @@ static int plan(const Inputs *in, i64 *recs, i64 rec_room, i64 *room, i64 *nrec,
     P->n_t = n_t, P->n_ops = n_ops, P->rank_gaps = in->rank_gaps;
     P->recs = recs, P->rec_room = rec_room, P->early_limit = INF, P->free_nodes = n_t;
     i64 *use_ptr = calloc(n_t + 1, sizeof(i64));
-    P->a = malloc(sizeof(i64) * (n_t + 2) * A_COLS);
+    P->a = aligned_alloc(64, sizeof(i64) * (n_t + 2) * A_COLS);
+    P->nb = malloc(sizeof(i64) * 2 * (n_t + 2));
     P->aux = malloc(sizeof(i64) * AUX_ROWS * (n_t + 2));
     P->spare = malloc(sizeof(i64) * (n_t + 1));
     P->tr = malloc(sizeof(Tensor) * n_t);
@@ -978,7 +983,7 @@ static int plan(const Inputs *in, i64 *recs, i64 rec_room, i64 *room, i64 *nrec,
     i64 total = 0;
     for (i64 t = 0; t < n_t; t++) total += in->size[t];
     int status = -1;
-    if (!use_ptr || !P->a || !P->aux || !P->spare || !P->tr || kh_alloc(P, n_ops + 1) < 0 || !P->found || !P->hk || !P->ht ||
+    if (!use_ptr || !P->a || !P->nb || !P->aux || !P->spare || !P->tr || kh_alloc(P, n_ops + 1) < 0 || !P->found || !P->hk || !P->ht ||
         segs_init(&P->f, min64(in->cap, total), 2 * room[2] + 2, -1.0) < 0)
         goto done;
     i64 *use_pos = P->use_pos = P->found + n_t;
@@ -1011,7 +1016,7 @@ static int plan(const Inputs *in, i64 *recs, i64 rec_room, i64 *room, i64 *nrec,
     *nrec = P->nrec;
     room[1] = max64(room[1], P->hp_room), room[2] = max64(room[2], P->f.room / 2);
 done:
-    free(use_ptr), free(P->a), free(P->aux), free(P->spare), free(P->tr), free(P->kh), free(P->found), free(P->hk), free(P->ht);
+    free(use_ptr), free(P->a), free(P->nb), free(P->aux), free(P->spare), free(P->tr), free(P->kh), free(P->found), free(P->hk), free(P->ht);
     segs_free(&P->f);
     for (int r = 0; r < RANKINGS; r++) free(P->rk[r].node), free(P->rk[r].leaf);
     return status;

@@ -15,7 +15,9 @@ repeated for the time budget and reported as a median:
   placements and early swap-ins, which cost more than the plan above);
 - `search ms` (with `--search S`): the median evaluation of an S-second search
   on one core (one worker process), from its first generation to its last: what
-  the search itself pays per candidate as its population converges;
+  the search itself pays per candidate as its population converges; `search
+  evaluate ms`: the same search's swap planning plus simulation alone (as
+  `evaluate ms`, without decoding the genome);
 - `simulate ms`: the Python simulator replaying the finished plan (what
   `swapdsl simulate` runs), and `validate ms`: the validator, once.
 """
@@ -32,7 +34,8 @@ import numpy as np
 from swapdsl.autodiff import training_graph
 from swapdsl.cli import build_graph
 from swapdsl.devices import load_device
-from swapdsl.ga import Decoder, Genome, _seeds, genetic_search
+from swapdsl.fastplan import Evaluator
+from swapdsl.ga import Decoder, _seeds, genetic_search
 from swapdsl.paths import STDLIB_DIR
 from swapdsl.planners import Request, SearchOptions, baseline_setup, optimize
 from swapdsl.problem import Problem
@@ -52,7 +55,8 @@ def main() -> None:
     args = ap.parse_args()
     device = load_device(args.device)
     print(f"{'model':<10} {'ops':>7} {'instructions':>12} {'plan s':>7} {'validate ms':>12} "
-          f"{'simulate ms':>12} {'evaluate ms':>12} {'candidate ms':>13} {'seeds ms':>9} {'search ms':>10}")
+          f"{'simulate ms':>12} {'evaluate ms':>12} {'candidate ms':>13} {'seeds ms':>9} {'search ms':>10} "
+          f"{'search evaluate ms':>19}")
     for model in args.models:
         _, g = build_graph(str(STDLIB_DIR / "models" / f"{model}.swp"), [])
         t = training_graph(g)
@@ -75,28 +79,32 @@ def main() -> None:
               f"{_median_ms(lambda: d.evaluator(schedule, plan.cap, s.pinned, s.policy), args.seconds):>12.2f} "
               f"{_median_ms(lambda: d.score(genome), args.seconds):>13.2f} "
               f"{statistics.median(_ms(lambda: d.score(g)) for g in population):>9.2f} "
-              f"{_search_ms(d.req, args.search):>10}")
+              f"{_search_ms(d.req, args.search)}")
 
 
 def _search_ms(req: Request, seconds: float) -> str:
-    """The median time of ``Decoder.score`` over a search of ``seconds`` in this process."""
+    """The median times of ``Decoder.score`` and of the evaluator call inside it over a search of
+    ``seconds`` in this process, as two right-aligned columns."""
     if seconds <= 0:
-        return "-"
-    times: list[float] = []
-    score = Decoder.score
+        return f"{'-':>10} {'-':>19}"
+    times: dict[str, list[float]] = {"score": [], "evaluate": []}
+    score, evaluate = Decoder.score, Evaluator.__call__
 
-    def timed(self: Decoder, g: Genome) -> float:
-        started = time.perf_counter()
-        result = score(self, g)
-        times.append(1e3 * (time.perf_counter() - started))
-        return result
+    def timed(f: Callable[..., float], into: list[float]) -> Callable[..., float]:
+        def run(*a: object) -> float:
+            started = time.perf_counter()
+            result = f(*a)
+            into.append(1e3 * (time.perf_counter() - started))
+            return result
+        return run
 
-    Decoder.score = timed  # type: ignore[method-assign]
+    Decoder.score = timed(score, times["score"])  # type: ignore[method-assign]
+    Evaluator.__call__ = timed(evaluate, times["evaluate"])  # type: ignore[method-assign]
     try:
         genetic_search(req, SearchOptions(budget_s=seconds, workers=1))
     finally:
-        Decoder.score = score  # type: ignore[method-assign]
-    return f"{statistics.median(times):.2f}"
+        Decoder.score, Evaluator.__call__ = score, evaluate  # type: ignore[method-assign]
+    return f"{statistics.median(times['score']):>10.2f} {statistics.median(times['evaluate']):>19.2f}"
 
 
 def _ms(f: Callable[[], object]) -> float:

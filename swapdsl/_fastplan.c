@@ -272,12 +272,20 @@ static inline void gap_drop(Planner *P, i64 g) {
     changed(P, last);
 }
 
+/* Whether slot q holds a gap of `size` bytes or more other than the one above the last tenant (its
+   bytes: *lo, *len). */
+static inline int takes(Planner *P, i64 q, i64 size, i64 *lo, i64 *len) {
+    if (q >= P->gaps) return 0;
+    *lo = AUX(GLO, q), *len = AUX(GHI, q) - *lo;
+    return *len >= size && AUX(GS, q) != P->n_t + 1;
+}
+
 /* Slot q's best place for `size`: the start or the end of its gap, ranked by sign * since (least
    first), then the smaller gap, then the lower offset. 0 when the slot holds no gap that takes the
    size, or only the one above the last tenant. */
 static inline int place_of(Planner *P, i64 q, i64 size, i64 sign, Place *out) {
-    i64 lo = q < P->gaps ? AUX(GLO, q) : 0, len = q < P->gaps ? AUX(GHI, q) - lo : -1;
-    if (len < size || AUX(GS, q) == P->n_t + 1) return 0;
+    i64 lo, len;
+    if (!takes(P, q, size, &lo, &len)) return 0;
     i64 key = sign * since_of(P, q, KNOW0, size, lo), off = lo;
     if (len > size) {
         i64 key1 = sign * since_of(P, q, KNOW1, size, lo + len - size);
@@ -301,9 +309,9 @@ static inline void rank_leaf(Planner *P, Ranking *R, i64 q, int exact) {
     if (exact) {
         holds = place_of(P, q, R->size, R->sign, x);
     } else {
-        i64 lo = q < P->gaps ? AUX(GLO, q) : 0, len = q < P->gaps ? AUX(GHI, q) - lo : -1;
-        holds = len >= R->size && AUX(GS, q) != P->n_t + 1;
-        x->key = R->sign > 0 ? AUX(GLB, q) : -AUX(GUB, q), x->len = len, x->off = lo;
+        i64 lo, len;
+        holds = takes(P, q, R->size, &lo, &len);
+        if (holds) x->key = R->sign > 0 ? AUX(GLB, q) : -AUX(GUB, q), x->len = len, x->off = lo;
     }
     x->exact = exact;
     R->node[R->cap + q] = holds ? q : R->cap;
@@ -340,7 +348,7 @@ static inline void rank_path(Ranking *R, i64 q) {
 }
 
 /* Replays the slots changed since the ranking was last asked, each once, with exact places. */
-static int rank_update(Planner *P, Ranking *R) {
+static void rank_update(Planner *P, Ranking *R) {
     for (; R->seen < P->clock; R->seen++) {
         i64 q = P->changed[R->seen & (CHANGES - 1)];
         if (q >= R->cap || R->leaf[q].stamp == P->clock) continue; /* (past the gaps now, or done) */
@@ -348,7 +356,6 @@ static int rank_update(Planner *P, Ranking *R) {
         rank_leaf(P, R, q, 1);
         rank_path(R, q);
     }
-    return 0;
 }
 
 /* The best place (-1: none): while a bound leads, it is made exact and ranked again. */
@@ -397,7 +404,9 @@ static int ranking(Planner *P, i64 size, i64 sign, Ranking **out) {
         return 0;
     }
     *out = R;
-    return R->cap == 0 || P->gaps > R->cap ? rank_all(P, R) : rank_update(P, R);
+    if (R->cap == 0 || P->gaps > R->cap) return rank_all(P, R);
+    rank_update(P, R);
+    return 0;
 }
 
 /* Arena.fit: the node after the gap chosen (-1: none holds size; -2: out of memory), its offset and since

@@ -36,7 +36,7 @@ def run_ops(g: Graph, env: dict[str, Any], ctx: KernelContext, keep: Iterable[st
     for i, op in enumerate(g.ops):
         kernel = REGISTRY[op.op].kernel
         env[op.outputs[0]] = kernel(ctx, [env[n] for n in op.inputs], op.attr_dict)
-        for name in op.inputs:
+        for name in dict.fromkeys(op.inputs):  # once each: an op may read a tensor twice (x * x)
             if last[name] == i and name not in keep:
                 del env[name]
     return env

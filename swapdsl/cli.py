@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import sys
 import time
@@ -24,7 +25,7 @@ from pathlib import Path
 from swapdsl import benchmark, show
 from swapdsl.devices import BUILTIN, DEFAULT_DEVICE, detect_device, load_device
 from swapdsl.plan import Plan
-from swapdsl.planfile import check_model, read_plan, write_plan
+from swapdsl.planfile import locate_model, read_plan, write_plan
 from swapdsl.planners import METHODS, Request, SearchOptions, optimize
 from swapdsl.irprint import format_attr
 from swapdsl.plan import SwapIn, SwapOut
@@ -137,17 +138,15 @@ def _cmd_exec(args: argparse.Namespace) -> int:
 def _exec_plan(args: argparse.Namespace) -> int:
     if args.define:
         raise SwpError("-D does not apply to a plan: its model arguments are fixed in the plan")
-    plan = read_plan(args.file)
-    model = find_model(plan, args.file)
-    _, graph = build_graph(str(model), [f"{k}={format_attr(v)}" for k, v in plan.args])
-    train = training_graph(graph)
+    plan, train = load_plan(args.file, need_model=True)
+    assert train is not None
     backend, xp = array_module(args.backend)
     runner = PlanRunner(plan, train, backend, xp, args.seed)
     reference = Trainer(train, args.seed, xp) if args.check else None
-    h2d = sum(t.bytes for i in plan.program if isinstance(i, SwapIn) for t in [plan.tensor_map()[i.tensor]])
-    d2h = sum(t.bytes for i in plan.program if isinstance(i, SwapOut) for t in [plan.tensor_map()[i.tensor]])
+    sim = simulate(plan)
+    h2d, d2h, simulated_ms = sim.h2d_bytes, sim.d2h_bytes, sim.iteration_ms
     if not args.json:
-        print(f"executing {args.file} ({graph.name}, {plan.method} under {format_bytes(plan.cap)}) for {args.steps} "
+        print(f"executing {args.file} ({train.name}, {plan.method} under {format_bytes(plan.cap)}) for {args.steps} "
               f"steps on {backend}, seed {args.seed}")
     losses, times, worst = [], [], 0.0
     try:
@@ -166,16 +165,16 @@ def _exec_plan(args: argparse.Namespace) -> int:
                 print(line, flush=True)
     finally:
         runner.close()
-    info = {"model": graph.name, "backend": backend, "steps": args.steps, "seed": args.seed, "loss": losses,
+    info = {"model": train.name, "backend": backend, "steps": args.steps, "seed": args.seed, "loss": losses,
             "step_ms": times, "h2d_bytes": h2d, "d2h_bytes": d2h, "device_arena_bytes": int(runner.arena.nbytes),
-            "host_arena_bytes": int(runner.host.nbytes), "simulated_ms": plan.figure("iteration_ms")}
+            "host_arena_bytes": int(runner.host.nbytes), "simulated_ms": simulated_ms}
     if reference is not None:
         info["max_rel_diff"] = worst
     if args.json:
         print(json.dumps(info, indent=2))
         return 0
     median = sorted(times)[len(times) // 2]
-    print(f"median step {median:.1f} ms (simulated {plan.figure('iteration_ms'):.1f} ms); moved "
+    print(f"median step {median:.1f} ms (simulated {simulated_ms:.1f} ms); moved "
           f"{format_bytes(h2d)} in and {format_bytes(d2h)} out per step in a {format_bytes(runner.arena.nbytes)} arena"
           + (f"; max rel diff against the reference {worst:.2e}" if reference is not None else ""))
     return 0
@@ -226,15 +225,25 @@ def _print_figures(f: dict) -> None:
           + (f", {f['generations']:.0f} generations, {f['evaluations']:.0f} evaluations" if "generations" in f else ""))
 
 
-def _load_plan(path: str) -> Plan:
+def load_plan(path: str, need_model: bool = False) -> tuple[Plan, Graph | None]:
+    """A plan checked completely: against its model's training graph when the model is found (always
+    when ``need_model``), and replayed. Returns the plan and that training graph (or None)."""
     plan = read_plan(path)
-    check_model(plan, path)
-    validate(plan)
-    return plan
+    model = find_model(plan, path) if need_model else locate_model(plan, path)
+    train = None if model is None else _training_graph(str(model), plan.model_sha256, plan.args)
+    validate(plan, train)
+    return plan, train
+
+
+@functools.lru_cache(maxsize=4)
+def _training_graph(model: str, sha256: str, args: tuple[tuple[str, int | float | bool], ...]) -> Graph:
+    """The training graph of a model file with these arguments (its hash in the key: a file may change)."""
+    _, graph = build_graph(model, [f"{k}={format_attr(v)}" for k, v in args])
+    return training_graph(graph)
 
 
 def _cmd_simulate(args: argparse.Namespace) -> int:
-    plan = _load_plan(args.file)
+    plan, _ = load_plan(args.file)
     r = simulate(plan)
     ideal = sum(o.ms for o in plan.ops)
     stored = dict(plan.figures)
@@ -252,7 +261,7 @@ def _cmd_simulate(args: argparse.Namespace) -> int:
 
 
 def _cmd_show(args: argparse.Namespace) -> int:
-    plan = _load_plan(args.file)
+    plan, _ = load_plan(args.file)
     print(show.summary(plan, simulate(plan)))
     if args.plot:
         show.plot(plan, args.plot)

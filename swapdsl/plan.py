@@ -96,6 +96,23 @@ class Free:
 
 Instr = Union[Run, SwapIn, SwapOut, Free]
 
+
+@attrs.frozen
+class Origin:
+    """Where a plan was read from: its file and the line of each statement, for error messages.
+
+    ``lines`` maps a section (``tensor``, ``op``, ``update``, ``program``) to the line of each of its
+    entries in order, and a single statement (``cap``, ``loss``, ``device``) to a one-element tuple.
+    """
+
+    file: str
+    lines: dict[str, tuple[int, ...]] = attrs.field(factory=dict, hash=False)
+
+    def line(self, section: str, index: int = 0) -> int | None:
+        found = self.lines.get(section, ())
+        return found[index] if 0 <= index < len(found) else None
+
+
 @attrs.frozen
 class Plan:
     model_path: str
@@ -110,9 +127,23 @@ class Plan:
     updates: tuple[tuple[str, str], ...]  # (persistent tensor, the value that replaces it)
     program: tuple[Instr, ...]
     figures: tuple[tuple[str, float], ...] = ()
+    origin: Origin | None = attrs.field(default=None, eq=False, repr=False)  # set when read from a file
 
     def tensor_map(self) -> dict[str, PlanTensor]:
         return {t.name: t for t in self.tensors}
 
     def figure(self, name: str) -> float:
         return dict(self.figures)[name]
+
+    def host_slot_owner(self) -> dict[str, str]:
+        """Whose host memory each tensor's host copy uses: its own, except that a persistent tensor's new
+        value writes into the old value's memory when that has any, so the next step reads it there.
+
+        Host memory belongs to inputs, host-homed persistent tensors and every tensor swapped out."""
+        has_memory = {t.name for t in self.tensors if t.home == HOST or t.kind == "input"}
+        has_memory |= {i.tensor for i in self.program if isinstance(i, SwapOut)}
+        owner = {t.name: t.name for t in self.tensors}
+        for old, new in self.updates:
+            if old in has_memory:
+                owner[new] = old
+        return owner

@@ -9,6 +9,7 @@ from typing import Any
 
 import lark
 from lark import Token, Transformer, v_args
+import lark.exceptions
 from lark.exceptions import UnexpectedInput
 
 from swapdsl.atomic import write_text_atomically
@@ -16,7 +17,7 @@ from swapdsl.devices import Device
 from swapdsl.errors import Span, SwpError
 from swapdsl.loader import load, read_source
 from swapdsl.paths import GRAMMAR_DIR
-from swapdsl.plan import HOST, Free, Plan, PlanOp, PlanTensor, Region, Run, SwapIn, SwapOut
+from swapdsl.plan import HOST, Free, Origin, Plan, PlanOp, PlanTensor, Region, Run, SwapIn, SwapOut
 
 VERSION = 2  # 2: tensors at arena offsets (1 had size classes of slabs)
 _DEVICE_SCALARS = ("memory_bytes", "mem_bw", "h2d_bw", "d2h_bw", "launch_s", "copy_latency_s",
@@ -108,7 +109,12 @@ def parse_plan(text: str, file: str = "<plan>") -> Plan:
         raise SwpError(f"`{file}` is not a valid plan: unexpected input at line {exc.line}",
                        Span.point(file, exc.line, max(col, 1)),
                        hints=["plans are written by `swapdsl optimize`"]) from None
-    return _Build(file).build(tree)
+    try:
+        return _Build(file).build(tree)
+    except lark.exceptions.VisitError as exc:  # a statement refused while it was read
+        if isinstance(exc.orig_exc, SwpError):
+            raise exc.orig_exc from None
+        raise
 
 
 def _number(tok: Token) -> int | float:
@@ -137,21 +143,35 @@ class _Build(Transformer):
         self.file = file
         self.f: dict[str, Any] = {"args": [], "device_fields": {}, "flops": [], "tensors": [],
                                   "ops": [], "updates": [], "program": [], "figures": []}
+        self.lines: dict[str, list[int]] = {}
+        self.seen: dict[tuple[str, str], int] = {}  # (statement, key) -> its line, for statements given once
+
+    def _at(self, meta: Any, section: str, key: str | None = None) -> None:
+        """Note the line of a statement; a statement (or key) that may appear once must not come twice."""
+        if key is not None:
+            first = self.seen.setdefault((section, key), meta.line)
+            if first != meta.line:
+                what = f"`{section}`" if key == "" else f"`{section} {key}`"
+                raise self._err(meta, f"a second {what} line in the plan (the first is line {first})")
+        self.lines.setdefault(section, []).append(meta.line)
 
     def build(self, tree: lark.Tree) -> Plan:
         self.transform(tree)
         f = self.f
         missing = [k for k in ("model", "method", "device", "cap", "loss") if k not in f]
         if missing:
-            raise SwpError(f"`{self.file}` is not a complete plan: no {', '.join(missing)} line")
+            raise SwpError(f"`{self.file}` is not a complete plan: no {', '.join(missing)} line",
+                           Span.point(self.file, 1, 1), hints=["plans are written by `swapdsl optimize`"])
         dev = dict(f["device_fields"], name=f["device"], flops=tuple(f["flops"]))
         try:
             device = Device(**dev)
         except TypeError as exc:
-            raise SwpError(f"`{self.file}`: bad device line ({exc})") from None
+            line = self.lines.get("device", [1])[0]
+            raise SwpError(f"`{self.file}`: bad device line ({exc})", Span.point(self.file, line, 1)) from None
+        origin = Origin(self.file, {k: tuple(v) for k, v in self.lines.items()})
         return Plan(f["model"][0], f["model"][1], tuple(f["args"]), f["method"], device, f["cap"],
                     tuple(f["tensors"]), tuple(f["ops"]), f["loss"], tuple(f["updates"]),
-                    tuple(f["program"]), tuple(f["figures"]))
+                    tuple(f["program"]), tuple(f["figures"]), origin)
 
     def _err(self, meta: Any, message: str) -> SwpError:
         return SwpError(message, Span.point(self.file, meta.line, meta.column))
@@ -161,15 +181,19 @@ class _Build(Transformer):
             raise self._err(meta, f"plan format version {c[0]} is not supported (this swapdsl reads {VERSION})")
 
     def model(self, meta: Any, c: list[Token]) -> None:
+        self._at(meta, "model", "")
         self.f["model"] = (json.loads(c[0]), json.loads(c[1]))
 
     def arg(self, meta: Any, c: list[Token]) -> None:
+        self._at(meta, "arg", str(c[0]))
         self.f["args"].append((str(c[0]), _value(c[1])))
 
     def method(self, meta: Any, c: list[Token]) -> None:
+        self._at(meta, "method", "")
         self.f["method"] = str(c[0])
 
     def device(self, meta: Any, c: list[Any]) -> None:
+        self._at(meta, "device", "")
         self.f["device"] = json.loads(c[0])
         for key, value in c[1:]:
             if key not in _DEVICE_SCALARS:
@@ -181,12 +205,15 @@ class _Build(Transformer):
         return str(c[0]), float(value) if str(c[0]) not in ("memory_bytes", "source") else value
 
     def flops(self, meta: Any, c: list[Token]) -> None:
+        self._at(meta, "flops", str(c[0]))
         self.f["flops"].append((str(c[0]), float(_number(c[1]))))
 
     def cap(self, meta: Any, c: list[Token]) -> None:
+        self._at(meta, "cap", "")
         self.f["cap"] = int(c[0])
 
     def tensor(self, meta: Any, c: list[Any]) -> None:
+        self._at(meta, "tensor")
         home = c[3] if len(c) > 3 else None
         self.f["tensors"].append(PlanTensor(json.loads(c[0]), int(c[1]), str(c[2]), home))
 
@@ -194,6 +221,7 @@ class _Build(Transformer):
         return HOST if c[0].type == "HOST" else _region_of(c[0])
 
     def op(self, meta: Any, c: list[Any]) -> None:
+        self._at(meta, "op")
         self.f["ops"].append(PlanOp(int(c[0]), json.loads(c[1]), float(_number(c[2])), c[3], c[4]))
 
     def ins(self, meta: Any, c: list[Token]) -> tuple[str, ...]:
@@ -202,12 +230,15 @@ class _Build(Transformer):
     outs = ins
 
     def loss(self, meta: Any, c: list[Token]) -> None:
+        self._at(meta, "loss", "")
         self.f["loss"] = json.loads(c[0])
 
     def update(self, meta: Any, c: list[Token]) -> None:
+        self._at(meta, "update")
         self.f["updates"].append((json.loads(c[0]), json.loads(c[1])))
 
     def run(self, meta: Any, c: list[Any]) -> None:
+        self._at(meta, "program")
         in_place = any(flag for _, _, flag in c[1:])
         self.f["program"].append(Run(int(c[0]), tuple((t, s) for t, s, _ in c[1:]), in_place))
 
@@ -215,15 +246,19 @@ class _Build(Transformer):
         return json.loads(c[0]), _region_of(c[1]), len(c) > 2
 
     def swapin(self, meta: Any, c: list[Token]) -> None:
+        self._at(meta, "program")
         self.f["program"].append(SwapIn(json.loads(c[0]), _region_of(c[1]), int(c[2]), int(c[3])))
 
     def swapout(self, meta: Any, c: list[Token]) -> None:
+        self._at(meta, "program")
         self.f["program"].append(SwapOut(json.loads(c[0]), int(c[1])))
 
     def free(self, meta: Any, c: list[Token]) -> None:
+        self._at(meta, "program")
         self.f["program"].append(Free(json.loads(c[0]), int(c[1])))
 
     def figure(self, meta: Any, c: list[Token]) -> None:
+        self._at(meta, "figure", str(c[0]))
         self.f["figures"].append((str(c[0]), float(_number(c[1]))))
 
 
@@ -231,26 +266,31 @@ def _model_candidates(p: Plan, plan_path: str | Path) -> list[Path]:
     return [Path(p.model_path), Path(plan_path).parent / p.model_path]
 
 
-def check_model(p: Plan, plan_path: str | Path) -> None:
-    """Refuse a plan whose model has changed since it was made (when the model file can be found)."""
+def locate_model(p: Plan, plan_path: str | Path) -> Path | None:
+    """The plan's model file if it can be found (refused if it changed since the plan was made), else None."""
     found = next((c for c in _model_candidates(p, plan_path) if c.is_file()), None)
     if found is not None:
         _same_hash(p, found)
+    return found
 
 
 def find_model(p: Plan, plan_path: str | Path) -> Path:
     """The plan's model file, unchanged since the plan was made."""
-    found = next((c for c in _model_candidates(p, plan_path) if c.is_file()), None)
+    found = locate_model(p, plan_path)
     if found is None:
-        raise SwpError(f"cannot find the plan's model `{p.model_path}`",
+        raise SwpError(f"cannot find the plan's model `{p.model_path}`", _model_span(p),
                        hints=["run from the folder the plan was made in, or next to the model"])
-    _same_hash(p, found)
     return found
+
+
+def _model_span(p: Plan) -> Span | None:
+    line = p.origin.line("model") if p.origin is not None else None
+    return Span.point(p.origin.file, line, 1) if p.origin is not None and line is not None else None
 
 
 def _same_hash(p: Plan, path: Path) -> None:
     sha = load(path).sha256
     if sha != p.model_sha256:
-        raise SwpError(f"the model `{p.model_path}` has changed since this plan was made",
+        raise SwpError(f"the model `{p.model_path}` has changed since this plan was made", _model_span(p),
                        hints=[f"plan made for sha256 {p.model_sha256[:16]}..., the model now is {sha[:16]}...",
                               "run `swapdsl optimize` again"])

@@ -227,3 +227,23 @@ def test_fill_and_cast(xp: Any) -> None:
     np.testing.assert_array_equal(run(xp, "fill", shape=(2,), value=1.5, dtype="f32"), [1.5, 1.5])
     out = run(xp, "cast", [1.7], dtype="i32")
     assert out.dtype == np.int32 and out[0] == 1
+
+
+@pytest.mark.parametrize("beta2", [0.999, 0.9999, 0.99999])
+def test_f32_adam_first_step_is_unbiased(xp: Any, beta2: float) -> None:
+    """Adam's first step in f32 moves each weight by lr * g / (|g| + eps), as in exact arithmetic: every
+    constant is formed in f64 and rounded once (forming 1 - beta in f32 scaled v by a factor != 1)."""
+    g = np.array([0.5, -1e-3, 3.0, 2e-4], dtype=np.float32)
+    zero = np.zeros(4, dtype=np.float32)
+    f32 = [xp.asarray(a) for a in (zero, g, zero)]
+    hp = {"beta1": 0.9, "beta2": beta2, "weight_decay": 0.0}
+    m = REGISTRY["adam_m"].kernel(KernelContext(xp), f32, hp)
+    v = REGISTRY["adam_v"].kernel(KernelContext(xp), f32, hp)
+    out = REGISTRY["adam_apply"].kernel(KernelContext(xp), [xp.asarray(zero), m, v], {**hp, "lr": 1e-3, "eps": 1e-12})
+    assert to_host(out).dtype == np.float32
+    step = -to_host(out).astype(np.float64)
+    exact = 1e-3 * g.astype(np.float64) / (np.abs(g.astype(np.float64)) + 1e-12)
+    assert np.max(np.abs(step - exact) / np.abs(exact)) < 3e-7  # PyTorch: <= 1.2e-7
+    # the moments themselves, to f32 rounding
+    np.testing.assert_allclose(to_host(v), (1 - beta2) * g.astype(np.float64) ** 2, rtol=3e-7)
+    np.testing.assert_allclose(to_host(m), 0.1 * g.astype(np.float64), rtol=3e-7)

@@ -78,7 +78,9 @@ def test_unknown_tensor_is_refused(cli, plan_file: Path) -> None:
     tamper(plan_file, f'swapin "{victim}"', 'swapin "nonexistent"')
     code, _, err = cli("simulate", plan_file)
     assert code == 2
-    assert err.splitlines()[0] == "error: plan names an unknown tensor `nonexistent`"
+    line = next(k for k, text in enumerate(plan_file.read_text().splitlines(), 1) if '"nonexistent"' in text)
+    assert err.splitlines()[:2] == ["error: the program names `nonexistent`, which no tensor line declares",
+                                    f" --> {plan_file}:{line}:1"]
 
 
 def test_bad_region_is_refused(cli, plan_file: Path) -> None:

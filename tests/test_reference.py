@@ -127,3 +127,25 @@ def test_cupy_matches_numpy() -> None:
     ref = train(t, 3, seed=0, xp=np).losses
     gpu = train(t, 3, seed=0, xp=cupy).losses
     np.testing.assert_allclose(gpu, ref, rtol=1e-4)
+
+
+SQUARE_MODEL = """model m(n = 4) {
+    input x: f32[3, n]
+    param w: f32[n, 2] = xavier
+    loss = mean((x * x) @ w)
+    minimize loss with sgd(lr = 0.1)
+}
+"""
+
+
+def test_an_op_reading_one_tensor_twice_at_its_last_use(cli, in_tmp: Path) -> None:
+    """`x * x` reads x twice in its last use: the reference frees it once (it crashed with KeyError)."""
+    write(in_tmp / "m.swp", SQUARE_MODEL)
+    code, out, err = cli("exec", "m.swp", "--steps", "2", "--backend", "numpy", "--json")
+    assert code == 0, err
+    assert len(json.loads(out)["loss"]) == 2
+    code, _, err = cli("optimize", "m.swp", "--memory", "4KiB", "--method", "belady", "-o", "m.plan")
+    assert code == 0, err
+    code, out, err = cli("exec", "m.plan", "--steps", "2", "--check", "--backend", "numpy", "--json")
+    assert code == 0, err
+    assert json.loads(out)["max_rel_diff"] == 0.0

@@ -1,0 +1,200 @@
+"""Single-line mutants of a plan file, and the verdict on each: refused cleanly, or trains exactly.
+
+A mutant deletes, duplicates or swaps lines, or changes one number, name or figure of one line. Run
+through ``swapdsl exec --check`` (in process), each must be either refused with exit code 2 and an
+error that names a line of the plan, or accepted and train exactly like the reference executor; an
+accepted mutant is run a second time with a slow simulated bus, so that a missing wait shows up as a
+wrong number rather than as luck.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+import random
+import re
+import traceback
+from collections.abc import Callable
+from pathlib import Path
+
+import attrs
+import numpy as np
+
+
+KINDS = ("delete", "duplicate", "swap", "number", "name", "figure", "update")
+VERDICTS = ("refused", "exact", "wrong", "crash", "unplaced")  # unplaced: exit 2 without naming a line
+EXACT = 1e-6  # relative: planned execution is the reference's arithmetic, op for op
+_NUMBER = re.compile(r"(?<![\w.\"])-?\d+(?![\w.])")
+_FLOAT = re.compile(r"(?<![\w\"])-?(\d+\.\d*|\.\d+|\d+)([eE][-+]?\d+)?(?![\w@+])")
+_STRING = re.compile(r'"(?:[^"\\]|\\.)*"')
+
+
+@attrs.frozen
+class Mutant:
+    kind: str
+    line: int  # 1-based, the line changed (for a swap, the first of the two)
+    text: str
+    what: str  # the changed line as it reads now, or what was done
+
+
+def mutate(text: str, kind: str, rng: random.Random) -> Mutant | None:
+    """One mutant of ``kind`` (None when this plan offers no such change at the drawn spot)."""
+    lines = text.splitlines()
+    body = list(range(1, len(lines)))  # never the header line: a plan without it is not a plan at all
+    i = rng.choice(body)
+    if kind == "delete":
+        return Mutant(kind, i + 1, _join(lines[:i] + lines[i + 1:]), f"deleted: {lines[i]}")
+    if kind == "duplicate":
+        j = rng.choice(body)
+        return Mutant(kind, j + 1, _join(lines[:j] + [lines[i]] + lines[j:]), f"copied before line {j + 1}: {lines[i]}")
+    if kind == "swap":
+        j = _near(i, body, rng)
+        if lines[i] == lines[j]:
+            return None
+        out = list(lines)
+        out[i], out[j] = out[j], out[i]
+        return Mutant(kind, min(i, j) + 1, _join(out), f"swapped lines {i + 1} and {j + 1}")
+    if kind == "update":
+        return _swap_update_values(lines, rng)
+    changed = {"number": _new_number, "name": _new_name, "figure": _new_figure}[kind](lines[i], lines, rng)
+    if changed is None or changed == lines[i]:
+        return None
+    return Mutant(kind, i + 1, _join(lines[:i] + [changed] + lines[i + 1:]), changed)
+
+
+def _join(lines: list[str]) -> str:
+    return "\n".join(lines) + "\n"
+
+
+def _near(i: int, body: list[int], rng: random.Random) -> int:
+    """Another line: a neighbour half the time (reorders instructions), anywhere otherwise."""
+    if rng.random() < 0.5:
+        return min(max(i + rng.choice((-3, -2, -1, 1, 2, 3)), body[0]), body[-1])
+    return rng.choice(body)
+
+
+def _swap_update_values(lines: list[str], rng: random.Random) -> Mutant | None:
+    ups = [k for k, line in enumerate(lines) if line.startswith("update ")]
+    if len(ups) < 2:
+        return None
+    a, b = rng.sample(ups, 2)
+    va, vb = _STRING.findall(lines[a])[1], _STRING.findall(lines[b])[1]
+    out = list(lines)
+    out[a] = lines[a][: lines[a].rindex(va)] + vb
+    out[b] = lines[b][: lines[b].rindex(vb)] + va
+    return Mutant("update", min(a, b) + 1, _join(out), f"swapped the new values of lines {a + 1} and {b + 1}")
+
+
+def _outside_strings(line: str, pattern: re.Pattern[str]) -> list[re.Match[str]]:
+    spans = [m.span() for m in _STRING.finditer(line)]
+    return [m for m in pattern.finditer(line) if not any(a <= m.start() < b for a, b in spans)]
+
+
+def _new_number(line: str, lines: list[str], rng: random.Random) -> str | None:
+    found = _outside_strings(line, _NUMBER)
+    if not found:
+        return None
+    m = rng.choice(found)
+    v = int(m.group())
+    other = int(rng.choice(_outside_strings(rng.choice(lines), _NUMBER) or [m]).group())
+    new = rng.choice([v + 1, v - 1, v + 256, v - 256, 0, -1, 2 * v, v // 2, other, 10**30, -(10**30)])
+    return line[: m.start()] + str(new) + line[m.end():]
+
+
+def _new_name(line: str, lines: list[str], rng: random.Random) -> str | None:
+    found = list(_STRING.finditer(line))
+    if not found:
+        return None
+    m = rng.choice(found)
+    names = [n for ln in lines if ln.startswith("tensor ") for n in _STRING.findall(ln)[:1]]
+    new = rng.choice(names) if names and rng.random() < 0.8 else json.dumps(rng.choice(["x", "", "%", "\u00e9"]))
+    return line[: m.start()] + new + line[m.end():]
+
+
+def _new_figure(line: str, lines: list[str], rng: random.Random) -> str | None:
+    found = _outside_strings(line, _FLOAT)
+    if not found:
+        return None
+    m = rng.choice(found)
+    v = float(m.group())
+    new = rng.choice([repr(v * 10), repr(v / 10), "0.0", "-1.0", "1e308", "1e999", "-1e999", repr(v + 0.5)])
+    return line[: m.start()] + new + line[m.end():]
+
+
+# ---- verdicts -----------------------------------------------------------------------------------
+
+
+@attrs.frozen
+class Verdict:
+    verdict: str  # one of VERDICTS
+    detail: str = ""
+
+
+def judge(mutant: Mutant, folder: Path, slow_copy_s: float = 0.002) -> Verdict:
+    """Run ``swapdsl exec --check`` on the mutant (written into ``folder``, beside its model)."""
+    from swapdsl.cli import main
+
+    path = folder / "mutant.plan"
+    path.write_text(mutant.text, encoding="utf-8")
+    out, err = io.StringIO(), io.StringIO()
+    try:
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+            code = main(["exec", str(path), "--steps", "2", "--check", "--json", "--backend", "numpy"])
+    except Exception:  # noqa: BLE001 - a crash is what this looks for
+        return Verdict("crash", traceback.format_exc(limit=-3))
+    if code == 2:
+        named = f" --> {path}:" in err.getvalue()
+        return Verdict("refused" if named else "unplaced", err.getvalue().splitlines()[0])
+    if code != 0:
+        return Verdict("crash", f"exit {code}: {err.getvalue()[-500:]}")
+    diff = json.loads(out.getvalue())["max_rel_diff"]
+    if diff > EXACT:
+        return Verdict("wrong", f"max rel diff {diff:.3g}")
+    slow = _slow_bus_diff(path, slow_copy_s)
+    return Verdict("exact") if slow <= EXACT else Verdict("wrong", f"max rel diff {slow:.3g} on a slow bus")
+
+
+def _slow_bus_diff(path: Path, copy_delay_s: float) -> float:
+    """The plan run once more with every copy slowed down, against the reference."""
+    from swapdsl.cli import load_plan, relative_diff
+    from swapdsl.runtime.backend import to_host
+    from swapdsl.runtime.interpreter import PlanRunner
+    from swapdsl.runtime.reference import Trainer
+
+    plan, train = load_plan(str(path), need_model=True)
+    assert train is not None
+    runner = PlanRunner(plan, train, "numpy", np, 0, copy_delay_s=copy_delay_s)
+    ref = Trainer(train, 0, np)
+    try:
+        loss, _ = runner.step(1)
+        diffs = [relative_diff(loss, ref.step(1))]
+        diffs += [relative_diff(v, to_host(ref.persistent[k])) for k, v in runner.persistent_values().items()]
+    finally:
+        runner.close()
+    return max(diffs)
+
+
+def campaign(plans: dict[str, str], folder: Path, cases: int, seed: int,
+             on_case: Callable[[str, Mutant, Verdict], None] | None = None,
+             kinds: tuple[str, ...] = KINDS) -> dict[str, dict[str, int]]:
+    """``cases`` mutants spread over ``plans`` (name -> text, each plan's model in ``folder``) and
+    ``kinds``; returns the count of each verdict per kind."""
+    rng = random.Random(seed)
+    counts = {k: dict.fromkeys(VERDICTS, 0) for k in kinds}
+    names = sorted(plans)
+    n = misses = 0
+    while n < cases:
+        name, kind = names[n % len(names)], kinds[(n // len(names)) % len(kinds)]
+        mutant = mutate(plans[name], kind, rng)
+        if mutant is None:
+            misses += 1
+            if misses > 100 * (cases + 1):
+                raise RuntimeError(f"the plans offer no `{kind}` mutants")
+            continue
+        verdict = judge(mutant, folder)
+        counts[kind][verdict.verdict] += 1
+        if on_case is not None:
+            on_case(name, mutant, verdict)
+        n += 1
+    return counts

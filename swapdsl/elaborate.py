@@ -17,11 +17,16 @@ import attrs
 from swapdsl import ast, ops
 from swapdsl.builtins import BUILTINS, call_builtin, slice_axis
 from swapdsl.errors import Span, SwpError, did_you_mean
-from swapdsl.ir import DType, Graph, Init, Kind, Op, Optimizer, Tensor, TensorType
+from swapdsl.ir import MAX_BYTES, DType, Graph, Init, Kind, Op, Optimizer, Tensor, TensorType
 from swapdsl.loader import Program
 from swapdsl.values import REQUIRED, TensorVal, Value, bind, describe
 
-MAX_CALL_DEPTH = 64
+# Limits on what a model may ask of the elaborator (the README states them). Past them a model is
+# refused with a clear error rather than recursing until Python gives up or running for hours.
+MAX_CALL_DEPTH = 64  # user functions calling user functions
+MAX_OPS = 100_000  # forward ops (the largest zoo model, lstm_lm, has 15,216)
+MAX_STEPS = 2_000_000  # statements run and loop iterations, all together
+MAX_INT = 2**63  # static integers lie in (-MAX_INT, MAX_INT)
 
 # name -> (parameters with defaults) for initialisers and optimisers
 INITIALIZERS: dict[str, tuple[tuple[str, Any], ...]] = {
@@ -61,7 +66,13 @@ class _Frame:
 
 def elaborate(program: Program, overrides: Mapping[str, str] | None = None) -> Graph:
     """The forward graph of the program's model, with ``-D`` overrides applied."""
-    return _Elaborator(program).run(overrides or {})
+    el = _Elaborator(program)
+    try:
+        return el.run(overrides or {})
+    except RecursionError:
+        raise SwpError("the model nests too deeply to elaborate", el.at,
+                       hints=["brackets, calls, unary operators and blocks nest; keep nesting under about 100 "
+                              "levels (long chains like `a + b + c + ...` are not nesting)"]) from None
 
 
 def model_of(program: Program) -> ast.ModelDef:
@@ -129,14 +140,23 @@ def _guess_kind(text: str) -> str:
 
 
 def _parse_override(p: ast.ParamDecl, kind: str, text: str) -> int | float | bool:
+    expected = {"int": "an integer", "float": "a number", "bool": "`true` or `false`"}[kind]
     try:
         if kind == "bool":
             if text not in ("true", "false"):
                 raise ValueError
             return text == "true"
-        return int(text) if kind == "int" else float(text)
+        if kind == "int":
+            if len(text) > 20 or not -MAX_INT < int(text) < MAX_INT:
+                expected = "an integer below 2**63"
+                raise ValueError
+            return int(text)
+        value = float(text)
+        if not math.isfinite(value):
+            expected = "a finite number"
+            raise ValueError
+        return value
     except ValueError:
-        expected = {"int": "an integer", "float": "a number", "bool": "`true` or `false`"}[kind]
         raise SwpError(f"-D {p.name}={text}: expected {expected}", p.span,
                        hints=[f"`{p.name}` is declared here as {kind}"]) from None
 
@@ -154,6 +174,8 @@ class _Elaborator:
         self.scope: list[str] = []
         self.scope_names: list[dict[str, int]] = [{}]
         self.call_depth = 0
+        self.steps = 0
+        self.at: Span | None = None  # the statement being elaborated
         self.loss: tuple[TensorVal, Optimizer] | None = None
         self.visible = {path: self._visible_functions(path) for path in program.modules}
 
@@ -191,7 +213,15 @@ class _Elaborator:
 
     def block(self, body: tuple[ast.Stmt, ...], frame: _Frame) -> None:
         for stmt in body:
+            self.step(stmt.span)
+            self.at = stmt.span
             getattr(self, "stmt_" + type(stmt).__name__)(stmt, frame)
+
+    def step(self, span: Span) -> None:
+        self.steps += 1
+        if self.steps > MAX_STEPS:
+            raise SwpError(f"building the model runs more than {MAX_STEPS:,} statements and loop iterations", span,
+                           hints=["is a loop bound or a model argument far larger than meant?"])
 
     def stmt_InputStmt(self, s: ast.InputStmt, frame: _Frame) -> None:
         if not frame.in_model:
@@ -234,6 +264,7 @@ class _Elaborator:
             raise SwpError(f"a loop needs a static range or list, got {describe(it)}", s.iter.span,
                            hints=["loop bounds are fixed when the model is built: use range(N) with integer N"])
         for i, v in enumerate(it):
+            self.step(s.span)
             frame.env[s.var] = v
             with self.scoped(f"{s.var}{i}"):
                 self.block(s.body, frame)
@@ -281,7 +312,12 @@ class _Elaborator:
                 raise SwpError(f"unknown dtype `{t.dtype}`", t.dtype_span,
                                hints=did_you_mean(t.dtype, list(_DTYPES)) or [f"dtypes: {', '.join(_DTYPES)}"])
             dtype = _DTYPES[t.dtype]
-        return TensorType(tuple(self.dimension(d, frame) for d in t.dims), dtype)
+        typ = TensorType(tuple(self.dimension(d, frame) for d in t.dims), dtype)
+        try:
+            check_size(typ)
+        except SwpError as exc:
+            raise exc.with_span(t.span) from None
+        return typ
 
     def dimension(self, e: ast.Expr, frame: _Frame) -> int:
         v = self.expr(e, frame)
@@ -322,8 +358,12 @@ class _Elaborator:
         return TensorVal(name, typ)
 
     def emit(self, op: str, inputs: list[TensorVal], attrs_: dict[str, Any], span: Span) -> TensorVal:
+        if len(self.ops) >= MAX_OPS:
+            raise SwpError(f"the model has more than {MAX_OPS:,} ops", span,
+                           hints=["is a loop bound or a model argument far larger than meant?"])
         try:
             out = ops.infer(op, tuple(t.type for t in inputs), attrs_)
+            check_size(out)
         except SwpError as exc:
             raise exc.with_span(span) from None
         name = f"%{len(self.ops)}"
@@ -343,7 +383,7 @@ class _Elaborator:
         return getattr(self, "expr_" + type(e).__name__)(e, frame)
 
     def expr_Const(self, e: ast.Const, frame: _Frame) -> Value:
-        return e.value
+        return static_number(e.value, e.span)
 
     def expr_Name(self, e: ast.Name, frame: _Frame) -> Value:
         if e.id in frame.env:
@@ -360,8 +400,19 @@ class _Elaborator:
 
     expr_ListExpr = expr_TupleExpr
 
-    def expr_Attr(self, e: ast.Attr, frame: _Frame) -> Value:
-        v = self.expr(e.value, frame)
+    def expr_Attr(self, e: ast.Attr | ast.Index, frame: _Frame) -> Value:
+        """``x[0].shape[1][2:]``: a chain of indices and attributes, walked without recursion."""
+        chain: list[ast.Attr | ast.Index] = [e]
+        while isinstance(chain[-1].value, (ast.Attr, ast.Index)):
+            chain.append(chain[-1].value)  # type: ignore[arg-type]
+        v = self.expr(chain[-1].value, frame)
+        for link in reversed(chain):
+            v = self.index(link, v, frame) if isinstance(link, ast.Index) else self.attr(link, v)
+        return v
+
+    expr_Index = expr_Attr
+
+    def attr(self, e: ast.Attr, v: Value) -> Value:
         if isinstance(v, TensorVal):
             attrs_ = {"shape": v.type.shape, "dtype": v.type.dtype, "rank": v.type.rank, "numel": v.type.numel}
             if e.attr in attrs_:
@@ -370,8 +421,7 @@ class _Elaborator:
                            hints=did_you_mean(e.attr, list(attrs_)) or ["tensor attributes: shape, dtype, rank, numel"])
         raise SwpError(f"{describe(v)} has no attribute `{e.attr}`", e.span)
 
-    def expr_Index(self, e: ast.Index, frame: _Frame) -> Value:
-        v = self.expr(e.value, frame)
+    def index(self, e: ast.Index, v: Value, frame: _Frame) -> Value:
         if isinstance(v, tuple):
             if len(e.items) != 1 or isinstance(e.items[0], ast.Slice):
                 return self.index_tuple_slice(v, e, frame)
@@ -390,6 +440,8 @@ class _Elaborator:
         if len(e.items) != 1 or not isinstance(item, ast.Slice):
             raise SwpError("a tuple takes one index or slice", e.span)
         start, stop, step = (self.opt_int(x, frame) for x in (item.start, item.stop, item.step))
+        if step == 0:
+            raise SwpError("a slice step must not be zero", item.span)
         return v[start:stop:step]
 
     def opt_int(self, e: ast.Expr | None, frame: _Frame) -> int | None:
@@ -408,6 +460,8 @@ class _Elaborator:
             size = x.type.shape[axis]
             if isinstance(item, ast.Slice):
                 start, stop, step = (self.opt_int(b, frame) for b in (item.start, item.stop, item.step))
+                if step == 0:
+                    raise SwpError("a slice step must not be zero", item.span)
                 if (start, stop, step) in ((None, None, None), (0, None, None)):
                     continue
                 x = slice_axis(self, x, axis, start or 0, size if stop is None else stop, step or 1, item.span)
@@ -433,10 +487,19 @@ class _Elaborator:
             return self.emit("neg", [v], {}, e.span)
         if isinstance(v, bool) or not isinstance(v, (int, float)):
             raise SwpError(f"cannot negate {describe(v)}", e.span)
-        return -v
+        return static_number(-v, e.span)
 
     def expr_BinOp(self, e: ast.BinOp, frame: _Frame) -> Value:
-        left = self.expr(e.left, frame)
+        """A chain ``a + b - c ...`` is a tree as deep as it is long: walk its left spine without recursion."""
+        chain = [e]
+        while isinstance(chain[-1].left, ast.BinOp):
+            chain.append(chain[-1].left)
+        value = self.expr(chain[-1].left, frame)
+        for link in reversed(chain):
+            value = self.binop(link, value, frame)
+        return value
+
+    def binop(self, e: ast.BinOp, left: Value, frame: _Frame) -> Value:
         if e.op in ("and", "or"):
             if not isinstance(left, bool):
                 raise SwpError(f"`{e.op}` needs bools, got {describe(left)}", e.left.span)
@@ -508,10 +571,12 @@ class _Elaborator:
     def call_static_or_builtin(self, name: str, args: list, e: ast.Call, span: Span) -> Value:
         try:
             if name in _STATIC_FUNCS:
-                return _STATIC_FUNCS[name](args, e.span)
-            return call_builtin(self, BUILTINS[name], args, e.span)
+                return static_number(_STATIC_FUNCS[name](args, e.span), e.span)
+            return static_number(call_builtin(self, BUILTINS[name], args, e.span), e.span)
         except SwpError as exc:
             raise exc.with_span(e.span) from None
+        except (OverflowError, ZeroDivisionError, ValueError) as exc:  # math on static numbers
+            raise SwpError(f"`{name}` of these numbers is out of range ({exc})", e.span) from None
 
     def call_user(self, module: str, fdef: ast.FuncDef, args: list, e: ast.Call) -> Value:
         if self.call_depth >= MAX_CALL_DEPTH:
@@ -622,7 +687,44 @@ def _static_binop(e: ast.BinOp, left: Value, right: Value) -> Value:
         raise SwpError(f"cannot apply `{e.op}` to {describe(left)} and {describe(right)}", e.span)
     if e.op in ("/", "//", "%") and right == 0:
         raise SwpError("division by zero", e.span)
-    return _ARITH[e.op](left, right)
+    if e.op == "**":
+        return _static_pow(left, right, e.span)
+    try:
+        return static_number(_ARITH[e.op](left, right), e.span)
+    except OverflowError:
+        raise SwpError(f"`{e.op}` overflows", e.span) from None
+
+
+def _static_pow(base: int | float, exp: int | float, span: Span) -> Value:
+    if base == 0 and exp < 0:
+        raise SwpError("zero to a negative power", span)
+    if isinstance(base, int) and isinstance(exp, int) and exp > 0 and abs(base) > 1 \
+            and (abs(base).bit_length() - 1) * exp >= 64:  # known too big before computing it
+        raise SwpError(f"`{base} ** {exp}` is too large for a static integer (limit 2**63)", span)
+    try:
+        return static_number(base ** exp, span)
+    except (OverflowError, ZeroDivisionError):
+        raise SwpError(f"`{base} ** {exp}` is out of range", span) from None
+
+
+def static_number(v: Value, span: Span) -> Value:
+    """A static number the elaborator may keep: integers within 2**63, finite floats, nothing complex."""
+    if isinstance(v, bool) or not isinstance(v, (int, float, complex)):
+        return v
+    if isinstance(v, complex):
+        raise SwpError("the result is not a real number", span)
+    if isinstance(v, int) and not -MAX_INT < v < MAX_INT:
+        raise SwpError("a static integer past 2**63", span, hints=["static integers are 64-bit"])
+    if isinstance(v, float) and not math.isfinite(v):
+        raise SwpError(f"the number is {v}, not a finite value", span)
+    return v
+
+
+def check_size(t: TensorType) -> None:
+    """No tensor larger than the largest plan swapdsl makes."""
+    if t.nbytes > MAX_BYTES:
+        raise SwpError(f"a tensor of {t.numel:,} elements ({t.nbytes:,} bytes) is larger than the limit of "
+                       f"{MAX_BYTES:,} bytes (1 PiB)", hints=["is a dimension or a model argument far larger than meant?"])
 
 
 # ---- static helper functions (evaluate to numbers or ranges, emit nothing) ---
@@ -637,7 +739,10 @@ def _range(args: list, span: Span) -> Value:
                            hints=["loop bounds are fixed when the model is built"])
     if len(args) == 3 and args[2][1] == 0:
         raise SwpError("range step must not be zero", args[2][2])
-    return range(*(v for _, v, _ in args))
+    r = range(*(v for _, v, _ in args))
+    if len(r) > MAX_STEPS:
+        raise SwpError(f"range of {len(r):,} values: more than the {MAX_STEPS:,} loop iterations a model may run", span)
+    return r
 
 
 def _numbers(name: str) -> Callable[[list, Span], Value]:

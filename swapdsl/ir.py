@@ -12,6 +12,9 @@ from attrs import field, frozen
 from swapdsl.errors import Span
 
 
+MAX_BYTES = 2**50  # 1 PiB: no tensor, memory cap or arena swapdsl handles is larger
+
+
 class DType(enum.Enum):
     f64 = ("f64", 8, True)
     f32 = ("f32", 4, True)

@@ -6,9 +6,10 @@ import functools
 from collections.abc import Iterator
 from typing import Any
 
+import attrs
 import lark
-from lark import Token, Transformer, v_args
-from lark.exceptions import UnexpectedCharacters, UnexpectedEOF, UnexpectedInput, UnexpectedToken
+from lark import Token, Transformer_NonRecursive, v_args
+from lark.exceptions import UnexpectedCharacters, UnexpectedEOF, UnexpectedInput, UnexpectedToken, VisitError
 
 from swapdsl import ast
 from swapdsl.errors import Span, SwpError
@@ -16,6 +17,8 @@ from swapdsl.paths import GRAMMAR_DIR
 
 _OPEN = {"LPAR", "LSQB"}
 _CLOSE = {"RPAR", "RSQB"}
+_PREFIX = {"MINUS", "PLUS", "NOT"}
+MAX_NESTING = 100  # brackets and blocks inside one another, or unary operators in a row (the README says so)
 
 
 class _Newlines:
@@ -24,6 +27,9 @@ class _Newlines:
     always_accept = ("_NL",)
 
     def process(self, stream: Iterator[Token]) -> Iterator[Token]:
+        return self._newlines(_nesting_checked(stream))
+
+    def _newlines(self, stream: Iterator[Token]) -> Iterator[Token]:
         depth = 0
         pending = False  # a newline waiting to see the next token
         prev: Token | None = None  # the last token emitted
@@ -42,6 +48,22 @@ class _Newlines:
             prev = tok
         if prev is not None and prev.type != "_NL":
             yield _end_of(prev)
+
+
+def _nesting_checked(stream: Iterator[Token]) -> Iterator[Token]:
+    """The tokens, refused past MAX_NESTING levels of nesting (every stage after this one recurses)."""
+    depth = run = powers = 0
+    for tok in stream:
+        depth += (tok.type in _OPEN or tok.type == "LBRACE") - (tok.type in _CLOSE or tok.type == "RBRACE")
+        run = run + 1 if tok.type in _PREFIX else 0
+        powers = 0 if tok.type == "_NL" else powers + (tok.value == "**")  # `**` nests to the right
+        if max(depth, run, powers) > MAX_NESTING:
+            what = (f"more than {MAX_NESTING} unary operators in a row" if run > MAX_NESTING
+                    else f"more than {MAX_NESTING} `**` in one statement" if powers > MAX_NESTING
+                    else f"brackets and blocks nest more than {MAX_NESTING} deep here")
+            raise SwpError(what, Span.point("", tok.line, tok.column),
+                           hints=["split the expression with intermediate names, or the nesting into functions"])
+        yield tok
 
 
 def _end_of(tok: Token | None) -> Token:
@@ -72,7 +94,16 @@ def parse(text: str, file: str) -> ast.Module:
         tree = _lark().parse(text)
     except UnexpectedInput as exc:
         raise _syntax_error(exc, text, file) from None
-    return _ToAst(file).transform(tree)
+    except SwpError as exc:  # from the post-lexer, which does not know the file's name
+        if exc.span is not None and not exc.span.file:
+            exc.span = attrs.evolve(exc.span, file=file)
+        raise
+    try:
+        return _ToAst(file).transform(tree)
+    except VisitError as exc:  # a literal refused while the tree became the AST
+        if isinstance(exc.orig_exc, SwpError):
+            raise exc.orig_exc from None
+        raise
 
 
 # ---- syntax errors -----------------------------------------------------------
@@ -133,7 +164,7 @@ def _dotted_path(parts: list[str]) -> str:
 
 
 @v_args(meta=True)
-class _ToAst(Transformer):
+class _ToAst(Transformer_NonRecursive):  # without recursion: a sum of 10,000 terms is a tree 10,000 deep
     def __init__(self, file: str) -> None:
         super().__init__()
         self.file = file
@@ -214,6 +245,9 @@ class _ToAst(Transformer):
         return ast.Name(str(c[0]), self._span(meta))
 
     def int(self, meta: Any, c: list[Token]) -> ast.Const:
+        if len(c[0]) > 19:  # past 2**63, and Python refuses to read integers of over 4,300 digits
+            raise SwpError(f"integer literal of {len(c[0])} digits is too large (static integers are 64-bit)",
+                           self._span(meta))
         return ast.Const(int(c[0]), self._span(meta))
 
     def float(self, meta: Any, c: list[Token]) -> ast.Const:

@@ -21,7 +21,7 @@ from collections import Counter
 
 from swapdsl.arena import Segments
 from swapdsl.errors import Span, SwpError
-from swapdsl.ir import Graph, Kind
+from swapdsl.ir import MAX_BYTES, Graph, Kind
 from swapdsl.ops import REGISTRY
 from swapdsl.plan import HOST, Free, Plan, PlanOp, Region, Run, SwapIn, SwapOut
 from swapdsl.problem import ALIGN
@@ -36,7 +36,6 @@ INVARIANTS = {
     7: "an iteration ends in the residency it started in",
     8: "a copy starts once its source is complete, and nothing overwrites either end while it runs",
 }
-MAX_BYTES = 2**50  # 1 PiB: the largest cap or tensor a plan may name
 _REDO = ["the plan was edited, or made for a different model or swapdsl; run `swapdsl optimize` again"]
 _KINDS = {k.value for k in Kind}
 Where = tuple[str, int]  # (section of the plan, index in it): see plan.Origin

@@ -27,6 +27,8 @@ MLP = """    input x: f32[batch, 8]
     loss = softmax_cross_entropy(x @ w, y)
 """
 
+X = "    input x: f32[batch, 8]\n"
+
 # (id, source, -D overrides, exact first line of the message, "line:col")
 CASES: list[tuple[str, str, list[str], str, str]] = [
     ("syntax-missing-operand", model("    input x: f32[batch, 8]\n    h = x +\n"), [],
@@ -129,6 +131,46 @@ CASES: list[tuple[str, str, list[str], str, str]] = [
      "error: cannot split dimension 1 of size 9 into 2 equal parts", "3:12"),
     ("argument-kind", model("    input x: f32[batch, 8]\n    h = softmax(x, axis = 1.5)\n"), [],
      "error: argument `axis` of `softmax` must be an integer axis, got float `1.5`", "3:20"),
+    # the outside check's depth, size and arithmetic cases: each a clear error, none a traceback
+    ("nested-unary", model(X + "    h = " + "-" * 1000 + "x\n"), [],
+     "error: more than 100 unary operators in a row", "3:109"),
+    ("nested-not", model(X + "    a = " + "not " * 1000 + "true\n"), [],
+     "error: more than 100 unary operators in a row", "3:409"),
+    ("nested-calls", model(X + "    h = " + "relu(" * 200 + "x" + ")" * 200 + "\n"), [],
+     "error: brackets and blocks nest more than 100 deep here", "3:508"),
+    ("nested-lists", model("    a = " + "[" * 500 + "1" + "]" * 500 + "\n"), [],
+     "error: brackets and blocks nest more than 100 deep here", "2:108"),
+    ("nested-ifs", model("    if true {\n" * 250 + "    a = 1\n" + "    }\n" * 250), [],
+     "error: brackets and blocks nest more than 100 deep here", "101:13"),
+    ("power-tower", model(X + "    h = x * " + " ** ".join(["1"] * 500) + "\n"), [],
+     "error: more than 100 `**` in one statement", "3:515"),
+    ("huge-literal", model(X + "    h = x * " + "9" * 5000 + "\n"), [],
+     "error: integer literal of 5000 digits is too large (static integers are 64-bit)", "3:13"),
+    ("huge-dimension", model("    input x: f32[batch, 10000000000000000]\n"), [],
+     "error: a tensor of 40,000,000,000,000,000 elements (160,000,000,000,000,000 bytes) is larger than the "
+     "limit of 1,125,899,906,842,624 bytes (1 PiB)", "2:14"),
+    ("static-overflow", model(X + "    h = x * exp(1000)\n"), [],
+     "error: `exp` of these numbers is out of range (math range error)", "3:13"),
+    ("zero-to-negative-power", model(X + "    h = x * 0 ** -1\n"), [],
+     "error: zero to a negative power", "3:13"),
+    ("int-of-infinity", model(X + "    h = x * int(1e308 * 10)\n"), [],
+     "error: the number is inf, not a finite value", "3:17"),
+    ("power-too-large", model(X + "    h = x * 10 ** 10 ** 10\n"), [],
+     "error: `10 ** 10000000000` is too large for a static integer (limit 2**63)", "3:13"),
+    ("rank-1-matmul", model("    param v: f32[8] = zeros\n    q = v @ v\n"), [],
+     "error: `matmul` needs operands of rank 2 or more", "3:9"),
+    ("slice-step-zero", model(X + "    h = x[::0]\n"), [],
+     "error: a slice step must not be zero", "3:11"),
+    ("loop-too-long", model("    for i in range(100000000) {\n        a = 1\n    }\n"), [],
+     "error: range of 100,000,000 values: more than the 2,000,000 loop iterations a model may run", "2:14"),
+    ("too-many-ops", model(X + "    for i in range(200000) {\n        x = relu(x)\n    }\n"), [],
+     "error: the model has more than 100,000 ops", "4:13"),
+    ("define-huge", model(MLP), ["batch=99999999999999999999999999"],
+     "error: -D batch=99999999999999999999999999: expected an integer below 2**63", "1:9"),
+    ("define-nan", model(MLP + "    h = x * lr\n", args="batch = 4, lr = 0.1"), ["lr=nan"],
+     "error: -D lr=nan: expected a finite number", "1:20"),
+    ("define-infinite", model(MLP + "    h = x * lr\n", args="batch = 4, lr = 0.1"), ["lr=1e999"],
+     "error: -D lr=1e999: expected a finite number", "1:20"),
 ]
 
 
@@ -148,7 +190,23 @@ def test_bad_program(cli, in_tmp: Path, source: str, defines: list[str], first: 
 
 
 def test_the_table_is_large() -> None:
-    assert len(CASES) >= 30
+    assert len(CASES) >= 50
+
+
+def test_a_sum_of_ten_thousand_terms_builds_and_trains(cli, in_tmp: Path) -> None:
+    """Generated models are long: a chain of binary operators is not nesting, whatever its length."""
+    write(in_tmp / "long.swp", model("    input x: f32[batch, 8]\n    loss = mean(" + " + ".join(["x"] * 10_000) + ")\n"))
+    code, out, err = cli("check", "long.swp", "--training", "--json")
+    assert code == 0, err
+    assert '"forward_ops": 10000' in out
+    code, _, err = cli("exec", "long.swp", "--steps", "1", "--backend", "numpy")
+    assert code == 0, err
+
+
+def test_a_chain_of_indices_is_not_nesting(cli, in_tmp: Path) -> None:
+    write(in_tmp / "idx.swp", model("    input x: f32[batch, 8]\n    loss = mean(x" + "[0:4]" * 2000 + ")\n"))
+    code, _, err = cli("check", "idx.swp")
+    assert code == 0, err
 
 
 def test_caret_sits_under_the_span(cli, in_tmp: Path) -> None:

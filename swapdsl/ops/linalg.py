@@ -10,10 +10,14 @@ from swapdsl.ops.registry import (
 )
 
 
+def _matrices(op: str, x: TensorType, y: TensorType) -> None:
+    if x.rank < 2 or y.rank < 2:
+        raise SwpError(f"`{op}` needs operands of rank 2 or more", hints=[f"left is {x}, right is {y}",
+                                                                          "reshape a vector to [1, n] or [n, 1]"])
+
+
 def _batched(op: str, x: TensorType, y: TensorType, m: int, n: int, inner: tuple[int, int]) -> TensorType:
     dtype = floating(op, x, y)
-    if x.rank < 2 or y.rank < 2:
-        raise SwpError(f"`{op}` needs operands of rank 2 or more", hints=[f"left is {x}, right is {y}"])
     if inner[0] != inner[1]:
         raise SwpError(f"{op} inner dimensions differ: {inner[0]} vs {inner[1]}", hints=[f"left is {x}, right is {y}"])
     batch = broadcast_shapes(op, TensorType(x.shape[:-2], dtype), TensorType(y.shape[:-2], dtype))
@@ -22,22 +26,25 @@ def _batched(op: str, x: TensorType, y: TensorType, m: int, n: int, inner: tuple
 
 def _matmul_infer(ins: Types, a: Attrs) -> TensorType:
     x, y = ins  # [..., m, k] @ [..., k, n]
+    _matrices("matmul", x, y)
     return _batched("matmul", x, y, x.shape[-2], y.shape[-1], (x.shape[-1], y.shape[-2]))
 
 
 def _nt_infer(ins: Types, a: Attrs) -> TensorType:
     g, y = ins  # [..., m, n] @ [..., k, n]^T
+    _matrices("matmul_nt", g, y)
     return _batched("matmul_nt", g, y, g.shape[-2], y.shape[-2], (g.shape[-1], y.shape[-1]))
 
 
 def _tn_infer(ins: Types, a: Attrs) -> TensorType:
     x, g = ins  # [..., m, k]^T @ [..., m, n]
+    _matrices("matmul_tn", x, g)
     return _batched("matmul_tn", x, g, x.shape[-1], g.shape[-1], (x.shape[-2], g.shape[-2]))
 
 
 def _tn_fold_infer(ins: Types, a: Attrs) -> TensorType:
     x, g = ins  # contract every leading dimension: [..., k], [..., n] -> [k, n]
-    if x.shape[:-1] != g.shape[:-1]:
+    if x.rank < 1 or g.rank < 1 or x.shape[:-1] != g.shape[:-1]:
         raise SwpError(f"matmul_tn_fold needs equal leading dimensions, got {x} and {g}")
     return TensorType((x.shape[-1], g.shape[-1]), floating("matmul_tn_fold", x, g))
 

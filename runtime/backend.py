@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from types import ModuleType
 
 import numpy as np
@@ -32,6 +33,36 @@ def array_module(name: str) -> tuple[str, ModuleType]:
     import cupy
 
     return "cupy", cupy
+
+
+def host_memory_available() -> int | None:
+    """Bytes this machine can still give a process (MemAvailable), or None where it cannot tell."""
+    try:
+        with open("/proc/meminfo", encoding="ascii") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    try:
+        return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (ValueError, OSError, AttributeError):
+        return None
+
+
+def require_memory(xp: ModuleType, device_bytes: int, host_bytes: int, what: str) -> None:
+    """Refuse, before allocating, what this machine cannot hold: on NumPy the device arena is host
+    memory too; on CuPy it must fit the GPU's free memory."""
+    from swapdsl.units import format_bytes
+
+    if xp is np:
+        need, have, where = device_bytes + host_bytes, host_memory_available(), "memory available on this machine"
+    else:
+        need, have, where = device_bytes, int(xp.cuda.runtime.memGetInfo()[0]), "free GPU memory"
+        require_memory(np, 0, host_bytes, what)
+    if have is not None and need > have:
+        raise SwpError(f"{what} needs {format_bytes(need)}, but there is only {format_bytes(have)} of {where}",
+                       hints=["a smaller batch, model or --memory cap needs less"])
 
 
 def synchronize(xp: ModuleType) -> None:

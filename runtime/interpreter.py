@@ -31,7 +31,7 @@ from swapdsl.ops import REGISTRY, KernelContext
 from swapdsl.ops.registry import np_dtype
 from swapdsl.arena import Segments
 from swapdsl.plan import HOST, Free, Plan, Region, Run, SwapIn, SwapOut
-from swapdsl.runtime.backend import to_host
+from swapdsl.runtime.backend import require_memory, to_host
 from swapdsl.runtime.data import init_persistent, synthetic_inputs
 from swapdsl.runtime.streams import make_streams
 from swapdsl.validate import check_describes, validate
@@ -54,9 +54,11 @@ class PlanRunner:
         check_runnable(g)
         self.plan, self.g, self.backend, self.xp = plan, g, backend, xp
         self.copy_delay_s = copy_delay_s
-        self.arena = xp.zeros(plan.cap, dtype=np.uint8)  # the device arena: exactly the cap
         self.slots = self._host_slots()
-        self.host = self._host_arena(max((off + nbytes for off, nbytes in self.slots.values()), default=0))
+        host_bytes = max((off + nbytes for off, nbytes in self.slots.values()), default=0)
+        require_memory(xp, plan.cap, host_bytes, f"the plan's arena of {plan.cap} bytes and its host copies")
+        self.arena = xp.zeros(plan.cap, dtype=np.uint8)  # the device arena: exactly the cap
+        self.host = self._host_arena(host_bytes)
         self.streams = make_streams(backend)
         self.homes = {t.name: t.home for t in plan.tensors if t.home is not None}
         self._load_initial(seed)

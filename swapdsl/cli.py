@@ -5,14 +5,19 @@ from __future__ import annotations
 import argparse
 import functools
 import json
+import math
+import os
+import signal
 import sys
 import time
+from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 from collections.abc import Sequence
 
 from swapdsl import __version__
-from swapdsl.analysis import summary, training_summary
+from swapdsl.analysis import peak_bytes, summary, training_summary
 from swapdsl.autodiff import training_graph
 from swapdsl.elaborate import elaborate
 from swapdsl.errors import SwpError
@@ -32,16 +37,53 @@ from swapdsl.plan import SwapIn, SwapOut
 from swapdsl.planfile import find_model
 from swapdsl.runtime import reference
 from swapdsl.runtime.backend import to_host
-from swapdsl.atomic import write_text_atomically
+from swapdsl.atomic import check_writable, write_text_atomically
 from swapdsl.runtime.interpreter import PlanRunner
 from swapdsl.runtime.profile import profile
 from swapdsl.runtime.reference import Trainer
 from swapdsl.simulate import simulate
 from swapdsl.validate import validate
-from swapdsl.runtime.backend import BACKENDS, array_module
+from swapdsl.runtime.backend import BACKENDS, array_module, require_memory
 from swapdsl.units import format_bytes, format_count, parse_size
 
 EXIT_USER_ERROR = 2
+EXIT_INTERRUPTED = 130  # 128 + SIGINT, as shells report it
+MAX_SEED = 2**63
+
+
+def _count(low: int, high: int | None = None) -> Callable[[str], int]:
+    """An argparse type: an integer in [low, high]."""
+
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected an integer, got `{text}`") from None
+        if value < low or (high is not None and value > high):
+            bounds = f"at least {low}" if high is None else f"from {low} to {high}"
+            raise argparse.ArgumentTypeError(f"expected an integer {bounds}, got {value}")
+        return value
+
+    return parse
+
+
+def _seconds(text: str) -> float:
+    """An argparse type: a positive, finite number of seconds."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number of seconds, got `{text}`") from None
+    if not (math.isfinite(value) and value > 0):
+        raise argparse.ArgumentTypeError(f"expected a positive, finite number of seconds, got {text}")
+    return value
+
+
+def _workers(text: str) -> int:
+    cores = os.cpu_count() or 1
+    value = _count(0)(text)
+    if value > cores:
+        raise argparse.ArgumentTypeError(f"this machine has {cores} cores; use at most {cores} (0: every core)")
+    return value
 
 
 def build_graph(path: str, defines: Sequence[str]) -> tuple[Program, Graph]:
@@ -107,8 +149,6 @@ def _is_plan(path: str) -> bool:
 
 
 def _cmd_exec(args: argparse.Namespace) -> int:
-    if args.steps < 1:
-        raise SwpError(f"--steps must be at least 1, got {args.steps}")
     if _is_plan(args.file):
         return _exec_plan(args)
     if args.check:
@@ -117,6 +157,7 @@ def _cmd_exec(args: argparse.Namespace) -> int:
     train = training_graph(graph)
     check_graph(train)
     backend, xp = array_module(args.backend)
+    require_memory(xp, peak_bytes(train), 0, f"training `{graph.name}` with no cap")
     if not args.json:
         print(f"training {graph.name} ({args.file}) for {args.steps} steps on {backend}, seed {args.seed}")
 
@@ -188,12 +229,12 @@ def relative_diff(a: object, b: object) -> float:
 
 def _cmd_optimize(args: argparse.Namespace) -> int:
     cap = parse_size(args.memory)
+    if args.output:
+        check_writable(args.output, "plan")  # now, not after a search of a minute
     device = load_device(args.device)
     _, graph = build_graph(args.file, args.define)
     train = training_graph(graph)
     check_graph(train)
-    if args.budget <= 0 or args.generations < 0 or args.population < 2 or args.workers < 0:
-        raise SwpError("--budget must be positive, --generations and --workers not negative, --population at least 2")
     search = SearchOptions(args.budget, args.generations, args.population, args.seed, args.workers,
                            progress=sys.stderr.isatty() and not args.json)
     started = time.perf_counter()
@@ -270,8 +311,7 @@ def _cmd_show(args: argparse.Namespace) -> int:
 
 
 def _cmd_profile(args: argparse.Namespace) -> int:
-    if args.repeat < 1:
-        raise SwpError(f"--repeat must be at least 1, got {args.repeat}")
+    check_writable(args.output, "profile")
     _, graph = build_graph(args.file, args.define)
     train = training_graph(graph)
     backend, xp = array_module(args.backend)
@@ -342,8 +382,8 @@ def make_parser() -> argparse.ArgumentParser:
     ex.add_argument("file", metavar="FILE.plan|FILE.swp")
     ex.add_argument("-D", dest="define", action="append", default=[], metavar="NAME=VALUE",
                     help="override a model argument (repeatable)")
-    ex.add_argument("--steps", type=int, default=10, help="training steps (default 10)")
-    ex.add_argument("--seed", type=int, default=0, help="seed for parameters and data (default 0)")
+    ex.add_argument("--steps", type=_count(1), default=10, help="training steps (default 10)")
+    ex.add_argument("--seed", type=_count(0, MAX_SEED - 1), default=0, help="seed for parameters and data (default 0)")
     ex.add_argument("--backend", choices=BACKENDS, default="auto", help="array backend (default auto)")
     ex.add_argument("--check", action="store_true",
                     help="(plans) run the reference executor beside it and compare every loss and parameter")
@@ -354,11 +394,11 @@ def make_parser() -> argparse.ArgumentParser:
     op.add_argument("file", metavar="FILE.swp")
     op.add_argument("--memory", required=True, metavar="SIZE", help="the cap: 8GiB, 512MiB, 1.5GB or bytes")
     op.add_argument("--method", choices=["ga", *sorted(METHODS)], default="ga", help="planner (default ga)")
-    op.add_argument("--budget", type=float, default=60.0, metavar="SECONDS", help="ga: wall-clock budget (60)")
-    op.add_argument("--generations", type=int, default=100_000, help="ga: generation limit (100000)")
-    op.add_argument("--population", type=int, default=64, help="ga: candidates per generation (64)")
-    op.add_argument("--seed", type=int, default=0, help="ga: random seed (0)")
-    op.add_argument("--workers", type=int, default=0, help="ga: worker processes (0: every core)")
+    op.add_argument("--budget", type=_seconds, default=60.0, metavar="SECONDS", help="ga: wall-clock budget (60)")
+    op.add_argument("--generations", type=_count(1), default=100_000, help="ga: generation limit (100000)")
+    op.add_argument("--population", type=_count(2, 100_000), default=64, help="ga: candidates per generation (64)")
+    op.add_argument("--seed", type=_count(0, MAX_SEED - 1), default=0, help="ga: random seed (0)")
+    op.add_argument("--workers", type=_workers, default=0, help="ga: worker processes (0: every core)")
     op.add_argument("--device", metavar="NAME|FILE.json", help="device profile (default: the GPU found, "
                     f"else {DEFAULT_DEVICE})")
     op.add_argument("-D", dest="define", action="append", default=[], metavar="NAME=VALUE",
@@ -383,7 +423,7 @@ def make_parser() -> argparse.ArgumentParser:
                     help="override a model argument (repeatable)")
     pr.add_argument("-o", "--output", required=True, metavar="PROFILE.json")
     pr.add_argument("--backend", choices=BACKENDS, default="auto")
-    pr.add_argument("--repeat", type=int, default=5, help="timed runs per op (median; default 5)")
+    pr.add_argument("--repeat", type=_count(1), default=5, help="timed runs per op (median; default 5)")
     pr.add_argument("--base", metavar="NAME", help="profile supplying what is not measured (memory size, FLOP/s)")
     pr.set_defaults(run=_cmd_profile)
 
@@ -392,10 +432,10 @@ def make_parser() -> argparse.ArgumentParser:
     be.add_argument("--ratios", default="2,4,8,12", help="memory ratios, comma-separated (2,4,8,12)")
     be.add_argument("--methods", default="lru,vdnn,belady,ga", help="comma-separated (lru,vdnn,belady,ga)")
     be.add_argument("--device", help=f"device profile (default {DEFAULT_DEVICE})")
-    be.add_argument("--budget", type=float, default=60.0, metavar="SECONDS", help="ga budget per plan (60)")
-    be.add_argument("--generations", type=int, default=100_000, help="ga generation limit per plan (100000)")
-    be.add_argument("--seed", type=int, default=0)
-    be.add_argument("--workers", type=int, default=0, help="ga worker processes (0: every core)")
+    be.add_argument("--budget", type=_seconds, default=60.0, metavar="SECONDS", help="ga budget per plan (60)")
+    be.add_argument("--generations", type=_count(1), default=100_000, help="ga generation limit per plan (100000)")
+    be.add_argument("--seed", type=_count(0, MAX_SEED - 1), default=0)
+    be.add_argument("--workers", type=_workers, default=0, help="ga worker processes (0: every core)")
     be.add_argument("--json", action="store_true", help="print the rows as JSON")
     be.add_argument("--out", metavar="DIR", help="write bench.json, bench.md and fraction.png here")
     be.set_defaults(run=_cmd_bench)
@@ -408,13 +448,37 @@ def make_parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = make_parser().parse_args(argv)
+    previous = _terminate_like_interrupt()
     try:
         return args.run(args)
     except SwpError as err:
         print(err.render(), file=sys.stderr)
         return EXIT_USER_ERROR
+    except MemoryError:
+        print("error: ran out of memory", file=sys.stderr)
+        print("  = hint: a smaller model, batch or --memory cap needs less", file=sys.stderr)
+        return EXIT_USER_ERROR
+    except KeyboardInterrupt:
+        print("swapdsl: interrupted", file=sys.stderr)
+        return EXIT_INTERRUPTED
     except BrokenPipeError:
         return 0
+    finally:
+        if previous is not None:
+            signal.signal(signal.SIGTERM, previous)
+
+
+def _terminate_like_interrupt() -> Any:
+    """SIGTERM ends a command as Ctrl-C does (a search keeps its best plan; worker processes are shut
+    down rather than orphaned). Returns the handler it replaced, or None off the main thread."""
+
+    def interrupt(signum: int, frame: object) -> None:
+        raise KeyboardInterrupt
+
+    try:
+        return signal.signal(signal.SIGTERM, interrupt)
+    except ValueError:  # not the main thread: leave signals alone
+        return None
 
 
 if __name__ == "__main__":

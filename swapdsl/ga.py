@@ -34,6 +34,7 @@ import functools
 import math
 import multiprocessing
 import os
+import signal
 import sys
 import time
 from collections.abc import Callable
@@ -194,9 +195,24 @@ class Decoder:
 _DECODER: Decoder | None = None
 
 
-def _init_worker(req: Request) -> None:
+def _init_worker(req: Request, parent: int) -> None:
     global _DECODER
+    _die_with(parent)
     _DECODER = Decoder(req)
+
+
+def _die_with(parent: int) -> None:
+    """A worker ends when the search's process ends, however it ends (even by SIGKILL), and leaves
+    Ctrl-C and SIGTERM to it: it stops the search and shuts the workers down."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    if sys.platform.startswith("linux"):
+        import ctypes
+
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG: the kernel kills this worker when its parent dies
+    if os.getppid() != parent:  # the parent died before the line above took effect
+        os._exit(1)
 
 
 def _score(g: Genome) -> float:
@@ -214,7 +230,7 @@ class _Scorer:
         if workers > 1:
             method = "fork" if "fork" in multiprocessing.get_all_start_methods() else "spawn"
             self.pool = ProcessPoolExecutor(workers, multiprocessing.get_context(method),
-                                            initializer=_init_worker, initargs=(req,))
+                                            initializer=_init_worker, initargs=(req, os.getpid()))
 
     def __call__(self, genomes: list[Genome]) -> list[float]:
         todo = list({g.key: g for g in genomes if g.key not in self.cache}.values())

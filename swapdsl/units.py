@@ -5,6 +5,7 @@ from __future__ import annotations
 import re
 
 from swapdsl.errors import SwpError
+from swapdsl.ir import MAX_BYTES
 
 _UNITS = {"": 1, "b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12,
           "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40}
@@ -19,6 +20,8 @@ def parse_size(text: str) -> int:
     value = float(m.group(1)) * _UNITS[m.group(2).lower()]
     if value < 1:
         raise SwpError(f"the memory size `{text}` is not positive")
+    if value > MAX_BYTES:
+        raise SwpError(f"the memory size `{text}` is larger than the limit of 1 PiB ({MAX_BYTES} bytes)")
     return int(value)
 
 

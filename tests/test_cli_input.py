@@ -1,0 +1,140 @@
+"""Bad command lines and signals: one clear message and exit code 2 (130 for Ctrl-C), never a traceback,
+nothing half-written, no process left behind."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from conftest import MODELS, REPO, main, write
+
+TINY = ["-D", "batch=4", "-D", "width=4", "-D", "blocks=1"]
+
+
+def argparse_refuses(*args: str) -> str:
+    """argparse's own errors exit with code 2 (SystemExit); returns what it printed."""
+    with pytest.raises(SystemExit) as e:
+        main(list(args))
+    assert e.value.code == 2
+    return ""
+
+
+@pytest.mark.parametrize("args", [
+    ["optimize", "m.swp", "--memory", "8MiB", "--seed", "-1"],
+    ["optimize", "m.swp", "--memory", "8MiB", "--budget", "nan"],
+    ["optimize", "m.swp", "--memory", "8MiB", "--budget", "inf"],
+    ["optimize", "m.swp", "--memory", "8MiB", "--budget", "0"],
+    ["optimize", "m.swp", "--memory", "8MiB", "--generations", "0"],
+    ["optimize", "m.swp", "--memory", "8MiB", "--population", "1"],
+    ["optimize", "m.swp", "--memory", "8MiB", "--workers", "1000"],
+    ["exec", "m.swp", "--seed", "-1"],
+    ["exec", "m.swp", "--steps", "0"],
+    ["bench", "--budget", "nan"],
+], ids=lambda a: " ".join(a[1:]) if isinstance(a, list) else a)
+def test_bad_numbers_are_refused_by_the_parser(capsys: pytest.CaptureFixture[str], args: list[str]) -> None:
+    argparse_refuses(*args)
+    err = capsys.readouterr().err
+    assert "error: argument" in err and "Traceback" not in err
+
+
+@pytest.mark.parametrize("memory", ["1e30", str(2**63), "9999999TiB"])
+def test_a_cap_past_the_limit_is_refused(cli, memory: str) -> None:
+    code, _, err = cli("optimize", MODELS / "mlp.swp", "--memory", memory)
+    assert code == 2 and err.startswith(f"error: the memory size `{memory}` is larger than the limit of 1 PiB")
+
+
+@pytest.mark.parametrize("define,expected", [("lr=nan", "expected a finite number"),
+                                             ("lr=1e999", "expected a finite number"),
+                                             ("hidden=99999999999999999999999999", "expected an integer below 2**63")])
+def test_bad_defines_are_refused(cli, define: str, expected: str) -> None:
+    code, _, err = cli("check", MODELS / "mlp.swp", "-D", define)
+    assert code == 2 and expected in err.splitlines()[0]
+
+
+def test_an_unwritable_output_is_refused_before_the_search(cli, monkeypatch: pytest.MonkeyPatch,
+                                                           in_tmp: Path) -> None:
+    import swapdsl.cli
+
+    def no_search(*args: object, **kw: object) -> None:
+        raise AssertionError("searched before checking -o")
+
+    monkeypatch.setattr(swapdsl.cli, "optimize", no_search)
+    for target, why in [("/proc/x.plan", "cannot write the plan `/proc/x.plan`"),
+                        ("missing/x.plan", "folder `missing` does not exist"), (".", "is a directory")]:
+        code, _, err = cli("optimize", MODELS / "mlp.swp", "--memory", "8MiB", "-o", target)
+        assert code == 2 and why in err.splitlines()[0]
+
+
+def test_a_model_too_large_for_this_machine_says_how_much(cli) -> None:
+    code, _, err = cli("exec", MODELS / "mlp.swp", "-D", "batch=100000000", "--backend", "numpy")
+    assert code == 2
+    assert err.startswith("error: training `mlp` with no cap needs ")
+    assert "but there is only" in err.splitlines()[0]
+
+
+def test_stale_temporary_files_are_cleaned_on_the_next_write(cli, in_tmp: Path) -> None:
+    """A writer killed during the atomic write leaves `.NAME.PID.*.tmp`; the next write removes it
+    when that process is gone, and leaves a live writer's alone."""
+    write(in_tmp / "m.swp", (MODELS / "mlp.swp").read_text())
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    stale = in_tmp / f".m.plan.{dead.pid}.abc123.tmp"
+    live = in_tmp / f".m.plan.{os.getpid()}.def456.tmp"
+    stale.write_text("half a plan")
+    live.write_text("being written")
+    code, _, err = cli("optimize", "m.swp", "--memory", "8MiB", "--method", "belady", "-o", "m.plan")
+    assert code == 0, err
+    assert not stale.exists() and live.exists()
+
+
+def _swapdsl(*args: str, **kw: object) -> subprocess.Popen[str]:
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    return subprocess.Popen([sys.executable, "-m", "swapdsl", *args], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, env=env, **kw)  # type: ignore[call-overload]
+
+
+def test_ctrl_c_during_exec_exits_130_quietly(in_tmp: Path) -> None:
+    write(in_tmp / "m.swp", (MODELS / "tiny_resnet.swp").read_text())
+    proc = _swapdsl("exec", "m.swp", "--steps", "100000", "--backend", "numpy", *TINY)
+    assert proc.stdout is not None
+    proc.stdout.readline()  # the header: training has started
+    proc.stdout.readline()  # a first step
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 130
+    assert err == "swapdsl: interrupted\n"
+
+
+def _workers_of(marker: str) -> list[int]:
+    out = subprocess.run(["pgrep", "-f", marker], capture_output=True, text=True).stdout
+    return [int(p) for p in out.split()]
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux") or (os.cpu_count() or 1) < 2,
+                    reason="needs Linux (pgrep, PR_SET_PDEATHSIG) and two cores for worker processes")
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGKILL])
+def test_a_stopped_search_leaves_no_workers(in_tmp: Path, sig: signal.Signals) -> None:
+    """SIGTERM ends the search like Ctrl-C (the best plan so far is written); SIGKILL takes the workers
+    with it. Either way no worker process outlives the search."""
+    model = in_tmp / f"marker{int(sig)}x{os.getpid()}.swp"
+    write(model, (MODELS / "tiny_resnet.swp").read_text())
+    proc = _swapdsl("optimize", str(model), "--memory", "6MiB", "--budget", "120", "--workers", "2", "-o", "m.plan")
+    deadline = time.monotonic() + 60
+    while len(_workers_of(model.name)) < 3 and time.monotonic() < deadline:  # the search and its two workers
+        time.sleep(0.1)
+    assert len(_workers_of(model.name)) >= 3
+    proc.send_signal(sig)
+    _, err = proc.communicate(timeout=60)
+    deadline = time.monotonic() + 10
+    while _workers_of(model.name) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert _workers_of(model.name) == []
+    if sig == signal.SIGTERM:
+        assert proc.returncode == 0, err
+        assert (in_tmp / "m.plan").read_text().startswith("swapdsl-plan")

@@ -61,6 +61,7 @@ class PlanRunner:
         self.host = self._host_arena(host_bytes)
         self.streams = make_streams(backend)
         self.homes = {t.name: t.home for t in plan.tensors if t.home is not None}
+        self.inputs = set(g.inputs)
         self._load_initial(seed)
 
     # -- memory
@@ -108,7 +109,7 @@ class PlanRunner:
             if name in self.slots:
                 self.hview(name)[...] = value
             home = self.homes.get(name)
-            if isinstance(home, Region) and name not in self.g.inputs:
+            if isinstance(home, Region) and name not in self.inputs:
                 self._put(self.dview(name, home), value)
 
     def _put(self, dst: Any, src: np.ndarray) -> None:
@@ -147,7 +148,7 @@ class PlanRunner:
         for name, home in self.homes.items():
             if isinstance(home, Region):
                 loc[name] = home
-                if name in self.g.inputs:  # this step's batch lands in the input's home region
+                if name in self.inputs:  # this step's batch lands in the input's home region
                     s["h2d"].submit(lambda n=name, h=home: self._h2d(n, h))
         batch_loaded = s["h2d"].record()
         s["compute"].wait(batch_loaded)

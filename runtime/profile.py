@@ -43,6 +43,7 @@ def op_times(g: Graph, xp: ModuleType, repeat: int, seed: int = 0) -> dict[str, 
     """Each distinct op signature of the training graph, timed on real inputs."""
     env = {**init_persistent(g, seed, xp), **synthetic_inputs(g, seed, xp)}
     last = last_uses(g)
+    persistent = set(g.persistent)
     measured: dict[str, float] = {}
     ctx = KernelContext(xp, 1)
     for i, op in enumerate(g.ops):
@@ -59,7 +60,7 @@ def op_times(g: Graph, xp: ModuleType, repeat: int, seed: int = 0) -> dict[str, 
             measured[key] = _timed(xp, run, repeat)
         env[op.outputs[0]] = result
         for n in op.inputs:
-            if last.get(n) == i and n not in g.persistent:
+            if last.get(n) == i and n not in persistent:
                 env.pop(n, None)
     return measured
 

@@ -54,12 +54,13 @@ def peak_bytes(g: Graph, *, persistent: bool = True, inputs: bool = True) -> int
     base = sum(g.type_of(n).nbytes for n in g.persistent) if persistent else 0
     live = sum(g.type_of(n).nbytes for n in g.inputs) if inputs else 0
     peak = live
+    persistent = set(g.persistent)
     for i, op in enumerate(g.ops):
         handed = op.inputs[0] if i in in_place else None  # its bytes become the output's
         live += sum(g.type_of(o).nbytes for o in op.outputs[1 if handed else 0:])
         peak = max(peak, live)
         for name in set(op.inputs) | set(op.outputs):
-            transient = name not in updated and name not in g.persistent and name != handed
+            transient = name not in updated and name not in persistent and name != handed
             counted = inputs or g.tensors[name].kind is not Kind.input
             if transient and counted and last.get(name, i) == i:
                 live -= g.type_of(name).nbytes

@@ -102,6 +102,7 @@ def training_graph(fwd: Graph) -> Graph:
     """The full training step of ``fwd``: forward, backward and optimiser ops, in a valid order."""
     forward = live_forward_ops(fwd)
     needs_grad = _depends_on_params(fwd, forward)
+    params = set(fwd.params)
     b = _Builder(fwd)
     first_use = {}
     for i, op in enumerate(forward):
@@ -120,7 +121,7 @@ def training_graph(fwd: Graph) -> Graph:
         if g is not None:
             _backprop(b, op, g, grads, pieces, needs_grad)
         for name in dict.fromkeys(op.inputs):
-            if name in fwd.params and first_use[name] == i and _gradient(b, name, grads, pieces) is not None:
+            if name in params and first_use[name] == i and _gradient(b, name, grads, pieces) is not None:
                 param_grads.append((name, grads[name]))
                 updates += _update(b, fwd, name, grads[name], state)
     return _assemble(fwd, forward, b, updates, param_grads, state)

@@ -20,7 +20,7 @@ from swapdsl import __version__
 from swapdsl.analysis import peak_bytes, summary, training_summary
 from swapdsl.autodiff import training_graph
 from swapdsl.elaborate import elaborate
-from swapdsl.errors import SwpError
+from swapdsl.errors import Span, SwpError
 from swapdsl.ir import Graph
 from swapdsl.ircheck import check_graph
 from swapdsl.irprint import print_graph
@@ -271,9 +271,25 @@ def load_plan(path: str, need_model: bool = False) -> tuple[Plan, Graph | None]:
     when ``need_model``), and replayed. Returns the plan and that training graph (or None)."""
     plan = read_plan(path)
     model = find_model(plan, path) if need_model else locate_model(plan, path)
-    train = None if model is None else _training_graph(str(model), plan.model_sha256, plan.args)
+    try:
+        train = None if model is None else _training_graph(str(model), plan.model_sha256, plan.args)
+    except SwpError as err:  # the model built before, so the plan's arguments are at fault
+        raise _at_plan_arg(err, plan) from None
     validate(plan, train)
     return plan, train
+
+
+def _at_plan_arg(err: SwpError, plan: Plan) -> SwpError:
+    """The error, placed at the plan's `arg` line it is about (the first such line if none is named)."""
+    names = [k for k, _ in plan.args]
+    i = next((i for i, k in enumerate(names) if f"-D {k}=" in err.message or f"`{k}`" in err.message), 0)
+    line = plan.origin.line("arg", i) if plan.origin is not None else None
+    where = [f"at {err.span}"] if err.span is not None else []
+    out = SwpError(f"the plan's model arguments do not build its model: {err.message}", None,
+                   hints=["the plan was edited; run `swapdsl optimize` again"], notes=where + list(err.notes))
+    if line is not None and plan.origin is not None:
+        out.span = Span.point(plan.origin.file, line, 1)
+    return out
 
 
 @functools.lru_cache(maxsize=4)

@@ -46,9 +46,10 @@ def check_graph(g: Graph) -> None:
 def _replacements(g: Graph) -> dict[str, int]:
     """For each persistent tensor with an update, the index of the op producing its new value."""
     producer = {out: i for i, op in enumerate(g.ops) for out in op.outputs}
+    persistent = set(g.persistent)
     out: dict[str, int] = {}
     for old, new in g.updates:
-        if old not in g.persistent or new not in producer:
+        if old not in persistent or new not in producer:
             raise IRError(f"update {old} <- {new} names an unknown tensor")
         if g.type_of(old) != g.type_of(new):
             raise IRError(f"update {old} <- {new} changes type {g.type_of(old)} -> {g.type_of(new)}")
@@ -57,7 +58,8 @@ def _replacements(g: Graph) -> dict[str, int]:
 
 
 def _check_kinds(g: Graph, defined: set[str]) -> None:
-    params = set(g.params) | {new for old, new in g.updates if old in g.params}
+    params = set(g.params)
+    params |= {new for old, new in g.updates if old in params}
     for name, t in g.tensors.items():
         if name not in defined:
             raise IRError(f"tensor {name} has a type but nothing defines it")

@@ -19,6 +19,7 @@ _OPEN = {"LPAR", "LSQB"}
 _CLOSE = {"RPAR", "RSQB"}
 _PREFIX = {"MINUS", "PLUS", "NOT"}
 MAX_NESTING = 100  # brackets and blocks inside one another, or unary operators in a row (the README says so)
+MAX_TOKENS = 100_000  # in one file: a sum of 50,000 terms, or 4 times the largest zoo model written out
 
 
 class _Newlines:
@@ -27,7 +28,7 @@ class _Newlines:
     always_accept = ("_NL",)
 
     def process(self, stream: Iterator[Token]) -> Iterator[Token]:
-        return self._newlines(_nesting_checked(stream))
+        return self._newlines(_limits_checked(stream))
 
     def _newlines(self, stream: Iterator[Token]) -> Iterator[Token]:
         depth = 0
@@ -50,10 +51,14 @@ class _Newlines:
             yield _end_of(prev)
 
 
-def _nesting_checked(stream: Iterator[Token]) -> Iterator[Token]:
-    """The tokens, refused past MAX_NESTING levels of nesting (every stage after this one recurses)."""
+def _limits_checked(stream: Iterator[Token]) -> Iterator[Token]:
+    """The tokens, refused past MAX_NESTING levels of nesting (every stage after this one recurses) or
+    past MAX_TOKENS in all."""
     depth = run = powers = 0
-    for tok in stream:
+    for count, tok in enumerate(stream, 1):
+        if count > MAX_TOKENS:
+            raise SwpError(f"the file has more than {MAX_TOKENS:,} tokens", Span.point("", tok.line, tok.column),
+                           hints=["split the model over files with `import`, or build repeated parts in a loop"])
         depth += (tok.type in _OPEN or tok.type == "LBRACE") - (tok.type in _CLOSE or tok.type == "RBRACE")
         run = run + 1 if tok.type in _PREFIX else 0
         powers = 0 if tok.type == "_NL" else powers + (tok.value == "**")  # `**` nests to the right

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import math
 import json
 from pathlib import Path
 from typing import Any
@@ -186,6 +187,9 @@ class _Build(Transformer):
 
     def arg(self, meta: Any, c: list[Token]) -> None:
         self._at(meta, "arg", str(c[0]))
+        value = _value(c[1])
+        if isinstance(value, float) and not math.isfinite(value):
+            raise self._err(meta, f"model argument `{c[0]}` is {value}; expected a finite number")
         self.f["args"].append((str(c[0]), _value(c[1])))
 
     def method(self, meta: Any, c: list[Token]) -> None:

@@ -80,7 +80,7 @@ def main() -> None:
     args = ap.parse_args()
     gaps = []
     for i in range(args.graphs):
-        t = seeded_training_graph(args.seed + i, max_depth=2)
+        t = seeded_training_graph(args.seed + i, max_depth=2, extras=False)
         d = Decoder(Request(t, BUILTIN["v100-16gb"], 1 << 40, "g", ()))
         need = need_bytes(d.p, frozenset())
         no_swap = no_swap_bytes(d.p)

@@ -115,6 +115,11 @@ def parse_plan(text: str, file: str = "<plan>") -> Plan:
     except lark.exceptions.VisitError as exc:  # a statement refused while it was read
         if isinstance(exc.orig_exc, SwpError):
             raise exc.orig_exc from None
+        if isinstance(exc.orig_exc, ValueError):  # a number of thousands of digits, a bad string escape
+            meta = getattr(exc.obj, "meta", None)
+            line = getattr(meta, "line", 1) if meta is not None and not getattr(meta, "empty", True) else 1
+            raise SwpError(f"`{file}` is not a valid plan: a value it cannot read ({exc.orig_exc})",
+                           Span.point(file, line, 1), hints=["plans are written by `swapdsl optimize`"]) from None
         raise
 
 

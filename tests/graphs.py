@@ -57,12 +57,16 @@ def training_graphs(draw: st.DrawFn, max_depth: int = 7) -> Graph:
     return random_training_graph(Choices(draw=draw), max_depth)
 
 
-def seeded_training_graph(seed: int, max_depth: int = 7) -> Graph:
-    return random_training_graph(Choices(rng=random.Random(seed)), max_depth)
+def seeded_training_graph(seed: int, max_depth: int = 7, extras: bool = True) -> Graph:
+    return random_training_graph(Choices(rng=random.Random(seed)), max_depth, extras)
 
 
-def random_training_graph(c: Choices, max_depth: int) -> Graph:
-    """An MLP-like net of random depth with fan-out, long skips and shared weights."""
+def random_training_graph(c: Choices, max_depth: int, extras: bool = True) -> Graph:
+    """An MLP-like net of random depth with fan-out, long skips and shared weights, and what the zoo
+    has besides: ops that read one tensor twice at its last use (``h * h``, ``concat([a, a])``), a
+    tensor split into slices that are joined again (several slices of one tensor: their gradients
+    are joined in the backward pass), dropout, and the input read again at the end (``extras``; without
+    them, the graphs of the releases before, which bench/bound_gap.py's published figures use)."""
     draw_pick, draw_int, flip = c.pick, c.integer, c.flip
     batch = draw_pick([2, 4, 8])
     width = draw_pick([4, 8, 16, 32])
@@ -83,9 +87,21 @@ def random_training_graph(c: Choices, max_depth: int) -> Graph:
         if flip():
             h = b.op("add", [h, b.declare(f"b{layer}", (width,), Kind.param)])
         h = b.op(draw_pick(["relu", "tanh", "gelu"]), [h])
+        extra = draw_pick(["none", "none", "square", "split", "dropout"]) if extras else "none"
+        if extra == "square":
+            h = b.op("mul", [h, h])  # one tensor, read twice by its last reader
+        elif extra == "split":
+            half = width // 2
+            lo = b.op("slice", [h], axis=1, start=0, stop=half, step=1)
+            hi = b.op("slice", [h], axis=1, start=half, stop=width, step=1)
+            h = b.op("concat", [hi, b.op("tanh", [lo])] if flip() else [lo, lo], axis=1)
+        elif extra == "dropout":
+            h = b.op("dropout", [h], p=0.25, seed=layer)
         if len(hidden) > 2 and flip():
             h = b.op("add", [h, draw_pick(hidden[:-1])])  # long skip
         hidden.append(h)
+    if extras and flip():
+        hidden.append(b.op("add", [hidden[-1], x]))  # the input, read again at the very end
     classes = b.declare("head", (width, 3), Kind.param)
     loss = b.op("softmax_cross_entropy", [b.op("matmul", [hidden[-1], classes]), y])
     optimizer = draw_pick([

@@ -98,8 +98,9 @@ def _new_number(line: str, lines: list[str], rng: random.Random) -> str | None:
     m = rng.choice(found)
     v = int(m.group())
     other = int(rng.choice(_outside_strings(rng.choice(lines), _NUMBER) or [m]).group())
-    new = rng.choice([v + 1, v - 1, v + 256, v - 256, 0, -1, 2 * v, v // 2, other, 10**30, -(10**30)])
-    return line[: m.start()] + str(new) + line[m.end():]
+    new = rng.choice([str(n) for n in (v + 1, v - 1, v + 256, v - 256, 0, -1, 2 * v, v // 2, other, 10**30,
+                                          -(10**30))] + ["9" * 5000])
+    return line[: m.start()] + new + line[m.end():]
 
 
 def _new_name(line: str, lines: list[str], rng: random.Random) -> str | None:
@@ -108,7 +109,8 @@ def _new_name(line: str, lines: list[str], rng: random.Random) -> str | None:
         return None
     m = rng.choice(found)
     names = [n for ln in lines if ln.startswith("tensor ") for n in _STRING.findall(ln)[:1]]
-    new = rng.choice(names) if names and rng.random() < 0.8 else json.dumps(rng.choice(["x", "", "%", "\u00e9"]))
+    odd = [json.dumps(x) for x in ("x", "", "%", "\u00e9")] + ['"\\q"']  # the last is a bad escape
+    new = rng.choice(names) if names and rng.random() < 0.8 else rng.choice(odd)
     return line[: m.start()] + new + line[m.end():]
 
 

@@ -11,7 +11,7 @@ import signal
 import sys
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import Any, NoReturn
 
 import numpy as np
 from collections.abc import Sequence
@@ -379,8 +379,15 @@ def _cmd_devices(args: argparse.Namespace) -> int:
     return 0
 
 
+class _Parser(argparse.ArgumentParser):
+    """argparse, with its errors reported like every other mistake (one message, exit code 2)."""
+
+    def error(self, message: str) -> NoReturn:
+        raise SwpError(message, hints=[f"see `{self.prog} --help`"])
+
+
 def make_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="swapdsl", description="Train models larger than GPU memory.")
+    p = _Parser(prog="swapdsl", description="Train models larger than GPU memory.")
     p.add_argument("--version", action="version", version=f"swapdsl {__version__}")
     sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
     check = sub.add_parser("check", help="parse and elaborate a .swp model, print its figures or IR")
@@ -463,9 +470,9 @@ def make_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = make_parser().parse_args(argv)
     previous = _terminate_like_interrupt()
     try:
+        args = make_parser().parse_args(argv)
         return args.run(args)
     except SwpError as err:
         print(err.render(), file=sys.stderr)

@@ -12,17 +12,9 @@ from pathlib import Path
 
 import pytest
 
-from conftest import MODELS, REPO, main, write
+from conftest import MODELS, REPO, write
 
 TINY = ["-D", "batch=4", "-D", "width=4", "-D", "blocks=1"]
-
-
-def argparse_refuses(*args: str) -> str:
-    """argparse's own errors exit with code 2 (SystemExit); returns what it printed."""
-    with pytest.raises(SystemExit) as e:
-        main(list(args))
-    assert e.value.code == 2
-    return ""
 
 
 @pytest.mark.parametrize("args", [
@@ -37,10 +29,11 @@ def argparse_refuses(*args: str) -> str:
     ["exec", "m.swp", "--steps", "0"],
     ["bench", "--budget", "nan"],
 ], ids=lambda a: " ".join(a[1:]) if isinstance(a, list) else a)
-def test_bad_numbers_are_refused_by_the_parser(capsys: pytest.CaptureFixture[str], args: list[str]) -> None:
-    argparse_refuses(*args)
-    err = capsys.readouterr().err
-    assert "error: argument" in err and "Traceback" not in err
+def test_bad_numbers_are_refused_by_the_parser(cli, args: list[str]) -> None:
+    code, out, err = cli(*args)
+    assert code == 2 and out == ""
+    assert err.startswith("error: argument --") and "Traceback" not in err
+    assert err.splitlines()[-1].startswith("  = hint: see `swapdsl ")
 
 
 @pytest.mark.parametrize("memory", ["1e30", str(2**63), "9999999TiB"])

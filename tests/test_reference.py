@@ -106,7 +106,8 @@ def test_training_ir_prints_state_and_updates(cli) -> None:
 
 def test_bad_steps_and_backend(cli) -> None:
     code, _, err = cli("exec", MODELS / "mlp.swp", "--steps", "0")
-    assert (code, err.splitlines()[0]) == (2, "error: --steps must be at least 1, got 0")
+    assert (code, err.splitlines()[0]) == (2, "error: argument --steps: expected an integer at least 1, got 0")
+    assert err.splitlines()[1] == "  = hint: see `swapdsl exec --help`"
 
 
 def test_cupy_backend_without_gpu_is_a_clear_error(cli) -> None:

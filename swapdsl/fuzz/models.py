@@ -9,17 +9,14 @@ never a traceback, never a hang (``TIME_LIMIT_S``).
 
 from __future__ import annotations
 
-import contextlib
-import io
 import random
 import re
-import signal
-import traceback
 from collections.abc import Callable
 from pathlib import Path
 
 import attrs
 
+from swapdsl.fuzz import run_cli
 from swapdsl.paths import STDLIB_DIR
 
 KINDS = ("char", "token", "line", "number", "nesting", "long")
@@ -142,10 +139,6 @@ _MUTATIONS: dict[str, Callable[[str, random.Random], tuple[str, str]]] = {
 # ---- verdicts -----------------------------------------------------------------------------------
 
 
-class _Timeout(BaseException):
-    """Raised by the alarm: not an Exception, so nothing on the way up mistakes it for a user error."""
-
-
 @attrs.frozen
 class Verdict:
     verdict: str  # one of VERDICTS
@@ -154,34 +147,19 @@ class Verdict:
 
 def judge(case: Case, folder: Path, limit_s: float = TIME_LIMIT_S) -> Verdict:
     """``swapdsl check model.swp --training`` on the case, written into ``folder``, in process."""
-    from swapdsl.cli import main
-
     for name, text in case.files.items():
         (folder / name).write_text(text, encoding="utf-8")
-    out, err = io.StringIO(), io.StringIO()
-
-    def alarm(signum: int, frame: object) -> None:
-        raise _Timeout
-
-    previous = signal.signal(signal.SIGALRM, alarm)
-    signal.setitimer(signal.ITIMER_REAL, limit_s)
-    try:
-        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-            code = main(["check", str(folder / "model.swp"), "--training"])
-    except _Timeout:
+    run = run_cli(["check", str(folder / "model.swp"), "--training"], limit_s)
+    if run.crash == "hang":
         return Verdict("hang", f"over {limit_s:.0f} s")
-    except BaseException:  # noqa: BLE001 - a crash is what this looks for (SystemExit included)
-        return Verdict("crash", traceback.format_exc(limit=-4))
-    finally:
-        signal.setitimer(signal.ITIMER_REAL, 0)
-        signal.signal(signal.SIGALRM, previous)
-    if code == 0:
+    if run.code is None:
+        return Verdict("crash", run.crash)
+    first = (run.err.splitlines() or [""])[0]
+    if run.code == 0:
         return Verdict("ok")
-    first = (err.getvalue().splitlines() or [""])[0]
-    if code == 2:
-        placed = any(line.startswith(" --> ") for line in err.getvalue().splitlines())
-        return Verdict("refused" if placed else "unplaced", first)
-    return Verdict("crash", f"exit {code}: {first}")
+    if run.code == 2:
+        return Verdict("refused" if run.placed else "unplaced", first)
+    return Verdict("crash", f"exit {run.code}: {first}")
 
 
 def case_of(seed: int, index: int, sources: dict[str, dict[str, str]]) -> tuple[str, Case]:

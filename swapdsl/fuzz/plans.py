@@ -9,17 +9,16 @@ wrong number rather than as luck.
 
 from __future__ import annotations
 
-import contextlib
-import io
 import json
 import random
 import re
-import traceback
 from collections.abc import Callable
 from pathlib import Path
 
 import attrs
 import numpy as np
+
+from swapdsl.fuzz import run_cli
 
 
 KINDS = ("delete", "duplicate", "swap", "number", "name", "figure", "update")
@@ -135,22 +134,17 @@ class Verdict:
 
 def judge(mutant: Mutant, folder: Path, slow_copy_s: float = 0.002) -> Verdict:
     """Run ``swapdsl exec --check`` on the mutant (written into ``folder``, beside its model)."""
-    from swapdsl.cli import main
-
     path = folder / "mutant.plan"
     path.write_text(mutant.text, encoding="utf-8")
-    out, err = io.StringIO(), io.StringIO()
-    try:
-        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-            code = main(["exec", str(path), "--steps", "2", "--check", "--json", "--backend", "numpy"])
-    except Exception:  # noqa: BLE001 - a crash is what this looks for
-        return Verdict("crash", traceback.format_exc(limit=-3))
-    if code == 2:
-        named = f" --> {path}:" in err.getvalue()
-        return Verdict("refused" if named else "unplaced", err.getvalue().splitlines()[0])
-    if code != 0:
-        return Verdict("crash", f"exit {code}: {err.getvalue()[-500:]}")
-    diff = json.loads(out.getvalue())["max_rel_diff"]
+    run = run_cli(["exec", str(path), "--steps", "2", "--check", "--json", "--backend", "numpy"])
+    if run.code is None:
+        return Verdict("crash", run.crash)
+    if run.code == 2:
+        named = f" --> {path}:" in run.err
+        return Verdict("refused" if named else "unplaced", run.err.splitlines()[0])
+    if run.code != 0:
+        return Verdict("crash", f"exit {run.code}: {run.err[-500:]}")
+    diff = json.loads(run.out)["max_rel_diff"]
     if diff > EXACT:
         return Verdict("wrong", f"max rel diff {diff:.3g}")
     slow = _slow_bus_diff(path, slow_copy_s)

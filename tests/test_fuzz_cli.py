@@ -1,0 +1,108 @@
+"""Random command lines, good and bad values mixed: each ends with exit code 0, or 2 and one
+`error:` message; never a traceback, never a hang. SWAPDSL_CLI_FUZZ sets the number of cases."""
+
+from __future__ import annotations
+
+import os
+import random
+from pathlib import Path
+
+import pytest
+
+from conftest import MODELS, main, write
+from swapdsl.fuzz import run_cli
+
+CASES = int(os.environ.get("SWAPDSL_CLI_FUZZ", "120"))
+SMALL = ["-D", "batch=2", "-D", "hidden=8", "-D", "features=8"]
+FILES = ["m.swp", "m.plan", "missing.swp", "folder", "/proc/x.swp", "empty.swp", "binary.swp", "plan.swp",
+         "model.plan"]
+# option -> values a user might give it, good and bad
+OPTIONS: dict[str, list[str]] = {
+    "--memory": ["64KiB", "8MiB", "1e30", "lots", "-1", "0", "1KiB", "nan", "1.5GB", "9" * 40],
+    "--method": ["lru", "belady", "vdnn", "ga", "bogus"],
+    "--budget": ["0.2", "nan", "-1", "inf", "0", "x", "1e-9"],
+    "--generations": ["1", "2", "0", "-5", "1e3", "x"],
+    "--population": ["2", "4", "1", "1000000000", "x"],
+    "--seed": ["0", "7", "-1", str(2**64), "x", str(2**63 - 1)],
+    "--workers": ["1", "1000", "-1", "0"],
+    "--steps": ["1", "2", "0", "-1", "x"],
+    "-D": ["batch=2", "batch=0", "batch=x", "nonsense", "lr=nan", "=3", "batch=99999999999999999999",
+           "hidden=1e26", "lr=1e999", "depth=100000000"],
+    "-o": ["out.plan", "/proc/x.plan", "folder", "missing/x.plan", ""],
+    "--device": ["v100-16gb", "h200", "bogus", "empty.swp", "bad.json"],
+    "--backend": ["numpy", "cupy", "bogus"],
+    "--ratios": ["2", "x", "-1", "nan", "2,,4", "1e400"],
+    "--methods": ["lru", "belady,lru", "bogus", ""],
+    "--models": ["mlp", "bogus", "m.swp"],
+    "--plot": ["x.png", "/proc/x.png", "folder"],
+    "--repeat": ["1", "0", "x"],
+    "--base": ["v100-16gb", "bogus"],
+}
+FLAGS = ["--json", "--check", "--ir", "--training", "--help", "--version"]
+COMMANDS = ["check", "exec", "optimize", "simulate", "show", "profile", "bench", "devices", "bogus"]
+# what keeps a good command line short: no search of a minute, no zoo-wide bench
+QUICK = {"optimize": ["--memory", "64KiB", "--budget", "0.2", "--generations", "2", "--workers", "1"],
+         "bench": ["--models", "mlp", "--ratios", "2", "--methods", "lru", "--budget", "0.2"],
+         "exec": ["--steps", "1"], "profile": ["--repeat", "1"]}
+
+
+@pytest.fixture(scope="module")
+def folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    d = tmp_path_factory.mktemp("cli")
+    write(d / "m.swp", (MODELS / "mlp.swp").read_text())
+    assert main(["optimize", str(d / "m.swp"), "--memory", "64KiB", "--method", "belady", *SMALL,
+                 "-o", str(d / "m.plan")]) == 0
+    (d / "folder").mkdir()
+    write(d / "empty.swp", "")
+    (d / "binary.swp").write_bytes(bytes(range(256)))
+    write(d / "plan.swp", (d / "m.plan").read_text())
+    write(d / "model.plan", (MODELS / "mlp.swp").read_text())
+    write(d / "bad.json", '{"name": "x", "memory_bytes": -1}')
+    return d
+
+
+def command_line(rng: random.Random) -> list[str]:
+    """Half the time a plausible command line (the first values of each list are good ones, and the
+    file is of the kind the command takes), else anything at all."""
+    if rng.random() < 0.5:
+        return _plausible(rng)
+    command = rng.choice(COMMANDS)
+    argv = [command] + QUICK.get(command, [])
+    if rng.random() < 0.8:
+        argv.append(rng.choice(FILES))
+    if rng.random() < 0.5:
+        argv += SMALL
+    for _ in range(rng.randint(0, 4)):
+        if rng.random() < 0.2:
+            argv.append(rng.choice(FLAGS))
+        else:
+            option = rng.choice(list(OPTIONS))
+            argv += [option, rng.choice(OPTIONS[option])]
+    return argv
+
+
+def _plausible(rng: random.Random) -> list[str]:
+    command = rng.choice(COMMANDS[:-2])
+    plan = command in ("simulate", "show") or (command == "exec" and rng.random() < 0.5)
+    argv = [command] + QUICK.get(command, []) + ([] if command == "bench" else ["m.plan" if plan else "m.swp"])
+    if command in ("check", "exec", "optimize", "profile") and not plan:
+        argv += SMALL
+    if command == "profile":
+        argv += ["-o", "p.json"]
+    option = rng.choice(list(OPTIONS))
+    return argv + ([option, rng.choice(OPTIONS[option][:2])] if rng.random() < 0.5 else [])
+
+
+def test_random_command_lines_end_cleanly(folder: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(folder)
+    rng = random.Random(int(os.environ.get("SWAPDSL_FUZZ_SEED", "0")))
+    bad = []
+    for i in range(CASES):
+        argv = command_line(rng)
+        run = run_cli(argv, limit_s=30)
+        help_or_version = "--help" in argv or "--version" in argv
+        clean = (run.code == 0 or (run.code == 2 and run.err.startswith("error: ") and run.out == "")
+                 or (run.code is None and help_or_version and "SystemExit: 0" in run.crash))
+        if not clean:
+            bad.append(f"case {i}: swapdsl {' '.join(argv)} -> exit {run.code}: {run.crash or run.err[-400:]}")
+    assert not bad, "\n".join(bad)

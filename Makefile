@@ -32,8 +32,9 @@ demo: $(VENV)/.installed
 	$(BIN)/swapdsl optimize stdlib/models/tiny_resnet.swp -D batch=8 --memory 2MiB --method ga --budget 10 -o .venv/tiny.plan
 	$(BIN)/swapdsl exec .venv/tiny.plan --steps 5 --check
 
+# -n auto: pytest-xdist, one worker per core. SWAPDSL_HYPOTHESIS=ci|long: more memory-safety cases.
 test: $(VENV)/.installed-test
-	$(BIN)/python -m pytest -q
+	$(BIN)/python -m pytest -q -n auto
 
 bench: $(VENV)/.installed
 	$(BIN)/python bench/parse_scaling.py

@@ -19,7 +19,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from swapdsl.cli import main as swapdsl
+from swapdsl.fuzz import run_cli
 from swapdsl.fuzz.plans import KINDS, VERDICTS, Mutant, Verdict, campaign
 from swapdsl.paths import STDLIB_DIR
 
@@ -34,9 +34,10 @@ def make_plans(folder: Path, seed: int) -> dict[str, str]:
         for method in ("belady", "ga"):
             out = folder / f"{model}-{method}.plan"
             search = ["--generations", "30", "--workers", "1", "--seed", str(seed)] if method == "ga" else []
-            if swapdsl(["optimize", str(folder / f"{model}.swp"), "--memory", cap, "--method", method, *args,
-                        *search, "-o", str(out), "--json"]) != 0:
-                sys.exit(f"could not plan {model} with {method}")
+            run = run_cli(["optimize", str(folder / f"{model}.swp"), "--memory", cap, "--method", method, *args,
+                           *search, "-o", str(out)])
+            if run.code != 0:
+                sys.exit(f"could not plan {model} with {method}: {run.err or run.crash}")
             texts[out.stem] = out.read_text()
     return texts
 

@@ -109,8 +109,9 @@ class Origin:
     lines: dict[str, tuple[int, ...]] = attrs.field(factory=dict, hash=False)
 
     def line(self, section: str, index: int = 0) -> int | None:
+        """The line of entry ``index`` of ``section``; past the end, the section's last line."""
         found = self.lines.get(section, ())
-        return found[index] if 0 <= index < len(found) else None
+        return found[min(index, len(found) - 1)] if found and index >= 0 else None
 
 
 @attrs.frozen

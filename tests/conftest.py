@@ -51,3 +51,26 @@ def write(path: Path, text: str) -> Path:
 
 
 UPDATE_GOLDEN = os.environ.get("SWAPDSL_UPDATE_GOLDEN") == "1"
+
+
+# ---- how many cases the memory-safety properties try --------------------------------------------
+#
+# SWAPDSL_HYPOTHESIS=dev (the default: a quick local run), ci (.ci/run sets it: 2,000 cases of each
+# memory-safety property) or long (20,000 each, before a release). Other properties keep their counts.
+HYPOTHESIS_PROFILE = os.environ.get("SWAPDSL_HYPOTHESIS", "dev")
+_SAFETY_CASES = {"dev": 0, "ci": 2_000, "long": 20_000}
+
+
+def safety(dev_examples: int):  # noqa: ANN201 - a Hypothesis settings decorator
+    """Settings for a memory-safety property: ``dev_examples`` cases locally, 2,000 in CI, 20,000 long."""
+    from hypothesis import HealthCheck, settings
+
+    if HYPOTHESIS_PROFILE not in _SAFETY_CASES:
+        raise pytest.UsageError(f"SWAPDSL_HYPOTHESIS={HYPOTHESIS_PROFILE}: expected one of {', '.join(_SAFETY_CASES)}")
+    return settings(max_examples=max(dev_examples, _SAFETY_CASES[HYPOTHESIS_PROFILE]), deadline=None,
+                    suppress_health_check=[HealthCheck.too_slow])
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    if HYPOTHESIS_PROFILE != "dev":  # say per property how many cases passed (the CI log shows it)
+        config.option.hypothesis_show_statistics = True

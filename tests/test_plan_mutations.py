@@ -4,13 +4,24 @@ exit code 2 and the line at fault. The outside check's cases first, then single-
 from __future__ import annotations
 
 import os
+import random
 import shutil
 from pathlib import Path
 
 import pytest
+from hypothesis import assume, given
+from hypothesis import strategies as st
 
-from conftest import MODELS, main
-from swapdsl.fuzz.plans import KINDS, campaign
+from conftest import MODELS, main, safety
+from graphs import training_graphs
+from swapdsl.errors import SwpError
+from swapdsl.fuzz.plans import KINDS, campaign, mutate
+from swapdsl.ir import Graph
+from swapdsl.planfile import format_plan, parse_plan
+from swapdsl.planners import METHODS
+from swapdsl.validate import validate
+from test_planners import caps, ga_plan, plan_for
+from test_runtime import run_against_reference
 
 # (plan name, model, its arguments, the cap: about a third of the no-swap need, method)
 PLANS = [
@@ -122,3 +133,23 @@ def test_mutants_are_refused_or_exact(plans: Path, kind: str) -> None:
     counts = campaign(texts, plans, CASES // len(KINDS), seed, note, kinds=(kind,))
     assert not bad, "\n".join(bad)
     assert sum(counts[kind].values()) == CASES // len(KINDS)
+
+
+@safety(40)
+@given(training_graphs(max_depth=5), st.floats(0.0, 1.0), st.sampled_from(["ga", *sorted(METHODS)]),
+       st.sampled_from(KINDS), st.integers(0, 2**32 - 1))
+def test_a_mutant_of_any_plan_is_refused_or_trains_exactly(t: Graph, where: float, method: str, kind: str,
+                                                             seed: int) -> None:
+    """The memory-safety property on random graphs: a single-line mutant of a plan from any planner,
+    at any cap, is refused with its line named, or trains exactly like the reference (on a slow bus)."""
+    need, no_swap = caps(t)
+    cap = int(need + where * (no_swap - need))
+    plan = ga_plan(t, cap, generations=2) if method == "ga" else plan_for(t, cap, method)
+    mutant = mutate(format_plan(plan), kind, random.Random(seed))
+    assume(mutant is not None)
+    try:
+        validate(parse_plan(mutant.text, "mutant.plan"), t)
+    except SwpError as err:
+        assert err.span is not None and err.span.file == "mutant.plan", err.render()
+        return
+    assert run_against_reference(parse_plan(mutant.text), t, steps=2, copy_delay_s=0.001) <= 1e-6, mutant.what

@@ -9,10 +9,10 @@ from pathlib import Path
 
 import attrs
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from conftest import MODELS
+from conftest import MODELS, safety
 from graphs import training_graphs
 from swapdsl.autodiff import training_graph
 from swapdsl.cli import build_graph
@@ -41,7 +41,7 @@ def plan_for(t: Graph, cap: int, method: str) -> Plan:
     return optimize(Request(t, V100, cap, "random.swp", ()), method)
 
 
-@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@safety(60)
 @given(training_graphs(), st.floats(0.0, 1.3), st.sampled_from(sorted(METHODS)))
 def test_every_plan_is_valid_and_never_beats_the_bound(t: Graph, where: float, method: str) -> None:
     need, no_swap = caps(t)
@@ -231,7 +231,7 @@ def test_vgg_at_ratio_2_is_below_its_smallest_feasible_cap() -> None:
     validate(plan_for(t, need, "belady"))
 
 
-@settings(max_examples=40, deadline=None)
+@safety(40)
 @given(training_graphs(), st.sampled_from(sorted(METHODS)), st.data())
 def test_single_mutations_of_random_plans_are_rejected(t: Graph, method: str, data: st.DataObject) -> None:
     need, no_swap = caps(t)
@@ -266,7 +266,7 @@ def ga_plan(t: Graph, cap: int, generations: int = 3, workers: int = 1, seed: in
     return genetic_search(Request(t, V100, cap, "random.swp", ()), opts).plan
 
 
-@settings(max_examples=12, deadline=None)
+@safety(12)
 @given(training_graphs(), st.floats(0.0, 1.0))
 def test_ga_plans_are_valid_and_no_worse_than_the_baselines(t: Graph, where: float) -> None:
     need, no_swap = caps(t)
@@ -333,7 +333,7 @@ def test_ga_improves_on_its_seeds_where_the_default_schedule_is_poor() -> None:
     assert outcome.plan.figure("iteration_ms") < 0.9 * default
 
 
-@settings(max_examples=40, deadline=None)
+@safety(40)
 @given(training_graphs(), st.floats(0.0, 1.0), st.integers(0, 2**31 - 1))
 def test_any_genome_decodes_to_a_valid_plan(t: Graph, where: float, seed: int) -> None:
     """The search may try any schedule, pinning, output placement and early swap-ins: every one must

@@ -9,10 +9,10 @@ from pathlib import Path
 import attrs
 import numpy as np
 import pytest
-from hypothesis import given, settings
+from hypothesis import given
 from hypothesis import strategies as st
 
-from conftest import MODELS, write
+from conftest import MODELS, safety, write
 from graphs import training_graphs
 from swapdsl.autodiff import training_graph
 from swapdsl.cli import build_graph
@@ -102,7 +102,7 @@ def test_gradient_sums_run_in_place() -> None:
     assert run_against_reference(plan, t, steps=3) <= 1e-5
 
 
-@settings(max_examples=20, deadline=None)
+@safety(20)
 @given(training_graphs(), st.floats(0.0, 1.0), st.sampled_from(sorted(METHODS)))
 def test_random_plans_match_the_reference(t: Graph, where: float, method: str) -> None:
     need, no_swap = caps(t)
@@ -214,7 +214,7 @@ def test_plans_match_the_reference_on_cupy() -> None:
         runner.close()
 
 
-@settings(max_examples=8, deadline=None)
+@safety(8)
 @given(training_graphs(max_depth=4), st.floats(0.0, 1.0))
 def test_ga_plans_match_the_reference(t: Graph, where: float) -> None:
     from test_planners import ga_plan

@@ -46,14 +46,16 @@ def check_runnable(g: Graph) -> None:
 
 class PlanRunner:
     def __init__(self, plan: Plan, g: Graph, backend: str, xp: ModuleType, seed: int,
-                 check_plan: bool = True, copy_delay_s: float = 0.0) -> None:
+                 check_plan: bool = True, copy_delay_s: float = 0.0, kernel_delay_s: float = 0.0) -> None:
+        """``copy_delay_s``, ``kernel_delay_s`` (NumPy, for tests): every copy or kernel starts that much
+        later, so that a wait the plan lacks shows up as a wrong number rather than being hidden by luck."""
         if check_plan:
             validate(plan, g)
         else:  # tests only: run a plan that breaks an invariant, to show what the check prevents
             check_describes(plan, g)
         check_runnable(g)
         self.plan, self.g, self.backend, self.xp = plan, g, backend, xp
-        self.copy_delay_s = copy_delay_s
+        self.copy_delay_s, self.kernel_delay_s = copy_delay_s, kernel_delay_s
         self.slots = self._host_slots()
         host_bytes = max((off + nbytes for off, nbytes in self.slots.values()), default=0)
         require_memory(xp, plan.cap, host_bytes, f"the plan's arena of {plan.cap} bytes and its host copies")
@@ -204,6 +206,8 @@ class PlanRunner:
         kernel, attrs = REGISTRY[op.op].kernel, op.attr_dict
 
         def work() -> None:
+            if self.kernel_delay_s:
+                time.sleep(self.kernel_delay_s)
             out[...] = kernel(ctx, ins, attrs)
 
         compute.submit(work)

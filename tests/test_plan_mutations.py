@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 from conftest import MODELS, main, safety
 from graphs import training_graphs
 from swapdsl.errors import SwpError
-from swapdsl.fuzz.plans import KINDS, campaign, mutate
+from swapdsl.fuzz.plans import KINDS, PROGRAM, campaign, mutate
 from swapdsl.ir import Graph
 from swapdsl.planfile import format_plan, parse_plan
 from swapdsl.planners import METHODS
@@ -145,11 +145,13 @@ def test_a_mutant_of_any_plan_is_refused_or_trains_exactly(t: Graph, where: floa
     need, no_swap = caps(t)
     cap = int(need + where * (no_swap - need))
     plan = ga_plan(t, cap, generations=2) if method == "ga" else plan_for(t, cap, method)
-    mutant = mutate(format_plan(plan), kind, random.Random(seed))
+    rng = random.Random(seed)
+    mutant = mutate(format_plan(plan), kind, rng, focus=PROGRAM if rng.random() < 0.7 else ())
     assume(mutant is not None)
     try:
         validate(parse_plan(mutant.text, "mutant.plan"), t)
     except SwpError as err:
         assert err.span is not None and err.span.file == "mutant.plan", err.render()
         return
-    assert run_against_reference(parse_plan(mutant.text), t, steps=2, copy_delay_s=0.001) <= 1e-6, mutant.what
+    for delays in ({"copy_delay_s": 0.001}, {"kernel_delay_s": 0.001}):  # a missing wait, made visible
+        assert run_against_reference(parse_plan(mutant.text), t, steps=2, **delays) <= 1e-6, (mutant.what, delays)

@@ -4,7 +4,8 @@ A mutant deletes, duplicates or swaps lines, or changes one number, name or figu
 through ``swapdsl exec --check`` (in process), each must be either refused with exit code 2 and an
 error that names a line of the plan, or accepted and train exactly like the reference executor; an
 accepted mutant is run a second time with a slow simulated bus, so that a missing wait shows up as a
-wrong number rather than as luck.
+wrong number rather than as luck, and once with every kernel slowed down (a copy that does not wait for the
+kernel writing its source).
 """
 
 from __future__ import annotations
@@ -37,11 +38,16 @@ class Mutant:
     what: str  # the changed line as it reads now, or what was done
 
 
-def mutate(text: str, kind: str, rng: random.Random) -> Mutant | None:
-    """One mutant of ``kind`` (None when this plan offers no such change at the drawn spot)."""
+PROGRAM = ("run ", "swapin ", "swapout ", "free ")
+
+
+def mutate(text: str, kind: str, rng: random.Random, focus: tuple[str, ...] = ()) -> Mutant | None:
+    """One mutant of ``kind`` (None when this plan offers no such change at the drawn spot). ``focus``:
+    change only lines that start so (e.g. ``PROGRAM``, the instructions), where there are any."""
     lines = text.splitlines()
     body = list(range(1, len(lines)))  # never the header line: a plan without it is not a plan at all
-    i = rng.choice(body)
+    focused = [k for k in body if lines[k].startswith(focus)] if focus else []
+    i = rng.choice(focused or body)
     if kind == "delete":
         return Mutant(kind, i + 1, _join(lines[:i] + lines[i + 1:]), f"deleted: {lines[i]}")
     if kind == "duplicate":
@@ -132,7 +138,7 @@ class Verdict:
     detail: str = ""
 
 
-def judge(mutant: Mutant, folder: Path, slow_copy_s: float = 0.002) -> Verdict:
+def judge(mutant: Mutant, folder: Path, slow_s: float = 0.002) -> Verdict:
     """Run ``swapdsl exec --check`` on the mutant (written into ``folder``, beside its model)."""
     path = folder / "mutant.plan"
     path.write_text(mutant.text, encoding="utf-8")
@@ -147,12 +153,15 @@ def judge(mutant: Mutant, folder: Path, slow_copy_s: float = 0.002) -> Verdict:
     diff = json.loads(run.out)["max_rel_diff"]
     if diff > EXACT:
         return Verdict("wrong", f"max rel diff {diff:.3g}")
-    slow = _slow_bus_diff(path, slow_copy_s)
-    return Verdict("exact") if slow <= EXACT else Verdict("wrong", f"max rel diff {slow:.3g} on a slow bus")
+    for copy_s, kernel_s, what in ((slow_s, 0.0, "a slow bus"), (0.0, slow_s, "slow kernels")):
+        slow = _delayed_diff(path, copy_s, kernel_s)
+        if slow > EXACT:
+            return Verdict("wrong", f"max rel diff {slow:.3g} on {what}")
+    return Verdict("exact")
 
 
-def _slow_bus_diff(path: Path, copy_delay_s: float) -> float:
-    """The plan run once more with every copy slowed down, against the reference."""
+def _delayed_diff(path: Path, copy_delay_s: float, kernel_delay_s: float) -> float:
+    """The plan run once more with every copy or every kernel slowed down, against the reference."""
     from swapdsl.cli import load_plan, relative_diff
     from swapdsl.runtime.backend import to_host
     from swapdsl.runtime.interpreter import PlanRunner
@@ -160,7 +169,7 @@ def _slow_bus_diff(path: Path, copy_delay_s: float) -> float:
 
     plan, train = load_plan(str(path), need_model=True)
     assert train is not None
-    runner = PlanRunner(plan, train, "numpy", np, 0, copy_delay_s=copy_delay_s)
+    runner = PlanRunner(plan, train, "numpy", np, 0, copy_delay_s=copy_delay_s, kernel_delay_s=kernel_delay_s)
     ref = Trainer(train, 0, np)
     try:
         loss, _ = runner.step(1)

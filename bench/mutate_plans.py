@@ -13,6 +13,7 @@ neither refused with its line named nor exact; exits 1 if there was one.
 from __future__ import annotations
 
 import argparse
+import collections
 import shutil
 import sys
 import tempfile
@@ -42,6 +43,17 @@ def make_plans(folder: Path, seed: int) -> dict[str, str]:
     return texts
 
 
+def _statement(m: Mutant) -> str:
+    """The kind of statement a mutant changed (its first word), or for a swap, of both lines."""
+    if m.kind == "swap":
+        i, j = (int(w) for w in m.what.split() if w.isdigit())
+        lines = m.text.splitlines()
+        return " / ".join(sorted({lines[i - 1].split()[0], lines[j - 1].split()[0]}))
+    text = m.what.split(": ", 1)[1] if m.kind in ("delete", "duplicate") else m.what
+    words = text.split()
+    return " ".join(words[:1] + [w for w in words[1:2] if w in ("ms",)]) if words else "(empty)"
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--cases", type=int, default=1000)
@@ -52,7 +64,11 @@ def main() -> int:
     folder.mkdir(parents=True, exist_ok=True)
     bad: list[str] = []
 
+    exact: collections.Counter[str] = collections.Counter()
+
     def note(name: str, mutant: Mutant, verdict: Verdict) -> None:
+        if verdict.verdict == "exact":
+            exact[f"{mutant.kind}: {_statement(mutant)}"] += 1
         if verdict.verdict not in ("refused", "exact"):
             bad.append(f"{name} line {mutant.line} [{mutant.kind}] {mutant.what[:140]}\n    -> {verdict.verdict}: "
                        f"{verdict.detail}")
@@ -67,6 +83,9 @@ def main() -> int:
         print(f"| {kind} | {' | '.join(str(counts[kind][v]) for v in VERDICTS)} |")
     total = {v: sum(counts[k][v] for k in KINDS) for v in VERDICTS}
     print(f"| all | {' | '.join(str(total[v]) for v in VERDICTS)} |")
+    print("\naccepted and exact, by what was changed:")
+    for what, n in exact.most_common():
+        print(f"  {n:>4}  {what}")
     if not args.keep:
         shutil.rmtree(folder, ignore_errors=True)
     return 1 if bad else 0

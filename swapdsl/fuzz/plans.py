@@ -96,37 +96,38 @@ def _outside_strings(line: str, pattern: re.Pattern[str]) -> list[re.Match[str]]
     return [m for m in pattern.finditer(line) if not any(a <= m.start() < b for a, b in spans)]
 
 
-def _new_number(line: str, lines: list[str], rng: random.Random) -> str | None:
-    found = _outside_strings(line, _NUMBER)
+def _replace_one(line: str, found: list[re.Match[str]], rng: random.Random,
+                 choices: Callable[[str], list[str]]) -> str | None:
+    """``line`` with one of the ``found`` matches replaced by one of ``choices(match text)``."""
     if not found:
         return None
     m = rng.choice(found)
-    v = int(m.group())
-    other = int(rng.choice(_outside_strings(rng.choice(lines), _NUMBER) or [m]).group())
-    new = rng.choice([str(n) for n in (v + 1, v - 1, v + 256, v - 256, 0, -1, 2 * v, v // 2, other, 10**30,
-                                          -(10**30))] + ["9" * 5000])
-    return line[: m.start()] + new + line[m.end():]
+    return line[: m.start()] + rng.choice(choices(m.group())) + line[m.end():]
+
+
+def _new_number(line: str, lines: list[str], rng: random.Random) -> str | None:
+    def choices(text: str) -> list[str]:
+        v = int(text)
+        other = [m.group() for m in _outside_strings(rng.choice(lines), _NUMBER)]  # a number of another line
+        return [str(n) for n in (v + 1, v - 1, v + 256, v - 256, 0, -1, 2 * v, v // 2, 10**30, -(10**30))] \
+            + other[:1] + ["9" * 5000]
+
+    return _replace_one(line, _outside_strings(line, _NUMBER), rng, choices)
 
 
 def _new_name(line: str, lines: list[str], rng: random.Random) -> str | None:
-    found = list(_STRING.finditer(line))
-    if not found:
-        return None
-    m = rng.choice(found)
     names = [n for ln in lines if ln.startswith("tensor ") for n in _STRING.findall(ln)[:1]]
     odd = [json.dumps(x) for x in ("x", "", "%", "\u00e9")] + ['"\\q"']  # the last is a bad escape
-    new = rng.choice(names) if names and rng.random() < 0.8 else rng.choice(odd)
-    return line[: m.start()] + new + line[m.end():]
+    return _replace_one(line, list(_STRING.finditer(line)), rng,
+                        lambda _: [rng.choice(names)] if names and rng.random() < 0.8 else odd)
 
 
 def _new_figure(line: str, lines: list[str], rng: random.Random) -> str | None:
-    found = _outside_strings(line, _FLOAT)
-    if not found:
-        return None
-    m = rng.choice(found)
-    v = float(m.group())
-    new = rng.choice([repr(v * 10), repr(v / 10), "0.0", "-1.0", "1e308", "1e999", "-1e999", repr(v + 0.5)])
-    return line[: m.start()] + new + line[m.end():]
+    def choices(text: str) -> list[str]:
+        v = float(text)
+        return [repr(v * 10), repr(v / 10), "0.0", "-1.0", "1e308", "1e999", "-1e999", repr(v + 0.5)]
+
+    return _replace_one(line, _outside_strings(line, _FLOAT), rng, choices)
 
 
 # ---- verdicts -----------------------------------------------------------------------------------

@@ -67,8 +67,10 @@ def safety(dev_examples: int):  # noqa: ANN201 - a Hypothesis settings decorator
 
     if HYPOTHESIS_PROFILE not in _SAFETY_CASES:
         raise pytest.UsageError(f"SWAPDSL_HYPOTHESIS={HYPOTHESIS_PROFILE}: expected one of {', '.join(_SAFETY_CASES)}")
+    # print_blob: a failure prints the `@reproduce_failure(...)` line that replays it; keep it (or an
+    # `@example`) on the test, so every later run tries that case first
     return settings(max_examples=max(dev_examples, _SAFETY_CASES[HYPOTHESIS_PROFILE]), deadline=None,
-                    suppress_health_check=[HealthCheck.too_slow])
+                    suppress_health_check=[HealthCheck.too_slow], print_blob=True)
 
 
 def pytest_configure(config: pytest.Config) -> None:

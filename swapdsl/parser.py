@@ -19,7 +19,7 @@ _OPEN = {"LPAR", "LSQB"}
 _CLOSE = {"RPAR", "RSQB"}
 _PREFIX = {"MINUS", "PLUS", "NOT"}
 MAX_NESTING = 100  # brackets and blocks inside one another, or unary operators in a row (the README says so)
-MAX_TOKENS = 100_000  # in one file: a sum of 50,000 terms, or 4 times the largest zoo model written out
+MAX_TOKENS = 100_000  # in one file: a sum of 50,000 terms (800 dense layers written out are 44,868)
 
 
 class _Newlines:

@@ -33,7 +33,6 @@ from swapdsl.plan import Plan
 from swapdsl.planfile import locate_model, read_plan, write_plan
 from swapdsl.planners import METHODS, Request, SearchOptions, optimize
 from swapdsl.irprint import format_attr
-from swapdsl.plan import SwapIn, SwapOut
 from swapdsl.planfile import find_model
 from swapdsl.runtime import reference
 from swapdsl.runtime.backend import to_host

@@ -30,7 +30,7 @@ from swapdsl.ir import DType, Graph, TensorType
 from swapdsl.ops import REGISTRY, KernelContext
 from swapdsl.ops.registry import np_dtype
 from swapdsl.arena import Segments
-from swapdsl.plan import HOST, Free, Plan, Region, Run, SwapIn, SwapOut
+from swapdsl.plan import Free, Plan, Region, Run, SwapIn, SwapOut
 from swapdsl.runtime.backend import require_memory, to_host
 from swapdsl.runtime.data import init_persistent, synthetic_inputs
 from swapdsl.runtime.streams import make_streams
@@ -47,11 +47,13 @@ def check_runnable(g: Graph) -> None:
 class PlanRunner:
     def __init__(self, plan: Plan, g: Graph, backend: str, xp: ModuleType, seed: int,
                  check_plan: bool = True, copy_delay_s: float = 0.0, kernel_delay_s: float = 0.0) -> None:
-        """``copy_delay_s``, ``kernel_delay_s`` (NumPy, for tests): every copy or kernel starts that much
-        later, so that a wait the plan lacks shows up as a wrong number rather than being hidden by luck."""
+        """``check_plan``: validate the plan against ``g`` (False: the caller has, or a test runs a broken
+        plan to show what validation prevents; it must still describe ``g``). ``copy_delay_s``,
+        ``kernel_delay_s`` (NumPy, for tests): every copy or kernel starts that much later, so that a wait
+        the plan lacks shows up as a wrong number rather than being hidden by luck."""
         if check_plan:
             validate(plan, g)
-        else:  # tests only: run a plan that breaks an invariant, to show what the check prevents
+        else:
             check_describes(plan, g)
         check_runnable(g)
         self.plan, self.g, self.backend, self.xp = plan, g, backend, xp
@@ -73,11 +75,9 @@ class PlanRunner:
         A persistent tensor's new value shares its slot, so a write-back lands where the next step reads."""
         sizes = {t.name: t.bytes for t in self.plan.tensors}
         owner = self.plan.host_slot_owner()
-        names = [t.name for t in self.plan.tensors if t.home == HOST or t.kind == "input"]
-        names += [i.tensor for i in self.plan.program if isinstance(i, SwapOut)]
         slots: dict[str, tuple[int, int]] = {}
         offset = 0
-        for name in dict.fromkeys(n for n in names if owner[n] == n):
+        for name in (n for n in self.plan.host_copies() if owner[n] == n):
             slots[name] = (offset, sizes[name])
             offset += -(-sizes[name] // 256) * 256
         for name, home in owner.items():

@@ -181,7 +181,7 @@ def _exec_plan(args: argparse.Namespace) -> int:
     plan, train = load_plan(args.file, need_model=True)
     assert train is not None
     backend, xp = array_module(args.backend)
-    runner = PlanRunner(plan, train, backend, xp, args.seed)
+    runner = PlanRunner(plan, train, backend, xp, args.seed, check_plan=False)  # load_plan validated it
     reference = Trainer(train, args.seed, xp) if args.check else None
     sim = simulate(plan)
     h2d, d2h, simulated_ms = sim.h2d_bytes, sim.d2h_bytes, sim.iteration_ms

@@ -439,10 +439,14 @@ class _Elaborator:
         item = e.items[0]
         if len(e.items) != 1 or not isinstance(item, ast.Slice):
             raise SwpError("a tuple takes one index or slice", e.span)
-        start, stop, step = (self.opt_int(x, frame) for x in (item.start, item.stop, item.step))
-        if step == 0:
-            raise SwpError("a slice step must not be zero", item.span)
+        start, stop, step = self.slice_bounds(item, frame)
         return v[start:stop:step]
+
+    def slice_bounds(self, s: ast.Slice, frame: _Frame) -> tuple[int | None, int | None, int | None]:
+        start, stop, step = (self.opt_int(x, frame) for x in (s.start, s.stop, s.step))
+        if step == 0:
+            raise SwpError("a slice step must not be zero", s.span)
+        return start, stop, step
 
     def opt_int(self, e: ast.Expr | None, frame: _Frame) -> int | None:
         if e is None:
@@ -459,9 +463,7 @@ class _Elaborator:
         for axis, item in enumerate(e.items):
             size = x.type.shape[axis]
             if isinstance(item, ast.Slice):
-                start, stop, step = (self.opt_int(b, frame) for b in (item.start, item.stop, item.step))
-                if step == 0:
-                    raise SwpError("a slice step must not be zero", item.span)
+                start, stop, step = self.slice_bounds(item, frame)
                 if (start, stop, step) in ((None, None, None), (0, None, None)):
                     continue
                 x = slice_axis(self, x, axis, start or 0, size if stop is None else stop, step or 1, item.span)

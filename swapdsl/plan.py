@@ -136,13 +136,19 @@ class Plan:
     def figure(self, name: str) -> float:
         return dict(self.figures)[name]
 
+    def host_copies(self) -> list[str]:
+        """The tensors that ever have a host copy, once each, in the order the interpreter lays them out:
+        inputs and host-homed persistent tensors, then every tensor swapped out."""
+        names = [t.name for t in self.tensors if t.home == HOST or t.kind == "input"]
+        names += [i.tensor for i in self.program if isinstance(i, SwapOut)]
+        return list(dict.fromkeys(names))
+
     def host_slot_owner(self) -> dict[str, str]:
         """Whose host memory each tensor's host copy uses: its own, except that a persistent tensor's new
         value writes into the old value's memory when that has any, so the next step reads it there.
 
         Host memory belongs to inputs, host-homed persistent tensors and every tensor swapped out."""
-        has_memory = {t.name for t in self.tensors if t.home == HOST or t.kind == "input"}
-        has_memory |= {i.tensor for i in self.program if isinstance(i, SwapOut)}
+        has_memory = set(self.host_copies())
         owner = {t.name: t.name for t in self.tensors}
         for old, new in self.updates:
             if old in has_memory:

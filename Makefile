@@ -12,11 +12,11 @@ $(BIN)/python:
 	$(BIN)/python -m pip install -q --upgrade pip
 
 # Editable installs, so the tree you edit is the tree you run.
-$(VENV)/.installed-test: $(BIN)/python pyproject.toml setup.py swapdsl/_fastplan.c
+$(VENV)/.installed-test: $(BIN)/python pyproject.toml setup.py swapdsl/planning/_fastplan.c
 	$(BIN)/python -m pip install -q -e '.[test]'
 	@touch $@ $(VENV)/.installed
 
-$(VENV)/.installed: $(BIN)/python pyproject.toml setup.py swapdsl/_fastplan.c
+$(VENV)/.installed: $(BIN)/python pyproject.toml setup.py swapdsl/planning/_fastplan.c
 	$(BIN)/python -m pip install -q -e .
 	@touch $@
 

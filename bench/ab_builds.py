@@ -26,15 +26,15 @@ from typing import Any
 
 import numpy as np
 
-from swapdsl import fastplan
-from swapdsl.autodiff import training_graph
 from swapdsl.cli import build_graph
-from swapdsl.devices import load_device
-from swapdsl.ga import genetic_search
-from swapdsl.paths import STDLIB_DIR
-from swapdsl.planners import Request, SearchOptions, baseline_setup
-from swapdsl.problem import Problem
-from swapdsl.sizing import no_swap_bytes
+from swapdsl.common.paths import STDLIB_DIR
+from swapdsl.devices.profiles import load_device
+from swapdsl.graph.autodiff import training_graph
+from swapdsl.planning import compiled as fastplan
+from swapdsl.planning.baselines import baseline_setup
+from swapdsl.planning.compiled import no_swap_bytes
+from swapdsl.planning.ga import SearchOptions, genetic_search
+from swapdsl.planning.problem import Problem, Request
 
 
 def _load(name: str, path: str) -> Any:

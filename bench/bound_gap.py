@@ -23,12 +23,13 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 from graphs import seeded_training_graph  # noqa: E402
 
-from swapdsl.bound import bound_ms  # noqa: E402
-from swapdsl.devices import BUILTIN  # noqa: E402
-from swapdsl.ga import EARLY, Decoder, policy_of  # noqa: E402
-from swapdsl.planners import Request  # noqa: E402
-from swapdsl.sizing import need_bytes, no_swap_bytes  # noqa: E402
-from swapdsl.swapplan import OUTPUTS  # noqa: E402
+from swapdsl.devices.profiles import BUILTIN  # noqa: E402
+from swapdsl.planning.bound import bound_ms  # noqa: E402
+from swapdsl.planning.compiled import no_swap_bytes
+from swapdsl.planning.ga import EARLY, Decoder, policy_of  # noqa: E402
+from swapdsl.planning.policy import OUTPUTS
+from swapdsl.planning.problem import Request
+from swapdsl.planning.sizing import need_bytes  # noqa: E402
 
 
 def orders(d: Decoder, limit: int) -> list[list[int]]:

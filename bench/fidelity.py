@@ -13,16 +13,17 @@ from __future__ import annotations
 import argparse
 import statistics
 
-from swapdsl.autodiff import training_graph
 from swapdsl.cli import build_graph
-from swapdsl.devices import BUILTIN
-from swapdsl.paths import STDLIB_DIR
-from swapdsl.planners import Request, SearchOptions, optimize
-from swapdsl.problem import Problem
+from swapdsl.common.paths import STDLIB_DIR
+from swapdsl.devices.profiles import BUILTIN
+from swapdsl.graph.autodiff import training_graph
+from swapdsl.planning.compiled import no_swap_bytes
+from swapdsl.planning.ga import SearchOptions
+from swapdsl.planning.optimize import optimize
+from swapdsl.planning.problem import Problem, Request
 from swapdsl.runtime.backend import array_module
 from swapdsl.runtime.interpreter import PlanRunner
 from swapdsl.runtime.profile import profile
-from swapdsl.sizing import no_swap_bytes
 
 MODELS = {
     "tiny_resnet": ["batch=32", "width=16"],

@@ -20,9 +20,9 @@ import tempfile
 import time
 from pathlib import Path
 
+from swapdsl.common.paths import STDLIB_DIR
 from swapdsl.fuzz import run_cli
-from swapdsl.fuzz.plans import KINDS, VERDICTS, Mutant, Verdict, campaign
-from swapdsl.paths import STDLIB_DIR
+from swapdsl.fuzz.plans import KINDS, Mutant, VERDICTS, Verdict, campaign
 
 MODELS = {"tiny_resnet": ("270KiB", ["-D", "batch=4", "-D", "width=4", "-D", "blocks=1"]),
           "tiny_transformer": ("2.2MiB", ["-D", "batch=2", "-D", "seq=8"])}

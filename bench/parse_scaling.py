@@ -15,9 +15,9 @@ import tempfile
 import time
 from pathlib import Path
 
-from swapdsl.elaborate import elaborate
-from swapdsl.ircheck import check_graph
-from swapdsl.loader import load
+from swapdsl.graph.checker import check_graph
+from swapdsl.lang.elaborate import elaborate
+from swapdsl.lang.loader import load
 
 
 def unrolled(layers: int) -> str:

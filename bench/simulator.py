@@ -31,17 +31,17 @@ from collections.abc import Callable
 
 import numpy as np
 
-from swapdsl.autodiff import training_graph
 from swapdsl.cli import build_graph
-from swapdsl.devices import load_device
-from swapdsl.fastplan import Evaluator
-from swapdsl.ga import Decoder, _seeds, genetic_search
-from swapdsl.paths import STDLIB_DIR
-from swapdsl.planners import Request, SearchOptions, baseline_setup, optimize
-from swapdsl.problem import Problem
-from swapdsl.simulate import simulate
-from swapdsl.sizing import no_swap_bytes
-from swapdsl.validate import validate
+from swapdsl.common.paths import STDLIB_DIR
+from swapdsl.devices.profiles import load_device
+from swapdsl.graph.autodiff import training_graph
+from swapdsl.plan.simulate import simulate
+from swapdsl.plan.validate import validate
+from swapdsl.planning.baselines import baseline_setup
+from swapdsl.planning.compiled import Evaluator, no_swap_bytes
+from swapdsl.planning.ga import Decoder, SearchOptions, _seeds, genetic_search
+from swapdsl.planning.optimize import optimize
+from swapdsl.planning.problem import Problem, Request
 
 
 def main() -> None:

@@ -15,7 +15,7 @@ import sys
 import time
 from pathlib import Path
 
-from swapdsl.paths import STDLIB_DIR
+from swapdsl.common.paths import STDLIB_DIR
 
 ZOO = ["resnet", "wide_resnet", "vgg", "inception_v4", "nasnet", "lstm_lm", "bert", "gpt"]
 

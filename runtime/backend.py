@@ -7,7 +7,7 @@ from types import ModuleType
 
 import numpy as np
 
-from swapdsl.errors import SwpError
+from swapdsl.common.errors import SwpError
 
 BACKENDS = ("auto", "numpy", "cupy")
 
@@ -53,7 +53,7 @@ def host_memory_available() -> int | None:
 def require_memory(xp: ModuleType, device_bytes: int, host_bytes: int, what: str) -> None:
     """Refuse, before allocating, what this machine cannot hold: on NumPy the device arena is host
     memory too; on CuPy it must fit the GPU's free memory."""
-    from swapdsl.units import format_bytes
+    from swapdsl.common.units import format_bytes
 
     if xp is np:
         need, have, where = device_bytes + host_bytes, host_memory_available(), "memory available on this machine"

@@ -14,8 +14,8 @@ from typing import Any
 
 import numpy as np
 
-from swapdsl.ir import Graph, Init, TensorType
-from swapdsl.ops.registry import np_dtype
+from swapdsl.graph.ir import Graph, Init, TensorType
+from swapdsl.graph.ops.registry import np_dtype
 
 
 def rng_for(seed: int, name: str) -> np.random.Generator:

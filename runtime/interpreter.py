@@ -25,16 +25,16 @@ from typing import Any
 
 import numpy as np
 
-from swapdsl.errors import SwpError
-from swapdsl.ir import DType, Graph, TensorType
-from swapdsl.ops import REGISTRY, KernelContext
-from swapdsl.ops.registry import np_dtype
-from swapdsl.arena import Segments
-from swapdsl.plan import Free, Plan, Region, Run, SwapIn, SwapOut
+from swapdsl.common.errors import SwpError
+from swapdsl.graph.ir import DType, Graph, TensorType
+from swapdsl.graph.ops import KernelContext, REGISTRY
+from swapdsl.graph.ops.registry import np_dtype
+from swapdsl.plan.program import Free, Plan, Region, Run, SwapIn, SwapOut, arena_bytes
+from swapdsl.plan.segments import Segments
+from swapdsl.plan.validate import check_describes, validate
 from swapdsl.runtime.backend import require_memory, to_host
 from swapdsl.runtime.data import init_persistent, synthetic_inputs
 from swapdsl.runtime.streams import make_streams
-from swapdsl.validate import check_describes, validate
 
 
 def check_runnable(g: Graph) -> None:
@@ -79,7 +79,7 @@ class PlanRunner:
         offset = 0
         for name in (n for n in self.plan.host_copies() if owner[n] == n):
             slots[name] = (offset, sizes[name])
-            offset += -(-sizes[name] // 256) * 256
+            offset += arena_bytes(sizes[name])
         for name, home in owner.items():
             if home != name:
                 slots[name] = slots[home]

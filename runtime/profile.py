@@ -16,10 +16,10 @@ from typing import Any
 import attrs
 import numpy as np
 
-from swapdsl.costmodel import op_key
-from swapdsl.devices import Device
-from swapdsl.ir import Graph
-from swapdsl.ops import REGISTRY, KernelContext
+from swapdsl.devices.costs import op_key
+from swapdsl.devices.profiles import Device
+from swapdsl.graph.ir import Graph
+from swapdsl.graph.ops import KernelContext, REGISTRY
 from swapdsl.runtime.backend import synchronize
 from swapdsl.runtime.data import init_persistent, synthetic_inputs
 from swapdsl.runtime.reference import last_uses

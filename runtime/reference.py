@@ -14,8 +14,8 @@ from typing import Any
 
 import attrs
 
-from swapdsl.ir import Graph
-from swapdsl.ops import REGISTRY, KernelContext
+from swapdsl.graph.ir import Graph
+from swapdsl.graph.ops import KernelContext, REGISTRY
 from swapdsl.runtime.backend import synchronize, to_host
 from swapdsl.runtime.data import init_persistent, synthetic_inputs
 

@@ -17,33 +17,36 @@ import numpy as np
 from collections.abc import Sequence
 
 from swapdsl import __version__
-from swapdsl.analysis import peak_bytes, summary, training_summary
-from swapdsl.autodiff import training_graph
-from swapdsl.elaborate import elaborate
-from swapdsl.errors import Span, SwpError
-from swapdsl.ir import Graph
-from swapdsl.ircheck import check_graph
-from swapdsl.irprint import print_graph
-from swapdsl.loader import Program, load
+from swapdsl.common.errors import Span, SwpError
+from swapdsl.graph.analysis import peak_bytes, summary, training_summary
+from swapdsl.graph.autodiff import training_graph
+from swapdsl.graph.checker import check_graph
+from swapdsl.graph.ir import Graph
+from swapdsl.graph.printer import print_graph
+from swapdsl.lang.elaborate import elaborate
+from swapdsl.lang.loader import Program, load
 from pathlib import Path
 
-from swapdsl import benchmark, show
-from swapdsl.devices import BUILTIN, DEFAULT_DEVICE, detect_device, load_device
-from swapdsl.plan import Plan
-from swapdsl.planfile import locate_model, read_plan, write_plan
-from swapdsl.planners import METHODS, Request, SearchOptions, optimize
-from swapdsl.irprint import format_attr
-from swapdsl.planfile import find_model
+from swapdsl.planning import bench as benchmark
+
+from swapdsl.common.atomic import check_writable, write_text_atomically
+from swapdsl.common.units import format_bytes, format_count, parse_size
+from swapdsl.devices.profiles import BUILTIN, DEFAULT_DEVICE, detect_device, load_device
+from swapdsl.graph.printer import format_attr
+from swapdsl.plan import show
+from swapdsl.plan.file import find_model, locate_model, read_plan, write_plan
+from swapdsl.plan.program import Plan
+from swapdsl.plan.simulate import simulate
+from swapdsl.plan.validate import validate
+from swapdsl.planning.ga import SearchOptions
+from swapdsl.planning.optimize import optimize
+from swapdsl.planning.policy import METHODS
+from swapdsl.planning.problem import Request
 from swapdsl.runtime import reference
-from swapdsl.runtime.backend import to_host
-from swapdsl.atomic import check_writable, write_text_atomically
+from swapdsl.runtime.backend import BACKENDS, array_module, require_memory, to_host
 from swapdsl.runtime.interpreter import PlanRunner
 from swapdsl.runtime.profile import profile
 from swapdsl.runtime.reference import Trainer
-from swapdsl.simulate import simulate
-from swapdsl.validate import validate
-from swapdsl.runtime.backend import BACKENDS, array_module, require_memory
-from swapdsl.units import format_bytes, format_count, parse_size
 
 EXIT_USER_ERROR = 2
 EXIT_INTERRUPTED = 130  # 128 + SIGINT, as shells report it

@@ -6,9 +6,9 @@ import random
 
 from hypothesis import strategies as st
 
-from swapdsl.autodiff import training_graph
-from swapdsl.ir import DType, Graph, Init, Kind, Op, Optimizer, Tensor
-from swapdsl.ops import infer
+from swapdsl.graph.autodiff import training_graph
+from swapdsl.graph.ir import DType, Graph, Init, Kind, Op, Optimizer, Tensor
+from swapdsl.graph.ops import infer
 
 F32 = DType.f32
 
@@ -21,7 +21,7 @@ class _Builder:
         self.inputs: list[str] = []
 
     def declare(self, name: str, shape: tuple[int, ...], kind: Kind, dtype: DType = F32) -> str:
-        from swapdsl.ir import TensorType
+        from swapdsl.graph.ir import TensorType
 
         init = Init("normal", (("std", 0.1), ("mean", 0.0))) if kind is Kind.param else None
         self.tensors[name] = Tensor(name, TensorType(shape, dtype), kind, init)

@@ -8,12 +8,12 @@ import numpy as np
 import pytest
 
 from conftest import MODELS, write
-from swapdsl.analysis import in_place_ops
-from swapdsl.autodiff import training_graph
 from swapdsl.cli import build_graph
-from swapdsl.ir import DType, Graph, Kind, Op, Optimizer, Tensor, TensorType, retyped
-from swapdsl.ircheck import check_graph
-from swapdsl.ops import REGISTRY, KernelContext, infer
+from swapdsl.graph.analysis import in_place_ops
+from swapdsl.graph.autodiff import training_graph
+from swapdsl.graph.checker import check_graph
+from swapdsl.graph.ir import DType, Graph, Kind, Op, Optimizer, Tensor, TensorType, retyped
+from swapdsl.graph.ops import KernelContext, REGISTRY, infer
 from swapdsl.runtime.data import init_persistent, synthetic_inputs
 from swapdsl.runtime.reference import run_ops
 

@@ -12,17 +12,18 @@ from hypothesis import strategies as st
 
 from conftest import MODELS
 from graphs import training_graphs
-from swapdsl.autodiff import training_graph
 from swapdsl.cli import build_graph
-from swapdsl.devices import BUILTIN
-from swapdsl.fastplan import Evaluator, priority_order
-from swapdsl.ga import Decoder, Genome
-from swapdsl.ir import Graph
-from swapdsl.planners import METHODS, Request, baseline_setup, build_plan
-from swapdsl.problem import Problem
-from swapdsl.simulate import simulate
-from swapdsl.sizing import need_bytes, no_swap_bytes
-from swapdsl.swapplan import OUTPUTS, Policy, plan_swaps_reference
+from swapdsl.devices.profiles import BUILTIN
+from swapdsl.graph.autodiff import training_graph
+from swapdsl.graph.ir import Graph
+from swapdsl.plan.simulate import simulate
+from swapdsl.planning.baselines import baseline_setup, build_plan
+from swapdsl.planning.compiled import Evaluator, no_swap_bytes, priority_order
+from swapdsl.planning.ga import Decoder, Genome
+from swapdsl.planning.policy import METHODS, OUTPUTS, Policy
+from swapdsl.planning.problem import Problem, Request
+from swapdsl.planning.reference import plan_swaps_reference
+from swapdsl.planning.sizing import need_bytes
 
 V100 = BUILTIN["v100-16gb"]
 POLICIES = [Policy(v, f) for v in ("lru", "belady") for f in ("none", "earliest", "ahead")] + \
@@ -121,7 +122,7 @@ def test_tight_caps_take_the_last_resort_paths_and_still_agree(monkeypatch: pyte
     import random
 
     from graphs import seeded_training_graph
-    from swapdsl import swapplan
+    from swapdsl.planning import reference as swapplan
 
     taken = {"clear": 0, "bounce": 0}
     clear, acquire = swapplan._Planner.clear_all, swapplan._Planner.acquire
@@ -177,8 +178,8 @@ def test_compiled_free_time_segments_match_the_readable_ones(top: int, frees: li
     """The simulator's linked, bucket-indexed segments answer every look-up as arena.Segments does,
     whether a free cuts one segment in three, trims two, or swallows many (``top`` 10**6 puts several
     segments in one bucket)."""
-    from swapdsl._fastplan import segments_replay
-    from swapdsl.arena import Segments
+    from swapdsl.plan.segments import Segments
+    from swapdsl.planning._fastplan import segments_replay
 
     lo = np.array([f[0] % top for f in frees], np.int64)
     hi = np.minimum(top, lo + np.array([f[1] for f in frees], np.int64))
@@ -203,7 +204,7 @@ def test_the_victim_index_finds_the_best_key_at_or_below_any_other(n_keys: int, 
     """The planner's ranked tenants, kept as key lists under three levels of bitmaps, give the largest
     key at or below any asked as a scan of the keys held does, as tenants come and go (70,000 keys span
     several words of every bitmap level)."""
-    from swapdsl._fastplan import victims_replay
+    from swapdsl.planning._fastplan import victims_replay
 
     held: dict[int, int] = {}
     tensors, keys, asked, after, expected = [], [], [], [], []

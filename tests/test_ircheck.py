@@ -7,8 +7,8 @@ import pytest
 
 from conftest import MODELS
 from swapdsl.cli import build_graph
-from swapdsl.ir import Op, TensorType
-from swapdsl.ircheck import IRError, check_graph
+from swapdsl.graph.checker import IRError, check_graph
+from swapdsl.graph.ir import Op, TensorType
 
 
 @pytest.fixture(scope="module")

@@ -8,7 +8,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from swapdsl.ops import REGISTRY, KernelContext
+from swapdsl.graph.ops import KernelContext, REGISTRY
 from swapdsl.runtime.backend import to_host
 
 

@@ -7,10 +7,10 @@ from pathlib import Path
 import pytest
 
 from conftest import write
-from swapdsl import ast
 from swapdsl.cli import build_graph
-from swapdsl.errors import Span
-from swapdsl.parser import parse
+from swapdsl.common.errors import Span
+from swapdsl.lang import ast
+from swapdsl.lang.parser import parse
 
 HEAD = "model m(batch = 4, flag = true, scale = 0.5) {\n"
 TAIL = "    minimize loss with sgd(lr = 0.1)\n}\n"

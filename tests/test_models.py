@@ -9,7 +9,7 @@ import pytest
 
 from conftest import MODELS, REPO, SMALL_MODELS, UPDATE_GOLDEN
 from swapdsl.cli import build_graph
-from swapdsl.irprint import print_graph
+from swapdsl.graph.printer import print_graph
 
 GOLDEN = Path(__file__).parent / "golden"
 

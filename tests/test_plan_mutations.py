@@ -14,12 +14,12 @@ from hypothesis import strategies as st
 
 from conftest import MODELS, main, safety
 from graphs import training_graphs
-from swapdsl.errors import SwpError
+from swapdsl.common.errors import SwpError
 from swapdsl.fuzz.plans import KINDS, PROGRAM, campaign, mutate
-from swapdsl.ir import Graph
-from swapdsl.planfile import format_plan, parse_plan
-from swapdsl.planners import METHODS
-from swapdsl.validate import validate
+from swapdsl.graph.ir import Graph
+from swapdsl.plan.file import format_plan, parse_plan
+from swapdsl.plan.validate import validate
+from swapdsl.planning.policy import METHODS
 from test_planners import caps, ga_plan, plan_for
 from test_runtime import run_against_reference
 

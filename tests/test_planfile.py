@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 
 from conftest import MODELS, write
-from swapdsl.planfile import format_plan, parse_plan, read_plan
-from swapdsl.units import parse_size
+from swapdsl.common.units import parse_size
+from swapdsl.plan.file import format_plan, parse_plan, read_plan
 
 SMALL_RESNET = ["-D", "batch=4"]
 

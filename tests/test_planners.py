@@ -14,18 +14,20 @@ from hypothesis import strategies as st
 
 from conftest import MODELS, safety
 from graphs import training_graphs
-from swapdsl.autodiff import training_graph
 from swapdsl.cli import build_graph
-from swapdsl.devices import BUILTIN
-from swapdsl.errors import SwpError
-from swapdsl.ir import Graph
-from swapdsl.plan import Free, Plan, Region, Run, SwapIn, SwapOut
-from swapdsl.planners import METHODS, Request, optimize
-from swapdsl.sizing import no_swap_bytes, smallest_cap
-from swapdsl.problem import Problem
-from swapdsl.bound import bound_ms
-from swapdsl.simulate import simulate
-from swapdsl.validate import PlanInvalid, validate
+from swapdsl.common.errors import SwpError
+from swapdsl.devices.profiles import BUILTIN
+from swapdsl.graph.autodiff import training_graph
+from swapdsl.graph.ir import Graph
+from swapdsl.plan.program import Free, Plan, Region, Run, SwapIn, SwapOut
+from swapdsl.plan.simulate import simulate
+from swapdsl.plan.validate import PlanInvalid, validate
+from swapdsl.planning.bound import bound_ms
+from swapdsl.planning.compiled import no_swap_bytes
+from swapdsl.planning.optimize import optimize
+from swapdsl.planning.policy import METHODS
+from swapdsl.planning.problem import Problem, Request
+from swapdsl.planning.sizing import smallest_cap
 
 V100 = BUILTIN["v100-16gb"]
 
@@ -257,8 +259,8 @@ def test_single_mutations_of_random_plans_are_rejected(t: Graph, method: str, da
 
 # ---- the genetic search -----------------------------------------------------------
 
-from swapdsl.ga import genetic_search  # noqa: E402
-from swapdsl.planners import SearchOptions  # noqa: E402
+from swapdsl.planning.ga import genetic_search  # noqa: E402
+from swapdsl.planning.ga import SearchOptions
 
 
 def ga_plan(t: Graph, cap: int, generations: int = 3, workers: int = 1, seed: int = 0) -> Plan:
@@ -279,7 +281,7 @@ def test_ga_plans_are_valid_and_no_worse_than_the_baselines(t: Graph, where: flo
 
 
 def test_ga_is_deterministic_whatever_the_workers() -> None:
-    from swapdsl.planfile import format_plan
+    from swapdsl.plan.file import format_plan
 
     _, g = build_graph(str(MODELS / "tiny_resnet.swp"), ["batch=4", "width=4", "blocks=1"])
     t = training_graph(g)
@@ -297,7 +299,7 @@ def poorly_ordered_graph() -> Graph:
     """
     from graphs import _Builder
 
-    from swapdsl.ir import Kind, Optimizer
+    from swapdsl.graph.ir import Kind, Optimizer
 
     b = _Builder()
     x = b.declare("x", (64, 64), Kind.input)
@@ -340,7 +342,7 @@ def test_any_genome_decodes_to_a_valid_plan(t: Graph, where: float, seed: int) -
     plan validly, and no plan beats the bound."""
     import numpy as np
 
-    from swapdsl.ga import EARLY, Decoder, Genome
+    from swapdsl.planning.ga import Decoder, EARLY, Genome
 
     need, no_swap = caps(t)
     cap = int(need + where * (no_swap - need))
@@ -358,7 +360,7 @@ def test_a_tensor_goes_where_its_bytes_have_been_free_longest() -> None:
     """A short-lived tensor freed at the bottom of a long-free gap does not make the whole gap new:
     a swap-in takes the gap's top end, free since long ago; outputs asked to take the bytes freed
     last take its bottom."""
-    from swapdsl.swapplan import Arena
+    from swapdsl.planning.reference import Arena
 
     arena = Arena(2048)
     arena.insert(0, 0, 256, 7)  # a short-lived tensor, a long-lived one above it, and one that stays
@@ -376,8 +378,8 @@ def test_the_locality_schedule_runs_the_ops_of_one_weight_together() -> None:
     """For an unrolled LSTM: the input projections of every step, then the recurrence (its own
     weight), layer by layer, and back in the reverse order; the default order alternates the two
     weights at every step."""
-    from swapdsl.fastplan import priority_order
-    from swapdsl.ga import Decoder, locality_priority
+    from swapdsl.planning.compiled import priority_order
+    from swapdsl.planning.ga import Decoder, locality_priority
 
     _, g = build_graph(str(MODELS / "lstm_lm.swp"), ["layers=2", "hidden=8", "vocab=16", "seq=5", "batch=2"])
     t = training_graph(g)
@@ -407,8 +409,8 @@ def test_early_swap_ins_use_room_as_soon_as_it_falls_free() -> None:
     backward ops free is soon taken by their outputs. Placed when their readers come, the swap-ins
     of the early activations find only bytes freed lately; placed as soon as a gap holds them, they
     start while the backward pass is still in its first ops, and the step is faster."""
-    from swapdsl.planners import assemble, baseline_setup
-    from swapdsl.swapplan import plan_swaps_reference
+    from swapdsl.planning.baselines import assemble, baseline_setup
+    from swapdsl.planning.reference import plan_swaps_reference
 
     t = training_graph(build_graph(str(MODELS / "tiny_resnet.swp"), [])[1])
     p = Problem.build(t, V100)
@@ -433,8 +435,8 @@ def test_early_swap_ins_look_no_further_ahead_than_the_horizon() -> None:
     """A horizon of 0 ops brings nothing in early (the plan without early swap-ins), one as long as the
     schedule changes nothing, and a short one brings in none as far ahead of its use as the furthest
     early swap-in without a horizon."""
-    from swapdsl.planners import baseline_setup
-    from swapdsl.swapplan import plan_swaps_reference
+    from swapdsl.planning.baselines import baseline_setup
+    from swapdsl.planning.reference import plan_swaps_reference
 
     t = training_graph(build_graph(str(MODELS / "tiny_resnet.swp"), [])[1])
     p = Problem.build(t, V100)

@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 
 from conftest import MODELS, SMALL_MODELS, write
-from swapdsl.autodiff import training_graph
 from swapdsl.cli import build_graph
+from swapdsl.graph.autodiff import training_graph
 from swapdsl.runtime.reference import train
 
 

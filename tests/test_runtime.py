@@ -14,15 +14,15 @@ from hypothesis import strategies as st
 
 from conftest import MODELS, safety, write
 from graphs import training_graphs
-from swapdsl.autodiff import training_graph
 from swapdsl.cli import build_graph
-from swapdsl.ir import Graph
-from swapdsl.plan import Plan, Run, SwapIn
-from swapdsl.planners import METHODS
+from swapdsl.graph.autodiff import training_graph
+from swapdsl.graph.ir import Graph
+from swapdsl.plan.program import Plan, Run, SwapIn
+from swapdsl.plan.validate import PlanInvalid, validate
+from swapdsl.planning.policy import METHODS
 from swapdsl.runtime.backend import to_host
 from swapdsl.runtime.interpreter import PlanRunner
 from swapdsl.runtime.reference import Trainer
-from swapdsl.validate import PlanInvalid, validate
 from test_planners import caps, plan_for
 
 SMALL = {
@@ -131,7 +131,7 @@ def first_swapin_over_other_data(plan: Plan) -> int:
     """A swap-in into bytes that last held another tensor, so reading it early gives wrong numbers;
     of those, the one issued closest to its use, so that a slow copy is surely still running, and
     with no later swap-in for the same op (waiting for that one would wait for it too: one stream)."""
-    from swapdsl.plan import Region, Run
+    from swapdsl.plan.program import Region, Run
 
     position = {i.op: k for k, i in enumerate(i for i in plan.program if isinstance(i, Run))}
     writes: list[tuple[Region, str]] = [(t.home, t.name) for t in plan.tensors if isinstance(t.home, Region)]
@@ -191,7 +191,7 @@ def test_profile_feeds_the_planner(cli, in_tmp: Path) -> None:
 def _op_counts(folder: Path) -> list[tuple[str, int]]:
     from collections import Counter
 
-    from swapdsl.costmodel import op_key
+    from swapdsl.devices.costs import op_key
 
     t = training_graph(build_graph(str(folder / "m.swp"), ["batch=8"])[1])
     return list(Counter(op_key(t, op) for op in t.ops).items())

@@ -7,9 +7,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from swapdsl import ops
-from swapdsl.errors import SwpError
-from swapdsl.ir import DType, TensorType
+from swapdsl.common.errors import SwpError
+from swapdsl.graph import ops
+from swapdsl.graph.ir import DType, TensorType
 
 F32 = DType.f32
 dims = st.integers(1, 5)

@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 
 from conftest import MODELS
-from swapdsl.autodiff import training_graph
 from swapdsl.cli import build_graph
+from swapdsl.graph.autodiff import training_graph
 from swapdsl.runtime.reference import train
 
 

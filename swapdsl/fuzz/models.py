@@ -16,8 +16,8 @@ from pathlib import Path
 
 import attrs
 
+from swapdsl.common.paths import STDLIB_DIR
 from swapdsl.fuzz import run_cli
-from swapdsl.paths import STDLIB_DIR
 
 KINDS = ("char", "token", "line", "number", "nesting", "long")
 VERDICTS = ("ok", "refused", "unplaced", "crash", "hang")  # unplaced: exit 2 without a file position

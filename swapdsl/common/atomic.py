@@ -1,0 +1,81 @@
+"""Writing a file all at once or not at all."""
+
+from __future__ import annotations
+
+import glob
+import os
+import tempfile
+from pathlib import Path
+
+from swapdsl.common.errors import SwpError
+
+
+def check_writable(path: str | Path, what: str = "file") -> None:
+    """Refuse early (before any long work) a target that cannot be written: the same test as the write."""
+    folder = _folder(path, what)
+    try:
+        fd, tmp = tempfile.mkstemp(prefix=_prefix(Path(path)), suffix=".tmp", dir=folder)
+    except OSError as exc:
+        raise SwpError(f"cannot write the {what} `{path}`: {exc.strerror or exc}") from None
+    os.close(fd)
+    Path(tmp).unlink(missing_ok=True)
+
+
+def write_text_atomically(path: str | Path, text: str, what: str = "file") -> None:
+    """A temporary file in the same folder, flushed, then renamed over the target.
+
+    A writer killed before the rename leaves its temporary file behind; the next write to the same
+    target removes those whose writer is gone (the temporary file's name carries its process id)."""
+    target = Path(path)
+    folder = _folder(path, what)
+    _remove_stale(target, folder)
+    try:
+        fd, tmp = tempfile.mkstemp(prefix=_prefix(target), suffix=".tmp", dir=folder)
+    except OSError as exc:
+        raise SwpError(f"cannot write the {what} `{path}`: {exc.strerror or exc}") from None
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+        umask = os.umask(0)
+        os.umask(umask)
+        os.chmod(tmp, 0o666 & ~umask)
+        os.replace(tmp, target)
+    except OSError as exc:
+        Path(tmp).unlink(missing_ok=True)
+        raise SwpError(f"cannot write the {what} `{path}`: {exc.strerror or exc}") from None
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def _folder(path: str | Path, what: str) -> Path:
+    target = Path(path)
+    if target.is_dir():
+        raise SwpError(f"`{path}` is a directory; give a file name for the {what}")
+    folder = target.parent if str(target.parent) else Path(".")
+    if not folder.is_dir():
+        raise SwpError(f"cannot write `{path}`: folder `{folder}` does not exist")
+    return folder
+
+
+def _prefix(target: Path) -> str:
+    return f".{target.name}.{os.getpid()}."
+
+
+def _remove_stale(target: Path, folder: Path) -> None:
+    for tmp in folder.glob(f".{glob.escape(target.name)}.*.tmp"):
+        pid = tmp.name[len(target.name) + 2:].split(".", 1)[0]
+        if pid.isdigit() and not _alive(int(pid)):
+            tmp.unlink(missing_ok=True)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's process
+        return True
+    return True

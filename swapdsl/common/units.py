@@ -1,0 +1,42 @@
+"""Human-readable sizes and counts."""
+
+from __future__ import annotations
+
+import re
+
+from swapdsl.common.errors import SwpError
+from swapdsl.graph.ir import MAX_BYTES
+
+_UNITS = {"": 1, "b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12,
+          "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40}
+
+
+def parse_size(text: str) -> int:
+    """'8GiB', '512MiB', '1.5GB' or a plain number of bytes -> bytes."""
+    m = re.fullmatch(r"\s*([0-9]*\.?[0-9]+(?:[eE][0-9]+)?)\s*([A-Za-z]*)\s*", text)
+    if not m or m.group(2).lower() not in _UNITS:
+        raise SwpError(f"cannot read the memory size `{text}`",
+                       hints=["write e.g. 8GiB, 512MiB, 1.5GB or a number of bytes"])
+    value = float(m.group(1)) * _UNITS[m.group(2).lower()]
+    if value < 1:
+        raise SwpError(f"the memory size `{text}` is not positive")
+    if value > MAX_BYTES:
+        raise SwpError(f"the memory size `{text}` is larger than the limit of 1 PiB ({MAX_BYTES} bytes)")
+    return int(value)
+
+
+def format_bytes(n: float) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if abs(n) < 1024 or unit == "TiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.2f} {unit}"
+        n /= 1024
+    raise AssertionError("unreachable")
+
+
+def format_count(n: float, unit: str = "") -> str:
+    """1234567 -> '1.23 M' (decimal prefixes, as FLOP counts are quoted)."""
+    for prefix in ("", "K", "M", "G", "T", "P"):
+        if abs(n) < 1000 or prefix == "P":
+            return f"{n:.0f} {unit}".rstrip() if prefix == "" else f"{n:.2f} {prefix}{unit}"
+        n /= 1000
+    raise AssertionError("unreachable")

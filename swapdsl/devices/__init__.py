@@ -1,0 +1,1 @@
+"""Device profiles and what an op or a copy costs on one."""

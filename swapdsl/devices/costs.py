@@ -1,0 +1,40 @@
+"""How long an op or a copy takes on a device: roofline plus fixed costs, or measured."""
+
+from __future__ import annotations
+
+from swapdsl.devices.profiles import Device
+from swapdsl.graph import ops
+from swapdsl.graph.ir import Graph, Op
+from swapdsl.graph.printer import format_attr
+
+
+def op_key(g: Graph, op: Op) -> str:
+    """Identifies an op's work independently of tensor names: op, attrs, input types."""
+    attrs = ",".join(f"{k}={format_attr(v)}" for k, v in op.attrs)
+    return f"{op.op}[{attrs}]({','.join(str(g.type_of(n)) for n in op.inputs)})"
+
+
+def op_seconds(dev: Device, g: Graph, op: Op, measured: dict[str, float] | None = None) -> float:
+    """Measured kernel time plus launch overhead if the profile has the op, else the roofline estimate."""
+    if measured:
+        key = op_key(g, op)
+        if key in measured:
+            return dev.launch_s + measured[key]
+    d = ops.REGISTRY[op.op]
+    ins = tuple(g.type_of(n) for n in op.inputs)
+    out = g.type_of(op.outputs[0])
+    flops = d.flops(ins, out, op.attr_dict)
+    moved = d.bytes_read(ins, out, op.attr_dict) + d.bytes_written(ins, out, op.attr_dict)
+    compute = flops / (dev.peak_flops(out.dtype.label) * dev.compute_efficiency)
+    memory = moved / (dev.mem_bw * dev.memory_efficiency)
+    return dev.launch_s + max(compute, memory)
+
+
+def op_times_ms(dev: Device, g: Graph) -> list[float]:
+    measured = dict(dev.op_times)
+    return [1e3 * op_seconds(dev, g, op, measured) for op in g.ops]
+
+
+def copy_ms(dev: Device, nbytes: int, to_device: bool) -> float:
+    bw = dev.h2d_bw if to_device else dev.d2h_bw
+    return 1e3 * (dev.copy_latency_s + nbytes / bw)

@@ -1,0 +1,109 @@
+"""Figures about a graph: parameter counts, FLOPs, bytes, memory peaks."""
+
+from __future__ import annotations
+
+from collections import Counter
+from typing import Any
+
+from swapdsl.graph import ops
+from swapdsl.graph.ir import Graph, Kind
+
+
+def op_flops(g: Graph, index: int) -> int:
+    op = g.ops[index]
+    ins = tuple(g.type_of(n) for n in op.inputs)
+    return ops.REGISTRY[op.op].flops(ins, g.type_of(op.outputs[0]), op.attr_dict)
+
+
+def in_place_ops(g: Graph) -> frozenset[int]:
+    """The ops that write their output over their first input: an optimiser update over the value it
+    replaces (ordered after that value's other readers), and any other op the registry allows to whose
+    first input nothing else reads, of the output's type, and not kept past the step (a gradient sum)."""
+    readers = Counter(n for op in g.ops for n in op.inputs)
+    updated = {new for _, new in g.updates}
+    kept = set(g.persistent) | set(g.inputs) | {g.loss}
+    out = set()
+    for i, op in enumerate(g.ops):
+        if not ops.REGISTRY[op.op].in_place or not op.inputs:
+            continue
+        first = op.inputs[0]
+        if op.outputs[0] in updated or (readers[first] == 1 and first not in kept
+                                         and g.type_of(first) == g.type_of(op.outputs[0])):
+            out.add(i)
+    return frozenset(out)
+
+
+def peak_bytes(g: Graph, *, persistent: bool = True, inputs: bool = True) -> int:
+    """Peak device bytes when the ops run in graph order with nothing swapped.
+
+    Persistent tensors (params, optimiser state) are resident throughout, and
+    an update's result takes the place of the tensor it replaces. Inputs are
+    resident from the start until their last reader. Every other tensor is
+    allocated when its op starts, or takes its first input's bytes where the op
+    works in place (``in_place_ops``), and freed when its last reader finishes;
+    the loss lives to the end. ``persistent`` and ``inputs`` choose whether
+    those are counted at all.
+    """
+    in_place = in_place_ops(g)
+    updated = {new for _, new in g.updates}
+    last = {name: len(g.ops) for name in g.inputs}
+    for i, op in enumerate(g.ops):
+        for name in op.inputs:
+            last[name] = i
+    last[g.loss] = len(g.ops)
+    base = sum(g.type_of(n).nbytes for n in g.persistent) if persistent else 0
+    live = sum(g.type_of(n).nbytes for n in g.inputs) if inputs else 0
+    peak = live
+    persistent = set(g.persistent)
+    for i, op in enumerate(g.ops):
+        handed = op.inputs[0] if i in in_place else None  # its bytes become the output's
+        live += sum(g.type_of(o).nbytes for o in op.outputs[1 if handed else 0:])
+        peak = max(peak, live)
+        for name in set(op.inputs) | set(op.outputs):
+            transient = name not in updated and name not in persistent and name != handed
+            counted = inputs or g.tensors[name].kind is not Kind.input
+            if transient and counted and last.get(name, i) == i:
+                live -= g.type_of(name).nbytes
+    return base + peak
+
+
+def summary(g: Graph) -> dict[str, Any]:
+    """The figures `swapdsl check` reports on the forward graph, as a JSON-ready dict."""
+    params = [g.tensors[n].type for n in g.params]
+    inputs = [g.tensors[n].type for n in g.inputs]
+    return {
+        "model": g.name,
+        "args": dict(g.args),
+        "forward_ops": len(g.ops),
+        "tensors": len(g.tensors),
+        "inputs": len(inputs),
+        "input_bytes": sum(t.nbytes for t in inputs),
+        "param_tensors": len(params),
+        "params": sum(t.numel for t in params),
+        "param_bytes": sum(t.nbytes for t in params),
+        "forward_flops": sum(op_flops(g, i) for i in range(len(g.ops))),
+        "activation_peak_bytes": peak_bytes(g, persistent=False, inputs=False),
+        "loss": g.loss,
+        "optimizer": str(g.optimizer),
+        "source_sha256": g.source_sha256,
+    }
+
+
+def training_summary(t: Graph) -> dict[str, Any]:
+    """The training graph's figures: `swapdsl check --training`."""
+    forward = sum(1 for op in t.ops if t.tensors[op.outputs[0]].kind is Kind.activation)
+    updated = {new for _, new in t.updates}
+    updates = sum(1 for op in t.ops if op.outputs[0] in updated)
+    by_kind: dict[str, int] = {k.value: 0 for k in Kind}
+    for tensor in t.tensors.values():
+        by_kind[tensor.kind.value] += tensor.type.nbytes
+    return {
+        "ops": len(t.ops),
+        "backward_ops": len(t.ops) - forward - updates,
+        "update_ops": updates,
+        "training_tensors": len(t.tensors),
+        "state_bytes": sum(t.type_of(n).nbytes for n in t.state),
+        "bytes_by_kind": by_kind,
+        "flops": sum(op_flops(t, i) for i in range(len(t.ops))),
+        "peak_bytes": peak_bytes(t),
+    }

@@ -1,0 +1,260 @@
+"""Forward graph + loss -> training graph: forward, backward and update ops.
+
+Reverse-mode differentiation over the op list. Each op's gradient rule (in
+the registry) appends ordinary IR ops, so the planner can schedule and swap
+backward ops like any other. A tensor read several times gets the sum of its
+gradients. The gradients of slices of one tensor are joined as a framework's
+split backward does: slices along one axis that do not overlap get one concat
+(zeros filling what no slice read), not a zero-padded full-size tensor per
+slice and a chain of adds (which gave an unrolled LSTM's input a full-size
+tensor per time step). Forward ops that do not reach the loss are dropped,
+backward ops whose result nothing needs are dropped, and each parameter's
+update is placed right after its gradient is complete, so gradients die early.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import attrs
+
+from swapdsl.common.errors import Span
+from swapdsl.graph import ops
+from swapdsl.graph.ir import Graph, Init, Kind, Op, Tensor, TensorType
+
+
+@attrs.frozen
+class _Piece:
+    """The gradient of one slice of a tensor, waiting to be joined with the others'."""
+
+    op: Op  # the slice
+    grad: str
+
+    def attr(self, key: str) -> int:
+        return int(self.op.attr_dict[key])
+
+
+class _Builder:
+    """Appends typed ops to the training graph; the GradBuilder of the registry."""
+
+    def __init__(self, fwd: Graph) -> None:
+        self.tensors: dict[str, Tensor] = dict(fwd.tensors)
+        self.ops: list[Op] = []
+        self.counter = 1 + max((int(n[1:]) for n in fwd.tensors if n.startswith("%")), default=-1)
+        self.span: Span | None = None
+        self.kind = Kind.temporary
+        self.made: dict[str, int] = {}  # output name -> its op's index in ``ops``
+
+    def type(self, name: str) -> TensorType:
+        return self.tensors[name].type
+
+    def emit(self, op: str, inputs: Sequence[str], attrs_: Mapping[str, Any] | None = None) -> str:
+        a = dict(attrs_ or {})
+        out_type = ops.infer(op, tuple(self.type(n) for n in inputs), a)
+        name = f"%{self.counter}"
+        self.counter += 1
+        self.tensors[name] = Tensor(name, out_type, self.kind, None, self.span)
+        self.made[name] = len(self.ops)
+        self.ops.append(Op(op, tuple(inputs), (name,), tuple(sorted(a.items())), self.span))
+        return name
+
+    def fold_into(self, acc: str, dx: str) -> bool:
+        """Rewrite the op that made ``dx`` to add its result to ``acc`` as it goes (the registry's
+        ``accumulate`` form), where it has one, ``acc`` was made before it and nothing has read ``dx``
+        yet; says whether it did."""
+        k = self.made.get(dx)
+        op = self.ops[k] if k is not None else None
+        if (op is None or ops.REGISTRY[op.op].accumulate is None or self.type(acc) != self.type(dx)
+                or self.made.get(acc, k) >= k):
+            return False
+        if any(dx in later.inputs for later in self.ops[k + 1:]):
+            return False
+        self.ops[k] = attrs.evolve(op, op=ops.REGISTRY[op.op].accumulate, inputs=(acc, *op.inputs))
+        return True
+
+    def add_tensor(self, name: str, typ: TensorType, kind: Kind, init: Init | None = None) -> str:
+        assert name not in self.tensors, f"state tensor {name} collides with a model tensor"
+        self.tensors[name] = Tensor(name, typ, kind, init, None)
+        return name
+
+
+def live_forward_ops(fwd: Graph) -> list[Op]:
+    """The forward ops the loss depends on, in program order."""
+    needed = {fwd.loss}
+    keep: list[Op] = []
+    for op in reversed(fwd.ops):
+        if needed.intersection(op.outputs):
+            keep.append(op)
+            needed.update(op.inputs)
+    return keep[::-1]
+
+
+def _depends_on_params(fwd: Graph, forward: list[Op]) -> set[str]:
+    reached = set(fwd.params)
+    for op in forward:
+        if reached.intersection(op.inputs):
+            reached.update(op.outputs)
+    return reached
+
+
+def training_graph(fwd: Graph) -> Graph:
+    """The full training step of ``fwd``: forward, backward and optimiser ops, in a valid order."""
+    forward = live_forward_ops(fwd)
+    needs_grad = _depends_on_params(fwd, forward)
+    params = set(fwd.params)
+    b = _Builder(fwd)
+    first_use = {}
+    for i, op in enumerate(forward):
+        for name in op.inputs:
+            first_use.setdefault(name, i)
+    b.kind = Kind.gradient
+    grads: dict[str, str] = {fwd.loss: b.emit("fill", [], {"shape": (), "value": 1.0,
+                                                            "dtype": b.type(fwd.loss).dtype.label})}
+    pieces: dict[str, list[_Piece]] = {name: [] for name in _joinable(forward)}
+    updates: list[tuple[str, str]] = []
+    param_grads: list[tuple[str, str]] = []
+    state: list[str] = []
+    for i in range(len(forward) - 1, -1, -1):
+        op = forward[i]
+        g = _gradient(b, op.outputs[0], grads, pieces)
+        if g is not None:
+            _backprop(b, op, g, grads, pieces, needs_grad)
+        for name in dict.fromkeys(op.inputs):
+            if name in params and first_use[name] == i and _gradient(b, name, grads, pieces) is not None:
+                param_grads.append((name, grads[name]))
+                updates += _update(b, fwd, name, grads[name], state)
+    return _assemble(fwd, forward, b, updates, param_grads, state)
+
+
+def _backprop(b: _Builder, op: Op, g: str, grads: dict[str, str], pieces: dict[str, list[_Piece]],
+              needs_grad: set[str]) -> None:
+    rule = ops.REGISTRY[op.op].grad
+    if rule is None or not needs_grad.intersection(op.inputs):
+        return
+    if op.op == "slice" and op.inputs[0] in pieces:  # joined when the whole gradient is asked for
+        pieces[op.inputs[0]].append(_Piece(op, g))
+        return
+    for name, dx in zip(op.inputs, _rule_grads(b, op, g)):
+        if dx is not None and name in needs_grad:
+            _accumulate(b, name, dx, grads)
+
+
+def _rule_grads(b: _Builder, op: Op, g: str) -> tuple[str | None, ...]:
+    """The gradients of ``op``'s inputs by its registry rule, given its output's ``g``."""
+    b.span, b.kind = op.span, Kind.temporary
+    in_grads = ops.REGISTRY[op.op].grad(b, op.inputs, op.outputs[0], g, op.attr_dict)
+    b.kind = Kind.gradient
+    return in_grads
+
+
+def _accumulate(b: _Builder, name: str, dx: str, grads: dict[str, str]) -> None:
+    """Add ``dx`` to the gradient of ``name`` so far: by the op that made it where the registry fuses
+    the addition into it (a weight gradient's matmul), else by an add. Either writes over the sum so far
+    (see analysis.in_place_ops), as frameworks accumulate gradients in place."""
+    _mark_gradient(b, dx)
+    if name not in grads or b.fold_into(grads[name], dx):
+        grads[name] = dx
+    else:
+        grads[name] = b.emit("add", [grads[name], dx])
+
+
+def _joinable(forward: list[Op]) -> list[str]:
+    """The tensors read by several slices along one axis, with step 1, that do not overlap."""
+    slices: dict[str, list[dict[str, Any]]] = {}
+    for op in forward:
+        if op.op == "slice":
+            slices.setdefault(op.inputs[0], []).append(op.attr_dict)
+    out = []
+    for name, a in slices.items():
+        ranges = sorted((x["start"], x["stop"]) for x in a)
+        if (len(a) > 1 and len({x["axis"] for x in a}) == 1 and all(x["step"] == 1 for x in a)
+                and all(hi <= lo for (_, hi), (lo, _) in zip(ranges, ranges[1:]))):
+            out.append(name)
+    return out
+
+
+def _gradient(b: _Builder, name: str, grads: dict[str, str], pieces: dict[str, list[_Piece]]) -> str | None:
+    """The whole gradient of ``name`` (None: none flows into it), its slices' gradients joined first (all
+    its readers are done with by now)."""
+    parts = pieces.pop(name, [])
+    if not parts:
+        return grads.get(name)
+    for dx in _join(b, name, parts):
+        _accumulate(b, name, dx, grads)
+    return grads[name]
+
+
+def _join(b: _Builder, name: str, parts: list[_Piece]) -> list[str]:
+    """The gradient of ``name`` from its slices' (of a ``_joinable`` tensor): one concat, with zeros
+    where no slice read (the slice's own rule, a zero-padded tensor, if only one slice's came)."""
+    if len(parts) == 1:
+        (dx,) = _rule_grads(b, parts[0].op, parts[0].grad)
+        assert dx is not None
+        return [dx]
+    shape = b.type(name).shape
+    axis = parts[0].attr("axis")
+    b.span, b.kind = parts[0].op.span, Kind.gradient
+    pieces, at = [], 0
+    ranges = sorted((p.attr("start"), p.attr("stop"), p.grad) for p in parts)
+    for lo, hi, grad in [*ranges, (shape[axis], shape[axis], None)]:
+        if lo > at:
+            zeros = {"shape": shape[:axis] + (lo - at,) + shape[axis + 1:], "value": 0.0,
+                     "dtype": b.type(name).dtype.label}
+            pieces.append(b.emit("fill", [], zeros))
+        if grad is not None:
+            pieces.append(grad)
+        at = hi
+    return [b.emit("concat", pieces, {"axis": axis})]
+
+
+def _mark_gradient(b: _Builder, name: str) -> None:
+    t = b.tensors[name]
+    if t.kind is Kind.temporary:
+        b.tensors[name] = attrs.evolve(t, kind=Kind.gradient)
+
+
+def _update(b: _Builder, fwd: Graph, param: str, grad: str, state: list[str]) -> list[tuple[str, str]]:
+    """Emit the optimiser ops for one parameter; return (persistent, new value) pairs."""
+    opt = dict(fwd.optimizer.hparams)
+    typ = b.type(param)
+    b.span, b.kind = fwd.tensors[param].span, Kind.param
+    wd = {"weight_decay": opt["weight_decay"]}
+    if fwd.optimizer.name == "sgd" and opt["momentum"] == 0.0:
+        return [(param, b.emit("sgd", [param, grad], {"lr": opt["lr"], **wd}))]
+
+    def new_state(suffix: str) -> str:
+        name = b.add_tensor(f"{param}/{suffix}", typ, Kind.optimizer_state, Init("zeros"))
+        state.append(name)
+        return name
+
+    if fwd.optimizer.name == "sgd":
+        m = new_state("momentum")
+        b.kind = Kind.optimizer_state
+        m_new = b.emit("momentum", [m, grad, param], {"momentum": opt["momentum"], **wd})
+        b.kind = Kind.param
+        return [(m, m_new), (param, b.emit("sgd_apply", [param, m_new], {"lr": opt["lr"]}))]
+    m, v = new_state("m"), new_state("v")
+    b.kind = Kind.optimizer_state
+    m_new = b.emit("adam_m", [m, grad, param], {"beta1": opt["beta1"], **wd})
+    v_new = b.emit("adam_v", [v, grad, param], {"beta2": opt["beta2"], **wd})
+    b.kind = Kind.param
+    w_new = b.emit("adam_apply", [param, m_new, v_new],
+                   {k: opt[k] for k in ("lr", "beta1", "beta2", "eps")})
+    return [(m, m_new), (v, v_new), (param, w_new)]
+
+
+def _assemble(fwd: Graph, forward: list[Op], b: _Builder, updates: list[tuple[str, str]],
+              param_grads: list[tuple[str, str]], state: list[str]) -> Graph:
+    needed = {fwd.loss} | {new for _, new in updates}
+    backward: list[Op] = []
+    for op in reversed(b.ops):  # drop backward ops whose results nothing reads
+        if needed.intersection(op.outputs):
+            backward.append(op)
+            needed.update(op.inputs)
+    backward.reverse()
+    all_ops = tuple(forward) + tuple(backward)
+    used = {n for op in all_ops for n in op.inputs + op.outputs} | set(fwd.inputs) | set(fwd.params) | set(state)
+    tensors = {n: t for n, t in b.tensors.items() if n in used}
+    return attrs.evolve(fwd, tensors=tensors, ops=all_ops, state=tuple(state), updates=tuple(updates),
+                        grads=tuple(param_grads))

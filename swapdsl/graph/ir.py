@@ -1,0 +1,173 @@
+"""The graph IR: typed tensors and the ops between them."""
+
+from __future__ import annotations
+
+import enum
+import math
+from typing import Union
+
+from attrs import evolve as attrs_evolve
+from attrs import field, frozen
+
+from swapdsl.common.errors import Span
+
+
+MAX_BYTES = 2**50  # 1 PiB: no tensor, memory cap or arena swapdsl handles is larger
+
+
+class DType(enum.Enum):
+    f64 = ("f64", 8, True)
+    f32 = ("f32", 4, True)
+    f16 = ("f16", 2, True)
+    bf16 = ("bf16", 2, True)
+    i32 = ("i32", 4, False)
+    i64 = ("i64", 8, False)
+
+    def __init__(self, label: str, itemsize: int, is_float: bool) -> None:
+        self.label = label
+        self.itemsize = itemsize
+        self.is_float = is_float
+
+    def __str__(self) -> str:
+        return self.label
+
+    @classmethod
+    def names(cls) -> list[str]:
+        return [d.label for d in cls]
+
+
+@frozen
+class TensorType:
+    shape: tuple[int, ...]
+    dtype: DType
+
+    @property
+    def rank(self) -> int:
+        return len(self.shape)
+
+    @property
+    def numel(self) -> int:
+        return math.prod(self.shape)
+
+    @property
+    def nbytes(self) -> int:
+        return self.numel * self.dtype.itemsize
+
+    def __str__(self) -> str:
+        return f"{self.dtype}[{','.join(map(str, self.shape))}]"
+
+
+class Kind(enum.Enum):
+    input = "input"
+    param = "param"
+    activation = "activation"
+    gradient = "gradient"
+    optimizer_state = "optimizer_state"
+    temporary = "temporary"
+
+
+@frozen
+class Init:
+    """How a parameter starts: zeros, ones, constant, normal, uniform, xavier_*, he_*."""
+
+    kind: str
+    args: tuple[tuple[str, float], ...] = ()
+
+    def __str__(self) -> str:
+        if not self.args:
+            return self.kind
+        return f"{self.kind}({', '.join(f'{k}={_fmt(v)}' for k, v in self.args)})"
+
+
+@frozen
+class Tensor:
+    name: str
+    type: TensorType
+    kind: Kind
+    init: Init | None = None  # parameters only
+    span: Span | None = field(default=None, eq=False)
+
+
+AttrValue = Union[int, float, bool, str, tuple]
+
+
+@frozen
+class Op:
+    op: str
+    inputs: tuple[str, ...]
+    outputs: tuple[str, ...]
+    attrs: tuple[tuple[str, AttrValue], ...] = ()
+    span: Span | None = field(default=None, eq=False)
+
+    def attr(self, name: str) -> AttrValue:
+        for key, value in self.attrs:
+            if key == name:
+                return value
+        raise KeyError(f"op {self.op} has no attribute {name!r}")
+
+    @property
+    def attr_dict(self) -> dict[str, AttrValue]:
+        return dict(self.attrs)
+
+
+@frozen
+class Optimizer:
+    name: str  # sgd or adam
+    hparams: tuple[tuple[str, float], ...]
+
+    def __str__(self) -> str:
+        return f"{self.name}({', '.join(f'{k}={_fmt(v)}' for k, v in self.hparams)})"
+
+
+@frozen
+class Graph:
+    """A model's forward graph: ops in program order over named tensors."""
+
+    name: str
+    args: tuple[tuple[str, int | float | bool], ...]
+    tensors: dict[str, Tensor]
+    ops: tuple[Op, ...]
+    inputs: tuple[str, ...]
+    params: tuple[str, ...]
+    loss: str
+    optimizer: Optimizer
+    source_sha256: str = ""
+    # training graphs only (see autodiff.py):
+    state: tuple[str, ...] = ()  # optimiser state: persistent like the params
+    updates: tuple[tuple[str, str], ...] = ()  # (persistent tensor, the value that replaces it after a step)
+    grads: tuple[tuple[str, str], ...] = ()  # (param, its gradient)
+
+    @property
+    def training(self) -> bool:
+        return bool(self.updates) or bool(self.grads)
+
+    @property
+    def persistent(self) -> tuple[str, ...]:
+        """Tensors that live across iterations: the params and the optimiser state."""
+        return self.params + self.state
+
+    def type_of(self, name: str) -> TensorType:
+        return self.tensors[name].type
+
+    def consumers(self) -> dict[str, list[int]]:
+        """For each tensor, the indices of the ops that read it, in order."""
+        uses: dict[str, list[int]] = {name: [] for name in self.tensors}
+        for i, op in enumerate(self.ops):
+            for name in op.inputs:
+                uses[name].append(i)
+        return uses
+
+
+def retyped(g: Graph, old: DType, new: DType) -> Graph:
+    """The same graph with every ``old``-typed tensor made ``new`` (e.g. f32 -> f64 for gradient checks)."""
+    tensors = {n: attrs_evolve(t, type=TensorType(t.type.shape, new)) if t.type.dtype is old else t
+               for n, t in g.tensors.items()}
+    ops = tuple(attrs_evolve(op, attrs=tuple((k, new.label if k == "dtype" and v == old.label else v)
+                                             for k, v in op.attrs)) for op in g.ops)
+    return attrs_evolve(g, tensors=tensors, ops=ops)
+
+
+def _fmt(v: object) -> str:
+    if isinstance(v, float):
+        return repr(v)
+    return str(v)

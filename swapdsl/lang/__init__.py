@@ -1,0 +1,1 @@
+"""The `.swp` language: parse, resolve imports, elaborate a model into a forward graph."""

@@ -1,0 +1,116 @@
+"""Reading .swp files and resolving their imports into a Program."""
+
+from __future__ import annotations
+
+import hashlib
+from pathlib import Path
+
+import attrs
+
+from swapdsl.common.errors import Span, SwpError
+from swapdsl.common.paths import STDLIB_DIR
+from swapdsl.lang import ast
+from swapdsl.lang.parser import parse
+
+
+@attrs.frozen
+class Program:
+    """The entry module and every module it imports, by resolved path."""
+
+    entry: str
+    modules: dict[str, ast.Module]
+    imports: dict[str, tuple[str, ...]]  # module path -> the paths it imports, in order
+    sources: dict[str, str]
+
+    @property
+    def sha256(self) -> str:
+        """Hash of every source the model depends on (entry first, then by path)."""
+        h = hashlib.sha256()
+        for path in [self.entry] + sorted(p for p in self.sources if p != self.entry):
+            h.update(self.sources[path].encode("utf-8"))
+        return h.hexdigest()
+
+
+def read_source(path: str | Path) -> str:
+    """A file's text, or an SwpError that says why it cannot be read."""
+    p = Path(path)
+    if p.is_dir():
+        raise SwpError(f"`{path}` is a directory, not a .swp file")
+    try:
+        data = p.read_bytes()
+    except FileNotFoundError:
+        raise SwpError(f"no such file: `{path}`") from None
+    except OSError as exc:
+        raise SwpError(f"cannot read `{path}`: {exc.strerror}") from None
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        line = data.count(b"\n", 0, exc.start) + 1
+        col = exc.start - (data.rfind(b"\n", 0, exc.start) + 1) + 1
+        raise SwpError(
+            f"`{path}` is not valid UTF-8 (byte 0x{data[exc.start]:02x})",
+            Span.point(str(path), line, col),
+            hints=[".swp files are UTF-8 text"],
+        ) from None
+
+
+def load(path: str | Path) -> Program:
+    """Parse ``path`` and, depth first, every file it imports."""
+    entry = _display_path(Path(path)) if Path(path).is_file() else str(path)
+    modules: dict[str, ast.Module] = {}
+    imports: dict[str, tuple[str, ...]] = {}
+    sources: dict[str, str] = {}
+    _load(entry, modules, imports, sources, stack=[])
+    return Program(entry, modules, imports, sources)
+
+
+def _load(
+    path: str,
+    modules: dict[str, ast.Module],
+    imports: dict[str, tuple[str, ...]],
+    sources: dict[str, str],
+    stack: list[str],
+) -> None:
+    text = read_source(path)
+    sources[path] = text
+    module = parse(text, path)
+    modules[path] = module
+    stack.append(path)
+    resolved = []
+    for imp in module.imports:
+        target = resolve_import(imp, path)
+        if target in stack:
+            cycle = " -> ".join(_short(p) for p in stack[stack.index(target) :] + [target])
+            raise SwpError(f"import cycle: {cycle}", imp.span)
+        if target not in modules:
+            _load(target, modules, imports, sources, stack)
+        resolved.append(target)
+    imports[path] = tuple(resolved)
+    stack.pop()
+
+
+def resolve_import(imp: ast.Import, importer: str) -> str:
+    """Next to the importing file first, then in the stdlib."""
+    rel = imp.path if imp.path.endswith(".swp") else imp.path + ".swp"
+    candidates = [Path(importer).parent / rel, STDLIB_DIR / rel]
+    for cand in candidates:
+        if cand.is_file():
+            return _display_path(cand)
+    raise SwpError(
+        f"cannot find imported file `{rel}`",
+        imp.span,
+        notes=["looked in: " + ", ".join(str(c) for c in candidates)],
+    )
+
+
+def _display_path(p: Path) -> str:
+    # Short relative paths in messages when the file is under the working directory.
+    resolved = p.resolve()
+    try:
+        return str(resolved.relative_to(Path.cwd().resolve()))
+    except ValueError:
+        return str(resolved)
+
+
+def _short(path: str) -> str:
+    return Path(path).name

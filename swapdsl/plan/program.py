@@ -1,0 +1,177 @@
+"""The plan: everything `exec` needs to run a training step under a memory cap.
+
+A plan holds the model's identity, the device profile, the cap (the size of
+the one device arena), every tensor (bytes, kind, and for inputs and
+persistent tensors where it lives when an iteration starts), every op (with
+its modelled time), and the program: one ordered list of instructions for the
+three streams. A tensor on the device occupies a region of the arena: a byte
+offset and its size rounded up to 256 bytes.
+
+- ``Run(op, outs)``: the compute stream runs op ``op``; each output goes to a
+  region. An ``in_place`` output reuses the region of the op's first input,
+  whose last use this is (optimiser updates).
+- ``SwapIn(t, region, after, before)``: host -> device copy of ``t`` into
+  ``region``; it may start once op ``after`` has finished (-1: the iteration's
+  start) and must be complete before op ``before`` starts.
+- ``SwapOut(t, after)``: device -> host copy of ``t``, once op ``after`` has
+  finished. The region stays ``t``'s until a ``Free``.
+- ``Free(t, after)``: ``t`` gives up its region once op ``after`` has finished
+  and any swap-out of ``t`` is complete. If ``t`` is still needed, it lives
+  on in its host copy.
+
+The list is in issue order: every instruction comes after those it waits for,
+so the simulator, the validator and the runtime each replay it in one pass.
+"""
+
+from __future__ import annotations
+
+import enum
+from typing import Union
+
+import attrs
+
+from swapdsl.devices.profiles import Device
+
+HOST = "host"
+
+
+@attrs.frozen(order=True)
+class Region:
+    offset: int
+    size: int
+
+    @property
+    def end(self) -> int:
+        return self.offset + self.size
+
+    def overlaps(self, other: Region) -> bool:
+        return self.offset < other.end and other.offset < self.end
+
+    def __str__(self) -> str:
+        return f"@{self.offset}+{self.size}"
+
+
+@attrs.frozen
+class PlanTensor:
+    name: str
+    bytes: int
+    kind: str  # an ir.Kind value
+    home: Region | str | None = None  # inputs and persistent tensors: HOST or a region; others None
+
+
+@attrs.frozen
+class PlanOp:
+    index: int
+    op: str
+    ms: float
+    inputs: tuple[str, ...]
+    outputs: tuple[str, ...]
+
+
+@attrs.frozen
+class Run:
+    op: int
+    outs: tuple[tuple[str, Region], ...]
+    in_place: bool = False
+
+
+@attrs.frozen
+class SwapIn:
+    tensor: str
+    region: Region
+    after: int
+    before: int
+
+
+@attrs.frozen
+class SwapOut:
+    tensor: str
+    after: int
+
+
+@attrs.frozen
+class Free:
+    tensor: str
+    after: int
+
+
+Instr = Union[Run, SwapIn, SwapOut, Free]
+
+
+class InstrKind(enum.IntEnum):
+    """The instruction kinds, numbered in the order a planner issues those that follow the same op (the
+    compiled planner's records use the same numbers: ``_fastplan.INSTR_KINDS``)."""
+
+    LAUNCH = 0  # Run
+    SWAP_OUT = 1
+    FREE = 2
+    SWAP_IN = 3
+
+
+KIND_OF: dict[type, InstrKind] = {Run: InstrKind.LAUNCH, SwapOut: InstrKind.SWAP_OUT, Free: InstrKind.FREE,
+                                  SwapIn: InstrKind.SWAP_IN}
+ALIGN = 256  # every region's offset and size are multiples of this
+
+
+def arena_bytes(nbytes: int) -> int:
+    """The bytes a tensor takes in an arena: its size rounded up to ALIGN."""
+    return max(ALIGN, -(-nbytes // ALIGN) * ALIGN)
+
+
+@attrs.frozen
+class Origin:
+    """Where a plan was read from: its file and the line of each statement, for error messages.
+
+    ``lines`` maps a section (``tensor``, ``op``, ``update``, ``program``) to the line of each of its
+    entries in order, and a single statement (``cap``, ``loss``, ``device``) to a one-element tuple.
+    """
+
+    file: str
+    lines: dict[str, tuple[int, ...]] = attrs.field(factory=dict, hash=False)
+
+    def line(self, section: str, index: int = 0) -> int | None:
+        """The line of entry ``index`` of ``section``; past the end, the section's last line."""
+        found = self.lines.get(section, ())
+        return found[min(index, len(found) - 1)] if found and index >= 0 else None
+
+
+@attrs.frozen
+class Plan:
+    model_path: str
+    model_sha256: str
+    args: tuple[tuple[str, int | float | bool], ...]
+    method: str
+    device: Device
+    cap: int
+    tensors: tuple[PlanTensor, ...]
+    ops: tuple[PlanOp, ...]
+    loss: str
+    updates: tuple[tuple[str, str], ...]  # (persistent tensor, the value that replaces it)
+    program: tuple[Instr, ...]
+    figures: tuple[tuple[str, float], ...] = ()
+    origin: Origin | None = attrs.field(default=None, eq=False, repr=False)  # set when read from a file
+
+    def tensor_map(self) -> dict[str, PlanTensor]:
+        return {t.name: t for t in self.tensors}
+
+    def figure(self, name: str) -> float:
+        return dict(self.figures)[name]
+
+    def host_copies(self) -> list[str]:
+        """The tensors that ever have a host copy, once each, in the order the interpreter lays them out:
+        inputs and host-homed persistent tensors, then every tensor swapped out."""
+        names = [t.name for t in self.tensors if t.home == HOST or t.kind == "input"]
+        names += [i.tensor for i in self.program if isinstance(i, SwapOut)]
+        return list(dict.fromkeys(names))
+
+    def host_slot_owner(self) -> dict[str, str]:
+        """Whose host memory each tensor's host copy uses: its own, except that a persistent tensor's new
+        value writes into the old value's memory when that has any, so the next step reads it there.
+
+        Host memory belongs to inputs, host-homed persistent tensors and every tensor swapped out."""
+        has_memory = set(self.host_copies())
+        owner = {t.name: t.name for t in self.tensors}
+        for old, new in self.updates:
+            if old in has_memory:
+                owner[new] = old
+        return owner

@@ -1,0 +1,78 @@
+"""Reading a plan as a person: a summary, and a timeline plot."""
+
+from __future__ import annotations
+
+from collections import Counter
+from pathlib import Path
+
+from swapdsl.common.errors import SwpError
+from swapdsl.common.units import format_bytes
+from swapdsl.plan.program import HOST, Plan, Region, SwapIn, SwapOut
+from swapdsl.plan.simulate import Result, simulate
+
+
+def summary(plan: Plan, result: Result) -> str:
+    figures = dict(plan.figures)
+    kinds = Counter(type(i).__name__ for i in plan.program)
+    pinned = [t for t in plan.tensors if isinstance(t.home, Region) and t.kind != "input"]
+    on_host = [t for t in plan.tensors if t.home == HOST]
+    lines = [
+        f"plan for {plan.model_path} ({', '.join(f'{k}={v}' for k, v in plan.args)})",
+        f"  method          {plan.method}",
+        f"  device          {plan.device.name}",
+        f"  cap             {format_bytes(plan.cap)} (one arena; tensors at offsets)",
+        f"  ops             {len(plan.ops)}; {kinds['SwapIn']} swap-ins, {kinds['SwapOut']} swap-outs, "
+        f"{kinds['Free']} frees",
+        f"  persistent      {len(pinned)} pinned on the device "
+        f"({format_bytes(sum(t.bytes for t in pinned))}), {len(on_host)} on the host "
+        f"({format_bytes(sum(t.bytes for t in on_host))})",
+        f"  iteration       {result.iteration_ms:.3f} ms (ideal {sum(o.ms for o in plan.ops):.3f} ms"
+        + (f", bound {figures['bound_ms']:.3f} ms)" if "bound_ms" in figures else ")"),
+        f"  swapped         {format_bytes(result.h2d_bytes)} in, {format_bytes(result.d2h_bytes)} out",
+        f"  device peak     {format_bytes(result.peak_device_bytes)} "
+        f"({100 * result.peak_device_bytes / max(plan.cap, 1):.0f}% of the cap)",
+    ]
+    moved = Counter()
+    for i in plan.program:
+        if isinstance(i, (SwapIn, SwapOut)):
+            moved[i.tensor] += 1
+    if moved:
+        sizes = plan.tensor_map()
+        top = sorted(moved, key=lambda n: -moved[n] * sizes[n].bytes)[:5]
+        lines.append("  most moved      " + ", ".join(f"{n} ({moved[n]}x {format_bytes(sizes[n].bytes)})"
+                                                   for n in top))
+    return "\n".join(lines)
+
+
+def plot(plan: Plan, out: str | Path) -> None:
+    """Three stream lanes over time, and device memory over time against the cap."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        raise SwpError("--plot needs matplotlib", hints=["pip install 'swapdsl[plot]'"]) from None
+    r = simulate(plan, timeline=True)
+    fig, (lanes, mem) = plt.subplots(2, 1, figsize=(12, 6), sharex=True, height_ratios=[1, 1.4])
+    colors = {"compute": "#4c72b0", "h2d": "#55a868", "d2h": "#c44e52"}
+    for row, stream in enumerate(("compute", "h2d", "d2h")):
+        spans = [(s, e - s) for st, _, s, e in r.timeline if st == stream]
+        lanes.broken_barh(spans, (2 - row - 0.4, 0.8), facecolors=colors[stream])
+    lanes.set_yticks([2, 1, 0], ["compute", "host to device", "device to host"])
+    lanes.set_title(f"{Path(plan.model_path).stem}: {plan.method} under {format_bytes(plan.cap)} on "
+                    f"{plan.device.name}, {r.iteration_ms:.1f} ms per iteration")
+    times = [t for t, _ in r.memory] + [r.iteration_ms]
+    levels = [b / 2**30 for _, b in r.memory]
+    mem.step(times[:-1], levels, where="post", color="#4c72b0", label="tensors on the device")
+    mem.axhline(plan.cap / 2**30, color="#c44e52", linestyle="--", label="cap")
+    mem.set_ylabel("GiB")
+    mem.set_xlabel("ms")
+    mem.legend(loc="upper right")
+    fig.tight_layout()
+    try:
+        fig.savefig(out, dpi=110)
+    except OSError as exc:
+        raise SwpError(f"cannot write `{out}`: {exc.strerror}") from None
+    finally:
+        plt.close(fig)

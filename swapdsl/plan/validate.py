@@ -1,0 +1,422 @@
+"""The plan validator: a plan is checked completely before anything runs.
+
+Three passes, each naming the plan line at fault:
+
+1. ``check_structure``: the plan is well formed on its own (names declared once, ops numbered in order,
+   every name known, sizes and device figures in range), so the later passes cannot trip on it;
+2. ``check_describes``: the plan describes exactly the model's training graph (every tensor with its size
+   and kind, every op with its inputs and outputs, the loss, every update), when the graph is at hand;
+3. the replay: the program is replayed instruction by instruction against invariants 1-8, with the same
+   synchronisation the interpreter gives it, so that no copy reads bytes before they are written or after
+   they are overwritten.
+
+It trusts nothing a planner says.
+"""
+
+from __future__ import annotations
+
+import bisect
+import math
+from collections import Counter
+
+from swapdsl.common.errors import Span, SwpError
+from swapdsl.graph.ir import Graph, Kind, MAX_BYTES
+from swapdsl.graph.ops import REGISTRY
+from swapdsl.plan.program import ALIGN, Free, HOST, Plan, PlanOp, Region, Run, SwapIn, SwapOut
+from swapdsl.plan.segments import Segments
+
+INVARIANTS = {
+    1: "the schedule is a topological order",
+    2: "memory stays within the cap",
+    3: "no two live tensors share bytes",
+    4: "an op finds its inputs resident and their swap-ins complete",
+    5: "memory is reused only after its tenant is gone",
+    6: "a tensor still needed is on the device or fully on the host",
+    7: "an iteration ends in the residency it started in",
+    8: "a copy starts once its source is complete, and nothing overwrites either end while it runs",
+}
+_REDO = ["the plan was edited, or made for a different model or swapdsl; run `swapdsl optimize` again"]
+_KINDS = {k.value for k in Kind}
+Where = tuple[str, int]  # (section of the plan, index in it): see plan.Origin
+
+
+class PlanError(SwpError):
+    """A plan that is malformed or does not describe its model; ``at`` says which statement."""
+
+    def __init__(self, message: str, at: Where | None = None) -> None:
+        super().__init__(message, hints=_REDO)
+        self.at = at
+
+
+class PlanInvalid(PlanError):
+    def __init__(self, invariant: int, detail: str, at: Where | None = None) -> None:
+        super().__init__(f"plan breaks invariant {invariant} ({INVARIANTS[invariant]}): {detail}", at)
+        self.invariant = invariant
+
+
+def validate(plan: Plan, graph: Graph | None = None) -> None:
+    """Raise PlanError (PlanInvalid for a broken invariant) at the first fault, placed at its plan line.
+
+    ``graph``: the training graph the plan must describe; without it only the plan itself is checked
+    (enough to simulate it, not to run it)."""
+    try:
+        check_structure(plan)
+        if graph is not None:
+            check_describes(plan, graph)
+        replay(plan)
+    except PlanError as err:
+        line = plan.origin.line(*err.at) if plan.origin is not None and err.at is not None else None
+        if line is not None and plan.origin is not None:
+            err.with_span(Span.point(plan.origin.file, line, 1))
+        raise
+
+
+# ---- 1. structure --------------------------------------------------------------------------------
+
+
+def check_structure(plan: Plan) -> None:
+    if not 0 < plan.cap <= MAX_BYTES:
+        raise PlanError(f"the cap of {plan.cap} bytes is out of range (1 byte to {MAX_BYTES} bytes)", ("cap", 0))
+    _check_device(plan)
+    names: dict[str, int] = {}
+    for i, t in enumerate(plan.tensors):
+        if t.name in names:
+            raise PlanError(f"tensor `{t.name}` is declared twice", ("tensor", i))
+        names[t.name] = i
+        if not 0 < t.bytes <= MAX_BYTES:
+            raise PlanError(f"tensor `{t.name}` has {t.bytes} bytes (expected 1 to {MAX_BYTES})", ("tensor", i))
+        if t.kind not in _KINDS:
+            raise PlanError(f"tensor `{t.name}` has kind `{t.kind}` (expected one of {', '.join(sorted(_KINDS))})",
+                            ("tensor", i))
+    made: set[str] = set()
+    for i, o in enumerate(plan.ops):
+        _check_op(o, i, names, made)
+    if plan.loss not in names:
+        raise PlanError(f"the loss `{plan.loss}` is not a tensor of the plan", ("loss", 0))
+    _check_updates(plan, names, made)
+
+
+def _check_device(plan: Plan) -> None:
+    d = plan.device
+    figures = {"memory_bytes": d.memory_bytes, "mem_bw": d.mem_bw, "h2d_bw": d.h2d_bw, "d2h_bw": d.d2h_bw,
+               "compute_efficiency": d.compute_efficiency, "memory_efficiency": d.memory_efficiency,
+               **{f"flops {k}": v for k, v in d.flops}}
+    for key, value in figures.items():
+        if not (isinstance(value, (int, float)) and math.isfinite(value) and value > 0):
+            raise PlanError(f"device figure `{key}` is {value}; expected a positive finite number", ("device", 0))
+    for key, value in (("launch_s", d.launch_s), ("copy_latency_s", d.copy_latency_s)):
+        if not (isinstance(value, (int, float)) and math.isfinite(value) and value >= 0):
+            raise PlanError(f"device figure `{key}` is {value}; expected a finite number, 0 or more", ("device", 0))
+    if "f32" not in dict(d.flops):
+        raise PlanError("the device has no `flops f32` line", ("device", 0))
+
+
+def _check_op(o: PlanOp, i: int, names: dict[str, int], made: set[str]) -> None:
+    at = ("op", i)
+    if o.index != i:
+        raise PlanError(f"op lines are numbered 0, 1, 2, ... in order; found op {o.index} where {i} belongs", at)
+    if o.op not in REGISTRY:
+        raise PlanError(f"op {i} is `{o.op}`, which is not an op of this swapdsl", at)
+    if not (math.isfinite(o.ms) and o.ms >= 0):
+        raise PlanError(f"op {i} takes {o.ms} ms; expected a finite time, 0 or more", at)
+    for name in (*o.inputs, *o.outputs):
+        if name not in names:
+            raise PlanError(f"op {i} names `{name}`, which no tensor line declares", at)
+    if len(o.outputs) != 1:
+        raise PlanError(f"op {i} has {len(o.outputs)} outputs; every op has one", at)
+    if o.outputs[0] in made:
+        raise PlanError(f"op {i} makes `{o.outputs[0]}`, which an earlier op already makes", at)
+    made.add(o.outputs[0])
+
+
+def _check_updates(plan: Plan, names: dict[str, int], made: set[str]) -> None:
+    olds: set[str] = set()
+    news: set[str] = set()
+    for i, (old, new) in enumerate(plan.updates):
+        at = ("update", i)
+        for name in (old, new):
+            if name not in names:
+                raise PlanError(f"update names `{name}`, which no tensor line declares", at)
+        home = plan.tensors[names[old]]
+        if home.home is None or home.kind == Kind.input.value:
+            raise PlanError(f"update replaces `{old}`, which is not a persistent tensor (a param or state)", at)
+        if new not in made:
+            raise PlanError(f"update replaces `{old}` with `{new}`, which no op makes", at)
+        if old in olds or new in news:
+            raise PlanError(f"update `{old}` -> `{new}` repeats a tensor of an earlier update", at)
+        olds.add(old)
+        news.add(new)
+
+
+# ---- 2. the plan describes this training graph ---------------------------------------------------
+
+
+def check_describes(plan: Plan, g: Graph) -> None:
+    """The plan's tensors, ops, loss and updates are exactly those of training graph ``g``."""
+    homed = set(g.persistent) | set(g.inputs)
+    want = [(n, t.type.nbytes, t.kind.value, n in homed) for n, t in g.tensors.items()]
+    have = [(t.name, t.bytes, t.kind, t.home is not None) for t in plan.tensors]
+    for i, (a, b) in enumerate(zip(have, want)):
+        if a != b:
+            raise PlanError(f"tensor line {_tensor_text(a)} differs from the model's training graph, which has "
+                            f"{_tensor_text(b)} here", ("tensor", i))
+    if len(have) != len(want):
+        extra = "more" if len(have) > len(want) else "fewer"
+        raise PlanError(f"the plan has {len(have)} tensors, {extra} than the {len(want)} of the model's training "
+                        "graph", ("tensor", min(len(have), len(want))))
+    for i, (p, o) in enumerate(zip(plan.ops, g.ops)):
+        if (p.op, p.inputs, p.outputs) != (o.op, o.inputs, o.outputs):
+            raise PlanError(f"op {i} is `{p.op}` {list(p.inputs)} -> {list(p.outputs)} in the plan but `{o.op}` "
+                            f"{list(o.inputs)} -> {list(o.outputs)} in the model's training graph", ("op", i))
+    if len(plan.ops) != len(g.ops):
+        raise PlanError(f"the plan has {len(plan.ops)} ops, the model's training graph {len(g.ops)}",
+                        ("op", min(len(plan.ops), len(g.ops))))
+    if plan.loss != g.loss:
+        raise PlanError(f"the plan's loss is `{plan.loss}`, the model's is `{g.loss}`", ("loss", 0))
+    for i, (a, b) in enumerate(zip(plan.updates, g.updates)):
+        if a != b:
+            raise PlanError(f"update `{a[0]}` -> `{a[1]}` differs from the training graph's `{b[0]}` -> `{b[1]}`",
+                            ("update", i))
+    if len(plan.updates) != len(g.updates):
+        raise PlanError(f"the plan has {len(plan.updates)} updates, the model's training graph {len(g.updates)}",
+                        ("update", min(len(plan.updates), len(g.updates))))
+
+
+def _tensor_text(row: tuple[str, int, str, bool]) -> str:
+    name, nbytes, kind, homed = row
+    return f"`{name}` ({nbytes} bytes, {kind}{', with a home' if homed else ''})"
+
+
+# ---- 3. the replay -------------------------------------------------------------------------------
+
+
+def replay(plan: Plan) -> None:
+    r = _Replay(plan)
+    r.start()
+    handlers = {Run: r.run, SwapIn: r.swapin, SwapOut: r.swapout, Free: r.free}
+    for k, instr in enumerate(plan.program):
+        r.at = ("program", k)
+        handlers[type(instr)](instr)  # type: ignore[operator]
+    r.at = None
+    r.end()
+
+
+class _Replay:
+    """What the interpreter's streams guarantee, position by position of the run order.
+
+    A position is an op's place in the order ops run (-1: the iteration's start). ``ready`` says after
+    which position a tensor's device bytes are complete; ``host`` which tensor's value each host slot
+    holds (a persistent tensor's new value shares its slot, see ``Plan.host_slot_owner``)."""
+
+    def __init__(self, plan: Plan) -> None:
+        self.plan = plan
+        self.at: Where | None = None
+        self.tensors = plan.tensor_map()
+        self.loc: dict[str, Region] = {}
+        self.starts: list[int] = []  # live regions, sorted by offset
+        self.live: list[tuple[Region, str]] = []
+        self.slot = plan.host_slot_owner()
+        self.host: dict[str, str] = {}  # host slot -> the tensor whose value it holds
+        self.produced: set[str] = set()
+        self.ran: dict[int, int] = {-1: -1}  # op -> position in run order
+        self.ready: dict[str, int] = {}  # tensor on the device -> position after which its bytes are complete
+        self.last_touch: dict[str, int] = {}  # tensor -> run position of its latest read or write
+        self.released_at: Segments[int] = Segments()  # per byte, the run position after which it fell free
+        self.due: dict[str, int] = {}  # tensor -> op its pending swap-in is due before
+        self.slot_read: dict[str, int] = {}  # host slot -> position by which every swap-in from it is complete
+        self.copied_out: set[str] = set()  # tensors with a swap-out since they last moved onto the device
+        self.readers_left = Counter(n for o in plan.ops for n in set(o.inputs))
+        new = dict(plan.updates)
+        self.finals = {new.get(t.name, t.name) for t in plan.tensors if t.home is not None and t.kind != "input"}
+
+    def invalid(self, invariant: int, detail: str) -> PlanInvalid:
+        return PlanInvalid(invariant, detail, self.at)
+
+    def error(self, detail: str) -> PlanError:
+        return PlanError(detail, self.at)
+
+    def what(self, op: PlanOp) -> str:
+        return f"op {op.index} `{op.op}`"
+
+    def tensor(self, name: str) -> str:
+        if name not in self.tensors:
+            raise self.error(f"the program names `{name}`, which no tensor line declares")
+        return name
+
+    def region(self, region: Region, name: str) -> Region:
+        if region.offset % ALIGN:
+            raise self.error(f"`{name}` is placed at offset {region.offset}, which is not a multiple of {ALIGN}")
+        if region.end > self.plan.cap:
+            raise self.invalid(2, f"`{name}` at {region} ends past the cap of {self.plan.cap} bytes")
+        if region.size < self.tensors[name].bytes:
+            raise self.invalid(3, f"`{name}` ({self.tensors[name].bytes} bytes) does not fit region {region}; "
+                                  "it would overlap its neighbour")
+        return region
+
+    def occupy(self, name: str, region: Region, context: str) -> None:
+        i = bisect.bisect_left(self.starts, region.offset)
+        for j in (i - 1, i):
+            if 0 <= j < len(self.live) and self.live[j][0].overlaps(region):
+                raise self.invalid(5, f"{context}: {self.live[j][0]} still holds `{self.live[j][1]}` when `{name}` "
+                                      f"moves into {region}")
+        self.starts.insert(i, region.offset)
+        self.live.insert(i, (region, name))
+        self.loc[name] = region
+        self.copied_out.discard(name)
+
+    def vacate(self, name: str) -> Region:
+        region = self.loc.pop(name)
+        i = bisect.bisect_left(self.starts, region.offset)
+        del self.starts[i], self.live[i]
+        self.ready.pop(name, None)
+        return region
+
+    def position(self, op: int, context: str) -> int:
+        if op not in self.ran:
+            raise self.invalid(1, f"{context} waits for op {op}, which has not run yet at that point")
+        return self.ran[op]
+
+    # -- instructions
+
+    def start(self) -> None:
+        for i, t in enumerate(self.plan.tensors):
+            if t.home is None:
+                continue
+            self.at = ("tensor", i)
+            self.produced.add(t.name)
+            if t.home == HOST or t.kind == Kind.input.value:
+                self.host[self.slot[t.name]] = t.name
+            if isinstance(t.home, Region):
+                self.occupy(t.name, self.region(t.home, t.name), "at the start")
+                # an input's batch lands at the start on the copy stream; the first op waits for it
+                self.ready[t.name] = 0 if t.kind == Kind.input.value else -1
+        self.at = None
+
+    def run(self, instr: Run) -> None:
+        if not 0 <= instr.op < len(self.plan.ops):
+            raise self.error(f"the program runs op {instr.op}, which the plan does not define")
+        op = self.plan.ops[instr.op]
+        if instr.op in self.ran:
+            raise self.invalid(1, f"{self.what(op)} runs twice")
+        for name in op.inputs:
+            self.check_input(op, name)
+        outs = dict(instr.outs)
+        if len(outs) != len(instr.outs) or set(outs) != set(op.outputs):
+            raise self.error(f"the program places {[n for n, _ in instr.outs]} for {self.what(op)}, whose outputs "
+                             f"are {list(op.outputs)}")
+        if instr.in_place:
+            self.in_place(op, instr)
+        pos = len(self.ran) - 1
+        self.ran[op.index] = pos
+        for name in set(op.inputs):
+            if self.due.get(name) == op.index:  # this op waited for the swap-in: its copy is complete
+                del self.due[name]
+                self.ready[name] = pos
+                self.slot_read[self.slot[name]] = max(self.slot_read.get(self.slot[name], -1), pos)
+        for name, region in instr.outs:
+            if not (instr.in_place and name == op.outputs[0]):
+                self.occupy(name, self.region(region, name), self.what(op))
+            self.produced.add(name)
+            self.ready[name] = pos
+        for name in set(op.inputs) | set(op.outputs):
+            self.last_touch[name] = pos
+        for name in set(op.inputs):
+            self.readers_left[name] -= 1
+
+    def check_input(self, op: PlanOp, name: str) -> None:
+        if name not in self.produced:
+            raise self.invalid(1, f"{self.what(op)} reads `{name}` before the op that makes it has run")
+        if name not in self.loc:
+            raise self.invalid(4, f"{self.what(op)} reads `{name}`, which is not on the device")
+        if self.due.get(name, op.index) != op.index:
+            raise self.invalid(4, f"{self.what(op)} reads `{name}`, whose swap-in is only due before op "
+                                  f"{self.due[name]}")
+
+    def in_place(self, op: PlanOp, instr: Run) -> None:
+        first = op.inputs[0] if op.inputs else None
+        out = op.outputs[0]
+        if not REGISTRY[op.op].in_place:
+            raise self.invalid(3, f"{self.what(op)} may not write its output over its input")
+        if first is None or dict(instr.outs)[out] != self.loc.get(first):
+            raise self.invalid(3, f"{self.what(op)} works in place but `{out}` is not in its first input's region")
+        if self.readers_left[first] > 1 or first == self.plan.loss:
+            raise self.invalid(3, f"{self.what(op)} overwrites `{first}`, which is still needed")
+        if first in self.copied_out:
+            raise self.invalid(8, f"{self.what(op)} overwrites `{first}` while its swap-out may still be reading it")
+        self.occupy(out, self.vacate(first), self.what(op))
+
+    def swapin(self, instr: SwapIn) -> None:
+        name = self.tensor(instr.tensor)
+        context = f"the swap-in of `{name}`"
+        after = self.position(instr.after, context)
+        if instr.before in self.ran or not 0 <= instr.before < len(self.plan.ops):
+            raise self.invalid(4, f"{context} is due before op {instr.before}, which has already run or does not "
+                                  "exist")
+        if self.host.get(self.slot[name]) != name:
+            raise self.invalid(6, f"{context}: the host holds no copy of `{name}` at this point")
+        if name in self.loc:
+            raise self.invalid(3, f"{context}: `{name}` is already on the device at {self.loc[name]}")
+        region = self.region(instr.region, name)
+        if max(self.released_at.over(region.offset, region.end), default=-1) > after:
+            raise self.invalid(5, f"{context} may start after op {instr.after}, before region {region} falls free")
+        self.occupy(name, region, context)
+        self.due[name] = instr.before
+
+    def swapout(self, instr: SwapOut) -> None:
+        name = self.tensor(instr.tensor)
+        context = f"the swap-out of `{name}`"
+        after = self.position(instr.after, context)
+        if name not in self.loc:
+            raise self.invalid(6, f"{context}: `{name}` is not on the device")
+        if name in self.due:
+            raise self.invalid(6, f"{context} starts before its swap-in has been used")
+        if after < self.ready[name]:
+            raise self.invalid(8, f"{context} may start after op {instr.after}, before `{name}` is complete on the "
+                                  "device")
+        slot = self.slot[name]
+        if any(self.slot[t] == slot for t in self.due) or after < self.slot_read.get(slot, -1):
+            raise self.invalid(8, f"{context} may write its host copy while a swap-in still reads that host memory")
+        self.host[slot] = name
+        self.copied_out.add(name)
+
+    def free(self, instr: Free) -> None:
+        name = self.tensor(instr.tensor)
+        context = f"the free of `{name}`"
+        after = self.position(instr.after, context)
+        if name not in self.loc:
+            raise self.invalid(5, f"{context}: `{name}` holds no region")
+        if self.last_touch.get(name, -1) > after:
+            raise self.invalid(5, f"{context} after op {instr.after} comes before its last use so far")
+        if name in self.due:
+            raise self.invalid(5, f"{context} comes before the op its swap-in is due for; the copy may still be "
+                                  "writing its region")
+        if self.still_needed(name) and self.host.get(self.slot[name]) != name:
+            raise self.invalid(6, f"{context}: `{name}` is needed later but the host holds no copy of it")
+        gone = self.vacate(name)
+        self.copied_out.discard(name)
+        self.released_at.assign(gone.offset, gone.end, after)
+
+    def still_needed(self, name: str) -> bool:
+        return self.readers_left[name] > 0 or name == self.plan.loss or name in self.finals
+
+    def end(self) -> None:
+        missing = [o.index for o in self.plan.ops if o.index not in self.ran]
+        if missing:
+            self.at = ("op", missing[0])
+            raise self.invalid(1, f"op{'s' if len(missing) > 1 else ''} {', '.join(map(str, missing[:5]))} never "
+                                  f"run{' (and more)' if len(missing) > 5 else ''}")
+        loss = self.plan.loss
+        if loss not in self.loc and self.host.get(self.slot.get(loss, loss)) != loss:
+            raise self.invalid(6, f"the loss `{loss}` is neither on the device nor on the host at the end")
+        new = dict(self.plan.updates)
+        for i, t in enumerate(self.plan.tensors):
+            if t.home is None or t.kind == Kind.input.value:
+                continue
+            self.at = ("tensor", i)
+            final = new.get(t.name, t.name)
+            if isinstance(t.home, Region) and self.loc.get(final) != t.home:
+                raise self.invalid(7, f"`{t.name}` starts at {t.home} but its final value `{final}` ends at "
+                                      f"{self.loc.get(final, 'no region')}")
+            if t.home == HOST and self.host.get(self.slot[final]) != final:
+                raise self.invalid(7, f"`{t.name}` starts on the host but its final value `{final}` is not written "
+                                      "back to its host memory")

@@ -1,0 +1,105 @@
+"""Planners: training graph + device + cap -> Plan. One table keyed by method name.
+
+The baselines share the default schedule (the training graph's order), the
+pinning choice of sizing.py and the swap planner; they differ in their policy:
+
+- ``lru``: on-demand swap-ins, least-recently-used victims, no prefetch;
+- ``vdnn``: vDNN's offload of forward activations during the forward pass,
+  prefetch one op ahead in the backward pass, LRU victims when memory runs out;
+- ``belady``: furthest-next-use victims, every swap-in as early as its region and
+  its host copy allow.
+
+Persistent tensors (params and optimiser state) are pinned on the device when
+the arena has room for them (all of them, when the cap allows a plan with no
+swapping at all, or when they take at most half the cap); otherwise they live
+on the host, come in when needed, and their new values are written back.
+"""
+
+from __future__ import annotations
+
+import attrs
+
+from swapdsl.graph.analysis import peak_bytes
+from swapdsl.plan.program import HOST, Plan, PlanOp, PlanTensor, Region
+from swapdsl.plan.simulate import simulate
+from swapdsl.planning.bound import bound_ms, ideal_ms
+from swapdsl.planning.compiled import Evaluator, no_swap_bytes
+from swapdsl.planning.policy import METHODS, Policy
+from swapdsl.planning.problem import Problem, Request
+from swapdsl.planning.sizing import choose_pinned
+
+
+@attrs.frozen
+class Setup:
+    """What a planner decides before the swap planner runs."""
+
+    schedule: list[int]
+    pinned: frozenset[int]
+    policy: Policy
+
+
+def baseline_setup(p: Problem, method: str, cap: int, no_swap: int | None = None) -> tuple[Setup, int]:
+    """A baseline's schedule, pinning and policy, and the no-swap arena's bytes (given, or found)."""
+    schedule = list(range(p.n_ops))
+    no_swap = no_swap_bytes(p, schedule) if no_swap is None else no_swap
+    pinned = choose_pinned(p, cap, no_swap)
+    policy = METHODS[method]
+    if no_swap <= cap:
+        policy = attrs.evolve(policy, offload=False)  # like vDNN's dynamic mode: no offload when all fits
+    return Setup(schedule, pinned, policy), no_swap
+
+
+def plan_baseline(req: Request, method: str) -> Plan:
+    """The plan of baseline ``method`` (a key of METHODS), with its figures."""
+    p = Problem.build(req.graph, req.device)
+    plan, no_swap = baseline(req, p, method)
+    return with_figures(plan, p, no_swap)
+
+
+def baseline(req: Request, p: Problem, method: str) -> tuple[Plan, int]:
+    """A baseline's plan (without figures) on the default schedule, and the no-swap arena's bytes."""
+    evaluator = Evaluator(p)  # flattened once: it sizes the no-swap arena and makes the plan
+    s, no_swap = baseline_setup(p, method, req.cap, evaluator.no_swap_bytes(list(range(p.n_ops))))
+    return build_plan(req, p, method, s.schedule, s.pinned, s.policy, evaluator), no_swap
+
+
+def build_plan(req: Request, p: Problem, method: str, schedule: list[int], pinned: frozenset[int],
+               policy: Policy, evaluator: Evaluator | None = None) -> Plan:
+    """The plan the compiled swap planner makes (``evaluator``: ``p`` already flattened, if at hand)."""
+    program, homes = (evaluator or Evaluator(p)).program(schedule, req.cap, pinned, policy)
+    return assemble(req, p, method, homes, tuple(program))
+
+
+def assemble(req: Request, p: Problem, method: str, homes: dict[int, Region], program: tuple) -> Plan:
+    tensors = []
+    for t, name in enumerate(p.names):
+        home: Region | str | None = homes.get(t)
+        if home is None and t in p.persistent:
+            home = HOST
+        tensors.append(PlanTensor(name, p.nbytes[t], p.kinds[t], home))
+    ops = tuple(PlanOp(i, op.op, p.op_ms[i], op.inputs, op.outputs) for i, op in enumerate(req.graph.ops))
+    return Plan(req.model_path, req.graph.source_sha256, req.model_args, method,
+                attrs.evolve(req.device, op_times=()), req.cap, tuple(tensors), ops,
+                req.graph.loss, req.graph.updates, program)
+
+
+def with_figures(plan: Plan, p: Problem, no_swap: int, extra: dict[str, float] | None = None) -> Plan:
+    """The simulated figures, stored in the plan (nothing that varies from run to run)."""
+    r = simulate(plan)
+    ideal = ideal_ms(p)
+    figures = {
+        "ideal_ms": ideal,
+        "bound_ms": bound_ms(p, plan.cap),
+        "iteration_ms": r.iteration_ms,
+        "fraction": ideal / r.iteration_ms if r.iteration_ms > 0 else 1.0,
+        "swap_bytes": float(r.swap_bytes),
+        "h2d_bytes": float(r.h2d_bytes),
+        "d2h_bytes": float(r.d2h_bytes),
+        "peak_device_bytes": float(r.peak_device_bytes),
+        "host_bytes": float(r.host_bytes),
+        "ratio": no_swap / plan.cap,
+        "no_swap_bytes": float(no_swap),
+        "graph_peak_bytes": float(peak_bytes(p.graph)),
+        **(extra or {}),
+    }
+    return attrs.evolve(plan, figures=tuple(figures.items()))

@@ -1,0 +1,115 @@
+"""`swapdsl bench`: plan every (model, ratio, method) and tabulate the figures."""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+from typing import Any
+
+from swapdsl.common.errors import SwpError
+from swapdsl.common.paths import STDLIB_DIR
+from swapdsl.devices.profiles import Device
+from swapdsl.graph.autodiff import training_graph
+from swapdsl.lang.elaborate import elaborate
+from swapdsl.lang.loader import load
+from swapdsl.plan.validate import validate
+from swapdsl.planning.compiled import no_swap_bytes
+from swapdsl.planning.ga import SearchOptions
+from swapdsl.planning.optimize import optimize
+from swapdsl.planning.problem import Problem, Request
+
+ZOO = ("resnet", "wide_resnet", "vgg", "inception_v4", "nasnet", "lstm_lm", "bert", "gpt")
+
+
+def model_path(name: str) -> Path:
+    path = Path(name)
+    return path if path.suffix == ".swp" else STDLIB_DIR / "models" / f"{name}.swp"
+
+
+def run(models: list[str], ratios: list[float], methods: list[str], device: Device,
+        search: SearchOptions, log: Any = None) -> list[dict[str, Any]]:
+    """One row per (model, ratio, method); the cap for ratio r is the no-swap arena / r."""
+    rows = []
+    for name in models:
+        path = model_path(name)
+        fwd = elaborate(load(path))
+        t = training_graph(fwd)
+        p = Problem.build(t, device)
+        no_swap = no_swap_bytes(p)
+        for ratio in ratios:
+            cap = int(no_swap / ratio)
+            for method in methods:
+                row: dict[str, Any] = {"model": Path(name).stem, "ratio": ratio, "method": method, "cap_bytes": cap}
+                started = time.perf_counter()
+                try:
+                    plan = optimize(Request(t, device, cap, str(path), fwd.args), method, search)
+                    validate(plan)
+                except SwpError as exc:
+                    row["error"] = exc.message
+                else:
+                    f = dict(plan.figures)
+                    row.update({k: f[k] for k in ("fraction", "iteration_ms", "ideal_ms", "bound_ms", "swap_bytes")})
+                    row["search_seconds"] = time.perf_counter() - started
+                rows.append(row)
+                if log is not None:
+                    log(format_row(row))
+    return rows
+
+
+def format_row(r: dict[str, Any]) -> str:
+    head = f"{r['model']:<13} {r['ratio']:>4g} {r['method']:<7}"
+    if "error" in r:
+        return f"{head} infeasible: {r['error']}"
+    limit = r["ideal_ms"] / r["bound_ms"]
+    note = "  (the bus is the limit)" if limit < 0.53 else ""
+    return (f"{head} fraction {r['fraction']:.3f} (bound {limit:.3f})  iteration {r['iteration_ms']:10.1f} ms  "
+            f"swap {r['swap_bytes'] / 1e9:7.1f} GB  search {r['search_seconds']:6.1f} s{note}")
+
+
+def markdown(rows: list[dict[str, Any]], methods: list[str]) -> str:
+    lines = ["| model | ratio | " + " | ".join(f"{m}" for m in methods) + " | ideal / bound |",
+             "| --- | ---: | " + " | ".join("---:" for _ in methods) + " | ---: |"]
+    keys = dict.fromkeys((r["model"], r["ratio"]) for r in rows)
+    for model, ratio in keys:
+        cells = {r["method"]: r for r in rows if (r["model"], r["ratio"]) == (model, ratio)}
+        vals = []
+        for m in methods:
+            r = cells.get(m)
+            vals.append("-" if r is None else "infeasible" if "error" in r
+                        else f"{r['fraction']:.3f} ({r['swap_bytes'] / 1e9:.0f} GB)")
+        ok = [r for r in cells.values() if "error" not in r]
+        limit = f"{ok[0]['ideal_ms'] / ok[0]['bound_ms']:.3f}" if ok else "-"
+        lines.append(f"| `{model}` | {ratio:g} | " + " | ".join(vals) + f" | {limit} |")
+    return "\n".join(lines) + "\n"
+
+
+def write_outputs(rows: list[dict[str, Any]], methods: list[str], out: Path) -> list[Path]:
+    out.mkdir(parents=True, exist_ok=True)
+    written = [out / "bench.json", out / "bench.md"]
+    written[0].write_text(json.dumps(rows, indent=2) + "\n", encoding="utf-8")
+    written[1].write_text(markdown(rows, methods), encoding="utf-8")
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return written
+    models = list(dict.fromkeys(r["model"] for r in rows))
+    fig, axes = plt.subplots(1, len(models), figsize=(3.2 * len(models), 3.2), squeeze=False)
+    for ax, model in zip(axes[0], models):
+        for m in methods:
+            pts = [(r["ratio"], r["fraction"]) for r in rows if r["model"] == model and r["method"] == m
+                   and "error" not in r]
+            if pts:
+                ax.plot(*zip(*pts), marker="o", label=m)
+        ax.set_title(model)
+        ax.set_xlabel("memory ratio")
+        ax.set_ylim(0, 1.05)
+    axes[0][0].set_ylabel("fraction of ideal")
+    axes[0][-1].legend()
+    fig.tight_layout()
+    fig.savefig(out / "fraction.png", dpi=100)
+    plt.close(fig)
+    return written + [out / "fraction.png"]

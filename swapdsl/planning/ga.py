@@ -1,0 +1,410 @@
+"""The optimiser: SwapAdvisor's genetic search over schedules, plus what to pin.
+
+A genome is a priority per op, the share of the cap given to pinned persistent
+tensors, where op outputs go in the arena (``Policy.outputs``: the bytes free
+longest, or those freed last, always or in the backward pass only; which is
+best depends on the model and the cap), and whether tensors on the host come
+back as soon as a gap holds them, how much of the cap such early swap-ins leave
+free and how far ahead they look (``Policy.early`` and ``horizon``). Decoding:
+the schedule is the topological order that always runs the ready op of highest
+priority (so every genome is a valid schedule and crossover needs no repair);
+the pinned set is the persistent tensors read most per byte that fit in that
+share (less if the ops would not fit beside them). The swap planner (arena
+placement, Belady victims, earliest prefetch, the genome's output placement and
+early swap-ins) then makes the plan and the simulator scores it. SwapAdvisor
+also searched over the carving of memory into size classes; here the arena has
+no carving to search (any tensor may take any free bytes), which is what lets a
+plan use the whole cap. Seeds: the default schedule at every pinning level and
+with each output placement, a schedule that keeps the ops reading one weight
+together (``locality_priority``) at every pinning level and output placement,
+each with and without early swap-ins, and jittered variants of both. Selection
+is by tournament with elitism; children mix their parents' priorities op by op
+(or at one cut), then mutate. The result is never worse than the best baseline:
+those plans are scored too, and kept if nothing beats them.
+
+Random choices come from one seeded generator in the calling process, and
+candidates are scored in worker processes whose results do not depend on which
+worker ran them, so a seed and a generation limit fix the plan.
+"""
+
+from __future__ import annotations
+
+import collections
+import functools
+import math
+import multiprocessing
+import os
+import signal
+import sys
+import time
+from collections.abc import Callable
+from concurrent.futures import ProcessPoolExecutor
+
+import attrs
+import numpy as np
+
+from swapdsl.common.errors import SwpError
+from swapdsl.plan.program import Plan
+from swapdsl.planning.baselines import Setup, baseline_setup, build_plan, with_figures
+from swapdsl.planning.compiled import Evaluator, priority_order
+from swapdsl.planning.policy import METHODS, OUTPUTS, Policy
+from swapdsl.planning.problem import Problem, Request
+from swapdsl.planning.sizing import choose_pinned, need_bytes
+
+@attrs.frozen
+class SearchOptions:
+    """The genetic search's knobs ."""
+
+    budget_s: float = 60.0
+    generations: int = 100_000
+    population: int = 64
+    seed: int = 0
+    workers: int = 0  # 0: every core
+    progress: bool = False
+
+
+POLICY = Policy("belady", "earliest")  # the genome picks ``outputs``, ``early`` and ``horizon``
+PIN_LEVELS = (0.0, 0.1, 0.25, 0.5, 0.75, 1.0)
+# Policy.early and horizon: none, or the share of the cap early swap-ins leave free and how many ops ahead they look
+EARLY = (None, (0.0, None), (0.02, None), (0.05, None), (0.1, None), (0.0, 200), (0.0, 1000), (0.05, 200),
+         (0.05, 1000))
+
+
+def _frozen(values: object) -> np.ndarray:
+    a = np.array(values, np.float64)
+    a.flags.writeable = False
+    return a
+
+
+@attrs.frozen(eq=False)
+class Genome:
+    priority: np.ndarray = attrs.field(converter=_frozen)  # one per op, read-only
+    pin: float = attrs.field(converter=float)  # share of the cap for pinned persistent tensors
+    outputs: int = 0  # index into swapplan.OUTPUTS
+    early: int = 0  # index into EARLY
+
+    @property
+    def key(self) -> tuple[bytes, float, int, int]:
+        """What identifies a genome (arrays do not hash)."""
+        return self.priority.tobytes(), self.pin, self.outputs, self.early
+
+    @property
+    def policy(self) -> Policy:
+        return policy_of(self.outputs, self.early)
+
+
+def policy_of(outputs: int, early: int) -> Policy:
+    """The swap planner's policy for a genome's ``outputs`` and ``early`` genes (indices into
+    ``swapplan.OUTPUTS`` and ``EARLY``)."""
+    share, horizon = EARLY[early] or (None, None)
+    return attrs.evolve(POLICY, outputs=OUTPUTS[outputs], early=share, horizon=horizon)
+
+
+@attrs.frozen
+class Outcome:
+    plan: Plan
+    generations: int
+    evaluations: int
+    seconds: float
+
+
+class Decoder:
+    """Turns genomes into (schedule, pinned) and scores them; one per worker process."""
+
+    def __init__(self, req: Request) -> None:
+        self.req = req
+        self.p = Problem.build(req.graph, req.device)
+        self.preds, self.succs = self._edges()
+        self.n_preds = np.array([len(ps) for ps in self.preds], np.int64)
+        self.succ_ptr = np.zeros(self.p.n_ops + 1, np.int64)
+        self.succ_ptr[1:] = np.cumsum([len(s) for s in self.succs])
+        self.succ_idx = np.array([q for s in self.succs for q in sorted(s)], np.int64)
+        self.evaluator = Evaluator(self.p)
+        reads = {t: 0 for t in self.p.persistent}
+        for op in range(self.p.n_ops):
+            for t in self.p.op_inputs[op]:
+                if t in reads:
+                    reads[t] += 1
+        self.pin_order = sorted(self.p.persistent, key=lambda t: (-reads[t] / max(self.p.nbytes[t], 1), t))
+        self._need: dict[frozenset[int], int] = {}
+        self._pinned: dict[float, frozenset[int]] = {}
+
+    def _edges(self) -> tuple[list[set[int]], list[set[int]]]:
+        """Data dependencies, and write-after-read ones: an in-place update runs after every
+        other reader of the value it overwrites."""
+        p = self.p
+        producer = {t: op for op in range(p.n_ops) for t in p.op_outputs[op]}
+        readers: dict[int, list[int]] = {}
+        preds: list[set[int]] = [set() for _ in range(p.n_ops)]
+        for op in range(p.n_ops):
+            for t in p.op_inputs[op]:
+                readers.setdefault(t, []).append(op)
+                if t in producer:
+                    preds[op].add(producer[t])
+        for op in range(p.n_ops):
+            if p.in_place[op]:
+                preds[op].update(r for r in readers.get(p.op_inputs[op][0], []) if r != op)
+        succs: list[set[int]] = [set() for _ in range(p.n_ops)]
+        for op, ps in enumerate(preds):
+            for q in ps:
+                succs[q].add(op)
+        return preds, succs
+
+    @functools.cached_property
+    def no_swap(self) -> int:
+        """The arena the default schedule needs with no swapping."""
+        return self.evaluator.no_swap_bytes(list(range(self.p.n_ops)))
+
+    def schedule(self, priority: np.ndarray) -> np.ndarray:
+        return priority_order(priority, self.n_preds, self.succ_ptr, self.succ_idx)
+
+    def pinned(self, share: float) -> frozenset[int]:
+        if share not in self._pinned:
+            self._pinned[share] = self._pin(share)
+        return self._pinned[share]
+
+    def _pin(self, share: float) -> frozenset[int]:
+        budget, chosen, used = share * self.req.cap, [], 0
+        for t in self.pin_order:
+            if used + self.p.size[t] <= budget:
+                chosen.append(t)
+                used += self.p.size[t]
+        return frozenset(chosen)
+
+    def need(self, pinned: frozenset[int]) -> int:
+        if pinned not in self._need:
+            self._need[pinned] = need_bytes(self.p, pinned)
+        return self._need[pinned]
+
+    def decode(self, g: Genome) -> tuple[np.ndarray, frozenset[int]] | None:
+        share = g.pin
+        while True:
+            pinned = self.pinned(share)
+            if self.need(pinned) <= self.req.cap:
+                return self.schedule(g.priority), pinned
+            if not pinned:
+                return None
+            share /= 2  # pinned tensors crowd out what some op needs: pin less
+            if share < 1e-3:
+                share = 0.0
+
+    def plan(self, g: Genome) -> Plan | None:
+        decoded = self.decode(g)
+        if decoded is None:
+            return None
+        schedule, pinned = decoded
+        return build_plan(self.req, self.p, "ga", schedule.tolist(), pinned, g.policy, self.evaluator)
+
+    def score(self, g: Genome) -> float:
+        """The iteration time of the genome's plan, from the compiled planner and simulator."""
+        decoded = self.decode(g)
+        if decoded is None:
+            return math.inf
+        schedule, pinned = decoded
+        return self.evaluator(schedule, self.req.cap, pinned, g.policy).iteration_ms
+
+
+_DECODER: Decoder | None = None
+
+
+def _init_worker(req: Request, parent: int) -> None:
+    global _DECODER
+    _die_with(parent)
+    _DECODER = Decoder(req)
+
+
+def _die_with(parent: int) -> None:
+    """A worker ends when the search's process ends, however it ends (even by SIGKILL), and leaves
+    Ctrl-C and SIGTERM to it: it stops the search and shuts the workers down."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    if sys.platform.startswith("linux"):
+        import ctypes
+
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG: the kernel kills this worker when its parent dies
+    if os.getppid() != parent:  # the parent died before the line above took effect
+        os._exit(1)
+
+
+def _score(g: Genome) -> float:
+    assert _DECODER is not None
+    return _DECODER.score(g)
+
+
+class _Scorer:
+    """Scores genomes, in worker processes when there are several cores, remembering every result."""
+
+    def __init__(self, req: Request, decoder: Decoder, workers: int) -> None:
+        self.decoder = decoder
+        self.cache: dict[tuple[bytes, float, int], float] = {}
+        self.pool: ProcessPoolExecutor | None = None
+        if workers > 1:
+            method = "fork" if "fork" in multiprocessing.get_all_start_methods() else "spawn"
+            self.pool = ProcessPoolExecutor(workers, multiprocessing.get_context(method),
+                                            initializer=_init_worker, initargs=(req, os.getpid()))
+
+    def __call__(self, genomes: list[Genome]) -> list[float]:
+        todo = list({g.key: g for g in genomes if g.key not in self.cache}.values())
+        if self.pool is not None and len(todo) > 1:
+            results = list(self.pool.map(_score, todo, chunksize=max(1, len(todo) // 8)))
+        else:
+            results = [self.decoder.score(g) for g in todo]
+        self.cache.update(zip((g.key for g in todo), results))
+        return [self.cache[g.key] for g in genomes]
+
+    def close(self) -> None:
+        if self.pool is not None:
+            self.pool.shutdown(wait=False, cancel_futures=True)
+
+
+def locality_priority(p: Problem) -> np.ndarray:
+    """Priorities for a schedule that keeps together the ops that read one persistent tensor.
+
+    Each op belongs to the group of the first-used persistent tensor it reads or, if it reads none,
+    to its nearest such neighbour's along data edges. Forward ops come first, earliest group first;
+    then the rest, latest group first; the default order breaks ties. An unrolled LSTM then runs a
+    layer's input projections for every step before its recurrence (which reads the other weight),
+    and back in reverse, instead of alternating the two weights at every step: one weight and its
+    gradient at a time need the device rather than a layer's two, which at a small cap is the
+    difference between keeping them there and moving them over the bus at every step.
+    """
+    n = p.n_ops
+    rank: dict[int, int] = {}
+    for op in range(n):
+        for t in p.op_inputs[op]:
+            if t in p.persistent:
+                rank.setdefault(t, len(rank))
+    group = [min((rank[t] for t in p.op_inputs[op] if t in rank), default=-1) for op in range(n)]
+    neighbours: list[list[int]] = [[] for _ in range(n)]
+    producer = {t: op for op in range(n) for t in p.op_outputs[op]}
+    for op in range(n):
+        for t in p.op_inputs[op]:
+            if t in producer:
+                neighbours[op].append(producer[t])
+                neighbours[producer[t]].append(op)
+    queue = collections.deque(op for op in range(n) if group[op] >= 0)
+    while queue:
+        op = queue.popleft()
+        for other in neighbours[op]:
+            if group[other] < 0:
+                group[other] = group[op]
+                queue.append(other)
+    width = len(rank) + 2
+    forward = [p.is_forward_activation(p.op_outputs[op][0]) for op in range(n)]
+    return np.array([((2 * width - group[op]) if forward[op] else (group[op] + 1)) * n + (n - op)
+                     for op in range(n)], np.float64)
+
+
+def _seeds(d: Decoder, rng: np.random.Generator, size: int) -> list[Genome]:
+    n = d.p.n_ops
+    default = np.arange(n, 0, -1, dtype=np.float64)
+    local = locality_priority(d.p)
+    try:
+        base_pin = 1.0 if choose_pinned(d.p, d.req.cap, d.no_swap) else 0.0
+    except SwpError:
+        base_pin = 0.0
+    base = [Genome(default, base_pin)] + [Genome(default, pin) for pin in PIN_LEVELS if pin != base_pin]
+    base += [Genome(default, base_pin, o) for o in range(1, len(OUTPUTS))]
+    base += [Genome(local, pin, o) for pin in PIN_LEVELS for o in range(len(OUTPUTS))]
+    seeds = [s for g in base for s in (g, attrs.evolve(g, early=1))]  # each with and without early swap-ins
+    seeds += [Genome(default, base_pin, 0, e) for e in range(2, len(EARLY))]
+    while len(seeds) < size:
+        jitter = rng.normal(0.0, rng.choice([0.5, 2.0, 8.0]), n)
+        seeds.append(Genome((default, local)[len(seeds) % 2] + jitter, float(rng.choice(PIN_LEVELS)),
+                            int(rng.integers(len(OUTPUTS))), int(rng.integers(len(EARLY)))))
+    return seeds[:max(size, 1)]
+
+
+def _crossover(a: Genome, b: Genome, rng: np.random.Generator) -> Genome:
+    take = rng.random(len(a.priority)) < 0.5
+    if rng.random() < 0.5:  # one cut: keeps runs of relative order together
+        cut = int(rng.integers(0, len(a.priority) + 1))
+        take = np.arange(len(a.priority)) < cut
+    return Genome(np.where(take, a.priority, b.priority), a.pin if rng.random() < 0.5 else b.pin,
+                  a.outputs if rng.random() < 0.5 else b.outputs, a.early if rng.random() < 0.5 else b.early)
+
+
+def _mutate(g: Genome, rng: np.random.Generator) -> Genome:
+    if rng.random() < 0.85:  # move a few ops earlier or later
+        priority = np.array(g.priority)
+        ops = rng.integers(0, len(priority), size=int(rng.integers(1, 8)))
+        priority[ops] += rng.normal(0.0, rng.choice([1.0, 5.0, 25.0]), len(ops))
+        return attrs.evolve(g, priority=priority)
+    which = rng.random()
+    if which < 1 / 3:
+        return attrs.evolve(g, pin=float(rng.choice(PIN_LEVELS)))
+    if which < 2 / 3:
+        return attrs.evolve(g, outputs=int(rng.integers(len(OUTPUTS))))
+    return attrs.evolve(g, early=int(rng.integers(len(EARLY))))
+
+
+def _tournament(pop: list[Genome], fit: list[float], rng: np.random.Generator, k: int = 3) -> Genome:
+    picks = rng.choice(len(pop), size=min(k, len(pop)), replace=False)
+    return pop[min(picks, key=lambda i: (fit[i], i))]
+
+
+def _progress(gen: int, best_fraction: float, evaluations: int, started: float, enabled: bool) -> None:
+    if enabled:
+        rate = evaluations / max(time.perf_counter() - started, 1e-9)
+        sys.stderr.write(f"\rga: generation {gen:>4}  best fraction {best_fraction:.4f}  {evaluations} evaluations"
+                         f"  {rate:.1f}/s ")
+        sys.stderr.flush()
+
+
+def genetic_search(req: Request, opts: SearchOptions, on_generation: Callable[[int, float], None] | None = None
+                   ) -> Outcome:
+    started = time.perf_counter()
+    d = Decoder(req)
+    rng = np.random.default_rng(opts.seed)
+    workers = opts.workers or os.cpu_count() or 1
+    ideal = sum(d.p.op_ms)
+    baselines = {m: baseline_setup(d.p, m, req.cap, d.no_swap)[0] for m in METHODS}
+    pop = _seeds(d, rng, opts.population)
+    first = d.score(pop[0])  # compiles the inner loop (or loads it) once, before workers fork
+    scorer = _Scorer(req, d, workers)
+    scorer.cache[pop[0].key] = first
+    generations = 0
+    try:
+        fit = scorer(pop)
+        if on_generation is not None:
+            on_generation(0, min(fit))
+        while generations < opts.generations and time.perf_counter() - started < opts.budget_s:
+            generations += 1
+            order = sorted(range(len(pop)), key=lambda i: (fit[i], i))
+            elite = [pop[i] for i in order[:max(2, len(pop) // 4)]]
+            children = []
+            while len(elite) + len(children) < len(pop):
+                a, b = _tournament(pop, fit, rng), _tournament(pop, fit, rng)
+                child = _crossover(a, b, rng) if rng.random() < 0.7 else a
+                children.append(_mutate(child, rng))
+            pop = elite + children
+            fit = scorer(pop)
+            best = min(fit)
+            _progress(generations, ideal / best if best < math.inf else 0.0, len(scorer.cache), started,
+                      opts.progress)
+            if on_generation is not None:
+                on_generation(generations, best)
+    except KeyboardInterrupt:
+        if opts.progress:
+            sys.stderr.write("\nga: interrupted; keeping the best plan so far\n")
+        fit = [scorer.cache.get(g.key, math.inf) for g in pop]
+    finally:
+        scorer.close()
+        if opts.progress:
+            sys.stderr.write("\n")
+    return _finish(req, d, pop, fit, baselines, generations, len(scorer.cache), started)
+
+
+def _finish(req: Request, d: Decoder, pop: list[Genome], fit: list[float], baselines: dict[str, Setup],
+            generations: int, evaluations: int, started: float) -> Outcome:
+    i = min(range(len(pop)), key=lambda k: (fit[k], k))
+    extra = {"generations": float(generations), "evaluations": float(evaluations)}
+    times = {m: d.evaluator(s.schedule, req.cap, s.pinned, s.policy).iteration_ms for m, s in baselines.items()}
+    champion = min(baselines, key=lambda m: (times[m], m))
+    best = d.plan(pop[i]) if fit[i] <= times[champion] else None
+    if best is None:
+        s = baselines[champion]
+        best = build_plan(req, d.p, "ga", s.schedule, s.pinned, s.policy, d.evaluator)
+    plan = with_figures(best, d.p, d.no_swap, extra)
+    return Outcome(plan, generations, evaluations, time.perf_counter() - started)

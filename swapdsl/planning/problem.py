@@ -1,0 +1,75 @@
+"""The planning problem: a training graph reduced to what planners need.
+
+Tensors are numbered, ops carry their modelled times, and each tensor knows
+its aligned size in the arena, its uses in the default schedule, and whether it persists.
+"""
+
+from __future__ import annotations
+
+import attrs
+
+from swapdsl.devices.costs import op_times_ms
+from swapdsl.devices.profiles import Device
+from swapdsl.graph.analysis import in_place_ops
+from swapdsl.graph.ir import Graph, Kind
+from swapdsl.plan.program import arena_bytes
+
+@attrs.frozen
+class Request:
+    """What a user asks a planner for: a plan of this training graph on this device under this cap."""
+
+    graph: Graph  # the training graph
+    device: Device
+    cap: int
+    model_path: str
+    model_args: tuple[tuple[str, int | float | bool], ...]
+
+
+@attrs.frozen
+class Problem:
+    graph: Graph
+    device: Device
+    names: tuple[str, ...]  # tensor id -> name
+    nbytes: tuple[int, ...]
+    size: tuple[int, ...]  # the bytes each tensor takes in the arena (aligned)
+    kinds: tuple[str, ...]
+    op_ms: tuple[float, ...]
+    op_inputs: tuple[tuple[int, ...], ...]
+    op_outputs: tuple[tuple[int, ...], ...]
+    in_place: tuple[bool, ...]  # op writes its output over its first input (analysis.in_place_ops)
+    persistent: frozenset[int]
+    inputs: frozenset[int]
+    updates: tuple[tuple[int, int], ...]  # (persistent id, id of its new value)
+    loss: int
+
+    @staticmethod
+    def build(g: Graph, device: Device) -> Problem:
+        names = tuple(g.tensors)
+        index = {n: i for i, n in enumerate(names)}
+        types = [g.tensors[n].type for n in names]
+        nbytes = tuple(t.nbytes for t in types)
+        in_place_set = in_place_ops(g)
+        in_place = tuple(i in in_place_set for i in range(len(g.ops)))
+        return Problem(
+            g, device, names, nbytes, tuple(arena_bytes(b) for b in nbytes),
+            tuple(g.tensors[n].kind.value for n in names), tuple(op_times_ms(device, g)),
+            tuple(tuple(index[n] for n in op.inputs) for op in g.ops),
+            tuple(tuple(index[n] for n in op.outputs) for op in g.ops),
+            in_place,
+            frozenset(index[n] for n in g.persistent), frozenset(index[n] for n in g.inputs),
+            tuple((index[o], index[n]) for o, n in g.updates), index[g.loss])
+
+    @property
+    def n_ops(self) -> int:
+        return len(self.op_ms)
+
+    def uses(self, schedule: list[int]) -> list[list[int]]:
+        """For each tensor, the schedule positions of the ops that read it, in order."""
+        out: list[list[int]] = [[] for _ in self.names]
+        for pos, op in enumerate(schedule):
+            for t in self.op_inputs[op]:
+                out[t].append(pos)
+        return out
+
+    def is_forward_activation(self, t: int) -> bool:
+        return self.kinds[t] == Kind.activation.value

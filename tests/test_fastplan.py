@@ -11,7 +11,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from conftest import MODELS
-from graphs import training_graphs
+from strategies import training_graphs
 from swapdsl.cli import build_graph
 from swapdsl.devices.profiles import BUILTIN
 from swapdsl.graph.autodiff import training_graph
@@ -121,7 +121,7 @@ def test_tight_caps_take_the_last_resort_paths_and_still_agree(monkeypatch: pyte
     planner makes the same program there too (seeded graphs, so the paths are surely taken)."""
     import random
 
-    from graphs import seeded_training_graph
+    from swapdsl.fuzz.graphs import seeded_training_graph
     from swapdsl.planning import reference as swapplan
 
     taken = {"clear": 0, "bounce": 0}

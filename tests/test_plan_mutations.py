@@ -13,7 +13,7 @@ from hypothesis import assume, given
 from hypothesis import strategies as st
 
 from conftest import MODELS, main, safety
-from graphs import training_graphs
+from strategies import training_graphs
 from swapdsl.common.errors import SwpError
 from swapdsl.fuzz.plans import KINDS, PROGRAM, campaign, mutate
 from swapdsl.graph.ir import Graph

@@ -13,7 +13,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from conftest import MODELS, safety, write
-from graphs import training_graphs
+from strategies import training_graphs
 from swapdsl.cli import build_graph
 from swapdsl.graph.autodiff import training_graph
 from swapdsl.graph.ir import Graph

@@ -5,10 +5,11 @@ from __future__ import annotations
 import re
 
 from swapdsl.common.errors import SwpError
-from swapdsl.graph.ir import MAX_BYTES
 
 _UNITS = {"": 1, "b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12,
           "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40}
+
+MAX_BYTES = 2**50  # 1 PiB: no tensor, memory cap or arena swapdsl handles is larger
 
 
 def parse_size(text: str) -> int:

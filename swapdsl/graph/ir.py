@@ -12,7 +12,6 @@ from attrs import field, frozen
 from swapdsl.common.errors import Span
 
 
-MAX_BYTES = 2**50  # 1 PiB: no tensor, memory cap or arena swapdsl handles is larger
 
 
 class DType(enum.Enum):

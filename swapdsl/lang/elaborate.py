@@ -17,8 +17,9 @@ import attrs
 from swapdsl.lang import ast
 
 from swapdsl.common.errors import Span, SwpError, did_you_mean
+from swapdsl.common.units import MAX_BYTES
 from swapdsl.graph import ops
-from swapdsl.graph.ir import DType, Graph, Init, Kind, MAX_BYTES, Op, Optimizer, Tensor, TensorType
+from swapdsl.graph.ir import DType, Graph, Init, Kind, Op, Optimizer, Tensor, TensorType
 from swapdsl.lang.builtins import BUILTINS, call_builtin, slice_axis
 from swapdsl.lang.loader import Program
 from swapdsl.lang.values import REQUIRED, TensorVal, Value, bind, describe

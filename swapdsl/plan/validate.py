@@ -20,7 +20,8 @@ import math
 from collections import Counter
 
 from swapdsl.common.errors import Span, SwpError
-from swapdsl.graph.ir import Graph, Kind, MAX_BYTES
+from swapdsl.common.units import MAX_BYTES
+from swapdsl.graph.ir import Graph, Kind
 from swapdsl.graph.ops import REGISTRY
 from swapdsl.plan.program import ALIGN, Free, HOST, Plan, PlanOp, Region, Run, SwapIn, SwapOut
 from swapdsl.plan.segments import Segments

@@ -1,10 +1,12 @@
-"""Random training graphs built directly as IR, for property tests of planners and the validator."""
+"""Random training graphs built directly as IR, for property tests of planners and the validator and
+for bench/bound_gap.py. Choices come from a seeded Random here; the tests draw them with Hypothesis
+(tests/strategies.py) so that a failing graph shrinks."""
 
 from __future__ import annotations
 
 import random
 
-from hypothesis import strategies as st
+from typing import Protocol
 
 from swapdsl.graph.autodiff import training_graph
 from swapdsl.graph.ir import DType, Graph, Init, Kind, Op, Optimizer, Tensor
@@ -13,7 +15,7 @@ from swapdsl.graph.ops import infer
 F32 = DType.f32
 
 
-class _Builder:
+class Builder:
     def __init__(self) -> None:
         self.tensors: dict[str, Tensor] = {}
         self.ops: list[Op] = []
@@ -36,29 +38,32 @@ class _Builder:
         return out
 
 
-class Choices:
-    """Where a random graph's choices come from: Hypothesis (shrinkable) or a seeded Random."""
+class Choices(Protocol):
+    """Where a random graph's choices come from."""
 
-    def __init__(self, draw: st.DrawFn | None = None, rng: random.Random | None = None) -> None:
-        self.draw, self.rng = draw, rng
+    def pick(self, options: list) -> object: ...  # type: ignore[type-arg]
+
+    def integer(self, lo: int, hi: int) -> int: ...
+
+    def flip(self) -> bool: ...
+
+
+class SeededChoices:
+    def __init__(self, seed: int) -> None:
+        self.rng = random.Random(seed)
 
     def pick(self, options: list) -> object:  # type: ignore[type-arg]
-        return self.draw(st.sampled_from(options)) if self.draw else self.rng.choice(options)  # type: ignore[union-attr]
+        return self.rng.choice(options)
 
     def integer(self, lo: int, hi: int) -> int:
-        return self.draw(st.integers(lo, hi)) if self.draw else self.rng.randint(lo, hi)  # type: ignore[union-attr]
+        return self.rng.randint(lo, hi)
 
     def flip(self) -> bool:
-        return self.draw(st.booleans()) if self.draw else self.rng.random() < 0.5  # type: ignore[union-attr]
-
-
-@st.composite
-def training_graphs(draw: st.DrawFn, max_depth: int = 7) -> Graph:
-    return random_training_graph(Choices(draw=draw), max_depth)
+        return self.rng.random() < 0.5
 
 
 def seeded_training_graph(seed: int, max_depth: int = 7, extras: bool = True) -> Graph:
-    return random_training_graph(Choices(rng=random.Random(seed)), max_depth, extras)
+    return random_training_graph(SeededChoices(seed), max_depth, extras)
 
 
 def random_training_graph(c: Choices, max_depth: int, extras: bool = True) -> Graph:
@@ -71,7 +76,7 @@ def random_training_graph(c: Choices, max_depth: int, extras: bool = True) -> Gr
     batch = draw_pick([2, 4, 8])
     width = draw_pick([4, 8, 16, 32])
     depth = draw_int(2, max_depth)
-    b = _Builder()
+    b = Builder()
     x = b.declare("x", (batch, width), Kind.input)
     y = b.declare("y", (batch,), Kind.input, DType.i32)
     weights: list[str] = []

@@ -1,0 +1,27 @@
+"""Hypothesis strategies: the package's random training graphs, with choices Hypothesis can shrink."""
+
+from __future__ import annotations
+
+from hypothesis import strategies as st
+
+from swapdsl.fuzz.graphs import random_training_graph
+from swapdsl.graph.ir import Graph
+
+
+class DrawnChoices:
+    def __init__(self, draw: st.DrawFn) -> None:
+        self.draw = draw
+
+    def pick(self, options: list) -> object:  # type: ignore[type-arg]
+        return self.draw(st.sampled_from(options))
+
+    def integer(self, lo: int, hi: int) -> int:
+        return self.draw(st.integers(lo, hi))
+
+    def flip(self) -> bool:
+        return self.draw(st.booleans())
+
+
+@st.composite
+def training_graphs(draw: st.DrawFn, max_depth: int = 7) -> Graph:
+    return random_training_graph(DrawnChoices(draw), max_depth)

@@ -2,9 +2,10 @@
 
 One device arena of exactly the cap, tensors are views into it at the
 plan's offsets; one host arena with a slot for every tensor that ever
-has a host copy (pinned memory on CuPy); three streams. The instruction list
-is replayed in order on the calling thread, which only enqueues work and
-waits between streams as the plan's instructions say:
+has a host copy (pinned memory on CuPy); three streams. When a plan is
+loaded, its replay (swapdsl/plan/replay.py) turns the instruction list into
+stream work with the waits between streams, views and kernel arguments
+built once; a step enqueues that list in order on the calling thread:
 
 - ``run``: the compute stream waits for the swap-ins due before this op and
   for the regions of its outputs to fall free, then runs the kernel into them;
@@ -19,7 +20,9 @@ numbers instead of quietly using more memory.
 
 from __future__ import annotations
 
+import functools
 import time
+from collections.abc import Callable
 from types import ModuleType
 from typing import Any
 
@@ -29,8 +32,8 @@ from swapdsl.common.errors import SwpError
 from swapdsl.graph.ir import DType, Graph, TensorType
 from swapdsl.graph.ops import KernelContext, REGISTRY
 from swapdsl.graph.ops.registry import np_dtype
-from swapdsl.plan.program import Free, Plan, Region, Run, SwapIn, SwapOut, arena_bytes
-from swapdsl.plan.segments import Segments
+from swapdsl.plan.program import InstrKind, Plan, Region, Run, SwapIn, SwapOut, arena_bytes
+from swapdsl.plan.replay import STREAM, Replay, Step
 from swapdsl.plan.validate import check_describes, validate
 from swapdsl.runtime.backend import require_memory, to_host
 from swapdsl.runtime.data import init_persistent, synthetic_inputs
@@ -67,6 +70,8 @@ class PlanRunner:
         self.homes = {t.name: t.home for t in plan.tensors if t.home is not None}
         self.inputs = set(g.inputs)
         self._load_initial(seed)
+        self.ctx = KernelContext(xp, 1)
+        self.work = self._prepare()
 
     # -- memory
 
@@ -142,76 +147,59 @@ class PlanRunner:
 
     # -- one step
 
+    def _prepare(self) -> list[tuple[str, tuple[int, ...], Callable[[], None], int]]:
+        """The program as stream work, built once: (stream, the other streams' instructions it waits for,
+        the work, its program index). Frees are not stream work: their waits pass to the next tenant."""
+        r = Replay(self.plan)
+        steps = [s for s in r.steps() if s.kind is not InstrKind.FREE]
+        self.final_loc = dict(r.loc)
+        stream_of = {s.index: STREAM[s.kind] for s in steps}
+        work = []
+        for s in steps:
+            stream = stream_of[s.index]
+            waits = tuple(w for w in s.waits if stream_of[w] != stream)
+            work.append((stream, waits, self._work(s), s.index))
+        return work
+
+    def _work(self, s: Step) -> Callable[[], None]:
+        instr = s.instr
+        if isinstance(instr, SwapIn):
+            return functools.partial(self._h2d, instr.tensor, instr.region)
+        if isinstance(instr, SwapOut):
+            return functools.partial(self._d2h, instr.tensor, s.regions[0])
+        assert isinstance(instr, Run)
+        op = self.g.ops[instr.op]
+        ins = [self.dview(n, region) for n, region in zip(op.inputs, s.regions)]
+        out = self.dview(op.outputs[0], dict(instr.outs)[op.outputs[0]])
+        kernel, attrs = REGISTRY[op.op].kernel, op.attr_dict
+
+        def launch() -> None:
+            if self.kernel_delay_s:
+                time.sleep(self.kernel_delay_s)
+            out[...] = kernel(self.ctx, ins, attrs)
+
+        return launch
+
     def step(self, step: int) -> tuple[float, float]:
         """Run one training step; return (loss, milliseconds)."""
         s = self.streams
         started = time.perf_counter()
-        loc: dict[str, Region] = {}
         for name, home in self.homes.items():
-            if isinstance(home, Region):
-                loc[name] = home
-                if name in self.inputs:  # this step's batch lands in the input's home region
-                    s["h2d"].submit(lambda n=name, h=home: self._h2d(n, h))
-        batch_loaded = s["h2d"].record()
-        s["compute"].wait(batch_loaded)
-        op_done: dict[int, Any] = {}
-        due: dict[str, tuple[int, Any]] = {}  # tensor -> (op its swap-in is due before, the copy's event)
-        copied_out: dict[str, Any] = {}  # tensor -> its pending swap-out's event
-        freed: Segments[list[Any]] = Segments()  # per byte, the events its next tenant waits for
-        ctx = KernelContext(self.xp, step)
-        for instr in self.plan.program:
-            if isinstance(instr, Run):
-                self._run(instr, loc, due, freed, op_done, ctx)
-            elif isinstance(instr, SwapIn):
-                waits = ([op_done[instr.after]] if instr.after >= 0 else []) + _events(freed, instr.region)
-                waits += [copied_out[instr.tensor]] if instr.tensor in copied_out else []
-                for e in waits:
-                    s["h2d"].wait(e)
-                s["h2d"].submit(lambda n=instr.tensor, r=instr.region: self._h2d(n, r))
-                due[instr.tensor] = (instr.before, s["h2d"].record())
-                loc[instr.tensor] = instr.region
-            elif isinstance(instr, SwapOut):
-                if instr.after >= 0:
-                    s["d2h"].wait(op_done[instr.after])
-                s["d2h"].submit(lambda n=instr.tensor, sl=loc[instr.tensor]: self._d2h(n, sl))
-                copied_out[instr.tensor] = s["d2h"].record()
-            else:
-                assert isinstance(instr, Free)
-                waits = [op_done[instr.after]] if instr.after >= 0 else []
-                if instr.tensor in copied_out:
-                    waits.append(copied_out[instr.tensor])
-                gone = loc.pop(instr.tensor)
-                freed.assign(gone.offset, gone.end, waits)
+            if isinstance(home, Region) and name in self.inputs:  # this step's batch lands in its home region
+                s["h2d"].submit(functools.partial(self._h2d, name, home))
+        s["compute"].wait(s["h2d"].record())
+        self.ctx = KernelContext(self.xp, step)
+        done: dict[int, Any] = {}
+        for stream_name, waits, work, index in self.work:
+            stream = s[stream_name]
+            for w in waits:
+                stream.wait(done[w])
+            stream.submit(work)
+            done[index] = stream.record()
         for stream in s.values():
             stream.synchronize()
-        loss = self._read(self.g.loss, loc)
+        loss = self._read(self.g.loss, self.final_loc)
         return loss, 1e3 * (time.perf_counter() - started)
-
-    def _run(self, instr: Run, loc: dict[str, Region], due: dict[str, tuple[int, Any]],
-             freed: Segments[list[Any]], op_done: dict[int, Any], ctx: KernelContext) -> None:
-        op = self.g.ops[instr.op]
-        compute = self.streams["compute"]
-        for name in op.inputs:
-            if name in due and due[name][0] == instr.op:
-                compute.wait(due.pop(name)[1])
-        for _, region in instr.outs:
-            for e in _events(freed, region):
-                compute.wait(e)
-        ins = [self.dview(n, loc[n]) for n in op.inputs]
-        if instr.in_place:
-            loc.pop(op.inputs[0])
-        for name, region in instr.outs:
-            loc[name] = region
-        out = self.dview(op.outputs[0], loc[op.outputs[0]])
-        kernel, attrs = REGISTRY[op.op].kernel, op.attr_dict
-
-        def work() -> None:
-            if self.kernel_delay_s:
-                time.sleep(self.kernel_delay_s)
-            out[...] = kernel(ctx, ins, attrs)
-
-        compute.submit(work)
-        op_done[instr.op] = compute.record()
 
     def _read(self, name: str, loc: dict[str, Region]) -> float:
         if name in loc:
@@ -232,7 +220,3 @@ class PlanRunner:
         for stream in self.streams.values():
             stream.close()
 
-
-def _events(freed: Segments[list[Any]], region: Region) -> list[Any]:
-    """The events a new tenant of ``region`` waits for: the latest free of each of its bytes."""
-    return list({id(e): e for waits in freed.over(region.offset, region.end) for e in waits}.values())

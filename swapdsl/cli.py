@@ -34,6 +34,7 @@ from swapdsl.common.units import format_bytes, format_count, parse_size
 from swapdsl.devices.profiles import BUILTIN, DEFAULT_DEVICE, detect_device, load_device
 from swapdsl.graph.printer import format_attr
 from swapdsl.plan import show
+from swapdsl.plan.figures import plan_figures
 from swapdsl.plan.file import find_model, locate_model, read_plan, write_plan
 from swapdsl.plan.program import Plan
 from swapdsl.plan.simulate import simulate
@@ -303,14 +304,11 @@ def _training_graph(model: str, sha256: str, args: tuple[tuple[str, int | float 
 
 def _cmd_simulate(args: argparse.Namespace) -> int:
     plan, _ = load_plan(args.file)
-    r = simulate(plan)
-    ideal = sum(o.ms for o in plan.ops)
     stored = dict(plan.figures)
-    info = {"method": plan.method, "device": plan.device.name, "memory_bytes": plan.cap,
-            **{k: stored[k] for k in ("bound_ms", "ratio", "no_swap_bytes", "graph_peak_bytes") if k in stored},
-            "ideal_ms": ideal, "iteration_ms": r.iteration_ms, "fraction": ideal / r.iteration_ms,
-            "swap_bytes": r.swap_bytes, "h2d_bytes": r.h2d_bytes, "d2h_bytes": r.d2h_bytes,
-            "peak_device_bytes": r.peak_device_bytes, "host_bytes": r.host_bytes, "plan": args.file}
+    figures = plan_figures(plan, simulate(plan), *(stored.get(k) for k in ("bound_ms", "no_swap_bytes",
+                                                                          "graph_peak_bytes")))
+    info = {"method": plan.method, "device": plan.device.name, "memory_bytes": plan.cap, **figures,
+            "plan": args.file}
     if args.json:
         print(json.dumps(info, indent=2))
         return 0

@@ -17,12 +17,12 @@ from strategies import training_graphs
 from swapdsl.cli import build_graph
 from swapdsl.common.errors import SwpError
 from swapdsl.devices.profiles import BUILTIN
+from swapdsl.fuzz.bound_gap import bound_gap
 from swapdsl.graph.autodiff import training_graph
 from swapdsl.graph.ir import Graph
 from swapdsl.plan.program import Free, Plan, Region, Run, SwapIn, SwapOut
 from swapdsl.plan.simulate import simulate
 from swapdsl.plan.validate import PlanInvalid, validate
-from swapdsl.fuzz.bound_gap import bound_gap
 from swapdsl.planning.bound import bound_ms
 from swapdsl.planning.compiled import no_swap_bytes
 from swapdsl.planning.optimize import optimize

@@ -11,7 +11,7 @@ from swapdsl.devices.profiles import BUILTIN
 from swapdsl.fuzz.graphs import seeded_training_graph
 from swapdsl.planning.bound import bound_ms
 from swapdsl.planning.compiled import no_swap_bytes
-from swapdsl.planning.ga import EARLY, Decoder, policy_of
+from swapdsl.planning.ga import Decoder, EARLY, policy_of
 from swapdsl.planning.policy import OUTPUTS
 from swapdsl.planning.problem import Request
 from swapdsl.planning.sizing import need_bytes

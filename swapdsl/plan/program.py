@@ -26,6 +26,7 @@ so the simulator, the validator and the runtime each replay it in one pass.
 from __future__ import annotations
 
 import enum
+from collections.abc import Iterable
 from typing import Union
 
 import attrs
@@ -111,6 +112,11 @@ class InstrKind(enum.IntEnum):
 KIND_OF: dict[type, InstrKind] = {Run: InstrKind.LAUNCH, SwapOut: InstrKind.SWAP_OUT, Free: InstrKind.FREE,
                                   SwapIn: InstrKind.SWAP_IN}
 ALIGN = 256  # every region's offset and size are multiples of this
+
+
+def ideal_ms(op_ms: Iterable[float]) -> float:
+    """The iteration time with infinite memory: every op back to back on the one compute stream."""
+    return sum(op_ms)
 
 
 def arena_bytes(nbytes: int) -> int:

@@ -26,7 +26,7 @@ def summary(plan: Plan, result: Result) -> str:
         f"  persistent      {len(pinned)} pinned on the device "
         f"({format_bytes(sum(t.bytes for t in pinned))}), {len(on_host)} on the host "
         f"({format_bytes(sum(t.bytes for t in on_host))})",
-        f"  iteration       {result.iteration_ms:.3f} ms (ideal {sum(o.ms for o in plan.ops):.3f} ms"
+        f"  iteration       {result.iteration_ms:.3f} ms (ideal {result.compute_ms:.3f} ms"
         + (f", bound {figures['bound_ms']:.3f} ms)" if "bound_ms" in figures else ")"),
         f"  swapped         {format_bytes(result.h2d_bytes)} in, {format_bytes(result.d2h_bytes)} out",
         f"  device peak     {format_bytes(result.peak_device_bytes)} "

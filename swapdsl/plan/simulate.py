@@ -7,7 +7,8 @@ outputs to fall free; a swap-in for op ``after``, its host copy and its
 region; a swap-out for op ``after`` and the tensor itself; a free releases
 its region when op ``after`` and any swap-out of the tensor are done. A
 region falls free when the latest free of every byte in it has happened.
-One pass, in plan order.
+One pass, in plan order, driving the plan's replay (``replay.py``) for what
+each instruction waits for.
 """
 
 from __future__ import annotations
@@ -15,8 +16,8 @@ from __future__ import annotations
 import attrs
 
 from swapdsl.devices.costs import copy_ms
-from swapdsl.plan.program import Free, HOST, Plan, Region, Run, SwapIn, SwapOut
-from swapdsl.plan.segments import Segments
+from swapdsl.plan.program import Free, Plan, Region, Run, ideal_ms
+from swapdsl.plan.replay import STREAM, walk
 
 STREAMS = ("compute", "h2d", "d2h")
 
@@ -39,70 +40,38 @@ class Result:
 
 def simulate(plan: Plan, timeline: bool = False) -> Result:
     tensors = plan.tensor_map()
-    ops = {o.index: o for o in plan.ops}
     dev = plan.device
-    op_end: dict[int, float] = {-1: 0.0}
-    freed: Segments[float] = Segments()  # per byte, when it last fell free
-    ready: dict[str, float] = {}  # on the device and complete
-    host_ready: dict[str, float] = {t.name: 0.0 for t in plan.tensors if t.home == HOST or t.kind == "input"}
-    copied_out: dict[str, float] = {}
-    where: dict[str, Region] = {}
+    end: dict[int, float] = {}  # program index -> when that instruction is done
     clock = {s: 0.0 for s in STREAMS}
-    events: list[tuple[float, int]] = []
+    events: list[tuple[float, int]] = [(0.0, t.bytes) for t in plan.tensors if isinstance(t.home, Region)]
     spans: list[tuple[str, str, float, float]] = []
-    h2d = d2h = 0
-    for t in plan.tensors:
-        if isinstance(t.home, Region):
-            where[t.name], ready[t.name] = t.home, 0.0
-            events.append((0.0, t.bytes))
-    for instr in plan.program:
+    moved = {"h2d": 0, "d2h": 0}
+    for step in walk(plan):
+        instr = step.instr
+        after = max((end[w] for w in step.waits), default=0.0)
+        if isinstance(instr, Free):
+            events.append((after, -tensors[instr.tensor].bytes))
+            continue
+        stream = STREAM[step.kind]
+        start = max(clock[stream], after)
         if isinstance(instr, Run):
-            op = ops[instr.op]
-            start = max([clock["compute"]] + [ready[n] for n in op.inputs]
-                        + [_free_at(freed, r) for _, r in instr.outs])
-            end = start + op.ms
-            clock["compute"] = op_end[op.index] = end
-            for name, region in instr.outs:
-                if instr.in_place and name == op.outputs[0]:
-                    where.pop(op.inputs[0], None)
-                else:
-                    events.append((start, tensors[name].bytes))
-                where[name], ready[name] = region, end
-            if timeline:
-                spans.append(("compute", op.op, start, end))
-        elif isinstance(instr, SwapIn):
-            nbytes = tensors[instr.tensor].bytes
-            start = max(clock["h2d"], op_end[instr.after], _free_at(freed, instr.region), host_ready[instr.tensor])
-            end = start + copy_ms(dev, nbytes, to_device=True)
-            clock["h2d"] = ready[instr.tensor] = end
-            where[instr.tensor] = instr.region
-            events.append((start, nbytes))
-            h2d += nbytes
-            if timeline:
-                spans.append(("h2d", instr.tensor, start, end))
-        elif isinstance(instr, SwapOut):
-            nbytes = tensors[instr.tensor].bytes
-            start = max(clock["d2h"], op_end[instr.after], ready[instr.tensor])
-            end = start + copy_ms(dev, nbytes, to_device=False)
-            clock["d2h"] = host_ready[instr.tensor] = copied_out[instr.tensor] = end
-            d2h += nbytes
-            if timeline:
-                spans.append(("d2h", instr.tensor, start, end))
+            op = plan.ops[instr.op]
+            took, what = op.ms, op.op
+            first = op.outputs[0] if instr.in_place else None
+            events += [(start, tensors[name].bytes) for name, _ in instr.outs if name != first]
         else:
-            assert isinstance(instr, Free)
-            when = max(op_end[instr.after], copied_out.pop(instr.tensor, 0.0), ready.get(instr.tensor, 0.0))
-            gone = where.pop(instr.tensor)
-            freed.assign(gone.offset, gone.end, when)
-            events.append((when, -tensors[instr.tensor].bytes))
+            nbytes = tensors[instr.tensor].bytes
+            took, what = copy_ms(dev, nbytes, to_device=stream == "h2d"), instr.tensor
+            moved[stream] += nbytes
+            if stream == "h2d":
+                events.append((start, nbytes))
+        clock[stream] = end[step.index] = start + took
+        if timeline:
+            spans.append((stream, what, start, start + took))
     memory = _memory_curve(events)
-    return Result(max(clock.values()), sum(o.ms for o in plan.ops), h2d, d2h,
-                  max((b for _, b in memory), default=0),
-                  sum(tensors[n].bytes for n in host_ready), tuple(spans) if timeline else (),
-                  memory if timeline else ())
-
-
-def _free_at(freed: Segments[float], region: Region) -> float:
-    return max(freed.over(region.offset, region.end), default=0.0)
+    return Result(max(clock.values()), ideal_ms(o.ms for o in plan.ops), moved["h2d"], moved["d2h"],
+                  max((b for _, b in memory), default=0), sum(tensors[n].bytes for n in plan.host_copies()),
+                  tuple(spans) if timeline else (), memory if timeline else ())
 
 
 def _memory_curve(events: list[tuple[float, int]]) -> tuple[tuple[float, int], ...]:

@@ -15,7 +15,6 @@ It trusts nothing a planner says.
 
 from __future__ import annotations
 
-import bisect
 import math
 from collections import Counter
 
@@ -24,6 +23,7 @@ from swapdsl.common.units import MAX_BYTES
 from swapdsl.graph.ir import Graph, Kind
 from swapdsl.graph.ops import REGISTRY
 from swapdsl.plan.program import ALIGN, Free, HOST, Plan, PlanOp, Region, Run, SwapIn, SwapOut
+from swapdsl.plan.replay import Replay, START
 from swapdsl.plan.segments import Segments
 
 INVARIANTS = {
@@ -192,40 +192,36 @@ def _tensor_text(row: tuple[str, int, str, bool]) -> str:
 
 
 def replay(plan: Plan) -> None:
-    r = _Replay(plan)
-    r.start()
-    handlers = {Run: r.run, SwapIn: r.swapin, SwapOut: r.swapout, Free: r.free}
+    v = _Checks(plan)
+    v.start()
+    handlers = {Run: v.run, SwapIn: v.swapin, SwapOut: v.swapout, Free: v.free}
     for k, instr in enumerate(plan.program):
-        r.at = ("program", k)
-        handlers[type(instr)](instr)  # type: ignore[operator]
-    r.at = None
-    r.end()
+        v.at = ("program", k)
+        handlers[type(instr)](k, instr)  # type: ignore[operator]
+        v.r.apply(k, instr)
+    v.at = None
+    v.end()
 
 
-class _Replay:
-    """What the interpreter's streams guarantee, position by position of the run order.
+class _Checks:
+    """Each instruction checked against the replay's state (``replay.Replay``: what is resident, in flight
+    and on the host) before the replay applies it, plus what only the checks need.
 
-    A position is an op's place in the order ops run (-1: the iteration's start). ``ready`` says after
-    which position a tensor's device bytes are complete; ``host`` which tensor's value each host slot
-    holds (a persistent tensor's new value shares its slot, see ``Plan.host_slot_owner``)."""
+    Order is by program index: a run's index stands for its op's place in the order ops run (START: the
+    iteration's start). ``ready`` says after which run a tensor's device bytes are complete (a swap-in's:
+    the run it is due for)."""
 
     def __init__(self, plan: Plan) -> None:
         self.plan = plan
+        self.r = Replay(plan)
         self.at: Where | None = None
         self.tensors = plan.tensor_map()
-        self.loc: dict[str, Region] = {}
-        self.starts: list[int] = []  # live regions, sorted by offset
-        self.live: list[tuple[Region, str]] = []
-        self.slot = plan.host_slot_owner()
-        self.host: dict[str, str] = {}  # host slot -> the tensor whose value it holds
+        self.slot = self.r.slot
         self.produced: set[str] = set()
-        self.ran: dict[int, int] = {-1: -1}  # op -> position in run order
-        self.ready: dict[str, int] = {}  # tensor on the device -> position after which its bytes are complete
-        self.last_touch: dict[str, int] = {}  # tensor -> run position of its latest read or write
-        self.released_at: Segments[int] = Segments()  # per byte, the run position after which it fell free
-        self.due: dict[str, int] = {}  # tensor -> op its pending swap-in is due before
-        self.slot_read: dict[str, int] = {}  # host slot -> position by which every swap-in from it is complete
-        self.copied_out: set[str] = set()  # tensors with a swap-out since they last moved onto the device
+        self.ready: dict[str, int] = {}
+        self.last_touch: dict[str, int] = {}  # tensor -> the latest run that read or wrote it
+        self.released_at: Segments[int] = Segments()  # per byte, the run after which it fell free
+        self.slot_read: dict[str, int] = {}  # host slot -> the run by which every swap-in from it is complete
         self.readers_left = Counter(n for o in plan.ops for n in set(o.inputs))
         new = dict(plan.updates)
         self.finals = {new.get(t.name, t.name) for t in plan.tensors if t.home is not None and t.kind != "input"}
@@ -254,50 +250,35 @@ class _Replay:
                                   "it would overlap its neighbour")
         return region
 
-    def occupy(self, name: str, region: Region, context: str) -> None:
-        i = bisect.bisect_left(self.starts, region.offset)
-        for j in (i - 1, i):
-            if 0 <= j < len(self.live) and self.live[j][0].overlaps(region):
-                raise self.invalid(5, f"{context}: {self.live[j][0]} still holds `{self.live[j][1]}` when `{name}` "
-                                      f"moves into {region}")
-        self.starts.insert(i, region.offset)
-        self.live.insert(i, (region, name))
-        self.loc[name] = region
-        self.copied_out.discard(name)
-
-    def vacate(self, name: str) -> Region:
-        region = self.loc.pop(name)
-        i = bisect.bisect_left(self.starts, region.offset)
-        del self.starts[i], self.live[i]
-        self.ready.pop(name, None)
-        return region
+    def vacant(self, name: str, region: Region, context: str) -> None:
+        """``name`` may move into ``region``: nothing resident overlaps it."""
+        tenant = self.r.tenant(self.region(region, name))
+        if tenant is not None:
+            raise self.invalid(5, f"{context}: {tenant[0]} still holds `{tenant[1]}` when `{name}` moves into "
+                                  f"{region}")
 
     def position(self, op: int, context: str) -> int:
-        if op not in self.ran:
+        if op not in self.r.ran:
             raise self.invalid(1, f"{context} waits for op {op}, which has not run yet at that point")
-        return self.ran[op]
+        return self.r.ran[op]
 
     # -- instructions
 
     def start(self) -> None:
-        for i, t in enumerate(self.plan.tensors):
-            if t.home is None:
-                continue
+        for i, t in self.r.homes():
             self.at = ("tensor", i)
             self.produced.add(t.name)
-            if t.home == HOST or t.kind == Kind.input.value:
-                self.host[self.slot[t.name]] = t.name
             if isinstance(t.home, Region):
-                self.occupy(t.name, self.region(t.home, t.name), "at the start")
+                self.vacant(t.name, t.home, "at the start")
                 # an input's batch lands at the start on the copy stream; the first op waits for it
-                self.ready[t.name] = 0 if t.kind == Kind.input.value else -1
+                self.ready[t.name] = 0 if t.kind == Kind.input.value else START
         self.at = None
 
-    def run(self, instr: Run) -> None:
+    def run(self, k: int, instr: Run) -> None:
         if not 0 <= instr.op < len(self.plan.ops):
             raise self.error(f"the program runs op {instr.op}, which the plan does not define")
         op = self.plan.ops[instr.op]
-        if instr.op in self.ran:
+        if instr.op in self.r.ran:
             raise self.invalid(1, f"{self.what(op)} runs twice")
         for name in op.inputs:
             self.check_input(op, name)
@@ -307,107 +288,102 @@ class _Replay:
                              f"are {list(op.outputs)}")
         if instr.in_place:
             self.in_place(op, instr)
-        pos = len(self.ran) - 1
-        self.ran[op.index] = pos
         for name in set(op.inputs):
-            if self.due.get(name) == op.index:  # this op waited for the swap-in: its copy is complete
-                del self.due[name]
-                self.ready[name] = pos
-                self.slot_read[self.slot[name]] = max(self.slot_read.get(self.slot[name], -1), pos)
+            if name in self.r.due and self.r.due[name][0] == op.index:  # the op waits for the swap-in
+                self.ready[name] = k
+                self.slot_read[self.slot[name]] = max(self.slot_read.get(self.slot[name], START), k)
         for name, region in instr.outs:
             if not (instr.in_place and name == op.outputs[0]):
-                self.occupy(name, self.region(region, name), self.what(op))
+                self.vacant(name, region, self.what(op))
             self.produced.add(name)
-            self.ready[name] = pos
+            self.ready[name] = k
         for name in set(op.inputs) | set(op.outputs):
-            self.last_touch[name] = pos
+            self.last_touch[name] = k
         for name in set(op.inputs):
             self.readers_left[name] -= 1
+        if instr.in_place:
+            self.ready.pop(op.inputs[0], None)
 
     def check_input(self, op: PlanOp, name: str) -> None:
         if name not in self.produced:
             raise self.invalid(1, f"{self.what(op)} reads `{name}` before the op that makes it has run")
-        if name not in self.loc:
+        if name not in self.r.loc:
             raise self.invalid(4, f"{self.what(op)} reads `{name}`, which is not on the device")
-        if self.due.get(name, op.index) != op.index:
-            raise self.invalid(4, f"{self.what(op)} reads `{name}`, whose swap-in is only due before op "
-                                  f"{self.due[name]}")
+        due = self.r.due.get(name, (op.index, START))[0]
+        if due != op.index:
+            raise self.invalid(4, f"{self.what(op)} reads `{name}`, whose swap-in is only due before op {due}")
 
     def in_place(self, op: PlanOp, instr: Run) -> None:
         first = op.inputs[0] if op.inputs else None
         out = op.outputs[0]
         if not REGISTRY[op.op].in_place:
             raise self.invalid(3, f"{self.what(op)} may not write its output over its input")
-        if first is None or dict(instr.outs)[out] != self.loc.get(first):
+        if first is None or dict(instr.outs)[out] != self.r.loc.get(first):
             raise self.invalid(3, f"{self.what(op)} works in place but `{out}` is not in its first input's region")
         if self.readers_left[first] > 1 or first == self.plan.loss:
             raise self.invalid(3, f"{self.what(op)} overwrites `{first}`, which is still needed")
-        if first in self.copied_out:
+        if first in self.r.copied_out:
             raise self.invalid(8, f"{self.what(op)} overwrites `{first}` while its swap-out may still be reading it")
-        self.occupy(out, self.vacate(first), self.what(op))
 
-    def swapin(self, instr: SwapIn) -> None:
+    def swapin(self, k: int, instr: SwapIn) -> None:
         name = self.tensor(instr.tensor)
         context = f"the swap-in of `{name}`"
         after = self.position(instr.after, context)
-        if instr.before in self.ran or not 0 <= instr.before < len(self.plan.ops):
+        if instr.before in self.r.ran or not 0 <= instr.before < len(self.plan.ops):
             raise self.invalid(4, f"{context} is due before op {instr.before}, which has already run or does not "
                                   "exist")
-        if self.host.get(self.slot[name]) != name:
+        if self.r.host.get(self.slot[name]) != name:
             raise self.invalid(6, f"{context}: the host holds no copy of `{name}` at this point")
-        if name in self.loc:
-            raise self.invalid(3, f"{context}: `{name}` is already on the device at {self.loc[name]}")
+        if name in self.r.loc:
+            raise self.invalid(3, f"{context}: `{name}` is already on the device at {self.r.loc[name]}")
         region = self.region(instr.region, name)
-        if max(self.released_at.over(region.offset, region.end), default=-1) > after:
+        if max(self.released_at.over(region.offset, region.end), default=START) > after:
             raise self.invalid(5, f"{context} may start after op {instr.after}, before region {region} falls free")
-        self.occupy(name, region, context)
-        self.due[name] = instr.before
+        self.vacant(name, region, context)
 
-    def swapout(self, instr: SwapOut) -> None:
+    def swapout(self, k: int, instr: SwapOut) -> None:
         name = self.tensor(instr.tensor)
         context = f"the swap-out of `{name}`"
         after = self.position(instr.after, context)
-        if name not in self.loc:
+        if name not in self.r.loc:
             raise self.invalid(6, f"{context}: `{name}` is not on the device")
-        if name in self.due:
+        if name in self.r.due:
             raise self.invalid(6, f"{context} starts before its swap-in has been used")
         if after < self.ready[name]:
             raise self.invalid(8, f"{context} may start after op {instr.after}, before `{name}` is complete on the "
                                   "device")
         slot = self.slot[name]
-        if any(self.slot[t] == slot for t in self.due) or after < self.slot_read.get(slot, -1):
+        if any(self.slot[t] == slot for t in self.r.due) or after < self.slot_read.get(slot, START):
             raise self.invalid(8, f"{context} may write its host copy while a swap-in still reads that host memory")
-        self.host[slot] = name
-        self.copied_out.add(name)
 
-    def free(self, instr: Free) -> None:
+    def free(self, k: int, instr: Free) -> None:
         name = self.tensor(instr.tensor)
         context = f"the free of `{name}`"
         after = self.position(instr.after, context)
-        if name not in self.loc:
+        if name not in self.r.loc:
             raise self.invalid(5, f"{context}: `{name}` holds no region")
-        if self.last_touch.get(name, -1) > after:
+        if self.last_touch.get(name, START) > after:
             raise self.invalid(5, f"{context} after op {instr.after} comes before its last use so far")
-        if name in self.due:
+        if name in self.r.due:
             raise self.invalid(5, f"{context} comes before the op its swap-in is due for; the copy may still be "
                                   "writing its region")
-        if self.still_needed(name) and self.host.get(self.slot[name]) != name:
+        if self.still_needed(name) and self.r.host.get(self.slot[name]) != name:
             raise self.invalid(6, f"{context}: `{name}` is needed later but the host holds no copy of it")
-        gone = self.vacate(name)
-        self.copied_out.discard(name)
-        self.released_at.assign(gone.offset, gone.end, after)
+        region = self.r.loc[name]
+        self.released_at.assign(region.offset, region.end, after)
+        self.ready.pop(name, None)
 
     def still_needed(self, name: str) -> bool:
         return self.readers_left[name] > 0 or name == self.plan.loss or name in self.finals
 
     def end(self) -> None:
-        missing = [o.index for o in self.plan.ops if o.index not in self.ran]
+        missing = [o.index for o in self.plan.ops if o.index not in self.r.ran]
         if missing:
             self.at = ("op", missing[0])
             raise self.invalid(1, f"op{'s' if len(missing) > 1 else ''} {', '.join(map(str, missing[:5]))} never "
                                   f"run{' (and more)' if len(missing) > 5 else ''}")
-        loss = self.plan.loss
-        if loss not in self.loc and self.host.get(self.slot.get(loss, loss)) != loss:
+        loss, loc, host = self.plan.loss, self.r.loc, self.r.host
+        if loss not in loc and host.get(self.slot.get(loss, loss)) != loss:
             raise self.invalid(6, f"the loss `{loss}` is neither on the device nor on the host at the end")
         new = dict(self.plan.updates)
         for i, t in enumerate(self.plan.tensors):
@@ -415,9 +391,9 @@ class _Replay:
                 continue
             self.at = ("tensor", i)
             final = new.get(t.name, t.name)
-            if isinstance(t.home, Region) and self.loc.get(final) != t.home:
+            if isinstance(t.home, Region) and loc.get(final) != t.home:
                 raise self.invalid(7, f"`{t.name}` starts at {t.home} but its final value `{final}` ends at "
-                                      f"{self.loc.get(final, 'no region')}")
-            if t.home == HOST and self.host.get(self.slot[final]) != final:
+                                      f"{loc.get(final, 'no region')}")
+            if t.home == HOST and host.get(self.slot[final]) != final:
                 raise self.invalid(7, f"`{t.name}` starts on the host but its final value `{final}` is not written "
                                       "back to its host memory")

@@ -20,9 +20,10 @@ from __future__ import annotations
 import attrs
 
 from swapdsl.graph.analysis import peak_bytes
+from swapdsl.plan.figures import plan_figures
 from swapdsl.plan.program import HOST, Plan, PlanOp, PlanTensor, Region
 from swapdsl.plan.simulate import simulate
-from swapdsl.planning.bound import bound_ms, ideal_ms
+from swapdsl.planning.bound import bound_ms
 from swapdsl.planning.compiled import Evaluator, no_swap_bytes
 from swapdsl.planning.policy import METHODS, Policy
 from swapdsl.planning.problem import Problem, Request
@@ -85,21 +86,5 @@ def assemble(req: Request, p: Problem, method: str, homes: dict[int, Region], pr
 
 def with_figures(plan: Plan, p: Problem, no_swap: int, extra: dict[str, float] | None = None) -> Plan:
     """The simulated figures, stored in the plan (nothing that varies from run to run)."""
-    r = simulate(plan)
-    ideal = ideal_ms(p)
-    figures = {
-        "ideal_ms": ideal,
-        "bound_ms": bound_ms(p, plan.cap),
-        "iteration_ms": r.iteration_ms,
-        "fraction": ideal / r.iteration_ms if r.iteration_ms > 0 else 1.0,
-        "swap_bytes": float(r.swap_bytes),
-        "h2d_bytes": float(r.h2d_bytes),
-        "d2h_bytes": float(r.d2h_bytes),
-        "peak_device_bytes": float(r.peak_device_bytes),
-        "host_bytes": float(r.host_bytes),
-        "ratio": no_swap / plan.cap,
-        "no_swap_bytes": float(no_swap),
-        "graph_peak_bytes": float(peak_bytes(p.graph)),
-        **(extra or {}),
-    }
+    figures = plan_figures(plan, simulate(plan), bound_ms(p, plan.cap), no_swap, peak_bytes(p.graph), extra)
     return attrs.evolve(plan, figures=tuple(figures.items()))

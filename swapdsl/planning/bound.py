@@ -36,11 +36,12 @@ for graphs where they are larger: (|S_a| - cap + P_read - cap) / h2d and
 from __future__ import annotations
 
 from swapdsl.devices.profiles import Device
+from swapdsl.plan import program
 from swapdsl.planning.problem import Problem
 
 
 def ideal_ms(p: Problem) -> float:
-    return sum(p.op_ms)
+    return program.ideal_ms(p.op_ms)
 
 
 def _closure(start: set[int], edges: dict[int, list[int]]) -> set[int]:

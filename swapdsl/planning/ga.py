@@ -46,6 +46,7 @@ import numpy as np
 from swapdsl.common.errors import SwpError
 from swapdsl.plan.program import Plan
 from swapdsl.planning.baselines import Setup, baseline_setup, build_plan, with_figures
+from swapdsl.planning.bound import ideal_ms
 from swapdsl.planning.compiled import Evaluator, priority_order
 from swapdsl.planning.policy import METHODS, OUTPUTS, Policy
 from swapdsl.planning.problem import Problem, Request
@@ -358,7 +359,7 @@ def genetic_search(req: Request, opts: SearchOptions, on_generation: Callable[[i
     d = Decoder(req)
     rng = np.random.default_rng(opts.seed)
     workers = opts.workers or os.cpu_count() or 1
-    ideal = sum(d.p.op_ms)
+    ideal = ideal_ms(d.p)
     baselines = {m: baseline_setup(d.p, m, req.cap, d.no_swap)[0] for m in METHODS}
     pop = _seeds(d, rng, opts.population)
     first = d.score(pop[0])  # compiles the inner loop (or loads it) once, before workers fork

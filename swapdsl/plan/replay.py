@@ -1,0 +1,180 @@
+"""The one replay of a plan: what is resident, in flight and on the host at each instruction, and what
+each instruction waits for.
+
+The validator, the simulator and the interpreter's set-up each drive a ``Replay`` over the program in
+order. Each instruction's ``waits`` are the program indices of the earlier instructions it must follow
+(``START``, the iteration's start, is never listed):
+
+- ``run``: whatever made its inputs complete (the op or swap-in that wrote them) and the frees of the
+  bytes its outputs take;
+- ``swapin``: the run of op ``after``, the frees of its region, and the swap-out that wrote its host copy;
+- ``swapout``: the run of op ``after`` and whatever made the tensor complete;
+- ``free``: the run of op ``after``, any swap-out of the tensor since it came onto the device, and whatever
+  made it complete. A new tenant of its bytes waits for all of these.
+
+Waits on the instruction's own stream are kept: the stream's order already implies them (the simulator
+takes them in its maximum, the interpreter skips them).
+"""
+
+from __future__ import annotations
+
+import bisect
+from collections.abc import Iterator
+
+import attrs
+
+from swapdsl.plan.program import Free, HOST, Instr, InstrKind, KIND_OF, Plan, PlanTensor, Region, Run, SwapIn, SwapOut
+from swapdsl.plan.segments import Segments
+
+START = -1  # the iteration's start (an op index of -1 means the same)
+STREAM = {InstrKind.LAUNCH: "compute", InstrKind.SWAP_IN: "h2d", InstrKind.SWAP_OUT: "d2h"}  # frees: none
+Waits = tuple[int, ...]
+
+
+@attrs.frozen
+class Step:
+    """One instruction as replayed: its place in the program, what it waits for, and the regions it uses
+    (a run: its inputs' regions in order; a copy or a free: the tensor's region)."""
+
+    index: int
+    instr: Instr
+    kind: InstrKind
+    waits: Waits
+    regions: tuple[Region, ...]
+
+
+class Replay:
+    """The state of a replay in progress. Callers check an instruction against it before applying it:
+    the ``apply`` methods trust that the plan is valid up to that instruction."""
+
+    def __init__(self, plan: Plan) -> None:
+        self.plan = plan
+        self.slot = plan.host_slot_owner()
+        self.loc: dict[str, Region] = {}  # tensors on the device (or arriving): their regions
+        self._starts: list[int] = []  # those regions' offsets, sorted, with ``_live`` beside them
+        self._live: list[tuple[Region, str]] = []
+        self.host: dict[str, str] = {}  # host slot -> the tensor whose value it holds
+        self.host_written: dict[str, int] = {}  # host slot -> the swap-out that last wrote it
+        self.ran: dict[int, int] = {START: START}  # op -> its run's program index
+        self.due: dict[str, tuple[int, int]] = {}  # swap-ins not yet read: tensor -> (op due before, index)
+        self.ready: dict[str, int] = {}  # tensor on the device -> what made its bytes complete
+        self.copied_out: dict[str, int] = {}  # tensor -> its swap-out since it last came onto the device
+        self.freed: Segments[Waits] = Segments()  # per byte: what its next tenant waits for
+
+    # -- queries
+
+    def tenant(self, region: Region) -> tuple[Region, str] | None:
+        """A resident tensor whose region overlaps ``region``, if any."""
+        i = bisect.bisect_left(self._starts, region.offset)
+        for j in (i - 1, i):
+            if 0 <= j < len(self._live) and self._live[j][0].overlaps(region):
+                return self._live[j]
+        return None
+
+    def free_waits(self, region: Region) -> Waits:
+        """What a new tenant of ``region`` waits for: the latest free of each of its bytes."""
+        return _union(self.freed.over(region.offset, region.end))
+
+    # -- the iteration's start
+
+    def homes(self) -> Iterator[tuple[int, PlanTensor]]:
+        """Put every tensor with a home where it starts; yields each (tensor line, tensor) first, so that
+        a caller can check it before it is placed."""
+        for i, t in enumerate(self.plan.tensors):
+            if t.home is None:
+                continue
+            yield i, t
+            if t.home == HOST or t.kind == "input":
+                self.host[self.slot[t.name]] = t.name
+                self.host_written[self.slot[t.name]] = START
+            if isinstance(t.home, Region):
+                self.occupy(t.name, t.home)
+                self.ready[t.name] = START
+
+    def steps(self) -> Iterator[Step]:
+        """Replay a valid plan from the start: its tensors' homes, then every instruction in order."""
+        for _ in self.homes():
+            pass
+        for k, instr in enumerate(self.plan.program):
+            yield self.apply(k, instr)
+
+    # -- instructions
+
+    def apply(self, k: int, instr: Instr) -> Step:
+        """Apply instruction ``k`` of the program."""
+        kind = KIND_OF[type(instr)]
+        if isinstance(instr, Run):
+            waits, regions = self.launch(k, instr)
+        elif isinstance(instr, SwapIn):
+            waits, regions = self.swap_in(k, instr), (instr.region,)
+        elif isinstance(instr, SwapOut):
+            waits, regions = self.swap_out(k, instr)
+        else:
+            assert isinstance(instr, Free)
+            waits, regions = self.free(k, instr)
+        return Step(k, instr, kind, waits, regions)
+
+    def launch(self, k: int, instr: Run) -> tuple[Waits, tuple[Region, ...]]:
+        op = self.plan.ops[instr.op]
+        regions = tuple(self.loc[n] for n in op.inputs)
+        waits = [self.ready[n] for n in op.inputs]
+        for name in set(op.inputs):
+            if name in self.due and self.due[name][0] == instr.op:
+                del self.due[name]
+        for name, region in instr.outs:
+            waits += self.free_waits(region)
+            if instr.in_place and name == op.outputs[0]:
+                self.occupy(name, self.vacate(op.inputs[0]))
+            else:
+                self.occupy(name, region)
+            self.ready[name] = k
+        self.ran[instr.op] = k
+        return _union([waits]), regions
+
+    def swap_in(self, k: int, instr: SwapIn) -> Waits:
+        slot = self.slot[instr.tensor]
+        waits = _union([(self.ran[instr.after], self.host_written[slot]), self.free_waits(instr.region)])
+        self.occupy(instr.tensor, instr.region)
+        self.due[instr.tensor] = (instr.before, k)
+        self.ready[instr.tensor] = k
+        return waits
+
+    def swap_out(self, k: int, instr: SwapOut) -> tuple[Waits, tuple[Region, ...]]:
+        name = instr.tensor
+        waits = _union([(self.ran[instr.after], self.ready[name])])
+        slot = self.slot[name]
+        self.host[slot] = name
+        self.host_written[slot] = self.copied_out[name] = k
+        return waits, (self.loc[name],)
+
+    def free(self, k: int, instr: Free) -> tuple[Waits, tuple[Region, ...]]:
+        name = instr.tensor
+        waits = _union([(self.ran[instr.after], self.copied_out.pop(name, START), self.ready[name])])
+        region = self.vacate(name)
+        self.freed.assign(region.offset, region.end, waits)
+        return waits, (region,)
+
+    # -- residency
+
+    def occupy(self, name: str, region: Region) -> None:
+        i = bisect.bisect_left(self._starts, region.offset)
+        self._starts.insert(i, region.offset)
+        self._live.insert(i, (region, name))
+        self.loc[name] = region
+        self.copied_out.pop(name, None)
+
+    def vacate(self, name: str) -> Region:
+        region = self.loc.pop(name)
+        i = bisect.bisect_left(self._starts, region.offset)
+        del self._starts[i], self._live[i]
+        self.ready.pop(name, None)
+        return region
+
+
+def walk(plan: Plan) -> Iterator[Step]:
+    """Replay a valid plan: its tensors' homes, then every instruction in order."""
+    return Replay(plan).steps()
+
+
+def _union(groups: list[Waits] | list[list[int]] | list[tuple[int, ...]]) -> Waits:
+    return tuple(sorted({w for g in groups for w in g if w != START}))

@@ -1,7 +1,28 @@
 """swapdsl: train models larger than GPU memory.
 
-The pipeline is a chain of pure stages (see DESIGN.md):
-``parse -> elaborate -> (autodiff) -> optimize -> interpret``.
+The pipeline is a chain of pure stages, one package each (docs/design.md):
+``lang`` (parse, elaborate) -> ``graph`` (IR, autodiff) -> ``planning`` (optimize) -> ``plan``
+(the program, validated and simulated) -> ``runtime`` (interpret). The library API is here:
+
+    import swapdsl
+    model = swapdsl.load("net.swp", batch=8)
+    plan = swapdsl.optimize(model, memory="8GiB")
+    swapdsl.save(plan, "net.plan")
+    print(swapdsl.execute(plan, steps=10).losses)
 """
 
+from __future__ import annotations
+
+from typing import Any
+
 __version__ = "0.1.0"
+__all__ = ["Execution", "Model", "SwpError", "execute", "load", "optimize", "read", "save", "simulate"]
+
+
+def __getattr__(name: str) -> Any:
+    """The API loads on first use, so that importing one stage does not import them all."""
+    if name in __all__:
+        from swapdsl import api
+
+        return getattr(api, name)
+    raise AttributeError(f"module 'swapdsl' has no attribute {name!r}")

@@ -5,7 +5,10 @@ from pathlib import Path
 
 import pytest
 
-from swapdsl.cli import main
+from swapdsl import api
+from swapdsl.cli import main, parse_defines
+from swapdsl.graph.ir import Graph
+from swapdsl.lang.loader import Program
 
 REPO = Path(__file__).resolve().parent.parent
 MODELS = REPO / "stdlib" / "models"
@@ -42,6 +45,12 @@ def cli(capsys: pytest.CaptureFixture[str]):
 def in_tmp(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     monkeypatch.chdir(tmp_path)
     return tmp_path
+
+
+def build_graph(path: str, defines: list[str]) -> tuple[Program, Graph]:
+    """The front half of the pipeline, as `swapdsl check` runs it: parsed, elaborated, checked."""
+    model = api.load(path, parse_defines(defines))
+    return model.program, model.graph
 
 
 def write(path: Path, text: str) -> Path:

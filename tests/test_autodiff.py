@@ -7,8 +7,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from conftest import MODELS, write
-from swapdsl.cli import build_graph
+from conftest import MODELS, build_graph, write
 from swapdsl.graph.analysis import in_place_ops
 from swapdsl.graph.autodiff import training_graph
 from swapdsl.graph.checker import check_graph

@@ -52,12 +52,12 @@ def test_bad_defines_are_refused(cli, define: str, expected: str) -> None:
 
 def test_an_unwritable_output_is_refused_before_the_search(cli, monkeypatch: pytest.MonkeyPatch,
                                                            in_tmp: Path) -> None:
-    import swapdsl.cli
+    import swapdsl.api
 
     def no_search(*args: object, **kw: object) -> None:
         raise AssertionError("searched before checking -o")
 
-    monkeypatch.setattr(swapdsl.cli, "optimize", no_search)
+    monkeypatch.setattr(swapdsl.api, "optimize", no_search)
     for target, why in [("/proc/x.plan", "cannot write the plan `/proc/x.plan`"),
                         ("missing/x.plan", "folder `missing` does not exist"), (".", "is a directory")]:
         code, _, err = cli("optimize", MODELS / "mlp.swp", "--memory", "8MiB", "-o", target)

@@ -10,9 +10,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from conftest import MODELS
+from conftest import MODELS, build_graph
 from strategies import training_graphs
-from swapdsl.cli import build_graph
 from swapdsl.devices.profiles import BUILTIN
 from swapdsl.graph.autodiff import training_graph
 from swapdsl.graph.ir import Graph

@@ -5,8 +5,7 @@ from __future__ import annotations
 import attrs
 import pytest
 
-from conftest import MODELS
-from swapdsl.cli import build_graph
+from conftest import MODELS, build_graph
 from swapdsl.graph.checker import IRError, check_graph
 from swapdsl.graph.ir import Op, TensorType
 

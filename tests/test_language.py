@@ -6,8 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import write
-from swapdsl.cli import build_graph
+from conftest import build_graph, write
 from swapdsl.common.errors import Span
 from swapdsl.lang import ast
 from swapdsl.lang.parser import parse

@@ -7,8 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import MODELS, REPO, SMALL_MODELS, UPDATE_GOLDEN
-from swapdsl.cli import build_graph
+from conftest import MODELS, REPO, SMALL_MODELS, UPDATE_GOLDEN, build_graph
 from swapdsl.graph.printer import print_graph
 
 GOLDEN = Path(__file__).parent / "golden"

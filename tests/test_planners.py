@@ -12,9 +12,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from conftest import MODELS, safety
+from conftest import MODELS, build_graph, safety
 from strategies import training_graphs
-from swapdsl.cli import build_graph
 from swapdsl.common.errors import SwpError
 from swapdsl.devices.profiles import BUILTIN
 from swapdsl.fuzz.bound_gap import bound_gap

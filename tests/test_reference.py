@@ -8,8 +8,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from conftest import MODELS, SMALL_MODELS, write
-from swapdsl.cli import build_graph
+from conftest import MODELS, SMALL_MODELS, build_graph, write
 from swapdsl.graph.autodiff import training_graph
 from swapdsl.runtime.reference import train
 

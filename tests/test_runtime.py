@@ -12,9 +12,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from conftest import MODELS, safety, write
+from conftest import MODELS, build_graph, safety, write
 from strategies import training_graphs
-from swapdsl.cli import build_graph
 from swapdsl.graph.autodiff import training_graph
 from swapdsl.graph.ir import Graph
 from swapdsl.plan.program import Plan, Run, SwapIn

@@ -7,8 +7,7 @@ import json
 import numpy as np
 import pytest
 
-from conftest import MODELS
-from swapdsl.cli import build_graph
+from conftest import MODELS, build_graph
 from swapdsl.graph.autodiff import training_graph
 from swapdsl.runtime.reference import train
 

@@ -17,7 +17,6 @@ from collections.abc import Callable
 from pathlib import Path
 
 import attrs
-import numpy as np
 
 from swapdsl.fuzz import run_cli
 
@@ -163,22 +162,12 @@ def judge(mutant: Mutant, folder: Path, slow_s: float = 0.002) -> Verdict:
 
 def _delayed_diff(path: Path, copy_delay_s: float, kernel_delay_s: float) -> float:
     """The plan run once more with every copy or every kernel slowed down, against the reference."""
-    from swapdsl.cli import load_plan, relative_diff
-    from swapdsl.runtime.backend import to_host
-    from swapdsl.runtime.interpreter import PlanRunner
-    from swapdsl.runtime.reference import Trainer
+    from swapdsl import api
 
-    plan, train = load_plan(str(path), need_model=True)
-    assert train is not None
-    runner = PlanRunner(plan, train, "numpy", np, 0, copy_delay_s=copy_delay_s, kernel_delay_s=kernel_delay_s)
-    ref = Trainer(train, 0, np)
-    try:
-        loss, _ = runner.step(1)
-        diffs = [relative_diff(loss, ref.step(1))]
-        diffs += [relative_diff(v, to_host(ref.persistent[k])) for k, v in runner.persistent_values().items()]
-    finally:
-        runner.close()
-    return max(diffs)
+    run = api.execute_plan(*api.read_checked(str(path), need_model=True), steps=1, backend="numpy", check=True,
+                           copy_delay_s=copy_delay_s, kernel_delay_s=kernel_delay_s)
+    assert run.max_rel_diff is not None
+    return run.max_rel_diff
 
 
 def campaign(plans: dict[str, str], folder: Path, cases: int, seed: int,

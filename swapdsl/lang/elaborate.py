@@ -67,8 +67,11 @@ class _Frame:
     in_model: bool
 
 
-def elaborate(program: Program, overrides: Mapping[str, str] | None = None) -> Graph:
-    """The forward graph of the program's model, with ``-D`` overrides applied."""
+Override = str | int | float | bool  # text as given to -D, or a typed value (the library API, a plan's args)
+
+
+def elaborate(program: Program, overrides: Mapping[str, Override] | None = None) -> Graph:
+    """The forward graph of the program's model, with overrides of its arguments applied."""
     el = _Elaborator(program)
     try:
         return el.run(overrides or {})
@@ -92,7 +95,7 @@ def model_of(program: Program) -> ast.ModelDef:
 # ---- model arguments ---------------------------------------------------------
 
 
-def model_arguments(model: ast.ModelDef, overrides: Mapping[str, str]) -> dict[str, int | float | bool]:
+def model_arguments(model: ast.ModelDef, overrides: Mapping[str, Override]) -> dict[str, int | float | bool]:
     """The model's arguments: each default, replaced by its ``-D`` override."""
     declared = {p.name: p for p in model.params}
     for key in overrides:
@@ -106,8 +109,11 @@ def model_arguments(model: ast.ModelDef, overrides: Mapping[str, str]) -> dict[s
         if kind not in (None, "int", "float", "bool"):
             raise SwpError(f"model argument `{p.name}` has unknown type `{kind}`", p.span,
                            hints=["model arguments are int, float or bool"])
-        if p.name in overrides:
-            values[p.name] = _parse_override(p, kind or _guess_kind(overrides[p.name]), overrides[p.name])
+        given = overrides.get(p.name)
+        if isinstance(given, str):
+            values[p.name] = _parse_override(p, kind or _guess_kind(given), given)
+        elif given is not None:
+            values[p.name] = _typed_override(p, kind or _kind_of(given), given)
         elif default is None:
             raise SwpError(f"model argument `{p.name}` has no default", p.span,
                            hints=[f"give it one, or pass -D {p.name}=VALUE"])
@@ -140,6 +146,17 @@ def _guess_kind(text: str) -> str:
         return "int"
     except ValueError:
         return "float"
+
+
+def _typed_override(p: ast.ParamDecl, kind: str, value: int | float | bool) -> int | float | bool:
+    ok = {"bool": isinstance(value, bool),
+          "int": isinstance(value, int) and not isinstance(value, bool) and -MAX_INT < value < MAX_INT,
+          "float": isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)}
+    if not ok[kind]:
+        expected = {"int": "an integer below 2**63", "float": "a finite number", "bool": "True or False"}[kind]
+        raise SwpError(f"model argument `{p.name}` = {value!r}: expected {expected}", p.span,
+                       hints=[f"`{p.name}` is declared here as {kind}"])
+    return float(value) if kind == "float" else value
 
 
 def _parse_override(p: ast.ParamDecl, kind: str, text: str) -> int | float | bool:
@@ -182,7 +199,7 @@ class _Elaborator:
         self.loss: tuple[TensorVal, Optimizer] | None = None
         self.visible = {path: self._visible_functions(path) for path in program.modules}
 
-    def run(self, overrides: Mapping[str, str]) -> Graph:
+    def run(self, overrides: Mapping[str, Override]) -> Graph:
         model = model_of(self.program)
         args = model_arguments(model, overrides)
         frame = _Frame(dict(args), self.program.entry, in_model=True)

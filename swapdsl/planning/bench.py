@@ -27,7 +27,7 @@ def model_path(name: str) -> Path:
     return path if path.suffix == ".swp" else STDLIB_DIR / "models" / f"{name}.swp"
 
 
-def run(models: list[str], ratios: list[float], methods: list[str], device: Device,
+def rows(models: list[str], ratios: list[float], methods: list[str], device: Device,
         search: SearchOptions, log: Any = None) -> list[dict[str, Any]]:
     """One row per (model, ratio, method); the cap for ratio r is the no-swap arena / r."""
     rows = []

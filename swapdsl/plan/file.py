@@ -61,28 +61,28 @@ def _instr(i: Any) -> str:
     return f"free {_q(i.tensor)} after {i.after}"
 
 
-def format_plan(p: Plan) -> str:
-    lines = [f"swapdsl-plan {VERSION}", f"model {_q(p.model_path)} sha256 {_q(p.model_sha256)}"]
-    lines += [f"arg {k} {_v(v)}" for k, v in p.args]
-    lines.append(f"method {p.method}")
-    dev = " ".join(f"{k} {_v(getattr(p.device, k))}" for k in _DEVICE_SCALARS)
-    lines.append(f"device {_q(p.device.name)} {dev}")
-    lines += [f"flops {k} {_v(v)}" for k, v in p.device.flops]
-    lines.append(f"cap {p.cap}")
-    lines += [f"tensor {_q(t.name)} bytes {t.bytes} kind {t.kind}{_home(t)}" for t in p.tensors]
-    for o in p.ops:
+def format_plan(plan: Plan) -> str:
+    lines = [f"swapdsl-plan {VERSION}", f"model {_q(plan.model_path)} sha256 {_q(plan.model_sha256)}"]
+    lines += [f"arg {k} {_v(v)}" for k, v in plan.args]
+    lines.append(f"method {plan.method}")
+    dev = " ".join(f"{k} {_v(getattr(plan.device, k))}" for k in _DEVICE_SCALARS)
+    lines.append(f"device {_q(plan.device.name)} {dev}")
+    lines += [f"flops {k} {_v(v)}" for k, v in plan.device.flops]
+    lines.append(f"cap {plan.cap}")
+    lines += [f"tensor {_q(t.name)} bytes {t.bytes} kind {t.kind}{_home(t)}" for t in plan.tensors]
+    for o in plan.ops:
         ins = "".join(f" {_q(n)}" for n in o.inputs)
         outs = "".join(f" {_q(n)}" for n in o.outputs)
         lines.append(f"op {o.index} {_q(o.op)} ms {_v(o.ms)} in{ins} out{outs}")
-    lines.append(f"loss {_q(p.loss)}")
-    lines += [f"update {_q(old)} {_q(new)}" for old, new in p.updates]
-    lines += [_instr(i) for i in p.program]
-    lines += [f"figure {k} {_v(v)}" for k, v in p.figures]
+    lines.append(f"loss {_q(plan.loss)}")
+    lines += [f"update {_q(old)} {_q(new)}" for old, new in plan.updates]
+    lines += [_instr(i) for i in plan.program]
+    lines += [f"figure {k} {_v(v)}" for k, v in plan.figures]
     return "\n".join(lines) + "\n"
 
 
-def write_plan(p: Plan, path: str | Path) -> None:
-    write_text_atomically(path, format_plan(p), "plan")
+def write_plan(plan: Plan, path: str | Path) -> None:
+    write_text_atomically(path, format_plan(plan), "plan")
 
 
 # ---- reading ---------------------------------------------------------------------
@@ -271,35 +271,35 @@ class _Build(Transformer):
         self.f["figures"].append((str(c[0]), float(_number(c[1]))))
 
 
-def _model_candidates(p: Plan, plan_path: str | Path) -> list[Path]:
-    return [Path(p.model_path), Path(plan_path).parent / p.model_path]
+def _model_candidates(plan: Plan, plan_path: str | Path) -> list[Path]:
+    return [Path(plan.model_path), Path(plan_path).parent / plan.model_path]
 
 
-def locate_model(p: Plan, plan_path: str | Path) -> Path | None:
+def locate_model(plan: Plan, plan_path: str | Path) -> Path | None:
     """The plan's model file if it can be found (refused if it changed since the plan was made), else None."""
-    found = next((c for c in _model_candidates(p, plan_path) if c.is_file()), None)
+    found = next((c for c in _model_candidates(plan, plan_path) if c.is_file()), None)
     if found is not None:
-        _same_hash(p, found)
+        _same_hash(plan, found)
     return found
 
 
-def find_model(p: Plan, plan_path: str | Path) -> Path:
+def find_model(plan: Plan, plan_path: str | Path) -> Path:
     """The plan's model file, unchanged since the plan was made."""
-    found = locate_model(p, plan_path)
+    found = locate_model(plan, plan_path)
     if found is None:
-        raise SwpError(f"cannot find the plan's model `{p.model_path}`", _model_span(p),
+        raise SwpError(f"cannot find the plan's model `{plan.model_path}`", _model_span(plan),
                        hints=["run from the folder the plan was made in, or next to the model"])
     return found
 
 
-def _model_span(p: Plan) -> Span | None:
-    line = p.origin.line("model") if p.origin is not None else None
-    return Span.point(p.origin.file, line, 1) if p.origin is not None and line is not None else None
+def _model_span(plan: Plan) -> Span | None:
+    line = plan.origin.line("model") if plan.origin is not None else None
+    return Span.point(plan.origin.file, line, 1) if plan.origin is not None and line is not None else None
 
 
-def _same_hash(p: Plan, path: Path) -> None:
+def _same_hash(plan: Plan, path: Path) -> None:
     sha = load(path).sha256
-    if sha != p.model_sha256:
-        raise SwpError(f"the model `{p.model_path}` has changed since this plan was made", _model_span(p),
-                       hints=[f"plan made for sha256 {p.model_sha256[:16]}..., the model now is {sha[:16]}...",
+    if sha != plan.model_sha256:
+        raise SwpError(f"the model `{plan.model_path}` has changed since this plan was made", _model_span(plan),
+                       hints=[f"plan made for sha256 {plan.model_sha256[:16]}..., the model now is {sha[:16]}...",
                               "run `swapdsl optimize` again"])

@@ -165,9 +165,9 @@ def check_describes(plan: Plan, g: Graph) -> None:
         extra = "more" if len(have) > len(want) else "fewer"
         raise PlanError(f"the plan has {len(have)} tensors, {extra} than the {len(want)} of the model's training "
                         "graph", ("tensor", min(len(have), len(want))))
-    for i, (p, o) in enumerate(zip(plan.ops, g.ops)):
-        if (p.op, p.inputs, p.outputs) != (o.op, o.inputs, o.outputs):
-            raise PlanError(f"op {i} is `{p.op}` {list(p.inputs)} -> {list(p.outputs)} in the plan but `{o.op}` "
+    for i, (mine, o) in enumerate(zip(plan.ops, g.ops)):
+        if (mine.op, mine.inputs, mine.outputs) != (o.op, o.inputs, o.outputs):
+            raise PlanError(f"op {i} is `{mine.op}` {list(mine.inputs)} -> {list(mine.outputs)} in the plan but `{o.op}` "
                             f"{list(o.inputs)} -> {list(o.outputs)} in the model's training graph", ("op", i))
     if len(plan.ops) != len(g.ops):
         raise PlanError(f"the plan has {len(plan.ops)} ops, the model's training graph {len(g.ops)}",
@@ -262,6 +262,12 @@ class _Checks:
             raise self.invalid(1, f"{context} waits for op {op}, which has not run yet at that point")
         return self.r.ran[op]
 
+    def copy_or_free(self, instr: SwapIn | SwapOut | Free, what: str) -> tuple[str, str, int]:
+        """The tensor, how to name the instruction in a message, and where the op it waits for ran."""
+        name = self.tensor(instr.tensor)
+        context = f"the {what} of `{name}`"
+        return name, context, self.position(instr.after, context)
+
     # -- instructions
 
     def start(self) -> None:
@@ -326,9 +332,7 @@ class _Checks:
             raise self.invalid(8, f"{self.what(op)} overwrites `{first}` while its swap-out may still be reading it")
 
     def swapin(self, k: int, instr: SwapIn) -> None:
-        name = self.tensor(instr.tensor)
-        context = f"the swap-in of `{name}`"
-        after = self.position(instr.after, context)
+        name, context, after = self.copy_or_free(instr, "swap-in")
         if instr.before in self.r.ran or not 0 <= instr.before < len(self.plan.ops):
             raise self.invalid(4, f"{context} is due before op {instr.before}, which has already run or does not "
                                   "exist")
@@ -342,9 +346,7 @@ class _Checks:
         self.vacant(name, region, context)
 
     def swapout(self, k: int, instr: SwapOut) -> None:
-        name = self.tensor(instr.tensor)
-        context = f"the swap-out of `{name}`"
-        after = self.position(instr.after, context)
+        name, context, after = self.copy_or_free(instr, "swap-out")
         if name not in self.r.loc:
             raise self.invalid(6, f"{context}: `{name}` is not on the device")
         if name in self.r.due:
@@ -357,9 +359,7 @@ class _Checks:
             raise self.invalid(8, f"{context} may write its host copy while a swap-in still reads that host memory")
 
     def free(self, k: int, instr: Free) -> None:
-        name = self.tensor(instr.tensor)
-        context = f"the free of `{name}`"
-        after = self.position(instr.after, context)
+        name, context, after = self.copy_or_free(instr, "free")
         if name not in self.r.loc:
             raise self.invalid(5, f"{context}: `{name}` holds no region")
         if self.last_touch.get(name, START) > after:

@@ -26,11 +26,11 @@ from typing import Any
 
 import numpy as np
 
-from swapdsl.cli import build_graph
+from swapdsl import api
 from swapdsl.common.paths import STDLIB_DIR
 from swapdsl.devices.profiles import load_device
 from swapdsl.graph.autodiff import training_graph
-from swapdsl.planning import compiled as fastplan
+from swapdsl.planning import compiled
 from swapdsl.planning.baselines import baseline_setup
 from swapdsl.planning.compiled import no_swap_bytes
 from swapdsl.planning.ga import SearchOptions, genetic_search
@@ -53,17 +53,17 @@ def _load(name: str, path: str) -> Any:
 
 def _capture(req: Request, seconds: float) -> list[tuple[np.ndarray, int, frozenset[int], Any]]:
     calls = []
-    call = fastplan.Evaluator.__call__
+    call = compiled.Evaluator.__call__
 
-    def recording(self: fastplan.Evaluator, schedule: Any, cap: int, pinned: frozenset[int], policy: Any) -> Any:
+    def recording(self: compiled.Evaluator, schedule: Any, cap: int, pinned: frozenset[int], policy: Any) -> Any:
         calls.append((np.array(schedule, np.int64), cap, pinned, policy))
         return call(self, schedule, cap, pinned, policy)
 
-    fastplan.Evaluator.__call__ = recording  # type: ignore[method-assign]
+    compiled.Evaluator.__call__ = recording  # type: ignore[method-assign]
     try:
         genetic_search(req, SearchOptions(budget_s=seconds, workers=1))
     finally:
-        fastplan.Evaluator.__call__ = call  # type: ignore[method-assign]
+        compiled.Evaluator.__call__ = call  # type: ignore[method-assign]
     return calls
 
 
@@ -78,7 +78,7 @@ def main() -> None:
     ap.add_argument("--reps", type=int, default=5)
     args = ap.parse_args()
     device = load_device("v100-16gb")
-    _, g = build_graph(str(STDLIB_DIR / "models" / f"{args.model}.swp"), [])
+    g = api.load(STDLIB_DIR / "models" / f"{args.model}.swp").graph
     t = training_graph(g)
     p = Problem.build(t, device)
     req = Request(t, device, int(no_swap_bytes(p) / args.ratio), args.model, g.args)
@@ -90,7 +90,7 @@ def main() -> None:
     every_name = np.array(sorted(range(len(p.names)), key=p.names.__getitem__), np.int64)
     evaluators = []
     for build in builds:
-        ev = fastplan.Evaluator(p)
+        ev = compiled.Evaluator(p)
         if getattr(build, "every_name", False):
             ev.by_name = every_name
         evaluators.append(ev)
@@ -100,7 +100,7 @@ def main() -> None:
         results: list[object] = [None, None]
         for _ in range(args.reps):
             for k, (build, ev) in enumerate(zip(builds, evaluators)):
-                fastplan._fastplan = build
+                compiled._fastplan = build
                 started = time.perf_counter()
                 results[k] = ev(*case)
                 times[k].append(time.perf_counter() - started)

@@ -13,7 +13,8 @@ from __future__ import annotations
 import argparse
 import statistics
 
-from swapdsl.cli import build_graph
+from swapdsl import api
+from swapdsl.cli import parse_defines
 from swapdsl.common.paths import STDLIB_DIR
 from swapdsl.devices.profiles import BUILTIN
 from swapdsl.graph.autodiff import training_graph
@@ -43,7 +44,7 @@ def main() -> None:
     print(f"{'model':<17} {'ratio':>5} {'cap MiB':>8} {'simulated ms':>13} {'measured ms':>12} {'error':>7} "
           f"{'swap MiB':>9}")
     for name, defines in MODELS.items():
-        _, g = build_graph(str(STDLIB_DIR / "models" / f"{name}.swp"), defines)
+        g = api.load(STDLIB_DIR / "models" / f"{name}.swp", parse_defines(defines)).graph
         t = training_graph(g)
         device = profile(t, xp, backend, BUILTIN["v100-16gb"], repeat=5)
         p = Problem.build(t, device)

@@ -7,7 +7,7 @@ A plan is made once (belady at the given ratio, default schedule). Then, each
 repeated for the time budget and reported as a median:
 
 - `evaluate ms`: what the search pays per candidate for swap planning plus
-  simulation, in the compiled inner loop (swapdsl/fastplan.py), one core;
+  simulation, in the compiled inner loop (swapdsl/planning/compiled.py), one core;
 - `candidate ms`: the same plus decoding a genome (schedule from priorities,
   pinning, pool), i.e. one whole fitness evaluation of the genetic search;
 - `seeds ms`: the median of one such evaluation over the search's own first
@@ -31,7 +31,7 @@ from collections.abc import Callable
 
 import numpy as np
 
-from swapdsl.cli import build_graph
+from swapdsl import api
 from swapdsl.common.paths import STDLIB_DIR
 from swapdsl.devices.profiles import load_device
 from swapdsl.graph.autodiff import training_graph
@@ -58,7 +58,7 @@ def main() -> None:
           f"{'simulate ms':>12} {'evaluate ms':>12} {'candidate ms':>13} {'seeds ms':>9} {'search ms':>10} "
           f"{'search evaluate ms':>19}")
     for model in args.models:
-        _, g = build_graph(str(STDLIB_DIR / "models" / f"{model}.swp"), [])
+        g = api.load(STDLIB_DIR / "models" / f"{model}.swp").graph
         t = training_graph(g)
         p = Problem.build(t, device)
         no_swap = no_swap_bytes(p)

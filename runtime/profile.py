@@ -2,7 +2,7 @@
 
 `swapdsl profile` writes what it measures into a profile that `optimize
 --device PROFILE.json` reads, so the simulator predicts this backend: op
-times are looked up by the op's signature (costmodel.op_key), copies use the
+times are looked up by the op's signature (devices.costs.op_key), copies use the
 measured bandwidths.
 """
 

@@ -32,7 +32,7 @@ class Device:
     compute_efficiency: float = 0.6
     memory_efficiency: float = 0.8
     source: str = ""
-    op_times: tuple[tuple[str, float], ...] = ()  # measured: op key -> seconds (see costmodel.op_key)
+    op_times: tuple[tuple[str, float], ...] = ()  # measured: op key -> seconds (see devices.costs.op_key)
 
     def peak_flops(self, dtype: str) -> float:
         table = dict(self.flops)

@@ -1,7 +1,7 @@
 /* The optimiser's inner loop in C: the swap planner, the simulator and the schedule decoder that
-   fastplan.Evaluator calls, one call each.
+   compiled.Evaluator calls, one call each.
 
-   plan() makes exactly the program that swapplan.plan_swaps_reference makes, and simulate() times it
+   plan() makes exactly the program that reference.plan_swaps_reference makes, and simulate() times it
    exactly as simulate.simulate does; tests/test_fastplan.py holds both to those references on random
    graphs, caps and policies. The program is a list of records (bucket, kind, tensor, offset, before):
    bucket b holds what is issued after the op at schedule position b - 1, and kinds order a bucket as
@@ -202,7 +202,7 @@ typedef struct {
    bounds (the least key a gap's bytes allow, at its lowest offset: never worse than its place), and a
    bound that leads is made exact. A ranking pays only while its size is asked often: one asked after
    more than gaps / STALE changes is noted again, and that fit looks at every gap, as do fits among
-   fewer than rank_gaps gaps (fastplan.RANK_GAPS). Measured: below 48 gaps rankings cost more than they
+   fewer than rank_gaps gaps (compiled.RANK_GAPS). Measured: below 48 gaps rankings cost more than they
    save on the zoo's smaller graphs; above, the LSTM's search candidates plan 14% faster. */
 #define RANKINGS 4
 #define STALE 2
@@ -618,7 +618,7 @@ static void hp_pop(Planner *P) {
     }
 }
 
-/* The best window to clear (swapplan._Planner.window): its first tenant's node (-1: none) and, in *kj,
+/* The best window to clear (reference._Planner.window): its first tenant's node (-1: none) and, in *kj,
    the node after its last. A window is as good as its worst tenant, so tenants are admitted best key
    first: admitted neighbours form runs (RUN_END of a run's first node is its last and the other way
    round), and the first key at which a run, with the gaps around it, spans the size is the best score.
@@ -862,7 +862,7 @@ static int after_op(Planner *P, const Inputs *in, i64 pos, int belady, int offlo
     return 0;
 }
 
-/* Early swap-ins (swapplan._Planner.bring_early); returns a status. */
+/* Early swap-ins (reference._Planner.bring_early); returns a status. */
 static int bring_early(Planner *P, const Inputs *in, i64 pos, int belady, i64 reserve, i64 horizon, i64 *peak) {
     while (reserve >= 0 && P->hp_n > 0) {
         i64 nxt = P->hk[0], t = P->ht[0], offset, since;

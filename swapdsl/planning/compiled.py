@@ -1,7 +1,7 @@
 """The optimiser's inner loop, compiled: arena placement, swap planning and simulation on flat arrays.
 
 ``Evaluator`` makes, in C (``_fastplan.c``, built with the package), exactly
-the program that the readable reference ``swapplan.plan_swaps_reference``
+the program that the readable reference ``reference.plan_swaps_reference``
 makes, and times it exactly as ``simulate.simulate`` does without building a
 Plan: the genetic search scores thousands of candidates this way. Property
 tests hold the compiled planner to the reference (same program) and the

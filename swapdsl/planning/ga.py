@@ -81,7 +81,7 @@ def _frozen(values: object) -> np.ndarray:
 class Genome:
     priority: np.ndarray = attrs.field(converter=_frozen)  # one per op, read-only
     pin: float = attrs.field(converter=float)  # share of the cap for pinned persistent tensors
-    outputs: int = 0  # index into swapplan.OUTPUTS
+    outputs: int = 0  # index into policy.OUTPUTS
     early: int = 0  # index into EARLY
 
     @property
@@ -96,7 +96,7 @@ class Genome:
 
 def policy_of(outputs: int, early: int) -> Policy:
     """The swap planner's policy for a genome's ``outputs`` and ``early`` genes (indices into
-    ``swapplan.OUTPUTS`` and ``EARLY``)."""
+    ``policy.OUTPUTS`` and ``EARLY``)."""
     share, horizon = EARLY[early] or (None, None)
     return attrs.evolve(POLICY, outputs=OUTPUTS[outputs], early=share, horizon=horizon)
 

@@ -1,7 +1,7 @@
 """The swap planner: given a schedule and a cap, place every tensor in the device arena and decide
 every swap-in, swap-out and free.
 
-This is the reference, written for reading; ``fastplan.py`` makes exactly the
+This is the reference, written for reading; ``compiled.py`` makes exactly the
 same program in compiled code, and a property test holds them together.
 
 The arena is one range of ``cap`` bytes. Pinned persistent tensors and inputs

@@ -121,22 +121,22 @@ def test_tight_caps_take_the_last_resort_paths_and_still_agree(monkeypatch: pyte
     import random
 
     from swapdsl.fuzz.graphs import seeded_training_graph
-    from swapdsl.planning import reference as swapplan
+    from swapdsl.planning import reference
 
     taken = {"clear": 0, "bounce": 0}
-    clear, acquire = swapplan._Planner.clear_all, swapplan._Planner.acquire
+    clear, acquire = reference._Planner.clear_all, reference._Planner.acquire
 
-    def counting_clear(self: swapplan._Planner, *args: object) -> None:
+    def counting_clear(self: reference._Planner, *args: object) -> None:
         taken["clear"] += 1
         clear(self, *args)  # type: ignore[arg-type]
 
-    def counting_acquire(self: swapplan._Planner, *args: object) -> object:
+    def counting_acquire(self: reference._Planner, *args: object) -> object:
         got = acquire(self, *args)  # type: ignore[arg-type]
         taken["bounce"] += bool(got and got[1])
         return got
 
-    monkeypatch.setattr(swapplan._Planner, "clear_all", counting_clear)
-    monkeypatch.setattr(swapplan._Planner, "acquire", counting_acquire)
+    monkeypatch.setattr(reference._Planner, "clear_all", counting_clear)
+    monkeypatch.setattr(reference._Planner, "acquire", counting_acquire)
     for seed in range(60):
         t = seeded_training_graph(seed)
         p = Problem.build(t, V100)

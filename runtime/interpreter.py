@@ -157,7 +157,7 @@ class PlanRunner:
         work = []
         for s in steps:
             stream = stream_of[s.index]
-            waits = tuple(w for w in s.waits if stream_of[w] != stream)
+            waits = tuple(dict.fromkeys(w for w in s.waits if stream_of[w] != stream))
             work.append((stream, waits, self._work(s), s.index))
         return work
 

@@ -13,15 +13,14 @@ order. Each instruction's ``waits`` are the program indices of the earlier instr
   made it complete. A new tenant of its bytes waits for all of these.
 
 Waits on the instruction's own stream are kept: the stream's order already implies them (the simulator
-takes them in its maximum, the interpreter skips them).
+takes them in its maximum, the interpreter skips them). An index may be listed twice.
 """
 
 from __future__ import annotations
 
 import bisect
 from collections.abc import Iterator
-
-import attrs
+from typing import NamedTuple
 
 from swapdsl.plan.program import Free, HOST, Instr, InstrKind, KIND_OF, Plan, PlanTensor, Region, Run, SwapIn, SwapOut
 from swapdsl.plan.segments import Segments
@@ -31,8 +30,7 @@ STREAM = {InstrKind.LAUNCH: "compute", InstrKind.SWAP_IN: "h2d", InstrKind.SWAP_
 Waits = tuple[int, ...]
 
 
-@attrs.frozen
-class Step:
+class Step(NamedTuple):  # (a NamedTuple: a long plan makes one per instruction, and these are cheap)
     """One instruction as replayed: its place in the program, what it waits for, and the regions it uses
     (a run: its inputs' regions in order; a copy or a free: the tensor's region)."""
 
@@ -47,8 +45,10 @@ class Replay:
     """The state of a replay in progress. Callers check an instruction against it before applying it:
     the ``apply`` methods trust that the plan is valid up to that instruction."""
 
-    def __init__(self, plan: Plan) -> None:
+    def __init__(self, plan: Plan, overlaps: bool = False) -> None:
+        """``overlaps``: keep the index ``tenant`` reads (the validator asks; a valid plan needs no asking)."""
         self.plan = plan
+        self.overlaps = overlaps
         self.slot = plan.host_slot_owner()
         self.loc: dict[str, Region] = {}  # tensors on the device (or arriving): their regions
         self._starts: list[int] = []  # those regions' offsets, sorted, with ``_live`` beside them
@@ -59,21 +59,28 @@ class Replay:
         self.due: dict[str, tuple[int, int]] = {}  # swap-ins not yet read: tensor -> (op due before, index)
         self.ready: dict[str, int] = {}  # tensor on the device -> what made its bytes complete
         self.copied_out: dict[str, int] = {}  # tensor -> its swap-out since it last came onto the device
-        self.freed: Segments[Waits] = Segments()  # per byte: what its next tenant waits for
+        # per byte: the run after which it fell free, and what its next tenant waits for
+        self.freed: Segments[tuple[int, Waits]] = Segments()
+        self._handlers = {InstrKind.LAUNCH: self.launch, InstrKind.SWAP_IN: self.swap_in,
+                          InstrKind.SWAP_OUT: self.swap_out, InstrKind.FREE: self.free}
 
     # -- queries
 
     def tenant(self, region: Region) -> tuple[Region, str] | None:
-        """A resident tensor whose region overlaps ``region``, if any."""
+        """A resident tensor whose region overlaps ``region``, if any (with ``overlaps`` set)."""
         i = bisect.bisect_left(self._starts, region.offset)
         for j in (i - 1, i):
             if 0 <= j < len(self._live) and self._live[j][0].overlaps(region):
                 return self._live[j]
         return None
 
-    def free_waits(self, region: Region) -> Waits:
+    def free_waits(self, region: Region) -> list[int]:
         """What a new tenant of ``region`` waits for: the latest free of each of its bytes."""
-        return _union(self.freed.over(region.offset, region.end))
+        return [w for _, waits in self.freed.over(region.offset, region.end) for w in waits]
+
+    def free_since(self, region: Region) -> int:
+        """The run after which all of ``region`` is free (START: since the iteration began)."""
+        return max([after for after, _ in self.freed.over(region.offset, region.end)], default=START)
 
     # -- the iteration's start
 
@@ -103,70 +110,65 @@ class Replay:
     def apply(self, k: int, instr: Instr) -> Step:
         """Apply instruction ``k`` of the program."""
         kind = KIND_OF[type(instr)]
-        if isinstance(instr, Run):
-            waits, regions = self.launch(k, instr)
-        elif isinstance(instr, SwapIn):
-            waits, regions = self.swap_in(k, instr), (instr.region,)
-        elif isinstance(instr, SwapOut):
-            waits, regions = self.swap_out(k, instr)
-        else:
-            assert isinstance(instr, Free)
-            waits, regions = self.free(k, instr)
+        waits, regions = self._handlers[kind](k, instr)
         return Step(k, instr, kind, waits, regions)
 
     def launch(self, k: int, instr: Run) -> tuple[Waits, tuple[Region, ...]]:
         op = self.plan.ops[instr.op]
-        regions = tuple(self.loc[n] for n in op.inputs)
-        waits = [self.ready[n] for n in op.inputs]
-        for name in set(op.inputs):
-            if name in self.due and self.due[name][0] == instr.op:
-                del self.due[name]
+        loc, ready, due = self.loc, self.ready, self.due
+        regions = tuple([loc[n] for n in op.inputs])
+        waits = [w for n in op.inputs if (w := ready[n]) != START]
+        for name in op.inputs:
+            if name in due and due[name][0] == instr.op:
+                del due[name]
         for name, region in instr.outs:
             waits += self.free_waits(region)
             if instr.in_place and name == op.outputs[0]:
                 self.occupy(name, self.vacate(op.inputs[0]))
             else:
                 self.occupy(name, region)
-            self.ready[name] = k
+            ready[name] = k
         self.ran[instr.op] = k
-        return _union([waits]), regions
+        return tuple(waits), regions
 
-    def swap_in(self, k: int, instr: SwapIn) -> Waits:
-        slot = self.slot[instr.tensor]
-        waits = _union([(self.ran[instr.after], self.host_written[slot]), self.free_waits(instr.region)])
+    def swap_in(self, k: int, instr: SwapIn) -> tuple[Waits, tuple[Region, ...]]:
+        waits = _known(self.ran[instr.after], self.host_written[self.slot[instr.tensor]])
+        waits += tuple(self.free_waits(instr.region))
         self.occupy(instr.tensor, instr.region)
         self.due[instr.tensor] = (instr.before, k)
         self.ready[instr.tensor] = k
-        return waits
+        return waits, (instr.region,)
 
     def swap_out(self, k: int, instr: SwapOut) -> tuple[Waits, tuple[Region, ...]]:
         name = instr.tensor
-        waits = _union([(self.ran[instr.after], self.ready[name])])
         slot = self.slot[name]
         self.host[slot] = name
         self.host_written[slot] = self.copied_out[name] = k
-        return waits, (self.loc[name],)
+        return _known(self.ran[instr.after], self.ready[name]), (self.loc[name],)
 
     def free(self, k: int, instr: Free) -> tuple[Waits, tuple[Region, ...]]:
         name = instr.tensor
-        waits = _union([(self.ran[instr.after], self.copied_out.pop(name, START), self.ready[name])])
+        after = self.ran[instr.after]
+        waits = _known(after, self.copied_out.pop(name, START), self.ready[name])
         region = self.vacate(name)
-        self.freed.assign(region.offset, region.end, waits)
+        self.freed.assign(region.offset, region.end, (after, waits))
         return waits, (region,)
 
     # -- residency
 
     def occupy(self, name: str, region: Region) -> None:
-        i = bisect.bisect_left(self._starts, region.offset)
-        self._starts.insert(i, region.offset)
-        self._live.insert(i, (region, name))
+        if self.overlaps:
+            i = bisect.bisect_left(self._starts, region.offset)
+            self._starts.insert(i, region.offset)
+            self._live.insert(i, (region, name))
         self.loc[name] = region
         self.copied_out.pop(name, None)
 
     def vacate(self, name: str) -> Region:
         region = self.loc.pop(name)
-        i = bisect.bisect_left(self._starts, region.offset)
-        del self._starts[i], self._live[i]
+        if self.overlaps:
+            i = bisect.bisect_left(self._starts, region.offset)
+            del self._starts[i], self._live[i]
         self.ready.pop(name, None)
         return region
 
@@ -176,5 +178,5 @@ def walk(plan: Plan) -> Iterator[Step]:
     return Replay(plan).steps()
 
 
-def _union(groups: list[Waits] | list[list[int]] | list[tuple[int, ...]]) -> Waits:
-    return tuple(sorted({w for g in groups for w in g if w != START}))
+def _known(*waits: int) -> Waits:
+    return tuple([w for w in waits if w != START])

@@ -48,7 +48,7 @@ def simulate(plan: Plan, timeline: bool = False) -> Result:
     moved = {"h2d": 0, "d2h": 0}
     for step in walk(plan):
         instr = step.instr
-        after = max((end[w] for w in step.waits), default=0.0)
+        after = max([end[w] for w in step.waits]) if step.waits else 0.0
         if isinstance(instr, Free):
             events.append((after, -tensors[instr.tensor].bytes))
             continue

@@ -24,7 +24,6 @@ from swapdsl.graph.ir import Graph, Kind
 from swapdsl.graph.ops import REGISTRY
 from swapdsl.plan.program import ALIGN, Free, HOST, Plan, PlanOp, Region, Run, SwapIn, SwapOut
 from swapdsl.plan.replay import Replay, START
-from swapdsl.plan.segments import Segments
 
 INVARIANTS = {
     1: "the schedule is a topological order",
@@ -213,14 +212,13 @@ class _Checks:
 
     def __init__(self, plan: Plan) -> None:
         self.plan = plan
-        self.r = Replay(plan)
+        self.r = Replay(plan, overlaps=True)
         self.at: Where | None = None
         self.tensors = plan.tensor_map()
         self.slot = self.r.slot
         self.produced: set[str] = set()
         self.ready: dict[str, int] = {}
         self.last_touch: dict[str, int] = {}  # tensor -> the latest run that read or wrote it
-        self.released_at: Segments[int] = Segments()  # per byte, the run after which it fell free
         self.slot_read: dict[str, int] = {}  # host slot -> the run by which every swap-in from it is complete
         self.readers_left = Counter(n for o in plan.ops for n in set(o.inputs))
         new = dict(plan.updates)
@@ -341,7 +339,7 @@ class _Checks:
         if name in self.r.loc:
             raise self.invalid(3, f"{context}: `{name}` is already on the device at {self.r.loc[name]}")
         region = self.region(instr.region, name)
-        if max(self.released_at.over(region.offset, region.end), default=START) > after:
+        if self.r.free_since(region) > after:
             raise self.invalid(5, f"{context} may start after op {instr.after}, before region {region} falls free")
         self.vacant(name, region, context)
 
@@ -369,8 +367,6 @@ class _Checks:
                                   "writing its region")
         if self.still_needed(name) and self.r.host.get(self.slot[name]) != name:
             raise self.invalid(6, f"{context}: `{name}` is needed later but the host holds no copy of it")
-        region = self.r.loc[name]
-        self.released_at.assign(region.offset, region.end, after)
         self.ready.pop(name, None)
 
     def still_needed(self, name: str) -> bool:

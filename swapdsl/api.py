@@ -202,9 +202,10 @@ def execute_plan(plan: Plan, train: Graph | None, steps: int = 10, seed: int = 0
                 on_step(step, loss, ms, diff)
     finally:
         runner.close()
-    sim = simulate_plan(plan)
-    figures = {"h2d_bytes": sim.h2d_bytes, "d2h_bytes": sim.d2h_bytes, "device_arena_bytes": int(runner.arena.nbytes),
-               "host_arena_bytes": int(runner.host.nbytes), "simulated_ms": sim.iteration_ms}
+    f = simulate(plan)
+    figures = {"h2d_bytes": int(f["h2d_bytes"]), "d2h_bytes": int(f["d2h_bytes"]),
+               "device_arena_bytes": int(runner.arena.nbytes), "host_arena_bytes": int(runner.host.nbytes),
+               "simulated_ms": f["iteration_ms"]}
     return Execution(train.name, name, steps, seed, losses, times, figures, worst if check else None)
 
 

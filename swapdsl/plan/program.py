@@ -20,7 +20,8 @@ offset and its size rounded up to 256 bytes.
   on in its host copy.
 
 The list is in issue order: every instruction comes after those it waits for,
-so the simulator, the validator and the runtime each replay it in one pass.
+so one pass replays it (``replay.py``, which the simulator, the validator and
+the runtime all drive).
 """
 
 from __future__ import annotations

@@ -6,9 +6,9 @@ Three passes, each naming the plan line at fault:
    every name known, sizes and device figures in range), so the later passes cannot trip on it;
 2. ``check_describes``: the plan describes exactly the model's training graph (every tensor with its size
    and kind, every op with its inputs and outputs, the loss, every update), when the graph is at hand;
-3. the replay: the program is replayed instruction by instruction against invariants 1-8, with the same
-   synchronisation the interpreter gives it, so that no copy reads bytes before they are written or after
-   they are overwritten.
+3. the replay: each instruction is checked against the plan's replay (``replay.py``, the one the
+   interpreter's waits come from) for invariants 1-8, so that no copy reads bytes before they are written
+   or after they are overwritten.
 
 It trusts nothing a planner says.
 """

@@ -37,17 +37,17 @@ from __future__ import annotations
 
 from swapdsl.devices.profiles import Device
 from swapdsl.plan import program
-from swapdsl.planning.problem import Problem
+from swapdsl.planning.problem import Problem, edges
 
 
 def ideal_ms(p: Problem) -> float:
     return program.ideal_ms(p.op_ms)
 
 
-def _closure(start: set[int], edges: dict[int, list[int]]) -> set[int]:
+def _closure(start: set[int], links: list[list[int]]) -> set[int]:
     seen, todo = set(start), list(start)
     while todo:
-        for nxt in edges.get(todo.pop(), ()):
+        for nxt in links[todo.pop()]:
             if nxt not in seen:
                 seen.add(nxt)
                 todo.append(nxt)
@@ -55,23 +55,13 @@ def _closure(start: set[int], edges: dict[int, list[int]]) -> set[int]:
 
 
 def bound_ms(p: Problem, cap: int) -> float:
-    producer = {t: op for op in range(p.n_ops) for t in p.op_outputs[op]}
-    consumers: dict[int, list[int]] = {}
-    preds: dict[int, list[int]] = {}
-    for op in range(p.n_ops):
-        for t in p.op_inputs[op]:
-            consumers.setdefault(t, []).append(op)
-            if t in producer:
-                preds.setdefault(op, []).append(producer[t])
-    succs: dict[int, list[int]] = {}
-    for op, ps in preds.items():
-        for q in ps:
-            succs.setdefault(q, []).append(op)
+    e = edges(p)
+    producer, consumers, preds, succs = e.producer, e.readers, e.preds, e.succs
     seeds = [op for op in range(p.n_ops) if not p.op_inputs[op] and p.kinds[p.op_outputs[op][0]] == "gradient"]
     ideal = ideal_ms(p)
     if not seeds:
         return ideal
-    first = {c for s in seeds for c in succs.get(s, [])}
+    first = {c for s in seeds for c in succs[s]}
     backward = _closure(set(seeds), succs)
     before = set.intersection(*(_closure({c}, preds) - {c} for c in first)) if first else set()
     before -= backward

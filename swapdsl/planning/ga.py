@@ -49,7 +49,7 @@ from swapdsl.planning.baselines import Setup, baseline_setup, build_plan, with_f
 from swapdsl.planning.bound import ideal_ms
 from swapdsl.planning.compiled import Evaluator, priority_order
 from swapdsl.planning.policy import METHODS, OUTPUTS, Policy
-from swapdsl.planning.problem import Problem, Request
+from swapdsl.planning.problem import Problem, Request, edges
 from swapdsl.planning.sizing import choose_pinned, need_bytes
 
 @attrs.frozen
@@ -134,14 +134,9 @@ class Decoder:
         """Data dependencies, and write-after-read ones: an in-place update runs after every
         other reader of the value it overwrites."""
         p = self.p
-        producer = {t: op for op in range(p.n_ops) for t in p.op_outputs[op]}
-        readers: dict[int, list[int]] = {}
-        preds: list[set[int]] = [set() for _ in range(p.n_ops)]
-        for op in range(p.n_ops):
-            for t in p.op_inputs[op]:
-                readers.setdefault(t, []).append(op)
-                if t in producer:
-                    preds[op].add(producer[t])
+        data = edges(p)
+        readers = data.readers
+        preds = [set(ps) for ps in data.preds]
         for op in range(p.n_ops):
             if p.in_place[op]:
                 preds[op].update(r for r in readers.get(p.op_inputs[op][0], []) if r != op)

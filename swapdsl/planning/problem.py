@@ -73,3 +73,29 @@ class Problem:
 
     def is_forward_activation(self, t: int) -> bool:
         return self.kinds[t] == Kind.activation.value
+
+
+@attrs.frozen
+class Edges:
+    """A problem's data dependencies (each list in op order; an op reading a tensor twice is listed twice)."""
+
+    producer: dict[int, int]  # tensor -> the op that makes it
+    readers: dict[int, list[int]]  # tensor -> the ops that read it
+    preds: list[list[int]]  # op -> the ops that make its inputs, in input order
+    succs: list[list[int]]  # op -> the ops that read its outputs
+
+
+def edges(p: Problem) -> Edges:
+    producer = {t: op for op in range(p.n_ops) for t in p.op_outputs[op]}
+    readers: dict[int, list[int]] = {}
+    preds: list[list[int]] = [[] for _ in range(p.n_ops)]
+    for op in range(p.n_ops):
+        for t in p.op_inputs[op]:
+            readers.setdefault(t, []).append(op)
+            if t in producer:
+                preds[op].append(producer[t])
+    succs: list[list[int]] = [[] for _ in range(p.n_ops)]
+    for op, ps in enumerate(preds):
+        for q in ps:
+            succs[q].append(op)
+    return Edges(producer, readers, preds, succs)

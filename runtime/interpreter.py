@@ -24,7 +24,7 @@ import functools
 import time
 from collections.abc import Callable
 from types import ModuleType
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -38,6 +38,16 @@ from swapdsl.plan.validate import check_describes, validate
 from swapdsl.runtime.backend import require_memory, to_host
 from swapdsl.runtime.data import init_persistent, synthetic_inputs
 from swapdsl.runtime.streams import make_streams
+
+
+class Work(NamedTuple):
+    """One instruction as stream work."""
+
+    stream: str
+    waits: tuple[int, ...]  # the other streams' instructions (program indices) it waits for
+    run: Callable[[], None]
+    index: int  # its program index
+    awaited: bool  # another stream waits for it: record an event
 
 
 def check_runnable(g: Graph) -> None:
@@ -71,6 +81,7 @@ class PlanRunner:
         self.inputs = set(g.inputs)
         self._load_initial(seed)
         self.ctx = KernelContext(xp, 1)
+        self.host_ms = 0.0  # the last step's time to issue its work
         self.work = self._prepare()
 
     # -- memory
@@ -147,19 +158,18 @@ class PlanRunner:
 
     # -- one step
 
-    def _prepare(self) -> list[tuple[str, tuple[int, ...], Callable[[], None], int]]:
-        """The program as stream work, built once: (stream, the other streams' instructions it waits for,
-        the work, its program index). Frees are not stream work: their waits pass to the next tenant."""
+    def _prepare(self) -> list[Work]:
+        """The program as stream work, built once. Frees are not stream work: their waits pass to the next
+        tenant. Only instructions another stream waits for record an event."""
         r = Replay(self.plan)
         steps = [s for s in r.steps() if s.kind is not InstrKind.FREE]
         self.final_loc = dict(r.loc)
         stream_of = {s.index: STREAM[s.kind] for s in steps}
-        work = []
-        for s in steps:
-            stream = stream_of[s.index]
-            waits = tuple(dict.fromkeys(w for w in s.waits if stream_of[w] != stream))
-            work.append((stream, waits, self._work(s), s.index))
-        return work
+        waits = {s.index: tuple(dict.fromkeys(w for w in s.waits if stream_of[w] != stream_of[s.index]))
+                 for s in steps}
+        awaited = {w for ws in waits.values() for w in ws}
+        return [Work(stream_of[s.index], waits[s.index], self._work(s), s.index, s.index in awaited)
+                for s in steps]
 
     def _work(self, s: Step) -> Callable[[], None]:
         instr = s.instr
@@ -190,12 +200,14 @@ class PlanRunner:
         s["compute"].wait(s["h2d"].record())
         self.ctx = KernelContext(self.xp, step)
         done: dict[int, Any] = {}
-        for stream_name, waits, work, index in self.work:
-            stream = s[stream_name]
-            for w in waits:
-                stream.wait(done[w])
-            stream.submit(work)
-            done[index] = stream.record()
+        for w in self.work:
+            stream = s[w.stream]
+            for index in w.waits:
+                stream.wait(done[index])
+            stream.submit(w.run)
+            if w.awaited:
+                done[w.index] = stream.record()
+        self.host_ms = 1e3 * (time.perf_counter() - started)  # the host's part: issuing the step
         for stream in s.values():
             stream.synchronize()
         loss = self._read(self.g.loss, self.final_loc)

@@ -136,7 +136,7 @@ class Execution:
     seed: int
     losses: list[float]
     step_ms: list[float]
-    plan: dict[str, float | int] = attrs.field(factory=dict)
+    plan: dict[str, object] = attrs.field(factory=dict)
     max_rel_diff: float | None = None
 
     def to_json(self) -> dict:
@@ -187,12 +187,13 @@ def execute_plan(plan: Plan, train: Graph | None, steps: int = 10, seed: int = 0
     runner = PlanRunner(plan, train, name, xp, seed, check_plan=False, copy_delay_s=copy_delay_s,
                         kernel_delay_s=kernel_delay_s)
     ref = reference.Trainer(train, seed, xp) if check else None
-    losses, times, worst = [], [], 0.0
+    losses, times, host, worst = [], [], [], 0.0
     try:
         for step in range(1, steps + 1):
             loss, ms = runner.step(step)
             losses.append(loss)
             times.append(ms)
+            host.append(runner.host_ms)
             diff = None
             if ref is not None:
                 diff = max(relative_diff(loss, ref.step(step)),
@@ -205,7 +206,7 @@ def execute_plan(plan: Plan, train: Graph | None, steps: int = 10, seed: int = 0
     f = simulate(plan)
     figures = {"h2d_bytes": int(f["h2d_bytes"]), "d2h_bytes": int(f["d2h_bytes"]),
                "device_arena_bytes": int(runner.arena.nbytes), "host_arena_bytes": int(runner.host.nbytes),
-               "simulated_ms": f["iteration_ms"]}
+               "simulated_ms": f["iteration_ms"], "host_ms_per_step": host}
     return Execution(train.name, name, steps, seed, losses, times, figures, worst if check else None)
 
 

@@ -61,10 +61,9 @@ def run_against_reference(plan: Plan, t: Graph, steps: int, drop_wait: tuple[int
     runner = PlanRunner(plan, t, "numpy", np, seed=3, **kw)  # type: ignore[arg-type]
     if drop_wait is not None:
         k, w = drop_wait
-        i = next(i for i, (_, _, _, index) in enumerate(runner.work) if index == k)
-        stream, waits, work, _ = runner.work[i]
-        assert w in waits
-        runner.work[i] = (stream, tuple(x for x in waits if x != w), work, k)
+        i = next(i for i, work in enumerate(runner.work) if work.index == k)
+        assert w in runner.work[i].waits
+        runner.work[i] = runner.work[i]._replace(waits=tuple(x for x in runner.work[i].waits if x != w))
     worst = 0.0
     try:
         assert runner.arena.nbytes == plan.cap

@@ -96,6 +96,9 @@ def parse(text: str, file: str) -> ast.Module:
     if not text.strip():
         raise SwpError(f"`{file}` is empty", hints=["a model file needs at least `model NAME() { ... }`"])
     try:
+        if len(text) > MAX_TOKENS:  # could be too long: lexing alone finds out 6x sooner than parsing
+            for _ in _lark().lex(text):
+                pass
         tree = _lark().parse(text)
     except UnexpectedInput as exc:
         raise _syntax_error(exc, text, file) from None

@@ -7,12 +7,14 @@ loaded, its replay (swapdsl/plan/replay.py) turns the instruction list into
 stream work with the waits between streams, views and kernel arguments
 built once; a step enqueues that list in order on the calling thread:
 
-- ``run``: the compute stream waits for the swap-ins due before this op and
-  for the regions of its outputs to fall free, then runs the kernel into them;
+- ``run``: the compute stream waits for the swap-ins of its inputs and for
+  the regions of its outputs to fall free, then runs the kernel into them;
 - ``swapin``: the host-to-device stream waits for op ``after``, for its region
   to fall free and for the tensor's host copy, then copies;
-- ``swapout``: the device-to-host stream waits for op ``after``, then copies;
-- ``free``: the region falls free once op ``after`` and any swap-out are done.
+- ``swapout``: the device-to-host stream waits for op ``after`` (and the
+  tensor's swap-in, if that is how it came), then copies;
+- ``free``: no work; the region's next tenant waits for op ``after`` and any
+  swap-out of the tensor.
 
 Nothing else synchronises, so a plan that breaks its promises corrupts
 numbers instead of quietly using more memory.

@@ -136,12 +136,12 @@ class Execution:
     seed: int
     losses: list[float]
     step_ms: list[float]
-    plan: dict[str, object] = attrs.field(factory=dict)
+    figures: dict[str, object] = attrs.field(factory=dict)  # a plan's: bytes moved, arenas, simulated step
     max_rel_diff: float | None = None
 
     def to_json(self) -> dict:
         out = {"model": self.model, "backend": self.backend, "steps": self.steps, "seed": self.seed,
-               "loss": self.losses, "step_ms": self.step_ms, **self.plan}
+               "loss": self.losses, "step_ms": self.step_ms, **self.figures}
         return out | ({"max_rel_diff": self.max_rel_diff} if self.max_rel_diff is not None else {})
 
 

@@ -137,8 +137,8 @@ def _cmd_exec(args: argparse.Namespace) -> int:
         run = api.execute(model, args.steps, args.seed, backend, on_step=report)
     if args.json:
         print(json.dumps(run.to_json(), indent=2))
-    elif run.plan:
-        f = run.plan
+    elif run.figures:
+        f = run.figures
         print(f"median step {_median(run.step_ms):.1f} ms (simulated {f['simulated_ms']:.1f} ms); moved "
               f"{format_bytes(f['h2d_bytes'])} in and {format_bytes(f['d2h_bytes'])} out per step in a "
               f"{format_bytes(f['device_arena_bytes'])} arena"

@@ -25,7 +25,7 @@ def test_load_optimize_save_read_execute(tmp_path: Path) -> None:
     assert figures == pytest.approx(dict(plan.figures))
     run = swapdsl.execute(tmp_path / "t.plan", steps=2, check=True, backend="numpy")
     assert run.max_rel_diff == 0.0 and len(run.losses) == 2
-    assert run.plan["device_arena_bytes"] == plan.cap
+    assert run.figures["device_arena_bytes"] == plan.cap
     assert json.loads(json.dumps(run.to_json()))["loss"] == run.losses
 
 

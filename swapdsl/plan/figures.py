@@ -11,19 +11,18 @@ def plan_figures(plan: Plan, r: Result, bound_ms: float | None, no_swap_bytes: f
     """The figures of ``plan`` simulated as ``r``, in the order a plan file lists them. The planner's
     figures (the bound, the no-swap arena, the graph's peak) come from the planner; None leaves one out."""
     ideal = ideal_ms(o.ms for o in plan.ops)
-    planner = {"bound_ms": bound_ms, "ratio": None if no_swap_bytes is None else no_swap_bytes / plan.cap,
-               "no_swap_bytes": no_swap_bytes, "graph_peak_bytes": graph_peak_bytes}
     figures = {
         "ideal_ms": ideal,
-        "bound_ms": planner["bound_ms"],
+        "bound_ms": bound_ms,
         "iteration_ms": r.iteration_ms,
         "fraction": ideal / r.iteration_ms if r.iteration_ms > 0 else 1.0,
-        "swap_bytes": float(r.swap_bytes),
-        "h2d_bytes": float(r.h2d_bytes),
-        "d2h_bytes": float(r.d2h_bytes),
-        "peak_device_bytes": float(r.peak_device_bytes),
-        "host_bytes": float(r.host_bytes),
-        **{k: float(v) for k, v in planner.items() if k != "bound_ms" and v is not None},
-        **(extra or {}),
+        "swap_bytes": r.swap_bytes,
+        "h2d_bytes": r.h2d_bytes,
+        "d2h_bytes": r.d2h_bytes,
+        "peak_device_bytes": r.peak_device_bytes,
+        "host_bytes": r.host_bytes,
+        "ratio": None if no_swap_bytes is None else no_swap_bytes / plan.cap,
+        "no_swap_bytes": no_swap_bytes,
+        "graph_peak_bytes": graph_peak_bytes,
     }
-    return {k: v for k, v in figures.items() if v is not None}
+    return {k: float(v) for k, v in figures.items() if v is not None} | (extra or {})

@@ -71,5 +71,13 @@ def synchronize(xp: ModuleType) -> None:
         xp.cuda.get_current_stream().synchronize()
 
 
+def device_bytes_held(xp: ModuleType, arena: object) -> int:
+    """What the process holds on the device now: CuPy's memory pool (every device allocation goes through
+    it); on NumPy, whose "device" is host memory, the arena array itself."""
+    if xp is np:
+        return int(arena.nbytes)  # type: ignore[attr-defined]
+    return int(xp.get_default_memory_pool().total_bytes())
+
+
 def to_host(a: object) -> np.ndarray:
     return a.get() if hasattr(a, "get") else np.asarray(a)

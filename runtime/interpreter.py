@@ -1,8 +1,11 @@
 """The plan interpreter: runs a training step exactly as a plan says.
 
 One device arena of exactly the cap, tensors are views into it at the
-plan's offsets; one host arena with a slot for every tensor that ever
-has a host copy (pinned memory on CuPy); three streams. When a plan is
+plan's offsets, and the top of it the scratch region: the step counter,
+then every kernel's temporaries (kernels write their results straight into
+their outputs' regions, so a step allocates nothing); one host arena with a
+slot for every tensor that ever has a host copy (pinned memory on CuPy);
+three streams. When a plan is
 loaded, its replay (swapdsl/plan/replay.py) turns the instruction list into
 stream work with the waits between streams, views and kernel arguments
 built once; a step enqueues that list in order on the calling thread:
@@ -33,7 +36,8 @@ import numpy as np
 from swapdsl.common.errors import SwpError
 from swapdsl.graph.ir import DType, Graph, TensorType
 from swapdsl.graph.ops import KernelContext, REGISTRY
-from swapdsl.graph.ops.registry import np_dtype
+from swapdsl.graph.analysis import STATE_BYTES
+from swapdsl.graph.ops.registry import Scratch, np_dtype
 from swapdsl.plan.program import InstrKind, Plan, Region, Run, SwapIn, SwapOut, arena_bytes
 from swapdsl.plan.replay import STREAM, Replay, Step
 from swapdsl.plan.validate import check_describes, validate
@@ -82,7 +86,8 @@ class PlanRunner:
         self.homes = {t.name: t.home for t in plan.tensors if t.home is not None}
         self.inputs = set(g.inputs)
         self._load_initial(seed)
-        self.ctx = KernelContext(xp, 1)
+        self.ctx = self._context()
+        self.steps_run = 0
         self.host_ms = 0.0  # the last step's time to issue its work
         self.work = self._prepare()
 
@@ -109,6 +114,14 @@ class PlanRunner:
 
             return cupyx.empty_pinned(max(nbytes, 1), dtype=np.uint8)
         return np.zeros(max(nbytes, 1), dtype=np.uint8)
+
+    def _context(self) -> KernelContext:
+        """The kernels' context over the scratch region: the step counter (int64, on the device), then the
+        temporaries."""
+        base = self.plan.tensor_cap
+        counter = self.arena[base:base + 8].view(np.int64).reshape(())
+        counter.fill(0)
+        return KernelContext(self.xp, Scratch(self.arena[base + STATE_BYTES:self.plan.cap]), counter)
 
     def _type(self, name: str) -> TensorType:
         return self.g.type_of(name)
@@ -183,24 +196,31 @@ class PlanRunner:
         op = self.g.ops[instr.op]
         ins = [self.dview(n, region) for n, region in zip(op.inputs, s.regions)]
         out = self.dview(op.outputs[0], dict(instr.outs)[op.outputs[0]])
-        kernel, attrs = REGISTRY[op.op].kernel, op.attr_dict
+        kernel, attrs, ctx = REGISTRY[op.op].kernel, op.attr_dict, self.ctx
 
         def launch() -> None:
             if self.kernel_delay_s:
                 time.sleep(self.kernel_delay_s)
-            out[...] = kernel(self.ctx, ins, attrs)
+            ctx.scratch.reset()
+            kernel(ctx, ins, out, attrs)
 
         return launch
 
+    def _count_step(self) -> None:
+        self.xp.add(self.ctx.step, 1, out=self.ctx.step)
+
     def step(self, step: int) -> tuple[float, float]:
-        """Run one training step; return (loss, milliseconds)."""
+        """Run training step ``step`` (1, 2, ... in turn: the device counts them); return (loss, milliseconds)."""
+        if step != self.steps_run + 1:
+            raise ValueError(f"step {step} after step {self.steps_run}: a plan's steps run in order from 1")
+        self.steps_run = step
         s = self.streams
         started = time.perf_counter()
+        s["compute"].submit(self._count_step)
         for name, home in self.homes.items():
             if isinstance(home, Region) and name in self.inputs:  # this step's batch lands in its home region
                 s["h2d"].submit(functools.partial(self._h2d, name, home))
         s["compute"].wait(s["h2d"].record())
-        self.ctx = KernelContext(self.xp, step)
         done: dict[int, Any] = {}
         for w in self.work:
             stream = s[w.stream]

@@ -18,8 +18,10 @@ import numpy as np
 
 from swapdsl.devices.costs import op_key
 from swapdsl.devices.profiles import Device
+from swapdsl.graph.analysis import op_scratch
 from swapdsl.graph.ir import Graph
 from swapdsl.graph.ops import KernelContext, REGISTRY
+from swapdsl.graph.ops.registry import np_dtype
 from swapdsl.runtime.backend import synchronize
 from swapdsl.runtime.data import init_persistent, synthetic_inputs
 from swapdsl.runtime.reference import last_uses
@@ -40,25 +42,28 @@ def _timed(xp: ModuleType, fn: Any, repeat: int) -> float:
 
 
 def op_times(g: Graph, xp: ModuleType, repeat: int, seed: int = 0) -> dict[str, float]:
-    """Each distinct op signature of the training graph, timed on real inputs."""
+    """Each distinct op signature of the training graph, timed on real inputs, as the interpreter runs it:
+    into a preallocated output, with the op's own scratch."""
     env = {**init_persistent(g, seed, xp), **synthetic_inputs(g, seed, xp)}
     last = last_uses(g)
     persistent = set(g.persistent)
     measured: dict[str, float] = {}
-    ctx = KernelContext(xp, 1)
     for i, op in enumerate(g.ops):
         kernel, attrs_ = REGISTRY[op.op].kernel, op.attr_dict
         ins = [env[n] for n in op.inputs]
+        t = g.type_of(op.outputs[0])
+        out = xp.empty(t.shape, dtype=np_dtype(xp, t.dtype))
+        ctx = KernelContext.standalone(xp, op_scratch(g, i))
+
+        def run() -> None:
+            ctx.scratch.reset()
+            kernel(ctx, ins, out, attrs_)
+
+        run()
         key = op_key(g, op)
-        result = kernel(ctx, ins, attrs_)
         if key not in measured:
-            out = xp.empty_like(result)
-
-            def run() -> None:  # as the interpreter runs it: into a preallocated buffer
-                out[...] = kernel(ctx, ins, attrs_)
-
             measured[key] = _timed(xp, run, repeat)
-        env[op.outputs[0]] = result
+        env[op.outputs[0]] = out
         for n in op.inputs:
             if last.get(n) == i and n not in persistent:
                 env.pop(n, None)

@@ -14,8 +14,10 @@ from typing import Any
 
 import attrs
 
+from swapdsl.graph.analysis import op_scratch
 from swapdsl.graph.ir import Graph
 from swapdsl.graph.ops import KernelContext, REGISTRY
+from swapdsl.graph.ops.registry import np_dtype
 from swapdsl.runtime.backend import synchronize, to_host
 from swapdsl.runtime.data import init_persistent, synthetic_inputs
 
@@ -29,13 +31,17 @@ def last_uses(g: Graph) -> dict[str, int]:
     return last
 
 
-def run_ops(g: Graph, env: dict[str, Any], ctx: KernelContext, keep: Iterable[str] = ()) -> dict[str, Any]:
-    """Run every op of ``g`` on ``env`` (which it extends); frees tensors after their last use."""
+def run_ops(g: Graph, env: dict[str, Any], xp: ModuleType, step: int, keep: Iterable[str] = ()) -> dict[str, Any]:
+    """Run every op of ``g`` on ``env`` (which it extends); frees tensors after their last use. Each kernel
+    gets a fresh output and exactly the scratch its op declares, so a kernel that takes more fails here."""
     last = last_uses(g)
     keep = set(keep) | {g.loss}
     for i, op in enumerate(g.ops):
-        kernel = REGISTRY[op.op].kernel
-        env[op.outputs[0]] = kernel(ctx, [env[n] for n in op.inputs], op.attr_dict)
+        t = g.type_of(op.outputs[0])
+        out = xp.empty(t.shape, dtype=np_dtype(xp, t.dtype))
+        REGISTRY[op.op].kernel(KernelContext.standalone(xp, op_scratch(g, i), step), [env[n] for n in op.inputs],
+                               out, op.attr_dict)
+        env[op.outputs[0]] = out
         for name in dict.fromkeys(op.inputs):  # once each: an op may read a tensor twice (x * x)
             if last[name] == i and name not in keep:
                 del env[name]
@@ -59,7 +65,7 @@ class Trainer:
         self.keep = {new for _, new in g.updates}
 
     def step(self, step: int) -> float:
-        env = run_ops(self.g, {**self.persistent, **self.inputs}, KernelContext(self.xp, step), self.keep)
+        env = run_ops(self.g, {**self.persistent, **self.inputs}, self.xp, step, self.keep)
         self.persistent.update({old: env[new] for old, new in self.g.updates})
         return float(to_host(env[self.g.loss]))
 

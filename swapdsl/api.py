@@ -38,7 +38,7 @@ from swapdsl.planning.ga import SearchOptions
 from swapdsl.planning.optimize import optimize as plan_with
 from swapdsl.planning.problem import Request
 from swapdsl.runtime import reference
-from swapdsl.runtime.backend import array_module, require_memory, to_host
+from swapdsl.runtime.backend import array_module, device_bytes_held, require_memory, to_host
 from swapdsl.runtime.interpreter import PlanRunner
 
 OnStep = Callable[[int, float, float, "float | None"], None]  # (step, loss, ms, max rel diff or None)
@@ -187,13 +187,14 @@ def execute_plan(plan: Plan, train: Graph | None, steps: int = 10, seed: int = 0
     runner = PlanRunner(plan, train, name, xp, seed, check_plan=False, copy_delay_s=copy_delay_s,
                         kernel_delay_s=kernel_delay_s)
     ref = reference.Trainer(train, seed, xp) if check else None
-    losses, times, host, worst = [], [], [], 0.0
+    losses, times, host, worst, held = [], [], [], 0.0, 0
     try:
         for step in range(1, steps + 1):
             loss, ms = runner.step(step)
             losses.append(loss)
             times.append(ms)
             host.append(runner.host_ms)
+            held = max(held, device_bytes_held(xp, runner.arena))
             diff = None
             if ref is not None:
                 diff = max(relative_diff(loss, ref.step(step)),
@@ -205,7 +206,8 @@ def execute_plan(plan: Plan, train: Graph | None, steps: int = 10, seed: int = 0
         runner.close()
     f = simulate(plan)
     figures = {"h2d_bytes": int(f["h2d_bytes"]), "d2h_bytes": int(f["d2h_bytes"]),
-               "device_arena_bytes": int(runner.arena.nbytes), "host_arena_bytes": int(runner.host.nbytes),
+               "cap_bytes": plan.cap, "scratch_bytes": plan.scratch, "device_arena_bytes": int(runner.arena.nbytes),
+               "device_bytes_allocated": held, "host_arena_bytes": int(runner.host.nbytes),
                "simulated_ms": f["iteration_ms"], "host_ms_per_step": host}
     return Execution(train.name, name, steps, seed, losses, times, figures, worst if check else None)
 

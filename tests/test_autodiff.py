@@ -12,7 +12,7 @@ from swapdsl.graph.analysis import in_place_ops
 from swapdsl.graph.autodiff import training_graph
 from swapdsl.graph.checker import check_graph
 from swapdsl.graph.ir import DType, Graph, Kind, Op, Optimizer, Tensor, TensorType, retyped
-from swapdsl.graph.ops import KernelContext, REGISTRY, infer
+from swapdsl.graph.ops import REGISTRY, infer
 from swapdsl.runtime.data import init_persistent, synthetic_inputs
 from swapdsl.runtime.reference import run_ops
 
@@ -43,12 +43,12 @@ def one_op_graph(op: str, inputs: list[np.ndarray], attrs: dict[str, Any]) -> Gr
 
 
 def loss_of(g: Graph, env: dict[str, np.ndarray]) -> float:
-    return float(run_ops(g, dict(env), KernelContext(np))[g.loss])
+    return float(run_ops(g, dict(env), np, 1)[g.loss])
 
 
 def analytic_grads(t: Graph, env: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
     grads = dict(t.grads)
-    out = run_ops(t, dict(env), KernelContext(np), keep=grads.values())
+    out = run_ops(t, dict(env), np, 1, keep=grads.values())
     return {p: out[g] for p, g in grads.items()}
 
 

@@ -34,17 +34,17 @@ POLICIES = [Policy(v, f) for v in ("lru", "belady") for f in ("none", "earliest"
 def _need_and_no_swap(p: Problem) -> tuple[int, int]:
     """Caps from the least any unpinned plan needs to the no-swap arena (or that least, if larger)."""
     need = need_bytes(p, frozenset())
-    return need, max(need, no_swap_bytes(p))
+    return need + p.scratch, max(need, no_swap_bytes(p)) + p.scratch  # caps as a user gives them
 
 
 def _agree(req: Request, p: Problem, schedule: list[int], policy: Policy, pinned: frozenset[int]) -> None:
     """The compiled program and timing equal the references', with places chosen by looking at every gap
     (the default for few gaps) and with every fit read off a ranking (rank_gaps 0)."""
-    program = plan_swaps_reference(p, schedule, req.cap, pinned, policy)
+    program = plan_swaps_reference(p, schedule, req.tensor_cap, pinned, policy)
     reference = simulate(build_plan(req, p, "x", schedule, pinned, policy))
     for fast in (Evaluator(p), Evaluator(p, rank_gaps=0)):
-        assert fast.program(schedule, req.cap, pinned, policy) == program
-        timing = fast(schedule, req.cap, pinned, policy)
+        assert fast.program(schedule, req.tensor_cap, pinned, policy) == program
+        timing = fast(schedule, req.tensor_cap, pinned, policy)
         assert (timing.iteration_ms, timing.h2d_bytes, timing.d2h_bytes) == \
             (reference.iteration_ms, reference.h2d_bytes, reference.d2h_bytes)
 
@@ -73,7 +73,7 @@ def test_the_baselines_agree_too(t: Graph, where: float, method: str) -> None:
     p = Problem.build(t, V100)
     need, no_swap = _need_and_no_swap(p)
     req = Request(t, V100, int(need + where * (no_swap - need)), "random.swp", ())
-    s, _ = baseline_setup(p, method, req.cap)
+    s, _ = baseline_setup(p, method, req.tensor_cap)
     _agree(req, p, s.schedule, s.policy, s.pinned)
 
 
@@ -84,7 +84,7 @@ def test_agreement_on_stdlib_models(model: str, ratio: float) -> None:
     p = Problem.build(t, V100)
     req = Request(t, V100, int(no_swap_bytes(p) / ratio), f"{model}.swp", ())
     for method in METHODS:
-        s, _ = baseline_setup(p, method, req.cap)
+        s, _ = baseline_setup(p, method, req.tensor_cap)
         _agree(req, p, s.schedule, s.policy, s.pinned)
 
 

@@ -8,7 +8,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from swapdsl.graph.ops import KernelContext, REGISTRY
+from swapdsl.graph.ops.registry import run_kernel
 from swapdsl.runtime.backend import to_host
 
 
@@ -23,7 +23,7 @@ def xp(request: pytest.FixtureRequest) -> Any:
 
 def run(xp: Any, op: str, *inputs: Any, train_step: int = 1, **attrs: Any) -> np.ndarray:
     arrays = [xp.asarray(np.asarray(x, dtype=np.int64 if isinstance(x, IntArray) else np.float64)) for x in inputs]
-    return to_host(REGISTRY[op].kernel(KernelContext(xp, train_step), arrays, attrs))
+    return to_host(run_kernel(xp, op, arrays, attrs, train_step))
 
 
 class IntArray(list):
@@ -237,9 +237,9 @@ def test_f32_adam_first_step_is_unbiased(xp: Any, beta2: float) -> None:
     zero = np.zeros(4, dtype=np.float32)
     f32 = [xp.asarray(a) for a in (zero, g, zero)]
     hp = {"beta1": 0.9, "beta2": beta2, "weight_decay": 0.0}
-    m = REGISTRY["adam_m"].kernel(KernelContext(xp), f32, hp)
-    v = REGISTRY["adam_v"].kernel(KernelContext(xp), f32, hp)
-    out = REGISTRY["adam_apply"].kernel(KernelContext(xp), [xp.asarray(zero), m, v], {**hp, "lr": 1e-3, "eps": 1e-12})
+    m = run_kernel(xp, "adam_m", f32, hp)
+    v = run_kernel(xp, "adam_v", f32, hp)
+    out = run_kernel(xp, "adam_apply", [xp.asarray(zero), m, v], {**hp, "lr": 1e-3, "eps": 1e-12})
     assert to_host(out).dtype == np.float32
     step = -to_host(out).astype(np.float64)
     exact = 1e-3 * g.astype(np.float64) / (np.abs(g.astype(np.float64)) + 1e-12)

@@ -33,10 +33,10 @@ V100 = BUILTIN["v100-16gb"]
 
 
 def caps(t: Graph) -> tuple[int, int]:
-    """(smallest feasible cap, no-swap arena bytes) for the default schedule."""
+    """(smallest feasible cap, no-swap arena bytes) for the default schedule, both with the kernels' scratch."""
     p = Problem.build(t, V100)
     no_swap = no_swap_bytes(p)
-    return smallest_cap(p, no_swap), no_swap
+    return smallest_cap(p, no_swap) + p.scratch, no_swap + p.scratch
 
 
 def plan_for(t: Graph, cap: int, method: str) -> Plan:
@@ -70,7 +70,7 @@ def test_no_swapping_when_everything_fits(t: Graph, method: str) -> None:
 @given(training_graphs())
 def test_below_the_smallest_feasible_cap_is_a_clear_error(t: Graph) -> None:
     need, _ = caps(t)
-    with pytest.raises(SwpError, match=f"below the smallest feasible cap for this model, .* \\({need} bytes\\)"):
+    with pytest.raises(SwpError, match=f"below the smallest feasible cap for this model, .* \\({need} bytes, of which"):
         plan_for(t, need - 1, "lru")
     for method in sorted(METHODS):  # and the smallest feasible cap suffices, whatever the method
         validate(plan_for(t, need, method))
@@ -166,7 +166,8 @@ def test_freeing_in_use_memory_breaks_invariant_5(plan: Plan) -> None:
 
 def test_exceeding_the_cap_breaks_invariant_2(plan: Plan) -> None:
     with pytest.raises(PlanInvalid, match="invariant 2"):
-        validate(attrs.evolve(plan, cap=max(r.end for i in plan.program if isinstance(i, Run) for _, r in i.outs) - 1))
+        top = max(r.end for i in plan.program if isinstance(i, Run) for _, r in i.outs)
+        validate(attrs.evolve(plan, cap=top + plan.scratch - 1))  # the scratch region then overlaps a tensor
 
 
 def test_simulated_figures_are_consistent(plan: Plan) -> None:
@@ -353,7 +354,7 @@ def test_any_genome_decodes_to_a_valid_plan(t: Graph, where: float, seed: int) -
     plan = d.plan(genome)
     assert plan is not None
     validate(plan)
-    assert simulate(plan).iteration_ms >= bound_ms(d.p, cap) * (1 - 1e-9)
+    assert simulate(plan).iteration_ms >= bound_ms(d.p, d.req.tensor_cap) * (1 - 1e-9)
 
 
 def test_a_tensor_goes_where_its_bytes_have_been_free_longest() -> None:
@@ -415,12 +416,13 @@ def test_early_swap_ins_use_room_as_soon_as_it_falls_free() -> None:
     t = training_graph(build_graph(str(MODELS / "tiny_resnet.swp"), [])[1])
     p = Problem.build(t, V100)
     req = Request(t, V100, no_swap_bytes(p) * 2 // 5, "tiny_resnet.swp", ())  # ratio 2.5
-    s, _ = baseline_setup(p, "belady", req.cap)
+    s, _ = baseline_setup(p, "belady", req.tensor_cap)
     turn = next(i for i, op in enumerate(s.schedule) if not p.is_forward_activation(p.op_outputs[op][0]))
     position = {op: i for i, op in enumerate(s.schedule)}
     runs: dict[str, tuple[float, int]] = {}
     for early in (None, 0.0):
-        program, homes = plan_swaps_reference(p, s.schedule, req.cap, s.pinned, attrs.evolve(s.policy, early=early))
+        program, homes = plan_swaps_reference(p, s.schedule, req.tensor_cap, s.pinned,
+                                              attrs.evolve(s.policy, early=early))
         plan = assemble(req, p, "belady", homes, tuple(program))
         validate(plan)
         first_in = min(position[ins.after] for ins in program  # the first swap-in of the backward pass

@@ -9,6 +9,7 @@ from swapdsl.common.errors import SwpError
 _UNITS = {"": 1, "b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12,
           "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40}
 
+ALIGN = 256  # every arena region's offset and size are multiples of this
 MAX_BYTES = 2**50  # 1 PiB: no tensor, memory cap or arena swapdsl handles is larger
 
 
@@ -41,3 +42,8 @@ def format_count(n: float, unit: str = "") -> str:
             return f"{n:.0f} {unit}".rstrip() if prefix == "" else f"{n:.2f} {prefix}{unit}"
         n /= 1000
     raise AssertionError("unreachable")
+
+
+def arena_bytes(nbytes: int) -> int:
+    """The bytes a buffer takes in an arena: its size rounded up to ALIGN (at least ALIGN)."""
+    return max(ALIGN, -(-nbytes // ALIGN) * ALIGN)

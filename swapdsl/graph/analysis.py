@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections import Counter
 from typing import Any
 
+from swapdsl.common.units import ALIGN, arena_bytes
 from swapdsl.graph import ops
 from swapdsl.graph.ir import Graph, Kind
 
@@ -13,6 +14,22 @@ def op_flops(g: Graph, index: int) -> int:
     op = g.ops[index]
     ins = tuple(g.type_of(n) for n in op.inputs)
     return ops.REGISTRY[op.op].flops(ins, g.type_of(op.outputs[0]), op.attr_dict)
+
+
+def op_scratch(g: Graph, index: int) -> int:
+    """The scratch bytes op ``index``'s kernel takes (its op's declaration, on its types)."""
+    op = g.ops[index]
+    ins = tuple(g.type_of(n) for n in op.inputs)
+    return ops.REGISTRY[op.op].scratch(ins, g.type_of(op.outputs[0]), op.attr_dict)
+
+
+STATE_BYTES = ALIGN  # the runtime's own state at the bottom of the scratch region: the step counter
+
+
+def scratch_bytes(g: Graph) -> int:
+    """The scratch region a plan of ``g`` reserves at the top of its arena: the runtime's state, then room
+    for the largest kernel's temporaries (every kernel reuses it; kernels run one at a time)."""
+    return STATE_BYTES + max((arena_bytes(op_scratch(g, i)) for i in range(len(g.ops))), default=0)
 
 
 def in_place_ops(g: Graph) -> frozenset[int]:

@@ -20,6 +20,7 @@ def plan_figures(plan: Plan, r: Result, bound_ms: float | None, no_swap_bytes: f
         "h2d_bytes": r.h2d_bytes,
         "d2h_bytes": r.d2h_bytes,
         "peak_device_bytes": r.peak_device_bytes,
+        "scratch_bytes": plan.scratch,
         "host_bytes": r.host_bytes,
         "ratio": None if no_swap_bytes is None else no_swap_bytes / plan.cap,
         "no_swap_bytes": no_swap_bytes,

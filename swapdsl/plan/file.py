@@ -20,7 +20,7 @@ from swapdsl.devices.profiles import Device
 from swapdsl.lang.loader import load, read_source
 from swapdsl.plan.program import Free, HOST, Origin, Plan, PlanOp, PlanTensor, Region, Run, SwapIn, SwapOut
 
-VERSION = 2  # 2: tensors at arena offsets (1 had size classes of slabs)
+VERSION = 3  # 3: a scratch region for kernels; 2: tensors at arena offsets; 1: size classes of slabs
 _DEVICE_SCALARS = ("memory_bytes", "mem_bw", "h2d_bw", "d2h_bw", "launch_s", "copy_latency_s",
                    "compute_efficiency", "memory_efficiency", "source")
 
@@ -69,6 +69,7 @@ def format_plan(plan: Plan) -> str:
     lines.append(f"device {_q(plan.device.name)} {dev}")
     lines += [f"flops {k} {_v(v)}" for k, v in plan.device.flops]
     lines.append(f"cap {plan.cap}")
+    lines.append(f"scratch {plan.scratch}")
     lines += [f"tensor {_q(t.name)} bytes {t.bytes} kind {t.kind}{_home(t)}" for t in plan.tensors]
     for o in plan.ops:
         ins = "".join(f" {_q(n)}" for n in o.inputs)
@@ -164,7 +165,7 @@ class _Build(Transformer):
     def build(self, tree: lark.Tree) -> Plan:
         self.transform(tree)
         f = self.f
-        missing = [k for k in ("model", "method", "device", "cap", "loss") if k not in f]
+        missing = [k for k in ("model", "method", "device", "cap", "scratch", "loss") if k not in f]
         if missing:
             raise SwpError(f"`{self.file}` is not a complete plan: no {', '.join(missing)} line",
                            Span.point(self.file, 1, 1), hints=["plans are written by `swapdsl optimize`"])
@@ -175,7 +176,7 @@ class _Build(Transformer):
             line = self.lines.get("device", [1])[0]
             raise SwpError(f"`{self.file}`: bad device line ({exc})", Span.point(self.file, line, 1)) from None
         origin = Origin(self.file, {k: tuple(v) for k, v in self.lines.items()})
-        return Plan(f["model"][0], f["model"][1], tuple(f["args"]), f["method"], device, f["cap"],
+        return Plan(f["model"][0], f["model"][1], tuple(f["args"]), f["method"], device, f["cap"], f["scratch"],
                     tuple(f["tensors"]), tuple(f["ops"]), f["loss"], tuple(f["updates"]),
                     tuple(f["program"]), tuple(f["figures"]), origin)
 
@@ -184,7 +185,9 @@ class _Build(Transformer):
 
     def header(self, meta: Any, c: list[Token]) -> None:
         if int(c[0]) != VERSION:
-            raise self._err(meta, f"plan format version {c[0]} is not supported (this swapdsl reads {VERSION})")
+            raise SwpError(f"plan format version {c[0]} is not supported (this swapdsl reads {VERSION})",
+                           Span.point(self.file, meta.line, meta.column),
+                           hints=["plans are tied to the swapdsl that wrote them: run `swapdsl optimize` again"])
 
     def model(self, meta: Any, c: list[Token]) -> None:
         self._at(meta, "model", "")
@@ -220,6 +223,10 @@ class _Build(Transformer):
     def cap(self, meta: Any, c: list[Token]) -> None:
         self._at(meta, "cap", "")
         self.f["cap"] = int(c[0])
+
+    def scratch(self, meta: Any, c: list[Token]) -> None:
+        self._at(meta, "scratch", "")
+        self.f["scratch"] = int(c[0])
 
     def tensor(self, meta: Any, c: list[Any]) -> None:
         self._at(meta, "tensor")

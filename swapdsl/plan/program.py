@@ -33,6 +33,7 @@ from typing import Union
 import attrs
 
 from swapdsl.devices.profiles import Device
+from swapdsl.common.units import ALIGN, arena_bytes  # noqa: F401  (re-exported: plans are laid out by these)
 
 HOST = "host"
 
@@ -112,17 +113,17 @@ class InstrKind(enum.IntEnum):
 
 KIND_OF: dict[type, InstrKind] = {Run: InstrKind.LAUNCH, SwapOut: InstrKind.SWAP_OUT, Free: InstrKind.FREE,
                                   SwapIn: InstrKind.SWAP_IN}
-ALIGN = 256  # every region's offset and size are multiples of this
+
+
+def scratch_offset(cap: int, scratch: int) -> int:
+    """The offset of a scratch region of ``scratch`` bytes at the top of an arena of ``cap`` bytes (aligned
+    down): the bytes below it are the tensors'. Negative when the scratch does not fit."""
+    return (cap - scratch) // ALIGN * ALIGN
 
 
 def ideal_ms(op_ms: Iterable[float]) -> float:
     """The iteration time with infinite memory: every op back to back on the one compute stream."""
     return sum(op_ms)
-
-
-def arena_bytes(nbytes: int) -> int:
-    """The bytes a tensor takes in an arena: its size rounded up to ALIGN."""
-    return max(ALIGN, -(-nbytes // ALIGN) * ALIGN)
 
 
 @attrs.frozen
@@ -150,6 +151,7 @@ class Plan:
     method: str
     device: Device
     cap: int
+    scratch: int  # bytes at the top of the arena for the kernels' temporaries and the runtime's state
     tensors: tuple[PlanTensor, ...]
     ops: tuple[PlanOp, ...]
     loss: str
@@ -157,6 +159,11 @@ class Plan:
     program: tuple[Instr, ...]
     figures: tuple[tuple[str, float], ...] = ()
     origin: Origin | None = attrs.field(default=None, eq=False, repr=False)  # set when read from a file
+
+    @property
+    def tensor_cap(self) -> int:
+        """Where the scratch region starts: every tensor's region ends at or below it."""
+        return scratch_offset(self.cap, self.scratch)
 
     def tensor_map(self) -> dict[str, PlanTensor]:
         return {t.name: t for t in self.tensors}

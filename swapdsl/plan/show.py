@@ -21,6 +21,8 @@ def summary(plan: Plan, result: Result) -> str:
         f"  method          {plan.method}",
         f"  device          {plan.device.name}",
         f"  cap             {format_bytes(plan.cap)} (one arena; tensors at offsets)",
+        f"  scratch         {format_bytes(plan.scratch)} at the top of the arena (kernels' temporaries, reused "
+        f"by every op)",
         f"  ops             {len(plan.ops)}; {kinds['SwapIn']} swap-ins, {kinds['SwapOut']} swap-outs, "
         f"{kinds['Free']} frees",
         f"  persistent      {len(pinned)} pinned on the device "
@@ -29,8 +31,8 @@ def summary(plan: Plan, result: Result) -> str:
         f"  iteration       {result.iteration_ms:.3f} ms (ideal {result.compute_ms:.3f} ms"
         + (f", bound {figures['bound_ms']:.3f} ms)" if "bound_ms" in figures else ")"),
         f"  swapped         {format_bytes(result.h2d_bytes)} in, {format_bytes(result.d2h_bytes)} out",
-        f"  device peak     {format_bytes(result.peak_device_bytes)} "
-        f"({100 * result.peak_device_bytes / max(plan.cap, 1):.0f}% of the cap)",
+        f"  device peak     {format_bytes(result.peak_device_bytes)} of tensors + {format_bytes(plan.scratch)} of "
+        f"scratch ({100 * (result.peak_device_bytes + plan.scratch) / max(plan.cap, 1):.0f}% of the cap)",
     ]
     moved = Counter()
     for i in plan.program:

@@ -5,7 +5,8 @@ Three passes, each naming the plan line at fault:
 1. ``check_structure``: the plan is well formed on its own (names declared once, ops numbered in order,
    every name known, sizes and device figures in range), so the later passes cannot trip on it;
 2. ``check_describes``: the plan describes exactly the model's training graph (every tensor with its size
-   and kind, every op with its inputs and outputs, the loss, every update), when the graph is at hand;
+   and kind, every op with its inputs and outputs, the loss, every update) and reserves at least the
+   scratch its kernels declare, when the graph is at hand;
 3. the replay: each instruction is checked against the plan's replay (``replay.py``, the one the
    interpreter's waits come from) for invariants 1-8, so that no copy reads bytes before they are written
    or after they are overwritten.
@@ -20,6 +21,7 @@ from collections import Counter
 
 from swapdsl.common.errors import Span, SwpError
 from swapdsl.common.units import MAX_BYTES
+from swapdsl.graph.analysis import scratch_bytes
 from swapdsl.graph.ir import Graph, Kind
 from swapdsl.graph.ops import REGISTRY
 from swapdsl.plan.program import ALIGN, Free, HOST, Plan, PlanOp, Region, Run, SwapIn, SwapOut
@@ -27,7 +29,7 @@ from swapdsl.plan.replay import Replay, START
 
 INVARIANTS = {
     1: "the schedule is a topological order",
-    2: "memory stays within the cap",
+    2: "memory stays within the cap, below the scratch region",
     3: "no two live tensors share bytes",
     4: "an op finds its inputs resident and their swap-ins complete",
     5: "memory is reused only after its tenant is gone",
@@ -77,6 +79,9 @@ def validate(plan: Plan, graph: Graph | None = None) -> None:
 def check_structure(plan: Plan) -> None:
     if not 0 < plan.cap <= MAX_BYTES:
         raise PlanError(f"the cap of {plan.cap} bytes is out of range (1 byte to {MAX_BYTES} bytes)", ("cap", 0))
+    if plan.scratch < ALIGN or plan.scratch % ALIGN or plan.tensor_cap < 0:
+        raise PlanError(f"a scratch region of {plan.scratch} bytes does not fit: it must be a multiple of {ALIGN} "
+                        f"bytes, at least {ALIGN}, inside the cap of {plan.cap} bytes", ("scratch", 0))
     _check_device(plan)
     names: dict[str, int] = {}
     for i, t in enumerate(plan.tensors):
@@ -173,6 +178,9 @@ def check_describes(plan: Plan, g: Graph) -> None:
                         ("op", min(len(plan.ops), len(g.ops))))
     if plan.loss != g.loss:
         raise PlanError(f"the plan's loss is `{plan.loss}`, the model's is `{g.loss}`", ("loss", 0))
+    if plan.scratch < (need := scratch_bytes(g)):
+        raise PlanError(f"the plan reserves {plan.scratch} bytes of scratch; the model's kernels need {need}",
+                        ("scratch", 0))
     for i, (a, b) in enumerate(zip(plan.updates, g.updates)):
         if a != b:
             raise PlanError(f"update `{a[0]}` -> `{a[1]}` differs from the training graph's `{b[0]}` -> `{b[1]}`",
@@ -241,8 +249,9 @@ class _Checks:
     def region(self, region: Region, name: str) -> Region:
         if region.offset % ALIGN:
             raise self.error(f"`{name}` is placed at offset {region.offset}, which is not a multiple of {ALIGN}")
-        if region.end > self.plan.cap:
-            raise self.invalid(2, f"`{name}` at {region} ends past the cap of {self.plan.cap} bytes")
+        if region.end > self.plan.tensor_cap:
+            raise self.invalid(2, f"`{name}` at {region} ends past {self.plan.tensor_cap}, where the scratch region "
+                                  f"at the top of the cap of {self.plan.cap} bytes begins")
         if region.size < self.tensors[name].bytes:
             raise self.invalid(3, f"`{name}` ({self.tensors[name].bytes} bytes) does not fit region {region}; "
                                   "it would overlap its neighbour")

@@ -60,14 +60,14 @@ def plan_baseline(req: Request, method: str) -> Plan:
 def baseline(req: Request, p: Problem, method: str) -> tuple[Plan, int]:
     """A baseline's plan (without figures) on the default schedule, and the no-swap arena's bytes."""
     evaluator = Evaluator(p)  # flattened once: it sizes the no-swap arena and makes the plan
-    s, no_swap = baseline_setup(p, method, req.cap, evaluator.no_swap_bytes(list(range(p.n_ops))))
+    s, no_swap = baseline_setup(p, method, req.tensor_cap, evaluator.no_swap_bytes(list(range(p.n_ops))))
     return build_plan(req, p, method, s.schedule, s.pinned, s.policy, evaluator), no_swap
 
 
 def build_plan(req: Request, p: Problem, method: str, schedule: list[int], pinned: frozenset[int],
                policy: Policy, evaluator: Evaluator | None = None) -> Plan:
     """The plan the compiled swap planner makes (``evaluator``: ``p`` already flattened, if at hand)."""
-    program, homes = (evaluator or Evaluator(p)).program(schedule, req.cap, pinned, policy)
+    program, homes = (evaluator or Evaluator(p)).program(schedule, req.tensor_cap, pinned, policy)
     return assemble(req, p, method, homes, tuple(program))
 
 
@@ -80,11 +80,13 @@ def assemble(req: Request, p: Problem, method: str, homes: dict[int, Region], pr
         tensors.append(PlanTensor(name, p.nbytes[t], p.kinds[t], home))
     ops = tuple(PlanOp(i, op.op, p.op_ms[i], op.inputs, op.outputs) for i, op in enumerate(req.graph.ops))
     return Plan(req.model_path, req.graph.source_sha256, req.model_args, method,
-                attrs.evolve(req.device, op_times=()), req.cap, tuple(tensors), ops,
+                attrs.evolve(req.device, op_times=()), req.cap, req.scratch, tuple(tensors), ops,
                 req.graph.loss, req.graph.updates, program)
 
 
 def with_figures(plan: Plan, p: Problem, no_swap: int, extra: dict[str, float] | None = None) -> Plan:
-    """The simulated figures, stored in the plan (nothing that varies from run to run)."""
-    figures = plan_figures(plan, simulate(plan), bound_ms(p, plan.cap), no_swap, peak_bytes(p.graph), extra)
+    """The simulated figures, stored in the plan (nothing that varies from run to run). ``no_swap``: the
+    tensors' no-swap arena; the figure adds the kernels' scratch, which any plan needs too."""
+    figures = plan_figures(plan, simulate(plan), bound_ms(p, plan.tensor_cap), no_swap + plan.scratch,
+                           peak_bytes(p.graph), extra)
     return attrs.evolve(plan, figures=tuple(figures.items()))

@@ -160,7 +160,7 @@ class Decoder:
         return self._pinned[share]
 
     def _pin(self, share: float) -> frozenset[int]:
-        budget, chosen, used = share * self.req.cap, [], 0
+        budget, chosen, used = share * self.req.tensor_cap, [], 0
         for t in self.pin_order:
             if used + self.p.size[t] <= budget:
                 chosen.append(t)
@@ -176,7 +176,7 @@ class Decoder:
         share = g.pin
         while True:
             pinned = self.pinned(share)
-            if self.need(pinned) <= self.req.cap:
+            if self.need(pinned) <= self.req.tensor_cap:
                 return self.schedule(g.priority), pinned
             if not pinned:
                 return None
@@ -197,7 +197,7 @@ class Decoder:
         if decoded is None:
             return math.inf
         schedule, pinned = decoded
-        return self.evaluator(schedule, self.req.cap, pinned, g.policy).iteration_ms
+        return self.evaluator(schedule, self.req.tensor_cap, pinned, g.policy).iteration_ms
 
 
 _DECODER: Decoder | None = None
@@ -297,7 +297,7 @@ def _seeds(d: Decoder, rng: np.random.Generator, size: int) -> list[Genome]:
     default = np.arange(n, 0, -1, dtype=np.float64)
     local = locality_priority(d.p)
     try:
-        base_pin = 1.0 if choose_pinned(d.p, d.req.cap, d.no_swap) else 0.0
+        base_pin = 1.0 if choose_pinned(d.p, d.req.tensor_cap, d.no_swap) else 0.0
     except SwpError:
         base_pin = 0.0
     base = [Genome(default, base_pin)] + [Genome(default, pin) for pin in PIN_LEVELS if pin != base_pin]
@@ -355,7 +355,7 @@ def genetic_search(req: Request, opts: SearchOptions, on_generation: Callable[[i
     rng = np.random.default_rng(opts.seed)
     workers = opts.workers or os.cpu_count() or 1
     ideal = ideal_ms(d.p)
-    baselines = {m: baseline_setup(d.p, m, req.cap, d.no_swap)[0] for m in METHODS}
+    baselines = {m: baseline_setup(d.p, m, req.tensor_cap, d.no_swap)[0] for m in METHODS}
     pop = _seeds(d, rng, opts.population)
     first = d.score(pop[0])  # compiles the inner loop (or loads it) once, before workers fork
     scorer = _Scorer(req, d, workers)
@@ -396,7 +396,7 @@ def _finish(req: Request, d: Decoder, pop: list[Genome], fit: list[float], basel
             generations: int, evaluations: int, started: float) -> Outcome:
     i = min(range(len(pop)), key=lambda k: (fit[k], k))
     extra = {"generations": float(generations), "evaluations": float(evaluations)}
-    times = {m: d.evaluator(s.schedule, req.cap, s.pinned, s.policy).iteration_ms for m, s in baselines.items()}
+    times = {m: d.evaluator(s.schedule, req.tensor_cap, s.pinned, s.policy).iteration_ms for m, s in baselines.items()}
     champion = min(baselines, key=lambda m: (times[m], m))
     best = d.plan(pop[i]) if fit[i] <= times[champion] else None
     if best is None:

@@ -10,9 +10,9 @@ import attrs
 
 from swapdsl.devices.costs import op_times_ms
 from swapdsl.devices.profiles import Device
-from swapdsl.graph.analysis import in_place_ops
+from swapdsl.graph.analysis import in_place_ops, scratch_bytes
 from swapdsl.graph.ir import Graph, Kind
-from swapdsl.plan.program import arena_bytes
+from swapdsl.plan.program import arena_bytes, scratch_offset
 
 @attrs.frozen
 class Request:
@@ -23,6 +23,12 @@ class Request:
     cap: int
     model_path: str
     model_args: tuple[tuple[str, int | float | bool], ...]
+    # the scratch region at the top of the arena (kernels' temporaries), and what is left below it for tensors
+    scratch: int = attrs.field(init=False, default=attrs.Factory(lambda r: scratch_bytes(r.graph), takes_self=True))
+
+    @property
+    def tensor_cap(self) -> int:
+        return scratch_offset(self.cap, self.scratch)
 
 
 @attrs.frozen
@@ -41,6 +47,7 @@ class Problem:
     inputs: frozenset[int]
     updates: tuple[tuple[int, int], ...]  # (persistent id, id of its new value)
     loss: int
+    scratch: int  # the plan's scratch region (analysis.scratch_bytes): caps a user gives include it
 
     @staticmethod
     def build(g: Graph, device: Device) -> Problem:
@@ -57,7 +64,7 @@ class Problem:
             tuple(tuple(index[n] for n in op.outputs) for op in g.ops),
             in_place,
             frozenset(index[n] for n in g.persistent), frozenset(index[n] for n in g.inputs),
-            tuple((index[o], index[n]) for o, n in g.updates), index[g.loss])
+            tuple((index[o], index[n]) for o, n in g.updates), index[g.loss], scratch_bytes(g))
 
     @property
     def n_ops(self) -> int:

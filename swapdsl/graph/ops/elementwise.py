@@ -3,14 +3,15 @@
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import numpy as np
 
 from swapdsl.common.errors import SwpError
 from swapdsl.graph.ir import DType, TensorType
 from swapdsl.graph.ops.registry import (
-    Array, Attrs, GradBuilder, GradRule, KernelContext, OpDef, Types, broadcast_shapes, floating, no_flops, np_dtype,
-    per_element, register, same_as, same_dtype,
+    Array, Attrs, Cost, GradBuilder, GradRule, KernelContext, OpDef, Types, broadcast_shapes, buffers, chunk_len,
+    chunks, floating, no_flops, no_scratch, per_element, register, same_as, same_dtype,
 )
 
 _GELU_K = math.sqrt(2.0 / math.pi)
@@ -52,9 +53,17 @@ def _div_grad(b: GradBuilder, ins: tuple[str, ...], out: str, g: str, a: Attrs) 
             unbroadcast(b, b.emit("div_grad_rhs", [g, x, y]), b.type(y).shape))
 
 
-def _div_grad_rhs(c: KernelContext, ins: list[Array], a: Attrs) -> Array:
+def _div_grad_rhs(c: KernelContext, ins: list[Array], out: Array, a: Attrs) -> None:
     g, x, y = ins
-    return -(g * x) / (y * y)
+    xp, yy = c.xp, c.scratch.take(y.shape, y.dtype)
+    xp.multiply(g, x, out=out)
+    xp.negative(out, out=out)
+    xp.multiply(y, y, out=yy)
+    xp.divide(out, yy, out=out)
+
+
+def _div_grad_rhs_scratch(ins: Types, out: TensorType, a: Attrs) -> int:
+    return buffers(ins[2].nbytes)
 
 
 def _div_grad_rhs_infer(ins: Types, a: Attrs) -> TensorType:
@@ -65,23 +74,78 @@ def _div_grad_rhs_infer(ins: Types, a: Attrs) -> TensorType:
 # ---- unary ops -----------------------------------------------------------------
 
 
-def _gelu(c: KernelContext, ins: list[Array], a: Attrs) -> Array:
+def _gelu_tanh(xp: Any, x: Array, out: Array) -> None:
+    """out = tanh(K * (x + C * x^3)), in the order the formula reads."""
+    xp.multiply(x, _GELU_C, out=out)
+    xp.multiply(out, x, out=out)
+    xp.multiply(out, x, out=out)
+    xp.add(x, out, out=out)
+    xp.multiply(out, _GELU_K, out=out)
+    xp.tanh(out, out=out)
+
+
+def _gelu(c: KernelContext, ins: list[Array], out: Array, a: Attrs) -> None:
     (x,) = ins
     xp = c.xp
-    return 0.5 * x * (1.0 + xp.tanh(_GELU_K * (x + _GELU_C * x * x * x)))
+    _gelu_tanh(xp, x, out)
+    xp.add(out, 1.0, out=out)
+    xp.multiply(out, x, out=out)
+    xp.multiply(out, 0.5, out=out)  # exact: 0.5 * x * (1 + t) in any order
 
 
-def _gelu_grad(c: KernelContext, ins: list[Array], a: Attrs) -> Array:
+def _gelu_grad(c: KernelContext, ins: list[Array], out: Array, a: Attrs, start: int = 0) -> None:
+    """g * (0.5 (1 + t) + 0.5 x (1 - t^2) K (1 + 3 C x^2))."""
     x, g = ins
-    t = c.xp.tanh(_GELU_K * (x + _GELU_C * x * x * x))
-    return g * (0.5 * (1.0 + t) + 0.5 * x * (1.0 - t * t) * _GELU_K * (1.0 + 3.0 * _GELU_C * x * x))
+    xp = c.xp
+    t, u = c.scratch.take(x.shape, x.dtype), c.scratch.take(x.shape, x.dtype)
+    _gelu_tanh(xp, x, t)
+    xp.multiply(t, t, out=out)
+    xp.subtract(1.0, out, out=out)
+    xp.multiply(x, 0.5, out=u)
+    xp.multiply(u, out, out=u)
+    xp.multiply(u, _GELU_K, out=u)
+    xp.multiply(x, 3.0 * _GELU_C, out=out)
+    xp.multiply(out, x, out=out)
+    xp.add(out, 1.0, out=out)
+    xp.multiply(u, out, out=u)
+    xp.add(t, 1.0, out=t)
+    xp.multiply(t, 0.5, out=t)
+    xp.add(t, u, out=out)
+    xp.multiply(out, g, out=out)
 
 
-def _sigmoid(c: KernelContext, ins: list[Array], a: Attrs) -> Array:
+def _sigmoid(c: KernelContext, ins: list[Array], out: Array, a: Attrs, start: int = 0) -> None:
     (x,) = ins
-    # exp of a non-positive number only: no overflow for large |x|
-    e = c.xp.exp(-c.xp.abs(x))
-    return c.xp.where(x >= 0, 1.0 / (1.0 + e), e / (1.0 + e)).astype(x.dtype)
+    xp = c.xp
+    # exp of a non-positive number only: no overflow for large |x|: 1 / (1 + e) or e / (1 + e)
+    e, positive = c.scratch.take(x.shape, x.dtype), c.scratch.take(x.shape, xp.bool_)
+    xp.abs(x, out=e)
+    xp.negative(e, out=e)
+    xp.exp(e, out=e)
+    xp.add(e, 1.0, out=out)
+    xp.greater_equal(x, 0, out=positive)
+    xp.copyto(e, 1.0, where=positive)
+    xp.divide(e, out, out=out)
+
+
+def _in_flat_chunks(kernel, *itemsizes: int) -> tuple[Any, Cost]:  # noqa: ANN001
+    """An element-wise kernel over same-shaped operands, run on flat chunks so that its temporaries (one per
+    item size given; 0: the operand's own) stay small; and its scratch rule."""
+    def per_element(dtype_size: int) -> int:
+        return sum(s or dtype_size for s in itemsizes)
+
+    def tiled(c: KernelContext, ins: list[Array], out: Array, a: Attrs) -> None:
+        flat, dest = [x.reshape(-1) for x in ins], out.reshape(-1)
+        mark = c.scratch.used
+        for k in chunks(dest.size, per_element(out.dtype.itemsize), out.nbytes):
+            kernel(c, [x[k] for x in flat], dest[k], a, k.start)
+            c.scratch.used = mark
+
+    def rule(ins: Types, out: TensorType, a: Attrs) -> int:
+        n = chunk_len(out.numel, per_element(out.dtype.itemsize), out.nbytes)
+        return buffers(*(n * (s or out.dtype.itemsize) for s in itemsizes), 4, 4)
+
+    return tiled, rule
 
 
 def _grad_via(op: str, use_output: bool) -> GradRule:
@@ -117,10 +181,12 @@ def _mul_scalar_grad(b: GradBuilder, ins: tuple[str, ...], out: str, g: str, a: 
     return (b.emit("mul_scalar", [g], {"value": a["value"]}),)
 
 
-def _pow_scalar_grad(c: KernelContext, ins: list[Array], a: Attrs) -> Array:
+def _pow_scalar_grad(c: KernelContext, ins: list[Array], out: Array, a: Attrs) -> None:
     x, g = ins
     p = a["exponent"]
-    return g * (p * x ** (p - 1.0))
+    c.xp.power(x, p - 1.0, out=out)
+    c.xp.multiply(out, p, out=out)
+    c.xp.multiply(g, out, out=out)
 
 
 def _same_grad_op(b: GradBuilder, ins: tuple[str, ...], out: str, g: str, a: Attrs) -> tuple[str | None, ...]:
@@ -132,21 +198,62 @@ def _cast_grad(b: GradBuilder, ins: tuple[str, ...], out: str, g: str, a: Attrs)
     return (b.emit("cast", [g], {"dtype": b.type(ins[0]).dtype.label}),)
 
 
-def dropout_mask(c: KernelContext, shape: tuple[int, ...], p: float, seed: int) -> Array:
-    """The keep-mask scaled by 1/(1-p); drawn with NumPy so both backends agree."""
-    keep = np.random.default_rng([seed, c.step]).random(shape) >= p
-    return c.xp.asarray(keep.astype(np.float32) / np.float32(1.0 - p))
+_M1, _M2, _GOLDEN = np.uint32(0x85EBCA6B), np.uint32(0xC2B2AE35), np.uint32(0x9E3779B1)
 
 
-def _dropout(c: KernelContext, ins: list[Array], a: Attrs) -> Array:
+def _fmix32(xp: Any, h: Array, tmp: Array) -> None:
+    """MurmurHash3's finaliser, in place on uint32 ``h``: every input bit reaches every output bit."""
+    for shift, mult in ((16, _M1), (13, _M2), (16, None)):
+        xp.right_shift(h, np.uint32(shift), out=tmp)
+        xp.bitwise_xor(h, tmp, out=h)
+        if mult is not None:
+            xp.multiply(h, mult, out=h)
+
+
+def _seed_key(seed: int) -> np.uint32:
+    h = np.array([seed & 0xFFFFFFFF], dtype=np.uint32)
+    _fmix32(np, h, np.empty_like(h))
+    return h[0]
+
+
+def uniform_bits(c: KernelContext, n: int, start: int, seed: int) -> Array:
+    """32 random bits for each of elements start..start+n-1, a pure function of (seed, training step, element
+    index), computed on the device from the step counter: the same on NumPy and CuPy, whatever the tiling,
+    and replayable without the host."""
+    xp = c.xp
+    h, tmp = c.scratch.take((n,), xp.uint32), c.scratch.take((n,), xp.uint32)
+    key, ktmp = c.scratch.take((), xp.uint32), c.scratch.take((), xp.uint32)
+    xp.copyto(key, c.step, casting="unsafe")
+    _fmix32(xp, key, ktmp)
+    xp.bitwise_xor(key, _seed_key(seed), out=key)
+    h.fill(1)
+    xp.cumsum(h, dtype=xp.uint32, out=h)
+    xp.add(h, np.uint32(start % 2**32), out=h)  # the element index, 1-based
+    xp.multiply(h, _GOLDEN, out=h)
+    xp.bitwise_xor(h, key, out=h)
+    _fmix32(xp, h, tmp)
+    return h
+
+
+def _dropout(c: KernelContext, ins: list[Array], out: Array, a: Attrs, start: int = 0) -> None:
+    """Keep each element with probability 1 - p, scaled by 1 / (1 - p)."""
     (x,) = ins
-    if a["p"] == 0.0:
-        return x.copy()
-    return (x * dropout_mask(c, x.shape, a["p"], a["seed"])).astype(x.dtype)
+    xp, p = c.xp, a["p"]
+    if p == 0.0:
+        xp.copyto(out, x)
+        return
+    bits, keep = uniform_bits(c, x.size, start, a["seed"]), c.scratch.take(x.shape, xp.bool_)
+    xp.greater_equal(bits, np.uint32(min(round(p * 2.0**32), 2**32 - 1)), out=keep)
+    xp.multiply(x, np.float32(1.0) / np.float32(1.0 - p), out=out)
+    xp.multiply(out, keep, out=out)
 
 
-def _cast(c: KernelContext, ins: list[Array], a: Attrs) -> Array:
-    return ins[0].astype(np_dtype(c.xp, a["dtype"]))
+_DROPOUT = _in_flat_chunks(_dropout, 4, 4, 1)  # the bits, a shift temporary, the keep-mask
+_SIGMOID = _in_flat_chunks(_sigmoid, 0, 1)  # exp(-|x|), the sign mask
+
+
+def _cast(c: KernelContext, ins: list[Array], out: Array, a: Attrs) -> None:
+    c.xp.copyto(out, ins[0], casting="unsafe")
 
 
 def _cast_infer(ins: Types, a: Attrs) -> TensorType:
@@ -164,14 +271,16 @@ def _sum_to_infer(ins: Types, a: Attrs) -> TensorType:
     return TensorType(shape, g.dtype)
 
 
-def sum_to(xp: object, g: Array, shape: tuple[int, ...]) -> Array:
+def _sum_to(c: KernelContext, ins: list[Array], out: Array, a: Attrs) -> None:
+    (g,) = ins
+    shape = tuple(a["shape"])
     lead = g.ndim - len(shape)
     axes = tuple(range(lead)) + tuple(lead + i for i, d in enumerate(shape) if d == 1 and g.shape[lead + i] != 1)
-    return g.sum(axis=axes).reshape(shape) if axes else g.copy()
-
-
-def _sum_to(c: KernelContext, ins: list[Array], a: Attrs) -> Array:
-    return sum_to(c.xp, ins[0], tuple(a["shape"]))
+    if not axes:
+        c.xp.copyto(out, g)
+        return
+    kept = tuple(d for i, d in enumerate(g.shape) if i not in axes)
+    c.xp.sum(g, axis=axes, out=out.reshape(kept))
 
 
 def _broadcast_infer(ins: Types, a: Attrs) -> TensorType:
@@ -183,62 +292,87 @@ def _broadcast_infer(ins: Types, a: Attrs) -> TensorType:
     return TensorType(shape, g.dtype)
 
 
-def _broadcast_to(c: KernelContext, ins: list[Array], a: Attrs) -> Array:
+def _broadcast_to(c: KernelContext, ins: list[Array], out: Array, a: Attrs) -> None:
     (g,) = ins
     xp = c.xp
     expanded = xp.expand_dims(g, tuple(a["axes"])) if a["axes"] else g
-    return xp.broadcast_to(expanded, tuple(a["shape"])) * g.dtype.type(a["scale"])
+    xp.multiply(xp.broadcast_to(expanded, tuple(a["shape"])), g.dtype.type(a["scale"]), out=out)
 
 
 def _fill_infer(ins: Types, a: Attrs) -> TensorType:
     return TensorType(tuple(a["shape"]), DType[a["dtype"]])
 
 
-def _fill(c: KernelContext, ins: list[Array], a: Attrs) -> Array:
-    return c.xp.full(tuple(a["shape"]), a["value"], dtype=np_dtype(c.xp, a["dtype"]))
+def _fill(c: KernelContext, ins: list[Array], out: Array, a: Attrs) -> None:
+    out.fill(a["value"])
 
 
-def _k(fn):  # noqa: ANN001, ANN202
-    """A kernel from a function of the input arrays alone."""
-    return lambda c, ins, a: fn(c.xp, *ins)
+def _u(name: str):  # noqa: ANN202
+    """A kernel that is one ufunc of the inputs, into the output."""
+    return lambda c, ins, out, a: getattr(c.xp, name)(*ins, out=out)
 
 
-def _unary(name: str, flops: int, kernel, grad) -> OpDef:  # noqa: ANN001
-    return OpDef(name, (1, 1), same_as(0, op=name), per_element(flops), kernel, grad)
+def _scalar(name: str, attr: str):  # noqa: ANN202
+    """A kernel that is one ufunc of the input and a scalar attribute in the input's dtype."""
+    return lambda c, ins, out, a: getattr(c.xp, name)(ins[0], ins[0].dtype.type(a[attr]), out=out)
 
 
-def _backward(name: str, flops: int, kernel, arity: int = 2) -> OpDef:  # noqa: ANN001
+def _relu_grad(c: KernelContext, ins: list[Array], out: Array, a: Attrs) -> None:
+    y, g = ins
+    c.xp.greater(y, 0, out=out)  # 1 where the unit was active, else 0
+    c.xp.multiply(g, out, out=out)
+
+
+def _tanh_grad(c: KernelContext, ins: list[Array], out: Array, a: Attrs) -> None:
+    y, g = ins
+    c.xp.multiply(y, y, out=out)
+    c.xp.subtract(1, out, out=out)
+    c.xp.multiply(g, out, out=out)
+
+
+def _sigmoid_grad(c: KernelContext, ins: list[Array], out: Array, a: Attrs) -> None:
+    y, g = ins
+    c.xp.subtract(1, y, out=out)
+    c.xp.multiply(out, y, out=out)
+    c.xp.multiply(out, g, out=out)
+
+
+def _unary(name: str, flops: int, kernel, grad, scratch: Cost = no_scratch) -> OpDef:  # noqa: ANN001
+    return OpDef(name, (1, 1), same_as(0, op=name), per_element(flops), kernel, grad, scratch=scratch)
+
+
+def _backward(name: str, flops: int, kernel, scratch: Cost = no_scratch) -> OpDef:  # noqa: ANN001
     """A backward op (forward tensor, g) -> shaped like g; not itself differentiated."""
-    return OpDef(name, (arity, arity), same_as(arity - 1, op=name), per_element(flops), kernel)
+    return OpDef(name, (2, 2), same_as(1, op=name), per_element(flops), kernel, scratch=scratch)
 
 
 register(
-    OpDef("add", (2, 2), _binary_infer("add"), per_element(1), _k(lambda xp, x, y: x + y), _add_grad,
-          in_place=True),
-    OpDef("sub", (2, 2), _binary_infer("sub"), per_element(1), _k(lambda xp, x, y: x - y), _sub_grad),
-    OpDef("mul", (2, 2), _binary_infer("mul"), per_element(1), _k(lambda xp, x, y: x * y), _mul_grad),
-    OpDef("div", (2, 2), _binary_infer("div"), per_element(1), _k(lambda xp, x, y: x / y), _div_grad),
-    OpDef("div_grad_rhs", (3, 3), _div_grad_rhs_infer, per_element(3), _div_grad_rhs),
-    OpDef("add_scalar", (1, 1), same_as(0, float_only=False), per_element(1),
-          lambda c, ins, a: ins[0] + ins[0].dtype.type(a["value"]), _add_scalar_grad),
-    OpDef("mul_scalar", (1, 1), same_as(0, float_only=False), per_element(1),
-          lambda c, ins, a: ins[0] * ins[0].dtype.type(a["value"]), _mul_scalar_grad),
-    OpDef("pow_scalar", (1, 1), same_as(0, op="pow_scalar"), per_element(2),
-          lambda c, ins, a: ins[0] ** ins[0].dtype.type(a["exponent"]), _grad_via("pow_scalar_grad", False)),
+    OpDef("add", (2, 2), _binary_infer("add"), per_element(1), _u("add"), _add_grad, in_place=True),
+    OpDef("sub", (2, 2), _binary_infer("sub"), per_element(1), _u("subtract"), _sub_grad),
+    OpDef("mul", (2, 2), _binary_infer("mul"), per_element(1), _u("multiply"), _mul_grad),
+    OpDef("div", (2, 2), _binary_infer("div"), per_element(1), _u("divide"), _div_grad),
+    OpDef("div_grad_rhs", (3, 3), _div_grad_rhs_infer, per_element(3), _div_grad_rhs, scratch=_div_grad_rhs_scratch),
+    OpDef("add_scalar", (1, 1), same_as(0, float_only=False), per_element(1), _scalar("add", "value"),
+          _add_scalar_grad),
+    OpDef("mul_scalar", (1, 1), same_as(0, float_only=False), per_element(1), _scalar("multiply", "value"),
+          _mul_scalar_grad),
+    OpDef("pow_scalar", (1, 1), same_as(0, op="pow_scalar"), per_element(2), _scalar("power", "exponent"),
+          _grad_via("pow_scalar_grad", False)),
     _backward("pow_scalar_grad", 4, _pow_scalar_grad),
-    OpDef("neg", (1, 1), same_as(0, float_only=False), per_element(1), _k(lambda xp, x: -x), _neg_grad),
-    _unary("relu", 1, _k(lambda xp, x: xp.maximum(x, x.dtype.type(0))), _grad_via("relu_grad", True)),
-    _backward("relu_grad", 1, _k(lambda xp, y, g: g * (y > 0))),
+    OpDef("neg", (1, 1), same_as(0, float_only=False), per_element(1), _u("negative"), _neg_grad),
+    _unary("relu", 1, lambda c, ins, out, a: c.xp.maximum(ins[0], ins[0].dtype.type(0), out=out),
+           _grad_via("relu_grad", True)),
+    _backward("relu_grad", 1, _relu_grad),
     _unary("gelu", 8, _gelu, _grad_via("gelu_grad", False)),
-    _backward("gelu_grad", 12, _gelu_grad),
-    _unary("tanh", 4, _k(lambda xp, x: xp.tanh(x)), _grad_via("tanh_grad", True)),
-    _backward("tanh_grad", 3, _k(lambda xp, y, g: g * (1 - y * y))),
-    _unary("sigmoid", 4, _sigmoid, _grad_via("sigmoid_grad", True)),
-    _backward("sigmoid_grad", 3, _k(lambda xp, y, g: g * y * (1 - y))),
-    _unary("exp", 2, _k(lambda xp, x: xp.exp(x)), _exp_grad),
-    _unary("log", 2, _k(lambda xp, x: xp.log(x)), _log_grad),
-    _unary("sqrt", 2, _k(lambda xp, x: xp.sqrt(x)), _sqrt_grad),
-    _unary("dropout", 2, _dropout, _same_grad_op),
+    _backward("gelu_grad", 12, *_in_flat_chunks(_gelu_grad, 0, 0)),
+    _unary("tanh", 4, _u("tanh"), _grad_via("tanh_grad", True)),
+    _backward("tanh_grad", 3, _tanh_grad),
+    _unary("sigmoid", 4, _SIGMOID[0], _grad_via("sigmoid_grad", True), _SIGMOID[1]),
+    _backward("sigmoid_grad", 3, _sigmoid_grad),
+    _unary("exp", 2, _u("exp"), _exp_grad),
+    _unary("log", 2, _u("log"), _log_grad),
+    _unary("sqrt", 2, _u("sqrt"), _sqrt_grad),
+    _unary("dropout", 2, _DROPOUT[0], _same_grad_op, _DROPOUT[1]),
     OpDef("cast", (1, 1), _cast_infer, no_flops, _cast, _cast_grad),
     OpDef("sum_to", (1, 1), _sum_to_infer, lambda ins, out, a: ins[0].numel, _sum_to),
     OpDef("broadcast_to", (1, 1), _broadcast_infer, per_element(1), _broadcast_to),

@@ -6,7 +6,8 @@ from swapdsl.common.errors import SwpError
 from swapdsl.graph.ir import TensorType
 from swapdsl.graph.ops.elementwise import unbroadcast
 from swapdsl.graph.ops.registry import (
-    Array, Attrs, GradBuilder, KernelContext, OpDef, Types, broadcast_shapes, floating, register,
+    Array, Attrs, GradBuilder, KernelContext, OpDef, Types, broadcast_shapes, buffers, chunk_len, chunks, floating,
+    register,
 )
 
 
@@ -91,9 +92,25 @@ def _mm_flops(form: str):  # noqa: ANN202
     return flops
 
 
-def _fold(c: KernelContext, ins: list[Array], a: Attrs) -> Array:
+def _fold(c: KernelContext, ins: list[Array], out: Array, a: Attrs) -> None:
     x, g = ins
-    return x.reshape(-1, x.shape[-1]).T @ g.reshape(-1, g.shape[-1])
+    c.xp.matmul(x.reshape(-1, x.shape[-1]).T, g.reshape(-1, g.shape[-1]), out=out)
+
+
+def _fold_acc(c: KernelContext, ins: list[Array], out: Array, a: Attrs) -> None:
+    """acc + x^T g, a block of output columns at a time (out may be acc itself)."""
+    acc, x, g = ins
+    x2, g2 = x.reshape(-1, x.shape[-1]), g.reshape(-1, g.shape[-1])
+    for k in chunks(out.shape[1], out.shape[0] * out.dtype.itemsize, out.nbytes):
+        product = c.scratch.take((out.shape[0], k.stop - k.start), out.dtype)
+        c.xp.matmul(x2.T, g2[:, k], out=product)
+        c.xp.add(acc[:, k], product, out=out[:, k])
+        c.scratch.reset()
+
+
+def _fold_acc_scratch(ins: Types, out: TensorType, a: Attrs) -> int:
+    column = out.shape[0] * out.dtype.itemsize
+    return buffers(chunk_len(out.shape[1], column, out.nbytes) * column)
 
 
 def _fold_acc_flops(ins: Types, out: TensorType, a: Attrs) -> int:
@@ -101,13 +118,14 @@ def _fold_acc_flops(ins: Types, out: TensorType, a: Attrs) -> int:
 
 
 register(
-    OpDef("matmul", (2, 2), _matmul_infer, _mm_flops("nn"), lambda c, ins, a: c.xp.matmul(ins[0], ins[1]),
+    OpDef("matmul", (2, 2), _matmul_infer, _mm_flops("nn"), lambda c, ins, out, a: c.xp.matmul(*ins, out=out),
           _matmul_grad),
-    OpDef("matmul_nt", (2, 2), _nt_infer, _mm_flops("nt"), lambda c, ins, a: c.xp.matmul(ins[0], _swap(c.xp, ins[1])),
-          _matmul_nt_grad),
-    OpDef("matmul_tn", (2, 2), _tn_infer, _mm_flops("tn"), lambda c, ins, a: c.xp.matmul(_swap(c.xp, ins[0]), ins[1])),
+    OpDef("matmul_nt", (2, 2), _nt_infer, _mm_flops("nt"),
+          lambda c, ins, out, a: c.xp.matmul(ins[0], _swap(c.xp, ins[1]), out=out), _matmul_nt_grad),
+    OpDef("matmul_tn", (2, 2), _tn_infer, _mm_flops("tn"),
+          lambda c, ins, out, a: c.xp.matmul(_swap(c.xp, ins[0]), ins[1], out=out)),
     OpDef("matmul_tn_fold", (2, 2), _tn_fold_infer, _mm_flops("fold"), _fold, accumulate="matmul_tn_fold_acc"),
-    # a weight gradient summed over uses (an RNN's time steps) as it is made: a GEMM with beta = 1
-    OpDef("matmul_tn_fold_acc", (3, 3), _tn_fold_acc_infer, _fold_acc_flops,
-          lambda c, ins, a: ins[0] + _fold(c, ins[1:], a), in_place=True),
+    # a weight gradient summed over uses (an RNN's time steps) as it is made
+    OpDef("matmul_tn_fold_acc", (3, 3), _tn_fold_acc_infer, _fold_acc_flops, _fold_acc, in_place=True,
+          scratch=_fold_acc_scratch),
 )

@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from swapdsl.common.errors import SwpError
 from swapdsl.graph.ir import TensorType
 from swapdsl.graph.ops.registry import (
-    Array, Attrs, GradBuilder, KernelContext, OpDef, Types, floating, per_input_element, register, same_as,
+    Array, Attrs, GradBuilder, KernelContext, OpDef, Types, buffers, chunk_len, chunks, floating, per_input_element,
+    register, same_as,
 )
 
 
@@ -26,23 +29,74 @@ def _rows(logits: Array, labels: Array) -> tuple[Array, Array]:
     return logits.reshape(-1, classes), labels.reshape(-1)
 
 
-def _xent(c: KernelContext, ins: list[Array], a: Attrs) -> Array:
+def row_starts(xp: Any, out: Array, rows: slice, classes: int) -> Array:
+    """Into int64 ``out``: the flat index of the first entry of each row in ``rows``."""
+    out.fill(classes)
+    xp.cumsum(out, out=out)
+    xp.add(out, (rows.start - 1) * classes, out=out)
+    return out
+
+
+def _picked(c: KernelContext, z: Array, y: Array, rows: slice) -> tuple[Array, Array]:
+    """(flat index of each row's labelled entry, an f-typed buffer of the rows' size)."""
+    n = rows.stop - rows.start
+    index = row_starts(c.xp, c.scratch.take((n,), c.xp.int64), rows, z.shape[1])
+    c.xp.add(index, y[rows], out=index)
+    return index, c.scratch.take((n,), z.dtype)
+
+
+def _xent(c: KernelContext, ins: list[Array], out: Array, a: Attrs) -> None:
+    """mean over rows of logsumexp(z) - z[label]; rows in chunks, so the exp temporary stays small."""
     z, y = _rows(*ins)
     xp = c.xp
-    m = z.max(axis=1, keepdims=True)
-    logsumexp = m[:, 0] + xp.log(xp.exp(z - m).sum(axis=1))
-    picked = z[xp.arange(z.shape[0]), y]
-    return xp.asarray((logsumexp - picked).mean(), dtype=z.dtype)
+    total = c.scratch.take((z.shape[0],), z.dtype)
+    mark = c.scratch.used
+    for rows in chunks(z.shape[0], z.shape[1] * z.dtype.itemsize, z.nbytes):
+        zc, lse = z[rows], total[rows]
+        m, e = c.scratch.take((zc.shape[0], 1), z.dtype), c.scratch.take(zc.shape, z.dtype)
+        xp.max(zc, axis=1, keepdims=True, out=m)
+        xp.subtract(zc, m, out=e)
+        xp.exp(e, out=e)
+        xp.sum(e, axis=1, out=lse)
+        xp.log(lse, out=lse)
+        xp.add(m[:, 0], lse, out=lse)
+        index, picked = _picked(c, z, y, rows)
+        xp.take(z.reshape(-1), index, out=picked)
+        xp.subtract(lse, picked, out=lse)
+        c.scratch.used = mark
+    xp.mean(total, out=out)
 
 
-def _xent_grad_kernel(c: KernelContext, ins: list[Array], a: Attrs) -> Array:
+def _xent_scratch(ins: Types, out: TensorType, a: Attrs) -> int:
+    rows, classes, size = ins[0].numel // ins[0].shape[-1], ins[0].shape[-1], ins[0].dtype.itemsize
+    n = chunk_len(rows, classes * size, ins[0].nbytes)
+    return buffers(rows * size, n * size, n * classes * size, 8 * n, n * size)
+
+
+def _xent_grad_kernel(c: KernelContext, ins: list[Array], out: Array, a: Attrs) -> None:
+    """(softmax(z) - onehot(label)) * g / rows, written row-wise into the output."""
     logits, labels, g = ins
     z, y = _rows(logits, labels)
     xp = c.xp
-    e = xp.exp(z - z.max(axis=1, keepdims=True))
-    p = e / e.sum(axis=1, keepdims=True)
-    p[xp.arange(z.shape[0]), y] -= 1
-    return (p * (g / z.shape[0])).reshape(logits.shape).astype(logits.dtype)
+    p = out.reshape(z.shape)
+    m = c.scratch.take((z.shape[0], 1), z.dtype)
+    xp.max(z, axis=1, keepdims=True, out=m)
+    xp.subtract(z, m, out=p)
+    xp.exp(p, out=p)
+    xp.sum(p, axis=1, keepdims=True, out=m)
+    xp.divide(p, m, out=p)
+    index, picked = _picked(c, z, y, slice(0, z.shape[0]))
+    xp.take(p.reshape(-1), index, out=picked)
+    xp.subtract(picked, 1, out=picked)
+    xp.put(p.reshape(-1), index, picked)
+    scale = c.scratch.take((), g.dtype)
+    xp.divide(g, z.shape[0], out=scale)
+    xp.multiply(p, scale, out=p)
+
+
+def _xent_grad_scratch(ins: Types, out: TensorType, a: Attrs) -> int:
+    rows, size = ins[0].numel // ins[0].shape[-1], ins[0].dtype.itemsize
+    return buffers(rows * size, 8 * rows, rows * size, ins[2].dtype.itemsize)
 
 
 def _xent_grad(b: GradBuilder, ins: tuple[str, ...], out: str, g: str, a: Attrs) -> tuple[str | None, ...]:
@@ -57,14 +111,21 @@ def _mse_infer(ins: Types, a: Attrs) -> TensorType:
     return TensorType((), dtype)
 
 
-def _mse(c: KernelContext, ins: list[Array], a: Attrs) -> Array:
-    d = ins[0] - ins[1]
-    return c.xp.asarray((d * d).mean(), dtype=d.dtype)
+def _mse(c: KernelContext, ins: list[Array], out: Array, a: Attrs) -> None:
+    p, t = ins
+    d = c.scratch.take(p.shape, p.dtype)
+    c.xp.subtract(p, t, out=d)
+    c.xp.multiply(d, d, out=d)
+    c.xp.mean(d, out=out)
 
 
-def _mse_grad_kernel(c: KernelContext, ins: list[Array], a: Attrs) -> Array:
+def _mse_grad_kernel(c: KernelContext, ins: list[Array], out: Array, a: Attrs) -> None:
     p, t, g = ins
-    return ((p - t) * (2.0 * g / p.size)).astype(p.dtype)
+    scale = c.scratch.take((), g.dtype)
+    c.xp.multiply(2.0, g, out=scale)
+    c.xp.divide(scale, p.size, out=scale)
+    c.xp.subtract(p, t, out=out)
+    c.xp.multiply(out, scale, out=out)
 
 
 def _mse_grad(b: GradBuilder, ins: tuple[str, ...], out: str, g: str, a: Attrs) -> tuple[str | None, ...]:
@@ -73,9 +134,12 @@ def _mse_grad(b: GradBuilder, ins: tuple[str, ...], out: str, g: str, a: Attrs) 
 
 
 register(
-    OpDef("softmax_cross_entropy", (2, 2), _xent_infer, per_input_element(6), _xent, _xent_grad),
+    OpDef("softmax_cross_entropy", (2, 2), _xent_infer, per_input_element(6), _xent, _xent_grad,
+          scratch=_xent_scratch),
     OpDef("softmax_cross_entropy_grad", (3, 3), same_as(0, float_only=False), per_input_element(6),
-          _xent_grad_kernel),
-    OpDef("mse_loss", (2, 2), _mse_infer, per_input_element(3), _mse, _mse_grad),
-    OpDef("mse_loss_grad", (3, 3), same_as(0, op="mse_loss_grad"), per_input_element(3), _mse_grad_kernel),
+          _xent_grad_kernel, scratch=_xent_grad_scratch),
+    OpDef("mse_loss", (2, 2), _mse_infer, per_input_element(3), _mse, _mse_grad,
+          scratch=lambda ins, out, a: buffers(ins[0].nbytes)),
+    OpDef("mse_loss_grad", (3, 3), same_as(0, op="mse_loss_grad"), per_input_element(3), _mse_grad_kernel,
+          scratch=lambda ins, out, a: buffers(ins[2].dtype.itemsize)),
 )

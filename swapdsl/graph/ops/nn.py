@@ -1,43 +1,84 @@
 """Neural-network ops: softmax, normalisation, convolution, pooling, embedding.
 
-Convolution and pooling are vectorised with strided window views (im2col) and
-a matmul; their adjoints scatter back with one strided add per kernel tap.
+Every kernel writes into its output and takes its temporaries from the scratch
+its op declares. Convolution copies strided window views into scratch columns
+(im2col) and multiplies; its adjoints scatter back with one strided add per
+kernel tap. Convolution, pooling and normalisation tile the batch (or the
+channels, or the rows) so that each temporary stays near SCRATCH_CHUNK_BYTES.
 """
 
 from __future__ import annotations
 
-from typing import Any
+import math
+from typing import Any, NamedTuple
 
 from swapdsl.common.errors import SwpError
 from swapdsl.graph.ir import TensorType
 from swapdsl.graph.ops.registry import (
-    Array, Attrs, GradBuilder, KernelContext, OpDef, Types, floating, per_element, per_input_element, register,
-    same_as,
+    Array, Attrs, GradBuilder, KernelContext, OpDef, Types, buffers, chunk_len, chunks, floating, op_bytes,
+    per_element, per_input_element, register, same_as,
 )
 
 # ---- softmax -------------------------------------------------------------------
 
 
-def _softmax(c: KernelContext, ins: list[Array], a: Attrs) -> Array:
+def _reduced(x: Any, axis: int) -> tuple[int, ...]:
+    return tuple(1 if i == axis else d for i, d in enumerate(x.shape))
+
+
+def _softmax(c: KernelContext, ins: list[Array], out: Array, a: Attrs) -> None:
     (x,) = ins
-    e = c.xp.exp(x - x.max(axis=a["axis"], keepdims=True))
-    return e / e.sum(axis=a["axis"], keepdims=True)
+    xp, axis = c.xp, a["axis"]
+    r = c.scratch.take(_reduced(x, axis), x.dtype)
+    xp.max(x, axis=axis, keepdims=True, out=r)
+    xp.subtract(x, r, out=out)
+    xp.exp(out, out=out)
+    xp.sum(out, axis=axis, keepdims=True, out=r)
+    xp.divide(out, r, out=out)
 
 
-def _log_softmax(c: KernelContext, ins: list[Array], a: Attrs) -> Array:
+def _log_softmax(c: KernelContext, ins: list[Array], out: Array, a: Attrs) -> None:
+    """(x - max) - log(sum(exp(x - max))); the shift is formed twice rather than held in a temporary."""
     (x,) = ins
-    shifted = x - x.max(axis=a["axis"], keepdims=True)
-    return shifted - c.xp.log(c.xp.exp(shifted).sum(axis=a["axis"], keepdims=True))
+    xp, axis = c.xp, a["axis"]
+    m, total = c.scratch.take(_reduced(x, axis), x.dtype), c.scratch.take(_reduced(x, axis), x.dtype)
+    xp.max(x, axis=axis, keepdims=True, out=m)
+    xp.subtract(x, m, out=out)
+    xp.exp(out, out=out)
+    xp.sum(out, axis=axis, keepdims=True, out=total)
+    xp.log(total, out=total)
+    xp.subtract(x, m, out=out)
+    xp.subtract(out, total, out=out)
 
 
-def _softmax_grad(c: KernelContext, ins: list[Array], a: Attrs) -> Array:
+def _softmax_grad(c: KernelContext, ins: list[Array], out: Array, a: Attrs) -> None:
+    """y * (g - sum(g * y))."""
     y, g = ins
-    return y * (g - (g * y).sum(axis=a["axis"], keepdims=True))
+    xp, axis = c.xp, a["axis"]
+    r = c.scratch.take(_reduced(y, axis), y.dtype)
+    xp.multiply(g, y, out=out)
+    xp.sum(out, axis=axis, keepdims=True, out=r)
+    xp.subtract(g, r, out=out)
+    xp.multiply(y, out, out=out)
 
 
-def _log_softmax_grad(c: KernelContext, ins: list[Array], a: Attrs) -> Array:
+def _log_softmax_grad(c: KernelContext, ins: list[Array], out: Array, a: Attrs) -> None:
+    """g - exp(y) * sum(g)."""
     y, g = ins
-    return g - c.xp.exp(y) * g.sum(axis=a["axis"], keepdims=True)
+    xp, axis = c.xp, a["axis"]
+    r = c.scratch.take(_reduced(y, axis), y.dtype)
+    xp.sum(g, axis=axis, keepdims=True, out=r)
+    xp.exp(y, out=out)
+    xp.multiply(out, r, out=out)
+    xp.subtract(g, out, out=out)
+
+
+def _reduced_scratch(count: int):  # noqa: ANN202
+    def rule(ins: Types, out: TensorType, a: Attrs) -> int:
+        x = ins[0]
+        return buffers(*[x.numel // x.shape[a["axis"]] * x.dtype.itemsize] * count)
+
+    return rule
 
 
 def _via_output(op: str):  # noqa: ANN202
@@ -50,57 +91,138 @@ def _via_output(op: str):  # noqa: ANN202
 # ---- normalisation -------------------------------------------------------------
 
 
-def _norm_axes(kind: str, x: Any, scale_rank: int) -> tuple[int, ...]:
+class _Frame(NamedTuple):
+    """A normalisation's view of its input: x as [A, B, C] normalised over axes (0, 2) (batch norm:
+    [N, channels, pixels]) or (1,) of [rows, features, 1] (layer norm), tiled along axis 1 or 0."""
+
+    x: Array
+    axes: tuple[int, ...]
+    tile_axis: int
+
+
+def _frame(kind: str, x: Array, scale_rank: int) -> _Frame:
     if kind == "layer":
-        return tuple(range(x.ndim - scale_rank, x.ndim))
-    return (0,) + tuple(range(2, x.ndim))
+        features = math.prod(x.shape[x.ndim - scale_rank:])
+        return _Frame(x.reshape(-1, features, 1), (1,), 0)
+    return _Frame(x.reshape(x.shape[0], x.shape[1], -1), (0, 2), 1)
 
 
-def _scale_view(kind: str, s: Array, ndim: int) -> Array:
-    """Scale/shift as they broadcast against the input."""
-    return s if kind == "layer" else s.reshape((1, -1) + (1,) * (ndim - 2))
+def _frame_shape(kind: str, t: TensorType, scale_rank: int) -> tuple[int, int, int]:
+    if kind == "layer":
+        features = math.prod(t.shape[t.rank - scale_rank:])
+        return (t.numel // features, features, 1)
+    return (t.shape[0], t.shape[1], t.numel // (t.shape[0] * t.shape[1]))
+
+
+def _tiles(f: _Frame, arrays: list[Array]) -> list[tuple[slice, list[Array]]]:
+    """Tiles along the frame's tile axis: each array's part (an array of the frame's shape, or a vector along
+    axis 1 broadcast as [1, B, 1]) and the slice of the tile axis it covers."""
+    shape = f.x.shape
+    per_item = math.prod(d for i, d in enumerate(shape) if i != f.tile_axis) * 4
+    out = []
+    for k in chunks(shape[f.tile_axis], per_item, f.x.nbytes):
+        index = (slice(None),) * f.tile_axis + (k,)
+        out.append((k, [a[index] if a.ndim == 3 else _vector(a, k, f.tile_axis) for a in arrays]))
+    return out
+
+
+def _vector(v: Array, k: slice, tile_axis: int) -> Array:
+    return v.reshape(1, -1, 1) if tile_axis == 0 else v[k].reshape(1, -1, 1)
+
+
+def _compute_dtype(xp: Any, x: Array) -> Any:
+    return xp.float32 if x.dtype == xp.float16 else x.dtype
 
 
 def _normalized(c: KernelContext, x: Array, axes: tuple[int, ...], eps: float) -> tuple[Array, Array]:
-    """(x - mean) / sqrt(var + eps) and 1 / sqrt(var + eps); two-pass, in f32 for f16 inputs."""
-    xf = x.astype(c.xp.float32) if x.dtype == c.xp.float16 else x
-    centered = xf - xf.mean(axis=axes, keepdims=True)
-    invstd = 1.0 / c.xp.sqrt((centered * centered).mean(axis=axes, keepdims=True) + eps)
-    return centered * invstd, invstd
+    """(x - mean) / sqrt(var + eps) and 1 / sqrt(var + eps), two-pass, in f32 for f16 inputs; both in scratch."""
+    xp, dt = c.xp, _compute_dtype(c.xp, x)
+    red = tuple(1 if i in axes else d for i, d in enumerate(x.shape))
+    xhat, square, invstd = c.scratch.take(x.shape, dt), c.scratch.take(x.shape, dt), c.scratch.take(red, dt)
+    xp.mean(x, axis=axes, keepdims=True, dtype=dt, out=invstd)
+    xp.subtract(x, invstd, out=xhat)
+    xp.multiply(xhat, xhat, out=square)
+    xp.mean(square, axis=axes, keepdims=True, out=invstd)
+    xp.add(invstd, eps, out=invstd)
+    xp.sqrt(invstd, out=invstd)
+    xp.divide(1.0, invstd, out=invstd)
+    xp.multiply(xhat, invstd, out=xhat)
+    return xhat, invstd
 
 
 def _norm_kernel(kind: str):  # noqa: ANN202
-    def kernel(c: KernelContext, ins: list[Array], a: Attrs) -> Array:
+    def kernel(c: KernelContext, ins: list[Array], out: Array, a: Attrs) -> None:
         x, scale, shift = ins
-        xhat, _ = _normalized(c, x, _norm_axes(kind, x, scale.ndim), a["eps"])
-        y = xhat * _scale_view(kind, scale, x.ndim) + _scale_view(kind, shift, x.ndim)
-        return y.astype(x.dtype)
+        f = _frame(kind, x, scale.ndim)
+        for _, (xc, oc, sc, bc) in _tiles(f, [f.x, out.reshape(f.x.shape), scale, shift]):
+            xhat, _ = _normalized(c, xc, f.axes, a["eps"])
+            c.xp.multiply(xhat, sc, out=xhat)
+            c.xp.add(xhat, bc, out=oc)
+            c.scratch.reset()
 
     return kernel
 
 
 def _norm_grad_kernel(kind: str):  # noqa: ANN202
-    def kernel(c: KernelContext, ins: list[Array], a: Attrs) -> Array:
+    """dx = invstd * (gs - mean(gs) - xhat * mean(gs * xhat)), gs = g * scale."""
+    def kernel(c: KernelContext, ins: list[Array], out: Array, a: Attrs) -> None:
         x, scale, g = ins
-        axes = _norm_axes(kind, x, scale.ndim)
-        xhat, invstd = _normalized(c, x, axes, a["eps"])
-        gs = g * _scale_view(kind, scale, x.ndim)
-        dx = invstd * (gs - gs.mean(axis=axes, keepdims=True) - xhat * (gs * xhat).mean(axis=axes, keepdims=True))
-        return dx.astype(x.dtype)
+        xp, f = c.xp, _frame(kind, x, scale.ndim)
+        for _, (xc, gc, oc, sc) in _tiles(f, [f.x, g.reshape(f.x.shape), out.reshape(f.x.shape), scale]):
+            xhat, invstd = _normalized(c, xc, f.axes, a["eps"])
+            gs, m1, m2 = c.scratch.take(xc.shape, xhat.dtype), c.scratch.take(invstd.shape, xhat.dtype), \
+                c.scratch.take(invstd.shape, xhat.dtype)
+            xp.multiply(gc, sc, out=gs)
+            xp.mean(gs, axis=f.axes, keepdims=True, out=m1)
+            square = c.scratch.take(xc.shape, xhat.dtype)
+            xp.multiply(gs, xhat, out=square)
+            xp.mean(square, axis=f.axes, keepdims=True, out=m2)
+            xp.multiply(xhat, m2, out=xhat)
+            xp.subtract(gs, m1, out=gs)
+            xp.subtract(gs, xhat, out=gs)
+            xp.multiply(invstd, gs, out=oc)
+            c.scratch.reset()
 
     return kernel
 
 
 def _norm_dscale_kernel(kind: str):  # noqa: ANN202
-    def kernel(c: KernelContext, ins: list[Array], a: Attrs) -> Array:
+    """sum of g * xhat over everything but the scale's axes."""
+    def kernel(c: KernelContext, ins: list[Array], out: Array, a: Attrs) -> None:
         x, g = ins
-        scale_rank = a.get("scale_rank", 1)
-        axes = _norm_axes(kind, x, scale_rank)
-        xhat, _ = _normalized(c, x, axes, a["eps"])
-        reduce_axes = tuple(i for i in range(x.ndim) if i not in axes) if kind == "layer" else axes
-        return (g * xhat).sum(axis=reduce_axes).astype(x.dtype)
+        xp, f = c.xp, _frame(kind, x, a.get("scale_rank", 1))
+        summed = tuple(i for i in range(3) if i != 1)
+        acc = c.scratch.take(out.shape, out.dtype) if kind == "layer" else None
+        mark = c.scratch.used
+        for k, (xc, gc) in _tiles(f, [f.x, g.reshape(f.x.shape)]):
+            xhat, _ = _normalized(c, xc, f.axes, a["eps"])
+            xp.multiply(xhat, gc, out=xhat)
+            if kind == "batch":
+                xp.sum(xhat, axis=summed, out=out.reshape(-1)[k])
+            elif k.start == 0:
+                xp.sum(xhat, axis=summed, out=out.reshape(-1))
+            else:
+                xp.sum(xhat, axis=summed, out=acc.reshape(-1))
+                xp.add(out, acc, out=out)
+            c.scratch.used = mark
 
     return kernel
+
+
+def _norm_scratch(kind: str, full: int, reduced: int, acc: bool = False):  # noqa: ANN202
+    """``full`` temporaries of a tile of the input and ``reduced`` of its statistics, in the compute dtype."""
+    def rule(ins: Types, out: TensorType, a: Attrs) -> int:
+        scale_rank = a.get("scale_rank", 1) if len(ins) == 2 else ins[1].rank
+        shape = _frame_shape(kind, ins[0], scale_rank)
+        tile = 0 if kind == "layer" else 1
+        others = math.prod(d for i, d in enumerate(shape) if i != tile)
+        n = chunk_len(shape[tile], others * 4, ins[0].nbytes)
+        item = 4 if ins[0].dtype.itemsize == 2 else ins[0].dtype.itemsize
+        stats = n if kind == "batch" else n
+        extra = [out.nbytes] if acc and kind == "layer" else []
+        return buffers(*extra, *[n * others * item] * full, *[stats * item] * reduced)
+
+    return rule
 
 
 def _norm_grad(kind: str):  # noqa: ANN202
@@ -164,12 +286,6 @@ def _positive_out(op: str, shape: tuple[int, ...], x: TensorType) -> tuple[int, 
     return shape
 
 
-def _pad(xp: Any, x: Array, ph: int, pw: int, value: float = 0.0) -> Array:
-    if not (ph or pw):
-        return x
-    return xp.pad(x, ((0, 0), (0, 0), (ph, ph), (pw, pw)), constant_values=value)
-
-
 def _windows(xp: Any, xpad: Array, k: tuple[int, int], s: tuple[int, int], d: tuple[int, int],
              out: tuple[int, int]) -> Array:
     """A strided view [N, C, Ho, Wo, KH, KW] of every kernel window; nothing is copied."""
@@ -192,52 +308,159 @@ def _conv_geometry(x_shape: tuple[int, ...], kernel: tuple[int, int], a: Attrs) 
     return (out_size(x_shape[2], kernel[0], sh, ph, dh), out_size(x_shape[3], kernel[1], sw, pw, dw))
 
 
-def _im2col(c: KernelContext, x: Array, kernel: tuple[int, int], groups: int, a: Attrs) -> Array:
-    """[N, G, Ho*Wo, C/G*KH*KW]: each output position's receptive field, one row each."""
-    n, ch = x.shape[:2]
-    out = _conv_geometry(x.shape, kernel, a)
-    win = _windows(c.xp, _pad(c.xp, x, *a["padding"]), kernel, a["stride"], a["dilation"], out)
-    win = win.reshape(n, groups, ch // groups, out[0], out[1], kernel[0], kernel[1])
-    return win.transpose(0, 1, 3, 4, 2, 5, 6).reshape(n, groups, out[0] * out[1], -1)
+class _Conv(NamedTuple):
+    """A convolution's (or pooling's) sizes, from the input shape [N, C, H, W] and the attributes."""
+
+    n: int
+    channels: int
+    hw: tuple[int, int]
+    kernel: tuple[int, int]
+    out: tuple[int, int]
+    padding: tuple[int, int]
+    groups: int
+
+    @property
+    def padded(self) -> tuple[int, int]:
+        return (self.hw[0] + 2 * self.padding[0], self.hw[1] + 2 * self.padding[1])
+
+    def sample_bytes(self, itemsize: int) -> dict[str, int]:
+        """One sample's share of each temporary: its window columns, its padded image, its output."""
+        k, o = self.kernel[0] * self.kernel[1], self.out[0] * self.out[1]
+        pad = self.channels * self.padded[0] * self.padded[1] * itemsize if any(self.padding) else 0
+        return {"cols": self.channels * k * o * itemsize, "pad": pad, "out": self.channels * o * itemsize}
 
 
-def _conv2d(c: KernelContext, ins: list[Array], a: Attrs) -> Array:
+def _conv_of(x_shape: tuple[int, ...], kernel: tuple[int, int], a: Attrs) -> _Conv:
+    a = {"dilation": (1, 1), "groups": 1, **a}
+    return _Conv(x_shape[0], x_shape[1], tuple(x_shape[2:]), tuple(kernel), _conv_geometry(x_shape, kernel, a),
+                 tuple(a["padding"]), a["groups"])
+
+
+def _batch_chunks(cv: _Conv, per_sample: int, ins: list[Array], out: Array) -> list[slice]:
+    return chunks(cv.n, per_sample, op_bytes(ins, out))
+
+
+def _padded(c: KernelContext, x: Array, cv: _Conv, fill: float) -> Array:
+    """``x`` (a chunk of the batch) inside a border of ``fill``, in scratch; ``x`` itself without padding."""
+    if not any(cv.padding):
+        return x
+    (ph, pw), (h, w) = cv.padding, cv.hw
+    buf = c.scratch.take((x.shape[0], x.shape[1]) + cv.padded, x.dtype)
+    buf.fill(fill)
+    c.xp.copyto(buf[:, :, ph:ph + h, pw:pw + w], x)
+    return buf
+
+
+def _unpad(c: KernelContext, padded: Array, out: Array, cv: _Conv) -> None:
+    if padded is not out:
+        (ph, pw), (h, w) = cv.padding, cv.hw
+        c.xp.copyto(out, padded[:, :, ph:ph + h, pw:pw + w])
+
+
+def _padded_target(c: KernelContext, out: Array, cv: _Conv) -> Array:
+    """Where a gradient over the padded input accumulates: zeroed scratch, or ``out`` itself (no padding)."""
+    target = c.scratch.take(out.shape[:2] + cv.padded, out.dtype) if any(cv.padding) else out
+    target.fill(0)
+    return target
+
+
+def _columns(c: KernelContext, x: Array, cv: _Conv, a: Attrs, order: tuple[int, ...]) -> Array:
+    """Each output position's receptive field, copied into scratch: the window view [n, G, C/G, Ho, Wo, KH,
+    KW] transposed by ``order``."""
+    n = x.shape[0]
+    src = _padded(c, x, cv, 0.0)
+    win = _windows(c.xp, src, cv.kernel, a["stride"], a["dilation"], cv.out)
+    win = win.reshape((n, cv.groups, cv.channels // cv.groups) + cv.out + cv.kernel).transpose(order)
+    cols = c.scratch.take(win.shape, x.dtype)
+    c.xp.copyto(cols, win)
+    return cols
+
+
+def _conv2d(c: KernelContext, ins: list[Array], out: Array, a: Attrs) -> None:
+    """out[n, g] = W[g] @ cols[n, g], a chunk of the batch at a time."""
     x, w = ins
-    groups = a["groups"]
-    o, _, kh, kw = w.shape
-    cols = _im2col(c, x, (kh, kw), groups, a)
-    wmat = w.reshape(groups, o // groups, -1)
-    y = c.xp.matmul(cols, wmat.transpose(0, 2, 1))  # [N, G, P, O/G]
-    ho, wo = _conv_geometry(x.shape, (kh, kw), a)
-    return c.xp.ascontiguousarray(y.transpose(0, 1, 3, 2)).reshape(x.shape[0], o, ho, wo)
+    o, kh, kw = w.shape[0], w.shape[2], w.shape[3]
+    cv = _conv_of(x.shape, (kh, kw), a)
+    per = cv.sample_bytes(x.dtype.itemsize)
+    wmat = w.reshape(cv.groups, o // cv.groups, -1)
+    for k in _batch_chunks(cv, per["cols"] + per["pad"], ins, out):
+        n = k.stop - k.start
+        cols = _columns(c, x[k], cv, a, (0, 1, 2, 5, 6, 3, 4))  # [n, G, C/G, KH, KW, Ho, Wo]
+        p = cv.out[0] * cv.out[1]
+        c.xp.matmul(wmat, cols.reshape(n, cv.groups, -1, p), out=out[k].reshape(n, cv.groups, o // cv.groups, p))
+        c.scratch.reset()
 
 
-def _conv2d_grad_weight(c: KernelContext, ins: list[Array], a: Attrs) -> Array:
+def _conv2d_scratch(ins: Types, out: TensorType, a: Attrs) -> int:
+    x, w = ins
+    cv = _conv_of(x.shape, w.shape[2:], a)
+    per = cv.sample_bytes(x.dtype.itemsize)
+    n = chunk_len(cv.n, per["cols"] + per["pad"], op_bytes(ins, out))
+    return buffers(n * per["pad"], n * per["cols"]) if per["pad"] else buffers(n * per["cols"])
+
+
+def _conv2d_grad_weight(c: KernelContext, ins: list[Array], out: Array, a: Attrs) -> None:
+    """dW[g] = sum over the batch of gy[n, g] @ cols[n, g]^T: one GEMM per chunk over (samples x positions)."""
     x, g = ins
-    groups, (kh, kw) = a["groups"], a["kernel"]
-    n, o = g.shape[:2]
-    cols = _im2col(c, x, (kh, kw), groups, a)
-    gy = g.reshape(n, groups, o // groups, -1)  # [N, G, O/G, P]
-    dw = c.xp.matmul(gy, cols).sum(axis=0)  # [G, O/G, C/G*KH*KW]
-    return dw.reshape(o, x.shape[1] // groups, kh, kw)
+    o, (kh, kw) = g.shape[1], a["kernel"]
+    cv = _conv_of(x.shape, (kh, kw), a)
+    per = cv.sample_bytes(x.dtype.itemsize)
+    dw = out.reshape(cv.groups, o // cv.groups, -1)
+    parts = _batch_chunks(cv, per["cols"] + per["pad"] + g[0].nbytes, ins, out)
+    acc = c.scratch.take(dw.shape, out.dtype) if len(parts) > 1 else dw
+    mark = c.scratch.used
+    for k in parts:
+        n, p = k.stop - k.start, cv.out[0] * cv.out[1]
+        cols = _columns(c, x[k], cv, a, (1, 2, 5, 6, 0, 3, 4))  # [G, C/G, KH, KW, n, Ho, Wo]
+        gy = c.scratch.take((cv.groups, o // cv.groups, n, p), g.dtype)
+        c.xp.copyto(gy, g[k].reshape(n, cv.groups, o // cv.groups, p).transpose(1, 2, 0, 3))
+        target = dw if k.start == 0 else acc
+        c.xp.matmul(gy.reshape(cv.groups, o // cv.groups, -1), cols.reshape(cv.groups, dw.shape[2], -1).swapaxes(-1, -2),
+                    out=target)
+        if target is not dw:
+            c.xp.add(dw, acc, out=dw)
+        c.scratch.used = mark
 
 
-def _conv2d_grad_input(c: KernelContext, ins: list[Array], a: Attrs) -> Array:
+def _grad_weight_scratch(ins: Types, out: TensorType, a: Attrs) -> int:
+    x, g = ins
+    cv = _conv_of(x.shape, a["kernel"], a)
+    per = cv.sample_bytes(x.dtype.itemsize)
+    sample_g = g.nbytes // g.shape[0]
+    n = chunk_len(cv.n, per["cols"] + per["pad"] + sample_g, op_bytes(ins, out))
+    acc = [out.nbytes] if n < cv.n else []
+    return buffers(*acc, n * per["pad"], n * per["cols"], n * sample_g)
+
+
+def _conv2d_grad_input(c: KernelContext, ins: list[Array], out: Array, a: Attrs) -> None:
+    """dcols[n, g] = W[g]^T @ gy[n, g], scattered back with one strided add per kernel tap."""
     g, w = ins
-    groups = a["groups"]
     o, cg, kh, kw = w.shape
-    n, _, ho, wo = g.shape
-    h, wd = a["input_hw"]
-    (ph, pw) = a["padding"]
-    gy = g.reshape(n, groups, o // groups, ho * wo).transpose(0, 1, 3, 2)  # [N, G, P, O/G]
-    dcols = c.xp.matmul(gy, w.reshape(groups, o // groups, -1))  # [N, G, P, C/G*KH*KW]
-    dcols = dcols.reshape(n, groups, ho, wo, cg, kh, kw)
-    dx = c.xp.zeros((n, groups, cg, h + 2 * ph, wd + 2 * pw), dtype=g.dtype)
-    for i in range(kh):
-        for j in range(kw):
-            rows, cols = _tap((kh, kw), i, j, a["stride"], a["dilation"], (ho, wo))
-            dx[:, :, :, rows, cols] += dcols[:, :, :, :, :, i, j].transpose(0, 1, 4, 2, 3)
-    return c.xp.ascontiguousarray(dx.reshape(n, groups * cg, h + 2 * ph, wd + 2 * pw)[:, :, ph:ph + h, pw:pw + wd])
+    cv = _conv_of((g.shape[0], cg * a["groups"]) + tuple(a["input_hw"]), (kh, kw), a)
+    per = cv.sample_bytes(g.dtype.itemsize)
+    wt = w.reshape(cv.groups, o // cv.groups, -1).swapaxes(-1, -2)  # [G, C/G*KH*KW, O/G]
+    p = cv.out[0] * cv.out[1]
+    for k in _batch_chunks(cv, per["cols"] + per["pad"], ins, out):
+        n = k.stop - k.start
+        dcols = c.scratch.take((n, cv.groups, cg, kh, kw) + cv.out, g.dtype)
+        c.xp.matmul(wt, g[k].reshape(n, cv.groups, o // cv.groups, p), out=dcols.reshape(n, cv.groups, -1, p))
+        target = _padded_target(c, out[k], cv)
+        grouped = target.reshape((n, cv.groups, cg) + cv.padded)
+        for i in range(kh):
+            for j in range(kw):
+                rows, cols = _tap((kh, kw), i, j, a["stride"], a["dilation"], cv.out)
+                view = grouped[:, :, :, rows, cols]
+                c.xp.add(view, dcols[:, :, :, i, j], out=view)
+        _unpad(c, target, out[k], cv)
+        c.scratch.reset()
+
+
+def _grad_input_scratch(ins: Types, out: TensorType, a: Attrs) -> int:
+    g, w = ins
+    cv = _conv_of(out.shape, w.shape[2:], a)
+    per = cv.sample_bytes(out.dtype.itemsize)
+    n = chunk_len(cv.n, per["cols"] + per["pad"], op_bytes(ins, out))
+    return buffers(n * per["cols"], n * per["pad"]) if per["pad"] else buffers(n * per["cols"])
 
 
 def _conv2d_infer(ins: Types, a: Attrs) -> TensorType:
@@ -304,56 +527,112 @@ def _pool_infer(op: str):  # noqa: ANN202
     return infer
 
 
-def _pool_windows(c: KernelContext, x: Array, a: Attrs, fill: float) -> Array:
-    out = _conv_geometry(x.shape, a["kernel"], {**a, "dilation": (1, 1)})
-    return _windows(c.xp, _pad(c.xp, x, *a["padding"], value=fill), a["kernel"], a["stride"], (1, 1), out)
+def _pool_windows(c: KernelContext, x: Array, cv: _Conv, a: Attrs, fill: float) -> Array:
+    return _windows(c.xp, _padded(c, x, cv, fill), cv.kernel, a["stride"], (1, 1), cv.out)
 
 
-def _max_pool(c: KernelContext, ins: list[Array], a: Attrs) -> Array:
-    return _pool_windows(c, ins[0], a, float("-inf")).max(axis=(4, 5))
-
-
-def _avg_divisor(c: KernelContext, in_hw: tuple[int, int], a: Attrs) -> Any:
-    """How many pixels each window averages: the whole kernel, or only its unpadded part."""
-    kh, kw = a["kernel"]
-    if a.get("count_include_pad", True):
-        return float(kh * kw)
-    ones = c.xp.ones((1, 1) + tuple(in_hw))
-    return _pool_windows(c, ones, a, 0.0).sum(axis=(4, 5))[0, 0]
-
-
-def _avg_pool(c: KernelContext, ins: list[Array], a: Attrs) -> Array:
+def _max_pool(c: KernelContext, ins: list[Array], out: Array, a: Attrs) -> None:
     (x,) = ins
-    total = _pool_windows(c, x, a, 0.0).sum(axis=(4, 5))
-    return (total / _avg_divisor(c, x.shape[2:], a)).astype(x.dtype)
+    cv = _conv_of(x.shape, a["kernel"], a)
+    for k in _batch_chunks(cv, cv.sample_bytes(x.dtype.itemsize)["pad"], ins, out):
+        c.xp.max(_pool_windows(c, x[k], cv, a, float("-inf")), axis=(4, 5), out=out[k])
+        c.scratch.reset()
 
 
-def _scatter_taps(c: KernelContext, g: Array, in_shape: tuple[int, ...], a: Attrs, weight_of: Any) -> Array:
-    """dx = sum over kernel taps of weight_of(i, j) * g, placed at the pixels each tap read."""
-    (kh, kw), (ph, pw) = a["kernel"], a["padding"]
-    n, ch, h, w = in_shape
-    out = g.shape[2:]
-    dx = c.xp.zeros((n, ch, h + 2 * ph, w + 2 * pw), dtype=g.dtype)
-    for i in range(kh):
-        for j in range(kw):
-            rows, cols = _tap((kh, kw), i, j, a["stride"], (1, 1), out)
-            dx[:, :, rows, cols] += weight_of(i, j) * g
-    return c.xp.ascontiguousarray(dx[:, :, ph:ph + h, pw:pw + w])
+def _avg_divide(c: KernelContext, total: Array, cv: _Conv, a: Attrs) -> None:
+    """Divide window sums by the pixels each window averages: the whole kernel, or only its unpadded part."""
+    if a.get("count_include_pad", True):
+        c.xp.divide(total, float(cv.kernel[0] * cv.kernel[1]), out=total)
+        return
+    ones = c.scratch.take((1, 1) + cv.padded, total.dtype)
+    ones.fill(0)
+    (ph, pw), (h, w) = cv.padding, cv.hw
+    ones[:, :, ph:ph + h, pw:pw + w].fill(1)
+    count = c.scratch.take(cv.out, total.dtype)
+    c.xp.sum(_windows(c.xp, ones, cv.kernel, a["stride"], (1, 1), cv.out), axis=(0, 1, 4, 5), out=count)
+    c.xp.divide(total, count, out=total)
 
 
-def _max_pool_grad(c: KernelContext, ins: list[Array], a: Attrs) -> Array:
+def _avg_pool(c: KernelContext, ins: list[Array], out: Array, a: Attrs) -> None:
+    (x,) = ins
+    cv = _conv_of(x.shape, a["kernel"], a)
+    for k in _batch_chunks(cv, cv.sample_bytes(x.dtype.itemsize)["pad"], ins, out):
+        c.xp.sum(_pool_windows(c, x[k], cv, a, 0.0), axis=(4, 5), out=out[k])
+        _avg_divide(c, out[k], cv, a)
+        c.scratch.reset()
+
+
+def _pool_scratch(kind: str):  # noqa: ANN202
+    """Per chunk of the batch: the padded input (forward), or for the gradient the padded gradient plus
+    the output-sized temporaries: max: the maximum, its float share and two masks; avg: the share."""
+    def rule(ins: Types, out: TensorType, a: Attrs) -> int:
+        x = ins[0] if kind != "avg_grad" else out
+        cv = _conv_of(x.shape, a["kernel"], a)
+        size = x.dtype.itemsize
+        per = cv.sample_bytes(size)
+        divisor = [] if a.get("count_include_pad", True) else [cv.padded[0] * cv.padded[1] * size,
+                                                                cv.out[0] * cv.out[1] * size]
+        if kind == "forward":
+            n = chunk_len(cv.n, per["pad"], op_bytes(ins, out))
+            return buffers(n * per["pad"], *divisor) if per["pad"] else buffers(*divisor)
+        cells = per["out"] // size
+        if kind == "max_grad":
+            n = chunk_len(cv.n, 2 * per["pad"] + 2 * per["out"] + 2 * cells, op_bytes(ins, out))
+            return buffers(n * per["pad"], n * per["out"], n * cells, n * cells, n * per["out"], n * per["pad"])
+        n = chunk_len(cv.n, per["pad"] + per["out"], op_bytes(ins, out))
+        return buffers(n * per["out"], *divisor, n * per["pad"])
+
+    return rule
+
+
+def _scatter_taps(c: KernelContext, target: Array, cv: _Conv, a: Attrs, tap_value: Any) -> None:
+    """target (the padded input's gradient) += tap_value(i, j) at the pixels each kernel tap (i, j) read."""
+    for i in range(cv.kernel[0]):
+        for j in range(cv.kernel[1]):
+            rows, cols = _tap(cv.kernel, i, j, a["stride"], (1, 1), cv.out)
+            view = target[:, :, rows, cols]
+            c.xp.add(view, tap_value(i, j, rows, cols), out=view)
+
+
+def _max_pool_grad(c: KernelContext, ins: list[Array], out: Array, a: Attrs) -> None:
+    """The gradient goes to the first maximum of each window, taps in row-major order."""
     x, g = ins
-    kh, kw = a["kernel"]
-    win = _pool_windows(c, x, a, float("-inf"))
-    arg = win.reshape(win.shape[:4] + (kh * kw,)).argmax(axis=4)  # the first maximum takes the gradient
-    return _scatter_taps(c, g, x.shape, a, lambda i, j: arg == i * kw + j)
+    xp, cv = c.xp, _conv_of(x.shape, a["kernel"], a)
+    per = cv.sample_bytes(x.dtype.itemsize)
+    cells = per["out"] // x.dtype.itemsize
+    for k in _batch_chunks(cv, 2 * per["pad"] + 2 * per["out"] + 2 * cells, ins, out):
+        n = k.stop - k.start
+        src = _padded(c, x[k], cv, float("-inf"))
+        top = c.scratch.take((n, cv.channels) + cv.out, x.dtype)
+        xp.max(_windows(xp, src, cv.kernel, a["stride"], (1, 1), cv.out), axis=(4, 5), out=top)
+        taken, hit = c.scratch.take(top.shape, xp.bool_), c.scratch.take(top.shape, xp.bool_)
+        taken.fill(False)
+        share = c.scratch.take(top.shape, x.dtype)
+        target = _padded_target(c, out[k], cv)
+
+        def first_max(i: int, j: int, rows: slice, cols: slice) -> Array:
+            xp.equal(src[:, :, rows, cols], top, out=hit)
+            xp.greater(hit, taken, out=hit)  # a maximum, and the window's first
+            xp.logical_or(taken, hit, out=taken)
+            return xp.multiply(g[k], hit, out=share)
+
+        _scatter_taps(c, target, cv, a, first_max)
+        _unpad(c, target, out[k], cv)
+        c.scratch.reset()
 
 
-def _avg_pool_grad(c: KernelContext, ins: list[Array], a: Attrs) -> Array:
+def _avg_pool_grad(c: KernelContext, ins: list[Array], out: Array, a: Attrs) -> None:
     (g,) = ins
-    in_hw = tuple(a["input_hw"])
-    share = (g / _avg_divisor(c, in_hw, a)).astype(g.dtype)
-    return _scatter_taps(c, share, g.shape[:2] + in_hw, a, lambda i, j: 1)
+    cv = _conv_of(out.shape, a["kernel"], a)
+    per = cv.sample_bytes(g.dtype.itemsize)
+    for k in _batch_chunks(cv, per["pad"] + per["out"], ins, out):
+        share = c.scratch.take(g[k].shape, g.dtype)
+        c.xp.copyto(share, g[k])
+        _avg_divide(c, share, cv, a)
+        target = _padded_target(c, out[k], cv)
+        _scatter_taps(c, target, cv, a, lambda i, j, rows, cols: share)
+        _unpad(c, target, out[k], cv)
+        c.scratch.reset()
 
 
 def _max_pool_grad_rule(b: GradBuilder, ins: tuple[str, ...], out: str, g: str, a: Attrs) -> tuple[str | None, ...]:
@@ -397,9 +676,11 @@ def _pad2d_infer(ins: Types, a: Attrs) -> TensorType:
     return TensorType(x.shape[:2] + (x.shape[2] + top + bottom, x.shape[3] + left + right), x.dtype)
 
 
-def _pad2d(c: KernelContext, ins: list[Array], a: Attrs) -> Array:
-    top, bottom, left, right = a["padding"]
-    return c.xp.pad(ins[0], ((0, 0), (0, 0), (top, bottom), (left, right)))
+def _pad2d(c: KernelContext, ins: list[Array], out: Array, a: Attrs) -> None:
+    (x,) = ins
+    top, _, left, _ = a["padding"]
+    out.fill(0)
+    c.xp.copyto(out[:, :, top:top + x.shape[2], left:left + x.shape[3]], x)
 
 
 def _pad2d_grad(b: GradBuilder, ins: tuple[str, ...], out: str, g: str, a: Attrs) -> tuple[str | None, ...]:
@@ -412,10 +693,10 @@ def _crop2d_infer(ins: Types, a: Attrs) -> TensorType:
     return TensorType(g.shape[:2] + (g.shape[2] - top - bottom, g.shape[3] - left - right), g.dtype)
 
 
-def _crop2d(c: KernelContext, ins: list[Array], a: Attrs) -> Array:
+def _crop2d(c: KernelContext, ins: list[Array], out: Array, a: Attrs) -> None:
     (g,) = ins
     top, bottom, left, right = a["padding"]
-    return g[:, :, top:g.shape[2] - bottom, left:g.shape[3] - right].copy()
+    c.xp.copyto(out, g[:, :, top:g.shape[2] - bottom, left:g.shape[3] - right])
 
 
 def _causal_infer(ins: Types, a: Attrs) -> TensorType:
@@ -425,12 +706,16 @@ def _causal_infer(ins: Types, a: Attrs) -> TensorType:
     return TensorType(x.shape, floating("causal_mask", x))
 
 
-def _causal(c: KernelContext, ins: list[Array], a: Attrs) -> Array:
+def _causal(c: KernelContext, ins: list[Array], out: Array, a: Attrs) -> None:
     """Entries above the diagonal (key after query) become ``fill``."""
     (x,) = ins
-    t = x.shape[-1]
-    future = c.xp.triu(c.xp.ones((t, t), dtype=bool), k=1)
-    return c.xp.where(future, x.dtype.type(a["fill"]), x)
+    xp, t = c.xp, x.shape[-1]
+    position, future = c.scratch.take((t,), xp.int64), c.scratch.take((t, t), xp.bool_)
+    position.fill(1)
+    xp.cumsum(position, out=position)
+    xp.greater(position[None, :], position[:, None], out=future)
+    xp.copyto(out, x)
+    xp.copyto(out, x.dtype.type(a["fill"]), where=future)
 
 
 def _causal_grad(b: GradBuilder, ins: tuple[str, ...], out: str, g: str, a: Attrs) -> tuple[str | None, ...]:
@@ -459,11 +744,10 @@ def scatter_add(xp: Any, target: Array, index: Array, values: Array) -> None:
         cupyx.scatter_add(target, index, values)
 
 
-def _embedding_grad_kernel(c: KernelContext, ins: list[Array], a: Attrs) -> Array:
+def _embedding_grad_kernel(c: KernelContext, ins: list[Array], out: Array, a: Attrs) -> None:
     ids, g = ins
-    table = c.xp.zeros((a["vocab"], g.shape[-1]), dtype=g.dtype)
-    scatter_add(c.xp, table, ids.reshape(-1), g.reshape(-1, g.shape[-1]))
-    return table
+    out.fill(0)
+    scatter_add(c.xp, out, ids.reshape(-1), g.reshape(-1, g.shape[-1]))
 
 
 def _embedding_grad(b: GradBuilder, ins: tuple[str, ...], out: str, g: str, a: Attrs) -> tuple[str | None, ...]:
@@ -481,35 +765,48 @@ def _gathered_bytes(ins: Types, out: TensorType, a: Attrs) -> int:
 
 
 register(
-    OpDef("softmax", (1, 1), same_as(0, op="softmax"), per_element(5), _softmax, _via_output("softmax_grad")),
+    OpDef("softmax", (1, 1), same_as(0, op="softmax"), per_element(5), _softmax, _via_output("softmax_grad"),
+          scratch=_reduced_scratch(1)),
     OpDef("log_softmax", (1, 1), same_as(0, op="log_softmax"), per_element(5), _log_softmax,
-          _via_output("log_softmax_grad")),
-    OpDef("softmax_grad", (2, 2), same_as(1, op="softmax_grad"), per_element(4), _softmax_grad),
-    OpDef("log_softmax_grad", (2, 2), same_as(1, op="log_softmax_grad"), per_element(4), _log_softmax_grad),
-    OpDef("layer_norm", (3, 3), _layer_norm_infer, per_element(8), _norm_kernel("layer"), _norm_grad("layer")),
+          _via_output("log_softmax_grad"), scratch=_reduced_scratch(2)),
+    OpDef("softmax_grad", (2, 2), same_as(1, op="softmax_grad"), per_element(4), _softmax_grad,
+          scratch=_reduced_scratch(1)),
+    OpDef("log_softmax_grad", (2, 2), same_as(1, op="log_softmax_grad"), per_element(4), _log_softmax_grad,
+          scratch=_reduced_scratch(1)),
+    OpDef("layer_norm", (3, 3), _layer_norm_infer, per_element(8), _norm_kernel("layer"), _norm_grad("layer"),
+          scratch=_norm_scratch("layer", 2, 1)),
     OpDef("layer_norm_grad", (3, 3), same_as(0, op="layer_norm_grad"), per_input_element(14),
-          _norm_grad_kernel("layer")),
-    OpDef("layer_norm_dscale", (2, 2), _dscale_infer("layer"), per_input_element(10), _norm_dscale_kernel("layer")),
-    OpDef("batch_norm", (3, 3), _batch_norm_infer, per_element(8), _norm_kernel("batch"), _norm_grad("batch")),
+          _norm_grad_kernel("layer"), scratch=_norm_scratch("layer", 4, 3)),
+    OpDef("layer_norm_dscale", (2, 2), _dscale_infer("layer"), per_input_element(10), _norm_dscale_kernel("layer"),
+          scratch=_norm_scratch("layer", 2, 1, acc=True)),
+    OpDef("batch_norm", (3, 3), _batch_norm_infer, per_element(8), _norm_kernel("batch"), _norm_grad("batch"),
+          scratch=_norm_scratch("batch", 2, 1)),
     OpDef("batch_norm_grad", (3, 3), same_as(0, op="batch_norm_grad"), per_input_element(14),
-          _norm_grad_kernel("batch")),
-    OpDef("batch_norm_dscale", (2, 2), _dscale_infer("batch"), per_input_element(10), _norm_dscale_kernel("batch")),
-    OpDef("conv2d", (2, 2), _conv2d_infer, _conv2d_flops, _conv2d, _conv2d_grad),
-    OpDef("conv2d_grad_input", (2, 2), _grad_input_infer, _grad_input_flops, _conv2d_grad_input),
-    OpDef("conv2d_grad_weight", (2, 2), _grad_weight_infer, _grad_weight_flops, _conv2d_grad_weight),
-    OpDef("max_pool2d", (1, 1), _pool_infer("max_pool2d"), _pool_flops, _max_pool, _max_pool_grad_rule),
+          _norm_grad_kernel("batch"), scratch=_norm_scratch("batch", 4, 3)),
+    OpDef("batch_norm_dscale", (2, 2), _dscale_infer("batch"), per_input_element(10), _norm_dscale_kernel("batch"),
+          scratch=_norm_scratch("batch", 2, 1)),
+    OpDef("conv2d", (2, 2), _conv2d_infer, _conv2d_flops, _conv2d, _conv2d_grad, scratch=_conv2d_scratch),
+    OpDef("conv2d_grad_input", (2, 2), _grad_input_infer, _grad_input_flops, _conv2d_grad_input,
+          scratch=_grad_input_scratch),
+    OpDef("conv2d_grad_weight", (2, 2), _grad_weight_infer, _grad_weight_flops, _conv2d_grad_weight,
+          scratch=_grad_weight_scratch),
+    OpDef("max_pool2d", (1, 1), _pool_infer("max_pool2d"), _pool_flops, _max_pool, _max_pool_grad_rule,
+          scratch=_pool_scratch("forward")),
     OpDef("max_pool2d_grad", (2, 2), same_as(0, op="max_pool2d_grad"), lambda ins, o, a: _pool_flops(ins, ins[1], a),
-          _max_pool_grad),
-    OpDef("avg_pool2d", (1, 1), _pool_infer("avg_pool2d"), _pool_flops, _avg_pool, _avg_pool_grad_rule),
+          _max_pool_grad, scratch=_pool_scratch("max_grad")),
+    OpDef("avg_pool2d", (1, 1), _pool_infer("avg_pool2d"), _pool_flops, _avg_pool, _avg_pool_grad_rule,
+          scratch=_pool_scratch("forward")),
     OpDef("avg_pool2d_grad", (1, 1), _avg_pool_grad_infer, lambda ins, o, a: _pool_flops(ins, ins[0], a),
-          _avg_pool_grad),
+          _avg_pool_grad, scratch=_pool_scratch("avg_grad")),
     OpDef("global_avg_pool", (1, 1), _global_avg_pool_infer, per_input_element(1),
-          lambda c, ins, a: ins[0].mean(axis=(2, 3)).astype(ins[0].dtype), _global_avg_pool_grad),
+          lambda c, ins, out, a: c.xp.mean(ins[0], axis=(2, 3), out=out), _global_avg_pool_grad),
     OpDef("pad2d", (1, 1), _pad2d_infer, lambda ins, o, a: 0, _pad2d, _pad2d_grad),
     OpDef("crop2d", (1, 1), _crop2d_infer, lambda ins, o, a: 0, _crop2d),
-    OpDef("causal_mask", (1, 1), _causal_infer, per_element(1), _causal, _causal_grad),
-    OpDef("embedding", (2, 2), _embedding_infer, lambda ins, o, a: 0, lambda c, ins, a: ins[1][ins[0]],
-          _embedding_grad, bytes_read=_gathered_bytes),
+    OpDef("causal_mask", (1, 1), _causal_infer, per_element(1), _causal, _causal_grad,
+          scratch=lambda ins, o, a: buffers(8 * ins[0].shape[-1], ins[0].shape[-1] ** 2)),
+    OpDef("embedding", (2, 2), _embedding_infer, lambda ins, o, a: 0,
+          lambda c, ins, out, a: c.xp.take(ins[1], ins[0], axis=0, out=out), _embedding_grad,
+          bytes_read=_gathered_bytes),
     OpDef("embedding_grad", (2, 2), _embedding_grad_infer, lambda ins, o, a: ins[1].numel,
           _embedding_grad_kernel),
 )

@@ -1,10 +1,13 @@
 """Optimiser update ops: each step's new parameter and state values.
 
-Updates are functional (they return new arrays); the training graph records
-which new value replaces which persistent tensor at the end of a step.
+An update writes its new value into its output, which the plan may place over
+the value it replaces; the training graph records which new value replaces
+which persistent tensor at the end of a step. Updates run over flat chunks, so
+their temporaries stay small whatever the parameter's size.
 Weight decay is L2 (added to the gradient), as in torch.optim.SGD and Adam.
-Every constant is formed in f64 from the hyper-parameters and rounded to the tensor's dtype once
-(``_const``): forming ``1 - beta2`` in f32 would scale Adam's second moment by a factor other than 1.
+Every constant is formed in f64 from the hyper-parameters and rounded to the tensor's dtype once:
+forming ``1 - beta2`` in f32 would scale Adam's second moment by a factor other than 1. Adam's bias
+correction reads the step from the device's counter, so a step replays without the host.
 """
 
 from __future__ import annotations
@@ -12,59 +15,126 @@ from __future__ import annotations
 from typing import Any
 
 from swapdsl.graph.ir import TensorType
-from swapdsl.graph.ops.registry import Array, Attrs, KernelContext, OpDef, Types, per_element, register
+from swapdsl.graph.ops.registry import (
+    Array, Attrs, KernelContext, OpDef, Types, buffers, chunk_len, chunks, per_element, register,
+)
 
 
-def _const(like: Array, value: float) -> Any:
-    """``value`` (computed in f64) as a scalar of ``like``'s dtype, rounded once."""
-    return like.dtype.type(value)
-
-
-def _decayed(g: Array, w: Array, a: Attrs) -> Array:
+def _decayed(c: KernelContext, g: Array, w: Array, a: Attrs, out: Array) -> Array:
+    """g + wd * w into ``out`` (or g itself when there is no weight decay)."""
     wd = a.get("weight_decay", 0.0)
-    return g + _const(w, wd) * w if wd else g
+    if not wd:
+        return g
+    c.xp.multiply(w, w.dtype.type(wd), out=out)
+    c.xp.add(g, out, out=out)
+    return out
 
 
-def _sgd(c: KernelContext, ins: list[Array], a: Attrs) -> Array:
+def _sgd(c: KernelContext, ins: list[Array], out: Array, a: Attrs) -> None:
     w, g = ins
-    return w - _const(w, a["lr"]) * _decayed(g, w, a)
+    for k in flat_chunks(out):
+        t = c.scratch.take(out[k].shape, out.dtype)
+        c.xp.multiply(w.dtype.type(a["lr"]), _decayed(c, g[k], w[k], a, t), out=t)
+        c.xp.subtract(w[k], t, out=out[k])
+        c.scratch.reset()
 
 
-def _momentum(c: KernelContext, ins: list[Array], a: Attrs) -> Array:
+def _momentum(c: KernelContext, ins: list[Array], out: Array, a: Attrs) -> None:
     m, g, w = ins
-    return m * _const(m, a["momentum"]) + _decayed(g, w, a)
+    for k in flat_chunks(out):
+        t = c.scratch.take(out[k].shape, out.dtype)
+        d = _decayed(c, g[k], w[k], a, t)
+        c.xp.multiply(m[k], m.dtype.type(a["momentum"]), out=out[k])
+        c.xp.add(out[k], d, out=out[k])
+        c.scratch.reset()
 
 
-def _sgd_apply(c: KernelContext, ins: list[Array], a: Attrs) -> Array:
+def _sgd_apply(c: KernelContext, ins: list[Array], out: Array, a: Attrs) -> None:
     w, m = ins
-    return w - _const(w, a["lr"]) * m
+    for k in flat_chunks(out):
+        t = c.scratch.take(out[k].shape, out.dtype)
+        c.xp.multiply(w.dtype.type(a["lr"]), m[k], out=t)
+        c.xp.subtract(w[k], t, out=out[k])
+        c.scratch.reset()
 
 
-def _adam_m(c: KernelContext, ins: list[Array], a: Attrs) -> Array:
+def _adam_m(c: KernelContext, ins: list[Array], out: Array, a: Attrs) -> None:
     m, g, w = ins
-    return _const(m, a["beta1"]) * m + _const(m, 1.0 - a["beta1"]) * _decayed(g, w, a)
+    for k in flat_chunks(out):
+        t = c.scratch.take(out[k].shape, out.dtype)
+        d = _decayed(c, g[k], w[k], a, t)
+        c.xp.multiply(m.dtype.type(1.0 - a["beta1"]), d, out=t)
+        c.xp.multiply(m.dtype.type(a["beta1"]), m[k], out=out[k])
+        c.xp.add(out[k], t, out=out[k])
+        c.scratch.reset()
 
 
-def _adam_v(c: KernelContext, ins: list[Array], a: Attrs) -> Array:
+def _adam_v(c: KernelContext, ins: list[Array], out: Array, a: Attrs) -> None:
     v, g, w = ins
-    gd = _decayed(g, w, a)
-    return _const(v, a["beta2"]) * v + _const(v, 1.0 - a["beta2"]) * gd * gd
+    for k in flat_chunks(out):
+        t = c.scratch.take(out[k].shape, out.dtype)
+        d = _decayed(c, g[k], w[k], a, t)
+        c.xp.multiply(v.dtype.type(1.0 - a["beta2"]), d, out=t)
+        c.xp.multiply(t, d, out=t)
+        c.xp.multiply(v.dtype.type(a["beta2"]), v[k], out=out[k])
+        c.xp.add(out[k], t, out=out[k])
+        c.scratch.reset()
 
 
-def _adam_apply(c: KernelContext, ins: list[Array], a: Attrs) -> Array:
+def bias_correction(c: KernelContext, beta: float, dtype: Any) -> Array:
+    """1 / (1 - beta^t) for the device's step counter t: formed in f64, rounded to ``dtype`` once."""
+    xp = c.xp
+    f64, rounded = c.scratch.take((), xp.float64), c.scratch.take((), dtype)
+    xp.power(xp.float64(beta), c.step, out=f64)
+    xp.subtract(1.0, f64, out=f64)
+    xp.divide(1.0, f64, out=f64)
+    xp.copyto(rounded, f64, casting="unsafe")
+    return rounded
+
+
+def _adam_apply(c: KernelContext, ins: list[Array], out: Array, a: Attrs) -> None:
+    """w - lr * (m / (1 - b1^t)) / (sqrt(v / (1 - b2^t)) + eps)."""
     w, m, v = ins
-    t = c.step
-    mhat = m * _const(m, 1.0 / (1.0 - a["beta1"] ** t))
-    vhat = v * _const(v, 1.0 / (1.0 - a["beta2"] ** t))
-    return (w - _const(w, a["lr"]) * mhat / (c.xp.sqrt(vhat) + _const(w, a["eps"]))).astype(w.dtype)
+    xp = c.xp
+    c1, c2 = bias_correction(c, a["beta1"], m.dtype), bias_correction(c, a["beta2"], v.dtype)
+    mark = c.scratch.used
+    for k in flat_chunks(out):
+        t, u = c.scratch.take(out[k].shape, out.dtype), c.scratch.take(out[k].shape, out.dtype)
+        xp.multiply(v[k], c2, out=t)
+        xp.sqrt(t, out=t)
+        xp.add(t, w.dtype.type(a["eps"]), out=t)
+        xp.multiply(m[k], c1, out=u)
+        xp.multiply(w.dtype.type(a["lr"]), u, out=u)
+        xp.divide(u, t, out=u)
+        xp.subtract(w[k], u, out=out[k])
+        c.scratch.used = mark
+
+
+def flat_chunks(out: Array) -> list[slice]:
+    """Chunks of a flattened update, each small enough that its temporaries stay under the chunk size."""
+    return chunks(out.size, 2 * out.dtype.itemsize, out.nbytes)
+
+
+def _update_scratch(temporaries: int, scalars: int = 0):  # noqa: ANN202
+    def rule(ins: Types, out: TensorType, a: Attrs) -> int:
+        chunk = chunk_len(out.numel, 2 * out.dtype.itemsize, out.nbytes) * out.dtype.itemsize
+        return buffers(*([8, out.dtype.itemsize] * scalars), *([chunk] * temporaries))
+
+    return rule
 
 
 def _like_first(ins: Types, a: Attrs) -> TensorType:
     return ins[0]
 
 
-def _update(name: str, arity: int, flops: int, kernel) -> OpDef:  # noqa: ANN001
-    return OpDef(name, (arity, arity), _like_first, per_element(flops), kernel, in_place=True)
+def _update(name: str, arity: int, flops: int, kernel, temporaries: int = 1, scalars: int = 0) -> OpDef:  # noqa: ANN001
+    return OpDef(name, (arity, arity), _like_first, per_element(flops), _flat(kernel), in_place=True,
+                 scratch=_update_scratch(temporaries, scalars))
+
+
+def _flat(kernel):  # noqa: ANN001, ANN202
+    """Updates are element-wise over same-shaped tensors: run them on flat views, in chunks."""
+    return lambda c, ins, out, a: kernel(c, [x.reshape(-1) for x in ins], out.reshape(-1), a)
 
 
 register(
@@ -73,5 +143,5 @@ register(
     _update("sgd_apply", 2, 2, _sgd_apply),
     _update("adam_m", 3, 5, _adam_m),
     _update("adam_v", 3, 6, _adam_v),
-    _update("adam_apply", 3, 6, _adam_apply),
+    _update("adam_apply", 3, 6, _adam_apply, temporaries=2, scalars=2),
 )

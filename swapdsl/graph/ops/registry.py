@@ -12,9 +12,13 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Protocol
 
+import math
+
 import attrs
+import numpy as np
 
 from swapdsl.common.errors import SwpError
+from swapdsl.common.units import arena_bytes
 from swapdsl.graph.ir import DType, TensorType
 
 Types = tuple[TensorType, ...]
@@ -22,12 +26,58 @@ Attrs = Mapping[str, Any]
 Array = Any  # a numpy.ndarray or a cupy.ndarray
 
 
+# A kernel that tiles its temporaries keeps each near half its op's largest tensor, within these bounds: the
+# scratch then grows with the model, and a small model's plan does not pay for a large tile.
+SCRATCH_CHUNK_BYTES = 16 * 2**20
+MIN_CHUNK_BYTES = 256 * 2**10
+
+
+class ScratchOverflow(AssertionError):
+    """A kernel took more scratch than its op declares: a bug in the op's ``scratch`` rule."""
+
+
+class Scratch:
+    """A kernel's temporaries, bump-allocated from one flat byte buffer (a region of the device arena)
+    and given back all at once before the next kernel. A kernel takes at most what its op declares."""
+
+    def __init__(self, buffer: Array) -> None:
+        self.buffer = buffer
+        self.used = 0
+        self.peak = 0
+
+    def take(self, shape: tuple[int, ...], dtype: Any) -> Array:
+        """An uninitialised array of ``shape`` and ``dtype`` in the scratch region."""
+        size = math.prod(shape) * dtype_itemsize(dtype)
+        start, end = self.used, self.used + arena_bytes(size)
+        if end > self.buffer.size:
+            raise ScratchOverflow(f"a kernel took {end} bytes of scratch; it has {self.buffer.size}")
+        self.used = end
+        self.peak = max(self.peak, end)
+        return self.buffer[start:start + size].view(dtype).reshape(shape)
+
+    def reset(self) -> None:
+        self.used = 0
+
+
+def dtype_itemsize(dtype: Any) -> int:
+    return np.dtype(dtype).itemsize
+
+
 @attrs.frozen
 class KernelContext:
-    """What a kernel may know besides its inputs."""
+    """What a kernel may know besides its inputs and output: the array module, where its temporaries go,
+    and the training step as a device scalar (so a step's work can be replayed without the host)."""
 
     xp: Any  # the array module: numpy or cupy
-    step: int = 1  # 1-based training step (Adam's bias correction, fresh dropout masks)
+    scratch: Scratch
+    step: Array  # 0-d int64 on the device: the 1-based training step (Adam's bias correction, dropout masks)
+
+    @staticmethod
+    def standalone(xp: Any, scratch_bytes: int, step: int = 1) -> KernelContext:
+        """A context with its own scratch and step counter (tests, the reference executor, profiling)."""
+        counter = xp.zeros((), dtype=xp.int64)
+        counter[...] = step
+        return KernelContext(xp, Scratch(xp.zeros(max(scratch_bytes, 1), dtype=xp.uint8)), counter)
 
 
 class GradBuilder(Protocol):
@@ -38,7 +88,9 @@ class GradBuilder(Protocol):
     def emit(self, op: str, inputs: Sequence[str], attrs: Mapping[str, Any] | None = None) -> str: ...
 
 
-Kernel = Callable[[KernelContext, list[Array], Attrs], Array]
+# (context, inputs, output, attrs): writes the result into ``output`` (a view into the arena); every temporary
+# comes from ``context.scratch``. An in-place op's output may be its first input.
+Kernel = Callable[[KernelContext, list[Array], Array, Attrs], None]
 # (builder, input names, output name, gradient of the output, attrs) -> gradient of each input or None
 GradRule = Callable[[GradBuilder, tuple[str, ...], str, str, Attrs], tuple[str | None, ...]]
 Cost = Callable[[Types, TensorType, Attrs], int]
@@ -50,6 +102,10 @@ def _read_all(ins: Types, out: TensorType, a: Attrs) -> int:
 
 def _write_out(ins: Types, out: TensorType, a: Attrs) -> int:
     return out.nbytes
+
+
+def no_scratch(ins: Types, out: TensorType, a: Attrs) -> int:
+    return 0
 
 
 @attrs.frozen
@@ -64,6 +120,7 @@ class OpDef:
     accumulate: str | None = None  # the op computing (first input) + this op's result, for gradient sums
     bytes_read: Cost = _read_all
     bytes_written: Cost = _write_out
+    scratch: Cost = no_scratch  # the bytes of temporaries the kernel takes (``buffers`` of what it takes, in order)
 
 
 REGISTRY: dict[str, OpDef] = {}
@@ -143,3 +200,52 @@ def np_dtype(xp: Any, dtype: DType | str) -> Any:
     """The array module's dtype for an IR dtype (bf16 computes in f32 on both backends)."""
     label = dtype.label if isinstance(dtype, DType) else dtype
     return {"f64": xp.float64, "f32": xp.float32, "f16": xp.float16, "bf16": xp.float32, "i32": xp.int32, "i64": xp.int64}[label]
+
+
+# ---- scratch: what kernels declare and take ----------------------------------------
+
+
+def buffers(*nbytes: int) -> int:
+    """The scratch that temporaries of these sizes take, each aligned as ``Scratch.take`` aligns it."""
+    return sum(arena_bytes(n) for n in nbytes)
+
+
+def op_bytes(ins: Sequence[Any], out: Any) -> int:
+    """The largest of an op's tensors (arrays or TensorTypes): what its tiles are sized against."""
+    return max(t.nbytes for t in (*ins, out))
+
+
+def chunk_len(total: int, item_bytes: int, largest: int) -> int:
+    """How many of ``total`` items a tiled kernel processes at once: as many as keep a temporary of
+    ``item_bytes`` per item near half the op's ``largest`` tensor (see SCRATCH_CHUNK_BYTES), at least one."""
+    budget = min(SCRATCH_CHUNK_BYTES, max(MIN_CHUNK_BYTES, largest // 2))
+    return max(1, min(total, budget // max(item_bytes, 1)))
+
+
+def chunks(total: int, item_bytes: int, largest: int) -> list[slice]:
+    step = chunk_len(total, item_bytes, largest)
+    return [slice(i, min(i + step, total)) for i in range(0, total, step)]
+
+
+def scratch_need(op: str, ins: Types, out: TensorType, attrs_: Attrs) -> int:
+    """The scratch bytes ``op``'s kernel takes on these types."""
+    return REGISTRY[op].scratch(ins, out, attrs_)
+
+
+def type_of(array: Array) -> TensorType:
+    """The IR type of an array."""
+    return TensorType(tuple(array.shape), DType[_LABELS[str(array.dtype)]])
+
+
+_LABELS = {"float64": "f64", "float32": "f32", "float16": "f16", "int32": "i32", "int64": "i64"}
+
+
+def run_kernel(xp: Any, op: str, ins: list[Array], attrs_: Attrs, step: int = 1) -> Array:
+    """``op`` on ``ins`` into a fresh output, with exactly the scratch the op declares (so a kernel that
+    takes more fails here): for tests, profiling and the reference executor."""
+    types = tuple(type_of(a) for a in ins)
+    out_type = infer(op, types, attrs_)
+    out = xp.empty(out_type.shape, dtype=np_dtype(xp, out_type.dtype))
+    ctx = KernelContext.standalone(xp, scratch_need(op, types, out_type, attrs_), step)
+    REGISTRY[op].kernel(ctx, ins, out, attrs_)
+    return out

@@ -75,9 +75,9 @@ def _index(a: Attrs, rank: int) -> tuple[slice, ...]:
         rank - a["axis"] - 1)
 
 
-def _slice(c: KernelContext, ins: list[Array], a: Attrs) -> Array:
+def _slice(c: KernelContext, ins: list[Array], out: Array, a: Attrs) -> None:
     (x,) = ins
-    return x[_index(a, x.ndim)].copy()
+    c.xp.copyto(out, x[_index(a, x.ndim)])
 
 
 def _slice_grad(b: GradBuilder, ins: tuple[str, ...], out: str, g: str, a: Attrs) -> tuple[str | None, ...]:
@@ -89,12 +89,10 @@ def _slice_grad_infer(ins: Types, a: Attrs) -> TensorType:
     return TensorType(g.shape[: a["axis"]] + (a["size"],) + g.shape[a["axis"] + 1 :], g.dtype)
 
 
-def _slice_grad_kernel(c: KernelContext, ins: list[Array], a: Attrs) -> Array:
+def _slice_grad_kernel(c: KernelContext, ins: list[Array], out: Array, a: Attrs) -> None:
     (g,) = ins
-    shape = g.shape[: a["axis"]] + (a["size"],) + g.shape[a["axis"] + 1 :]
-    dx = c.xp.zeros(shape, dtype=g.dtype)
-    dx[_index(a, g.ndim)] = g
-    return dx
+    out.fill(0)
+    c.xp.copyto(out[_index(a, g.ndim)], g)
 
 
 def _reduce_infer(op: str):  # noqa: ANN202
@@ -122,10 +120,8 @@ def _reduce_grad(op: str):  # noqa: ANN202
 
 
 def _reduce_kernel(op: str):  # noqa: ANN202
-    def kernel(c: KernelContext, ins: list[Array], a: Attrs) -> Array:
-        (x,) = ins
-        r = getattr(x, op)(axis=tuple(a["axes"]), keepdims=a["keepdims"])
-        return c.xp.asarray(r, dtype=x.dtype)
+    def kernel(c: KernelContext, ins: list[Array], out: Array, a: Attrs) -> None:
+        getattr(c.xp, op)(ins[0], axis=tuple(a["axes"]), keepdims=a["keepdims"], out=out)
 
     return kernel
 
@@ -136,11 +132,11 @@ def _moved(ins: Types, out: TensorType, a: Attrs) -> int:
 
 register(
     OpDef("reshape", (1, 1), _reshape_infer, no_flops,
-          lambda c, ins, a: ins[0].reshape(tuple(a["shape"])), _reshape_grad),
+          lambda c, ins, out, a: c.xp.copyto(out, ins[0].reshape(out.shape)), _reshape_grad),
     OpDef("permute", (1, 1), _permute_infer, no_flops,
-          lambda c, ins, a: ins[0].transpose(tuple(a["perm"])).copy(), _permute_grad),
+          lambda c, ins, out, a: c.xp.copyto(out, ins[0].transpose(tuple(a["perm"]))), _permute_grad),
     OpDef("concat", (1, None), _concat_infer, no_flops,
-          lambda c, ins, a: c.xp.concatenate(ins, axis=a["axis"]), _concat_grad),
+          lambda c, ins, out, a: c.xp.concatenate(ins, axis=a["axis"], out=out), _concat_grad),
     OpDef("slice", (1, 1), _slice_infer, no_flops, _slice, _slice_grad, bytes_read=_moved),
     OpDef("slice_grad", (1, 1), _slice_grad_infer, no_flops, _slice_grad_kernel),
     OpDef("sum", (1, 1), _reduce_infer("sum"), per_input_element(1), _reduce_kernel("sum"), _reduce_grad("sum")),

@@ -29,7 +29,7 @@ demo: $(VENV)/.installed
 	$(BIN)/swapdsl optimize stdlib/models/resnet.swp --memory 8GiB --method belady -o .venv/resnet.plan
 	$(BIN)/swapdsl simulate .venv/resnet.plan
 	$(BIN)/swapdsl show .venv/resnet.plan
-	$(BIN)/swapdsl optimize stdlib/models/tiny_resnet.swp -D batch=8 --memory 2MiB --method ga --budget 10 -o .venv/tiny.plan
+	$(BIN)/swapdsl optimize stdlib/models/tiny_resnet.swp -D batch=8 --memory 3MiB --method ga --budget 10 -o .venv/tiny.plan
 	$(BIN)/swapdsl exec .venv/tiny.plan --steps 5 --check
 
 # -n auto: pytest-xdist, one worker per core. SWAPDSL_HYPOTHESIS=ci|long: more memory-safety cases.

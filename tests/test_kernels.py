@@ -218,6 +218,10 @@ def test_optimizer_updates(xp: Any) -> None:
     m = run(xp, "adam_m", [0.0], [0.5], [1.0], beta1=0.9, weight_decay=0.0)
     v = run(xp, "adam_v", [0.0], [0.5], [1.0], beta2=0.999, weight_decay=0.0)
     np.testing.assert_allclose((m, v), ([0.05], [0.00025]))
+    # with weight decay both moments see g + wd * w (1.0 here), the second one squared
+    m = run(xp, "adam_m", [0.0], [0.5], [1.0], beta1=0.9, weight_decay=0.5)
+    v = run(xp, "adam_v", [0.0], [0.5], [1.0], beta2=0.999, weight_decay=0.5)
+    np.testing.assert_allclose((m, v), ([0.1], [0.001]))
     # step 1 with bias correction moves each weight by lr against the gradient's sign
     w = run(xp, "adam_apply", [1.0], m, v, lr=0.01, beta1=0.9, beta2=0.999, eps=1e-12, train_step=1)
     np.testing.assert_allclose(w, [0.99])

@@ -415,7 +415,7 @@ def test_early_swap_ins_use_room_as_soon_as_it_falls_free() -> None:
 
     t = training_graph(build_graph(str(MODELS / "tiny_resnet.swp"), [])[1])
     p = Problem.build(t, V100)
-    req = Request(t, V100, no_swap_bytes(p) * 2 // 5, "tiny_resnet.swp", ())  # ratio 2.5
+    req = Request(t, V100, no_swap_bytes(p) * 2 // 5 + p.scratch, "tiny_resnet.swp", ())  # ratio 2.5 for the tensors
     s, _ = baseline_setup(p, "belady", req.tensor_cap)
     turn = next(i for i, op in enumerate(s.schedule) if not p.is_forward_activation(p.op_outputs[op][0]))
     position = {op: i for i, op in enumerate(s.schedule)}

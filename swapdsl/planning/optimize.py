@@ -3,22 +3,22 @@
 from __future__ import annotations
 
 from swapdsl.common.errors import SwpError
-from swapdsl.common.units import format_bytes
 from swapdsl.plan.program import Plan
 from swapdsl.planning.baselines import plan_baseline
 from swapdsl.planning.ga import SearchOptions, genetic_search
 from swapdsl.planning.policy import METHODS
-from swapdsl.planning.problem import Request
+from swapdsl.planning.compiled import no_swap_bytes
+from swapdsl.planning.problem import Problem, Request
+from swapdsl.planning.sizing import below_smallest_cap
 
 METHOD_NAMES = ("ga", *sorted(METHODS))
 
 
 def optimize(req: Request, method: str, search: SearchOptions | None = None) -> Plan:
     """The plan ``method`` makes for ``req``: ``ga`` (searching as ``search`` says) or a baseline."""
-    if req.tensor_cap <= 0:
-        raise SwpError(f"a cap of {format_bytes(req.cap)} does not even hold the {format_bytes(req.scratch)} of "
-                       "scratch this model's kernels need",
-                       hints=[f"the kernels' scratch ({req.scratch} bytes) is part of every plan's arena"])
+    if req.tensor_cap <= 0:  # not even the kernels' scratch fits
+        p = Problem.build(req.graph, req.device)
+        raise below_smallest_cap(p, req.cap, no_swap_bytes(p, list(range(p.n_ops))))
     if method == "ga":
         return genetic_search(req, search or SearchOptions()).plan
     if method not in METHODS:

@@ -41,12 +41,15 @@ def choose_pinned(p: Problem, cap: int, no_swap: int) -> frozenset[int]:
         return everything  # the plan is the no-swap placement itself
     if sum(p.size[t] for t in everything) <= cap // 2 and need_bytes(p, everything) <= cap:
         return everything
-    # the user's cap holds the kernels' scratch too
-    least, cap_given, no_swap_total = smallest_cap(p, no_swap) + p.scratch, cap + p.scratch, no_swap + p.scratch
     if need_bytes(p, frozenset()) > cap:
-        raise SwpError(f"{format_bytes(cap_given)} is below the smallest feasible cap for this model, "
-                       f"{format_bytes(least)} ({least} bytes, of which {format_bytes(p.scratch)} is the "
-                       "kernels' scratch)",
-                       hints=[f"use --memory {least} or more: some op needs that much at once",
-                              f"with no swapping at all this model needs {format_bytes(no_swap_total)}"])
+        raise below_smallest_cap(p, cap + p.scratch, no_swap)
     return frozenset()
+
+
+def below_smallest_cap(p: Problem, cap: int, no_swap: int) -> SwpError:
+    """The error for a user's ``cap`` (which holds the kernels' scratch too) below the smallest feasible one."""
+    least = smallest_cap(p, no_swap) + p.scratch
+    return SwpError(f"{format_bytes(cap)} is below the smallest feasible cap for this model, {format_bytes(least)} "
+                    f"({least} bytes, of which {format_bytes(p.scratch)} is the kernels' scratch)",
+                    hints=[f"use --memory {least} or more: some op needs that much at once",
+                           f"with no swapping at all this model needs {format_bytes(no_swap + p.scratch)}"])

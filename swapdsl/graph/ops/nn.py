@@ -114,11 +114,11 @@ def _frame_shape(kind: str, t: TensorType, scale_rank: int) -> tuple[int, int, i
     return (t.shape[0], t.shape[1], t.numel // (t.shape[0] * t.shape[1]))
 
 
-def _tiles(f: _Frame, arrays: list[Array]) -> list[tuple[slice, list[Array]]]:
-    """Tiles along the frame's tile axis: each array's part (an array of the frame's shape, or a vector along
-    axis 1 broadcast as [1, B, 1]) and the slice of the tile axis it covers."""
+def _tiles(f: _Frame, arrays: list[Array], full: int) -> list[tuple[slice, list[Array]]]:
+    """Tiles along the frame's tile axis, sized for ``full`` temporaries of a tile: each array's part (an
+    array of the frame's shape, or a vector along axis 1 broadcast as [1, B, 1]) and the slice it covers."""
     shape = f.x.shape
-    per_item = math.prod(d for i, d in enumerate(shape) if i != f.tile_axis) * 4
+    per_item = math.prod(d for i, d in enumerate(shape) if i != f.tile_axis) * 4 * full
     out = []
     for k in chunks(shape[f.tile_axis], per_item, f.x.nbytes):
         index = (slice(None),) * f.tile_axis + (k,)
@@ -154,7 +154,7 @@ def _norm_kernel(kind: str):  # noqa: ANN202
     def kernel(c: KernelContext, ins: list[Array], out: Array, a: Attrs) -> None:
         x, scale, shift = ins
         f = _frame(kind, x, scale.ndim)
-        for _, (xc, oc, sc, bc) in _tiles(f, [f.x, out.reshape(f.x.shape), scale, shift]):
+        for _, (xc, oc, sc, bc) in _tiles(f, [f.x, out.reshape(f.x.shape), scale, shift], 2):
             xhat, _ = _normalized(c, xc, f.axes, a["eps"])
             c.xp.multiply(xhat, sc, out=xhat)
             c.xp.add(xhat, bc, out=oc)
@@ -168,7 +168,7 @@ def _norm_grad_kernel(kind: str):  # noqa: ANN202
     def kernel(c: KernelContext, ins: list[Array], out: Array, a: Attrs) -> None:
         x, scale, g = ins
         xp, f = c.xp, _frame(kind, x, scale.ndim)
-        for _, (xc, gc, oc, sc) in _tiles(f, [f.x, g.reshape(f.x.shape), out.reshape(f.x.shape), scale]):
+        for _, (xc, gc, oc, sc) in _tiles(f, [f.x, g.reshape(f.x.shape), out.reshape(f.x.shape), scale], 4):
             xhat, invstd = _normalized(c, xc, f.axes, a["eps"])
             gs, m1, m2 = c.scratch.take(xc.shape, xhat.dtype), c.scratch.take(invstd.shape, xhat.dtype), \
                 c.scratch.take(invstd.shape, xhat.dtype)
@@ -194,7 +194,7 @@ def _norm_dscale_kernel(kind: str):  # noqa: ANN202
         summed = tuple(i for i in range(3) if i != 1)
         acc = c.scratch.take(out.shape, out.dtype) if kind == "layer" else None
         mark = c.scratch.used
-        for k, (xc, gc) in _tiles(f, [f.x, g.reshape(f.x.shape)]):
+        for k, (xc, gc) in _tiles(f, [f.x, g.reshape(f.x.shape)], 2):
             xhat, _ = _normalized(c, xc, f.axes, a["eps"])
             xp.multiply(xhat, gc, out=xhat)
             if kind == "batch":
@@ -216,7 +216,7 @@ def _norm_scratch(kind: str, full: int, reduced: int, acc: bool = False):  # noq
         shape = _frame_shape(kind, ins[0], scale_rank)
         tile = 0 if kind == "layer" else 1
         others = math.prod(d for i, d in enumerate(shape) if i != tile)
-        n = chunk_len(shape[tile], others * 4, ins[0].nbytes)
+        n = chunk_len(shape[tile], others * 4 * full, ins[0].nbytes)
         item = 4 if ins[0].dtype.itemsize == 2 else ins[0].dtype.itemsize
         stats = n if kind == "batch" else n
         extra = [out.nbytes] if acc and kind == "layer" else []

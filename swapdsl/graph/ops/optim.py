@@ -72,12 +72,12 @@ def _adam_m(c: KernelContext, ins: list[Array], out: Array, a: Attrs) -> None:
 def _adam_v(c: KernelContext, ins: list[Array], out: Array, a: Attrs) -> None:
     v, g, w = ins
     for k in flat_chunks(out):
-        t = c.scratch.take(out[k].shape, out.dtype)
+        t, u = c.scratch.take(out[k].shape, out.dtype), c.scratch.take(out[k].shape, out.dtype)
         d = _decayed(c, g[k], w[k], a, t)
-        c.xp.multiply(v.dtype.type(1.0 - a["beta2"]), d, out=t)
-        c.xp.multiply(t, d, out=t)
+        c.xp.multiply(v.dtype.type(1.0 - a["beta2"]), d, out=u)
+        c.xp.multiply(u, d, out=u)
         c.xp.multiply(v.dtype.type(a["beta2"]), v[k], out=out[k])
-        c.xp.add(out[k], t, out=out[k])
+        c.xp.add(out[k], u, out=out[k])
         c.scratch.reset()
 
 
@@ -111,7 +111,8 @@ def _adam_apply(c: KernelContext, ins: list[Array], out: Array, a: Attrs) -> Non
 
 
 def flat_chunks(out: Array) -> list[slice]:
-    """Chunks of a flattened update, each small enough that its temporaries stay under the chunk size."""
+    """Chunks of a flattened update, each small enough that its temporaries stay under the chunk size (two
+    of them per element; an update with one takes a chunk's worth of scratch too many, which is harmless)."""
     return chunks(out.size, 2 * out.dtype.itemsize, out.nbytes)
 
 
@@ -142,6 +143,6 @@ register(
     _update("momentum", 3, 4, _momentum),
     _update("sgd_apply", 2, 2, _sgd_apply),
     _update("adam_m", 3, 5, _adam_m),
-    _update("adam_v", 3, 6, _adam_v),
+    _update("adam_v", 3, 6, _adam_v, temporaries=2),
     _update("adam_apply", 3, 6, _adam_apply, temporaries=2, scalars=2),
 )

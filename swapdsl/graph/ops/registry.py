@@ -26,10 +26,10 @@ Attrs = Mapping[str, Any]
 Array = Any  # a numpy.ndarray or a cupy.ndarray
 
 
-# A kernel that tiles its temporaries keeps each near half its op's largest tensor, within these bounds: the
-# scratch then grows with the model, and a small model's plan does not pay for a large tile.
+# A kernel that tiles its temporaries keeps a tile's worth of them near half its op's largest tensor, within
+# these bounds: the scratch then grows with the model, and a small model's plan does not pay for a large tile.
 SCRATCH_CHUNK_BYTES = 16 * 2**20
-MIN_CHUNK_BYTES = 256 * 2**10
+MIN_CHUNK_BYTES = 64 * 2**10
 
 
 class ScratchOverflow(AssertionError):

@@ -26,6 +26,7 @@ numbers instead of quietly using more memory.
 from __future__ import annotations
 
 import functools
+import threading
 import time
 from collections.abc import Callable
 from types import ModuleType
@@ -39,11 +40,14 @@ from swapdsl.graph.ops import KernelContext, REGISTRY
 from swapdsl.graph.analysis import STATE_BYTES
 from swapdsl.graph.ops.registry import Scratch, np_dtype
 from swapdsl.plan.program import InstrKind, Plan, Region, Run, SwapIn, SwapOut, arena_bytes
-from swapdsl.plan.replay import STREAM, Replay, Step
+from swapdsl.plan.replay import START, STREAM, Replay, Step
 from swapdsl.plan.validate import check_describes, validate
 from swapdsl.runtime.backend import require_memory, to_host
 from swapdsl.runtime.data import init_persistent, synthetic_inputs
-from swapdsl.runtime.streams import make_streams
+from swapdsl.runtime.streams import STREAMS, CudaItem, Item, ThreadLanes, cuda_streams, issue_cuda
+
+
+START_INPUTS = START - 1  # the pseudo-instruction of the step's batch copies (START: its step counter)
 
 
 class Work(NamedTuple):
@@ -65,11 +69,14 @@ def check_runnable(g: Graph) -> None:
 
 class PlanRunner:
     def __init__(self, plan: Plan, g: Graph, backend: str, xp: ModuleType, seed: int,
-                 check_plan: bool = True, copy_delay_s: float = 0.0, kernel_delay_s: float = 0.0) -> None:
+                 check_plan: bool = True, copy_delay_s: float = 0.0, kernel_delay_s: float = 0.0,
+                 graph: bool = True) -> None:
         """``check_plan``: validate the plan against ``g`` (False: the caller has, or a test runs a broken
         plan to show what validation prevents; it must still describe ``g``). ``copy_delay_s``,
         ``kernel_delay_s`` (NumPy, for tests): every copy or kernel starts that much later, so that a wait
-        the plan lacks shows up as a wrong number rather than being hidden by luck."""
+        the plan lacks shows up as a wrong number rather than being hidden by luck. ``graph`` (CuPy):
+        capture the step as one CUDA graph and replay it (falling back, with ``graph_note`` saying why,
+        where capture fails)."""
         if check_plan:
             validate(plan, g)
         else:
@@ -82,7 +89,6 @@ class PlanRunner:
         require_memory(xp, plan.cap, host_bytes, f"the plan's arena of {plan.cap} bytes and its host copies")
         self.arena = xp.zeros(plan.cap, dtype=np.uint8)  # the device arena: exactly the cap
         self.host = self._host_arena(host_bytes)
-        self.streams = make_streams(backend)
         self.homes = {t.name: t.home for t in plan.tensors if t.home is not None}
         self.inputs = set(g.inputs)
         self._load_initial(seed)
@@ -90,6 +96,15 @@ class PlanRunner:
         self.steps_run = 0
         self.host_ms = 0.0  # the last step's time to issue its work
         self.work = self._prepare()
+        self._lanes: tuple[dict[str, list[Item]], list[threading.Event]] | None = None  # NumPy, at the first step
+        self._cuda: list[CudaItem] | None = None  # CuPy, at the first step
+        self.graph_mode = graph if backend == "cupy" else False
+        self.graph_note = "" if backend == "cupy" else "no CUDA graph on NumPy"
+        self._graph: Any = None
+        if backend == "cupy":
+            self.streams = cuda_streams()
+        else:
+            self.threads = ThreadLanes()
 
     # -- memory
 
@@ -153,29 +168,32 @@ class PlanRunner:
 
     # -- copies, as stream work
 
-    def _h2d(self, name: str, region: Region) -> None:
-        src, dst = self.hview(name), self.dview(name, region)
+    def _copy(self, name: str, region: Region, to_device: bool) -> Callable[[], None]:
+        """The copy of ``name`` between its host slot and ``region``, as stream work. On CuPy an
+        asynchronous memcpy between pinned host memory and the arena: it never blocks the host, and a CUDA
+        graph can capture it."""
+        host, dev = self.hview(name), self.dview(name, region)
         if self.backend == "cupy":
-            dst.set(src, stream=self.streams["h2d"].stream)  # type: ignore[attr-defined]
-        else:
-            if self.copy_delay_s:
-                time.sleep(self.copy_delay_s)
-            np.copyto(dst, src)
+            runtime = self.xp.cuda.runtime
+            kind = runtime.memcpyHostToDevice if to_device else runtime.memcpyDeviceToHost
+            dst, src = (dev.data.ptr, host.ctypes.data) if to_device else (host.ctypes.data, dev.data.ptr)
+            nbytes = dev.nbytes
 
-    def _d2h(self, name: str, region: Region) -> None:
-        src, dst = self.dview(name, region), self.hview(name)
-        if self.backend == "cupy":
-            src.get(stream=self.streams["d2h"].stream, out=dst)  # type: ignore[attr-defined]
-        else:
-            if self.copy_delay_s:
-                time.sleep(self.copy_delay_s)
-            np.copyto(dst, src)
+            def copy() -> None:
+                runtime.memcpyAsync(dst, src, nbytes, kind, self.xp.cuda.get_current_stream().ptr)
+
+            return copy
+        dst, src = (dev, host) if to_device else (host, dev)
+        if self.copy_delay_s:
+            delay = self.copy_delay_s
+            return lambda: (time.sleep(delay), np.copyto(dst, src))  # type: ignore[func-returns-value]
+        return functools.partial(np.copyto, dst, src)
 
     # -- one step
 
     def _prepare(self) -> list[Work]:
         """The program as stream work, built once. Frees are not stream work: their waits pass to the next
-        tenant. Only instructions another stream waits for record an event."""
+        tenant. Only instructions another stream waits for fire an event."""
         r = Replay(self.plan)
         steps = [s for s in r.steps() if s.kind is not InstrKind.FREE]
         self.final_loc = dict(r.loc)
@@ -183,25 +201,38 @@ class PlanRunner:
         waits = {s.index: tuple(dict.fromkeys(w for w in s.waits if stream_of[w] != stream_of[s.index]))
                  for s in steps}
         awaited = {w for ws in waits.values() for w in ws}
-        return [Work(stream_of[s.index], waits[s.index], self._work(s), s.index, s.index in awaited)
-                for s in steps]
+        batch = [name for name, home in self.homes.items() if isinstance(home, Region) and name in self.inputs]
+        # this step's batch, into its home regions (the last copy fires for them all), then the step counter
+        start = [Work("h2d", (), self._copy(name, self.homes[name], True), START_INPUTS if k == len(batch) - 1
+                      else START_INPUTS - 1 - k, k == len(batch) - 1) for k, name in enumerate(batch)]
+        start.append(Work("compute", (START_INPUTS,) if batch else (), self._count_step, START, False))
+        return start + [Work(stream_of[s.index], waits[s.index], self._work(s), s.index, s.index in awaited)
+                        for s in steps]
 
     def _work(self, s: Step) -> Callable[[], None]:
         instr = s.instr
         if isinstance(instr, SwapIn):
-            return functools.partial(self._h2d, instr.tensor, instr.region)
+            return self._copy(instr.tensor, instr.region, True)
         if isinstance(instr, SwapOut):
-            return functools.partial(self._d2h, instr.tensor, s.regions[0])
+            return self._copy(instr.tensor, s.regions[0], False)
         assert isinstance(instr, Run)
         op = self.g.ops[instr.op]
         ins = [self.dview(n, region) for n, region in zip(op.inputs, s.regions)]
         out = self.dview(op.outputs[0], dict(instr.outs)[op.outputs[0]])
         kernel, attrs, ctx = REGISTRY[op.op].kernel, op.attr_dict, self.ctx
+        reset = ctx.scratch.reset
+        if self.kernel_delay_s:
+            delay = self.kernel_delay_s
+
+            def slow_launch() -> None:
+                time.sleep(delay)
+                reset()
+                kernel(ctx, ins, out, attrs)
+
+            return slow_launch
 
         def launch() -> None:
-            if self.kernel_delay_s:
-                time.sleep(self.kernel_delay_s)
-            ctx.scratch.reset()
+            reset()
             kernel(ctx, ins, out, attrs)
 
         return launch
@@ -209,31 +240,84 @@ class PlanRunner:
     def _count_step(self) -> None:
         self.xp.add(self.ctx.step, 1, out=self.ctx.step)
 
+    def _thread_lanes(self) -> tuple[dict[str, list[Item]], list[threading.Event]]:
+        """The work as three lists of items with their events (built at the first step, so a test may edit
+        ``work`` before it)."""
+        events = {w.index: threading.Event() for w in self.work if w.awaited}
+        lanes: dict[str, list[Item]] = {name: [] for name in STREAMS}
+        for w in self.work:
+            lanes[w.stream].append(Item(tuple(events[i] for i in w.waits), w.run, events.get(w.index)))
+        return lanes, list(events.values())
+
+    def _cuda_items(self) -> list[CudaItem]:
+        events = {w.index: self.xp.cuda.Event(disable_timing=True) for w in self.work if w.awaited}
+        return [CudaItem(self.streams[w.stream], tuple(events[i] for i in w.waits), w.run, events.get(w.index))
+                for w in self.work]
+
     def step(self, step: int) -> tuple[float, float]:
         """Run training step ``step`` (1, 2, ... in turn: the device counts them); return (loss, milliseconds)."""
         if step != self.steps_run + 1:
             raise ValueError(f"step {step} after step {self.steps_run}: a plan's steps run in order from 1")
         self.steps_run = step
-        s = self.streams
         started = time.perf_counter()
-        s["compute"].submit(self._count_step)
-        for name, home in self.homes.items():
-            if isinstance(home, Region) and name in self.inputs:  # this step's batch lands in its home region
-                s["h2d"].submit(functools.partial(self._h2d, name, home))
-        s["compute"].wait(s["h2d"].record())
-        done: dict[int, Any] = {}
-        for w in self.work:
-            stream = s[w.stream]
-            for index in w.waits:
-                stream.wait(done[index])
-            stream.submit(w.run)
-            if w.awaited:
-                done[w.index] = stream.record()
-        self.host_ms = 1e3 * (time.perf_counter() - started)  # the host's part: issuing the step
-        for stream in s.values():
-            stream.synchronize()
+        if self.backend == "cupy":
+            self._step_cuda()
+        else:
+            self._lanes = self._lanes or self._thread_lanes()
+            self.host_ms = 1e3 * (time.perf_counter() - started)  # handing out three prepared lists
+            self.threads.run(*self._lanes)
         loss = self._read(self.g.loss, self.final_loc)
         return loss, 1e3 * (time.perf_counter() - started)
+
+    def _step_cuda(self) -> None:
+        started = time.perf_counter()
+        self._cuda = self._cuda or self._cuda_items()
+        if self.graph_mode and self._graph is None:
+            self._graph = self._capture()
+        compute = self.streams["compute"]
+        if self._graph is not None:
+            self._graph.launch(compute)
+        else:
+            issue_cuda(self._cuda)
+        self.host_ms = 1e3 * (time.perf_counter() - started)
+        for stream in self.streams.values():
+            stream.synchronize()
+
+    def _capture(self) -> Any:
+        """The whole step as one CUDA graph: the copy streams fork from the compute stream and join it again
+        inside the capture. None, with ``graph_note`` saying which instruction refused, where capture fails."""
+        cuda, compute = self.xp.cuda, self.streams["compute"]
+        at = [-1]
+        try:
+            compute.begin_capture()
+            try:
+                fork = cuda.Event(disable_timing=True)
+                fork.record(compute)
+                for name in ("h2d", "d2h"):
+                    self.streams[name].wait_event(fork)
+                issue_cuda(self._cuda, on_item=lambda k: at.__setitem__(0, k))
+                for name in ("h2d", "d2h"):
+                    join = cuda.Event(disable_timing=True)
+                    join.record(self.streams[name])
+                    compute.wait_event(join)
+            finally:
+                graph = compute.end_capture()
+        except Exception as exc:  # an op CuPy cannot capture: run eagerly, and say so
+            self.graph_mode = False
+            self.graph_note = f"capture failed at {self._describe(at[0])} ({type(exc).__name__}: {exc}); ran eagerly"
+            return None
+        self.graph_note = f"one CUDA graph per step ({len(self._cuda)} items)"
+        return graph
+
+    def _describe(self, k: int) -> str:
+        if not 0 <= k < len(self.work):
+            return "the streams' fork or join"
+        index = self.work[k].index
+        if index < 0:
+            return "the step's start (batch copy, step counter)"
+        instr = self.plan.program[index]
+        what = f"op {instr.op} `{self.g.ops[instr.op].op}`" if isinstance(instr, Run) else type(instr).__name__
+        return f"instruction {index} ({what})"
 
     def _read(self, name: str, loc: dict[str, Region]) -> float:
         if name in loc:
@@ -251,6 +335,9 @@ class PlanRunner:
         return out
 
     def close(self) -> None:
-        for stream in self.streams.values():
-            stream.close()
+        if self.backend == "cupy":
+            for stream in self.streams.values():
+                stream.synchronize()
+        else:
+            self.threads.close()
 

@@ -9,6 +9,7 @@ measured bandwidths.
 from __future__ import annotations
 
 import statistics
+import threading
 import time
 from types import ModuleType
 from typing import Any
@@ -25,7 +26,7 @@ from swapdsl.graph.ops.registry import np_dtype
 from swapdsl.runtime.backend import synchronize
 from swapdsl.runtime.data import init_persistent, synthetic_inputs
 from swapdsl.runtime.reference import last_uses
-from swapdsl.runtime.streams import make_streams
+from swapdsl.runtime.streams import CudaItem, Item, ThreadLanes, cuda_streams, issue_cuda
 
 
 def _timed(xp: ModuleType, fn: Any, repeat: int) -> float:
@@ -90,18 +91,33 @@ def copy_bandwidths(xp: ModuleType, backend: str, nbytes: int, repeat: int) -> t
 
 
 def launch_seconds(backend: str, ops: int = 2000) -> float:
-    """Per-op overhead of the interpreter's dispatch: submit a trivial op and record its event."""
-    stream = make_streams(backend)["compute"]
-    try:
-        stream.synchronize()
+    """Per-instruction overhead of the interpreter's dispatch: a prepared lane of trivial items, each firing
+    its event, as a step runs them."""
+    if backend == "cupy":
+        import cupy
+
+        compute = cuda_streams()["compute"]
+        items = [CudaItem(compute, (), _nothing, cupy.cuda.Event(disable_timing=True)) for _ in range(ops)]
+        issue_cuda(items)
+        compute.synchronize()
         t0 = time.perf_counter()
-        for _ in range(ops):
-            stream.submit(lambda: None)
-            stream.record()
-        stream.synchronize()
+        issue_cuda(items)
+        compute.synchronize()
+        return (time.perf_counter() - t0) / ops
+    lanes = ThreadLanes()
+    try:
+        events = [threading.Event() for _ in range(ops)]
+        step = ({"compute": [Item((), _nothing, e) for e in events]}, events)
+        lanes.run(*step)
+        t0 = time.perf_counter()
+        lanes.run(*step)
         return (time.perf_counter() - t0) / ops
     finally:
-        stream.close()
+        lanes.close()
+
+
+def _nothing() -> None:
+    return None
 
 
 def profile(g: Graph, xp: ModuleType, backend: str, base: Device, repeat: int = 5,

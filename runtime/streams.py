@@ -1,130 +1,109 @@
-"""Streams and events behind one small interface: CUDA's on CuPy, worker threads on NumPy.
+"""Streams: three lanes of prepared work ordered by events, run by threads on NumPy and by CUDA on CuPy.
 
-A stream runs submitted work in order; ``record`` returns an event that fires
-when everything submitted before it is done; ``wait`` makes later work on the
-stream wait for an event of another stream. The NumPy streams are real
-threads: copies and large kernels release the GIL, so they overlap, and a
-missing wait shows up as a wrong number.
+A step is the same prepared program every time: for each stream a list of
+``Item``s (the events it waits for, the work, the event it fires), built
+once per plan. On NumPy each stream is a worker thread that walks its list;
+the events are ``threading.Event``s, cleared before each step. Copies and
+large kernels release the GIL, so the lanes overlap, and a missing wait
+shows up as a wrong number. On CuPy the host walks the program in order and
+enqueues each item on its CUDA stream (``issue_cuda``), which a CUDA graph
+can capture once and replay.
 """
 
 from __future__ import annotations
 
 import queue
 import threading
-from collections.abc import Callable
-from typing import Any, Protocol
+from collections.abc import Callable, Sequence
+from typing import Any, NamedTuple
 
 WAIT_TIMEOUT_S = 120.0
+STREAMS = ("compute", "h2d", "d2h")
 
 
-class Event(Protocol):
-    def synchronize(self) -> None: ...
+class Item(NamedTuple):
+    """One instruction as a stream runs it: wait for ``waits``, run ``run``, then fire ``signal``."""
+
+    waits: tuple[Any, ...]
+    run: Callable[[], None]
+    signal: Any  # an event, or None when no other stream waits for this item
 
 
-class Stream(Protocol):
-    def submit(self, fn: Callable[[], None]) -> None: ...
+class ThreadLanes:
+    """One worker thread per stream; ``run`` hands each its list for a step and waits for all of them."""
 
-    def record(self) -> Any: ...
-
-    def wait(self, event: Any) -> None: ...
-
-    def synchronize(self) -> None: ...
-
-    def close(self) -> None: ...
-
-
-class ThreadEvent:
     def __init__(self) -> None:
-        self._done = threading.Event()
+        self._inbox: dict[str, queue.SimpleQueue[tuple[list[Item], list[threading.Event]] | None]] = {}
+        self._done: queue.SimpleQueue[BaseException | None] = queue.SimpleQueue()
+        self._threads = []
+        for name in STREAMS:
+            self._inbox[name] = queue.SimpleQueue()
+            thread = threading.Thread(target=self._work, args=(name,), name=f"swapdsl-{name}", daemon=True)
+            thread.start()
+            self._threads.append(thread)
 
-    def fire(self) -> None:
-        self._done.set()
-
-    def synchronize(self) -> None:
-        if not self._done.wait(WAIT_TIMEOUT_S):
-            raise RuntimeError("an event never fired: the plan's streams deadlocked")
-
-
-class ThreadStream:
-    """A worker thread that runs its queue in order."""
-
-    def __init__(self, name: str) -> None:
-        self.name = name
-        self._queue: queue.SimpleQueue[Callable[[], None] | None] = queue.SimpleQueue()
-        self._error: BaseException | None = None
-        self._thread = threading.Thread(target=self._work, name=f"swapdsl-{name}", daemon=True)
-        self._thread.start()
-
-    def _work(self) -> None:
-        while (fn := self._queue.get()) is not None:
-            if self._error is not None and not isinstance(fn, _Fire):
-                continue
+    def _work(self, name: str) -> None:
+        inbox = self._inbox[name]
+        while (task := inbox.get()) is not None:
+            items, events = task
             try:
-                fn()
-            except BaseException as exc:  # reported by synchronize, on the caller's thread
-                self._error = exc
+                for waits, run, signal in items:
+                    for event in waits:
+                        if not event.wait(WAIT_TIMEOUT_S):
+                            raise RuntimeError("an event never fired: the plan's streams deadlocked")
+                    run()
+                    if signal is not None:
+                        signal.set()
+            except BaseException as exc:  # reported by run(), on the caller's thread
+                for event in events:  # release the other lanes: the step is lost anyway
+                    event.set()
+                self._done.put(exc)
+            else:
+                self._done.put(None)
 
-    def submit(self, fn: Callable[[], None]) -> None:
-        self._queue.put(fn)
-
-    def record(self) -> ThreadEvent:
-        event = ThreadEvent()
-        self._queue.put(_Fire(event))
-        return event
-
-    def wait(self, event: ThreadEvent) -> None:
-        self._queue.put(event.synchronize)
-
-    def synchronize(self) -> None:
-        self.record().synchronize()
-        if self._error is not None:
-            error, self._error = self._error, None
-            raise error
-
-    def close(self) -> None:
-        self._queue.put(None)
-        self._thread.join(timeout=WAIT_TIMEOUT_S)
-
-
-class _Fire:
-    """Fires its event even on a stream that has failed, so nobody waits forever."""
-
-    def __init__(self, event: ThreadEvent) -> None:
-        self.event = event
-
-    def __call__(self) -> None:
-        self.event.fire()
-
-
-class CudaStream:
-    """A CUDA stream: work is launched asynchronously under ``with stream``."""
-
-    def __init__(self, name: str) -> None:
-        import cupy
-
-        self.name = name
-        self._cupy = cupy
-        self.stream = cupy.cuda.Stream(non_blocking=True)
-
-    def submit(self, fn: Callable[[], None]) -> None:
-        with self.stream:
-            fn()
-
-    def record(self) -> Any:
-        event = self._cupy.cuda.Event(disable_timing=True)
-        event.record(self.stream)
-        return event
-
-    def wait(self, event: Any) -> None:
-        self.stream.wait_event(event)
-
-    def synchronize(self) -> None:
-        self.stream.synchronize()
+    def run(self, lanes: dict[str, list[Item]], events: Sequence[threading.Event]) -> None:
+        """Run one step: every lane's items, in order on its own thread; returns when all are done."""
+        for event in events:
+            event.clear()
+        shared = list(events)
+        for name, items in lanes.items():
+            self._inbox[name].put((items, shared))
+        errors = [self._done.get() for _ in lanes]
+        first = next((e for e in errors if e is not None), None)
+        if first is not None:
+            raise first
 
     def close(self) -> None:
-        self.stream.synchronize()
+        for inbox in self._inbox.values():
+            inbox.put(None)
+        for thread in self._threads:
+            thread.join(timeout=WAIT_TIMEOUT_S)
 
 
-def make_streams(backend: str) -> dict[str, Stream]:
-    kind = CudaStream if backend == "cupy" else ThreadStream
-    return {name: kind(name) for name in ("compute", "h2d", "d2h")}
+class CudaItem(NamedTuple):
+    """One instruction as the host enqueues it on CuPy: its stream, the events it waits for, the work
+    (launched with the stream current), and the event it records or None."""
+
+    stream: Any
+    waits: tuple[Any, ...]
+    run: Callable[[], None]
+    signal: Any
+
+
+def cuda_streams() -> dict[str, Any]:
+    import cupy
+
+    return {name: cupy.cuda.Stream(non_blocking=True) for name in STREAMS}
+
+
+def issue_cuda(items: Sequence[CudaItem], on_item: Callable[[int], None] | None = None) -> None:
+    """Enqueue a step's items in program order; nothing here waits for the device."""
+    for k, (stream, waits, run, signal) in enumerate(items):
+        if on_item is not None:
+            on_item(k)
+        for event in waits:
+            stream.wait_event(event)
+        with stream:
+            run()
+        if signal is not None:
+            signal.record(stream)

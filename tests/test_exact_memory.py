@@ -1,0 +1,119 @@
+"""Exact memory: kernels write into the arena, their temporaries live in the planned scratch region, and a
+training step allocates nothing else of any size.
+
+The bound, ALLOWED_BYTES = 256 KiB for a whole step: what NumPy itself may allocate inside a kernel call
+while it iterates (its iterator buffers for strided, broadcast or casting operands: at most 8,192 elements
+of 8 bytes for each of three operands, 192 KiB) plus the Python objects a step makes and drops (array
+views, closures). Nothing in it grows with a tensor: a kernel that computed into a fresh array instead of
+its output would allocate the whole tensor (the teeth test below).
+"""
+
+from __future__ import annotations
+
+import tracemalloc
+
+import attrs
+import numpy as np
+import pytest
+
+from conftest import MODELS, build_graph
+from swapdsl.graph.analysis import scratch_bytes
+from swapdsl.graph.autodiff import training_graph
+from swapdsl.graph.ir import Graph
+from swapdsl.graph.ops import REGISTRY
+from swapdsl.graph.ops.registry import KernelContext, ScratchOverflow
+from swapdsl.plan.file import format_plan, parse_plan
+from swapdsl.plan.program import Plan
+from swapdsl.plan.validate import PlanError, validate
+from swapdsl.runtime import interpreter
+from swapdsl.runtime.interpreter import PlanRunner
+from test_planners import caps, plan_for
+from test_runtime import SMALL, run_against_reference, small_training_graph
+
+ALLOWED_BYTES = 256 * 2**10
+
+
+def tiled_resnet() -> Graph:
+    """tiny_resnet at a batch where its convolutions tile by sample and its norms by channel, and where
+    each activation (512 KiB) is over ALLOWED_BYTES."""
+    return training_graph(build_graph(str(MODELS / "tiny_resnet.swp"), ["batch=16", "width=8", "blocks=1"])[1])
+
+
+def step_allocation(runner: PlanRunner, step: int) -> int:
+    """The most a step holds at once beyond what was allocated before it (all threads, every allocator)."""
+    tracemalloc.start()
+    try:
+        before = tracemalloc.get_traced_memory()[0]
+        tracemalloc.reset_peak()
+        runner.step(step)
+        return tracemalloc.get_traced_memory()[1] - before
+    finally:
+        tracemalloc.stop()
+
+
+def third_of_no_swap(name: str) -> tuple[Graph, Plan]:
+    """The model's plan at 1/3 of its no-swap memory, or at its smallest feasible cap where that is more."""
+    t = small_training_graph(name)
+    need, no_swap = caps(t)
+    return t, plan_for(t, max(no_swap // 3, need), "belady")
+
+
+@pytest.mark.parametrize("name", list(SMALL))
+def test_a_step_allocates_nothing_outside_the_arena(name: str) -> None:
+    t, plan = third_of_no_swap(name)
+    runner = PlanRunner(plan, t, "numpy", np, seed=3)
+    try:
+        runner.step(1)  # the first step builds the lanes
+        held = [step_allocation(runner, step) for step in (2, 3)]
+    finally:
+        runner.close()
+    assert max(held) <= ALLOWED_BYTES, (name, held)
+    assert runner.arena.nbytes == plan.cap
+
+
+def test_the_allocation_bound_has_teeth(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A ReLU that computes into a fresh array and copies it (as every kernel did before) is caught."""
+    t = tiled_resnet()
+    need, no_swap = caps(t)
+    plan = plan_for(t, max(no_swap // 3, need), "belady")
+    relu = REGISTRY["relu"]
+
+    def copying_relu(c: KernelContext, ins: list, out: np.ndarray, a: dict) -> None:
+        out[...] = np.maximum(ins[0], 0)
+
+    registry = dict(REGISTRY, relu=attrs.evolve(relu, kernel=copying_relu))
+    monkeypatch.setattr(interpreter, "REGISTRY", registry)
+    runner = PlanRunner(plan, t, "numpy", np, seed=3)
+    try:
+        runner.step(1)
+        assert step_allocation(runner, 2) > ALLOWED_BYTES
+    finally:
+        runner.close()
+
+
+def test_a_kernel_taking_more_scratch_than_its_op_declares_fails() -> None:
+    ctx = KernelContext.standalone(np, 1024)
+    ctx.scratch.take((64,), np.float32)
+    with pytest.raises(ScratchOverflow):
+        ctx.scratch.take((256,), np.float32)
+
+
+def test_the_plan_reserves_the_scratch_and_tensors_stay_below_it() -> None:
+    t, plan = third_of_no_swap("tiny_transformer")
+    assert plan.scratch == scratch_bytes(t) and plan.tensor_cap + plan.scratch <= plan.cap
+    text = format_plan(plan)
+    assert f"\nscratch {plan.scratch}\n" in text
+    short = text.replace(f"\nscratch {plan.scratch}\n", "\nscratch 256\n")
+    with pytest.raises(PlanError, match="reserves 256 bytes of scratch; the model's kernels need"):
+        validate(parse_plan(short), t)
+    huge = text.replace(f"\nscratch {plan.scratch}\n", f"\nscratch {plan.cap + 256}\n")
+    with pytest.raises(PlanError, match="does not fit"):
+        validate(parse_plan(huge), t)
+
+
+def test_a_plan_trains_exactly_like_the_reference_when_kernels_tile() -> None:
+    """Tiles are a function of the shapes alone, so a plan and the reference agree exactly, step after
+    step, for a model whose convolutions and norms tile."""
+    t = tiled_resnet()
+    need, no_swap = caps(t)
+    assert run_against_reference(plan_for(t, max(no_swap // 3, need), "belady"), t, steps=3) == 0.0

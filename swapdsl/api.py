@@ -146,19 +146,21 @@ class Execution:
 
 
 def execute(target: Plan | Model | str | Path, steps: int = 10, seed: int = 0, backend: str = "auto",
-            check: bool = False, on_step: OnStep | None = None) -> Execution:
+            check: bool = False, on_step: OnStep | None = None, graph: bool = True) -> Execution:
     """Train: a plan under its cap (a Plan, or a plan file), or a model with the reference executor and
     no cap (a Model, or a `.swp` file). ``check`` (plans) runs the reference beside it and compares every
-    loss and parameter; ``on_step`` hears of every step as it ends."""
+    loss and parameter; ``on_step`` hears of every step as it ends; ``graph`` (plans on CuPy) replays each
+    step as one captured CUDA graph."""
     if isinstance(target, (str, Path)):
         if is_plan_file(target):
-            return execute_plan(*read_checked(str(target), need_model=True), steps, seed, backend, check, on_step)
+            return execute_plan(*read_checked(str(target), need_model=True), steps, seed, backend, check, on_step,
+                                graph=graph)
         target = load(target)
     if isinstance(target, Model):
         if check:
             raise SwpError("check compares a plan's execution with the reference executor; give a plan")
         return _train_reference(target, steps, seed, backend, on_step)
-    return execute_plan(target, _graph_of(target), steps, seed, backend, check, on_step)
+    return execute_plan(target, _graph_of(target), steps, seed, backend, check, on_step, graph=graph)
 
 
 def is_plan_file(path: str | Path) -> bool:
@@ -179,13 +181,13 @@ def _train_reference(m: Model, steps: int, seed: int, backend: str, on_step: OnS
 
 def execute_plan(plan: Plan, train: Graph | None, steps: int = 10, seed: int = 0, backend: str = "auto",
                  check: bool = False, on_step: OnStep | None = None, *, copy_delay_s: float = 0.0,
-                 kernel_delay_s: float = 0.0) -> Execution:
+                 kernel_delay_s: float = 0.0, graph: bool = True) -> Execution:
     """``execute`` for a plan already validated against its training graph ``train`` (``read_checked``).
     ``copy_delay_s``, ``kernel_delay_s`` (NumPy, for fuzzers): every copy or kernel starts that much later."""
     assert train is not None
     name, xp = array_module(backend)
     runner = PlanRunner(plan, train, name, xp, seed, check_plan=False, copy_delay_s=copy_delay_s,
-                        kernel_delay_s=kernel_delay_s)
+                        kernel_delay_s=kernel_delay_s, graph=graph)
     ref = reference.Trainer(train, seed, xp) if check else None
     losses, times, host, worst, held = [], [], [], 0.0, 0
     try:
@@ -208,7 +210,7 @@ def execute_plan(plan: Plan, train: Graph | None, steps: int = 10, seed: int = 0
     figures = {"h2d_bytes": int(f["h2d_bytes"]), "d2h_bytes": int(f["d2h_bytes"]),
                "cap_bytes": plan.cap, "scratch_bytes": plan.scratch, "device_arena_bytes": int(runner.arena.nbytes),
                "device_bytes_allocated": held, "host_arena_bytes": int(runner.host.nbytes),
-               "simulated_ms": f["iteration_ms"], "host_ms_per_step": host}
+               "simulated_ms": f["iteration_ms"], "host_ms_per_step": host, "graph": runner.graph_note}
     return Execution(train.name, name, steps, seed, losses, times, figures, worst if check else None)
 
 

@@ -127,7 +127,10 @@ def _cmd_exec(args: argparse.Namespace) -> int:
         if not args.json:
             print(f"executing {args.file} ({train.name}, {plan.method} under {format_bytes(plan.cap)}) for "
                   f"{args.steps} steps on {backend}, seed {args.seed}")
-        run = api.execute_plan(plan, train, args.steps, args.seed, backend, args.check, report)
+        run = api.execute_plan(plan, train, args.steps, args.seed, backend, args.check, report,
+                               graph=args.graph == "on")
+        if not args.json and run.figures.get("graph"):
+            print(f"  graph: {run.figures['graph']}")
     else:
         if args.check:
             raise SwpError("--check compares a plan's execution with the reference executor; give a .plan file")
@@ -141,7 +144,8 @@ def _cmd_exec(args: argparse.Namespace) -> int:
         f = run.figures
         print(f"median step {_median(run.step_ms):.1f} ms (simulated {f['simulated_ms']:.1f} ms); moved "
               f"{format_bytes(f['h2d_bytes'])} in and {format_bytes(f['d2h_bytes'])} out per step in a "
-              f"{format_bytes(f['device_arena_bytes'])} arena"
+              f"{format_bytes(f['device_arena_bytes'])} arena ({format_bytes(f['scratch_bytes'])} of it scratch); "
+              f"{format_bytes(f['device_bytes_allocated'])} held on the device"
               + (f"; max rel diff against the reference {run.max_rel_diff:.2e}" if args.check else ""))
     else:
         first, last = run.losses[0], run.losses[-1]
@@ -295,6 +299,9 @@ def make_parser() -> argparse.ArgumentParser:
     ex.add_argument("--backend", choices=BACKENDS, default="auto", help="array backend (default auto)")
     ex.add_argument("--check", action="store_true",
                     help="(plans) run the reference executor beside it and compare every loss and parameter")
+    ex.add_argument("--graph", choices=("on", "off"), default="on",
+                    help="(plans, CuPy) capture each step as one CUDA graph and replay it (default on; where capture "
+                         "fails the run says why and runs eagerly)")
     ex.add_argument("--json", action="store_true", help="print one JSON object instead of a line per step")
     ex.set_defaults(handler=_cmd_exec)
 

@@ -28,6 +28,7 @@ from swapdsl.plan.validate import PlanError, validate
 from swapdsl.runtime import interpreter
 from swapdsl.runtime.interpreter import PlanRunner
 from test_planners import caps, plan_for
+from swapdsl.runtime.reference import Trainer
 from test_runtime import SMALL, run_against_reference, small_training_graph
 
 ALLOWED_BYTES = 256 * 2**10
@@ -117,3 +118,31 @@ def test_a_plan_trains_exactly_like_the_reference_when_kernels_tile() -> None:
     t = tiled_resnet()
     need, no_swap = caps(t)
     assert run_against_reference(plan_for(t, max(no_swap // 3, need), "belady"), t, steps=3) == 0.0
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("graph", [True, False])
+@pytest.mark.parametrize("name", ["tiny_resnet", "tiny_transformer", "lstm_lm"])
+def test_a_cupy_step_allocates_no_device_memory(name: str, graph: bool) -> None:
+    """After the arenas, a step on CuPy asks the device for nothing: it runs under an allocator that
+    raises. With the graph on, the step is captured (or the runner says why not) and still matches."""
+    import cupy
+
+    t, plan = third_of_no_swap(name)
+    runner = PlanRunner(plan, t, "cupy", cupy, seed=3, graph=graph)
+    ref = Trainer(t, 3, np)
+
+    def refuse(nbytes: int) -> None:
+        raise AssertionError(f"a step allocated {nbytes} bytes of device memory")
+
+    try:
+        assert runner.step(1)[0] == pytest.approx(ref.step(1), rel=1e-4)
+        cupy.cuda.set_allocator(refuse)
+        try:
+            loss, _ = runner.step(2)
+        finally:
+            cupy.cuda.set_allocator(cupy.get_default_memory_pool().malloc)
+        assert loss == pytest.approx(ref.step(2), rel=1e-4)
+        assert runner.graph_note
+    finally:
+        runner.close()

@@ -11,7 +11,7 @@ from swapdsl.common.errors import SwpError
 from swapdsl.graph.ir import DType, TensorType
 from swapdsl.graph.ops.registry import (
     Array, Attrs, Cost, GradBuilder, GradRule, KernelContext, OpDef, Types, broadcast_shapes, buffers, chunk_len,
-    chunks, floating, no_flops, no_scratch, per_element, register, same_as, same_dtype,
+    chunks, floating, iota, no_flops, no_scratch, per_element, register, same_as, same_dtype,
 )
 
 _GELU_K = math.sqrt(2.0 / math.pi)
@@ -226,9 +226,7 @@ def uniform_bits(c: KernelContext, n: int, start: int, seed: int) -> Array:
     xp.copyto(key, c.step, casting="unsafe")
     _fmix32(xp, key, ktmp)
     xp.bitwise_xor(key, _seed_key(seed), out=key)
-    h.fill(1)
-    xp.cumsum(h, dtype=xp.uint32, out=h)
-    xp.add(h, np.uint32(start % 2**32), out=h)  # the element index, 1-based
+    iota(xp, h, (start + 1) % 2**32)  # the element index, 1-based
     xp.multiply(h, _GOLDEN, out=h)
     xp.bitwise_xor(h, key, out=h)
     _fmix32(xp, h, tmp)

@@ -7,8 +7,8 @@ from typing import Any
 from swapdsl.common.errors import SwpError
 from swapdsl.graph.ir import TensorType
 from swapdsl.graph.ops.registry import (
-    Array, Attrs, GradBuilder, KernelContext, OpDef, Types, buffers, chunk_len, chunks, floating, per_input_element,
-    register, same_as,
+    Array, Attrs, GradBuilder, KernelContext, OpDef, Types, buffers, chunk_len, chunks, floating, iota,
+    per_input_element, register, same_as,
 )
 
 
@@ -31,9 +31,8 @@ def _rows(logits: Array, labels: Array) -> tuple[Array, Array]:
 
 def row_starts(xp: Any, out: Array, rows: slice, classes: int) -> Array:
     """Into int64 ``out``: the flat index of the first entry of each row in ``rows``."""
-    out.fill(classes)
-    xp.cumsum(out, out=out)
-    xp.add(out, (rows.start - 1) * classes, out=out)
+    iota(xp, out, rows.start)
+    xp.multiply(out, classes, out=out)
     return out
 
 

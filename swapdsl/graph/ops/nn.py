@@ -15,7 +15,7 @@ from typing import Any, NamedTuple
 from swapdsl.common.errors import SwpError
 from swapdsl.graph.ir import TensorType
 from swapdsl.graph.ops.registry import (
-    Array, Attrs, GradBuilder, KernelContext, OpDef, Types, buffers, chunk_len, chunks, floating, op_bytes,
+    Array, Attrs, GradBuilder, KernelContext, OpDef, Types, buffers, chunk_len, chunks, floating, iota, op_bytes,
     per_element, per_input_element, register, same_as,
 )
 
@@ -711,8 +711,7 @@ def _causal(c: KernelContext, ins: list[Array], out: Array, a: Attrs) -> None:
     (x,) = ins
     xp, t = c.xp, x.shape[-1]
     position, future = c.scratch.take((t,), xp.int64), c.scratch.take((t, t), xp.bool_)
-    position.fill(1)
-    xp.cumsum(position, out=position)
+    iota(xp, position)
     xp.greater(position[None, :], position[:, None], out=future)
     xp.copyto(out, x)
     xp.copyto(out, x.dtype.type(a["fill"]), where=future)

@@ -12,6 +12,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Protocol
 
+import functools
 import math
 
 import attrs
@@ -208,6 +209,24 @@ def np_dtype(xp: Any, dtype: DType | str) -> Any:
 def buffers(*nbytes: int) -> int:
     """The scratch that temporaries of these sizes take, each aligned as ``Scratch.take`` aligns it."""
     return sum(arena_bytes(n) for n in nbytes)
+
+
+def iota(xp: Any, out: Array, start: int = 0) -> Array:
+    """out[i] = start + i for a 1-d integer ``out``, allocating nothing (a scan would, on CuPy)."""
+    if xp is np:
+        out.fill(1)
+        np.cumsum(out, dtype=out.dtype, out=out)
+        np.subtract(out, 1, out=out)
+    else:
+        _iota_kernel(xp)(out)
+    if start:
+        xp.add(out, out.dtype.type(start), out=out)
+    return out
+
+
+@functools.cache
+def _iota_kernel(xp: Any) -> Any:
+    return xp.ElementwiseKernel("", "T out", "out = i", "swapdsl_iota")
 
 
 def op_bytes(ins: Sequence[Any], out: Any) -> int:

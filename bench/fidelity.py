@@ -50,7 +50,7 @@ def main() -> None:
         p = Problem.build(t, device)
         no_swap = no_swap_bytes(p)
         for ratio in args.ratios:
-            cap = int(no_swap / ratio)
+            cap = int((no_swap + p.scratch) / ratio)  # the no-swap memory holds the kernels' scratch too
             plan = optimize(Request(t, device, cap, name, g.args), args.method, SearchOptions(budget_s=args.budget))
             runner = PlanRunner(plan, t, backend, xp, seed=0)
             try:

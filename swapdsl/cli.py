@@ -188,7 +188,8 @@ def _print_figures(f: dict) -> None:
     print(f"  fraction         {f['fraction']:.3f} of the infinite-memory speed")
     print(f"  memory ratio     {f['ratio']:.2f} (no-swap arena {format_bytes(f['no_swap_bytes'])} / cap)")
     print(f"  swapped          {format_bytes(f['h2d_bytes'])} in, {format_bytes(f['d2h_bytes'])} out")
-    print(f"  device peak      {format_bytes(f['peak_device_bytes'])}; host {format_bytes(f['host_bytes'])}")
+    print(f"  device peak      {format_bytes(f['peak_device_bytes'])} of tensors + {format_bytes(f['scratch_bytes'])} of "
+          f"kernel scratch; host {format_bytes(f['host_bytes'])}")
     if "search_seconds" in f:
         print(f"  search           {f['search_seconds']:.2f} s"
               + (f", {f['generations']:.0f} generations, {f['evaluations']:.0f} evaluations"

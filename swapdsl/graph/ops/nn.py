@@ -391,12 +391,16 @@ def _conv2d(c: KernelContext, ins: list[Array], out: Array, a: Attrs) -> None:
         c.scratch.reset()
 
 
-def _conv2d_scratch(ins: Types, out: TensorType, a: Attrs) -> int:
-    x, w = ins
-    cv = _conv_of(x.shape, w.shape[2:], a)
-    per = cv.sample_bytes(x.dtype.itemsize)
+def _columns_scratch(image: TensorType, ins: Types, out: TensorType, a: Attrs) -> int:
+    """A chunk of samples' window columns and padded images (``image``: the convolution's input)."""
+    cv = _conv_of(image.shape, ins[1].shape[2:], a)
+    per = cv.sample_bytes(image.dtype.itemsize)
     n = chunk_len(cv.n, per["cols"] + per["pad"], op_bytes(ins, out))
     return buffers(n * per["pad"], n * per["cols"]) if per["pad"] else buffers(n * per["cols"])
+
+
+def _conv2d_scratch(ins: Types, out: TensorType, a: Attrs) -> int:
+    return _columns_scratch(ins[0], ins, out, a)
 
 
 def _conv2d_grad_weight(c: KernelContext, ins: list[Array], out: Array, a: Attrs) -> None:
@@ -456,11 +460,7 @@ def _conv2d_grad_input(c: KernelContext, ins: list[Array], out: Array, a: Attrs)
 
 
 def _grad_input_scratch(ins: Types, out: TensorType, a: Attrs) -> int:
-    g, w = ins
-    cv = _conv_of(out.shape, w.shape[2:], a)
-    per = cv.sample_bytes(out.dtype.itemsize)
-    n = chunk_len(cv.n, per["cols"] + per["pad"], op_bytes(ins, out))
-    return buffers(n * per["cols"], n * per["pad"]) if per["pad"] else buffers(n * per["cols"])
+    return _columns_scratch(out, ins, out, a)
 
 
 def _conv2d_infer(ins: Types, a: Attrs) -> TensorType:

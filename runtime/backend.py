@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
+from collections.abc import Callable
 from types import ModuleType
 
 import numpy as np
@@ -69,6 +71,15 @@ def synchronize(xp: ModuleType) -> None:
     """Wait for queued device work (a no-op on NumPy), so timings are honest."""
     if xp is not np:
         xp.cuda.get_current_stream().synchronize()
+
+
+def separate_pool(xp: ModuleType) -> Callable[[], contextlib.AbstractContextManager[object]]:
+    """Contexts in which CuPy allocates from one memory pool of its own (no-ops on NumPy): what runs in
+    them is not counted by ``device_bytes_held``."""
+    if xp is np:
+        return contextlib.nullcontext
+    pool = xp.cuda.MemoryPool()
+    return lambda: xp.cuda.using_allocator(pool.malloc)
 
 
 def device_bytes_held(xp: ModuleType, arena: object) -> int:

@@ -99,7 +99,8 @@ class PlanRunner:
         self._lanes: tuple[dict[str, list[Item]], list[threading.Event]] | None = None  # NumPy, at the first step
         self._cuda: list[CudaItem] | None = None  # CuPy, at the first step
         self.graph_mode = graph if backend == "cupy" else False
-        self.graph_note = "" if backend == "cupy" else "no CUDA graph on NumPy"
+        self.graph_note = ("no CUDA graph on NumPy" if backend != "cupy" else
+                           "to be captured at the first step" if graph else "off: each step issued item by item")
         self._graph: Any = None
         if backend == "cupy":
             self.streams = cuda_streams()

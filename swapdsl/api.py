@@ -38,7 +38,7 @@ from swapdsl.planning.ga import SearchOptions
 from swapdsl.planning.optimize import optimize as plan_with
 from swapdsl.planning.problem import Request
 from swapdsl.runtime import reference
-from swapdsl.runtime.backend import array_module, device_bytes_held, require_memory, to_host
+from swapdsl.runtime.backend import array_module, device_bytes_held, require_memory, separate_pool, to_host
 from swapdsl.runtime.interpreter import PlanRunner
 
 OnStep = Callable[[int, float, float, "float | None"], None]  # (step, loss, ms, max rel diff or None)
@@ -188,7 +188,9 @@ def execute_plan(plan: Plan, train: Graph | None, steps: int = 10, seed: int = 0
     name, xp = array_module(backend)
     runner = PlanRunner(plan, train, name, xp, seed, check_plan=False, copy_delay_s=copy_delay_s,
                         kernel_delay_s=kernel_delay_s, graph=graph)
-    ref = reference.Trainer(train, seed, xp) if check else None
+    separate = separate_pool(xp)  # the reference's memory is not the plan's: keep it out of the pool we measure
+    with separate():
+        ref = reference.Trainer(train, seed, xp) if check else None
     losses, times, host, worst, held = [], [], [], 0.0, 0
     try:
         for step in range(1, steps + 1):
@@ -199,7 +201,9 @@ def execute_plan(plan: Plan, train: Graph | None, steps: int = 10, seed: int = 0
             held = max(held, device_bytes_held(xp, runner.arena))
             diff = None
             if ref is not None:
-                diff = max(relative_diff(loss, ref.step(step)),
+                with separate():
+                    ref_loss = ref.step(step)
+                diff = max(relative_diff(loss, ref_loss),
                            *(relative_diff(v, to_host(ref.persistent[k])) for k, v in runner.persistent_values().items()))
                 worst = max(worst, diff)
             if on_step is not None:

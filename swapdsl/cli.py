@@ -129,8 +129,8 @@ def _cmd_exec(args: argparse.Namespace) -> int:
                   f"{args.steps} steps on {backend}, seed {args.seed}")
         run = api.execute_plan(plan, train, args.steps, args.seed, backend, args.check, report,
                                graph=args.graph == "on")
-        if not args.json and run.figures.get("graph"):
-            print(f"  graph: {run.figures['graph']}")
+        if not args.json and backend == "cupy":
+            print(f"  CUDA graph: {run.figures['graph']}")
     else:
         if args.check:
             raise SwpError("--check compares a plan's execution with the reference executor; give a .plan file")

@@ -96,7 +96,7 @@ class PlanRunner:
         self.steps_run = 0
         self.host_ms = 0.0  # the last step's time to issue its work
         self.work = self._prepare()
-        self._lanes: tuple[dict[str, list[Item]], list[threading.Event]] | None = None  # NumPy, at the first step
+        self._lanes: tuple[dict[str, list[Item]], list[threading.Lock]] | None = None  # NumPy, at the first step
         self._cuda: list[CudaItem] | None = None  # CuPy, at the first step
         self.graph_mode = graph if backend == "cupy" else False
         self.graph_note = ("no CUDA graph on NumPy" if backend != "cupy" else
@@ -241,10 +241,10 @@ class PlanRunner:
     def _count_step(self) -> None:
         self.xp.add(self.ctx.step, 1, out=self.ctx.step)
 
-    def _thread_lanes(self) -> tuple[dict[str, list[Item]], list[threading.Event]]:
+    def _thread_lanes(self) -> tuple[dict[str, list[Item]], list[threading.Lock]]:
         """The work as three lists of items with their events (built at the first step, so a test may edit
         ``work`` before it)."""
-        events = {w.index: threading.Event() for w in self.work if w.awaited}
+        events = {w.index: threading.Lock() for w in self.work if w.awaited}
         lanes: dict[str, list[Item]] = {name: [] for name in STREAMS}
         for w in self.work:
             lanes[w.stream].append(Item(tuple(events[i] for i in w.waits), w.run, events.get(w.index)))

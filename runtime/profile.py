@@ -106,7 +106,7 @@ def launch_seconds(backend: str, ops: int = 2000) -> float:
         return (time.perf_counter() - t0) / ops
     lanes = ThreadLanes()
     try:
-        events = [threading.Event() for _ in range(ops)]
+        events = [threading.Lock() for _ in range(ops)]
         step = ({"compute": [Item((), _nothing, e) for e in events]}, events)
         lanes.run(*step)
         t0 = time.perf_counter()

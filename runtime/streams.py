@@ -3,7 +3,9 @@
 A step is the same prepared program every time: for each stream a list of
 ``Item``s (the events it waits for, the work, the event it fires), built
 once per plan. On NumPy each stream is a worker thread that walks its list;
-the events are ``threading.Event``s, cleared before each step. Copies and
+an event is a ``threading.Lock`` held until it fires (released), and waiting
+is acquiring and releasing it again, so every waiter passes once it has
+fired; before each step every lock is taken again. Copies and
 large kernels release the GIL, so the lanes overlap, and a missing wait
 shows up as a wrong number. On CuPy the host walks the program in order and
 enqueues each item on its CUDA stream (``issue_cuda``), which a CUDA graph
@@ -33,7 +35,7 @@ class ThreadLanes:
     """One worker thread per stream; ``run`` hands each its list for a step and waits for all of them."""
 
     def __init__(self) -> None:
-        self._inbox: dict[str, queue.SimpleQueue[tuple[list[Item], list[threading.Event]] | None]] = {}
+        self._inbox: dict[str, queue.SimpleQueue[tuple[list[Item], list[threading.Lock]] | None]] = {}
         self._done: queue.SimpleQueue[BaseException | None] = queue.SimpleQueue()
         self._threads = []
         for name in STREAMS:
@@ -49,22 +51,25 @@ class ThreadLanes:
             try:
                 for waits, run, signal in items:
                     for event in waits:
-                        if not event.wait(WAIT_TIMEOUT_S):
+                        if not event.acquire(timeout=WAIT_TIMEOUT_S):
                             raise RuntimeError("an event never fired: the plan's streams deadlocked")
+                        event.release()
                     run()
                     if signal is not None:
-                        signal.set()
+                        signal.release()
             except BaseException as exc:  # reported by run(), on the caller's thread
                 for event in events:  # release the other lanes: the step is lost anyway
-                    event.set()
+                    if event.locked():
+                        event.release()
                 self._done.put(exc)
             else:
                 self._done.put(None)
 
-    def run(self, lanes: dict[str, list[Item]], events: Sequence[threading.Event]) -> None:
-        """Run one step: every lane's items, in order on its own thread; returns when all are done."""
+    def run(self, lanes: dict[str, list[Item]], events: Sequence[threading.Lock]) -> None:
+        """Run one step: every lane's items, in order on its own thread; returns when all are done.
+        ``events``: every lock an item fires (each held from the start of the step until it fires)."""
         for event in events:
-            event.clear()
+            event.acquire(blocking=False)
         shared = list(events)
         for name, items in lanes.items():
             self._inbox[name].put((items, shared))

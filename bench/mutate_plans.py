@@ -3,9 +3,9 @@
 Usage: python bench/mutate_plans.py [--cases 1000] [--seed 0] [--keep DIR]
 
 Makes four plans (belady and ga, on small tiny_resnet and tiny_transformer configurations, each
-under about a third of its no-swap need), then runs CASES mutants spread over the plans and the
-mutation kinds (delete, duplicate or swap lines; change a number, a name, a figure; swap the new
-values of two updates). Each is judged as `swapdsl exec MUTANT --check` judges it, in process, and
+under about a third of its no-swap need, or near its smallest feasible cap where that is more), then
+runs CASES mutants spread over the plans and the mutation kinds (delete, duplicate or swap lines;
+change a number, a name, a figure; swap the new values of two updates). Each is judged as `swapdsl exec MUTANT --check` judges it, in process, and
 an accepted mutant once more on a slow bus. Prints the counts per kind and every case that was
 neither refused with its line named nor exact; exits 1 if there was one.
 """
@@ -24,7 +24,7 @@ from swapdsl.common.paths import STDLIB_DIR
 from swapdsl.fuzz import run_cli
 from swapdsl.fuzz.plans import KINDS, Mutant, VERDICTS, Verdict, campaign
 
-MODELS = {"tiny_resnet": ("270KiB", ["-D", "batch=4", "-D", "width=4", "-D", "blocks=1"]),
+MODELS = {"tiny_resnet": ("430KiB", ["-D", "batch=4", "-D", "width=4", "-D", "blocks=1"]),
           "tiny_transformer": ("2.2MiB", ["-D", "batch=2", "-D", "seq=8"])}
 
 

@@ -8,6 +8,7 @@
 #      the 468.6 ms a step that plan took eagerly before exact memory and prepared lanes.
 #
 # Usage: bash bench/gpu_check.sh [OUTDIR]     (results go to OUTDIR, default $OUT or /tmp/gpu_check)
+#        GPU_CHECK_ON_CPU=1 PYTHON=/path/to/venv/python bash bench/gpu_check.sh OUTDIR   (the script on a CPU)
 # Wheels of packages the machine lacks (lark, attrs) may wait in .whl/; they are installed first. The
 # project is installed (no dependencies, no index) into the Python it runs with; its C extension is
 # built with that Python's setuptools and the machine's C compiler.
@@ -32,6 +33,11 @@ step() {  # step NAME SECONDS COMMAND...: run it from /tmp (so the installed pac
 { date -u; nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader; } | tee "$out/gpu.txt"
 $py -c 'import cupy, numpy; print("cupy", cupy.__version__, "numpy", numpy.__version__)' | tee -a "$out/gpu.txt"
 step gpu_tests 150 $py -m pytest -q -m gpu -p no:cacheprovider "$repo/tests"
+if [ -n "${GPU_CHECK_ON_CPU:-}" ]; then  # try the script itself on a machine without a GPU: tiny models, NumPy
+    step exec 300 $py "$repo/bench/gpu_exec.py" --configs tiny_resnet tiny_transformer --backend numpy --steps 3 \
+        --json "$out/exec.json"
+    exit 0
+fi
 step exec 300 $py "$repo/bench/gpu_exec.py" --configs resnet50_b64 gpt2_small --ratios 2 4 --steps 4 \
     --json "$out/exec.json"
 step resnet152 120 $py "$repo/bench/gpu_exec.py" --configs resnet152_b8 --method ga --budget 20 --steps 4 \

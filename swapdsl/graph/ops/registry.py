@@ -213,20 +213,20 @@ def buffers(*nbytes: int) -> int:
 
 def iota(xp: Any, out: Array, start: int = 0) -> Array:
     """out[i] = start + i for a 1-d integer ``out``, allocating nothing (a scan would, on CuPy)."""
-    if xp is np:
-        out.fill(1)
-        np.cumsum(out, dtype=out.dtype, out=out)
-        np.subtract(out, 1, out=out)
-    else:
-        _iota_kernel(xp)(out)
+    if xp is not np:
+        _iota_kernel(xp)(out.dtype.type(start), out)
+        return out
+    out.fill(1)
+    np.cumsum(out, dtype=out.dtype, out=out)
+    np.subtract(out, 1, out=out)
     if start:
-        xp.add(out, out.dtype.type(start), out=out)
+        np.add(out, out.dtype.type(start), out=out)
     return out
 
 
 @functools.cache
 def _iota_kernel(xp: Any) -> Any:
-    return xp.ElementwiseKernel("", "T out", "out = i", "swapdsl_iota")
+    return xp.ElementwiseKernel("T start", "T out", "out = start + (T)i", "swapdsl_iota")
 
 
 def op_bytes(ins: Sequence[Any], out: Any) -> int:

@@ -100,7 +100,7 @@ class PlanRunner:
         self._cuda: list[CudaItem] | None = None  # CuPy, at the first step
         self.graph_mode = graph if backend == "cupy" else False
         self.graph_note = ("no CUDA graph on NumPy" if backend != "cupy" else
-                           "to be captured at the first step" if graph else "off: each step issued item by item")
+                           "captured at the second step" if graph else "off: each step issued item by item")
         self._graph: Any = None
         if backend == "cupy":
             self.streams = cuda_streams()
@@ -273,8 +273,8 @@ class PlanRunner:
     def _step_cuda(self) -> None:
         started = time.perf_counter()
         self._cuda = self._cuda or self._cuda_items()
-        if self.graph_mode and self._graph is None:
-            self._graph = self._capture()
+        if self.graph_mode and self._graph is None and self.steps_run >= 2:
+            self._graph = self._capture()  # after one eager step: CuPy has compiled its kernels, cuBLAS set up
         compute = self.streams["compute"]
         if self._graph is not None:
             self._graph.launch(compute)

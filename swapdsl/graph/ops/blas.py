@@ -1,0 +1,164 @@
+"""Matrix products into a given output, allocating nothing, on NumPy and CuPy.
+
+NumPy's ``matmul(out=...)`` already computes in place. CuPy's batched matmul
+does not: it copies an operand that is not C-contiguous (every transposed
+view) and allocates arrays of matrix pointers for a broadcast batch. So on
+CuPy a product is planned here as cuBLAS strided-batched GEMMs over the
+operands' own memory (``plan_gemm``, pure and tested on the CPU against
+NumPy), and each is one cuBLAS call with the stream and the output given.
+
+cuBLAS is column-major: a row-major matrix with row stride ``s`` is, read
+column-major, its transpose with leading dimension ``s``. So out = x @ y
+(row-major) is computed as out^T = y^T @ x^T, with cuBLAS's A from ``y``
+and B from ``x``.
+"""
+
+from __future__ import annotations
+
+import functools
+import itertools
+from typing import Any, NamedTuple
+
+import numpy as np
+
+Array = Any
+
+
+class Gemm(NamedTuple):
+    """One strided-batched GEMM in cuBLAS's terms: C = op(A) op(B), m x n, over ``batch`` matrices.
+    Offsets, leading dimensions and strides are in elements."""
+
+    transa: bool
+    transb: bool
+    m: int
+    n: int
+    k: int
+    a_offset: int
+    lda: int
+    stride_a: int
+    b_offset: int
+    ldb: int
+    stride_b: int
+    c_offset: int
+    ldc: int
+    stride_c: int
+    batch: int
+
+
+class _Layout(NamedTuple):
+    transposed: bool  # the matrix is stored column by column (a transposed view of a row-major one)
+    ld: int
+
+
+def _layout(rows: int, cols: int, s_row: int, s_col: int) -> _Layout | None:
+    """How a rows x cols matrix with these element strides sits in memory, for cuBLAS; None if neither
+    its rows nor its columns are contiguous."""
+    if (s_col == 1 or cols == 1) and (rows == 1 or s_row >= cols):
+        return _Layout(False, s_row if rows > 1 else max(cols, 1))
+    if (s_row == 1 or rows == 1) and (cols == 1 or s_col >= rows):
+        return _Layout(True, s_col if cols > 1 else max(rows, 1))
+    return None
+
+
+def _batch_dims(shapes: list[tuple[int, ...]], strides: list[tuple[int, ...]],
+                out_batch: tuple[int, ...]) -> list[tuple[int, list[int]]]:
+    """The batch dimensions as (size, each operand's stride), broadcast operands striding 0, merged where
+    every operand allows it; innermost last."""
+    dims: list[tuple[int, list[int]]] = []
+    nd = len(out_batch)
+    for i in range(nd):
+        per = []
+        for shape, stride in zip(shapes, strides):
+            j = i - (nd - (len(shape) - 2))
+            per.append(0 if j < 0 or shape[j] == 1 else stride[j])
+        if out_batch[i] == 1:
+            continue
+        if dims and all(prev == cur * out_batch[i] for prev, cur in zip(dims[-1][1], per)):
+            size, _ = dims[-1]
+            dims[-1] = (size * out_batch[i], per)
+        else:
+            dims.append((out_batch[i], per))
+    return dims
+
+
+def plan_gemm(x_shape: tuple[int, ...], x_strides: tuple[int, ...], y_shape: tuple[int, ...],
+              y_strides: tuple[int, ...], out_shape: tuple[int, ...], out_strides: tuple[int, ...]) -> list[Gemm] | None:
+    """The cuBLAS calls that compute out = x @ y (NumPy's matmul rules, rank 2 or more, element strides),
+    or None where a layout does not fit (then the caller falls back)."""
+    (m_rows, k), (k2, n) = x_shape[-2:], y_shape[-2:]
+    if k != k2 or out_shape[-2:] != (m_rows, n):
+        raise ValueError(f"matmul shapes {x_shape} @ {y_shape} -> {out_shape}")
+    lx, ly = _layout(m_rows, k, *x_strides[-2:]), _layout(k, n, *y_strides[-2:])
+    lo = _layout(m_rows, n, *out_strides[-2:])
+    if lx is None or ly is None or lo is None or lo.transposed:
+        return None
+    dims = _batch_dims([x_shape, y_shape, out_shape], [x_strides, y_strides, out_strides], tuple(out_shape[:-2]))
+    inner_size, (sx, sy, so) = dims[-1] if dims else (1, [0, 0, 0])
+    calls = []
+    for index in itertools.product(*(range(size) for size, _ in dims[:-1])):
+        ox, oy, oo = (sum(i * s[j] for i, (_, s) in zip(index, dims)) for j in range(3))
+        calls.append(Gemm(ly.transposed, lx.transposed, n, m_rows, k, oy, ly.ld, sy, ox, lx.ld, sx, oo, lo.ld, so,
+                          inner_size))
+    return calls
+
+
+def emulate(call: Gemm, a: np.ndarray, b: np.ndarray, c: np.ndarray) -> None:
+    """What cuBLAS does for ``call`` on flat buffers (column-major): for tests on a CPU."""
+    item = a.itemsize
+    for i in range(call.batch):
+        rows_a, cols_a = (call.k, call.m) if call.transa else (call.m, call.k)
+        rows_b, cols_b = (call.n, call.k) if call.transb else (call.k, call.n)
+        ma = np.lib.stride_tricks.as_strided(a[call.a_offset + i * call.stride_a:], (rows_a, cols_a),
+                                             (item, call.lda * item))
+        mb = np.lib.stride_tricks.as_strided(b[call.b_offset + i * call.stride_b:], (rows_b, cols_b),
+                                             (item, call.ldb * item))
+        mc = np.lib.stride_tricks.as_strided(c[call.c_offset + i * call.stride_c:], (call.m, call.n),
+                                             (item, call.ldc * item))
+        mc[...] = (ma.T if call.transa else ma) @ (mb.T if call.transb else mb)
+
+
+def matmul_into(xp: Any, x: Array, y: Array, out: Array) -> None:
+    """out = x @ y, computed in ``out``."""
+    if xp is np or x.ndim < 3 and y.ndim < 3:  # CuPy's 2-d product takes transposed operands as they are
+        xp.matmul(x, y, out=out)
+        return
+    itemsize = out.dtype.itemsize
+    calls = plan_gemm(x.shape, _elements(x.strides, itemsize), y.shape, _elements(y.strides, itemsize),
+                      out.shape, _elements(out.strides, itemsize))
+    if calls is None or x.dtype != out.dtype or y.dtype != out.dtype:
+        xp.matmul(x, y, out=out)  # a layout cuBLAS cannot read as it is: CuPy's matmul copies it
+        return
+    _cublas(xp, calls, y, x, out)
+
+
+def _elements(strides: tuple[int, ...], itemsize: int) -> tuple[int, ...]:
+    return tuple(s // itemsize for s in strides)
+
+
+@functools.cache
+def _cublas_types(xp: Any, dtype: str) -> tuple[int, int, np.ndarray, np.ndarray]:
+    """(data type, compute type, alpha, beta) for a dtype: FP32 computes in FP32 (no TF32)."""
+    from cupy_backends.cuda.libs import cublas
+
+    runtime = xp.cuda.runtime
+    if dtype == "float64":
+        return runtime.CUDA_R_64F, cublas.CUBLAS_COMPUTE_64F, np.ones((), np.float64), np.zeros((), np.float64)
+    data = runtime.CUDA_R_32F if dtype == "float32" else runtime.CUDA_R_16F
+    return data, cublas.CUBLAS_COMPUTE_32F, np.ones((), np.float32), np.zeros((), np.float32)
+
+
+def _cublas(xp: Any, calls: list[Gemm], a: Array, b: Array, c: Array) -> None:
+    from cupy_backends.cuda.libs import cublas
+
+    handle = xp.cuda.device.get_cublas_handle()
+    cublas.setStream(handle, xp.cuda.get_current_stream().ptr)
+    data, compute, one, zero = _cublas_types(xp, str(c.dtype))
+    item = c.dtype.itemsize
+    for g in calls:
+        cublas.gemmStridedBatchedEx(
+            handle, int(g.transa), int(g.transb), g.m, g.n, g.k, one.ctypes.data,
+            a.data.ptr + g.a_offset * item, data, g.lda, g.stride_a,
+            b.data.ptr + g.b_offset * item, data, g.ldb, g.stride_b,
+            zero.ctypes.data, c.data.ptr + g.c_offset * item, data, g.ldc, g.stride_c,
+            g.batch, compute, cublas.CUBLAS_GEMM_DEFAULT)
+

@@ -1,0 +1,91 @@
+"""The cuBLAS plan of a matrix product (the CuPy path), checked on the CPU: every planned strided-batched
+GEMM run as cuBLAS would run it (column-major, on the operands' own memory) gives NumPy's matmul."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from swapdsl.graph.ops.blas import emulate, plan_gemm
+
+
+def _elements(a: np.ndarray) -> tuple[int, ...]:
+    return tuple(s // a.itemsize for s in a.strides)
+
+
+def _base_offset(view: np.ndarray, base: np.ndarray) -> int:
+    return (view.__array_interface__["data"][0] - base.__array_interface__["data"][0]) // view.itemsize
+
+
+def run_planned(x: np.ndarray, y: np.ndarray, out: np.ndarray, bases: tuple[np.ndarray, ...]) -> bool:
+    """Compute out = x @ y through the plan and the emulator; False if the plan refused the layouts."""
+    calls = plan_gemm(x.shape, _elements(x), y.shape, _elements(y), out.shape, _elements(out))
+    if calls is None:
+        return False
+    bx, by, bo = bases
+    ox, oy, oo = _base_offset(x, bx), _base_offset(y, by), _base_offset(out, bo)
+    for g in calls:  # the emulator reads flat buffers from each view's first element, as cuBLAS gets pointers
+        emulate(g._replace(a_offset=g.a_offset + oy, b_offset=g.b_offset + ox, c_offset=g.c_offset + oo),
+                by.reshape(-1), bx.reshape(-1), bo.reshape(-1))
+    return True
+
+
+@st.composite
+def products(draw: st.DrawFn) -> tuple[np.ndarray, np.ndarray, tuple[int, ...], tuple[np.ndarray, np.ndarray]]:
+    m, k, n = (draw(st.integers(1, 5)) for _ in range(3))
+    batch = tuple(draw(st.lists(st.integers(1, 3), max_size=3)))
+    x_batch = tuple(d if draw(st.booleans()) else 1 for d in batch)[draw(st.integers(0, len(batch))):]
+    y_batch = tuple(d if draw(st.booleans()) else 1 for d in batch)[draw(st.integers(0, len(batch))):]
+
+    def operand(lead: tuple[int, ...], rows: int, cols: int) -> tuple[np.ndarray, np.ndarray]:
+        rng = np.random.default_rng(draw(st.integers(0, 2**31)))
+        if draw(st.booleans()):  # stored transposed: a swapped view of a [..., cols, rows] array
+            base = rng.standard_normal(lead + (cols, rows))
+            return base.swapaxes(-1, -2), base
+        pad = draw(st.integers(0, 2))  # rows longer than the matrix: a slice of wider rows
+        base = rng.standard_normal(lead + (rows, cols + pad))
+        return base[..., :cols], base
+
+    x, bx = operand(x_batch, m, k)
+    y, by = operand(y_batch, k, n)
+    return x, y, np.broadcast_shapes(x.shape[:-2], y.shape[:-2]) + (m, n), (bx, by)
+
+
+@settings(max_examples=300, deadline=None)
+@given(products())
+def test_planned_gemms_compute_numpys_matmul(case: tuple) -> None:
+    x, y, out_shape, (bx, by) = case
+    out_base = np.full((2,) + out_shape, np.nan)
+    out = out_base[1]  # an output that is a view inside a larger buffer
+    assert run_planned(x, y, out, (bx, by, out_base))
+    np.testing.assert_allclose(out, np.matmul(x, y), rtol=1e-12, atol=1e-12)
+    assert np.isnan(out_base[0]).all()  # nothing written outside the output
+
+
+def test_the_convolution_layouts_are_planned() -> None:
+    """The products convolution kernels make: a weight broadcast over a chunk of samples and groups,
+    and the weight gradient's transposed columns."""
+    rng = np.random.default_rng(0)
+    w = rng.standard_normal((2, 3, 12))  # [G, O/G, C/G*KH*KW]
+    cols = rng.standard_normal((4, 2, 12, 9))  # [n, G, K, P]
+    out = np.empty((4, 2, 3, 9))
+    calls = plan_gemm(w.shape, _elements(w), cols.shape, _elements(cols), out.shape, _elements(out))
+    assert calls is not None and len(calls) == 4 and calls[0].batch == 2  # a loop over samples, groups batched
+    assert run_planned(w, cols, out, (w, cols, out))
+    np.testing.assert_allclose(out, np.matmul(w, cols))
+    colsT = rng.standard_normal((2, 12, 36)).swapaxes(-1, -2)
+    gy = rng.standard_normal((2, 3, 36))
+    dw = np.empty((2, 3, 12))
+    assert run_planned(gy, colsT, dw, (gy, colsT.base, dw))
+    np.testing.assert_allclose(dw, gy @ colsT)
+
+
+def test_a_layout_without_a_contiguous_axis_is_refused() -> None:
+    x = np.zeros((4, 6))[::2, ::2]  # neither rows nor columns contiguous
+    y = np.zeros((3, 2))
+    out = np.zeros((2, 2))
+    assert plan_gemm(x.shape, _elements(x), y.shape, _elements(y), out.shape, _elements(out)) is None
+    with pytest.raises(ValueError):
+        plan_gemm((2, 3), (3, 1), (4, 2), (2, 1), (2, 2), (2, 1))

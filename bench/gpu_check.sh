@@ -9,7 +9,8 @@
 #
 # Usage: bash bench/gpu_check.sh [OUTDIR]     (results go to OUTDIR, default $OUT or /tmp/gpu_check)
 #        GPU_CHECK_ON_CPU=1 PYTHON=/path/to/venv/python bash bench/gpu_check.sh OUTDIR   (the script on a CPU)
-# Wheels of packages the machine lacks (lark, attrs) may wait in .whl/; they are installed first. The
+# Wheels of packages the machine lacks (lark; nvidia-cudnn-frontend for cuDNN convolutions, without which
+# they run swapdsl's own kernels and the run says so) may wait in .whl/; they are installed first. The
 # project is installed (no dependencies, no index) into the Python it runs with; its C extension is
 # built with that Python's setuptools and the machine's C compiler.
 set -uo pipefail

@@ -45,7 +45,7 @@ from swapdsl.plan.validate import check_describes, validate
 from swapdsl.runtime.backend import require_memory, to_host
 from swapdsl.runtime.data import init_persistent, synthetic_inputs
 from swapdsl.runtime.streams import STREAMS, CudaItem, Item, ThreadLanes, cuda_streams, issue_cuda
-
+from swapdsl.runtime.vendor import VendorKernels
 
 START_INPUTS = START - 1  # the pseudo-instruction of the step's batch copies (START: its step counter)
 
@@ -70,13 +70,14 @@ def check_runnable(g: Graph) -> None:
 class PlanRunner:
     def __init__(self, plan: Plan, g: Graph, backend: str, xp: ModuleType, seed: int,
                  check_plan: bool = True, copy_delay_s: float = 0.0, kernel_delay_s: float = 0.0,
-                 graph: bool = True) -> None:
+                 graph: bool = True, vendor_kernels: bool = True) -> None:
         """``check_plan``: validate the plan against ``g`` (False: the caller has, or a test runs a broken
         plan to show what validation prevents; it must still describe ``g``). ``copy_delay_s``,
         ``kernel_delay_s`` (NumPy, for tests): every copy or kernel starts that much later, so that a wait
         the plan lacks shows up as a wrong number rather than being hidden by luck. ``graph`` (CuPy):
         capture the step as one CUDA graph and replay it (falling back, with ``graph_note`` saying why,
-        where capture fails)."""
+        where capture fails); ``vendor_kernels`` (CuPy): convolutions through cuDNN Frontend where it
+        builds (``vendor.notes`` says what fell back)."""
         if check_plan:
             validate(plan, g)
         else:
@@ -93,6 +94,8 @@ class PlanRunner:
         self.inputs = set(g.inputs)
         self._load_initial(seed)
         self.ctx = self._context()
+        self.vendor = (VendorKernels.load(g, lambda: xp.cuda.get_current_stream().ptr)
+                       if backend == "cupy" and vendor_kernels else VendorKernels())
         self.steps_run = 0
         self.host_ms = 0.0  # the last step's time to issue its work
         self.work = self._prepare()
@@ -220,7 +223,8 @@ class PlanRunner:
         op = self.g.ops[instr.op]
         ins = [self.dview(n, region) for n, region in zip(op.inputs, s.regions)]
         out = self.dview(op.outputs[0], dict(instr.outs)[op.outputs[0]])
-        kernel, attrs, ctx = REGISTRY[op.op].kernel, op.attr_dict, self.ctx
+        kernel = self.vendor.kernels.get(instr.op) or REGISTRY[op.op].kernel
+        attrs, ctx = op.attr_dict, self.ctx
         reset = ctx.scratch.reset
         if self.kernel_delay_s:
             delay = self.kernel_delay_s

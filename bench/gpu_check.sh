@@ -1,11 +1,14 @@
 #!/usr/bin/env bash
-# The checks that need a CUDA GPU, in one run (well under 10 minutes on an H200):
-#   1. the gpu-marked tests (a CuPy step under an allocator that raises, graph on and off; kernels on CuPy);
-#   2. bench/gpu_exec.py: ResNet-50 (batch 64) and GPT-2 small (12 layers, 768 wide, seq 1024, batch 8)
+# The checks that need a CUDA GPU. GPU_CHECK_STEPS picks which (default: all; one call of the device tool
+# has 10 minutes, so run "tests exec resnet152" and "bench" as two calls):
+#   1. tests: the gpu-marked tests (a CuPy step under an allocator that raises, graph on and off; kernels on CuPy);
+#   2. exec: bench/gpu_exec.py: ResNet-50 (batch 64) and GPT-2 small (12 layers, 768 wide, seq 1024, batch 8)
 #      planned at 1/2 and 1/4 of their no-swap memory, each run with `exec --check`, CUDA graph on and off:
 #      step ms, host ms per step, device bytes held against the cap, max rel diff, simulated step;
-#   3. the README's first GPU plan (ResNet-152, batch 8, ga under 512 MiB), graph on and off, against
-#      the 468.6 ms a step that plan took eagerly before exact memory and prepared lanes.
+#   3. resnet152: the README's first GPU plan (ResNet-152, batch 8, ga under 512 MiB), graph on and off,
+#      against the 468.6 ms a step that plan took eagerly before exact memory and prepared lanes;
+#   4. bench: bench/gpu_bench.py, the measured fraction and PyTorch beside it (eager, save_on_cpu,
+#      checkpointing) for ResNet-50, Wide ResNet-50-2, BERT-base and GPT-2 small at 1/2, 1/4 and 1/8.
 #
 # Usage: bash bench/gpu_check.sh [OUTDIR]     (results go to OUTDIR, default $OUT or /tmp/gpu_check)
 #        GPU_CHECK_ON_CPU=1 PYTHON=/path/to/venv/python bash bench/gpu_check.sh OUTDIR   (the script on a CPU)
@@ -33,13 +36,20 @@ step() {  # step NAME SECONDS COMMAND...: run it from /tmp (so the installed pac
 }
 { date -u; nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader; } | tee "$out/gpu.txt"
 $py -c 'import cupy, numpy; print("cupy", cupy.__version__, "numpy", numpy.__version__)' | tee -a "$out/gpu.txt"
-step gpu_tests 150 $py -m pytest -q -m gpu -p no:cacheprovider "$repo/tests"
+wanted=" ${GPU_CHECK_STEPS:-tests exec resnet152 bench} "
+want() { [[ "$wanted" == *" $1 "* ]]; }
+want tests && step gpu_tests 150 $py -m pytest -q -m gpu -p no:cacheprovider "$repo/tests"
 if [ -n "${GPU_CHECK_ON_CPU:-}" ]; then  # try the script itself on a machine without a GPU: tiny models, NumPy
-    step exec 300 $py "$repo/bench/gpu_exec.py" --configs tiny_resnet tiny_transformer --backend numpy --steps 3 \
-        --json "$out/exec.json"
+    want exec && step exec 300 $py "$repo/bench/gpu_exec.py" --configs tiny_resnet tiny_transformer \
+        --backend numpy --steps 3 --json "$out/exec.json"
+    want bench && step bench 300 $py "$repo/bench/gpu_bench.py" --small --ratios 2 4 --steps 3 --budget 3 \
+        --json "$out/bench.json"
     exit 0
 fi
-step exec 300 $py "$repo/bench/gpu_exec.py" --configs resnet50_b64 gpt2_small --ratios 2 4 --steps 4 \
-    --json "$out/exec.json"
-step resnet152 120 $py "$repo/bench/gpu_exec.py" --configs resnet152_b8 --method ga --budget 20 --steps 4 \
-    --json "$out/resnet152.json"
+want exec && step exec 300 $py "$repo/bench/gpu_exec.py" --configs resnet50_b64 gpt2_small --ratios 2 4 \
+    --steps 4 --json "$out/exec.json"
+want resnet152 && step resnet152 120 $py "$repo/bench/gpu_exec.py" --configs resnet152_b8 --method ga \
+    --budget 20 --steps 4 --json "$out/resnet152.json"
+want bench && step bench 560 $py "$repo/bench/gpu_bench.py" --ratios 2 4 8 --steps 4 --budget 8 \
+    --json "$out/bench.json"
+exit 0

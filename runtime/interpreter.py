@@ -32,6 +32,7 @@ from collections.abc import Callable
 from types import ModuleType
 from typing import Any, NamedTuple
 
+import attrs
 import numpy as np
 
 from swapdsl.common.errors import SwpError
@@ -70,14 +71,15 @@ def check_runnable(g: Graph) -> None:
 class PlanRunner:
     def __init__(self, plan: Plan, g: Graph, backend: str, xp: ModuleType, seed: int,
                  check_plan: bool = True, copy_delay_s: float = 0.0, kernel_delay_s: float = 0.0,
-                 graph: bool = True, vendor_kernels: bool = True) -> None:
+                 graph: bool = True, vendor_kernels: bool = True, tf32: bool = False) -> None:
         """``check_plan``: validate the plan against ``g`` (False: the caller has, or a test runs a broken
         plan to show what validation prevents; it must still describe ``g``). ``copy_delay_s``,
         ``kernel_delay_s`` (NumPy, for tests): every copy or kernel starts that much later, so that a wait
         the plan lacks shows up as a wrong number rather than being hidden by luck. ``graph`` (CuPy):
         capture the step as one CUDA graph and replay it (falling back, with ``graph_note`` saying why,
         where capture fails); ``vendor_kernels`` (CuPy): convolutions through cuDNN Frontend where it
-        builds (``vendor.notes`` says what fell back)."""
+        builds (``vendor.notes`` says what fell back); ``tf32`` (CuPy): FP32 matrix products and
+        convolutions may use TF32 tensor cores."""
         if check_plan:
             validate(plan, g)
         else:
@@ -93,8 +95,8 @@ class PlanRunner:
         self.homes = {t.name: t.home for t in plan.tensors if t.home is not None}
         self.inputs = set(g.inputs)
         self._load_initial(seed)
-        self.ctx = self._context()
-        self.vendor = (VendorKernels.load(g, lambda: xp.cuda.get_current_stream().ptr)
+        self.ctx = attrs.evolve(self._context(), tf32=tf32 and backend == "cupy")
+        self.vendor = (VendorKernels.load(g, lambda: xp.cuda.get_current_stream().ptr, tf32=self.ctx.tf32)
                        if backend == "cupy" and vendor_kernels else VendorKernels())
         self.steps_run = 0
         self.host_ms = 0.0  # the last step's time to issue its work

@@ -74,8 +74,9 @@ class Built:
     workspace: int
 
 
-def build(cudnn: ModuleType, handle: Any, key: ConvKey, budget: int) -> Built:
-    """The cuDNN graph for ``key``, using at most ``budget`` bytes of workspace; raises where cuDNN cannot."""
+def build(cudnn: ModuleType, handle: Any, key: ConvKey, budget: int, tf32: bool = False) -> Built:
+    """The cuDNN graph for ``key``, using at most ``budget`` bytes of workspace (``tf32``: FP32 may use TF32
+    tensor cores); raises where cuDNN cannot."""
     dtype = getattr(cudnn.data_type, _DTYPES[key.dtype])
     compute = cudnn.data_type.DOUBLE if key.dtype == "f64" else cudnn.data_type.FLOAT
     g = cudnn.pygraph(io_data_type=dtype, intermediate_data_type=compute, compute_data_type=compute, handle=handle)
@@ -101,7 +102,7 @@ def build(cudnn: ModuleType, handle: Any, key: ConvKey, budget: int) -> Built:
     g.validate()
     g.build_operation_graph()
     g.create_execution_plans([cudnn.heur_mode.A, cudnn.heur_mode.FALLBACK])
-    if key.dtype == "f32":
+    if key.dtype == "f32" and not tf32:
         g.deselect_numeric_notes([cudnn.numerical_note.TENSOR_CORE])  # FP32 stays FP32: no TF32
     g.deselect_workspace_greater_than(budget)
     g.check_support()
@@ -127,7 +128,8 @@ class VendorKernels:
     graphs: int = 0  # distinct cuDNN graphs built
 
     @staticmethod
-    def load(g: Graph, stream: Callable[[], int], cudnn: ModuleType | None = None) -> VendorKernels:
+    def load(g: Graph, stream: Callable[[], int], cudnn: ModuleType | None = None,
+             tf32: bool = False) -> VendorKernels:
         """Build every convolution's cuDNN graph (once per key); ``stream``: the current stream's handle."""
         found = VendorKernels()
         keys = {i: conv_key(op.op, tuple(g.type_of(n) for n in op.inputs), g.type_of(op.outputs[0]), op.attr_dict)
@@ -147,7 +149,7 @@ class VendorKernels:
         for i, key in keys.items():
             if key not in built:
                 try:
-                    built[key] = build(cudnn, handle, key, op_scratch(g, i))
+                    built[key] = build(cudnn, handle, key, op_scratch(g, i), tf32)
                 except Exception as exc:
                     built[key] = None
                     found.notes.append(f"op {i} `{g.ops[i].op}` {list(key.image)}: no cuDNN plan ({exc}); it uses "

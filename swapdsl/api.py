@@ -146,21 +146,21 @@ class Execution:
 
 
 def execute(target: Plan | Model | str | Path, steps: int = 10, seed: int = 0, backend: str = "auto",
-            check: bool = False, on_step: OnStep | None = None, graph: bool = True) -> Execution:
+            check: bool = False, on_step: OnStep | None = None, graph: bool = True, tf32: bool = False) -> Execution:
     """Train: a plan under its cap (a Plan, or a plan file), or a model with the reference executor and
     no cap (a Model, or a `.swp` file). ``check`` (plans) runs the reference beside it and compares every
     loss and parameter; ``on_step`` hears of every step as it ends; ``graph`` (plans on CuPy) replays each
-    step as one captured CUDA graph."""
+    step as one captured CUDA graph; ``tf32`` (plans on CuPy) lets FP32 products use TF32 tensor cores."""
     if isinstance(target, (str, Path)):
         if is_plan_file(target):
             return execute_plan(*read_checked(str(target), need_model=True), steps, seed, backend, check, on_step,
-                                graph=graph)
+                                graph=graph, tf32=tf32)
         target = load(target)
     if isinstance(target, Model):
         if check:
             raise SwpError("check compares a plan's execution with the reference executor; give a plan")
         return _train_reference(target, steps, seed, backend, on_step)
-    return execute_plan(target, _graph_of(target), steps, seed, backend, check, on_step, graph=graph)
+    return execute_plan(target, _graph_of(target), steps, seed, backend, check, on_step, graph=graph, tf32=tf32)
 
 
 def is_plan_file(path: str | Path) -> bool:
@@ -181,13 +181,13 @@ def _train_reference(m: Model, steps: int, seed: int, backend: str, on_step: OnS
 
 def execute_plan(plan: Plan, train: Graph | None, steps: int = 10, seed: int = 0, backend: str = "auto",
                  check: bool = False, on_step: OnStep | None = None, *, copy_delay_s: float = 0.0,
-                 kernel_delay_s: float = 0.0, graph: bool = True) -> Execution:
+                 kernel_delay_s: float = 0.0, graph: bool = True, tf32: bool = False) -> Execution:
     """``execute`` for a plan already validated against its training graph ``train`` (``read_checked``).
     ``copy_delay_s``, ``kernel_delay_s`` (NumPy, for fuzzers): every copy or kernel starts that much later."""
     assert train is not None
     name, xp = array_module(backend)
     runner = PlanRunner(plan, train, name, xp, seed, check_plan=False, copy_delay_s=copy_delay_s,
-                        kernel_delay_s=kernel_delay_s, graph=graph)
+                        kernel_delay_s=kernel_delay_s, graph=graph, tf32=tf32)
     separate = separate_pool(xp)  # the reference's memory is not the plan's: keep it out of the pool we measure
     with separate():
         ref = reference.Trainer(train, seed, xp) if check else None
@@ -203,8 +203,9 @@ def execute_plan(plan: Plan, train: Graph | None, steps: int = 10, seed: int = 0
             if ref is not None:
                 with separate():
                     ref_loss = ref.step(step)
+                state = runner.persistent_values().items()
                 diff = max(relative_diff(loss, ref_loss),
-                           *(relative_diff(v, to_host(ref.persistent[k])) for k, v in runner.persistent_values().items()))
+                           *(relative_diff(v, to_host(ref.persistent[k])) for k, v in state))
                 worst = max(worst, diff)
             if on_step is not None:
                 on_step(step, loss, ms, diff)

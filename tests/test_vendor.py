@@ -182,3 +182,11 @@ def test_a_model_without_convolutions_needs_nothing() -> None:
     t = training_graph(build_graph(str(MODELS / "mlp.swp"), ["batch=8", "features=32", "hidden=16"])[1])
     vendor = VendorKernels.load(t, lambda: 0, cudnn=FakeCudnn(refuse="conv_fprop"))
     assert not vendor.kernels and not vendor.notes
+
+
+def test_tf32_is_an_opt_in() -> None:
+    """Only with tf32 asked for may FP32 graphs keep tensor-core (TF32) engines."""
+    t = resnet_training()
+    fake = FakeCudnn()
+    VendorKernels.load(t, lambda: 0, cudnn=fake, tf32=True)
+    assert not any(name == "deselect_numeric_notes" for g in fake.graphs for name, _ in g.calls)

@@ -3,8 +3,8 @@
 NumPy's ``matmul(out=...)`` already computes in place. CuPy's batched matmul
 does not: it copies an operand that is not C-contiguous (every transposed
 view) and allocates arrays of matrix pointers for a broadcast batch. So on
-CuPy a product is planned here as cuBLAS strided-batched GEMMs over the
-operands' own memory (``plan_gemm``, pure and tested on the CPU against
+CuPy every product (2-d ones too) is planned here as cuBLAS strided-batched
+GEMMs over the operands' own memory (``plan_gemm``, pure and tested on the CPU against
 NumPy), and each is one cuBLAS call with the stream and the output given.
 
 cuBLAS is column-major: a row-major matrix with row stride ``s`` is, read
@@ -82,7 +82,8 @@ def _batch_dims(shapes: list[tuple[int, ...]], strides: list[tuple[int, ...]],
 
 
 def plan_gemm(x_shape: tuple[int, ...], x_strides: tuple[int, ...], y_shape: tuple[int, ...],
-              y_strides: tuple[int, ...], out_shape: tuple[int, ...], out_strides: tuple[int, ...]) -> list[Gemm] | None:
+              y_strides: tuple[int, ...], out_shape: tuple[int, ...],
+              out_strides: tuple[int, ...]) -> list[Gemm] | None:
     """The cuBLAS calls that compute out = x @ y (NumPy's matmul rules, rank 2 or more, element strides),
     or None where a layout does not fit (then the caller falls back)."""
     (m_rows, k), (k2, n) = x_shape[-2:], y_shape[-2:]
@@ -117,10 +118,10 @@ def emulate(call: Gemm, a: np.ndarray, b: np.ndarray, c: np.ndarray) -> None:
         mc[...] = (ma.T if call.transa else ma) @ (mb.T if call.transb else mb)
 
 
-def matmul_into(xp: Any, x: Array, y: Array, out: Array) -> None:
-    """out = x @ y, computed in ``out``."""
-    if xp is np or x.ndim < 3 and y.ndim < 3:  # CuPy's 2-d product takes transposed operands as they are
-        xp.matmul(x, y, out=out)
+def matmul_into(xp: Any, x: Array, y: Array, out: Array, tf32: bool = False) -> None:
+    """out = x @ y, computed in ``out``; ``tf32`` (CuPy, FP32): cuBLAS may use TF32 tensor cores."""
+    if xp is np:
+        np.matmul(x, y, out=out)
         return
     itemsize = out.dtype.itemsize
     calls = plan_gemm(x.shape, _elements(x.strides, itemsize), y.shape, _elements(y.strides, itemsize),
@@ -128,7 +129,7 @@ def matmul_into(xp: Any, x: Array, y: Array, out: Array) -> None:
     if calls is None or x.dtype != out.dtype or y.dtype != out.dtype:
         xp.matmul(x, y, out=out)  # a layout cuBLAS cannot read as it is: CuPy's matmul copies it
         return
-    _cublas(xp, calls, y, x, out)
+    _cublas(xp, calls, y, x, out, tf32)
 
 
 def _elements(strides: tuple[int, ...], itemsize: int) -> tuple[int, ...]:
@@ -136,23 +137,24 @@ def _elements(strides: tuple[int, ...], itemsize: int) -> tuple[int, ...]:
 
 
 @functools.cache
-def _cublas_types(xp: Any, dtype: str) -> tuple[int, int, np.ndarray, np.ndarray]:
-    """(data type, compute type, alpha, beta) for a dtype: FP32 computes in FP32 (no TF32)."""
+def _cublas_types(xp: Any, dtype: str, tf32: bool) -> tuple[int, int, np.ndarray, np.ndarray]:
+    """(data type, compute type, alpha, beta) for a dtype: FP32 computes in FP32 unless ``tf32``."""
     from cupy_backends.cuda.libs import cublas
 
     runtime = xp.cuda.runtime
     if dtype == "float64":
         return runtime.CUDA_R_64F, cublas.CUBLAS_COMPUTE_64F, np.ones((), np.float64), np.zeros((), np.float64)
     data = runtime.CUDA_R_32F if dtype == "float32" else runtime.CUDA_R_16F
-    return data, cublas.CUBLAS_COMPUTE_32F, np.ones((), np.float32), np.zeros((), np.float32)
+    compute = cublas.CUBLAS_COMPUTE_32F_FAST_TF32 if tf32 and dtype == "float32" else cublas.CUBLAS_COMPUTE_32F
+    return data, compute, np.ones((), np.float32), np.zeros((), np.float32)
 
 
-def _cublas(xp: Any, calls: list[Gemm], a: Array, b: Array, c: Array) -> None:
+def _cublas(xp: Any, calls: list[Gemm], a: Array, b: Array, c: Array, tf32: bool) -> None:
     from cupy_backends.cuda.libs import cublas
 
     handle = xp.cuda.device.get_cublas_handle()
     cublas.setStream(handle, xp.cuda.get_current_stream().ptr)
-    data, compute, one, zero = _cublas_types(xp, str(c.dtype))
+    data, compute, one, zero = _cublas_types(xp, str(c.dtype), tf32)
     item = c.dtype.itemsize
     for g in calls:
         cublas.gemmStridedBatchedEx(

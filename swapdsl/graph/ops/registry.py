@@ -72,6 +72,7 @@ class KernelContext:
     xp: Any  # the array module: numpy or cupy
     scratch: Scratch
     step: Array  # 0-d int64 on the device: the 1-based training step (Adam's bias correction, dropout masks)
+    tf32: bool = False  # FP32 matrix products may use TF32 tensor cores (CuPy; an opt-in: `exec --tf32`)
 
     @staticmethod
     def standalone(xp: Any, scratch_bytes: int, step: int = 1) -> KernelContext:

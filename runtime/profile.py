@@ -11,8 +11,9 @@ from __future__ import annotations
 import statistics
 import threading
 import time
+from collections.abc import Callable
 from types import ModuleType
-from typing import Any
+from typing import Any, NamedTuple
 
 import attrs
 import numpy as np
@@ -81,39 +82,97 @@ def op_times(g: Graph, xp: ModuleType, repeat: int, seed: int = 0) -> dict[str, 
     return measured
 
 
-def copy_bandwidths(xp: ModuleType, backend: str, nbytes: int, repeat: int) -> tuple[float, float, float]:
-    """(host->device, device->host, device memory) bytes per second for ``nbytes`` copies."""
-    device_a = xp.ones(nbytes, dtype=np.uint8)
-    device_b = xp.empty(nbytes, dtype=np.uint8)
+class Copies(NamedTuple):
+    """What copies cost here: each direction's bandwidth with the other direction busy too (a swapping
+    plan's two copy streams overlap), each alone, the fixed cost of one copy, and device memory's bandwidth."""
+
+    h2d_bw: float
+    d2h_bw: float
+    h2d_alone_bw: float
+    d2h_alone_bw: float
+    latency_s: float
+    mem_bw: float
+
+
+def fit_line(sizes: list[int], seconds: list[float]) -> tuple[float, float]:
+    """(fixed seconds, bytes per second) of the least-squares line seconds = fixed + size / bandwidth."""
+    n = len(sizes)
+    mx, my = sum(sizes) / n, sum(seconds) / n
+    var = sum((x - mx) ** 2 for x in sizes)
+    slope = sum((x - mx) * (y - my) for x, y in zip(sizes, seconds)) / var if var else my / max(mx, 1)
+    slope = max(slope, 1e-15)
+    return max(my - slope * mx, 0.0), 1.0 / slope
+
+
+def copy_profile(xp: ModuleType, backend: str, sizes: tuple[int, ...], repeat: int) -> Copies:
+    """Copies each way over ``sizes`` (a line fitted through them), then both ways at once at the largest."""
+    largest = max(sizes)
+    device = xp.ones(2 * largest, dtype=np.uint8)
+    host = _host_buffer(backend, 2 * largest)
+    h2d = {n: _copy_fn(xp, backend, device[:n], host[:n], True) for n in sizes}
+    d2h = {n: _copy_fn(xp, backend, device[largest:largest + n], host[largest:largest + n], False) for n in sizes}
+    lat_in, bw_in = fit_line(list(sizes), [_timed(xp, h2d[n], repeat) for n in sizes])
+    lat_out, bw_out = fit_line(list(sizes), [_timed(xp, d2h[n], repeat) for n in sizes])
+    both = _timed(xp, _together(xp, backend, h2d[largest], d2h[largest]), repeat)
+    a, b = device[:largest], device[largest:]
+    mem = 2 * largest / _timed(xp, lambda: xp.copyto(b, a), repeat)  # a device copy reads and writes every byte
+    return Copies(min(bw_in, largest / both), min(bw_out, largest / both), bw_in, bw_out, (lat_in + lat_out) / 2, mem)
+
+
+def _host_buffer(backend: str, nbytes: int) -> np.ndarray:
     if backend == "cupy":
         import cupyx
 
-        host = cupyx.empty_pinned(nbytes, dtype=np.uint8)
-        h2d = _timed(xp, lambda: device_b.set(host), repeat)
-        d2h = _timed(xp, lambda: device_a.get(out=host), repeat)
-    else:
-        host = np.ones(nbytes, dtype=np.uint8)
-        h2d = _timed(xp, lambda: np.copyto(device_b, host), repeat)
-        d2h = _timed(xp, lambda: np.copyto(host, device_a), repeat)
-    dev = _timed(xp, lambda: xp.copyto(device_b, device_a), repeat)
-    # a device copy reads and writes every byte
-    return nbytes / h2d, nbytes / d2h, 2 * nbytes / dev
+        return cupyx.empty_pinned(nbytes, dtype=np.uint8)
+    return np.ones(nbytes, dtype=np.uint8)
+
+
+def _copy_fn(xp: ModuleType, backend: str, dev: Any, host: np.ndarray, to_device: bool) -> Callable[[], None]:
+    """One copy as the interpreter makes it: an asynchronous memcpy on the current stream (CuPy), or
+    np.copyto (NumPy)."""
+    if backend != "cupy":
+        return (lambda: np.copyto(dev, host)) if to_device else (lambda: np.copyto(host, dev))
+    runtime = xp.cuda.runtime
+    kind = runtime.memcpyHostToDevice if to_device else runtime.memcpyDeviceToHost
+    dst, src = (dev.data.ptr, host.ctypes.data) if to_device else (host.ctypes.data, dev.data.ptr)
+    return lambda: runtime.memcpyAsync(dst, src, dev.nbytes, kind, xp.cuda.get_current_stream().ptr)
+
+
+def _together(xp: ModuleType, backend: str, first: Callable[[], None],
+              second: Callable[[], None]) -> Callable[[], None]:
+    """Both copies at once: on two CUDA streams (the current one waiting for both), or two threads."""
+    if backend == "cupy":
+        streams = [xp.cuda.Stream(non_blocking=True) for _ in range(2)]
+
+        def on_streams() -> None:
+            current = xp.cuda.get_current_stream()
+            start = xp.cuda.Event(disable_timing=True)
+            start.record(current)
+            for stream, fn in zip(streams, (first, second)):
+                stream.wait_event(start)
+                with stream:
+                    fn()
+                done = xp.cuda.Event(disable_timing=True)
+                done.record(stream)
+                current.wait_event(done)
+
+        return on_streams
+
+    def on_threads() -> None:
+        other = threading.Thread(target=second)
+        other.start()
+        first()
+        other.join()
+
+    return on_threads
 
 
 def launch_seconds(backend: str, ops: int = 2000) -> float:
-    """Per-instruction overhead of the interpreter's dispatch: a prepared lane of trivial items, each firing
-    its event, as a step runs them."""
+    """Per-instruction overhead of the interpreter's dispatch, as a step runs: on NumPy a prepared lane of
+    trivial items, each firing its event; on CuPy a CUDA graph of trivial kernels, each recording an
+    event, replayed (what a captured step pays per instruction)."""
     if backend == "cupy":
-        import cupy
-
-        compute = cuda_streams()["compute"]
-        items = [CudaItem(compute, (), _nothing, cupy.cuda.Event(disable_timing=True)) for _ in range(ops)]
-        issue_cuda(items)
-        compute.synchronize()
-        t0 = time.perf_counter()
-        issue_cuda(items)
-        compute.synchronize()
-        return (time.perf_counter() - t0) / ops
+        return _graph_node_seconds(ops)
     lanes = ThreadLanes()
     try:
         events = [threading.Lock() for _ in range(ops)]
@@ -130,11 +189,36 @@ def _nothing() -> None:
     return None
 
 
+def _graph_node_seconds(ops: int) -> float:
+    import cupy
+
+    compute = cuda_streams()["compute"]
+    one = cupy.zeros(1, dtype=np.float32)
+    items = [CudaItem(compute, (), lambda: cupy.add(one, 1, out=one), cupy.cuda.Event(disable_timing=True))
+             for _ in range(ops)]
+    issue_cuda(items)  # compile the kernel outside the capture
+    compute.synchronize()
+    compute.begin_capture()
+    issue_cuda(items)
+    graph = compute.end_capture()
+    graph.launch(compute)
+    compute.synchronize()
+    start, end = cupy.cuda.Event(), cupy.cuda.Event()
+    start.record(compute)
+    graph.launch(compute)
+    end.record(compute)
+    end.synchronize()
+    return cupy.cuda.get_elapsed_time(start, end) / 1e3 / ops
+
+
+COPY_SIZES = (64 * 2**10, 2**20, 16 * 2**20, 64 * 2**20)
+
+
 def profile(g: Graph, xp: ModuleType, backend: str, base: Device, repeat: int = 5,
-            copy_bytes: int = 64 * 2**20) -> Device:
-    h2d, d2h, mem = copy_bandwidths(xp, backend, copy_bytes, repeat)
+            copy_sizes: tuple[int, ...] = COPY_SIZES) -> Device:
+    c = copy_profile(xp, backend, copy_sizes, repeat)
     return attrs.evolve(
-        base, name=f"measured-{backend}", mem_bw=mem, h2d_bw=h2d, d2h_bw=d2h, launch_s=launch_seconds(backend),
-        copy_latency_s=launch_seconds(backend), compute_efficiency=1.0, memory_efficiency=1.0,
+        base, name=f"measured-{backend}", mem_bw=c.mem_bw, h2d_bw=c.h2d_bw, d2h_bw=c.d2h_bw,
+        launch_s=launch_seconds(backend), copy_latency_s=c.latency_s, compute_efficiency=1.0, memory_efficiency=1.0,
         source=f"measured by swapdsl profile on {backend} ({len(g.ops)} ops of {g.name})",
         op_times=tuple(sorted(op_times(g, xp, repeat).items())))

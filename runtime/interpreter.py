@@ -45,6 +45,7 @@ from swapdsl.plan.replay import START, STREAM, Replay, Step
 from swapdsl.plan.validate import check_describes, validate
 from swapdsl.runtime.backend import require_memory, to_host
 from swapdsl.runtime.data import init_persistent, synthetic_inputs
+from swapdsl.runtime.fused import FusedKernels
 from swapdsl.runtime.streams import STREAMS, CudaItem, Item, ThreadLanes, cuda_streams, issue_cuda
 from swapdsl.runtime.vendor import VendorKernels
 
@@ -77,9 +78,9 @@ class PlanRunner:
         ``kernel_delay_s`` (NumPy, for tests): every copy or kernel starts that much later, so that a wait
         the plan lacks shows up as a wrong number rather than being hidden by luck. ``graph`` (CuPy):
         capture the step as one CUDA graph and replay it (falling back, with ``graph_note`` saying why,
-        where capture fails); ``vendor_kernels`` (CuPy): convolutions through cuDNN Frontend where it
-        builds (``vendor.notes`` says what fell back); ``tf32`` (CuPy): FP32 matrix products and
-        convolutions may use TF32 tensor cores."""
+        where capture fails); ``vendor_kernels`` (CuPy): convolutions through cuDNN Frontend and
+        element-wise ops as fused kernels where they build (``vendor.notes``, ``fused.notes``: what fell
+        back); ``tf32`` (CuPy): FP32 matrix products and convolutions may use TF32 tensor cores."""
         if check_plan:
             validate(plan, g)
         else:
@@ -98,6 +99,7 @@ class PlanRunner:
         self.ctx = attrs.evolve(self._context(), tf32=tf32 and backend == "cupy")
         self.vendor = (VendorKernels.load(g, lambda: xp.cuda.get_current_stream().ptr, tf32=self.ctx.tf32)
                        if backend == "cupy" and vendor_kernels else VendorKernels())
+        self.fused = FusedKernels.load(g, xp) if backend == "cupy" and vendor_kernels else FusedKernels()
         self.steps_run = 0
         self.host_ms = 0.0  # the last step's time to issue its work
         self.work = self._prepare()
@@ -225,7 +227,7 @@ class PlanRunner:
         op = self.g.ops[instr.op]
         ins = [self.dview(n, region) for n, region in zip(op.inputs, s.regions)]
         out = self.dview(op.outputs[0], dict(instr.outs)[op.outputs[0]])
-        kernel = self.vendor.kernels.get(instr.op) or REGISTRY[op.op].kernel
+        kernel = self.vendor.kernels.get(instr.op) or self.fused.kernels.get(instr.op) or REGISTRY[op.op].kernel
         attrs, ctx = op.attr_dict, self.ctx
         reset = ctx.scratch.reset
         if self.kernel_delay_s:

@@ -28,6 +28,7 @@ from swapdsl.runtime.backend import synchronize
 from swapdsl.runtime.data import init_persistent, synthetic_inputs
 from swapdsl.runtime.reference import last_uses
 from swapdsl.runtime.streams import CudaItem, Item, ThreadLanes, cuda_streams, issue_cuda
+from swapdsl.runtime.fused import FusedKernels
 from swapdsl.runtime.vendor import VendorKernels
 
 
@@ -54,14 +55,17 @@ def _timed(xp: ModuleType, fn: Any, repeat: int) -> float:
 
 def op_times(g: Graph, xp: ModuleType, repeat: int, seed: int = 0) -> dict[str, float]:
     """Each distinct op signature of the training graph, timed on real inputs, as the interpreter runs it:
-    into a preallocated output, with the op's own scratch, through cuDNN where the interpreter would."""
+    into a preallocated output, with the op's own scratch, through cuDNN and fused kernels where the
+    interpreter would."""
     env = {**init_persistent(g, seed, xp), **synthetic_inputs(g, seed, xp)}
     last = last_uses(g)
     persistent = set(g.persistent)
     measured: dict[str, float] = {}
     vendor = VendorKernels.load(g, lambda: xp.cuda.get_current_stream().ptr) if xp is not np else VendorKernels()
+    fused = FusedKernels.load(g, xp) if xp is not np else FusedKernels()
     for i, op in enumerate(g.ops):
-        kernel, attrs_ = vendor.kernels.get(i) or REGISTRY[op.op].kernel, op.attr_dict
+        kernel = vendor.kernels.get(i) or fused.kernels.get(i) or REGISTRY[op.op].kernel
+        attrs_ = op.attr_dict
         ins = [env[n] for n in op.inputs]
         t = g.type_of(op.outputs[0])
         out = xp.empty(t.shape, dtype=np_dtype(xp, t.dtype))

@@ -216,7 +216,8 @@ def execute_plan(plan: Plan, train: Graph | None, steps: int = 10, seed: int = 0
                "cap_bytes": plan.cap, "scratch_bytes": plan.scratch, "device_arena_bytes": int(runner.arena.nbytes),
                "device_bytes_allocated": held, "host_arena_bytes": int(runner.host.nbytes),
                "simulated_ms": f["iteration_ms"], "host_ms_per_step": host, "graph": runner.graph_note,
-               "vendor_kernels": len(runner.vendor.kernels), "vendor_notes": runner.vendor.notes}
+               "vendor_kernels": len(runner.vendor.kernels), "fused_kernels": len(runner.fused.kernels),
+               "vendor_notes": runner.vendor.notes + runner.fused.notes}
     return Execution(train.name, name, steps, seed, losses, times, figures, worst if check else None)
 
 

@@ -1,0 +1,166 @@
+"""Fused element-wise kernels on CuPy: one CUDA kernel per op instead of a chain of ufuncs.
+
+The op's own kernel (graph/ops) is a sequence of NumPy-style ufuncs, each a
+kernel launch and a pass over memory. On CuPy the element-wise ops in
+``FUSED`` run as one ``cupy.ElementwiseKernel`` each, reading their inputs
+once and writing their output once, with no temporaries. Each is checked once
+when a plan is loaded, on small random inputs against the op's own kernel on
+the same device; one that differs or fails to compile is not used, and the
+run says so. NumPy keeps the ufunc kernels: they are the reference.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from typing import Any
+
+import attrs
+import numpy as np
+
+from swapdsl.graph.ir import Graph
+from swapdsl.graph.ops import REGISTRY
+from swapdsl.graph.ops.elementwise import _seed_key
+from swapdsl.graph.ops.optim import bias_correction
+from swapdsl.graph.ops.registry import Array, Attrs, Kernel, KernelContext
+
+_PREAMBLE = f"""
+#define GELU_K {math.sqrt(2.0 / math.pi)!r}
+#define GELU_C 0.044715
+__device__ unsigned int fmix32(unsigned int h) {{
+    h ^= h >> 16; h *= 0x85EBCA6Bu; h ^= h >> 13; h *= 0xC2B2AE35u; h ^= h >> 16; return h;
+}}
+"""
+
+Scalars = Callable[[KernelContext, list[Array], Attrs], tuple[Any, ...]]
+
+
+def _none(c: KernelContext, ins: list[Array], a: Attrs) -> tuple[Any, ...]:
+    return ()
+
+
+@attrs.frozen
+class Fused:
+    """An op as one element-wise kernel: its parameters (inputs, then scalars), its body writing ``y``, and
+    the scalars' values for a call."""
+
+    params: str
+    body: str
+    scalars: Scalars = _none
+
+
+def _typed(ins: list[Array], *values: float) -> tuple[Any, ...]:
+    return tuple(ins[0].dtype.type(v) for v in values)
+
+
+def _decay(a: Attrs) -> float:
+    return a.get("weight_decay", 0.0)
+
+
+def _dropout_scalars(c: KernelContext, ins: list[Array], a: Attrs) -> tuple[Any, ...]:
+    xp = c.xp
+    key = c.scratch.take((), xp.uint32)
+    xp.copyto(key, c.step, casting="unsafe")
+    _fmix_on_device(xp, key, c.scratch.take((), xp.uint32))
+    xp.bitwise_xor(key, _seed_key(a["seed"]), out=key)
+    p = a["p"]
+    return key, np.uint32(min(round(p * 2.0**32), 2**32 - 1)), np.float32(1.0) / np.float32(1.0 - p)
+
+
+def _fmix_on_device(xp: Any, h: Array, tmp: Array) -> None:
+    from swapdsl.graph.ops.elementwise import _fmix32
+
+    _fmix32(xp, h, tmp)
+
+
+def _adam_apply_scalars(c: KernelContext, ins: list[Array], a: Attrs) -> tuple[Any, ...]:
+    w, m, v = ins
+    return (bias_correction(c, a["beta1"], m.dtype), bias_correction(c, a["beta2"], v.dtype),
+            *_typed(ins, a["lr"], a["eps"]))
+
+
+# Each body follows the op's own kernel's order of operations, so results agree to rounding.
+FUSED: dict[str, Fused] = {
+    "gelu": Fused("T x", "T t = tanh(((x + x * (T)GELU_C * x * x)) * (T)GELU_K); y = (t + (T)1) * x * (T)0.5;"),
+    "gelu_grad": Fused("T x, T g", """
+        T t = tanh((x + x * (T)GELU_C * x * x) * (T)GELU_K);
+        T u = x * (T)0.5 * ((T)1 - t * t) * (T)GELU_K * (x * (T)(3.0 * GELU_C) * x + (T)1);
+        y = ((t + (T)1) * (T)0.5 + u) * g;"""),
+    "sigmoid": Fused("T x", "T e = exp(-abs(x)); y = (x >= (T)0 ? (T)1 : e) / (e + (T)1);"),
+    "sigmoid_grad": Fused("T s, T g", "y = ((T)1 - s) * s * g;"),
+    "tanh_grad": Fused("T t, T g", "y = g * ((T)1 - t * t);"),
+    "relu_grad": Fused("T r, T g", "y = g * (T)(r > (T)0);"),
+    "dropout": Fused("T x, uint32 key, uint32 thr, float32 scale", """
+        unsigned int h = fmix32(((unsigned int)i + 1u) * 0x9E3779B1u ^ key);
+        y = h >= thr ? (T)(x * scale) : (T)0;""", _dropout_scalars),
+    "sgd": Fused("T w, T g, T lr, T wd", "y = w - lr * (g + w * wd);",
+                 lambda c, ins, a: _typed(ins, a["lr"], _decay(a))),
+    "momentum": Fused("T m, T g, T w, T mu, T wd", "y = m * mu + (g + w * wd);",
+                      lambda c, ins, a: _typed(ins, a["momentum"], _decay(a))),
+    "sgd_apply": Fused("T w, T m, T lr", "y = w - lr * m;", lambda c, ins, a: _typed(ins, a["lr"])),
+    "adam_m": Fused("T m, T g, T w, T b1, T one_b1, T wd", "y = b1 * m + one_b1 * (g + w * wd);",
+                    lambda c, ins, a: _typed(ins, a["beta1"], 1.0 - a["beta1"], _decay(a))),
+    "adam_v": Fused("T v, T g, T w, T b2, T one_b2, T wd", "T d = g + w * wd; y = b2 * v + one_b2 * d * d;",
+                    lambda c, ins, a: _typed(ins, a["beta2"], 1.0 - a["beta2"], _decay(a))),
+    "adam_apply": Fused("T w, T m, T v, T c1, T c2, T lr, T eps",
+                        "y = w - lr * (m * c1) / (sqrt(v * c2) + eps);", _adam_apply_scalars),
+}
+
+
+def fused_kernel(xp: Any, name: str) -> Kernel:
+    """The op's fused kernel (compiled on first use)."""
+    f = FUSED[name]
+    ek = xp.ElementwiseKernel(f.params, "T y", f.body, f"swapdsl_{name}", preamble=_PREAMBLE)
+
+    def run(c: KernelContext, ins: list[Array], out: Array, a: Attrs) -> None:
+        ek(*ins, *f.scalars(c, ins, a), out)
+
+    return run
+
+
+@attrs.define
+class FusedKernels:
+    """The fused kernels a plan's ops use (op index -> kernel), and what was not used and why."""
+
+    kernels: dict[int, Kernel] = attrs.field(factory=dict)
+    notes: list[str] = attrs.field(factory=list)
+
+    @staticmethod
+    def load(g: Graph, xp: Any) -> FusedKernels:
+        """Each fused op checked once per (op, dtype, attributes) against its own kernel, then used."""
+        found = FusedKernels()
+        checked: dict[tuple[str, str, str], Kernel | None] = {}
+        for i, op in enumerate(g.ops):
+            if op.op not in FUSED:
+                continue
+            dtype = g.type_of(op.outputs[0]).dtype.label
+            key = (op.op, dtype, repr(sorted(op.attr_dict.items())))
+            if key not in checked:
+                checked[key] = _checked(xp, op.op, dtype, op.attr_dict, found.notes)
+            if checked[key] is not None:
+                found.kernels[i] = checked[key]
+        return found
+
+
+def _checked(xp: Any, name: str, dtype: str, a: Attrs, notes: list[str]) -> Kernel | None:
+    """The fused kernel, if it matches the op's own kernel on random inputs (to 1e-5 relative)."""
+    from swapdsl.graph.ops.registry import np_dtype
+
+    rng = np.random.default_rng(0)
+    arity = REGISTRY[name].arity[0]
+    ins = [xp.asarray(rng.uniform(0.1, 0.9, 4096).astype(np_dtype(np, dtype))) for _ in range(arity)]
+    want, got = xp.empty_like(ins[0]), xp.empty_like(ins[0])
+    try:
+        kernel = fused_kernel(xp, name)
+        for k, out in ((REGISTRY[name].kernel, want), (kernel, got)):
+            ctx = KernelContext.standalone(xp, 1 << 20, step=3)
+            k(ctx, ins, out, a)
+        w, h = (np.asarray(x.get() if hasattr(x, "get") else x, dtype=np.float64) for x in (want, got))
+        worst = float(np.max(np.abs(w - h)) / max(float(np.max(np.abs(w))), 1e-30))
+    except Exception as exc:  # a compile error, or an op this check cannot drive
+        notes.append(f"`{name}` ({dtype}) runs its ufunc kernel: the fused one failed ({type(exc).__name__}: {exc})")
+        return None
+    if not worst <= 1e-5:
+        notes.append(f"`{name}` ({dtype}) runs its ufunc kernel: the fused one differs by {worst:.1e}")
+        return None
+    return kernel

@@ -76,7 +76,7 @@ def synchronize(xp: ModuleType) -> None:
 def separate_pool(xp: ModuleType) -> Callable[[], contextlib.AbstractContextManager[object]]:
     """Contexts in which CuPy allocates from one memory pool of its own (no-ops on NumPy): what runs in
     them is not counted by ``device_bytes_held``."""
-    if xp is np:
+    if xp is np or not hasattr(xp, "cuda"):
         return contextlib.nullcontext
     pool = xp.cuda.MemoryPool()
     return lambda: xp.cuda.using_allocator(pool.malloc)

@@ -23,6 +23,7 @@ from swapdsl.graph.ops import REGISTRY
 from swapdsl.graph.ops.elementwise import _seed_key
 from swapdsl.graph.ops.optim import bias_correction
 from swapdsl.graph.ops.registry import Array, Attrs, Kernel, KernelContext
+from swapdsl.runtime.backend import separate_pool
 
 _PREAMBLE = f"""
 #define GELU_K {math.sqrt(2.0 / math.pi)!r}
@@ -130,13 +131,15 @@ class FusedKernels:
         """Each fused op checked once per (op, dtype, attributes) against its own kernel, then used."""
         found = FusedKernels()
         checked: dict[tuple[str, str, str], Kernel | None] = {}
+        own_pool = separate_pool(xp)  # the checks' arrays stay out of the memory a run reports holding
         for i, op in enumerate(g.ops):
             if op.op not in FUSED:
                 continue
             dtype = g.type_of(op.outputs[0]).dtype.label
             key = (op.op, dtype, repr(sorted(op.attr_dict.items())))
             if key not in checked:
-                checked[key] = _checked(xp, op.op, dtype, op.attr_dict, found.notes)
+                with own_pool():
+                    checked[key] = _checked(xp, op.op, dtype, op.attr_dict, found.notes)
             if checked[key] is not None:
                 found.kernels[i] = checked[key]
         return found

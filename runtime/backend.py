@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 from collections.abc import Callable
 from types import ModuleType
+from typing import Any
 
 import numpy as np
 
@@ -88,6 +90,20 @@ def device_bytes_held(xp: ModuleType, arena: object) -> int:
     if xp is np:
         return int(arena.nbytes)  # type: ignore[attr-defined]
     return int(xp.get_default_memory_pool().total_bytes())
+
+
+def copy_fn(xp: ModuleType, device: Any, host: np.ndarray, to_device: bool) -> Callable[[], None]:
+    """One copy between an arena view and a host buffer, as stream work: on CuPy an asynchronous memcpy on
+    the current stream (pinned host memory: it never blocks the host, and a CUDA graph can capture it),
+    on NumPy ``np.copyto``."""
+    if xp is np:
+        dst, src = (device, host) if to_device else (host, device)
+        return functools.partial(np.copyto, dst, src)
+    runtime = xp.cuda.runtime
+    kind = runtime.memcpyHostToDevice if to_device else runtime.memcpyDeviceToHost
+    dst, src = (device.data.ptr, host.ctypes.data) if to_device else (host.ctypes.data, device.data.ptr)
+    nbytes, stream = device.nbytes, xp.cuda.get_current_stream
+    return lambda: runtime.memcpyAsync(dst, src, nbytes, kind, stream().ptr)
 
 
 def to_host(a: object) -> np.ndarray:

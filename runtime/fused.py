@@ -20,9 +20,9 @@ import numpy as np
 
 from swapdsl.graph.ir import Graph
 from swapdsl.graph.ops import REGISTRY
-from swapdsl.graph.ops.elementwise import _seed_key
+from swapdsl.graph.ops.elementwise import dropout_constants, step_key
 from swapdsl.graph.ops.optim import bias_correction
-from swapdsl.graph.ops.registry import Array, Attrs, Kernel, KernelContext
+from swapdsl.graph.ops.registry import Array, Attrs, Kernel, KernelContext, np_dtype
 from swapdsl.runtime.backend import separate_pool
 
 _PREAMBLE = f"""
@@ -59,19 +59,7 @@ def _decay(a: Attrs) -> float:
 
 
 def _dropout_scalars(c: KernelContext, ins: list[Array], a: Attrs) -> tuple[Any, ...]:
-    xp = c.xp
-    key = c.scratch.take((), xp.uint32)
-    xp.copyto(key, c.step, casting="unsafe")
-    _fmix_on_device(xp, key, c.scratch.take((), xp.uint32))
-    xp.bitwise_xor(key, _seed_key(a["seed"]), out=key)
-    p = a["p"]
-    return key, np.uint32(min(round(p * 2.0**32), 2**32 - 1)), np.float32(1.0) / np.float32(1.0 - p)
-
-
-def _fmix_on_device(xp: Any, h: Array, tmp: Array) -> None:
-    from swapdsl.graph.ops.elementwise import _fmix32
-
-    _fmix32(xp, h, tmp)
+    return (step_key(c, a["seed"]), *dropout_constants(a["p"]))
 
 
 def _adam_apply_scalars(c: KernelContext, ins: list[Array], a: Attrs) -> tuple[Any, ...]:
@@ -147,8 +135,6 @@ class FusedKernels:
 
 def _checked(xp: Any, name: str, dtype: str, a: Attrs, notes: list[str]) -> Kernel | None:
     """The fused kernel, if it matches the op's own kernel on random inputs (to 1e-5 relative)."""
-    from swapdsl.graph.ops.registry import np_dtype
-
     rng = np.random.default_rng(0)
     arity = REGISTRY[name].arity[0]
     ins = [xp.asarray(rng.uniform(0.1, 0.9, 4096).astype(np_dtype(np, dtype))) for _ in range(arity)]

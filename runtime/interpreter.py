@@ -25,7 +25,6 @@ numbers instead of quietly using more memory.
 
 from __future__ import annotations
 
-import functools
 import threading
 import time
 from collections.abc import Callable
@@ -43,7 +42,7 @@ from swapdsl.graph.ops.registry import Scratch, np_dtype
 from swapdsl.plan.program import InstrKind, Plan, Region, Run, SwapIn, SwapOut, arena_bytes
 from swapdsl.plan.replay import START, STREAM, Replay, Step
 from swapdsl.plan.validate import check_describes, validate
-from swapdsl.runtime.backend import require_memory, to_host
+from swapdsl.runtime.backend import copy_fn, require_memory, to_host
 from swapdsl.runtime.data import init_persistent, synthetic_inputs
 from swapdsl.runtime.fused import FusedKernels
 from swapdsl.runtime.streams import STREAMS, CudaItem, Item, ThreadLanes, cuda_streams, issue_cuda
@@ -177,25 +176,12 @@ class PlanRunner:
     # -- copies, as stream work
 
     def _copy(self, name: str, region: Region, to_device: bool) -> Callable[[], None]:
-        """The copy of ``name`` between its host slot and ``region``, as stream work. On CuPy an
-        asynchronous memcpy between pinned host memory and the arena: it never blocks the host, and a CUDA
-        graph can capture it."""
-        host, dev = self.hview(name), self.dview(name, region)
-        if self.backend == "cupy":
-            runtime = self.xp.cuda.runtime
-            kind = runtime.memcpyHostToDevice if to_device else runtime.memcpyDeviceToHost
-            dst, src = (dev.data.ptr, host.ctypes.data) if to_device else (host.ctypes.data, dev.data.ptr)
-            nbytes = dev.nbytes
-
-            def copy() -> None:
-                runtime.memcpyAsync(dst, src, nbytes, kind, self.xp.cuda.get_current_stream().ptr)
-
-            return copy
-        dst, src = (dev, host) if to_device else (host, dev)
+        """The copy of ``name`` between its host slot and ``region``, as stream work (``backend.copy_fn``)."""
+        copy = copy_fn(self.xp, self.dview(name, region), self.hview(name), to_device)
         if self.copy_delay_s:
             delay = self.copy_delay_s
-            return lambda: (time.sleep(delay), np.copyto(dst, src))  # type: ignore[func-returns-value]
-        return functools.partial(np.copyto, dst, src)
+            return lambda: (time.sleep(delay), copy())  # type: ignore[func-returns-value]
+        return copy
 
     # -- one step
 

@@ -24,7 +24,7 @@ from swapdsl.graph.analysis import op_scratch
 from swapdsl.graph.ir import Graph
 from swapdsl.graph.ops import KernelContext, REGISTRY
 from swapdsl.graph.ops.registry import np_dtype
-from swapdsl.runtime.backend import synchronize
+from swapdsl.runtime.backend import copy_fn, synchronize
 from swapdsl.runtime.data import init_persistent, synthetic_inputs
 from swapdsl.runtime.reference import last_uses
 from swapdsl.runtime.streams import CudaItem, Item, ThreadLanes, cuda_streams, issue_cuda
@@ -113,8 +113,8 @@ def copy_profile(xp: ModuleType, backend: str, sizes: tuple[int, ...], repeat: i
     largest = max(sizes)
     device = xp.ones(2 * largest, dtype=np.uint8)
     host = _host_buffer(backend, 2 * largest)
-    h2d = {n: _copy_fn(xp, backend, device[:n], host[:n], True) for n in sizes}
-    d2h = {n: _copy_fn(xp, backend, device[largest:largest + n], host[largest:largest + n], False) for n in sizes}
+    h2d = {n: copy_fn(xp, device[:n], host[:n], True) for n in sizes}
+    d2h = {n: copy_fn(xp, device[largest:largest + n], host[largest:largest + n], False) for n in sizes}
     lat_in, bw_in = fit_line(list(sizes), [_timed(xp, h2d[n], repeat) for n in sizes])
     lat_out, bw_out = fit_line(list(sizes), [_timed(xp, d2h[n], repeat) for n in sizes])
     both = _timed(xp, _together(xp, backend, h2d[largest], d2h[largest]), repeat)
@@ -129,17 +129,6 @@ def _host_buffer(backend: str, nbytes: int) -> np.ndarray:
 
         return cupyx.empty_pinned(nbytes, dtype=np.uint8)
     return np.ones(nbytes, dtype=np.uint8)
-
-
-def _copy_fn(xp: ModuleType, backend: str, dev: Any, host: np.ndarray, to_device: bool) -> Callable[[], None]:
-    """One copy as the interpreter makes it: an asynchronous memcpy on the current stream (CuPy), or
-    np.copyto (NumPy)."""
-    if backend != "cupy":
-        return (lambda: np.copyto(dev, host)) if to_device else (lambda: np.copyto(host, dev))
-    runtime = xp.cuda.runtime
-    kind = runtime.memcpyHostToDevice if to_device else runtime.memcpyDeviceToHost
-    dst, src = (dev.data.ptr, host.ctypes.data) if to_device else (host.ctypes.data, dev.data.ptr)
-    return lambda: runtime.memcpyAsync(dst, src, dev.nbytes, kind, xp.cuda.get_current_stream().ptr)
 
 
 def _together(xp: ModuleType, backend: str, first: Callable[[], None],

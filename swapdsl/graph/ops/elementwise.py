@@ -216,16 +216,28 @@ def _seed_key(seed: int) -> np.uint32:
     return h[0]
 
 
+def step_key(c: KernelContext, seed: int) -> Array:
+    """The hash key of (seed, training step), a 0-d uint32 on the device, formed from the step counter."""
+    xp = c.xp
+    key, tmp = c.scratch.take((), xp.uint32), c.scratch.take((), xp.uint32)
+    xp.copyto(key, c.step, casting="unsafe")
+    _fmix32(xp, key, tmp)
+    xp.bitwise_xor(key, _seed_key(seed), out=key)
+    return key
+
+
+def dropout_constants(p: float) -> tuple[np.uint32, np.float32]:
+    """(the hash threshold below which an element is dropped, the scale of a kept one)."""
+    return np.uint32(min(round(p * 2.0**32), 2**32 - 1)), np.float32(1.0) / np.float32(1.0 - p)
+
+
 def uniform_bits(c: KernelContext, n: int, start: int, seed: int) -> Array:
     """32 random bits for each of elements start..start+n-1, a pure function of (seed, training step, element
     index), computed on the device from the step counter: the same on NumPy and CuPy, whatever the tiling,
     and replayable without the host."""
     xp = c.xp
     h, tmp = c.scratch.take((n,), xp.uint32), c.scratch.take((n,), xp.uint32)
-    key, ktmp = c.scratch.take((), xp.uint32), c.scratch.take((), xp.uint32)
-    xp.copyto(key, c.step, casting="unsafe")
-    _fmix32(xp, key, ktmp)
-    xp.bitwise_xor(key, _seed_key(seed), out=key)
+    key = step_key(c, seed)
     iota(xp, h, (start + 1) % 2**32)  # the element index, 1-based
     xp.multiply(h, _GOLDEN, out=h)
     xp.bitwise_xor(h, key, out=h)
@@ -241,8 +253,9 @@ def _dropout(c: KernelContext, ins: list[Array], out: Array, a: Attrs, start: in
         xp.copyto(out, x)
         return
     bits, keep = uniform_bits(c, x.size, start, a["seed"]), c.scratch.take(x.shape, xp.bool_)
-    xp.greater_equal(bits, np.uint32(min(round(p * 2.0**32), 2**32 - 1)), out=keep)
-    xp.multiply(x, np.float32(1.0) / np.float32(1.0 - p), out=out)
+    threshold, scale = dropout_constants(p)
+    xp.greater_equal(bits, threshold, out=keep)
+    xp.multiply(x, scale, out=out)
     xp.multiply(out, keep, out=out)
 
 

@@ -217,9 +217,8 @@ def _norm_scratch(kind: str, full: int, reduced: int, acc: bool = False):  # noq
         others = math.prod(d for i, d in enumerate(shape) if i != tile)
         n = chunk_len(shape[tile], others * 4 * full, ins[0].nbytes)
         item = 4 if ins[0].dtype.itemsize == 2 else ins[0].dtype.itemsize
-        stats = n if kind == "batch" else n
         extra = [out.nbytes] if acc and kind == "layer" else []
-        return buffers(*extra, *[n * others * item] * full, *[stats * item] * reduced)
+        return buffers(*extra, *[n * others * item] * full, *[n * item] * reduced)  # n statistics per tile
 
     return rule
 

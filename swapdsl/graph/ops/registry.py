@@ -44,7 +44,6 @@ class Scratch:
     def __init__(self, buffer: Array) -> None:
         self.buffer = buffer
         self.used = 0
-        self.peak = 0
 
     def take(self, shape: tuple[int, ...], dtype: Any) -> Array:
         """An uninitialised array of ``shape`` and ``dtype`` in the scratch region."""
@@ -53,7 +52,6 @@ class Scratch:
         if end > self.buffer.size:
             raise ScratchOverflow(f"a kernel took {end} bytes of scratch; it has {self.buffer.size}")
         self.used = end
-        self.peak = max(self.peak, end)
         return self.buffer[start:start + size].view(dtype).reshape(shape)
 
     def reset(self) -> None:

@@ -80,8 +80,8 @@ class _Builder:
 
 
 def live_forward_ops(fwd: Graph) -> list[Op]:
-    """The forward ops the loss depends on, in program order."""
-    needed = {fwd.loss}
+    """The forward ops the loss and the reports depend on, in program order."""
+    needed = {fwd.loss} | {tensor for _, tensor in fwd.reports}
     keep: list[Op] = []
     for op in reversed(fwd.ops):
         if needed.intersection(op.outputs):
@@ -124,6 +124,11 @@ def training_graph(fwd: Graph) -> Graph:
             if name in params and first_use[name] == i and _gradient(b, name, grads, pieces) is not None:
                 param_grads.append((name, grads[name]))
                 updates += _update(b, fwd, name, grads[name], state)
+    b.kind = Kind.metric
+    for name, tensor in fwd.reports:  # a report lives on as state that each step overwrites, as optimisers do
+        old = b.add_tensor(f"report/{name}", b.type(tensor), Kind.metric, Init("zeros"))
+        updates.append((old, b.emit("report", [old, tensor], {"name": name})))
+        state.append(old)
     return _assemble(fwd, forward, b, updates, param_grads, state)
 
 

@@ -40,6 +40,9 @@ def check_graph(g: Graph) -> None:
         _check_types(g, op, where)
     if g.loss not in defined:
         raise IRError(f"loss {g.loss} is never computed")
+    for name, tensor in g.reports:
+        if tensor not in defined or g.type_of(tensor).shape != ():
+            raise IRError(f"report {name}: {tensor} is not a computed scalar")
     _check_kinds(g, defined)
 
 

@@ -63,6 +63,7 @@ class Kind(enum.Enum):
     gradient = "gradient"
     optimizer_state = "optimizer_state"
     temporary = "temporary"
+    metric = "metric"  # a `report`'s value, kept across steps like the optimiser state (training graphs)
 
 
 @frozen
@@ -131,6 +132,7 @@ class Graph:
     loss: str
     optimizer: Optimizer
     source_sha256: str = ""
+    reports: tuple[tuple[str, str], ...] = ()  # (name, the tensor holding it): figures beside the loss
     # training graphs only (see autodiff.py):
     state: tuple[str, ...] = ()  # optimiser state: persistent like the params
     updates: tuple[tuple[str, str], ...] = ()  # (persistent tensor, the value that replaces it after a step)
@@ -139,6 +141,11 @@ class Graph:
     @property
     def training(self) -> bool:
         return bool(self.updates) or bool(self.grads)
+
+    @property
+    def metrics(self) -> dict[str, str]:
+        """Each report's tensor after a training step: (name -> its persistent metric tensor)."""
+        return {name: f"report/{name}" for name, _ in self.reports} if self.training else dict(self.reports)
 
     @property
     def persistent(self) -> tuple[str, ...]:

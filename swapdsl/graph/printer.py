@@ -64,6 +64,7 @@ def print_graph(g: Graph) -> str:
     lines.append("  ops:")
     lines += ["    " + _with_comment(format_op(op, g), op.span) for op in g.ops]
     lines.append(f"  minimize {g.loss} with {g.optimizer}")
+    lines += [f"  report {name} = {tensor}" for name, tensor in g.reports]
     if g.updates:
         lines.append("  updates:")
         lines += [f"    {old} <- {new}" for old, new in g.updates]

@@ -157,13 +157,21 @@ class MinimizeStmt:
 
 
 @attrs.frozen
+class ReportStmt:
+    name: str
+    value: Expr
+    span: Span
+
+
+@attrs.frozen
 class AssertStmt:
     test: Expr
     message: Expr | None
     span: Span
 
 
-Stmt = Union[InputStmt, ParamStmt, AssignStmt, ReturnStmt, ForStmt, IfStmt, MinimizeStmt, AssertStmt]
+Stmt = Union[InputStmt, ParamStmt, AssignStmt, ReturnStmt, ForStmt, IfStmt, MinimizeStmt, ReportStmt,
+             AssertStmt]
 
 # ---- top level ---------------------------------------------------------------
 

@@ -327,6 +327,7 @@ def _table() -> dict[str, Builtin]:
                 _op("embedding", "ids", "table")),
         Builtin("sum", reduce_, _reduce("sum")),
         Builtin("mean", reduce_, _reduce("mean")),
+        Builtin("argmax", (X, ("axis", "axis", -1)), _with_axis("argmax")),
         Builtin("softmax_cross_entropy", (("logits", "tensor", REQUIRED), ("labels", "tensor", REQUIRED)),
                 _op("softmax_cross_entropy", "logits", "labels")),
         Builtin("mse_loss", (("prediction", "tensor", REQUIRED), ("target", "tensor", REQUIRED)),

@@ -197,6 +197,7 @@ class _Elaborator:
         self.steps = 0
         self.at: Span | None = None  # the statement being elaborated
         self.loss: tuple[TensorVal, Optimizer] | None = None
+        self.reports: dict[str, TensorVal] = {}
         self.visible = {path: self._visible_functions(path) for path in program.modules}
 
     def run(self, overrides: Mapping[str, Override]) -> Graph:
@@ -209,7 +210,8 @@ class _Elaborator:
                            hints=["add `minimize LOSS with sgd(lr = 0.1)` or `... with adam(lr = 1e-3)`"])
         loss, opt = self.loss
         return Graph(model.name, tuple(args.items()), self.tensors, tuple(self.ops), tuple(self.inputs),
-                     tuple(self.params), loss.name, opt, self.program.sha256)
+                     tuple(self.params), loss.name, opt, self.program.sha256,
+                     reports=tuple((k, v.name) for k, v in self.reports.items()))
 
     # -- functions visible from a module
 
@@ -322,6 +324,18 @@ class _Elaborator:
         bound = bind(f"optimizer `{s.optimizer}`", OPTIMIZERS[s.optimizer], self.args(s.args, frame), s.span)
         hparams = tuple((k, self.number(b.value, f"`{k}`", b.span)) for k, b in bound.items())
         self.loss = (loss, Optimizer(s.optimizer, hparams))
+
+    def stmt_ReportStmt(self, s: ast.ReportStmt, frame: _Frame) -> None:
+        if not frame.in_model:
+            raise SwpError("`report` is only allowed in a model", s.span)
+        if s.name in self.reports:
+            raise SwpError(f"`{s.name}` is reported twice", s.span, hints=["give each report its own name"])
+        value = self.expr(s.value, frame)
+        if not isinstance(value, TensorVal) or value.type.shape != ():
+            raise SwpError(f"a report must be a scalar tensor, got {describe(value)}", s.value.span,
+                           hints=["reduce it with mean(...) or sum(...)"])
+        self.reports[s.name] = value
+        frame.env[s.name] = value
 
     # -- types and initialisers
 
@@ -541,7 +555,7 @@ class _Elaborator:
             if e.op in _TENSOR_BINOPS:
                 return self.emit(_TENSOR_BINOPS[e.op], [left, right], {}, e.span)
             raise SwpError(f"operator `{e.op}` is not defined on tensors", e.span,
-                           hints=["tensor operators: + - * / @"])
+                           hints=["tensor operators: + - * / @ == != < <= > >="])
         tensor, scalar = (left, right) if isinstance(left, TensorVal) else (right, left)
         assert isinstance(tensor, TensorVal)
         if isinstance(scalar, bool) or not isinstance(scalar, (int, float)) or e.op not in _SCALAR_OPS:
@@ -653,7 +667,7 @@ class _Scope:
 _EXPR_TYPES = (ast.Name, ast.Const, ast.BinOp, ast.UnaryOp, ast.Attr, ast.Index, ast.Call, ast.TupleExpr,
                ast.ListExpr)
 
-_TENSOR_BINOPS = {"+": "add", "-": "sub", "*": "mul", "/": "div", "@": "matmul"}
+_TENSOR_BINOPS = {"+": "add", "-": "sub", "*": "mul", "/": "div", "@": "matmul", **ops.elementwise.COMPARISONS}
 
 
 def _scalar_add(el: _Elaborator, t: TensorVal, c: float, tensor_left: bool, span: Span) -> TensorVal:

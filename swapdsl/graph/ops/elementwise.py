@@ -348,6 +348,18 @@ def _sigmoid_grad(c: KernelContext, ins: list[Array], out: Array, a: Attrs) -> N
     c.xp.multiply(out, g, out=out)
 
 
+def _compare_infer(op: str):  # noqa: ANN202
+    def infer(ins: Types, a: Attrs) -> TensorType:
+        same_dtype(op, *ins)
+        return TensorType(broadcast_shapes(op, *ins), DType.i32)
+
+    return infer
+
+
+COMPARISONS = {"==": "equal", "!=": "not_equal", "<": "less", "<=": "less_equal", ">": "greater",
+               ">=": "greater_equal"}
+
+
 def _unary(name: str, flops: int, kernel, grad, scratch: Cost = no_scratch) -> OpDef:  # noqa: ANN001
     return OpDef(name, (1, 1), same_as(0, op=name), per_element(flops), kernel, grad, scratch=scratch)
 
@@ -388,4 +400,9 @@ register(
     OpDef("sum_to", (1, 1), _sum_to_infer, lambda ins, out, a: ins[0].numel, _sum_to),
     OpDef("broadcast_to", (1, 1), _broadcast_infer, per_element(1), _broadcast_to),
     OpDef("fill", (0, 0), _fill_infer, no_flops, _fill),
+    # (a `report`'s state, its value this step) -> the new state: the value (see autodiff.training_graph)
+    OpDef("report", (2, 2), same_as(0, float_only=False), no_flops, lambda c, ins, out, a: c.xp.copyto(out, ins[1]),
+          in_place=True),
+    # comparisons: 1 where true, else 0, as i32; no gradient flows through them
+    *(OpDef(name, (2, 2), _compare_infer(name), per_element(1), _u(name)) for name in COMPARISONS.values()),
 )

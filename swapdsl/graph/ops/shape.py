@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
+
 from swapdsl.common.errors import SwpError
-from swapdsl.graph.ir import TensorType
+from swapdsl.graph.ir import DType, TensorType
 from swapdsl.graph.ops.registry import (
-    Array, Attrs, GradBuilder, KernelContext, OpDef, Types, floating, no_flops, per_input_element, register,
-    same_dtype,
+    Array, Attrs, GradBuilder, KernelContext, OpDef, Types, buffers, floating, no_flops, per_input_element,
+    register, same_dtype,
 )
 
 
@@ -126,6 +128,17 @@ def _reduce_kernel(op: str):  # noqa: ANN202
     return kernel
 
 
+def _argmax_infer(ins: Types, a: Attrs) -> TensorType:
+    (x,) = ins
+    return TensorType(x.shape[: a["axis"]] + x.shape[a["axis"] + 1 :], DType.i32)
+
+
+def _argmax(c: KernelContext, ins: list[Array], out: Array, a: Attrs) -> None:
+    index = c.scratch.take(out.shape, np.int64)  # argmax writes the platform's index type only
+    c.xp.argmax(ins[0], axis=a["axis"], out=index)
+    c.xp.copyto(out, index, casting="unsafe")
+
+
 def _moved(ins: Types, out: TensorType, a: Attrs) -> int:
     return out.nbytes
 
@@ -141,4 +154,6 @@ register(
     OpDef("slice_grad", (1, 1), _slice_grad_infer, no_flops, _slice_grad_kernel),
     OpDef("sum", (1, 1), _reduce_infer("sum"), per_input_element(1), _reduce_kernel("sum"), _reduce_grad("sum")),
     OpDef("mean", (1, 1), _reduce_infer("mean"), per_input_element(1), _reduce_kernel("mean"), _reduce_grad("mean")),
+    OpDef("argmax", (1, 1), _argmax_infer, per_input_element(1), _argmax,
+          scratch=lambda ins, out, a: buffers(out.numel * 8)),
 )

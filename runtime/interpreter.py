@@ -29,6 +29,7 @@ import threading
 import time
 from collections.abc import Callable
 from types import ModuleType
+from collections.abc import Mapping
 from typing import Any, NamedTuple
 
 import attrs
@@ -71,7 +72,7 @@ def check_runnable(g: Graph) -> None:
 class PlanRunner:
     def __init__(self, plan: Plan, g: Graph, backend: str, xp: ModuleType, seed: int,
                  check_plan: bool = True, copy_delay_s: float = 0.0, kernel_delay_s: float = 0.0,
-                 graph: bool = True, vendor_kernels: bool = True, tf32: bool = False) -> None:
+                 graph: bool = True, vendor_kernels: bool = True, tf32: bool = False, arena: Any = None) -> None:
         """``check_plan``: validate the plan against ``g`` (False: the caller has, or a test runs a broken
         plan to show what validation prevents; it must still describe ``g``). ``copy_delay_s``,
         ``kernel_delay_s`` (NumPy, for tests): every copy or kernel starts that much later, so that a wait
@@ -79,7 +80,9 @@ class PlanRunner:
         capture the step as one CUDA graph and replay it (falling back, with ``graph_note`` saying why,
         where capture fails); ``vendor_kernels`` (CuPy): convolutions through cuDNN Frontend and
         element-wise ops as fused kernels where they build (``vendor.notes``, ``fused.notes``: what fell
-        back); ``tf32`` (CuPy): FP32 matrix products and convolutions may use TF32 tensor cores."""
+        back); ``tf32`` (CuPy): FP32 matrix products and convolutions may use TF32 tensor cores; ``arena``: a
+        device arena of the plan's cap to run in instead of a new one (evaluation runs in the training
+        plan's), whose contents this runner overwrites."""
         if check_plan:
             validate(plan, g)
         else:
@@ -89,8 +92,9 @@ class PlanRunner:
         self.copy_delay_s, self.kernel_delay_s = copy_delay_s, kernel_delay_s
         self.slots = self._host_slots()
         host_bytes = max((off + nbytes for off, nbytes in self.slots.values()), default=0)
-        require_memory(xp, plan.cap, host_bytes, f"the plan's arena of {plan.cap} bytes and its host copies")
-        self.arena = xp.zeros(plan.cap, dtype=np.uint8)  # the device arena: exactly the cap
+        if arena is None:
+            require_memory(xp, plan.cap, host_bytes, f"the plan's arena of {plan.cap} bytes and its host copies")
+        self.arena = xp.zeros(plan.cap, dtype=np.uint8) if arena is None else arena  # the device arena: the cap
         self.host = self._host_arena(host_bytes)
         self.homes = {t.name: t.home for t in plan.tensors if t.home is not None}
         self.inputs = set(g.inputs)
@@ -108,6 +112,7 @@ class PlanRunner:
         self.graph_note = ("no CUDA graph on NumPy" if backend != "cupy" else
                            "captured at the second step" if graph else "off: each step issued item by item")
         self._graph: Any = None
+        self._eager_steps = 0  # on CuPy: the capture waits for one eager step (kernels compiled, cuBLAS set up)
         if backend == "cupy":
             self.streams = cuda_streams()
         else:
@@ -159,13 +164,37 @@ class PlanRunner:
         return self.host[off:off + nbytes].view(np_dtype(np, t.dtype)).reshape(t.shape)
 
     def _load_initial(self, seed: int) -> None:
-        values = {**init_persistent(self.g, seed, np), **synthetic_inputs(self.g, seed, np)}
+        self._load({**init_persistent(self.g, seed, np), **synthetic_inputs(self.g, seed, np)})
+
+    def _load(self, values: Mapping[str, np.ndarray]) -> None:
+        """Values of persistent tensors or inputs, into their host slots and device homes."""
         for name, value in values.items():
             if name in self.slots:
                 self.hview(name)[...] = value
             home = self.homes.get(name)
             if isinstance(home, Region) and name not in self.inputs:
                 self._put(self.dview(name, home), value)
+
+    # -- a training run's view (runtime/training.py): batches in, state in and out
+
+    def set_batch(self, batch: Mapping[str, np.ndarray]) -> None:
+        """The next step's inputs, into their host slots (the step's first copies take them from there)."""
+        for name in self.g.inputs:
+            np.copyto(self.hview(name), batch[name])
+
+    def metrics(self) -> dict[str, float]:
+        """The reports' values at the last step."""
+        homes = {t: home for t in self.g.metrics.values() if isinstance(home := self.homes[t], Region)}
+        return {name: self._read(tensor, homes) for name, tensor in self.g.metrics.items()}
+
+    def state(self) -> dict[str, np.ndarray]:
+        return self.persistent_values()
+
+    def load_state(self, values: Mapping[str, np.ndarray], step: int) -> None:
+        """Continue from ``values`` (every persistent tensor, or some) as if ``step`` steps had run."""
+        self._load({name: values[name] for name in self.g.persistent if name in values})
+        self.ctx.step.fill(step)
+        self.steps_run = step
 
     def _put(self, dst: Any, src: np.ndarray) -> None:
         if self.backend == "cupy":
@@ -264,16 +293,19 @@ class PlanRunner:
         loss = self._read(self.g.loss, self.final_loc)
         return loss, 1e3 * (time.perf_counter() - started)
 
+    run_step = step  # the name runtime/training.py calls it by
+
     def _step_cuda(self) -> None:
         started = time.perf_counter()
         self._cuda = self._cuda or self._cuda_items()
-        if self.graph_mode and self._graph is None and self.steps_run >= 2:
+        if self.graph_mode and self._graph is None and self._eager_steps >= 1:
             self._graph = self._capture()  # after one eager step: CuPy has compiled its kernels, cuBLAS set up
         compute = self.streams["compute"]
         if self._graph is not None:
             self._graph.launch(compute)
         else:
             issue_cuda(self._cuda)
+            self._eager_steps += 1
         self.host_ms = 1e3 * (time.perf_counter() - started)
         for stream in self.streams.values():
             stream.synchronize()

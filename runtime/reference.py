@@ -8,11 +8,12 @@ and drop each tensor after its last reader.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from types import ModuleType
 from typing import Any
 
 import attrs
+import numpy as np
 
 from swapdsl.graph.analysis import op_scratch
 from swapdsl.graph.ir import Graph
@@ -63,11 +64,36 @@ class Trainer:
         self.persistent = init_persistent(g, seed, xp)
         self.inputs = synthetic_inputs(g, seed, xp)
         self.keep = {new for _, new in g.updates}
+        self.steps_run = 0
 
     def step(self, step: int) -> float:
         env = run_ops(self.g, {**self.persistent, **self.inputs}, self.xp, step, self.keep)
         self.persistent.update({old: env[new] for old, new in self.g.updates})
+        self.steps_run = step
         return float(to_host(env[self.g.loss]))
+
+    # -- a training run's view (runtime/training.py), as the plan interpreter gives it
+
+    def run_step(self, step: int) -> tuple[float, float]:
+        """``step``, timed: (loss, milliseconds)."""
+        synchronize(self.xp)
+        started = time.perf_counter()
+        loss = self.step(step)
+        synchronize(self.xp)
+        return loss, 1e3 * (time.perf_counter() - started)
+
+    def set_batch(self, batch: Mapping[str, np.ndarray]) -> None:
+        self.inputs = {name: self.xp.asarray(batch[name]) for name in self.g.inputs}
+
+    def metrics(self) -> dict[str, float]:
+        return {name: float(to_host(self.persistent[t])) for name, t in self.g.metrics.items()}
+
+    def state(self) -> dict[str, np.ndarray]:
+        return {name: to_host(v) for name, v in self.persistent.items()}
+
+    def load_state(self, values: Mapping[str, np.ndarray], step: int) -> None:
+        self.persistent.update({name: self.xp.asarray(values[name]) for name in self.g.persistent if name in values})
+        self.steps_run = step
 
 
 def train(g: Graph, steps: int, seed: int, xp: ModuleType,
@@ -76,11 +102,7 @@ def train(g: Graph, steps: int, seed: int, xp: ModuleType,
     trainer = Trainer(g, seed, xp)
     losses, times = [], []
     for step in range(1, steps + 1):
-        synchronize(xp)
-        t0 = time.perf_counter()
-        loss = trainer.step(step)
-        synchronize(xp)
-        ms = (time.perf_counter() - t0) * 1e3
+        loss, ms = trainer.run_step(step)
         losses.append(loss)
         times.append(ms)
         if on_step is not None:

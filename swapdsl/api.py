@@ -15,6 +15,7 @@ from __future__ import annotations
 import functools
 from collections.abc import Callable, Mapping
 from pathlib import Path
+from types import ModuleType
 
 import attrs
 import numpy as np
@@ -23,7 +24,7 @@ from swapdsl.common.errors import Span, SwpError
 from swapdsl.common.units import parse_size
 from swapdsl.devices.profiles import Device, load_device
 from swapdsl.graph.analysis import peak_bytes, summary, training_summary
-from swapdsl.graph.autodiff import training_graph
+from swapdsl.graph.autodiff import evaluation_graph, training_graph
 from swapdsl.graph.checker import check_graph
 from swapdsl.graph.ir import Graph
 from swapdsl.lang.elaborate import Override, elaborate
@@ -38,8 +39,10 @@ from swapdsl.planning.ga import SearchOptions
 from swapdsl.planning.optimize import optimize as plan_with
 from swapdsl.planning.problem import Request
 from swapdsl.runtime import reference
-from swapdsl.runtime.backend import array_module, device_bytes_held, require_memory, separate_pool, to_host
+from swapdsl.runtime.backend import array_module, device_bytes_held, require_memory, separate_pool
+from swapdsl.runtime import training
 from swapdsl.runtime.interpreter import PlanRunner
+from swapdsl.runtime.training import Hooks, Options, Outcome
 
 OnStep = Callable[[int, float, float, "float | None"], None]  # (step, loss, ms, max rel diff or None)
 
@@ -127,8 +130,9 @@ def simulate(plan: Plan) -> dict[str, float]:
 
 @attrs.frozen
 class Execution:
-    """What training for some steps gave. For a plan, also the bytes it moves, its arenas and its
-    simulated step time; with ``check``, the largest relative difference from the reference."""
+    """What training gave: each step's loss, time and reports; evaluations and checkpoints. For a plan, also
+    the bytes it moves, its arenas and its simulated step time; with ``check``, the largest relative
+    difference from the reference."""
 
     model: str
     backend: str
@@ -138,29 +142,46 @@ class Execution:
     step_ms: list[float]
     figures: dict[str, object] = attrs.field(factory=dict)  # a plan's: bytes moved, arenas, simulated step
     max_rel_diff: float | None = None
+    outcome: Outcome | None = attrs.field(default=None, repr=False)
+
+    @property
+    def metrics(self) -> list[dict[str, float]]:
+        return [r.metrics for r in self.outcome.steps] if self.outcome else []
 
     def to_json(self) -> dict:
         out = {"model": self.model, "backend": self.backend, "steps": self.steps, "seed": self.seed,
                "loss": self.losses, "step_ms": self.step_ms, **self.figures}
+        if self.outcome is not None:
+            o = self.outcome
+            out |= {"first_step": o.first_step, "metrics": self.metrics,
+                    "eval": [attrs.asdict(e) for e in o.evals], "checkpoints": [attrs.asdict(c) for c in o.saves]}
+            if o.dataset is not None:
+                out |= {"data": o.dataset.path, "examples": o.dataset.examples,
+                        "dropped_per_epoch": o.dataset.dropped}
         return out | ({"max_rel_diff": self.max_rel_diff} if self.max_rel_diff is not None else {})
 
 
-def execute(target: Plan | Model | str | Path, steps: int = 10, seed: int = 0, backend: str = "auto",
-            check: bool = False, on_step: OnStep | None = None, graph: bool = True, tf32: bool = False) -> Execution:
+def execute(target: Plan | Model | str | Path, steps: int | None = None, seed: int = 0, backend: str = "auto",
+            check: bool = False, on_step: OnStep | None = None, graph: bool = True, tf32: bool = False,
+            options: Options = Options(), hooks: Hooks = Hooks()) -> Execution:
     """Train: a plan under its cap (a Plan, or a plan file), or a model with the reference executor and
-    no cap (a Model, or a `.swp` file). ``check`` (plans) runs the reference beside it and compares every
-    loss and parameter; ``on_step`` hears of every step as it ends; ``graph`` (plans on CuPy) replays each
-    step as one captured CUDA graph; ``tf32`` (plans on CuPy) lets FP32 products use TF32 tensor cores."""
+    no cap (a Model, or a `.swp` file). ``options``: data, evaluation, checkpoints, log (``steps`` and
+    ``seed`` override its own). ``check`` (plans) runs the reference beside it and compares every loss and
+    parameter; ``on_step`` hears of every step as it ends (``hooks``: of steps, evaluations and saves);
+    ``graph`` (plans on CuPy) replays each step as one captured CUDA graph; ``tf32`` (plans on CuPy) lets
+    FP32 products use TF32 tensor cores."""
     if isinstance(target, (str, Path)):
         if is_plan_file(target):
-            return execute_plan(*read_checked(str(target), need_model=True), steps, seed, backend, check, on_step,
-                                graph=graph, tf32=tf32)
+            plan, train = read_checked(str(target), need_model=True)
+            return execute_plan(plan, train, steps, seed, backend, check, on_step, graph=graph, tf32=tf32,
+                                options=options, hooks=hooks)
         target = load(target)
     if isinstance(target, Model):
         if check:
             raise SwpError("check compares a plan's execution with the reference executor; give a plan")
-        return _train_reference(target, steps, seed, backend, on_step)
-    return execute_plan(target, _graph_of(target), steps, seed, backend, check, on_step, graph=graph, tf32=tf32)
+        return _train_reference(target, _options(options, steps, seed), backend, _hooks(hooks, on_step))
+    return execute_plan(target, _graph_of(target), steps, seed, backend, check, on_step, graph=graph, tf32=tf32,
+                        options=options, hooks=hooks)
 
 
 def is_plan_file(path: str | Path) -> bool:
@@ -171,60 +192,103 @@ def is_plan_file(path: str | Path) -> bool:
         return False
 
 
-def _train_reference(m: Model, steps: int, seed: int, backend: str, on_step: OnStep | None) -> Execution:
+def _options(options: Options, steps: int | None, seed: int) -> Options:
+    return attrs.evolve(options, steps=steps if steps is not None else options.steps, seed=seed)
+
+
+def _hooks(hooks: Hooks, on_step: OnStep | None) -> Hooks:
+    """``hooks`` with ``on_step`` (step, loss, ms, diff) as its step hook, where one is given."""
+    if on_step is None:
+        return hooks
+    return attrs.evolve(hooks, on_step=lambda r: on_step(r.step, r.loss, r.step_ms, r.diff))
+
+
+def _train_reference(m: Model, opts: Options, backend: str, hooks: Hooks) -> Execution:
     name, xp = array_module(backend)
     require_memory(xp, peak_bytes(m.training), 0, f"training `{m.graph.name}` with no cap")
-    hear = None if on_step is None else (lambda step, loss, ms: on_step(step, loss, ms, None))
-    result = reference.train(m.training, steps, seed, xp, on_step=hear)
-    return Execution(m.graph.name, name, steps, seed, result.losses, result.step_ms)
+    trainer = reference.Trainer(m.training, opts.seed, xp)
+    evaluate = None
+    if opts.eval:
+        evaluate = training.evaluator(trainer, reference.Trainer(evaluation_graph(m.graph), opts.seed, xp))
+    outcome = training.train(m.training, trainer, opts, hooks, evaluate)
+    return _execution(m.graph.name, name, opts, outcome)
 
 
-def execute_plan(plan: Plan, train: Graph | None, steps: int = 10, seed: int = 0, backend: str = "auto",
+def _execution(model: str, backend: str, opts: Options, outcome: Outcome, figures: dict | None = None,
+               check: bool = False) -> Execution:
+    steps = outcome.steps
+    worst = max((r.diff for r in steps if r.diff is not None), default=0.0) if check else None
+    return Execution(model, backend, len(steps), opts.seed, [r.loss for r in steps], [r.step_ms for r in steps],
+                     figures or {}, worst, outcome)
+
+
+def execute_plan(plan: Plan, train: Graph | None, steps: int | None = None, seed: int = 0, backend: str = "auto",
                  check: bool = False, on_step: OnStep | None = None, *, copy_delay_s: float = 0.0,
-                 kernel_delay_s: float = 0.0, graph: bool = True, tf32: bool = False) -> Execution:
+                 kernel_delay_s: float = 0.0, graph: bool = True, tf32: bool = False,
+                 options: Options = Options(), hooks: Hooks = Hooks()) -> Execution:
     """``execute`` for a plan already validated against its training graph ``train`` (``read_checked``).
     ``copy_delay_s``, ``kernel_delay_s`` (NumPy, for fuzzers): every copy or kernel starts that much later."""
     assert train is not None
+    opts = _options(options, steps, seed)
     name, xp = array_module(backend)
-    runner = PlanRunner(plan, train, name, xp, seed, check_plan=False, copy_delay_s=copy_delay_s,
+    runner = PlanRunner(plan, train, name, xp, opts.seed, check_plan=False, copy_delay_s=copy_delay_s,
                         kernel_delay_s=kernel_delay_s, graph=graph, tf32=tf32)
-    separate = separate_pool(xp)  # the reference's memory is not the plan's: keep it out of the pool we measure
-    with separate():
-        ref = reference.Trainer(train, seed, xp) if check else None
-    losses, times, host, worst, held = [], [], [], 0.0, 0
+    f = simulate(plan)
+    moved = (int(f["h2d_bytes"]), int(f["d2h_bytes"]))
+    forward = None
     try:
-        for step in range(1, steps + 1):
-            loss, ms = runner.step(step)
-            losses.append(loss)
-            times.append(ms)
+        evaluate = None
+        if opts.eval:
+            evaluate, forward = _plan_evaluator(plan, runner, name, xp, opts.seed)
+        beside = _beside(train, opts.seed, xp) if check else None
+        held, host = [0], []
+        step_hook = _hooks(hooks, on_step).on_step
+
+        def observe(r: training.StepRecord) -> None:
+            held[0] = max(held[0], device_bytes_held(xp, runner.arena))
             host.append(runner.host_ms)
-            held = max(held, device_bytes_held(xp, runner.arena))
-            diff = None
-            if ref is not None:
-                with separate():
-                    ref_loss = ref.step(step)
-                state = runner.persistent_values().items()
-                diff = max(relative_diff(loss, ref_loss),
-                           *(relative_diff(v, to_host(ref.persistent[k])) for k, v in state))
-                worst = max(worst, diff)
-            if on_step is not None:
-                on_step(step, loss, ms, diff)
+            if step_hook is not None:
+                step_hook(r)
+
+        outcome = training.train(train, runner, opts, attrs.evolve(hooks, on_step=observe), evaluate, beside, moved)
     finally:
         runner.close()
-    f = simulate(plan)
-    figures = {"h2d_bytes": int(f["h2d_bytes"]), "d2h_bytes": int(f["d2h_bytes"]),
+        if forward is not None:
+            forward.close()
+    figures = {"h2d_bytes": moved[0], "d2h_bytes": moved[1],
                "cap_bytes": plan.cap, "scratch_bytes": plan.scratch, "device_arena_bytes": int(runner.arena.nbytes),
-               "device_bytes_allocated": held, "host_arena_bytes": int(runner.host.nbytes),
+               "device_bytes_allocated": held[0], "host_arena_bytes": int(runner.host.nbytes),
                "simulated_ms": f["iteration_ms"], "host_ms_per_step": host, "graph": runner.graph_note,
                "vendor_kernels": len(runner.vendor.kernels), "fused_kernels": len(runner.fused.kernels),
                "vendor_notes": runner.vendor.notes + runner.fused.notes}
-    return Execution(train.name, name, steps, seed, losses, times, figures, worst if check else None)
+    return _execution(train.name, name, opts, outcome, figures, check)
 
 
-def relative_diff(a: object, b: object) -> float:
-    x, y = np.asarray(a, dtype=np.float64), np.asarray(b, dtype=np.float64)
-    scale = max(float(np.max(np.abs(y))) if y.size else 0.0, 1e-12)
-    return float(np.max(np.abs(x - y))) / scale if x.size else 0.0
+def _plan_evaluator(plan: Plan, runner: PlanRunner, backend: str, xp: ModuleType,
+                    seed: int) -> tuple[training.Evaluator, PlanRunner]:
+    """Evaluation inside the training plan's arena: the forward graph planned (belady: quick, and never worse
+    placed than the training step's forward part needs) under the same cap."""
+    g = evaluation_graph(_model_of(plan).graph)
+    check_graph(g)
+    forward_plan = plan_with(Request(g, plan.device, plan.cap, plan.model_path, plan.args), "belady")
+    state = runner.state()
+    forward = PlanRunner(forward_plan, g, backend, xp, seed, graph=False, arena=runner.arena)
+    runner.load_state(state, runner.steps_run)  # the forward runner's start wrote over the shared arena
+    return training.evaluator(runner, forward), forward
+
+
+def _beside(train: Graph, seed: int, xp: ModuleType) -> training.Beside:
+    """The reference executor beside a plan (``exec --check``), in a memory pool of its own: what it holds is
+    not the plan's."""
+    separate = separate_pool(xp)
+    with separate():
+        ref = reference.Trainer(train, seed, xp)
+    return training.Beside(ref, separate)
+
+
+def _model_of(plan: Plan) -> Model:
+    where = plan.origin.file if plan.origin is not None else "."
+    return _model(str(planfile.find_model(plan, where)), plan.model_sha256, plan.args)
 
 
 def _graph_of(plan: Plan) -> Graph:
@@ -237,9 +301,13 @@ def _graph_of(plan: Plan) -> Graph:
 
 
 @functools.lru_cache(maxsize=4)
+def _model(model: str, sha256: str, args: tuple[tuple[str, int | float | bool], ...]) -> Model:
+    """A model file with these arguments (its hash in the key: a file may change)."""
+    return load(model, dict(args))
+
+
 def _training_graph(model: str, sha256: str, args: tuple[tuple[str, int | float | bool], ...]) -> Graph:
-    """The training graph of a model file with these arguments (its hash in the key: a file may change)."""
-    return load(model, dict(args)).training
+    return _model(model, sha256, args).training
 
 
 def _at_plan_arg(err: SwpError, plan: Plan) -> SwpError:

@@ -22,6 +22,10 @@ def check_writable(path: str | Path, what: str = "file") -> None:
 
 
 def write_text_atomically(path: str | Path, text: str, what: str = "file") -> None:
+    write_bytes_atomically(path, text.encode("utf-8"), what)
+
+
+def write_bytes_atomically(path: str | Path, data: bytes, what: str = "file") -> None:
     """A temporary file in the same folder, flushed, then renamed over the target.
 
     A writer killed before the rename leaves its temporary file behind; the next write to the same
@@ -34,8 +38,8 @@ def write_text_atomically(path: str | Path, text: str, what: str = "file") -> No
     except OSError as exc:
         raise SwpError(f"cannot write the {what} `{path}`: {exc.strerror or exc}") from None
     try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(text)
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
             f.flush()
             os.fsync(f.fileno())
         umask = os.umask(0)

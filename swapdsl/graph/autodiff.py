@@ -124,12 +124,35 @@ def training_graph(fwd: Graph) -> Graph:
             if name in params and first_use[name] == i and _gradient(b, name, grads, pieces) is not None:
                 param_grads.append((name, grads[name]))
                 updates += _update(b, fwd, name, grads[name], state)
+    _report_state(b, fwd, updates, state)
+    return _assemble(fwd, forward, b, updates, param_grads, state)
+
+
+def _report_state(b: _Builder, fwd: Graph, updates: list[tuple[str, str]], state: list[str]) -> None:
+    """Each report lives on as state that every step overwrites in place, as optimiser state is, so that
+    planners keep its value to the end of the step without knowing about reports."""
     b.kind = Kind.metric
-    for name, tensor in fwd.reports:  # a report lives on as state that each step overwrites, as optimisers do
+    for name, tensor in fwd.reports:
         old = b.add_tensor(f"report/{name}", b.type(tensor), Kind.metric, Init("zeros"))
         updates.append((old, b.emit("report", [old, tensor], {"name": name})))
         state.append(old)
-    return _assemble(fwd, forward, b, updates, param_grads, state)
+
+
+def evaluation_graph(fwd: Graph) -> Graph:
+    """What evaluation runs: the forward ops of the loss and the reports, dropout off (an identity), the
+    parameters read and never written; each report as metric state like ``training_graph``'s."""
+    forward = [Op("mul_scalar", op.inputs, op.outputs, (("value", 1.0),), op.span) if op.op == "dropout" else op
+               for op in live_forward_ops(fwd)]
+    b = _Builder(fwd)
+    updates: list[tuple[str, str]] = []
+    state: list[str] = []
+    _report_state(b, fwd, updates, state)
+    ops_ = tuple(forward) + tuple(b.ops)
+    read = {n for op in ops_ for n in op.inputs}
+    used = read | {n for op in ops_ for n in op.outputs} | set(fwd.inputs)
+    return attrs.evolve(fwd, tensors={n: t for n, t in b.tensors.items() if n in used}, ops=ops_,
+                        params=tuple(p for p in fwd.params if p in read), state=tuple(state),
+                        updates=tuple(updates), grads=())
 
 
 def _backprop(b: _Builder, op: Op, g: str, grads: dict[str, str], pieces: dict[str, list[_Piece]],

@@ -1,0 +1,305 @@
+"""A training run around a stepper (the plan interpreter, or the reference executor): data in,
+evaluation, checkpoints out and back in, a log, and Ctrl-C that keeps the work done.
+
+One loop for both executors: each step takes the batch the loader prepared while the last step ran,
+runs, and is reported; every ``eval_every`` steps and at the end the evaluator runs the forward pass
+over the held-out data; every ``save_every`` steps and at the end the state goes to a checkpoint.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import signal
+import threading
+import time
+from collections.abc import Callable, Iterator, Mapping
+from typing import IO, Protocol
+
+import attrs
+import numpy as np
+
+from swapdsl.common.errors import SwpError
+from swapdsl.graph.ir import Graph
+from swapdsl.runtime import checkpoint
+from swapdsl.runtime.dataset import Batch, Dataset, Loader, Order, gather, open_dataset
+
+SYNTHETIC = "synthetic"
+DEFAULT_STEPS = 10  # with synthetic data and neither --steps nor --epochs
+
+
+class Stepper(Protocol):
+    """What the loop needs of an executor."""
+
+    def set_batch(self, batch: Mapping[str, np.ndarray]) -> None: ...
+    def run_step(self, step: int) -> tuple[float, float]: ...  # (loss, milliseconds)
+    def metrics(self) -> dict[str, float]: ...
+    def state(self) -> dict[str, np.ndarray]: ...
+    def load_state(self, values: Mapping[str, np.ndarray], step: int) -> None: ...
+    @property
+    def steps_run(self) -> int: ...
+
+
+@attrs.frozen
+class Options:
+    """How to train. ``steps`` and ``epochs`` count from the start of training (a resumed run goes on to
+    them); with neither, one epoch of ``data``, or ten steps of synthetic data."""
+
+    steps: int | None = None
+    epochs: int | None = None
+    seed: int = 0
+    data: str = SYNTHETIC
+    shuffle: bool = False
+    eval: str | None = None
+    eval_every: int = 0
+    save: str | None = None
+    save_every: int = 0
+    resume: str | None = None
+    init: str | None = None
+    log: str | None = None
+
+
+@attrs.frozen
+class StepRecord:
+    step: int
+    epoch: int | None  # 1, 2, ... with data; None with synthetic data
+    loss: float
+    metrics: dict[str, float]
+    step_ms: float
+    examples: int
+    h2d_bytes: int  # the plan's copies each way (0 with no plan)
+    d2h_bytes: int
+    diff: float | None = None  # --check: largest relative difference from the reference
+
+
+@attrs.frozen
+class EvalRecord:
+    step: int
+    loss: float
+    metrics: dict[str, float]
+    examples: int
+    dropped: int  # the held-out data's last partial batch
+    eval_ms: float
+
+
+@attrs.frozen
+class SaveRecord:
+    step: int
+    path: str
+    nbytes: int
+    write_ms: float
+
+
+@attrs.frozen
+class Hooks:
+    on_step: Callable[[StepRecord], None] | None = None
+    on_eval: Callable[[EvalRecord], None] | None = None
+    on_save: Callable[[SaveRecord], None] | None = None
+
+
+@attrs.frozen
+class Outcome:
+    steps: list[StepRecord]
+    evals: list[EvalRecord]
+    saves: list[SaveRecord]
+    first_step: int  # 1, or the step after the resumed checkpoint's
+    dataset: Dataset | None
+    interrupted: bool = False
+
+
+Evaluator = Callable[[Dataset, int], EvalRecord]  # (held-out data, the step it follows)
+
+
+class Beside:
+    """``exec --check``: the reference executor run beside the stepper on the same batches from the same
+    state, compared after every step (``context``: where the reference allocates)."""
+
+    def __init__(self, ref: Stepper, context: Callable[[], contextlib.AbstractContextManager[object]]) -> None:
+        self.ref, self.context = ref, context
+
+    def load_state(self, values: Mapping[str, np.ndarray], step: int) -> None:
+        with self.context():
+            self.ref.load_state(values, step)
+
+    def __call__(self, batch: Batch | None, step: int, loss: float, stepper: Stepper) -> float:
+        """The largest relative difference of the loss and every persistent tensor after ``step``."""
+        with self.context():
+            if batch is not None:
+                self.ref.set_batch(batch)
+            ref_loss = self.ref.run_step(step)[0]
+            ref_state = self.ref.state()
+        return max(relative_diff(loss, ref_loss), *(relative_diff(v, ref_state[k]) for k, v in stepper.state().items()))
+
+
+def relative_diff(a: object, b: object) -> float:
+    x, y = np.asarray(a, dtype=np.float64), np.asarray(b, dtype=np.float64)
+    scale = max(float(np.max(np.abs(y))) if y.size else 0.0, 1e-12)
+    return float(np.max(np.abs(x - y))) / scale if x.size else 0.0
+
+
+class Interrupted(KeyboardInterrupt):
+    """Ctrl-C or SIGTERM during training, after the current step finished (and was saved with --save)."""
+
+
+def plan_run(g: Graph, opts: Options) -> tuple[Dataset | None, Order | None, int]:
+    """The data (checked against the model), its order, and the last step to run."""
+    if opts.steps is not None and opts.epochs is not None:
+        raise SwpError("give --steps or --epochs, not both")
+    ds = None if opts.data == SYNTHETIC else open_dataset(opts.data, g)
+    if ds is None:
+        if opts.epochs is not None or opts.shuffle:
+            raise SwpError(f"--{'epochs' if opts.epochs is not None else 'shuffle'} needs --data PATH",
+                           hints=["synthetic data is one fixed batch, repeated"])
+        return None, None, opts.steps or DEFAULT_STEPS
+    order = Order(ds.examples, ds.batch, opts.shuffle, opts.seed)
+    last = opts.steps if opts.steps is not None else (opts.epochs or 1) * order.per_epoch
+    return ds, order, last
+
+
+def train(g: Graph, stepper: Stepper, opts: Options, hooks: Hooks = Hooks(), evaluate: Evaluator | None = None,
+          check: Beside | None = None, moved: tuple[int, int] = (0, 0)) -> Outcome:
+    """Run the training ``opts`` describes on ``stepper`` (``g``: its training graph; ``moved``: the bytes
+    its plan copies in and out each step)."""
+    ds, order, last = plan_run(g, opts)
+    held_out = open_dataset(opts.eval, g, "--eval") if opts.eval else None
+    if held_out is not None and evaluate is None:
+        raise SwpError("--eval is not available for this executor")
+    start = _restore(g, stepper, opts)
+    if check is not None and (opts.resume or opts.init):
+        check.load_state(stepper.state(), start)
+    if start >= last:
+        raise SwpError(f"--resume `{opts.resume}` is at step {start}; the run ends at step {last}, so there is "
+                       f"nothing left to do", hints=["ask for more with --steps or --epochs"])
+    log = open(opts.log, "a", encoding="utf-8") if opts.log else None  # noqa: SIM115  (closed below)
+    loader = Loader(ds, order, start) if ds is not None and order is not None else None
+    steps: list[StepRecord] = []
+    evals: list[EvalRecord] = []
+    saves: list[SaveRecord] = []
+
+    def save(step: int) -> None:
+        if opts.save and (not saves or saves[-1].step != step):
+            saves.append(_save(g, stepper, opts, step))
+            _emit(hooks.on_save, saves[-1], log, "save")
+
+    def evaluation(step: int) -> None:
+        if held_out is not None and evaluate is not None and (not evals or evals[-1].step != step):
+            evals.append(evaluate(held_out, step))
+            _emit(hooks.on_eval, evals[-1], log, "eval")
+
+    try:
+        with deferred_interrupts() as stop:
+            for step in range(start + 1, last + 1):
+                batch = None
+                if loader is not None:
+                    _, batch = loader.next()
+                    stepper.set_batch(batch)
+                loss, ms = stepper.run_step(step)
+                diff = check(batch, step, loss, stepper) if check is not None else None
+                epoch = order.epoch_of(step - 1) + 1 if order is not None else None
+                examples = ds.batch if ds is not None else _batch_of(g)
+                steps.append(StepRecord(step, epoch, loss, stepper.metrics(), ms, examples, *moved, diff))
+                _emit(hooks.on_step, steps[-1], log, "step")
+                if opts.eval_every and step % opts.eval_every == 0:
+                    evaluation(step)
+                if opts.save_every and step % opts.save_every == 0:
+                    save(step)
+                if stop.is_set():
+                    save(step)
+                    raise Interrupted
+            evaluation(last)
+            save(last)
+    finally:
+        if loader is not None:
+            loader.close()
+        if log is not None:
+            log.close()
+    return Outcome(steps, evals, saves, start + 1, ds)
+
+
+def _batch_of(g: Graph) -> int:
+    from swapdsl.runtime.dataset import batch_size
+
+    try:
+        return batch_size(g)
+    except SwpError:
+        return 1
+
+
+def _restore(g: Graph, stepper: Stepper, opts: Options) -> int:
+    """Load --resume (everything, and the step) or --init (parameters); the step to continue after."""
+    if opts.resume and opts.init:
+        raise SwpError("give --resume or --init, not both",
+                       hints=["--resume continues a run; --init starts a new one from saved parameters"])
+    if opts.init:
+        stepper.load_state(checkpoint.parameters(checkpoint.read(opts.init, "--init"), g), 0)
+        return 0
+    if not opts.resume:
+        return 0
+    ck = checkpoint.read(opts.resume, "--resume")
+    checkpoint.check_same_run(ck, g)
+    if ck.seed != opts.seed:
+        raise SwpError(f"--resume `{opts.resume}` was written by a run with --seed {ck.seed}, this one has "
+                       f"--seed {opts.seed}", hints=[f"resume with --seed {ck.seed}: the data order depends on it"])
+    stepper.load_state(ck.values, ck.step)
+    return ck.step
+
+
+def _save(g: Graph, stepper: Stepper, opts: Options, step: int) -> SaveRecord:
+    assert opts.save is not None
+    started = time.perf_counter()
+    nbytes = checkpoint.save(opts.save, g, stepper.state(), step, step, opts.seed, opts.data, opts.shuffle)
+    return SaveRecord(step, opts.save, nbytes, 1e3 * (time.perf_counter() - started))
+
+
+def _emit(hook: Callable | None, record: StepRecord | EvalRecord | SaveRecord, log: IO[str] | None,
+          event: str) -> None:
+    if log is not None:
+        log.write(json.dumps({"event": event, **attrs.asdict(record)}) + "\n")
+        log.flush()
+    if hook is not None:
+        hook(record)
+
+
+def evaluator(trainer: Stepper, forward: Stepper) -> Evaluator:
+    """Evaluation by ``forward`` (an executor of ``autodiff.evaluation_graph``) from ``trainer``'s state: the
+    mean loss and reports over the held-out data's whole batches. ``forward`` may share ``trainer``'s device
+    arena (a plan's evaluation runs inside the training plan's cap), so the trainer's state is put back."""
+
+    def run(ds: Dataset, step: int) -> EvalRecord:
+        started = time.perf_counter()
+        state = trainer.state()
+        forward.load_state(state, forward.steps_run)
+        losses, metrics = [], []
+        for k in range(ds.batches_per_epoch):
+            forward.set_batch(gather(ds, slice(k * ds.batch, (k + 1) * ds.batch)))
+            losses.append(forward.run_step(forward.steps_run + 1)[0])
+            metrics.append(forward.metrics())
+        trainer.load_state(state, trainer.steps_run)
+        mean = {name: float(np.mean([m[name] for m in metrics])) for name in metrics[0]}
+        return EvalRecord(step, float(np.mean(losses)), mean, ds.batches_per_epoch * ds.batch, ds.dropped,
+                          1e3 * (time.perf_counter() - started))
+
+    return run
+
+
+@contextlib.contextmanager
+def deferred_interrupts() -> Iterator[threading.Event]:
+    """Ctrl-C (or SIGTERM) sets the event instead of stopping mid-step; a second one stops at once.
+    Off the main thread signals cannot be caught, and the event is never set."""
+    stop = threading.Event()
+
+    def handler(signum: int, frame: object) -> None:
+        if stop.is_set():
+            raise KeyboardInterrupt
+        stop.set()
+
+    try:
+        previous = {sig: signal.signal(sig, handler) for sig in (signal.SIGINT, signal.SIGTERM)}
+    except ValueError:  # not the main thread
+        yield stop
+        return
+    try:
+        yield stop
+    finally:
+        for sig, old in previous.items():
+            signal.signal(sig, old)

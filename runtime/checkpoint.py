@@ -59,7 +59,7 @@ def save(path: str, g: Graph, values: Mapping[str, np.ndarray], step: int, posit
     meta = {"format": FORMAT, "version": VERSION, **identity(g), "step": str(step), "position": str(position),
             "seed": str(seed), "data": data, "shuffle": json.dumps(shuffle),
             "rng": "counter-based: (seed, step) is the whole state"}
-    blob = encode({name: np.ascontiguousarray(values[name]) for name in g.persistent}, metadata=meta)
+    blob = encode({name: np.asarray(values[name], order="C") for name in g.persistent}, metadata=meta)
     write_bytes_atomically(path, blob, "checkpoint")
     return len(blob)
 

@@ -47,7 +47,7 @@ class Options:
 
     steps: int | None = None
     epochs: int | None = None
-    seed: int = 0
+    seed: int | None = None  # None: 0, or the resumed checkpoint's
     data: str = SYNTHETIC
     shuffle: bool = False
     eval: str | None = None
@@ -92,6 +92,7 @@ class SaveRecord:
 
 @attrs.frozen
 class Hooks:
+    on_start: Callable[[int, int, Dataset | None], None] | None = None  # (first step, last step, data)
     on_step: Callable[[StepRecord], None] | None = None
     on_eval: Callable[[EvalRecord], None] | None = None
     on_save: Callable[[SaveRecord], None] | None = None
@@ -104,7 +105,6 @@ class Outcome:
     saves: list[SaveRecord]
     first_step: int  # 1, or the step after the resumed checkpoint's
     dataset: Dataset | None
-    interrupted: bool = False
 
 
 Evaluator = Callable[[Dataset, int], EvalRecord]  # (held-out data, the step it follows)
@@ -140,6 +140,25 @@ def relative_diff(a: object, b: object) -> float:
 class Interrupted(KeyboardInterrupt):
     """Ctrl-C or SIGTERM during training, after the current step finished (and was saved with --save)."""
 
+    def __init__(self, step: int, saved: str | None) -> None:
+        super().__init__(step, saved)
+        self.step, self.saved = step, saved
+
+
+def resolve(opts: Options) -> Options:
+    """``opts`` with its seed settled: the resumed checkpoint's (a different one given is refused), else 0."""
+    if opts.resume and opts.init:
+        raise SwpError("give --resume or --init, not both",
+                       hints=["--resume continues a run; --init starts a new one from saved parameters"])
+    if not opts.resume:
+        return attrs.evolve(opts, seed=opts.seed or 0)
+    seed = checkpoint.read(opts.resume, "--resume").seed
+    if opts.seed is not None and opts.seed != seed:
+        raise SwpError(f"--resume `{opts.resume}` was written by a run with --seed {seed}, this one has "
+                       f"--seed {opts.seed}", hints=[f"leave --seed out, or give --seed {seed}: the data order "
+                                                     "depends on it"])
+    return attrs.evolve(opts, seed=seed)
+
 
 def plan_run(g: Graph, opts: Options) -> tuple[Dataset | None, Order | None, int]:
     """The data (checked against the model), its order, and the last step to run."""
@@ -151,15 +170,15 @@ def plan_run(g: Graph, opts: Options) -> tuple[Dataset | None, Order | None, int
             raise SwpError(f"--{'epochs' if opts.epochs is not None else 'shuffle'} needs --data PATH",
                            hints=["synthetic data is one fixed batch, repeated"])
         return None, None, opts.steps or DEFAULT_STEPS
-    order = Order(ds.examples, ds.batch, opts.shuffle, opts.seed)
+    order = Order(ds.examples, ds.batch, opts.shuffle, opts.seed or 0)
     last = opts.steps if opts.steps is not None else (opts.epochs or 1) * order.per_epoch
     return ds, order, last
 
 
 def train(g: Graph, stepper: Stepper, opts: Options, hooks: Hooks = Hooks(), evaluate: Evaluator | None = None,
           check: Beside | None = None, moved: tuple[int, int] = (0, 0)) -> Outcome:
-    """Run the training ``opts`` describes on ``stepper`` (``g``: its training graph; ``moved``: the bytes
-    its plan copies in and out each step)."""
+    """Run the training ``opts`` (``resolve``d) describes on ``stepper`` (``g``: its training graph;
+    ``moved``: the bytes its plan copies in and out each step)."""
     ds, order, last = plan_run(g, opts)
     held_out = open_dataset(opts.eval, g, "--eval") if opts.eval else None
     if held_out is not None and evaluate is None:
@@ -170,6 +189,8 @@ def train(g: Graph, stepper: Stepper, opts: Options, hooks: Hooks = Hooks(), eva
     if start >= last:
         raise SwpError(f"--resume `{opts.resume}` is at step {start}; the run ends at step {last}, so there is "
                        f"nothing left to do", hints=["ask for more with --steps or --epochs"])
+    if hooks.on_start is not None:
+        hooks.on_start(start + 1, last, ds)
     log = open(opts.log, "a", encoding="utf-8") if opts.log else None  # noqa: SIM115  (closed below)
     loader = Loader(ds, order, start) if ds is not None and order is not None else None
     steps: list[StepRecord] = []
@@ -205,7 +226,7 @@ def train(g: Graph, stepper: Stepper, opts: Options, hooks: Hooks = Hooks(), eva
                     save(step)
                 if stop.is_set():
                     save(step)
-                    raise Interrupted
+                    raise Interrupted(step, saves[-1].path if saves and saves[-1].step == step else None)
             evaluation(last)
             save(last)
     finally:
@@ -227,9 +248,6 @@ def _batch_of(g: Graph) -> int:
 
 def _restore(g: Graph, stepper: Stepper, opts: Options) -> int:
     """Load --resume (everything, and the step) or --init (parameters); the step to continue after."""
-    if opts.resume and opts.init:
-        raise SwpError("give --resume or --init, not both",
-                       hints=["--resume continues a run; --init starts a new one from saved parameters"])
     if opts.init:
         stepper.load_state(checkpoint.parameters(checkpoint.read(opts.init, "--init"), g), 0)
         return 0
@@ -237,9 +255,6 @@ def _restore(g: Graph, stepper: Stepper, opts: Options) -> int:
         return 0
     ck = checkpoint.read(opts.resume, "--resume")
     checkpoint.check_same_run(ck, g)
-    if ck.seed != opts.seed:
-        raise SwpError(f"--resume `{opts.resume}` was written by a run with --seed {ck.seed}, this one has "
-                       f"--seed {opts.seed}", hints=[f"resume with --seed {ck.seed}: the data order depends on it"])
     stepper.load_state(ck.values, ck.step)
     return ck.step
 
@@ -247,7 +262,7 @@ def _restore(g: Graph, stepper: Stepper, opts: Options) -> int:
 def _save(g: Graph, stepper: Stepper, opts: Options, step: int) -> SaveRecord:
     assert opts.save is not None
     started = time.perf_counter()
-    nbytes = checkpoint.save(opts.save, g, stepper.state(), step, step, opts.seed, opts.data, opts.shuffle)
+    nbytes = checkpoint.save(opts.save, g, stepper.state(), step, step, opts.seed or 0, opts.data, opts.shuffle)
     return SaveRecord(step, opts.save, nbytes, 1e3 * (time.perf_counter() - started))
 
 

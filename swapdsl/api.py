@@ -161,7 +161,7 @@ class Execution:
         return out | ({"max_rel_diff": self.max_rel_diff} if self.max_rel_diff is not None else {})
 
 
-def execute(target: Plan | Model | str | Path, steps: int | None = None, seed: int = 0, backend: str = "auto",
+def execute(target: Plan | Model | str | Path, steps: int | None = None, seed: int | None = None, backend: str = "auto",
             check: bool = False, on_step: OnStep | None = None, graph: bool = True, tf32: bool = False,
             options: Options = Options(), hooks: Hooks = Hooks()) -> Execution:
     """Train: a plan under its cap (a Plan, or a plan file), or a model with the reference executor and
@@ -192,8 +192,9 @@ def is_plan_file(path: str | Path) -> bool:
         return False
 
 
-def _options(options: Options, steps: int | None, seed: int) -> Options:
-    return attrs.evolve(options, steps=steps if steps is not None else options.steps, seed=seed)
+def _options(options: Options, steps: int | None, seed: int | None) -> Options:
+    return training.resolve(attrs.evolve(options, steps=steps if steps is not None else options.steps,
+                                         seed=seed if seed is not None else options.seed))
 
 
 def _hooks(hooks: Hooks, on_step: OnStep | None) -> Hooks:
@@ -206,10 +207,11 @@ def _hooks(hooks: Hooks, on_step: OnStep | None) -> Hooks:
 def _train_reference(m: Model, opts: Options, backend: str, hooks: Hooks) -> Execution:
     name, xp = array_module(backend)
     require_memory(xp, peak_bytes(m.training), 0, f"training `{m.graph.name}` with no cap")
-    trainer = reference.Trainer(m.training, opts.seed, xp)
+    seed = opts.seed or 0
+    trainer = reference.Trainer(m.training, seed, xp)
     evaluate = None
     if opts.eval:
-        evaluate = training.evaluator(trainer, reference.Trainer(evaluation_graph(m.graph), opts.seed, xp))
+        evaluate = training.evaluator(trainer, reference.Trainer(evaluation_graph(m.graph), seed, xp))
     outcome = training.train(m.training, trainer, opts, hooks, evaluate)
     return _execution(m.graph.name, name, opts, outcome)
 
@@ -218,11 +220,11 @@ def _execution(model: str, backend: str, opts: Options, outcome: Outcome, figure
                check: bool = False) -> Execution:
     steps = outcome.steps
     worst = max((r.diff for r in steps if r.diff is not None), default=0.0) if check else None
-    return Execution(model, backend, len(steps), opts.seed, [r.loss for r in steps], [r.step_ms for r in steps],
+    return Execution(model, backend, len(steps), opts.seed or 0, [r.loss for r in steps], [r.step_ms for r in steps],
                      figures or {}, worst, outcome)
 
 
-def execute_plan(plan: Plan, train: Graph | None, steps: int | None = None, seed: int = 0, backend: str = "auto",
+def execute_plan(plan: Plan, train: Graph | None, steps: int | None = None, seed: int | None = None, backend: str = "auto",
                  check: bool = False, on_step: OnStep | None = None, *, copy_delay_s: float = 0.0,
                  kernel_delay_s: float = 0.0, graph: bool = True, tf32: bool = False,
                  options: Options = Options(), hooks: Hooks = Hooks()) -> Execution:
@@ -231,7 +233,8 @@ def execute_plan(plan: Plan, train: Graph | None, steps: int | None = None, seed
     assert train is not None
     opts = _options(options, steps, seed)
     name, xp = array_module(backend)
-    runner = PlanRunner(plan, train, name, xp, opts.seed, check_plan=False, copy_delay_s=copy_delay_s,
+    seed = opts.seed or 0
+    runner = PlanRunner(plan, train, name, xp, seed, check_plan=False, copy_delay_s=copy_delay_s,
                         kernel_delay_s=kernel_delay_s, graph=graph, tf32=tf32)
     f = simulate(plan)
     moved = (int(f["h2d_bytes"]), int(f["d2h_bytes"]))
@@ -239,8 +242,8 @@ def execute_plan(plan: Plan, train: Graph | None, steps: int | None = None, seed
     try:
         evaluate = None
         if opts.eval:
-            evaluate, forward = _plan_evaluator(plan, runner, name, xp, opts.seed)
-        beside = _beside(train, opts.seed, xp) if check else None
+            evaluate, forward = _plan_evaluator(plan, runner, name, xp, seed)
+        beside = _beside(train, seed, xp) if check else None
         held, host = [0], []
         step_hook = _hooks(hooks, on_step).on_step
 

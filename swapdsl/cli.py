@@ -25,6 +25,10 @@ from swapdsl.planning import bench
 from swapdsl.planning.ga import SearchOptions
 from swapdsl.planning.optimize import METHOD_NAMES
 from swapdsl.runtime.backend import BACKENDS, array_module
+from swapdsl.progress import Progress
+from swapdsl.runtime import training
+from swapdsl.runtime.dataset import Dataset
+from swapdsl.runtime.log import plot_log, read_log
 from swapdsl.runtime.profile import profile
 
 EXIT_USER_ERROR = 2
@@ -112,45 +116,80 @@ def _cmd_check(args: argparse.Namespace) -> int:
 
 def _cmd_exec(args: argparse.Namespace) -> int:
     backend, _ = array_module(args.backend)
-    width = len(str(args.steps))
+    options = training.Options(steps=args.steps, epochs=args.epochs, seed=args.seed, data=args.data,
+                               shuffle=args.shuffle, eval=args.eval, eval_every=args.eval_every, save=args.save,
+                               save_every=args.save_every, resume=args.resume, init=args.init, log=args.log)
+    for path, what in ((args.save, "checkpoint"), (args.log, "log")):
+        if path is not None:
+            check_writable(path, what)
+    progress: list[Progress] = []
+    header: list[str] = []  # what is run, printed once the data and checkpoints have been checked
 
-    def report(step: int, loss: float, ms: float, diff: float | None) -> None:
+    def start(first: int, last: int, ds: Dataset | None) -> None:
+        progress.append(Progress(last, ds.batches_per_epoch if ds else None, live=None if not args.json else False))
         if not args.json:
-            tail = f"  max rel diff {diff:.2e}" if diff is not None else ""
-            print(f"  step {step:>{width}}/{args.steps}  loss {loss:.6f}  {ms:8.1f} ms{tail}", flush=True)
+            data = (f"{ds.examples} examples of {args.data} ({ds.batches_per_epoch} batches of {ds.batch} an epoch"
+                    + (f", {ds.dropped} in a partial batch left out" if ds.dropped else "") + ")"
+                    if ds else "one synthetic batch")
+            print(*header, sep="\n")
+            print(f"  steps {first}..{last} on {data}" + (", shuffled" if args.shuffle else ""), flush=True)
 
+    def quiet(method: str) -> Callable[[Any], None] | None:
+        return None if args.json else lambda r: getattr(progress[-1], method)(r)
+
+    hooks = training.Hooks(start, quiet("step"), quiet("evaluation"), quiet("save"))
+    try:
+        run = _execute(args, backend, options, hooks, header)
+    finally:
+        for p in progress:
+            p.close()
+    if args.json:
+        print(json.dumps(run.to_json(), indent=2))
+    else:
+        _print_run(run, args.check)
+    return 0
+
+
+def _execute(args: argparse.Namespace, backend: str, options: training.Options, hooks: training.Hooks,
+             header: list[str]) -> api.Execution:
     if api.is_plan_file(args.file):
         if args.define:
             raise SwpError("-D does not apply to a plan: its model arguments are fixed in the plan")
         plan, train = api.read_checked(args.file, need_model=True)
         assert train is not None
-        if not args.json:
-            print(f"executing {args.file} ({train.name}, {plan.method} under {format_bytes(plan.cap)}) for "
-                  f"{args.steps} steps on {backend}, seed {args.seed}")
-        run = api.execute_plan(plan, train, args.steps, args.seed, backend, args.check, report,
-                               graph=args.graph == "on", tf32=args.tf32)
+        header.append(f"executing {args.file} ({train.name}, {plan.method} under {format_bytes(plan.cap)}) on {backend}")
+        run = api.execute_plan(plan, train, backend=backend, check=args.check, graph=args.graph == "on",
+                               tf32=args.tf32, options=options, hooks=hooks)
         if not args.json and backend == "cupy":
             print(f"  CUDA graph: {run.figures['graph']}")
-    else:
-        if args.check:
-            raise SwpError("--check compares a plan's execution with the reference executor; give a .plan file")
-        model = api.load(args.file, parse_defines(args.define))
-        if not args.json:
-            print(f"training {model.graph.name} ({args.file}) for {args.steps} steps on {backend}, seed {args.seed}")
-        run = api.execute(model, args.steps, args.seed, backend, on_step=report)
-    if args.json:
-        print(json.dumps(run.to_json(), indent=2))
-    elif run.figures:
+        return run
+    if args.check:
+        raise SwpError("--check compares a plan's execution with the reference executor; give a .plan file")
+    model = api.load(args.file, parse_defines(args.define))
+    header.append(f"training {model.graph.name} ({args.file}) on {backend} with the reference executor (no cap)")
+    return api.execute(model, backend=backend, options=options, hooks=hooks)
+
+
+def _print_run(run: api.Execution, check: bool) -> None:
+    first, last = run.losses[0], run.losses[-1]
+    evals = run.outcome.evals if run.outcome else []
+    held = (f"; held out: loss {evals[-1].loss:.6f}" + "".join(f", {k} {v:.4g}" for k, v in evals[-1].metrics.items())
+            if evals else "")
+    print(f"loss {first:.6f} -> {last:.6f} over {run.steps} steps, median step {_median(run.step_ms):.1f} ms{held}")
+    if run.figures:
         f = run.figures
-        print(f"median step {_median(run.step_ms):.1f} ms (simulated {f['simulated_ms']:.1f} ms); moved "
-              f"{format_bytes(f['h2d_bytes'])} in and {format_bytes(f['d2h_bytes'])} out per step in a "
-              f"{format_bytes(f['device_arena_bytes'])} arena ({format_bytes(f['scratch_bytes'])} of it scratch); "
-              f"{format_bytes(f['device_bytes_allocated'])} held on the device"
-              + (f"; max rel diff against the reference {run.max_rel_diff:.2e}" if args.check else ""))
-    else:
-        first, last = run.losses[0], run.losses[-1]
-        print(f"loss {first:.6f} -> {last:.6f} ({last / first:.1%} of the first), "
-              f"median step {_median(run.step_ms):.1f} ms")
+        print(f"simulated step {f['simulated_ms']:.1f} ms; moved {format_bytes(f['h2d_bytes'])} in and "
+              f"{format_bytes(f['d2h_bytes'])} out per step in a {format_bytes(f['device_arena_bytes'])} arena "
+              f"({format_bytes(f['scratch_bytes'])} of it scratch); {format_bytes(f['device_bytes_allocated'])} "
+              f"held on the device" + (f"; max rel diff against the reference {run.max_rel_diff:.2e}" if check else ""))
+
+
+def _cmd_plot_log(args: argparse.Namespace) -> int:
+    check_writable(args.output, "plot")
+    records = read_log(args.file)
+    plot_log(records, args.output, Path(args.file).stem)
+    steps = [r for r in records if r["event"] == "step"]
+    print(f"{args.output}: {len(steps)} steps, {sum(r['event'] == 'eval' for r in records)} evaluations")
     return 0
 
 
@@ -295,8 +334,26 @@ def make_parser() -> argparse.ArgumentParser:
     ex.add_argument("file", metavar="FILE.plan|FILE.swp")
     ex.add_argument("-D", dest="define", action="append", default=[], metavar="NAME=VALUE",
                     help="override a model argument (repeatable)")
-    ex.add_argument("--steps", type=_count(1), default=10, help="training steps (default 10)")
-    ex.add_argument("--seed", type=_count(0, MAX_SEED - 1), default=0, help="seed for parameters and data (default 0)")
+    length = ex.add_mutually_exclusive_group()
+    length.add_argument("--steps", type=_count(1), help="train until this step (default: one epoch of --data, "
+                        "or 10 steps of synthetic data)")
+    length.add_argument("--epochs", type=_count(1), help="train until this many passes over --data")
+    ex.add_argument("--seed", type=_count(0, MAX_SEED - 1), help="seed for parameters, synthetic data and "
+                    "shuffling (default 0; with --resume, the checkpoint's)")
+    ex.add_argument("--data", default=training.SYNTHETIC, metavar="DIR|FILE.npz|synthetic",
+                    help="training data: NAME.npy per model input (first axis: examples) in a folder, or one "
+                         ".npz; read through memory maps (default: one synthetic batch, repeated)")
+    ex.add_argument("--shuffle", action="store_true", help="shuffle the examples every epoch (by --seed)")
+    ex.add_argument("--eval", metavar="DIR|FILE.npz", help="held-out data: mean loss and reports on it at the end")
+    ex.add_argument("--eval-every", type=_count(1), default=0, metavar="N", help="and every N steps")
+    ex.add_argument("--save", metavar="FILE.safetensors", help="checkpoint (parameters, optimiser state, step, "
+                    "data position) at the end, on Ctrl-C, and every --save-every steps")
+    ex.add_argument("--save-every", type=_count(1), default=0, metavar="N", help="checkpoint every N steps")
+    start = ex.add_mutually_exclusive_group()
+    start.add_argument("--resume", metavar="FILE.safetensors", help="continue the run that wrote this checkpoint")
+    start.add_argument("--init", metavar="FILE.safetensors", help="start from this checkpoint's parameters")
+    ex.add_argument("--log", metavar="FILE.jsonl", help="append one JSON object per step, evaluation and "
+                    "checkpoint (swapdsl plot-log draws it)")
     ex.add_argument("--backend", choices=BACKENDS, default="auto", help="array backend (default auto)")
     ex.add_argument("--check", action="store_true",
                     help="(plans) run the reference executor beside it and compare every loss and parameter")
@@ -308,6 +365,11 @@ def make_parser() -> argparse.ArgumentParser:
                          "about 1e-3 relative from the FP32 reference instead of 1e-6")
     ex.add_argument("--json", action="store_true", help="print one JSON object instead of a line per step")
     ex.set_defaults(handler=_cmd_exec)
+
+    pl = sub.add_parser("plot-log", help="draw a training log (exec --log): loss and reports against the step")
+    pl.add_argument("file", metavar="FILE.jsonl")
+    pl.add_argument("-o", "--output", required=True, metavar="OUT.png")
+    pl.set_defaults(handler=_cmd_plot_log)
 
     op = sub.add_parser("optimize", help="plan a training step under a memory cap")
     op.add_argument("file", metavar="FILE.swp")
@@ -377,6 +439,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         print("error: ran out of memory", file=sys.stderr)
         print("  = hint: a smaller model, batch or --memory cap needs less", file=sys.stderr)
         return EXIT_USER_ERROR
+    except training.Interrupted as stop:
+        saved = f"; checkpoint of step {stop.step} in {stop.saved}" if stop.saved else ""
+        print(f"swapdsl: interrupted after step {stop.step}{saved}", file=sys.stderr)
+        return EXIT_INTERRUPTED
     except KeyboardInterrupt:
         print("swapdsl: interrupted", file=sys.stderr)
         return EXIT_INTERRUPTED

@@ -92,7 +92,7 @@ class SaveRecord:
 
 @attrs.frozen
 class Hooks:
-    on_start: Callable[[int, int, Dataset | None], None] | None = None  # (first step, last step, data)
+    on_start: Callable[[int, int, Dataset | None, int], None] | None = None  # (first step, last step, data, seed)
     on_step: Callable[[StepRecord], None] | None = None
     on_eval: Callable[[EvalRecord], None] | None = None
     on_save: Callable[[SaveRecord], None] | None = None
@@ -189,8 +189,6 @@ def train(g: Graph, stepper: Stepper, opts: Options, hooks: Hooks = Hooks(), eva
     if start >= last:
         raise SwpError(f"--resume `{opts.resume}` is at step {start}; the run ends at step {last}, so there is "
                        f"nothing left to do", hints=["ask for more with --steps or --epochs"])
-    if hooks.on_start is not None:
-        hooks.on_start(start + 1, last, ds)
     log = open(opts.log, "a", encoding="utf-8") if opts.log else None  # noqa: SIM115  (closed below)
     loader = Loader(ds, order, start) if ds is not None and order is not None else None
     steps: list[StepRecord] = []
@@ -209,6 +207,8 @@ def train(g: Graph, stepper: Stepper, opts: Options, hooks: Hooks = Hooks(), eva
 
     try:
         with deferred_interrupts() as stop:
+            if hooks.on_start is not None:
+                hooks.on_start(start + 1, last, ds, opts.seed or 0)
             for step in range(start + 1, last + 1):
                 batch = None
                 if loader is not None:

@@ -25,7 +25,7 @@ from swapdsl.planning import bench
 from swapdsl.planning.ga import SearchOptions
 from swapdsl.planning.optimize import METHOD_NAMES
 from swapdsl.runtime.backend import BACKENDS, array_module
-from swapdsl.progress import Progress
+from swapdsl.runtime.progress import Progress
 from swapdsl.runtime import training
 from swapdsl.runtime.dataset import Dataset
 from swapdsl.runtime.log import plot_log, read_log
@@ -125,14 +125,15 @@ def _cmd_exec(args: argparse.Namespace) -> int:
     progress: list[Progress] = []
     header: list[str] = []  # what is run, printed once the data and checkpoints have been checked
 
-    def start(first: int, last: int, ds: Dataset | None) -> None:
+    def start(first: int, last: int, ds: Dataset | None, seed: int) -> None:
         progress.append(Progress(last, ds.batches_per_epoch if ds else None, live=None if not args.json else False))
         if not args.json:
             data = (f"{ds.examples} examples of {args.data} ({ds.batches_per_epoch} batches of {ds.batch} an epoch"
                     + (f", {ds.dropped} in a partial batch left out" if ds.dropped else "") + ")"
                     if ds else "one synthetic batch")
             print(*header, sep="\n")
-            print(f"  steps {first}..{last} on {data}" + (", shuffled" if args.shuffle else ""), flush=True)
+            print(f"  steps {first}..{last} on {data}" + (", shuffled" if args.shuffle else "")
+                  + f", seed {seed}", flush=True)
 
     def quiet(method: str) -> Callable[[Any], None] | None:
         return None if args.json else lambda r: getattr(progress[-1], method)(r)

@@ -7,6 +7,7 @@ import os
 import random
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from conftest import MODELS, main, write
@@ -15,7 +16,7 @@ from swapdsl.fuzz import run_cli
 CASES = int(os.environ.get("SWAPDSL_CLI_FUZZ", "120"))
 SMALL = ["-D", "batch=2", "-D", "hidden=8", "-D", "features=8"]
 FILES = ["m.swp", "m.plan", "missing.swp", "folder", "/proc/x.swp", "empty.swp", "binary.swp", "plan.swp",
-         "model.plan"]
+         "model.plan", "l.jsonl", "ck.st"]
 # option -> values a user might give it, good and bad
 OPTIONS: dict[str, list[str]] = {
     "--memory": ["64KiB", "8MiB", "1e30", "lots", "-1", "0", "1KiB", "nan", "1.5GB", "9" * 40],
@@ -36,14 +37,23 @@ OPTIONS: dict[str, list[str]] = {
     "--models": ["mlp", "bogus", "m.swp"],
     "--plot": ["x.png", "/proc/x.png", "folder"],
     "--repeat": ["1", "0", "x"],
+    "--data": ["d", "d.npz", "synthetic", "missing", "folder", "binary.swp", "wide"],
+    "--eval": ["d", "d.npz", "missing", "folder", "wide"],
+    "--epochs": ["1", "2", "0", "x"],
+    "--save": ["ck.st", "new.st", "/proc/x.st", "folder", "missing/x.st"],
+    "--save-every": ["1", "0", "x"],
+    "--eval-every": ["1", "0", "x"],
+    "--resume": ["ck.st", "binary.swp", "missing.st", "m.plan", "l.jsonl"],
+    "--init": ["ck.st", "binary.swp", "missing.st", "empty.swp"],
+    "--log": ["l.jsonl", "/proc/x.jsonl", "folder"],
     "--base": ["v100-16gb", "bogus"],
 }
-FLAGS = ["--json", "--check", "--ir", "--training", "--help", "--version"]
-COMMANDS = ["check", "exec", "optimize", "simulate", "show", "profile", "bench", "devices", "bogus"]
+FLAGS = ["--json", "--check", "--ir", "--training", "--help", "--version", "--shuffle"]
+COMMANDS = ["check", "exec", "optimize", "simulate", "show", "profile", "plot-log", "bench", "devices", "bogus"]
 # what keeps a good command line short: no search of a minute, no zoo-wide bench
 QUICK = {"optimize": ["--memory", "64KiB", "--budget", "0.2", "--generations", "2", "--workers", "1"],
          "bench": ["--models", "mlp", "--ratios", "2", "--methods", "lru", "--budget", "0.2"],
-         "exec": ["--steps", "1"], "profile": ["--repeat", "1"]}
+         "exec": ["--steps", "1"], "profile": ["--repeat", "1"], "plot-log": ["-o", "p.png"]}
 
 
 @pytest.fixture(scope="module")
@@ -58,6 +68,16 @@ def folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
     write(d / "plan.swp", (d / "m.plan").read_text())
     write(d / "model.plan", (MODELS / "mlp.swp").read_text())
     write(d / "bad.json", '{"name": "x", "memory_bytes": -1}')
+    rng = np.random.default_rng(0)
+    arrays = {"x": rng.standard_normal((9, 8)).astype(np.float32), "y": rng.integers(0, 10, 9).astype(np.int32)}
+    (d / "d").mkdir()
+    (d / "wide").mkdir()
+    for name, a in arrays.items():
+        np.save(d / "d" / f"{name}.npy", a)
+        np.save(d / "wide" / f"{name}.npy", a.reshape(9, -1).repeat(2, axis=1))
+    np.savez(d / "d.npz", **arrays)
+    assert main(["exec", str(d / "m.plan"), "--data", str(d / "d"), "--steps", "2", "--save", str(d / "ck.st"),
+                 "--log", str(d / "l.jsonl")]) == 0
     return d
 
 
@@ -84,7 +104,8 @@ def command_line(rng: random.Random) -> list[str]:
 def _plausible(rng: random.Random) -> list[str]:
     command = rng.choice(COMMANDS[:-2])
     plan = command in ("simulate", "show") or (command == "exec" and rng.random() < 0.5)
-    argv = [command] + QUICK.get(command, []) + ([] if command == "bench" else ["m.plan" if plan else "m.swp"])
+    target = "l.jsonl" if command == "plot-log" else "m.plan" if plan else "m.swp"
+    argv = [command] + QUICK.get(command, []) + ([] if command == "bench" else [target])
     if command in ("check", "exec", "optimize", "profile") and not plan:
         argv += SMALL
     if command == "profile":

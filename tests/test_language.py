@@ -174,3 +174,25 @@ def test_assert_and_in(cli, in_tmp: Path) -> None:
     code, _, err = cli("check", "m.swp", "-D", "batch=3")
     assert code == 2
     assert err.splitlines()[:2] == ["error: batch must be a small power of two", " --> m.swp:2:5"]
+
+
+def test_reports_and_comparisons(in_tmp: Path) -> None:
+    body = """    input x: f32[batch, 3]
+    input y: i32[batch]
+    param w: [3, 3] = xavier
+    logits = x @ w
+    loss = softmax_cross_entropy(logits, y)
+    report accuracy = mean(cast(argmax(logits) == y, f32))
+    report big = sum(cast(x > 0.5 * x, f32))
+"""
+    g = graph_of(in_tmp, body.replace("0.5 * x", "x * 0.5"))
+    assert [name for name, _ in g.reports] == ["accuracy", "big"]
+    ops_ = [op.op for op in g.ops]
+    assert "argmax" in ops_ and "equal" in ops_ and "greater" in ops_
+    assert str(g.type_of(next(op for op in g.ops if op.op == "equal").outputs[0])) == "i32[4]"
+    from swapdsl.graph.autodiff import training_graph
+
+    t = training_graph(g)
+    assert t.metrics == {"accuracy": "report/accuracy", "big": "report/big"}
+    assert {old for old, _ in t.updates} >= {"report/accuracy", "report/big"}
+    assert not any(op.op.endswith("_grad") and "argmax" in op.op for op in t.ops)

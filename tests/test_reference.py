@@ -36,8 +36,9 @@ def test_human_output(cli) -> None:
     code, out, _ = cli("exec", MODELS / "mlp.swp", "--steps", "2", "--backend", "numpy")
     assert code == 0
     lines = out.splitlines()
-    assert lines[0] == f"training mlp ({MODELS / 'mlp.swp'}) for 2 steps on numpy, seed 0"
-    assert lines[1].startswith("  step 1/2  loss ")
+    assert lines[0] == f"training mlp ({MODELS / 'mlp.swp'}) on numpy with the reference executor (no cap)"
+    assert lines[1] == "  steps 1..2 on one synthetic batch, seed 0"
+    assert lines[2].startswith("  step 1/2  loss ") and "  accuracy " in lines[2]
     assert lines[-1].startswith("loss ")
 
 

@@ -13,8 +13,9 @@ from swapdsl.runtime.training import EvalRecord, SaveRecord, StepRecord
 
 
 class Progress:
-    def __init__(self, last_step: int, per_epoch: int | None, out: TextIO = sys.stdout,
+    def __init__(self, last_step: int, per_epoch: int | None, out: TextIO | None = None,
                  live: bool | None = None) -> None:
+        out = sys.stdout if out is None else out
         self.last, self.per_epoch, self.out = last_step, per_epoch, out
         self.live = out.isatty() if live is None else live
         self.width = len(str(last_step))
@@ -34,7 +35,7 @@ class Progress:
         rate = self.examples / elapsed if elapsed > 0 else 0.0
         eta = (self.last - r.step) * elapsed / done
         epoch = f"  epoch {r.epoch}/{-(-self.last // self.per_epoch)}" if r.epoch and self.per_epoch else ""
-        figures = "".join(f"  {k} {v:.4g}" for k, v in r.metrics.items())
+        figures = "".join(f"  {k} {v:.4f}" for k, v in r.metrics.items())
         diff = f"  max rel diff {r.diff:.2e}" if r.diff is not None else ""
         line = (f"  step {r.step:>{self.width}}/{self.last}{epoch}  loss {r.loss:.6f}{figures}  "
                 f"{r.step_ms:8.1f} ms  {rate:,.0f} ex/s")
@@ -47,7 +48,7 @@ class Progress:
             print(line + diff, file=self.out, flush=True)
 
     def evaluation(self, r: EvalRecord) -> None:
-        figures = "".join(f"  {k} {v:.4g}" for k, v in r.metrics.items())
+        figures = "".join(f"  {k} {v:.4f}" for k, v in r.metrics.items())
         dropped = f", {r.dropped} in a partial batch left out" if r.dropped else ""
         self._line(f"  eval after step {r.step}: loss {r.loss:.6f}{figures}  ({r.examples} held-out examples"
                    f"{dropped}, {r.eval_ms:.0f} ms)")

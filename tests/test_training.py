@@ -1,0 +1,304 @@
+"""Training on a user's data: data checks, batches, checkpoints, resume, evaluation, the log, Ctrl-C."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+from safetensors.numpy import load_file
+
+import swapdsl
+from conftest import MODELS, REPO
+from swapdsl.common.errors import SwpError
+from swapdsl.runtime import checkpoint, training
+from swapdsl.runtime.dataset import Loader, Order, gather, open_dataset
+
+MLP = MODELS / "mlp.swp"
+ARGS = {"batch": 8, "features": 16, "hidden": 32, "depth": 3, "lr": 0.01}
+DEFINES = [x for k, v in ARGS.items() for x in ("-D", f"{k}={v}")]
+CAP = 20 * 1024  # half the no-swap memory: the plan swaps
+
+
+def make_data(folder: Path, n: int, seed: int = 0, features: int = 16, classes: int = 10) -> Path:
+    """A learnable task: the class is the index of the largest of the first ``classes`` features."""
+    rng = np.random.default_rng(seed)
+    x = rng.standard_normal((n, features)).astype(np.float32)
+    folder.mkdir(parents=True, exist_ok=True)
+    np.save(folder / "x.npy", x)
+    np.save(folder / "y.npy", np.argmax(x[:, :classes], axis=1).astype(np.int32))
+    return folder
+
+
+@pytest.fixture(scope="module")
+def setup(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    d = tmp_path_factory.mktemp("training")
+    model = swapdsl.load(MLP, **ARGS)
+    plan = swapdsl.optimize(model, memory=CAP, method="belady")
+    assert dict(plan.figures)["h2d_bytes"] > 0
+    swapdsl.save(plan, d / "m.plan")
+    return {"dir": d, "plan": d / "m.plan", "train": make_data(d / "train", 100),
+            "test": make_data(d / "test", 44, seed=1)}
+
+
+def run_json(cli, *argv: object) -> dict:
+    code, out, err = cli("exec", *argv, "--json")
+    assert code == 0, err
+    return json.loads(out)
+
+
+# -- data
+
+def test_data_errors_name_the_input_and_what_was_expected(cli, tmp_path: Path) -> None:
+    good = make_data(tmp_path / "good", 20)
+    x, y = np.load(good / "x.npy"), np.load(good / "y.npy")
+    cases = {
+        "missing": ({"x": x}, "has no array for input `y`"),
+        "dtype": ({"x": x.astype(np.float64), "y": y}, "input `x` has dtype float64, expected float32"),
+        "shape": ({"x": x[:, :15], "y": y}, "input `x` has shape [20, 15], expected [N, 16]"),
+        "rank": ({"x": x, "y": y[:, None]}, "input `y` has shape [20, 1], expected [N]"),
+        "few": ({"x": x[:5], "y": y[:5]}, "holds 5 examples, fewer than one batch of 8"),
+        "counts": ({"x": x, "y": y[:10]}, "different numbers of examples"),
+        "labels": ({"x": x, "y": np.where(np.arange(20) == 7, 10, y).astype(np.int32)},
+                   "holds 10 at flat index 7, outside [0, 10)"),
+    }
+    for name, (arrays, message) in cases.items():
+        folder = tmp_path / name
+        folder.mkdir()
+        for k, v in arrays.items():
+            np.save(folder / f"{k}.npy", v)
+        code, out, err = cli("exec", MLP, *DEFINES, "--data", folder, "--steps", "1")
+        assert code == 2 and out == "" and message in err, (name, err)
+        assert "Traceback" not in err
+    code, _, err = cli("exec", MLP, *DEFINES, "--epochs", "2")
+    assert code == 2 and "--epochs needs --data" in err
+
+
+def test_npz_members_are_memory_mapped_when_stored(tmp_path: Path) -> None:
+    g = swapdsl.load(MLP, **ARGS).training
+    folder = make_data(tmp_path / "d", 30)
+    arrays = {k: np.load(folder / f"{k}.npy") for k in ("x", "y")}
+    np.savez(tmp_path / "stored.npz", **arrays)
+    np.savez_compressed(tmp_path / "packed.npz", **arrays)
+    stored, packed = open_dataset(str(tmp_path / "stored.npz"), g), open_dataset(str(tmp_path / "packed.npz"), g)
+    assert isinstance(stored.arrays["x"], np.memmap) and not isinstance(packed.arrays["x"], np.memmap)
+    for ds in (stored, packed):
+        assert all(np.array_equal(ds.arrays[k], arrays[k]) for k in arrays)
+        assert (ds.examples, ds.batch, ds.batches_per_epoch, ds.dropped) == (30, 8, 3, 6)
+
+
+def test_shuffled_order_covers_each_epoch_once_and_depends_on_the_seed() -> None:
+    order = Order(50, 8, shuffle=True, seed=3)
+    epoch = np.concatenate([order.indices(k) for k in range(order.per_epoch)])
+    assert len(set(epoch.tolist())) == 48 and not np.array_equal(epoch, np.sort(epoch))
+    assert not np.array_equal(order.indices(order.per_epoch), order.indices(0))  # a new permutation
+    assert not np.array_equal(Order(50, 8, True, 4).indices(0), order.indices(0))
+    assert Order(50, 8, False, 3).indices(1) == slice(8, 16)
+
+
+def test_gather_keeps_the_order_asked_for(tmp_path: Path) -> None:
+    g = swapdsl.load(MLP, **ARGS).training
+    ds = open_dataset(str(make_data(tmp_path / "d", 20)), g)
+    where = np.array([5, 1, 19, 0, 7, 7, 3, 2])
+    batch = gather(ds, where)
+    assert np.array_equal(batch["x"], np.asarray(ds.arrays["x"])[where])
+
+
+def test_the_next_batch_is_read_while_the_step_runs(tmp_path: Path) -> None:
+    """Each step waits until the loader has started reading the following batch: a loader that reads only
+    when asked would never start it, and the step would time out."""
+    g = swapdsl.load(MLP, **ARGS).training
+    ds = open_dataset(str(make_data(tmp_path / "d", 64)), g)
+    started = [threading.Event() for _ in range(ds.batches_per_epoch + 2)]
+
+    def slow_read(d, where):  # noqa: ANN001, ANN202
+        position = where.start // d.batch
+        started[position].set()
+        time.sleep(0.05)
+        return gather(d, where)
+
+    loader = Loader(ds, Order(64, 8, False, 0), 0, read=slow_read)
+    try:
+        for k in range(ds.batches_per_epoch - 1):
+            position, batch = loader.next()
+            assert position == k and batch["x"].shape == (8, 16)
+            assert started[k + 1].wait(timeout=10), f"batch {k + 1} was not read during step {k}"
+    finally:
+        loader.close()
+
+
+def test_data_loading_errors_reach_the_caller(tmp_path: Path) -> None:
+    g = swapdsl.load(MLP, **ARGS).training
+    ds = open_dataset(str(make_data(tmp_path / "d", 16)), g)
+
+    def broken(d, where):  # noqa: ANN001, ANN202
+        raise OSError("disk gone")
+
+    loader = Loader(ds, Order(16, 8, False, 0), 0, read=broken)
+    with pytest.raises(OSError, match="disk gone"):
+        loader.next()
+    loader.close()
+
+
+# -- training on data, plans and reference alike
+
+def test_a_plan_trains_on_data_exactly_like_the_reference(cli, setup: dict[str, Path]) -> None:
+    run = run_json(cli, setup["plan"], "--data", setup["train"], "--epochs", "3", "--shuffle", "--check")
+    assert run["steps"] == 36 and run["max_rel_diff"] == 0.0 and run["dropped_per_epoch"] == 4
+    ref = run_json(cli, MLP, *DEFINES, "--data", setup["train"], "--epochs", "3", "--shuffle")
+    assert ref["loss"] == run["loss"] and ref["metrics"] == run["metrics"]
+    assert run["loss"][-1] < run["loss"][0]
+
+
+def test_evaluation_runs_inside_the_cap_and_matches_the_reference(cli, setup: dict[str, Path]) -> None:
+    argv = ["--data", setup["train"], "--steps", "30", "--eval", setup["test"], "--eval-every", "10"]
+    run = run_json(cli, setup["plan"], *argv)
+    ref = run_json(cli, MLP, *DEFINES, *argv)
+    assert [e["step"] for e in run["eval"]] == [10, 20, 30]
+    assert run["eval"] == [dict(e, eval_ms=r["eval_ms"]) for e, r in zip(ref["eval"], run["eval"])]
+    assert run["eval"][0]["examples"] == 40 and run["eval"][0]["dropped"] == 4
+    assert 0.0 <= run["eval"][-1]["metrics"]["accuracy"] <= 1.0
+    assert run["device_bytes_allocated"] == run["cap_bytes"] == CAP
+    assert run["loss"] == ref["loss"]  # evaluation left the training state as it found it
+
+
+def test_accuracy_report_is_the_fraction_of_right_answers(setup: dict[str, Path]) -> None:
+    """The report, checked against NumPy on the same parameters and batch."""
+    model = swapdsl.load(MLP, **ARGS)
+    from swapdsl.graph.autodiff import evaluation_graph
+    from swapdsl.runtime.reference import Trainer
+
+    forward = Trainer(evaluation_graph(model.graph), 0, np)
+    batch = {k: np.load(setup["test"] / f"{k}.npy")[:8] for k in ("x", "y")}
+    forward.set_batch(batch)
+    forward.run_step(1)
+    p = forward.state()
+    h = batch["x"]
+    for layer in range(3):
+        h = np.maximum(h @ p[f"layer{layer}.dense.w"] + p[f"layer{layer}.dense.b"], 0)
+    logits = h @ p["head.w"] + p["head.b"]
+    assert forward.metrics()["accuracy"] == pytest.approx(np.mean(np.argmax(logits, 1) == batch["y"]), abs=1e-7)
+
+
+# -- checkpoints
+
+def test_resume_is_bit_exact_under_a_swapping_plan(cli, setup: dict[str, Path], tmp_path: Path) -> None:
+    data = ["--data", setup["train"], "--shuffle", "--seed", "4"]
+    whole = run_json(cli, setup["plan"], *data, "--steps", "20", "--save", tmp_path / "whole.st")
+    run_json(cli, setup["plan"], *data, "--steps", "10", "--save", tmp_path / "half.st")
+    rest = run_json(cli, setup["plan"], "--data", setup["train"], "--shuffle", "--steps", "20",
+                    "--resume", tmp_path / "half.st", "--save", tmp_path / "half.st")
+    assert rest["first_step"] == 11 and rest["seed"] == 4 and rest["loss"] == whole["loss"][10:]
+    a, b = load_file(tmp_path / "whole.st"), load_file(tmp_path / "half.st")
+    assert a.keys() == b.keys() and all(np.array_equal(a[k], b[k]) for k in a)
+
+
+def test_resume_with_check_starts_the_reference_from_the_checkpoint(cli, setup: dict[str, Path],
+                                                                    tmp_path: Path) -> None:
+    run_json(cli, setup["plan"], "--data", setup["train"], "--steps", "3", "--save", tmp_path / "c.st")
+    run = run_json(cli, setup["plan"], "--data", setup["train"], "--steps", "6", "--resume", tmp_path / "c.st",
+                   "--check")
+    assert run["max_rel_diff"] == 0.0 and run["steps"] == 3
+
+
+def test_checkpoint_round_trips_through_safetensors_numpy(setup: dict[str, Path], tmp_path: Path) -> None:
+    model = swapdsl.load(MLP, **ARGS)
+    run = swapdsl.execute(model, steps=3, options=training.Options(save=str(tmp_path / "c.st")), backend="numpy")
+    values = load_file(tmp_path / "c.st")
+    assert set(values) == set(model.training.persistent)
+    assert all(values[n].shape == model.training.type_of(n).shape for n in values)
+    ck = checkpoint.read(str(tmp_path / "c.st"), "--resume")
+    assert (ck.step, ck.position, ck.seed, ck.meta["model"]) == (3, 3, 0, "mlp")
+    assert json.loads(ck.meta["args"]).items() >= ARGS.items()
+    assert run.outcome is not None and run.outcome.saves[-1].nbytes == (tmp_path / "c.st").stat().st_size
+
+
+def test_checkpoints_of_other_runs_are_refused(cli, setup: dict[str, Path], tmp_path: Path) -> None:
+    run_json(cli, MLP, *DEFINES, "--steps", "2", "--save", tmp_path / "c.st")
+    other = [x for k, v in {**ARGS, "hidden": 16}.items() for x in ("-D", f"{k}={v}")]
+    code, out, err = cli("exec", MLP, *other, "--steps", "4", "--resume", tmp_path / "c.st")
+    assert code == 2 and out == "" and "its model arguments differ" in err
+    code, _, err = cli("exec", MLP, *other, "--steps", "4", "--init", tmp_path / "c.st")
+    assert code == 2 and "tensor `layer0.dense.w` is float32[16, 32], the model's is f32[16,16]" in err
+    code, _, err = cli("exec", MLP, *DEFINES, "--steps", "2", "--resume", tmp_path / "c.st")
+    assert code == 2 and "nothing left to do" in err
+    code, _, err = cli("exec", MLP, *DEFINES, "--steps", "4", "--resume", tmp_path / "c.st", "--seed", "1")
+    assert code == 2 and "--seed 0" in err
+    (tmp_path / "junk.st").write_bytes(b"not a checkpoint")
+    code, _, err = cli("exec", MLP, *DEFINES, "--steps", "4", "--resume", tmp_path / "junk.st")
+    assert code == 2 and "is not a safetensors file" in err
+
+
+def test_init_takes_parameters_only(cli, setup: dict[str, Path], tmp_path: Path) -> None:
+    first = run_json(cli, MLP, *DEFINES, "--steps", "5", "--save", tmp_path / "c.st")
+    run = run_json(cli, setup["plan"], "--steps", "1", "--init", tmp_path / "c.st", "--check")
+    assert run["first_step"] == 1 and run["max_rel_diff"] == 0.0
+    assert run["loss"][0] < first["loss"][0]  # trained parameters, fresh optimiser state
+
+
+# -- the log, and what the run looks like
+
+def test_log_records_every_step_and_evaluation(cli, setup: dict[str, Path], tmp_path: Path) -> None:
+    log = tmp_path / "run.jsonl"
+    run_json(cli, setup["plan"], "--data", setup["train"], "--steps", "12", "--eval", setup["test"],
+             "--eval-every", "6", "--log", log, "--save", tmp_path / "c.st")
+    records = [json.loads(line) for line in log.read_text().splitlines()]
+    steps = [r for r in records if r["event"] == "step"]
+    assert [r["step"] for r in steps] == list(range(1, 13))
+    assert {"loss", "metrics", "step_ms", "h2d_bytes", "d2h_bytes", "epoch"} <= set(steps[0])
+    assert steps[0]["h2d_bytes"] > 0 and "accuracy" in steps[0]["metrics"]
+    assert [r["step"] for r in records if r["event"] == "eval"] == [6, 12]
+    assert [r["step"] for r in records if r["event"] == "save"] == [12]
+    code, out, err = cli("plot-log", log, "-o", tmp_path / "loss.png")
+    assert code == 0, err
+    assert (tmp_path / "loss.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_plot_log_refuses_what_is_not_a_log(cli, tmp_path: Path) -> None:
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"event": "step", "step": 1, "loss": 1.0, "metrics": {}}\n{"event": "step"\n')
+    code, out, err = cli("plot-log", bad, "-o", tmp_path / "x.png")
+    assert code == 2 and f"{bad}:2:" in err and not (tmp_path / "x.png").exists()
+    bad.write_text('{"event": "eval", "step": 1, "loss": 1.0, "metrics": {}}\n')
+    code, _, err = cli("plot-log", bad, "-o", tmp_path / "x.png")
+    assert code == 2 and "no training steps" in err
+
+
+def test_progress_lines_show_epoch_loss_reports_and_rate(cli, setup: dict[str, Path]) -> None:
+    code, out, err = cli("exec", setup["plan"], "--data", setup["train"], "--epochs", "1", "--eval", setup["test"])
+    assert code == 0, err
+    lines = out.splitlines()
+    assert "12 batches of 8 an epoch, 4 in a partial batch left out" in lines[1]
+    assert "step 12/12  epoch 1/1  loss" in out and "accuracy" in lines[2] and "ex/s" in lines[2]
+    assert "eval after step 12: loss" in out and "held out: loss" in lines[-2]
+
+
+# -- Ctrl-C
+
+def test_ctrl_c_finishes_the_step_saves_and_exits_130(setup: dict[str, Path], tmp_path: Path) -> None:
+    ck = tmp_path / "c.st"
+    proc = subprocess.Popen([sys.executable, "-m", "swapdsl", "exec", str(setup["plan"]), "--data",
+                             str(setup["train"]), "--epochs", "100000", "--save", str(ck)],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=REPO,
+                            env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    assert proc.stdout is not None
+    while "step" not in proc.stdout.readline():  # the header, then the first step
+        pass
+    proc.send_signal(signal.SIGINT)
+    out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 130, err
+    assert "interrupted after step" in err and str(ck) in err
+    saved = checkpoint.read(str(ck), "--resume")
+    assert saved.step >= 1 and set(saved.values) == set(swapdsl.load(MLP, **ARGS).training.persistent)
+
+
+def test_api_refuses_steps_and_epochs_together() -> None:
+    with pytest.raises(SwpError, match="not both"):
+        swapdsl.execute(swapdsl.load(MLP, **ARGS), options=training.Options(steps=2, epochs=1, data="x"))

@@ -352,13 +352,13 @@ class PlanRunner:
         return float(self.hview(name))
 
     def persistent_values(self) -> dict[str, np.ndarray]:
-        """Params and optimiser state as the next step will see them (for comparisons)."""
+        """Params and optimiser state as the next step will see them: copies, which later steps leave alone."""
         out = {}
         for t in self.plan.tensors:
             if t.home is None or t.kind == "input":
                 continue
             home = t.home
-            out[t.name] = to_host(self.dview(t.name, home)) if isinstance(home, Region) else self.hview(t.name).copy()
+            out[t.name] = np.array(to_host(self.dview(t.name, home)) if isinstance(home, Region) else self.hview(t.name))
         return out
 
     def close(self) -> None:

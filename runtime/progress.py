@@ -13,10 +13,13 @@ from swapdsl.runtime.training import EvalRecord, SaveRecord, StepRecord
 
 
 class Progress:
+    """``live``: rewrite one line (default: when ``out`` is a terminal); else a line every ``every`` steps
+    (about 25 lines a run; ``--log`` has them all) and at the last."""
+
     def __init__(self, last_step: int, per_epoch: int | None, out: TextIO | None = None,
-                 live: bool | None = None) -> None:
+                 live: bool | None = None, every: int = 1) -> None:
         out = sys.stdout if out is None else out
-        self.last, self.per_epoch, self.out = last_step, per_epoch, out
+        self.last, self.per_epoch, self.out, self.every = last_step, per_epoch, out, every
         self.live = out.isatty() if live is None else live
         self.width = len(str(last_step))
         self.started: float | None = None
@@ -44,7 +47,7 @@ class Progress:
                 self.out.write(f"\r\033[K{line}  ETA {_clock(eta)}{diff}")
                 self.out.flush()
                 self.shown, self.pending = now, True
-        else:
+        elif (r.step - (self.first or r.step)) % self.every == 0 or r.step == self.last:
             print(line + diff, file=self.out, flush=True)
 
     def evaluation(self, r: EvalRecord) -> None:

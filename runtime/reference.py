@@ -89,7 +89,7 @@ class Trainer:
         return {name: float(to_host(self.persistent[t])) for name, t in self.g.metrics.items()}
 
     def state(self) -> dict[str, np.ndarray]:
-        return {name: to_host(v) for name, v in self.persistent.items()}
+        return {name: np.array(to_host(v)) for name, v in self.persistent.items()}
 
     def load_state(self, values: Mapping[str, np.ndarray], step: int) -> None:
         self.persistent.update({name: self.xp.asarray(values[name]) for name in self.g.persistent if name in values})

@@ -126,7 +126,8 @@ def _cmd_exec(args: argparse.Namespace) -> int:
     header: list[str] = []  # what is run, printed once the data and checkpoints have been checked
 
     def start(first: int, last: int, ds: Dataset | None, seed: int) -> None:
-        progress.append(Progress(last, ds.batches_per_epoch if ds else None, live=None if not args.json else False))
+        progress.append(Progress(last, ds.batches_per_epoch if ds else None, live=None if not args.json else False,
+                                 every=max(1, (last - first + 1) // 25)))
         if not args.json:
             data = (f"{ds.examples} examples of {args.data} ({ds.batches_per_epoch} batches of {ds.batch} an epoch"
                     + (f", {ds.dropped} in a partial batch left out" if ds.dropped else "") + ")"

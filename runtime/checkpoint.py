@@ -16,7 +16,7 @@ from pathlib import Path
 import attrs
 import numpy as np
 
-from swapdsl.common.atomic import write_bytes_atomically
+from swapdsl.common.atomic import atomic_path
 from swapdsl.common.errors import SwpError
 from swapdsl.graph.ir import Graph
 from swapdsl.graph.ops.registry import np_dtype
@@ -54,14 +54,14 @@ def identity(g: Graph) -> dict[str, str]:
 def save(path: str, g: Graph, values: Mapping[str, np.ndarray], step: int, position: int, seed: int,
          data: str, shuffle: bool) -> int:
     """Write the checkpoint atomically; returns its size in bytes."""
-    from safetensors.numpy import save as encode
+    from safetensors.numpy import save_file
 
     meta = {"format": FORMAT, "version": VERSION, **identity(g), "step": str(step), "position": str(position),
             "seed": str(seed), "data": data, "shuffle": json.dumps(shuffle),
             "rng": "counter-based: (seed, step) is the whole state"}
-    blob = encode({name: np.asarray(values[name], order="C") for name in g.persistent}, metadata=meta)
-    write_bytes_atomically(path, blob, "checkpoint")
-    return len(blob)
+    with atomic_path(path, "checkpoint") as tmp:
+        save_file({name: np.asarray(values[name], order="C") for name in g.persistent}, tmp, metadata=meta)
+    return Path(path).stat().st_size
 
 
 def read(path: str, flag: str) -> Checkpoint:

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
 import glob
 import os
 import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 
 from swapdsl.common.errors import SwpError
@@ -26,7 +28,14 @@ def write_text_atomically(path: str | Path, text: str, what: str = "file") -> No
 
 
 def write_bytes_atomically(path: str | Path, data: bytes, what: str = "file") -> None:
-    """A temporary file in the same folder, flushed, then renamed over the target.
+    with atomic_path(path, what) as tmp, open(tmp, "wb") as f:
+        f.write(data)
+
+
+@contextlib.contextmanager
+def atomic_path(path: str | Path, what: str = "file") -> Iterator[str]:
+    """A temporary file's path in the same folder, for the caller to write; then flushed to disk and
+    renamed over the target (or removed, if the caller fails).
 
     A writer killed before the rename leaves its temporary file behind; the next write to the same
     target removes those whose writer is gone (the temporary file's name carries its process id)."""
@@ -35,12 +44,12 @@ def write_bytes_atomically(path: str | Path, data: bytes, what: str = "file") ->
     _remove_stale(target, folder)
     try:
         fd, tmp = tempfile.mkstemp(prefix=_prefix(target), suffix=".tmp", dir=folder)
+        os.close(fd)
     except OSError as exc:
         raise SwpError(f"cannot write the {what} `{path}`: {exc.strerror or exc}") from None
     try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-            f.flush()
+        yield tmp
+        with open(tmp, "rb+") as f:
             os.fsync(f.fileno())
         umask = os.umask(0)
         os.umask(umask)

@@ -1,6 +1,6 @@
 """Training runs on NumPy: examples per second with synthetic data and with --data, and checkpoint cost.
 
-Usage: python bench/training.py [--steps 300] [--checkpoint-models mlp tiny_resnet resnet bert gpt vgg]
+Usage: python bench/training.py [--steps 300] [--repeats 5] [--checkpoint-models mlp tiny_resnet resnet bert gpt vgg]
 
 Throughput: each model's plan (planned here with belady under the cap given) runs --steps steps on
 its one synthetic batch, then on a memory-mapped .npy data set of 4,096 random examples, shuffled;
@@ -56,8 +56,8 @@ def examples_per_second(plan: object, options: training.Options) -> tuple[float,
     return sum(counts[1:]) / (ends[-1] - ends[0]), float(np.median(run.step_ms))
 
 
-def throughput(steps: int, folder: Path) -> None:
-    print("| model | cap | data | examples/s | median step |")
+def throughput(steps: int, repeats: int, folder: Path) -> None:
+    print(f"| model | cap | data | examples/s, median of {repeats} (range) | median step |")
     print("| --- | ---: | --- | ---: | ---: |")
     for name, args, cap in RUNS:
         model = swapdsl.load(STDLIB_DIR / "models" / f"{name}.swp", **args)
@@ -65,10 +65,17 @@ def throughput(steps: int, folder: Path) -> None:
         data = folder / name
         data.mkdir()
         write_data(model, data, 4096)
-        for label, opts in (("synthetic", training.Options(steps=steps)),
-                            ("--data --shuffle", training.Options(steps=steps, data=str(data), shuffle=True))):
-            rate, step = examples_per_second(plan, opts)
-            print(f"| {name} | {cap} | {label} | {rate:,.0f} | {step:.2f} ms |", flush=True)
+        runs = {"synthetic": training.Options(steps=steps),
+                "--data --shuffle": training.Options(steps=steps, data=str(data), shuffle=True)}
+        measured: dict[str, list[tuple[float, float]]] = {label: [] for label in runs}
+        for _ in range(repeats):  # interleaved, so a busy moment of the machine hits both alike
+            for label, opts in runs.items():
+                measured[label].append(examples_per_second(plan, opts))
+        for label, results in measured.items():
+            rates = sorted(r for r, _ in results)
+            step = float(np.median([ms for _, ms in results]))
+            print(f"| {name} | {cap} | {label} | {rates[len(rates) // 2]:,.0f} ({rates[0]:,.0f}-{rates[-1]:,.0f}) | "
+                  f"{step:.2f} ms |", flush=True)
 
 
 def checkpoints(models: list[str], folder: Path) -> None:
@@ -93,10 +100,11 @@ def checkpoints(models: list[str], folder: Path) -> None:
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--steps", type=int, default=300)
+    p.add_argument("--repeats", type=int, default=5)
     p.add_argument("--checkpoint-models", nargs="*", default=["mlp", "tiny_resnet", "resnet", "bert", "gpt", "vgg"])
     args = p.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
-        throughput(args.steps, Path(tmp))
+        throughput(args.steps, args.repeats, Path(tmp))
         checkpoints(args.checkpoint_models, Path(tmp))
 
 

@@ -22,7 +22,7 @@ import numpy as np
 from swapdsl.common.errors import SwpError
 from swapdsl.graph.ir import Graph
 from swapdsl.runtime import checkpoint
-from swapdsl.runtime.dataset import Batch, Dataset, Loader, Order, gather, open_dataset
+from swapdsl.runtime.dataset import Batch, Dataset, Loader, Order, batch_size, gather, open_dataset
 
 SYNTHETIC = "synthetic"
 DEFAULT_STEPS = 10  # with synthetic data and neither --steps nor --epochs
@@ -189,7 +189,7 @@ def train(g: Graph, stepper: Stepper, opts: Options, hooks: Hooks = Hooks(), eva
     if start >= last:
         raise SwpError(f"--resume `{opts.resume}` is at step {start}; the run ends at step {last}, so there is "
                        f"nothing left to do", hints=["ask for more with --steps or --epochs"])
-    log = open(opts.log, "a", encoding="utf-8") if opts.log else None  # noqa: SIM115  (closed below)
+    log = _open_log(opts.log)
     loader = Loader(ds, order, start) if ds is not None and order is not None else None
     steps: list[StepRecord] = []
     evals: list[EvalRecord] = []
@@ -238,12 +238,20 @@ def train(g: Graph, stepper: Stepper, opts: Options, hooks: Hooks = Hooks(), eva
 
 
 def _batch_of(g: Graph) -> int:
-    from swapdsl.runtime.dataset import batch_size
-
+    """Examples in a synthetic batch (1 for a model whose inputs have no common first axis)."""
     try:
         return batch_size(g)
     except SwpError:
         return 1
+
+
+def _open_log(path: str | None) -> IO[str] | None:
+    if path is None:
+        return None
+    try:
+        return open(path, "a", encoding="utf-8")  # noqa: SIM115  (train closes it)
+    except OSError as exc:
+        raise SwpError(f"cannot write the log `{path}`: {exc.strerror or exc}") from None
 
 
 def _restore(g: Graph, stepper: Stepper, opts: Options) -> int:

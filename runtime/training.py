@@ -164,6 +164,9 @@ def plan_run(g: Graph, opts: Options) -> tuple[Dataset | None, Order | None, int
     """The data (checked against the model), its order, and the last step to run."""
     if opts.steps is not None and opts.epochs is not None:
         raise SwpError("give --steps or --epochs, not both")
+    for every, needs in (("eval_every", "eval"), ("save_every", "save")):
+        if getattr(opts, every) and not getattr(opts, needs):
+            raise SwpError(f"--{every.replace('_', '-')} needs --{needs} PATH")
     ds = None if opts.data == SYNTHETIC else open_dataset(opts.data, g)
     if ds is None:
         if opts.epochs is not None or opts.shuffle:

@@ -9,6 +9,7 @@ The pipeline is a chain of pure stages, one package each (docs/design.md):
     plan = swapdsl.optimize(model, memory="8GiB")
     swapdsl.save(plan, "net.plan")
     print(swapdsl.execute(plan, steps=10).losses)
+    run = swapdsl.execute(plan, options=swapdsl.Options(data="train/", epochs=3, save="net.safetensors"))
 """
 
 from __future__ import annotations
@@ -16,7 +17,8 @@ from __future__ import annotations
 from typing import Any
 
 __version__ = "0.1.0"
-__all__ = ["Execution", "Model", "SwpError", "execute", "load", "optimize", "read", "save", "simulate"]
+__all__ = ["Execution", "Hooks", "Model", "Options", "SwpError", "execute", "load", "optimize", "read", "save",
+           "simulate"]
 
 
 def __getattr__(name: str) -> Any:

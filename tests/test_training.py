@@ -79,6 +79,8 @@ def test_data_errors_name_the_input_and_what_was_expected(cli, tmp_path: Path) -
         assert "Traceback" not in err
     code, _, err = cli("exec", MLP, *DEFINES, "--epochs", "2")
     assert code == 2 and "--epochs needs --data" in err
+    code, _, err = cli("exec", MLP, *DEFINES, "--save-every", "2")
+    assert code == 2 and "--save-every needs --save PATH" in err
 
 
 def test_npz_members_are_memory_mapped_when_stored(tmp_path: Path) -> None:

@@ -38,9 +38,8 @@ from swapdsl.plan.validate import validate
 from swapdsl.planning.ga import SearchOptions
 from swapdsl.planning.optimize import optimize as plan_with
 from swapdsl.planning.problem import Request
-from swapdsl.runtime import reference
+from swapdsl.runtime import reference, training
 from swapdsl.runtime.backend import array_module, device_bytes_held, require_memory, separate_pool
-from swapdsl.runtime import training
 from swapdsl.runtime.interpreter import PlanRunner
 from swapdsl.runtime.training import Hooks, Options, Outcome
 
@@ -61,6 +60,13 @@ class Model:
         t = training_graph(self.graph)
         check_graph(t)
         return t
+
+    @functools.cached_property
+    def evaluation(self) -> Graph:
+        """The forward pass of the loss and the reports that evaluation runs (dropout off)."""
+        e = evaluation_graph(self.graph)
+        check_graph(e)
+        return e
 
     @property
     def args(self) -> dict[str, int | float | bool]:
@@ -211,7 +217,7 @@ def _train_reference(m: Model, opts: Options, backend: str, hooks: Hooks) -> Exe
     trainer = reference.Trainer(m.training, seed, xp)
     evaluate = None
     if opts.eval:
-        evaluate = training.evaluator(trainer, reference.Trainer(evaluation_graph(m.graph), seed, xp))
+        evaluate = training.evaluator(trainer, reference.Trainer(m.evaluation, seed, xp))
     outcome = training.train(m.training, trainer, opts, hooks, evaluate)
     return _execution(m.graph.name, name, opts, outcome)
 
@@ -271,8 +277,7 @@ def _plan_evaluator(plan: Plan, runner: PlanRunner, backend: str, xp: ModuleType
                     seed: int) -> tuple[training.Evaluator, PlanRunner]:
     """Evaluation inside the training plan's arena: the forward graph planned (belady: quick, and never worse
     placed than the training step's forward part needs) under the same cap."""
-    g = evaluation_graph(_model_of(plan).graph)
-    check_graph(g)
+    g = _model_of(plan).evaluation
     forward_plan = plan_with(Request(g, plan.device, plan.cap, plan.model_path, plan.args), "belady")
     state = runner.state()
     forward = PlanRunner(forward_plan, g, backend, xp, seed, graph=False, arena=runner.arena)

@@ -27,9 +27,8 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from types import ModuleType
-from collections.abc import Mapping
 from typing import Any, NamedTuple
 
 import attrs
@@ -195,6 +194,8 @@ class PlanRunner:
         self._load({name: values[name] for name in self.g.persistent if name in values})
         self.ctx.step.fill(step)
         self.steps_run = step
+        if self.backend == "cupy":  # written on the current stream; the step's streams do not wait for it
+            self.xp.cuda.runtime.deviceSynchronize()
 
     def _put(self, dst: Any, src: np.ndarray) -> None:
         if self.backend == "cupy":

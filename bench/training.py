@@ -1,11 +1,14 @@
-"""Training runs on NumPy: examples per second with synthetic data and with --data, and checkpoint cost.
+"""Training runs: examples per second with synthetic data and with --data, resuming, and checkpoint cost.
 
-Usage: python bench/training.py [--steps 300] [--repeats 5] [--checkpoint-models mlp tiny_resnet resnet bert gpt vgg]
+Usage: python bench/training.py [--backend numpy|cupy] [--steps 300] [--repeats 5]
+                                [--checkpoint-models mlp tiny_resnet resnet bert gpt vgg]
 
 Throughput: each model's plan (planned here with belady under the cap given) runs --steps steps on
 its one synthetic batch, then on a memory-mapped .npy data set of 4,096 random examples, shuffled;
 examples per second count from the end of the first step to the end of the last (the wall clock, so
-loading the next batch counts wherever it is not hidden behind the step). Checkpoints: each zoo
+loading the next batch counts wherever it is not hidden behind the step). Resuming: each plan runs
+2 x 20 steps on the data with evaluation every 10, and again as 20 + checkpoint + resume + 20; the
+losses, held-out figures and final checkpoints must agree bit for bit. Checkpoints: each zoo
 model's parameters and optimiser state (its own initialisation), written as `exec --save` writes
 them, then read back with safetensors.
 """
@@ -43,7 +46,7 @@ def write_data(model: swapdsl.Model, folder: Path, examples: int) -> None:
         np.save(folder / f"{name}.npy", value.astype(np_dtype(np, t.dtype)))
 
 
-def examples_per_second(plan: object, options: training.Options) -> tuple[float, float]:
+def examples_per_second(plan: object, options: training.Options, backend: str) -> tuple[float, float]:
     """(examples per second by the wall clock after the first step, median step ms)."""
     ends: list[float] = []
     counts: list[int] = []
@@ -52,11 +55,11 @@ def examples_per_second(plan: object, options: training.Options) -> tuple[float,
         ends.append(time.perf_counter())
         counts.append(r.examples)
 
-    run = swapdsl.execute(plan, backend="numpy", options=options, hooks=training.Hooks(on_step=seen))
+    run = swapdsl.execute(plan, backend=backend, options=options, hooks=training.Hooks(on_step=seen))
     return sum(counts[1:]) / (ends[-1] - ends[0]), float(np.median(run.step_ms))
 
 
-def throughput(steps: int, repeats: int, folder: Path) -> None:
+def throughput(steps: int, repeats: int, backend: str, folder: Path) -> None:
     print(f"| model | cap | data | examples/s, median of {repeats} (range) | median step |")
     print("| --- | ---: | --- | ---: | ---: |")
     for name, args, cap in RUNS:
@@ -70,12 +73,30 @@ def throughput(steps: int, repeats: int, folder: Path) -> None:
         measured: dict[str, list[tuple[float, float]]] = {label: [] for label in runs}
         for _ in range(repeats):  # interleaved, so a busy moment of the machine hits both alike
             for label, opts in runs.items():
-                measured[label].append(examples_per_second(plan, opts))
+                measured[label].append(examples_per_second(plan, opts, backend))
         for label, results in measured.items():
             rates = sorted(r for r, _ in results)
             step = float(np.median([ms for _, ms in results]))
             print(f"| {name} | {cap} | {label} | {rates[len(rates) // 2]:,.0f} ({rates[0]:,.0f}-{rates[-1]:,.0f}) | "
                   f"{step:.2f} ms |", flush=True)
+        resumes(plan, str(data), backend, folder / f"{name}.safetensors")
+
+
+def resumes(plan: object, data: str, backend: str, path: Path) -> None:
+    """40 steps straight, then 20 + checkpoint + resume + 20: the same losses, evaluations and state?"""
+    def run(steps: int, **more: object) -> swapdsl.Execution:
+        opts = training.Options(steps=steps, data=data, shuffle=True, eval=data, eval_every=10, save=str(path),
+                                **more)  # type: ignore[arg-type]
+        return swapdsl.execute(plan, backend=backend, options=opts)
+
+    whole = run(40)
+    final = load_file(path)
+    first, second = run(20), run(40, resume=str(path))
+    again = load_file(path)
+    same = (first.losses + second.losses == whole.losses and all(np.array_equal(final[k], again[k]) for k in final)
+            and [e.loss for e in (first.outcome.evals + second.outcome.evals)]  # type: ignore[union-attr]
+            == [e.loss for e in whole.outcome.evals])  # type: ignore[union-attr]
+    print(f"  resume after step 20 of 40 ({backend}): {'bit for bit' if same else 'DIFFERS'}", flush=True)
 
 
 def checkpoints(models: list[str], folder: Path) -> None:
@@ -99,12 +120,13 @@ def checkpoints(models: list[str], folder: Path) -> None:
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--backend", default="numpy", choices=("numpy", "cupy"))
     p.add_argument("--steps", type=int, default=300)
     p.add_argument("--repeats", type=int, default=5)
     p.add_argument("--checkpoint-models", nargs="*", default=["mlp", "tiny_resnet", "resnet", "bert", "gpt", "vgg"])
     args = p.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
-        throughput(args.steps, args.repeats, Path(tmp))
+        throughput(args.steps, args.repeats, args.backend, Path(tmp))
         checkpoints(args.checkpoint_models, Path(tmp))
 
 

@@ -229,3 +229,42 @@ def test_ga_plans_match_the_reference(t: Graph, where: float) -> None:
     need, no_swap = caps(t)
     plan = ga_plan(t, int(need + where * (no_swap - need)), generations=2)
     assert run_against_reference(plan, t, steps=2) <= 1e-5
+
+
+# -- recomputation (plan format 4)
+
+def test_traded_swaps_recompute_and_train_exactly() -> None:
+    """A small Inception-v4 at a quarter of its no-swap memory: `lru` swaps activations whose makers'
+    inputs are still on the device; trading those swaps for recomputations keeps the plan valid, makes
+    the simulated step faster, and trains exactly like the reference."""
+    from swapdsl.plan.simulate import simulate
+    from swapdsl.planning.recompute import candidates, trade_swaps
+
+    t = small_training_graph("inception_v4")
+    need, no_swap = caps(t)
+    plan = plan_for(t, max(no_swap // 4, need), "lru")
+    assert candidates(plan)
+    traded = trade_swaps(plan)
+    again = [i for i in traded.program if isinstance(i, Run) and i.recompute]
+    assert again and simulate(traded).iteration_ms < simulate(plan).iteration_ms
+    assert dict(traded.figures)["iteration_ms"] == simulate(traded).iteration_ms
+    validate(traded, t)
+    assert run_against_reference(traded, t, steps=3) <= 1e-5
+
+
+@safety(20)
+@given(training_graphs(), st.floats(0.0, 1.0), st.data())
+def test_any_swap_traded_for_a_recompute_trains_exactly(t: Graph, where: float, data) -> None:  # noqa: ANN001
+    """Every candidate swap pair of any plan (each method, two caps), made a recomputation, gives a valid
+    plan that trains exactly (dropout included: a rerun hashes the same seed, step and elements)."""
+    from swapdsl.planning.recompute import candidates, rewrite
+
+    need, no_swap = caps(t)
+    for method in sorted(METHODS):
+        for cap in {int(need + where * (no_swap - need)), int(need + where * where * (no_swap - need))}:
+            plan = plan_for(t, cap, method)
+            found = candidates(plan)
+            if found:
+                traded = rewrite(plan, [data.draw(st.sampled_from(found))])
+                validate(traded, t)
+                assert run_against_reference(traded, t, steps=2) <= 1e-5

@@ -1,6 +1,7 @@
 """Single-line mutants of a plan file, and the verdict on each: refused cleanly, or trains exactly.
 
-A mutant deletes, duplicates or swaps lines, or changes one number, name or figure of one line. Run
+A mutant deletes, duplicates or swaps lines, changes one number, name or figure of one line, or repeats
+a run as a `recompute` later in the program. Run
 through ``swapdsl exec --check`` (in process), each must be either refused with exit code 2 and an
 error that names a line of the plan, or accepted and train exactly like the reference executor; an
 accepted mutant is run a second time with a slow simulated bus, so that a missing wait shows up as a
@@ -21,7 +22,7 @@ import attrs
 from swapdsl.fuzz import run_cli
 
 
-KINDS = ("delete", "duplicate", "swap", "number", "name", "figure", "update")
+KINDS = ("delete", "duplicate", "swap", "number", "name", "figure", "update", "recompute")
 VERDICTS = ("refused", "exact", "wrong", "crash", "unplaced")  # unplaced: exit 2 without naming a line
 EXACT = 1e-6  # relative: planned execution is the reference's arithmetic, op for op
 _NUMBER = re.compile(r"(?<![\w.\"])-?\d+(?![\w.])")
@@ -37,7 +38,7 @@ class Mutant:
     what: str  # the changed line as it reads now, or what was done
 
 
-PROGRAM = ("run ", "swapin ", "swapout ", "free ")
+PROGRAM = ("run ", "recompute ", "swapin ", "swapout ", "free ")
 
 
 def mutate(text: str, kind: str, rng: random.Random, focus: tuple[str, ...] = ()) -> Mutant | None:
@@ -61,6 +62,14 @@ def mutate(text: str, kind: str, rng: random.Random, focus: tuple[str, ...] = ()
         return Mutant(kind, min(i, j) + 1, _join(out), f"swapped lines {i + 1} and {j + 1}")
     if kind == "update":
         return _swap_update_values(lines, rng)
+    if kind == "recompute":  # a run repeated as a recomputation somewhere after it
+        runs = [k for k in body if lines[k].startswith("run ")]
+        if not runs:
+            return None
+        i = rng.choice(runs)
+        j = rng.randrange(i + 1, len(lines) + 1)
+        again = "recompute " + lines[i][len("run "):]
+        return Mutant(kind, j + 1, _join(lines[:j] + [again] + lines[j:]), f"recomputed before line {j + 1}: {again}")
     changed = {"number": _new_number, "name": _new_name, "figure": _new_figure}[kind](lines[i], lines, rng)
     if changed is None or changed == lines[i]:
         return None

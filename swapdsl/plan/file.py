@@ -20,7 +20,7 @@ from swapdsl.devices.profiles import Device
 from swapdsl.lang.loader import load, read_source
 from swapdsl.plan.program import Free, HOST, Origin, Plan, PlanOp, PlanTensor, Region, Run, SwapIn, SwapOut
 
-VERSION = 3  # 3: a scratch region for kernels; 2: tensors at arena offsets; 1: size classes of slabs
+VERSION = 4  # 4: recomputation; 3: a scratch region for kernels; 2: tensors at arena offsets; 1: slab classes
 _DEVICE_SCALARS = ("memory_bytes", "mem_bw", "h2d_bw", "d2h_bw", "launch_s", "copy_latency_s",
                    "compute_efficiency", "memory_efficiency", "source")
 
@@ -53,7 +53,7 @@ def _region(r: Region | str) -> str:
 def _instr(i: Any) -> str:
     if isinstance(i, Run):
         outs = " ".join(f"{_q(t)} {_region(r)}" + (" inplace" if i.in_place else "") for t, r in i.outs)
-        return f"run {i.op} {outs}"
+        return f"{'recompute' if i.recompute else 'run'} {i.op} {outs}"
     if isinstance(i, SwapIn):
         return f"swapin {_q(i.tensor)} {_region(i.region)} after {i.after} before {i.before}"
     if isinstance(i, SwapOut):
@@ -254,9 +254,15 @@ class _Build(Transformer):
         self.f["updates"].append((json.loads(c[0]), json.loads(c[1])))
 
     def run(self, meta: Any, c: list[Any]) -> None:
+        self._run(meta, c, recompute=False)
+
+    def recompute(self, meta: Any, c: list[Any]) -> None:
+        self._run(meta, c, recompute=True)
+
+    def _run(self, meta: Any, c: list[Any], recompute: bool) -> None:
         self._at(meta, "program")
         in_place = any(flag for _, _, flag in c[1:])
-        self.f["program"].append(Run(int(c[0]), tuple((t, s) for t, s, _ in c[1:]), in_place))
+        self.f["program"].append(Run(int(c[0]), tuple((t, s) for t, s, _ in c[1:]), in_place, recompute))
 
     def out(self, meta: Any, c: list[Token]) -> tuple[str, Region, bool]:
         return json.loads(c[0]), _region_of(c[1]), len(c) > 2

@@ -10,6 +10,14 @@ offset and its size rounded up to 256 bytes.
 - ``Run(op, outs)``: the compute stream runs op ``op``; each output goes to a
   region. An ``in_place`` output reuses the region of the op's first input,
   whose last use this is (optimiser updates).
+- ``Run(op, outs, recompute=True)`` (``recompute`` in the file): op ``op`` runs
+  again, after its first run, to rebuild outputs that were dropped from the
+  device; its inputs must be on the device then (resident, swapped in or
+  themselves rebuilt). It reads them without using up a read, and it gives the
+  same values: its inputs are the same tensors, and the only randomness,
+  dropout, hashes (op seed, step, element), all three the same within a step;
+  batch statistics come from the same input. Instructions that name op ``op``
+  in ``after`` mean its latest run at that point of the program.
 - ``SwapIn(t, region, after, before)``: host -> device copy of ``t`` into
   ``region``; it may start once op ``after`` has finished (-1: the iteration's
   start) and must be complete before op ``before`` starts.
@@ -76,6 +84,7 @@ class Run:
     op: int
     outs: tuple[tuple[str, Region], ...]
     in_place: bool = False
+    recompute: bool = False  # a second (or later) run that rebuilds dropped outputs
 
 
 @attrs.frozen

@@ -7,13 +7,14 @@ from pathlib import Path
 
 from swapdsl.common.errors import SwpError
 from swapdsl.common.units import format_bytes
-from swapdsl.plan.program import HOST, Plan, Region, SwapIn, SwapOut
+from swapdsl.plan.program import HOST, Plan, Region, Run, SwapIn, SwapOut
 from swapdsl.plan.simulate import Result, simulate
 
 
 def summary(plan: Plan, result: Result) -> str:
     figures = dict(plan.figures)
     kinds = Counter(type(i).__name__ for i in plan.program)
+    again = [i for i in plan.program if isinstance(i, Run) and i.recompute]
     pinned = [t for t in plan.tensors if isinstance(t.home, Region) and t.kind != "input"]
     on_host = [t for t in plan.tensors if t.home == HOST]
     lines = [
@@ -25,6 +26,7 @@ def summary(plan: Plan, result: Result) -> str:
         f"by every op)",
         f"  ops             {len(plan.ops)}; {kinds['SwapIn']} swap-ins, {kinds['SwapOut']} swap-outs, "
         f"{kinds['Free']} frees",
+        f"  recomputed      {len(again)} runs again, {sum(plan.ops[i.op].ms for i in again):.3f} ms of compute",
         f"  persistent      {len(pinned)} pinned on the device "
         f"({format_bytes(sum(t.bytes for t in pinned))}), {len(on_host)} on the host "
         f"({format_bytes(sum(t.bytes for t in on_host))})",
@@ -59,8 +61,12 @@ def plot(plan: Plan, out: str | Path) -> None:
     fig, (lanes, mem) = plt.subplots(2, 1, figsize=(12, 6), sharex=True, height_ratios=[1, 1.4])
     colors = {"compute": "#4c72b0", "h2d": "#55a868", "d2h": "#c44e52"}
     for row, stream in enumerate(("compute", "h2d", "d2h")):
-        spans = [(s, e - s) for st, _, s, e in r.timeline if st == stream]
+        spans = [(s, e - s) for st, what, s, e in r.timeline if st == stream and not what.startswith("recompute ")]
         lanes.broken_barh(spans, (2 - row - 0.4, 0.8), facecolors=colors[stream])
+    again = [(s, e - s) for st, what, s, e in r.timeline if what.startswith("recompute ")]
+    if again:  # recomputations, on the compute lane in their own colour
+        lanes.broken_barh(again, (2 - 0.4, 0.8), facecolors="#dd8452", label="recompute")
+        lanes.legend(loc="upper right")
     lanes.set_yticks([2, 1, 0], ["compute", "host to device", "device to host"])
     lanes.set_title(f"{Path(plan.model_path).stem}: {plan.method} under {format_bytes(plan.cap)} on "
                     f"{plan.device.name}, {r.iteration_ms:.1f} ms per iteration")

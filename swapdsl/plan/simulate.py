@@ -56,7 +56,7 @@ def simulate(plan: Plan, timeline: bool = False) -> Result:
         start = max(clock[stream], after)
         if isinstance(instr, Run):
             op = plan.ops[instr.op]
-            took, what = op.ms, op.op
+            took, what = op.ms, ("recompute " if instr.recompute else "") + op.op
             first = op.outputs[0] if instr.in_place else None
             events += [(start, tensors[name].bytes) for name, _ in instr.outs if name != first]
         else:

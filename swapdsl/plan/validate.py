@@ -33,7 +33,7 @@ INVARIANTS = {
     3: "no two live tensors share bytes",
     4: "an op finds its inputs resident and their swap-ins complete",
     5: "memory is reused only after its tenant is gone",
-    6: "a tensor still needed is on the device or fully on the host",
+    6: "a tensor still needed is on the device, fully on the host, or rebuilt by a later recompute",
     7: "an iteration ends in the residency it started in",
     8: "a copy starts once its source is complete, and nothing overwrites either end while it runs",
 }
@@ -231,6 +231,12 @@ class _Checks:
         self.readers_left = Counter(n for o in plan.ops for n in set(o.inputs))
         new = dict(plan.updates)
         self.finals = {new.get(t.name, t.name) for t in plan.tensors if t.home is not None and t.kind != "input"}
+        # the program indices of each op's recomputations, to see ahead whether a dropped tensor comes back
+        self.recomputes: dict[int, list[int]] = {}
+        for k, instr in enumerate(plan.program):
+            if isinstance(instr, Run) and instr.recompute:
+                self.recomputes.setdefault(instr.op, []).append(k)
+        self.maker = {name: o.index for o in plan.ops for name in o.outputs}
 
     def invalid(self, invariant: int, detail: str) -> PlanInvalid:
         return PlanInvalid(invariant, detail, self.at)
@@ -291,8 +297,10 @@ class _Checks:
         if not 0 <= instr.op < len(self.plan.ops):
             raise self.error(f"the program runs op {instr.op}, which the plan does not define")
         op = self.plan.ops[instr.op]
-        if instr.op in self.r.ran:
-            raise self.invalid(1, f"{self.what(op)} runs twice")
+        if instr.recompute:
+            self.check_recompute(op, instr)
+        elif instr.op in self.r.ran:
+            raise self.invalid(1, f"{self.what(op)} runs twice; a second run is a `recompute`")
         for name in op.inputs:
             self.check_input(op, name)
         outs = dict(instr.outs)
@@ -312,10 +320,25 @@ class _Checks:
             self.ready[name] = k
         for name in set(op.inputs) | set(op.outputs):
             self.last_touch[name] = k
-        for name in set(op.inputs):
-            self.readers_left[name] -= 1
+        if not instr.recompute:  # a recomputation reads its inputs again without using up a read
+            for name in set(op.inputs):
+                self.readers_left[name] -= 1
         if instr.in_place:
             self.ready.pop(op.inputs[0], None)
+
+    def check_recompute(self, op: PlanOp, instr: Run) -> None:
+        if instr.op not in self.r.ran:
+            raise self.invalid(1, f"{self.what(op)} is recomputed before its first run")
+        if instr.in_place:
+            raise self.invalid(3, f"{self.what(op)} is recomputed in place: its first input is gone by then")
+        for name, _ in instr.outs:
+            if name in self.r.loc:
+                raise self.invalid(3, f"{self.what(op)} is recomputed while `{name}` is still on the device at "
+                                      f"{self.r.loc[name]}")
+
+    def rebuilt_later(self, name: str, k: int) -> bool:
+        """A recomputation of the op that makes ``name`` comes after program index ``k``."""
+        return any(j > k for j in self.recomputes.get(self.maker.get(name, -1), ()))
 
     def check_input(self, op: PlanOp, name: str) -> None:
         if name not in self.produced:
@@ -340,7 +363,8 @@ class _Checks:
 
     def swapin(self, k: int, instr: SwapIn) -> None:
         name, context, after = self.copy_or_free(instr, "swap-in")
-        if instr.before in self.r.ran or not 0 <= instr.before < len(self.plan.ops):
+        again = any(j > k for j in self.recomputes.get(instr.before, ()))  # due before a later recompute
+        if (instr.before in self.r.ran and not again) or not 0 <= instr.before < len(self.plan.ops):
             raise self.invalid(4, f"{context} is due before op {instr.before}, which has already run or does not "
                                   "exist")
         if self.r.host.get(self.slot[name]) != name:
@@ -374,8 +398,9 @@ class _Checks:
         if name in self.r.due:
             raise self.invalid(5, f"{context} comes before the op its swap-in is due for; the copy may still be "
                                   "writing its region")
-        if self.still_needed(name) and self.r.host.get(self.slot[name]) != name:
-            raise self.invalid(6, f"{context}: `{name}` is needed later but the host holds no copy of it")
+        if self.still_needed(name) and self.r.host.get(self.slot[name]) != name and not self.rebuilt_later(name, k):
+            raise self.invalid(6, f"{context}: `{name}` is needed later but the host holds no copy of it and no "
+                                  "later recompute rebuilds it")
         self.ready.pop(name, None)
 
     def still_needed(self, name: str) -> bool:

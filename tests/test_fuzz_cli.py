@@ -20,7 +20,7 @@ FILES = ["m.swp", "m.plan", "missing.swp", "folder", "/proc/x.swp", "empty.swp",
 # option -> values a user might give it, good and bad
 OPTIONS: dict[str, list[str]] = {
     "--memory": ["64KiB", "8MiB", "1e30", "lots", "-1", "0", "1KiB", "nan", "1.5GB", "9" * 40],
-    "--method": ["lru", "belady", "vdnn", "ga", "bogus"],
+    "--method": ["lru", "belady", "vdnn", "ga", "checkpoint", "bogus"],
     "--budget": ["0.2", "nan", "-1", "inf", "0", "x", "1e-9"],
     "--generations": ["1", "2", "0", "-5", "1e3", "x"],
     "--population": ["2", "4", "1", "1000000000", "x"],

@@ -268,3 +268,23 @@ def test_any_swap_traded_for_a_recompute_trains_exactly(t: Graph, where: float, 
                 traded = rewrite(plan, [data.draw(st.sampled_from(found))])
                 validate(traded, t)
                 assert run_against_reference(traded, t, steps=2) <= 1e-5
+
+
+@safety(20)
+@given(training_graphs(), st.floats(0.5, 1.3))
+def test_checkpoint_plans_are_valid_and_train_exactly(t: Graph, where: float) -> None:
+    """Chen's checkpointing (recomputation, no swapping) on random graphs, dropout included: where it fits
+    it is valid, moves nothing, and trains exactly; where it does not, it says so."""
+    from swapdsl.common.errors import SwpError
+    from swapdsl.plan.simulate import simulate
+
+    _, no_swap = caps(t)
+    try:
+        plan = plan_for(t, int(where * no_swap), "checkpoint")
+    except SwpError as err:
+        assert "checkpointing does not fit under this cap" in err.message or "below the smallest" in err.message
+        return
+    validate(plan, t)
+    r = simulate(plan)
+    assert r.h2d_bytes == r.d2h_bytes == 0 and r.iteration_ms >= dict(plan.figures)["bound_ms"]
+    assert run_against_reference(plan, t, steps=2) <= 1e-5

@@ -16,8 +16,9 @@ offset and its size rounded up to 256 bytes.
   themselves rebuilt). It reads them without using up a read, and it gives the
   same values: its inputs are the same tensors, and the only randomness,
   dropout, hashes (op seed, step, element), all three the same within a step;
-  batch statistics come from the same input. Instructions that name op ``op``
-  in ``after`` mean its latest run at that point of the program.
+  batch statistics come from the same input. It may work in place, as the
+  first run did, over a first input rebuilt for it. Instructions that name op
+  ``op`` in ``after`` mean its latest run at that point of the program.
 - ``SwapIn(t, region, after, before)``: host -> device copy of ``t`` into
   ``region``; it may start once op ``after`` has finished (-1: the iteration's
   start) and must be complete before op ``before`` starts.

@@ -329,8 +329,6 @@ class _Checks:
     def check_recompute(self, op: PlanOp, instr: Run) -> None:
         if instr.op not in self.r.ran:
             raise self.invalid(1, f"{self.what(op)} is recomputed before its first run")
-        if instr.in_place:
-            raise self.invalid(3, f"{self.what(op)} is recomputed in place: its first input is gone by then")
         for name, _ in instr.outs:
             if name in self.r.loc:
                 raise self.invalid(3, f"{self.what(op)} is recomputed while `{name}` is still on the device at "

@@ -21,9 +21,10 @@ import attrs
 
 from swapdsl.graph.analysis import peak_bytes
 from swapdsl.plan.figures import plan_figures
-from swapdsl.plan.program import HOST, Plan, PlanOp, PlanTensor, Region
+from swapdsl.plan.program import HOST, Plan, PlanOp, PlanTensor, Region, ideal_ms
 from swapdsl.plan.simulate import simulate
 from swapdsl.planning.bound import bound_ms
+from swapdsl.planning.checkpoint import checkpoint_program
 from swapdsl.planning.compiled import Evaluator, no_swap_bytes
 from swapdsl.planning.policy import METHODS, Policy
 from swapdsl.planning.problem import Problem, Request
@@ -84,9 +85,23 @@ def assemble(req: Request, p: Problem, method: str, homes: dict[int, Region], pr
                 req.graph.loss, req.graph.updates, program)
 
 
-def with_figures(plan: Plan, p: Problem, no_swap: int, extra: dict[str, float] | None = None) -> Plan:
+def plan_checkpoint(req: Request) -> Plan:
+    """Chen et al.'s checkpointing (``checkpoint.py``): recomputation, no swapping. Its ``bound_ms`` is the
+    ideal step, the bound any plan obeys (recomputation may beat ``swap_bound_ms``, which only bounds plans
+    that swap)."""
+    p = Problem.build(req.graph, req.device)
+    program, homes = checkpoint_program(p, req.tensor_cap)
+    plan = assemble(req, p, "checkpoint", homes, tuple(program))
+    return with_figures(plan, p, no_swap_bytes(p, list(range(p.n_ops))), recomputes=True)
+
+
+def with_figures(plan: Plan, p: Problem, no_swap: int, extra: dict[str, float] | None = None,
+                 recomputes: bool = False) -> Plan:
     """The simulated figures, stored in the plan (nothing that varies from run to run). ``no_swap``: the
-    tensors' no-swap arena; the figure adds the kernels' scratch, which any plan needs too."""
-    figures = plan_figures(plan, simulate(plan), bound_ms(p, plan.tensor_cap), no_swap + plan.scratch,
-                           peak_bytes(p.graph), extra)
+    tensors' no-swap arena; the figure adds the kernels' scratch, which any plan needs too. A plan that
+    ``recomputes`` is bounded by the ideal step only, and reports the swap bound beside it."""
+    swap_bound = bound_ms(p, plan.tensor_cap)
+    bound = ideal_ms(p.op_ms) if recomputes else swap_bound
+    extra = {**(extra or {}), "swap_bound_ms": swap_bound} if recomputes else extra
+    figures = plan_figures(plan, simulate(plan), bound, no_swap + plan.scratch, peak_bytes(p.graph), extra)
     return attrs.evolve(plan, figures=tuple(figures.items()))

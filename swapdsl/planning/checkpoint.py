@@ -11,6 +11,7 @@ the persistent tensors, one segment and the backward pass's working set at once;
 
 from __future__ import annotations
 
+import itertools
 import math
 from collections import Counter
 
@@ -27,14 +28,15 @@ SPACINGS = (0.25, 0.5, 1.0, 2.0, 4.0)  # segment bytes, in units of (forward byt
 
 def checkpoint_program(p: Problem, cap: int) -> tuple[list[Instr], dict[int, Region]]:
     """The program of Chen's checkpointing under ``cap`` bytes of tensors, and the homes it starts from: of
-    the segment lengths in ``SPACINGS``, the one that fits with the least recomputation."""
+    the segment lengths in ``SPACINGS``, with checkpoints at separators of the forward graph or at any
+    value, the plan that fits with the least recomputation."""
     best: tuple[float, list[Instr], dict[int, Region]] | None = None
     refusals: dict[float, SwpError] = {}
-    for spacing in SPACINGS:
+    for spacing, at_cuts in itertools.product(SPACINGS, (True, False)):
         try:
-            program, homes = _Checkpointing(p, cap, spacing).build()
+            program, homes = _Checkpointing(p, cap, spacing, at_cuts).build()
         except SwpError as err:
-            refusals[spacing] = err
+            refusals.setdefault(spacing, err)
             continue
         cost = sum(p.op_ms[i.op] for i in program if isinstance(i, Run) and i.recompute)
         if best is None or cost < best[0]:
@@ -45,8 +47,8 @@ def checkpoint_program(p: Problem, cap: int) -> tuple[list[Instr], dict[int, Reg
 
 
 class _Checkpointing:
-    def __init__(self, p: Problem, cap: int, spacing: float = 1.0) -> None:
-        self.p, self.cap, self.spacing = p, cap, spacing
+    def __init__(self, p: Problem, cap: int, spacing: float = 1.0, at_cuts: bool = True) -> None:
+        self.p, self.cap, self.spacing, self.at_cuts = p, cap, spacing, at_cuts
         self.schedule = list(range(p.n_ops))
         self.uses = p.uses(self.schedule)
         self.next_i = [0] * len(p.names)
@@ -66,7 +68,8 @@ class _Checkpointing:
 
         Forward values (those that stay where they are made: not one an op overwrites in place) are kept
         by Chen's greedy rule: one whenever the values since the last reach the segment budget, ``spacing``
-        times their bytes over the square root of their count (about sqrt(n) segments). In forward order, an activation the backward pass reads
+        times their bytes over the square root of their count (about sqrt(n) segments); with ``at_cuts``,
+        the first separator (``separators``) after that, so that a rebuild stays within its segment. In forward order, an activation the backward pass reads
         is dropped if rebuilding it reads no parameter that an in-place update has overwritten by its
         last use (else it is kept too); rebuilding walks back through every forward value that is not
         kept to kept ones, inputs and parameters, and each kept one it reaches stays until that last use."""
@@ -74,10 +77,11 @@ class _Checkpointing:
         consumed = {p.op_inputs[op][0] for op in self.schedule if p.in_place[op] and p.op_inputs[op]}
         outputs = [t for i in range(turn) for t in p.op_outputs[i] if t not in consumed]  # those that stay
         segment = self.spacing * sum(p.size[t] for t in outputs) / max(1.0, math.sqrt(len(outputs)))
+        cuts = (self.separators(consumed) if self.at_cuts else set()) or set(outputs)
         kept, held = set(), 0
-        for t in outputs:  # Chen's greedy: a checkpoint whenever a segment's values reach the budget
+        for t in outputs:  # Chen's greedy: a checkpoint at the first cut after a segment's values reach the budget
             held += p.size[t]
-            if held >= segment:
+            if held >= segment and t in cuts:
                 kept.add(t)
                 held = 0
         updated_at = {p.op_inputs[op][0]: op for op in self.schedule if p.in_place[op] and p.op_inputs[op]
@@ -97,6 +101,25 @@ class _Checkpointing:
                 for r in roots:
                     last_need[r] = max(last_need.get(r, -1), last)
         return kept, dropped, last_need
+
+    def separators(self, consumed: set[int]) -> set[int]:
+        """Forward values that are, just after the op that makes them, the only value (besides inputs and
+        persistent tensors) the rest of the forward pass reads from what came before: a rebuild that starts
+        from one never walks back past it."""
+        p, turn = self.p, self.turn
+        crossing = [0] * (turn + 1)
+        for i in range(turn):
+            for t in p.op_outputs[i]:
+                last = max((u for u in self.uses[t] if u < turn), default=i)
+                crossing[i] += 1
+                crossing[last] -= 1
+        live, cuts = 0, set()
+        for i in range(turn):
+            live += crossing[i]
+            t = p.op_outputs[i][0]
+            if live == 1 and t not in consumed and any(i < u < turn for u in self.uses[t]):
+                cuts.add(t)
+        return cuts
 
     def roots(self, t: int, kept: set[int]) -> set[int]:
         """What rebuilding ``t`` reads that is not rebuilt itself: kept activations, inputs, parameters."""

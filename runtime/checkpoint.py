@@ -64,8 +64,9 @@ def save(path: str, g: Graph, values: Mapping[str, np.ndarray], step: int, posit
     return Path(path).stat().st_size
 
 
-def read(path: str, flag: str) -> Checkpoint:
-    """A checkpoint file, or a clear error saying why it is not one."""
+def read(path: str, flag: str, tensors: bool = True) -> Checkpoint:
+    """A checkpoint file (``tensors``: with its tensors read, else its metadata only), or a clear error
+    saying why it is not one."""
     from safetensors import SafetensorError, safe_open
 
     if not Path(path).is_file():
@@ -73,7 +74,8 @@ def read(path: str, flag: str) -> Checkpoint:
     try:
         with safe_open(path, framework="np") as f:
             meta = dict(f.metadata() or {})
-            values = {name: f.get_tensor(name) for name in f.keys()}  # noqa: SIM118  (safe_open has no __iter__)
+            names = f.keys() if tensors else []
+            values = {name: f.get_tensor(name) for name in names}
     except (SafetensorError, OSError, ValueError) as exc:
         raise SwpError(f"{flag} `{path}` is not a safetensors file: {exc}") from None
     if meta.get("format") != FORMAT:

@@ -152,7 +152,7 @@ def resolve(opts: Options) -> Options:
                        hints=["--resume continues a run; --init starts a new one from saved parameters"])
     if not opts.resume:
         return attrs.evolve(opts, seed=opts.seed or 0)
-    seed = checkpoint.read(opts.resume, "--resume").seed
+    seed = checkpoint.read(opts.resume, "--resume", tensors=False).seed
     if opts.seed is not None and opts.seed != seed:
         raise SwpError(f"--resume `{opts.resume}` was written by a run with --seed {seed}, this one has "
                        f"--seed {opts.seed}", hints=[f"leave --seed out, or give --seed {seed}: the data order "
@@ -194,6 +194,7 @@ def train(g: Graph, stepper: Stepper, opts: Options, hooks: Hooks = Hooks(), eva
                        f"nothing left to do", hints=["ask for more with --steps or --epochs"])
     log = _open_log(opts.log)
     loader = Loader(ds, order, start) if ds is not None and order is not None else None
+    examples = ds.batch if ds is not None else _batch_of(g)
     steps: list[StepRecord] = []
     evals: list[EvalRecord] = []
     saves: list[SaveRecord] = []
@@ -220,7 +221,6 @@ def train(g: Graph, stepper: Stepper, opts: Options, hooks: Hooks = Hooks(), eva
                 loss, ms = stepper.run_step(step)
                 diff = check(batch, step, loss, stepper) if check is not None else None
                 epoch = order.epoch_of(step - 1) + 1 if order is not None else None
-                examples = ds.batch if ds is not None else _batch_of(g)
                 steps.append(StepRecord(step, epoch, loss, stepper.metrics(), ms, examples, *moved, diff))
                 _emit(hooks.on_step, steps[-1], log, "step")
                 if opts.eval_every and step % opts.eval_every == 0:

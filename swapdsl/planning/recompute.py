@@ -21,10 +21,6 @@ from swapdsl.plan.simulate import simulate
 from swapdsl.plan.validate import PlanError, validate
 
 
-PLAN_FIGURES = ("ideal_ms", "bound_ms", "iteration_ms", "fraction", "swap_bytes", "h2d_bytes", "d2h_bytes",
-                "peak_device_bytes", "scratch_bytes", "host_bytes", "ratio", "no_swap_bytes", "graph_peak_bytes")
-
-
 def candidates(plan: Plan) -> list[int]:
     """Program indices of the swap-ins that could become recomputations: an activation swapped out and in
     once, made by an op that did not work in place, whose inputs are all on the device (and not waiting
@@ -89,7 +85,7 @@ def trade_swaps(plan: Plan, limit: int = 64) -> Plan:
     if best is plan:
         return plan
     stored = dict(plan.figures)
-    keep = ("bound_ms", "no_swap_bytes", "graph_peak_bytes")
-    figures = plan_figures(best, simulate(best), *(stored.get(k) for k in keep),
-                           extra={k: v for k, v in stored.items() if k not in PLAN_FIGURES})
-    return attrs.evolve(best, figures=tuple(figures.items()))
+    figures = plan_figures(best, simulate(best), *(stored.get(k) for k in ("bound_ms", "no_swap_bytes",
+                                                                           "graph_peak_bytes")))
+    extra = {k: v for k, v in stored.items() if k not in figures}  # the planner's own (search time, ...)
+    return attrs.evolve(best, figures=tuple({**figures, **extra}.items()))

@@ -17,14 +17,20 @@ on the host, come in when needed, and their new values are written back.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+
 import attrs
 
+from swapdsl.common.errors import SwpError
+from swapdsl.common.units import format_bytes
 from swapdsl.graph.analysis import peak_bytes
 from swapdsl.plan.figures import plan_figures
 from swapdsl.plan.program import HOST, Plan, PlanOp, PlanTensor, Region, ideal_ms
 from swapdsl.plan.simulate import simulate
 from swapdsl.planning.bound import bound_ms
+from swapdsl.planning.capuchin import capuchin_set
 from swapdsl.planning.checkpoint import checkpoint_program
+from swapdsl.planning.clones import Extensions, to_base
 from swapdsl.planning.compiled import Evaluator, no_swap_bytes
 from swapdsl.planning.policy import METHODS, Policy
 from swapdsl.planning.problem import Problem, Request
@@ -38,6 +44,7 @@ class Setup:
     schedule: list[int]
     pinned: frozenset[int]
     policy: Policy
+    recompute: tuple[int, ...] = ()  # forward ops recomputed for the backward pass (clones.py)
 
 
 def baseline_setup(p: Problem, method: str, cap: int, no_swap: int | None = None) -> tuple[Setup, int]:
@@ -66,10 +73,18 @@ def baseline(req: Request, p: Problem, method: str) -> tuple[Plan, int]:
 
 
 def build_plan(req: Request, p: Problem, method: str, schedule: list[int], pinned: frozenset[int],
-               policy: Policy, evaluator: Evaluator | None = None) -> Plan:
-    """The plan the compiled swap planner makes (``evaluator``: ``p`` already flattened, if at hand)."""
-    program, homes = (evaluator or Evaluator(p)).program(schedule, req.tensor_cap, pinned, policy)
-    return assemble(req, p, method, homes, tuple(program))
+               policy: Policy, evaluator: Evaluator | None = None, recompute: Iterable[int] = (),
+               extensions: Extensions | None = None) -> Plan:
+    """The plan the compiled swap planner makes (``evaluator``: ``p`` already flattened, if at hand), with
+    the forward ops in ``recompute`` recomputed for the backward pass where the schedule allows
+    (``clones.py``; ``extensions``: those of ``p``, if at hand)."""
+    recompute = tuple(recompute)
+    if not recompute:
+        program, homes = (evaluator or Evaluator(p)).program(schedule, req.tensor_cap, pinned, policy)
+        return assemble(req, p, method, homes, tuple(program))
+    ext, ext_evaluator, merged = (extensions or Extensions(p)).prepare(schedule, recompute)
+    program, homes = ext_evaluator.program(merged, req.tensor_cap, pinned, policy)
+    return assemble(req, p, method, homes, tuple(to_base(ext, program)))
 
 
 def assemble(req: Request, p: Problem, method: str, homes: dict[int, Region], program: tuple) -> Plan:
@@ -85,6 +100,22 @@ def assemble(req: Request, p: Problem, method: str, homes: dict[int, Region], pr
                 req.graph.loss, req.graph.updates, program)
 
 
+def plan_capuchin(req: Request) -> Plan:
+    """``belady`` with Capuchin's choice of what to recompute (``capuchin.py``)."""
+    p = Problem.build(req.graph, req.device)
+    ext = Extensions(p)
+    s, no_swap = capuchin_setup(req, p, ext)
+    plan = build_plan(req, p, "capuchin", s.schedule, s.pinned, s.policy, recompute=s.recompute, extensions=ext)
+    return with_figures(plan, p, no_swap, recomputes=True)
+
+
+def capuchin_setup(req: Request, p: Problem, ext: Extensions, no_swap: int | None = None) -> tuple[Setup, int]:
+    """``belady``'s setup with what Capuchin's rule recomputes (nothing where no swapping is needed)."""
+    s, no_swap = baseline_setup(p, "belady", req.tensor_cap, no_swap)
+    chosen = capuchin_set(req, ext, s.schedule, s.pinned, s.policy) if no_swap > req.tensor_cap else ()
+    return attrs.evolve(s, recompute=chosen), no_swap
+
+
 def plan_checkpoint(req: Request) -> Plan:
     """Chen et al.'s checkpointing (``checkpoint.py``): recomputation, no swapping. Its ``bound_ms`` is the
     ideal step, the bound any plan obeys (recomputation may beat ``swap_bound_ms``, which only bounds plans
@@ -93,6 +124,16 @@ def plan_checkpoint(req: Request) -> Plan:
     program, homes = checkpoint_program(p, req.tensor_cap)
     plan = assemble(req, p, "checkpoint", homes, tuple(program))
     return with_figures(plan, p, no_swap_bytes(p, list(range(p.n_ops))), recomputes=True)
+
+
+def host_budget_error(req: Request, host_bytes: float, method: str) -> SwpError:
+    """The error for a plan whose host copies exceed the host budget: the least this method found."""
+    assert req.host_cap is not None
+    return SwpError(f"no `{method}` plan found keeps its host copies within {format_bytes(req.host_cap)}: "
+                    f"the least it found needs {format_bytes(int(host_bytes))} ({int(host_bytes)} bytes)",
+                    hints=[f"use --host-memory {int(host_bytes)} or more, or a larger --memory (fewer swaps)",
+                           "ga and capuchin trade swaps for recomputation to fit a host budget; "
+                           "checkpoint keeps only the inputs on the host"])
 
 
 def with_figures(plan: Plan, p: Problem, no_swap: int, extra: dict[str, float] | None = None,

@@ -46,6 +46,13 @@ def checkpoint_program(p: Problem, cap: int) -> tuple[list[Instr], dict[int, Reg
     return best[1], best[2]
 
 
+def dropped_makers(p: Problem, cap: int, spacing: float = 1.0, at_cuts: bool = True) -> set[int]:
+    """The ops whose outputs Chen's rule drops for the backward pass at this segment length (what the
+    genetic search starts its recomputation genes from)."""
+    c = _Checkpointing(p, cap, spacing, at_cuts)
+    return {c.maker[t] for t in c.droppable}
+
+
 class _Checkpointing:
     def __init__(self, p: Problem, cap: int, spacing: float = 1.0, at_cuts: bool = True) -> None:
         self.p, self.cap, self.spacing, self.at_cuts = p, cap, spacing, at_cuts

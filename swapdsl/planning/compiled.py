@@ -50,6 +50,7 @@ class Timing:
     iteration_ms: float
     h2d_bytes: int
     d2h_bytes: int
+    host_bytes: int  # the plan's ``host_bytes`` figure: every tensor with a host copy
 
 
 def _csr(rows: tuple[tuple[int, ...], ...]) -> tuple[np.ndarray, np.ndarray]:
@@ -73,7 +74,7 @@ def _keep_freed_memory() -> None:
 class Evaluator:
     """A Problem flattened once into arrays; each call plans and times one candidate."""
 
-    def __init__(self, p: Problem, rank_gaps: int = RANK_GAPS) -> None:
+    def __init__(self, p: Problem, rank_gaps: int = RANK_GAPS, origin: tuple[int, ...] = ()) -> None:
         _keep_freed_memory()
         self.rank_gaps = rank_gaps  # (tests set 0 to rank every fit: the same program either way)
         n = len(p.names)
@@ -93,6 +94,9 @@ class Evaluator:
         self.upd_new = np.array([w for _, w in p.updates], np.int64)
         # what may start on the device or the host: the persistent tensors and the inputs, by name
         self.by_name = np.array(sorted(p.persistent | p.inputs, key=p.names.__getitem__), np.int64)
+        # the tensor each one is a copy of, for recomputation's clones (clones.py); itself otherwise
+        self.n_base = n - len(origin)
+        self.origin = np.concatenate([np.arange(self.n_base), np.array(origin, np.int64)]).astype(np.int64)
         dev = p.device
         self.copy = np.array([dev.copy_latency_s, dev.h2d_bw, dev.d2h_bw], np.float64)
         # records, heap entries and free-position segments the planner makes room for; grown as needed
@@ -133,7 +137,16 @@ class Evaluator:
         recs, out_off, peak, sched = self.records(schedule, cap, pinned, policy)
         ms, h2d, d2h = _fastplan.simulate(sched, recs, len(recs), out_off, peak, self.size, self.in_ptr,
                                           self.in_idx, self.out_ptr, self.out_idx, self.op_ms, self.nbytes, self.copy)
-        return Timing(float(ms), int(h2d), int(d2h))
+        return Timing(float(ms), int(h2d), int(d2h), self.host_bytes(recs, pinned))
+
+    def host_bytes(self, recs: np.ndarray, pinned: frozenset[int]) -> int:
+        """Bytes of the inputs, the persistent tensors not pinned, and every other tensor swapped out."""
+        n = self.n_base
+        on_host = self.is_input[:n] | self.persistent[:n]
+        on_host[list(pinned)] = self.is_input[list(pinned)]
+        out = recs[(recs[:, 0] >= 0) & (recs[:, 1] == InstrKind.SWAP_OUT), 2]
+        swapped = np.unique(self.origin[out])
+        return int(self.nbytes[:n][on_host].sum() + self.nbytes[swapped[~on_host[swapped]]].sum())
 
     def program(self, schedule: list[int], cap: int, pinned: frozenset[int],
                 policy: Policy) -> tuple[list[Instr], dict[int, Region]]:

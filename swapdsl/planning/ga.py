@@ -45,11 +45,14 @@ import numpy as np
 
 from swapdsl.common.errors import SwpError
 from swapdsl.plan.program import Plan
-from swapdsl.planning.baselines import Setup, baseline_setup, build_plan, with_figures
+from swapdsl.planning.baselines import (Setup, baseline_setup, build_plan, capuchin_setup, host_budget_error,
+                                        plan_checkpoint, with_figures)
+from swapdsl.planning.checkpoint import dropped_makers
+from swapdsl.planning.clones import Extensions
 from swapdsl.planning.bound import ideal_ms
 from swapdsl.planning.compiled import Evaluator, priority_order
 from swapdsl.planning.policy import METHODS, OUTPUTS, Policy
-from swapdsl.planning.problem import Problem, Request, edges
+from swapdsl.planning.problem import PAST_BUDGET, Problem, Request, edges
 from swapdsl.planning.sizing import choose_pinned, need_bytes
 
 @attrs.frozen
@@ -77,17 +80,25 @@ def _frozen(values: object) -> np.ndarray:
     return a
 
 
+def _frozen_mask(values: object) -> np.ndarray:
+    a = np.array(values, np.bool_)
+    a.flags.writeable = False
+    return a
+
+
 @attrs.frozen(eq=False)
 class Genome:
     priority: np.ndarray = attrs.field(converter=_frozen)  # one per op, read-only
     pin: float = attrs.field(converter=float)  # share of the cap for pinned persistent tensors
     outputs: int = 0  # index into policy.OUTPUTS
     early: int = 0  # index into EARLY
+    # per recomputation candidate (Decoder.candidates): recompute it for the backward pass (empty: none)
+    recompute: np.ndarray = attrs.field(converter=_frozen_mask, default=())
 
     @property
-    def key(self) -> tuple[bytes, float, int, int]:
+    def key(self) -> tuple[bytes, float, int, int, bytes]:
         """What identifies a genome (arrays do not hash)."""
-        return self.priority.tobytes(), self.pin, self.outputs, self.early
+        return self.priority.tobytes(), self.pin, self.outputs, self.early, np.packbits(self.recompute).tobytes()
 
     @property
     def policy(self) -> Policy:
@@ -121,6 +132,8 @@ class Decoder:
         self.succ_ptr[1:] = np.cumsum([len(s) for s in self.succs])
         self.succ_idx = np.array([q for s in self.succs for q in sorted(s)], np.int64)
         self.evaluator = Evaluator(self.p)
+        self.extensions = Extensions(self.p)
+        self.candidates = np.array(self.extensions.candidates.ops, np.int64)
         reads = {t: 0 for t in self.p.persistent}
         for op in range(self.p.n_ops):
             for t in self.p.op_inputs[op]:
@@ -184,20 +197,43 @@ class Decoder:
             if share < 1e-3:
                 share = 0.0
 
+    def recomputed(self, g: Genome) -> tuple[int, ...]:
+        """The forward ops the genome recomputes."""
+        return tuple(self.candidates[g.recompute].tolist()) if len(g.recompute) == len(self.candidates) else ()
+
     def plan(self, g: Genome) -> Plan | None:
         decoded = self.decode(g)
         if decoded is None:
             return None
         schedule, pinned = decoded
-        return build_plan(self.req, self.p, "ga", schedule.tolist(), pinned, g.policy, self.evaluator)
+        return build_plan(self.req, self.p, "ga", schedule.tolist(), pinned, g.policy, self.evaluator,
+                          self.recomputed(g), self.extensions)
 
     def score(self, g: Genome) -> float:
-        """The iteration time of the genome's plan, from the compiled planner and simulator."""
+        """The genome's plan's iteration time (``Request.score``: past any with the host budget broken),
+        from the compiled planner and simulator."""
         decoded = self.decode(g)
         if decoded is None:
             return math.inf
         schedule, pinned = decoded
-        return self.evaluator(schedule, self.req.tensor_cap, pinned, g.policy).iteration_ms
+        recompute = self.recomputed(g)
+        if recompute:
+            _, evaluator, merged = self.extensions.prepare(schedule.tolist(), recompute)
+            t = evaluator(merged, self.req.tensor_cap, pinned, g.policy)
+        else:
+            t = self.evaluator(schedule, self.req.tensor_cap, pinned, g.policy)
+        return self.req.score(t.iteration_ms, t.host_bytes)
+
+    def setup_score(self, s: Setup) -> float:
+        """A baseline's score, as ``score`` scores a genome."""
+        recompute = self.extensions.prepare(s.schedule, s.recompute) if s.recompute else None
+        evaluator, schedule = (recompute[1], recompute[2]) if recompute else (self.evaluator, s.schedule)
+        t = evaluator(schedule, self.req.tensor_cap, s.pinned, s.policy)
+        return self.req.score(t.iteration_ms, t.host_bytes)
+
+    def mask(self, ops: object) -> np.ndarray:
+        """The recompute genes for a set of ops (those not candidates are left out)."""
+        return np.isin(self.candidates, np.fromiter(ops, np.int64))  # type: ignore[call-overload]
 
 
 _DECODER: Decoder | None = None
@@ -233,7 +269,7 @@ class _Scorer:
 
     def __init__(self, req: Request, decoder: Decoder, workers: int) -> None:
         self.decoder = decoder
-        self.cache: dict[tuple[bytes, float, int], float] = {}
+        self.cache: dict[tuple[bytes, float, int, int, bytes], float] = {}
         self.pool: ProcessPoolExecutor | None = None
         if workers > 1:
             method = "fork" if "fork" in multiprocessing.get_all_start_methods() else "spawn"
@@ -292,10 +328,12 @@ def locality_priority(p: Problem) -> np.ndarray:
                      for op in range(n)], np.float64)
 
 
-def _seeds(d: Decoder, rng: np.random.Generator, size: int) -> list[Genome]:
+def _seeds(d: Decoder, rng: np.random.Generator, size: int, masks: list[np.ndarray]) -> list[Genome]:
+    """The first population; ``masks``: recompute genes to start from (each with and without early swap-ins)."""
     n = d.p.n_ops
     default = np.arange(n, 0, -1, dtype=np.float64)
     local = locality_priority(d.p)
+    none = np.zeros(len(d.candidates), np.bool_)
     try:
         base_pin = 1.0 if choose_pinned(d.p, d.req.tensor_cap, d.no_swap) else 0.0
     except SwpError:
@@ -303,13 +341,21 @@ def _seeds(d: Decoder, rng: np.random.Generator, size: int) -> list[Genome]:
     base = [Genome(default, base_pin)] + [Genome(default, pin) for pin in PIN_LEVELS if pin != base_pin]
     base += [Genome(default, base_pin, o) for o in range(1, len(OUTPUTS))]
     base += [Genome(local, pin, o) for pin in PIN_LEVELS for o in range(len(OUTPUTS))]
-    seeds = [s for g in base for s in (g, attrs.evolve(g, early=1))]  # each with and without early swap-ins
-    seeds += [Genome(default, base_pin, 0, e) for e in range(2, len(EARLY))]
+    seeds = [s for g in base for s in (attrs.evolve(g, recompute=none), attrs.evolve(g, early=1, recompute=none))]
+    lever = [Genome(default, base_pin, 0, e, m) for m in masks for e in (0, 1)]
+    seeds = seeds[:2] + lever + seeds[2:]
+    seeds += [Genome(default, base_pin, 0, e, none) for e in range(2, len(EARLY))]
     while len(seeds) < size:
         jitter = rng.normal(0.0, rng.choice([0.5, 2.0, 8.0]), n)
+        mask = masks[int(rng.integers(len(masks)))] if masks and rng.random() < 0.5 else none
         seeds.append(Genome((default, local)[len(seeds) % 2] + jitter, float(rng.choice(PIN_LEVELS)),
-                            int(rng.integers(len(OUTPUTS))), int(rng.integers(len(EARLY)))))
+                            int(rng.integers(len(OUTPUTS))), int(rng.integers(len(EARLY))), mask))
     return seeds[:max(size, 1)]
+
+
+def _genes(g: Genome, n: int) -> np.ndarray:
+    """A genome's recompute genes, none if it has none."""
+    return g.recompute if len(g.recompute) == n else np.zeros(n, np.bool_)
 
 
 def _crossover(a: Genome, b: Genome, rng: np.random.Generator) -> Genome:
@@ -317,22 +363,32 @@ def _crossover(a: Genome, b: Genome, rng: np.random.Generator) -> Genome:
     if rng.random() < 0.5:  # one cut: keeps runs of relative order together
         cut = int(rng.integers(0, len(a.priority) + 1))
         take = np.arange(len(a.priority)) < cut
+    n = max(len(a.recompute), len(b.recompute))
+    mix = rng.random(n) < 0.5
+    if rng.random() < 0.5:  # one parent's genes whole
+        mix[:] = rng.random() < 0.5
     return Genome(np.where(take, a.priority, b.priority), a.pin if rng.random() < 0.5 else b.pin,
-                  a.outputs if rng.random() < 0.5 else b.outputs, a.early if rng.random() < 0.5 else b.early)
+                  a.outputs if rng.random() < 0.5 else b.outputs, a.early if rng.random() < 0.5 else b.early,
+                  np.where(mix, _genes(a, n), _genes(b, n)))
 
 
 def _mutate(g: Genome, rng: np.random.Generator) -> Genome:
-    if rng.random() < 0.85:  # move a few ops earlier or later
+    if rng.random() < 0.8:  # move a few ops earlier or later
         priority = np.array(g.priority)
         ops = rng.integers(0, len(priority), size=int(rng.integers(1, 8)))
         priority[ops] += rng.normal(0.0, rng.choice([1.0, 5.0, 25.0]), len(ops))
         return attrs.evolve(g, priority=priority)
     which = rng.random()
-    if which < 1 / 3:
+    if which < 0.25:
         return attrs.evolve(g, pin=float(rng.choice(PIN_LEVELS)))
-    if which < 2 / 3:
+    if which < 0.5:
         return attrs.evolve(g, outputs=int(rng.integers(len(OUTPUTS))))
-    return attrs.evolve(g, early=int(rng.integers(len(EARLY))))
+    if which < 0.75 or not len(g.recompute):
+        return attrs.evolve(g, early=int(rng.integers(len(EARLY))))
+    genes = np.array(g.recompute)  # recompute a few ops more, or fewer
+    flip = rng.integers(0, len(genes), size=int(rng.integers(1, 8)))
+    genes[flip] = ~genes[flip]
+    return attrs.evolve(g, recompute=genes)
 
 
 def _tournament(pop: list[Genome], fit: list[float], rng: np.random.Generator, k: int = 3) -> Genome:
@@ -356,7 +412,14 @@ def genetic_search(req: Request, opts: SearchOptions, on_generation: Callable[[i
     workers = opts.workers or os.cpu_count() or 1
     ideal = ideal_ms(d.p)
     baselines = {m: baseline_setup(d.p, m, req.tensor_cap, d.no_swap)[0] for m in METHODS}
-    pop = _seeds(d, rng, opts.population)
+    masks = []
+    if len(d.candidates) and d.no_swap > req.tensor_cap:
+        baselines["capuchin"] = capuchin_setup(req, d.p, d.extensions, d.no_swap)[0]
+        cheapest = d.extensions.candidates.cheapest(d.p)
+        masks = [d.mask(baselines["capuchin"].recompute)]
+        masks += [d.mask(dropped_makers(d.p, req.tensor_cap, 1.0, at_cuts)) for at_cuts in (True, False)]
+        masks += [d.mask(cheapest[:max(1, int(share * len(cheapest)))]) for share in (0.25, 0.5, 1.0)]
+    pop = _seeds(d, rng, opts.population, masks)
     first = d.score(pop[0])  # compiles the inner loop (or loads it) once, before workers fork
     scorer = _Scorer(req, d, workers)
     scorer.cache[pop[0].key] = first
@@ -394,13 +457,31 @@ def genetic_search(req: Request, opts: SearchOptions, on_generation: Callable[[i
 
 def _finish(req: Request, d: Decoder, pop: list[Genome], fit: list[float], baselines: dict[str, Setup],
             generations: int, evaluations: int, started: float) -> Outcome:
+    """The best of the population, of the baselines and of ``checkpoint``, with its figures."""
     i = min(range(len(pop)), key=lambda k: (fit[k], k))
     extra = {"generations": float(generations), "evaluations": float(evaluations)}
-    times = {m: d.evaluator(s.schedule, req.tensor_cap, s.pinned, s.policy).iteration_ms for m, s in baselines.items()}
-    champion = min(baselines, key=lambda m: (times[m], m))
-    best = d.plan(pop[i]) if fit[i] <= times[champion] else None
+    scores = {m: d.setup_score(s) for m, s in baselines.items()}
+    champion = min(scores, key=lambda m: (scores[m], m))
+    best = d.plan(pop[i]) if fit[i] <= scores[champion] else None
     if best is None:
         s = baselines[champion]
-        best = build_plan(req, d.p, "ga", s.schedule, s.pinned, s.policy, d.evaluator)
-    plan = with_figures(best, d.p, d.no_swap, extra)
+        best = build_plan(req, d.p, "ga", s.schedule, s.pinned, s.policy, d.evaluator, s.recompute, d.extensions)
+    plan = with_figures(best, d.p, d.no_swap, extra, recomputes=True)
+    checkpointed = _checkpoint(req)
+    if checkpointed is not None and _plan_score(req, checkpointed) < _plan_score(req, plan):
+        plan = with_figures(attrs.evolve(checkpointed, method="ga"), d.p, d.no_swap, extra, recomputes=True)
+    if _plan_score(req, plan) >= PAST_BUDGET:
+        raise host_budget_error(req, dict(plan.figures)["host_bytes"], "ga")
     return Outcome(plan, generations, evaluations, time.perf_counter() - started)
+
+
+def _checkpoint(req: Request) -> Plan | None:
+    try:
+        return plan_checkpoint(req)
+    except SwpError:
+        return None
+
+
+def _plan_score(req: Request, plan: Plan) -> float:
+    f = dict(plan.figures)
+    return req.score(f["iteration_ms"], int(f["host_bytes"]))

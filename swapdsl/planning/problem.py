@@ -14,6 +14,9 @@ from swapdsl.graph.analysis import in_place_ops, scratch_bytes
 from swapdsl.graph.ir import Graph, Kind
 from swapdsl.plan.program import arena_bytes, scratch_offset
 
+PAST_BUDGET = 1e15  # a score past the host budget: more than any step's milliseconds
+
+
 @attrs.frozen
 class Request:
     """What a user asks a planner for: a plan of this training graph on this device under this cap."""
@@ -23,12 +26,23 @@ class Request:
     cap: int
     model_path: str
     model_args: tuple[tuple[str, int | float | bool], ...]
+    host_cap: int | None = None  # the most host memory the plan's host copies may take (None: any)
     # the scratch region at the top of the arena (kernels' temporaries), and what is left below it for tensors
     scratch: int = attrs.field(init=False, default=attrs.Factory(lambda r: scratch_bytes(r.graph), takes_self=True))
 
     @property
     def tensor_cap(self) -> int:
         return scratch_offset(self.cap, self.scratch)
+
+    def host_excess(self, host_bytes: int) -> int:
+        """How far a plan's host copies go past the host budget (0: within it, or no budget)."""
+        return 0 if self.host_cap is None else max(0, host_bytes - self.host_cap)
+
+    def score(self, iteration_ms: float, host_bytes: int) -> float:
+        """What planners minimise: the step time within the host budget; past it, worse than any step
+        (``PAST_BUDGET``) by the excess in MB, so that less excess still scores better."""
+        excess = self.host_excess(host_bytes)
+        return iteration_ms if not excess else PAST_BUDGET + excess / 1e6
 
 
 @attrs.frozen

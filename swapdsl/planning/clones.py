@@ -1,0 +1,192 @@
+"""Recomputation planned by the swap planner: a recomputed op is a clone in the schedule.
+
+To recompute a forward op ``m`` is to run a copy of it (a *clone*) later in the step, whose outputs
+stand in for ``m``'s outputs wherever an op of the backward pass (any op that is not a forward op)
+reads them. The originals then die after their last forward read, with no swap-out; the clone reads
+``m``'s inputs (or, if their makers are recomputed too, their clones), so those live until it runs,
+and its outputs live from it to their last backward read. This is an ordinary planning problem with
+a few more ops and tensors: the swap planner (compiled, and its reference) places, evicts and
+prefetches clones and their inputs like anything else, and the simulator charges a clone the op's
+time on the compute stream. A plan maps each clone back to a ``recompute`` of its op, and each clone
+tensor back to the original's name, so the validator checks it as any other plan.
+
+A clone runs just before the first op that reads one of its outputs (clones of one op's inputs first);
+a clone is dropped from the set when, in the schedule at hand, a forward op still reads an original
+after that point or an in-place update overwrites one of its inputs before it.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Iterable
+
+import attrs
+import numpy as np
+
+from swapdsl.graph.ir import Kind
+from swapdsl.plan.program import Free, Instr, Run, SwapIn, SwapOut
+from swapdsl.planning.compiled import Evaluator
+from swapdsl.planning.problem import Problem, edges
+
+
+@attrs.frozen
+class Candidates:
+    """What in a problem may be recomputed, found once."""
+
+    ops: tuple[int, ...]  # forward ops whose outputs a backward op reads, and that may run again
+    forward: tuple[bool, ...]  # per op: does it make forward activations
+    consumer: dict[int, int]  # tensor -> the op that overwrites it in place
+    readers: dict[int, list[int]]  # tensor -> ops that read it
+
+    @staticmethod
+    def of(p: Problem) -> Candidates:
+        forward = tuple(all(p.kinds[t] == Kind.activation.value for t in p.op_outputs[op]) for op in range(p.n_ops))
+        consumer = {p.op_inputs[op][0]: op for op in range(p.n_ops) if p.in_place[op] and p.op_inputs[op]}
+        readers = edges(p).readers
+        finals = {new for _, new in p.updates} | {p.loss}
+        ops = tuple(m for m in range(p.n_ops) if forward[m] and not p.in_place[m]
+                    and not any(t in consumer or t in finals for t in p.op_outputs[m])
+                    and any(not forward[r] for t in p.op_outputs[m] for r in readers.get(t, ())))
+        return Candidates(ops, forward, consumer, readers)
+
+    def cheapest(self, p: Problem) -> list[int]:
+        """The candidates by recompute time per byte of output a backward op reads, cheapest first."""
+        def per_byte(m: int) -> float:
+            needed = sum(p.nbytes[t] for t in p.op_outputs[m]
+                         if any(not self.forward[r] for r in self.readers.get(t, ())))
+            return p.op_ms[m] / max(needed, 1)
+        return sorted(self.ops, key=lambda m: (per_byte(m), m))
+
+
+@attrs.frozen
+class Extended:
+    """A problem with clones of ``ops`` appended: op ``p.n_ops + k`` is a clone of ``ops[k]``, and
+    tensor ``len(p.names) + j`` a clone of ``origin[j]``."""
+
+    problem: Problem
+    base: Problem
+    ops: tuple[int, ...]
+    origin: tuple[int, ...]
+
+    def op_of(self, op: int) -> int:
+        return op if op < self.base.n_ops else self.ops[op - self.base.n_ops]
+
+    def tensor_of(self, t: int) -> int:
+        n = len(self.base.names)
+        return t if t < n else self.origin[t - n]
+
+
+def extend(p: Problem, ops: Iterable[int], forward: tuple[bool, ...]) -> Extended:
+    """``p`` with a clone of each op in ``ops`` (ascending), read by the backward pass instead."""
+    ops = tuple(sorted(ops))
+    n_t = len(p.names)
+    clone: dict[int, int] = {}
+    for m in ops:
+        for t in p.op_outputs[m]:
+            clone[t] = n_t + len(clone)
+    origin = tuple(clone)
+    inputs = [ins if forward[op] else tuple(clone.get(t, t) for t in ins) for op, ins in enumerate(p.op_inputs)]
+    inputs += [tuple(clone.get(t, t) for t in p.op_inputs[m]) for m in ops]
+    q = attrs.evolve(
+        p, names=p.names + tuple(f"{p.names[t]}'" for t in origin),
+        nbytes=p.nbytes + tuple(p.nbytes[t] for t in origin), size=p.size + tuple(p.size[t] for t in origin),
+        kinds=p.kinds + tuple(p.kinds[t] for t in origin), op_ms=p.op_ms + tuple(p.op_ms[m] for m in ops),
+        op_inputs=tuple(inputs), op_outputs=p.op_outputs + tuple(tuple(clone[t] for t in p.op_outputs[m]) for m in ops),
+        in_place=p.in_place + (False,) * len(ops))
+    return Extended(q, p, ops, origin)
+
+
+def place_clones(p: Problem, c: Candidates, schedule: list[int], chosen: Iterable[int]) -> tuple[list[int], list[int]]:
+    """Of the ``chosen`` candidates, those that can be recomputed in ``schedule`` (ascending), and each one's
+    position in it: the clone runs just before the op it is first needed by (that op's schedule
+    position; clones needed at one position run in op order, so a clone's recomputed inputs come first)."""
+    pos = np.empty(p.n_ops, np.int64)
+    pos[np.asarray(schedule, np.int64)] = np.arange(len(schedule))
+    kept = sorted(set(chosen))
+    while True:
+        need = _needs(p, c, pos, kept)
+        bad = [m for m in kept if not _valid(p, c, pos, m, need[m], set(kept))]
+        if not bad:
+            return kept, [need[m] for m in kept]
+        kept = [m for m in kept if m not in set(bad)]
+
+
+def _needs(p: Problem, c: Candidates, pos: np.ndarray, kept: list[int]) -> dict[int, int]:
+    need: dict[int, int] = {}
+    chosen = set(kept)
+    for m in reversed(kept):  # op order is topological: a clone's readers among clones come later
+        at = len(pos)
+        for t in p.op_outputs[m]:
+            for r in c.readers.get(t, ()):
+                if r in chosen:
+                    at = min(at, need[r])
+                elif not c.forward[r]:
+                    at = min(at, int(pos[r]))
+        need[m] = at
+    return need
+
+
+def _valid(p: Problem, c: Candidates, pos: np.ndarray, m: int, at: int, chosen: set[int]) -> bool:
+    """No forward op reads an original of ``m`` at or after the clone, and no original input of the
+    clone is overwritten in place before it."""
+    for t in p.op_outputs[m]:
+        if any(c.forward[r] and r not in chosen and pos[r] >= at for r in c.readers.get(t, ())):
+            return False
+    maker_chosen = {t for k in chosen for t in p.op_outputs[k]}
+    return all(u in maker_chosen or c.consumer.get(u) is None or pos[c.consumer[u]] >= at
+               for u in p.op_inputs[m])
+
+
+def merged_schedule(base: list[int], ext: Extended, need: list[int]) -> list[int]:
+    """``base`` with clone ``k`` just before position ``need[k]`` (ties in clone order)."""
+    at: dict[int, list[int]] = {}
+    for k, n in enumerate(need):
+        at.setdefault(n, []).append(ext.base.n_ops + k)
+    out: list[int] = []
+    for i, op in enumerate(base):
+        out += at.get(i, ())
+        out.append(op)
+    out += at.get(len(base), ())
+    return out
+
+
+def to_base(ext: Extended, program: list[Instr]) -> list[Instr]:
+    """A program of the extended problem in terms of the original one: a clone's run is a recompute."""
+    names, base = ext.problem.names, ext.base.names
+    name = {names[t]: base[ext.tensor_of(t)] for t in range(len(base), len(names))}
+    out: list[Instr] = []
+    for i in program:
+        if isinstance(i, Run):
+            outs = tuple((name.get(n, n), r) for n, r in i.outs)
+            i = attrs.evolve(i, op=ext.op_of(i.op), outs=outs, recompute=i.op >= ext.base.n_ops)
+        elif isinstance(i, SwapIn):
+            i = attrs.evolve(i, tensor=name.get(i.tensor, i.tensor), after=_op(ext, i.after),
+                             before=_op(ext, i.before))
+        elif isinstance(i, (SwapOut, Free)):
+            i = attrs.evolve(i, tensor=name.get(i.tensor, i.tensor), after=_op(ext, i.after))
+        out.append(i)
+    return out
+
+
+def _op(ext: Extended, op: int) -> int:
+    return op if op < 0 else ext.op_of(op)
+
+
+class Extensions:
+    """Extended problems and their evaluators by set of clones, the last few kept (each flattens anew)."""
+
+    def __init__(self, p: Problem, size: int = 16) -> None:
+        self.p = p
+        self.candidates = Candidates.of(p)
+        self.get = functools.lru_cache(maxsize=size)(self._build)
+
+    def _build(self, ops: tuple[int, ...]) -> tuple[Extended, Evaluator]:
+        ext = extend(self.p, ops, self.candidates.forward)
+        return ext, Evaluator(ext.problem, origin=ext.origin)
+
+    def prepare(self, schedule: list[int], chosen: Iterable[int]) -> tuple[Extended, Evaluator, list[int]]:
+        """The extended problem for what of ``chosen`` can be recomputed in ``schedule``, its evaluator,
+        and the schedule with the clones in it."""
+        kept, need = place_clones(self.p, self.candidates, schedule, chosen)
+        ext, evaluator = self.get(tuple(kept))
+        return ext, evaluator, merged_schedule(schedule, ext, need)

@@ -63,6 +63,17 @@ def _seconds(text: str) -> float:
     return value
 
 
+def _share(text: str) -> float:
+    """An argparse type: a positive, finite share."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number such as 0.5, got `{text}`") from None
+    if not (math.isfinite(value) and value > 0):
+        raise argparse.ArgumentTypeError(f"expected a positive, finite share, got {text}")
+    return value
+
+
 def _workers(text: str) -> int:
     cores = os.cpu_count() or 1
     value = _count(0)(text)
@@ -208,7 +219,8 @@ def _cmd_optimize(args: argparse.Namespace) -> int:
     search = SearchOptions(args.budget, args.generations, args.population, args.seed, args.workers,
                            progress=sys.stderr.isatty() and not args.json)
     started = time.perf_counter()
-    plan = api.optimize(model, cap, args.method, device, search)
+    host = parse_size(args.host_memory) if args.host_memory else None
+    plan = api.optimize(model, cap, args.method, device, search, host_memory=host)
     seconds = time.perf_counter() - started
     if args.output:
         api.save(plan, args.output)
@@ -284,7 +296,8 @@ def _cmd_bench(args: argparse.Namespace) -> int:
                        hints=[f"methods: {', '.join(METHOD_NAMES)}; ratios are positive"])
     search = SearchOptions(budget_s=args.budget, generations=args.generations, seed=args.seed, workers=args.workers)
     rows = bench.rows(args.models, ratios, methods, load_device(args.device or DEFAULT_DEVICE), search,
-                      log=None if args.json else print)
+                      log=None if args.json else print,
+                      host=(parse_size(args.host_memory) if args.host_memory else None, args.host_share))
     if args.json:
         print(json.dumps(rows, indent=2))
     else:
@@ -377,6 +390,8 @@ def make_parser() -> argparse.ArgumentParser:
     op.add_argument("file", metavar="FILE.swp")
     op.add_argument("--memory", required=True, metavar="SIZE", help="the cap: 8GiB, 512MiB, 1.5GB or bytes")
     op.add_argument("--method", choices=METHOD_NAMES, default="ga", help="planner (default ga)")
+    op.add_argument("--host-memory", metavar="SIZE", help="the most host memory the plan's host copies may take "
+                    "(default: any); ga and capuchin trade swaps for recomputation to keep within it")
     op.add_argument("--budget", type=_seconds, default=60.0, metavar="SECONDS", help="ga: wall-clock budget (60)")
     op.add_argument("--generations", type=_count(1), default=100_000, help="ga: generation limit (100000)")
     op.add_argument("--population", type=_count(2, 100_000), default=64, help="ga: candidates per generation (64)")
@@ -415,6 +430,9 @@ def make_parser() -> argparse.ArgumentParser:
     be.add_argument("--ratios", default="2,4,8,12", help="memory ratios, comma-separated (2,4,8,12)")
     be.add_argument("--methods", default="lru,vdnn,belady,ga", help="comma-separated (lru,vdnn,belady,ga)")
     be.add_argument("--device", help=f"device profile (default {DEFAULT_DEVICE})")
+    be.add_argument("--host-memory", metavar="SIZE", help="a host budget for every plan (default: any)")
+    be.add_argument("--host-share", metavar="SHARE", type=_share,
+                    help="a host budget per row: this share of what belady keeps on the host at that cap (e.g. 0.5)")
     be.add_argument("--budget", type=_seconds, default=60.0, metavar="SECONDS", help="ga budget per plan (60)")
     be.add_argument("--generations", type=_count(1), default=100_000, help="ga generation limit per plan (100000)")
     be.add_argument("--seed", type=_count(0, MAX_SEED - 1), default=0)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 import time
 from pathlib import Path
 from typing import Any
@@ -13,6 +14,7 @@ from swapdsl.devices.profiles import Device
 from swapdsl.graph.autodiff import training_graph
 from swapdsl.lang.elaborate import elaborate
 from swapdsl.lang.loader import load
+from swapdsl.plan.program import Run
 from swapdsl.plan.validate import validate
 from swapdsl.planning.compiled import no_swap_bytes
 from swapdsl.planning.ga import SearchOptions
@@ -28,8 +30,11 @@ def model_path(name: str) -> Path:
 
 
 def rows(models: list[str], ratios: list[float], methods: list[str], device: Device,
-        search: SearchOptions, log: Any = None) -> list[dict[str, Any]]:
-    """One row per (model, ratio, method); the cap for ratio r is the no-swap arena / r."""
+         search: SearchOptions, log: Any = None, host: tuple[int | None, float | None] = (None, None)
+         ) -> list[dict[str, Any]]:
+    """One row per (model, ratio, method); the cap for ratio r is the no-swap arena / r. ``host``: a host
+    budget for every plan, and one per (model, ratio) as a share of what belady keeps on the host there
+    (the smaller holds)."""
     rows = []
     for name in models:
         path = model_path(name)
@@ -39,22 +44,39 @@ def rows(models: list[str], ratios: list[float], methods: list[str], device: Dev
         no_swap = no_swap_bytes(p)
         for ratio in ratios:
             cap = int(no_swap / ratio)
+            host_cap = _host_cap(Request(t, device, cap, str(path), fwd.args), host)
             for method in methods:
                 row: dict[str, Any] = {"model": Path(name).stem, "ratio": ratio, "method": method, "cap_bytes": cap}
+                if host_cap is not None:
+                    row["host_cap_bytes"] = host_cap
                 started = time.perf_counter()
                 try:
-                    plan = optimize(Request(t, device, cap, str(path), fwd.args), method, search)
+                    plan = optimize(Request(t, device, cap, str(path), fwd.args, host_cap), method, search)
                     validate(plan)
                 except SwpError as exc:
                     row["error"] = exc.message
                 else:
                     f = dict(plan.figures)
-                    row.update({k: f[k] for k in ("fraction", "iteration_ms", "ideal_ms", "bound_ms", "swap_bytes")})
+                    row.update({k: f[k] for k in ("fraction", "iteration_ms", "ideal_ms", "bound_ms", "swap_bytes",
+                                                  "host_bytes")})
+                    row["swap_bound_ms"] = f.get("swap_bound_ms", f["bound_ms"])
+                    row["recomputes"] = sum(1 for i in plan.program if isinstance(i, Run) and i.recompute)
                     row["search_seconds"] = time.perf_counter() - started
                 rows.append(row)
                 if log is not None:
                     log(format_row(row))
     return rows
+
+
+def _host_cap(req: Request, host: tuple[int | None, float | None]) -> int | None:
+    fixed, share = host
+    if share is None:
+        return fixed
+    try:
+        belady = dict(optimize(req, "belady").figures)["host_bytes"]
+    except SwpError:
+        return fixed
+    return int(min(share * belady, fixed if fixed is not None else math.inf))
 
 
 def format_row(r: dict[str, Any]) -> str:

@@ -1,0 +1,143 @@
+"""Recomputation planned by the swap planner (clones.py), capuchin, the ga's recompute genes, host budgets."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, event, given, settings
+from hypothesis import strategies as st
+
+from conftest import safety
+from swapdsl.common.paths import STDLIB_DIR
+from strategies import training_graphs
+from swapdsl.common.errors import SwpError
+from swapdsl.graph.ir import Graph
+from swapdsl.plan.program import Run
+from swapdsl.plan.simulate import simulate
+from swapdsl.plan.validate import validate
+from swapdsl.planning.baselines import build_plan
+from swapdsl.planning.clones import Extensions
+from swapdsl.planning.ga import Decoder, Genome, SearchOptions, genetic_search
+from swapdsl.planning.optimize import optimize
+from swapdsl.planning.problem import Problem, Request
+from swapdsl.planning.reference import plan_swaps_reference
+from test_compiled_planner import POLICIES, V100, _need_and_no_swap
+from test_planners import caps
+from test_runtime import run_against_reference, small_training_graph
+
+
+def _request(t: Graph, where: float, host_cap: int | None = None) -> tuple[Request, Problem]:
+    p = Problem.build(t, V100)
+    need, no_swap = _need_and_no_swap(p)
+    return Request(t, V100, int(need + where * (no_swap - need)), "random.swp", (), host_cap), p
+
+
+@safety(30)
+@given(training_graphs(), st.floats(0.0, 1.0), st.sampled_from(POLICIES), st.integers(0, 2**31 - 1))
+def test_any_recompute_set_on_any_schedule_is_exact(t: Graph, where: float, policy, seed: int) -> None:  # noqa: ANN001
+    """Any set of candidates, any schedule the search can make, any policy and cap: the compiled planner
+    makes the reference planner's program for the extended problem and times the mapped plan exactly as
+    the simulator does (host bytes too); the plan is valid and trains exactly like the reference (dropout
+    included: a rerun hashes the same seed, step and element)."""
+    req, _ = _request(t, where)
+    d = Decoder(req)
+    rng = np.random.default_rng(seed)
+    genome = Genome(rng.normal(0, 5, d.p.n_ops), float(rng.choice([0, 0.3, 1.0])), 0, 0,
+                    rng.random(len(d.candidates)) < rng.random())
+    decoded = d.decode(genome)
+    assert decoded is not None
+    schedule, pinned = decoded
+    chosen = d.recomputed(genome)
+    ext, evaluator, merged = d.extensions.prepare(schedule.tolist(), chosen)
+    assert evaluator.program(merged, req.tensor_cap, pinned, policy) == \
+        plan_swaps_reference(ext.problem, merged, req.tensor_cap, pinned, policy)
+    plan = build_plan(req, d.p, "x", schedule.tolist(), pinned, policy, recompute=chosen, extensions=d.extensions)
+    timing, r = evaluator(merged, req.tensor_cap, pinned, policy), simulate(plan)
+    assert (timing.iteration_ms, timing.h2d_bytes, timing.d2h_bytes, timing.host_bytes) == \
+        (r.iteration_ms, r.h2d_bytes, r.d2h_bytes, r.host_bytes)
+    assert sum(isinstance(i, Run) and i.recompute for i in plan.program) == len(ext.ops)
+    event(f"recomputes: {min(len(ext.ops), 3)}, swaps: {r.h2d_bytes > 0}")
+    validate(plan, t)
+    assert run_against_reference(plan, t, steps=2) <= 1e-5
+
+
+def test_recompute_genes_make_the_plan_that_scores_them() -> None:
+    """A genome's plan has one recompute per kept clone, its figures are its score."""
+    t = small_training_graph("tiny_resnet")
+    need, no_swap = caps(t)
+    d = Decoder(Request(t, V100, (need + no_swap) // 3, "tiny_resnet.swp", ()))
+    genes = np.ones(len(d.candidates), np.bool_)
+    g = Genome(np.arange(d.p.n_ops, 0, -1.0), 0.0, 0, 0, genes)
+    plan = d.plan(g)
+    assert plan is not None
+    again = [i for i in plan.program if isinstance(i, Run) and i.recompute]
+    assert again and {i.op for i in again} <= set(d.candidates.tolist())
+    assert simulate(plan).iteration_ms == d.score(g)
+    validate(plan, t)
+
+
+def test_candidates_are_forward_ops_the_backward_pass_reads() -> None:
+    t = small_training_graph("tiny_transformer")
+    p = Problem.build(t, V100)
+    c = Extensions(p).candidates
+    assert c.ops
+    for m in c.ops:
+        assert c.forward[m] and not p.in_place[m]
+        assert any(not c.forward[r] for u in p.op_outputs[m] for r in c.readers.get(u, ()))
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(training_graphs(), st.floats(0.0, 1.0), st.floats(0.0, 1.2), st.sampled_from(["capuchin", "ga", "belady"]))
+def test_host_budgets_hold_or_are_refused(t: Graph, where: float, share: float, method: str) -> None:
+    """Under a host budget a share of what `belady` keeps on the host: the plan keeps within it, is valid
+    and trains exactly, or the planner refuses with the least host memory it found (which is over it)."""
+    free, p = _request(t, where)
+    roomy = dict(optimize(free, "belady").figures)["host_bytes"]
+    budget = int(share * roomy)
+    req = Request(t, V100, free.cap, "random.swp", (), budget)
+    try:
+        plan = optimize(req, method, SearchOptions(budget_s=0.3, generations=3, population=12, workers=1))
+    except SwpError as err:
+        assert "host copies within" in err.message
+        least = int(err.message.split("(")[-1].split(" bytes")[0])
+        assert least > budget
+        return
+    assert dict(plan.figures)["host_bytes"] <= budget
+    validate(plan, t)
+    assert run_against_reference(plan, t, steps=2) <= 1e-5
+
+
+def test_ga_is_never_worse_than_capuchin_or_checkpoint() -> None:
+    t = small_training_graph("tiny_resnet")
+    need, no_swap = caps(t)
+    for cap in (need + (no_swap - need) // 8, (need + no_swap) // 2):
+        req = Request(t, V100, cap, "tiny_resnet.swp", ())
+        ga = dict(genetic_search(req, SearchOptions(budget_s=1, generations=2, population=8, workers=1)).plan.figures)
+        for method in ("capuchin", "checkpoint", "belady"):
+            try:
+                other = dict(optimize(req, method).figures)
+            except SwpError:
+                continue
+            assert ga["iteration_ms"] <= other["iteration_ms"] * (1 + 1e-12), method
+
+
+@pytest.mark.parametrize("method", ["capuchin", "ga", "lru"])
+def test_a_host_budget_below_the_inputs_is_refused_with_the_least_found(cli, in_tmp: Path, method: str) -> None:  # noqa: ANN001
+    code, _, err = cli("optimize", STDLIB_DIR / "models" / "mlp.swp", "--memory", "3MiB", "--host-memory", "1KiB",
+                       "--method", method, "--budget", "0.5", "--workers", "1", "-o", "x.plan")
+    assert code == 2 and "host copies within 1.00 KiB" in err and "--host-memory" in err, err
+    assert not (in_tmp / "x.plan").exists()
+
+
+@pytest.mark.parametrize("method", ["capuchin", "ga"])
+def test_recomputation_lifts_a_bus_limited_plan(method: str) -> None:
+    """Where belady's step is bound by the bus, recomputation makes it faster."""
+    t = small_training_graph("tiny_resnet")
+    need, no_swap = caps(t)
+    req = Request(t, V100, need + (no_swap - need) // 10, "tiny_resnet.swp", ())
+    belady = dict(optimize(req, "belady").figures)["iteration_ms"]
+    plan = optimize(req, method, SearchOptions(budget_s=2, generations=4, population=16, workers=1))
+    assert dict(plan.figures)["iteration_ms"] < belady
+    assert any(isinstance(i, Run) and i.recompute for i in plan.program)

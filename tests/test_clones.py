@@ -9,7 +9,9 @@ import pytest
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
-from conftest import safety
+from conftest import MODELS, build_graph, safety
+from swapdsl.graph.autodiff import training_graph
+from swapdsl.planning.compiled import no_swap_bytes
 from swapdsl.common.paths import STDLIB_DIR
 from strategies import training_graphs
 from swapdsl.common.errors import SwpError
@@ -18,6 +20,7 @@ from swapdsl.plan.program import Run
 from swapdsl.plan.simulate import simulate
 from swapdsl.plan.validate import validate
 from swapdsl.planning.baselines import build_plan
+from swapdsl.planning.bound import bound_ms, recompute_bound_ms
 from swapdsl.planning.clones import Extensions
 from swapdsl.planning.ga import Decoder, Genome, SearchOptions, genetic_search
 from swapdsl.planning.optimize import optimize
@@ -59,8 +62,38 @@ def test_any_recompute_set_on_any_schedule_is_exact(t: Graph, where: float, poli
         (r.iteration_ms, r.h2d_bytes, r.d2h_bytes, r.host_bytes)
     assert sum(isinstance(i, Run) and i.recompute for i in plan.program) == len(ext.ops)
     event(f"recomputes: {min(len(ext.ops), 3)}, swaps: {r.h2d_bytes > 0}")
+    assert r.iteration_ms >= recompute_bound_ms(d.p, req.tensor_cap) * (1 - 1e-9)
     validate(plan, t)
     assert run_against_reference(plan, t, steps=2) <= 1e-5
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(training_graphs(), st.floats(0.0, 1.3), st.sampled_from(["capuchin", "checkpoint", "ga"]))
+def test_no_recomputing_plan_beats_the_recompute_bound(t: Graph, where: float, method: str) -> None:
+    """Plans that recompute report the recompute bound as ``bound_ms`` and never beat it; the swap bound
+    is beside it, and never below it."""
+    need, no_swap = caps(t)
+    try:
+        plan = optimize(Request(t, V100, int(need + where * (no_swap - need)), "random.swp", ()), method,
+                        SearchOptions(budget_s=0.2, generations=2, population=8, workers=1))
+    except SwpError as err:
+        assert method == "checkpoint" and "does not fit" in err.message or "below the smallest" in err.message
+        return
+    f = dict(plan.figures)
+    assert f["iteration_ms"] >= f["bound_ms"] * (1 - 1e-9) >= f["ideal_ms"] * (1 - 1e-9)
+    assert f["swap_bound_ms"] >= f["bound_ms"] * (1 - 1e-12)
+
+
+def test_where_the_bus_limits_recomputation_passes_the_swap_bound() -> None:
+    """ResNet-50 at a quarter of its no-swap arena: the bus holds every swap plan to the swap bound, the
+    recompute bound is lower, and capuchin's plan is faster than the swap bound allows any swap plan."""
+    _, g = build_graph(str(MODELS / "resnet.swp"), ["depth=50", "batch=32"])
+    t = training_graph(g)
+    p = Problem.build(t, V100)
+    cap = no_swap_bytes(p) // 4
+    assert recompute_bound_ms(p, cap) < bound_ms(p, cap) / 1.5
+    plan = optimize(Request(t, V100, cap + p.scratch, "resnet.swp", ()), "capuchin")
+    assert dict(plan.figures)["iteration_ms"] < bound_ms(p, cap)
 
 
 def test_recompute_genes_make_the_plan_that_scores_them() -> None:

@@ -25,9 +25,9 @@ from swapdsl.common.errors import SwpError
 from swapdsl.common.units import format_bytes
 from swapdsl.graph.analysis import peak_bytes
 from swapdsl.plan.figures import plan_figures
-from swapdsl.plan.program import HOST, Plan, PlanOp, PlanTensor, Region, ideal_ms
+from swapdsl.plan.program import HOST, Plan, PlanOp, PlanTensor, Region
 from swapdsl.plan.simulate import simulate
-from swapdsl.planning.bound import bound_ms
+from swapdsl.planning.bound import bound_ms, recompute_bound_ms
 from swapdsl.planning.capuchin import capuchin_set
 from swapdsl.planning.checkpoint import checkpoint_program
 from swapdsl.planning.clones import Extensions, to_base
@@ -117,9 +117,9 @@ def capuchin_setup(req: Request, p: Problem, ext: Extensions, no_swap: int | Non
 
 
 def plan_checkpoint(req: Request) -> Plan:
-    """Chen et al.'s checkpointing (``checkpoint.py``): recomputation, no swapping. Its ``bound_ms`` is the
-    ideal step, the bound any plan obeys (recomputation may beat ``swap_bound_ms``, which only bounds plans
-    that swap)."""
+    """Chen et al.'s checkpointing (``checkpoint.py``): recomputation, no swapping. Its ``bound_ms`` is
+    ``recompute_bound_ms``, which bounds every plan (recomputation may beat ``swap_bound_ms``, which only
+    bounds plans that never recompute)."""
     p = Problem.build(req.graph, req.device)
     program, homes = checkpoint_program(p, req.tensor_cap)
     plan = assemble(req, p, "checkpoint", homes, tuple(program))
@@ -140,9 +140,9 @@ def with_figures(plan: Plan, p: Problem, no_swap: int, extra: dict[str, float] |
                  recomputes: bool = False) -> Plan:
     """The simulated figures, stored in the plan (nothing that varies from run to run). ``no_swap``: the
     tensors' no-swap arena; the figure adds the kernels' scratch, which any plan needs too. A plan that
-    ``recomputes`` is bounded by the ideal step only, and reports the swap bound beside it."""
+    may ``recompute`` is bounded by ``recompute_bound_ms``, and reports the swap bound beside it."""
     swap_bound = bound_ms(p, plan.tensor_cap)
-    bound = ideal_ms(p.op_ms) if recomputes else swap_bound
+    bound = recompute_bound_ms(p, plan.tensor_cap) if recomputes else swap_bound
     extra = {**(extra or {}), "swap_bound_ms": swap_bound} if recomputes else extra
     figures = plan_figures(plan, simulate(plan), bound, no_swap + plan.scratch, peak_bytes(p.graph), extra)
     return attrs.evolve(plan, figures=tuple(figures.items()))

@@ -35,6 +35,12 @@ for graphs where they are larger: (|S_a| - cap + P_read - cap) / h2d and
 
 from __future__ import annotations
 
+import itertools
+import math
+from collections.abc import Callable
+
+import attrs
+
 from swapdsl.devices.profiles import Device
 from swapdsl.plan import program
 from swapdsl.planning.problem import Problem, edges
@@ -54,36 +60,98 @@ def _closure(start: set[int], links: list[list[int]]) -> set[int]:
     return seen
 
 
-def bound_ms(p: Problem, cap: int) -> float:
+@attrs.frozen
+class _Cut:
+    """What the bounds read at T, the start of the first op that descends from the gradient seed."""
+
+    f: float  # op time before T (ops of A)
+    b: float  # op time after T (ops of D)
+    crossing: list[int]  # S_a: made by A, read by D
+    standing: list[int]  # persistent tensors and inputs read by D
+    fwd_read: list[int]  # persistent tensors read by A
+    updated: list[int]  # persistent tensors updated in place
+    read: int  # bytes of persistent tensors read at all
+    rebuilds: list[tuple[float, int]]  # per op of A making part of S_a: (its time, those bytes)
+
+
+def _cut(p: Problem) -> _Cut | None:
     e = edges(p)
     producer, consumers, preds, succs = e.producer, e.readers, e.preds, e.succs
     seeds = [op for op in range(p.n_ops) if not p.op_inputs[op] and p.kinds[p.op_outputs[op][0]] == "gradient"]
-    ideal = ideal_ms(p)
     if not seeds:
-        return ideal
+        return None
     first = {c for s in seeds for c in succs[s]}
     backward = _closure(set(seeds), succs)
     before = set.intersection(*(_closure({c}, preds) - {c} for c in first)) if first else set()
     before -= backward
-    made_before = {t for op in before for t in p.op_outputs[op]}
     read_after = {t for op in backward for t in p.op_inputs[op]}
-    crossing = [p.nbytes[t] for t in made_before & read_after]
-    standing = [p.nbytes[t] for t in read_after - producer.keys()]  # persistent tensors and inputs
+    crossing = {t for op in before for t in p.op_outputs[op]} & read_after
     read_before = {t for op in before for t in p.op_inputs[op]}
-    fwd_read = [p.nbytes[t] for t in p.persistent if t in read_before]
-    updated = [p.nbytes[old] for old, _ in p.updates]
-    read = sum(p.nbytes[t] for t in p.persistent if t in consumers)
+    rebuilds = [(p.op_ms[op], sum(p.nbytes[t] for t in p.op_outputs[op] if t in crossing)) for op in sorted(before)]
+    return _Cut(sum(p.op_ms[op] for op in before), sum(p.op_ms[op] for op in backward),
+                [p.nbytes[t] for t in crossing], [p.nbytes[t] for t in read_after - producer.keys()],
+                [p.nbytes[t] for t in p.persistent if t in read_before], [p.nbytes[old] for old, _ in p.updates],
+                sum(p.nbytes[t] for t in p.persistent if t in consumers), [r for r in rebuilds if r[1] > 0])
+
+
+def bound_ms(p: Problem, cap: int) -> float:
+    """The bound on plans that swap and never recompute (the module docstring)."""
+    ideal, c = ideal_ms(p), _cut(p)
+    if c is None:
+        return ideal
     dev = p.device
-    f = sum(p.op_ms[op] for op in before)
-    b = sum(p.op_ms[op] for op in backward)
-    excess = max(0, sum(crossing) - cap)
-    until_t = max(f, _copies_ms(crossing, cap, dev.d2h_bw, dev), _copies_ms(fwd_read, cap, dev.h2d_bw, dev))
-    after_t = max(b, _copies_ms(crossing + standing, cap, dev.h2d_bw, dev), _copies_ms(updated, cap, dev.d2h_bw, dev))
+    excess = max(0, sum(c.crossing) - cap)
+    until_t = max(c.f, _copies_ms(c.crossing, cap, dev.d2h_bw, dev), _copies_ms(c.fwd_read, cap, dev.h2d_bw, dev))
+    after_t = max(c.b, _copies_ms(c.crossing + c.standing, cap, dev.h2d_bw, dev),
+                  _copies_ms(c.updated, cap, dev.d2h_bw, dev))
     return max(ideal, until_t + after_t,
-               1e3 * (excess + max(0, read - cap)) / dev.h2d_bw,
-               1e3 * (excess + max(0, sum(updated) - cap)) / dev.d2h_bw)
+               1e3 * (excess + max(0, c.read - cap)) / dev.h2d_bw,
+               1e3 * (excess + max(0, sum(c.updated) - cap)) / dev.d2h_bw)
 
 
+def recompute_bound_ms(p: Problem, cap: int) -> float:
+    """A bound on every plan, recomputing or not.
+
+    Proof. Take any valid plan and T as in the module docstring. A tensor of S_a that at T is neither on
+    the device nor on the host is read after T, so it is rebuilt after T, by running again the op of A
+    that made it; say the plan runs again after T a set Q of such ops, taking c ms of compute and
+    rebuilding y bytes of S_a. Then the device and host hold at least |S_a| - y bytes of S_a at T, so
+
+        T       >= max(F, (|S_a| - cap - y) / d2h, (P_A - cap) / h2d)
+        end - T >= max(B + c, (|S| - cap - y) / h2d, (P_upd - cap) / d2h)
+        end     >= max(ideal + c, (|S_a| - cap - y + P_read - cap) / h2d, (|S_a| - cap - y + P_upd - cap) / d2h)
+
+    (excesses floored at zero, as before; the rebuilt tensors' recomputations run on the one compute
+    stream after T, and each op's run rebuilds at most the bytes of its outputs in S_a). Let y*(c) be the
+    most bytes any set of ops of A costing at most c can rebuild, with ops taken fractionally: the
+    greedy cheapest-per-byte frontier, concave and piecewise linear. The plan's y <= y*(c), every term
+    above falls as y grows, so end >= g(c), the terms with y*(c) in place of y. Each term is convex in c
+    (an affine function of the concave y*, negated and floored, or affine in c), so g is convex and
+    piecewise linear, and its minimum over c >= 0 lies at a breakpoint of y*, or where two of its
+    affine pieces meet between breakpoints: the least of g over those points is the bound. (It leaves
+    out the per-copy latencies of ``bound_ms``, so with no recomputation it is at most that bound.)
+    """
+    ideal, c = ideal_ms(p), _cut(p)
+    if c is None:
+        return ideal
+    dev = p.device
+    xa, x = sum(c.crossing) - cap, sum(c.crossing) + sum(c.standing) - cap
+    ms = 1e3
+    g1 = [lambda _c, _y: c.f, lambda _c, y: ms * (xa - y) / dev.d2h_bw,
+          lambda _c, _y: ms * max(0, sum(c.fwd_read) - cap) / dev.h2d_bw]
+    g2 = [lambda cc, _y: c.b + cc, lambda _c, y: ms * (x - y) / dev.h2d_bw,
+          lambda _c, _y: ms * max(0, sum(c.updated) - cap) / dev.d2h_bw]
+    read, upd = max(0, c.read - cap), max(0, sum(c.updated) - cap)
+    g3 = [lambda cc, _y: ideal + cc, lambda _c, _y: ms * read / dev.h2d_bw, lambda _c, y: ms * (xa - y + read) / dev.h2d_bw,
+          lambda _c, _y: ms * upd / dev.d2h_bw, lambda _c, y: ms * (xa - y + upd) / dev.d2h_bw]
+
+    def g(cost: float, y: float) -> float:
+        return max(max(h(cost, y) for h in g1) + max(h(cost, y) for h in g2), max(h(cost, y) for h in g3))
+
+    best = math.inf
+    for (c0, y0), (c1, y1) in itertools.pairwise(_frontier(c.rebuilds)):
+        best = min(best, _segment_min(g, (g1, g2, g3), c0, y0, c1, y1))
+    return max(ideal, best)
 def _copies_ms(sizes: list[int], cap: int, bw: float, dev: Device) -> float:
     """The least time one link needs to move all but ``cap`` bytes of these tensors, a whole tensor
     per copy: the bytes, plus a latency for each of the fewest tensors that add up to them."""
@@ -96,3 +164,56 @@ def _copies_ms(sizes: list[int], cap: int, bw: float, dev: Device) -> float:
             break
         copies, moved = copies + 1, moved + size
     return 1e3 * (excess / bw + copies * dev.copy_latency_s)
+
+
+def _frontier(rebuilds: list[tuple[float, int]]) -> list[tuple[float, float]]:
+    """The most bytes ops can rebuild for their time, ops taken fractionally, cheapest per byte first:
+    (time, bytes) at each breakpoint, from (0, 0) (ops that take no time first)."""
+    points = [(0.0, 0.0)]
+    for cost, size in sorted(rebuilds, key=lambda r: (r[0] / r[1], r)):
+        last = points[-1]
+        points.append((last[0] + cost, last[1] + size))
+    if len(points) == 1:
+        points.append((0.0, 0.0))
+    return points
+
+
+Term = Callable[[float, float], float]
+
+
+def _segment_min(g: Callable[[float, float], float], groups: tuple[list[Term], ...], c0: float, y0: float,
+                 c1: float, y1: float) -> float:
+    """The least of ``g`` on the segment where y grows linearly from (c0, y0) to (c1, y1): every term is
+    affine there, so the least lies at an end, where two terms of one group meet (a kink of that group's
+    maximum), or where the sum of the first two groups meets a term of the third."""
+    def at(s: float) -> tuple[float, float]:
+        return c0 + s * (c1 - c0), y0 + s * (y1 - y0)
+
+    points = {0.0, 1.0}
+    for group in groups:
+        lines = [_line(h, at) for h in group]
+        points |= {s for a, b in itertools.combinations(lines, 2) if (s := _meet(a, b)) is not None}
+    ordered = sorted(points)
+    for lo, hi in itertools.pairwise(ordered):  # between kinks, the sum is one affine function
+        mid = (lo + hi) / 2
+        top = [max(groups[k], key=lambda h: h(*at(mid))) for k in (0, 1)]
+        first = _line(lambda c, y: top[0](c, y) + top[1](c, y), at)
+        for h in groups[2]:
+            s = _meet(first, _line(h, at))
+            if s is not None and lo <= s <= hi:
+                points.add(s)
+    return min(g(*at(s)) for s in points)
+
+
+def _line(h: Term, at: Callable[[float], tuple[float, float]]) -> tuple[float, float]:
+    """An affine term as (value at s = 0, slope in s)."""
+    v0 = h(*at(0.0))
+    return v0, h(*at(1.0)) - v0
+
+
+def _meet(a: tuple[float, float], b: tuple[float, float]) -> float | None:
+    """Where two affine functions of s in [0, 1] meet, if they cross there."""
+    if a[1] == b[1]:
+        return None
+    s = (b[0] - a[0]) / (a[1] - b[1])
+    return s if 0.0 <= s <= 1.0 else None

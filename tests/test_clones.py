@@ -23,7 +23,7 @@ from swapdsl.planning.baselines import build_plan
 from swapdsl.planning.bound import bound_ms, recompute_bound_ms
 from swapdsl.planning.clones import Extensions
 from swapdsl.planning.ga import Decoder, Genome, SearchOptions, genetic_search
-from swapdsl.planning.optimize import optimize
+from swapdsl.planning.optimize import METHOD_NAMES, optimize
 from swapdsl.planning.problem import Problem, Request
 from swapdsl.planning.reference import plan_swaps_reference
 from test_compiled_planner import POLICIES, V100, _need_and_no_swap
@@ -121,11 +121,12 @@ def test_candidates_are_forward_ops_the_backward_pass_reads() -> None:
         assert any(not c.forward[r] for u in p.op_outputs[m] for r in c.readers.get(u, ()))
 
 
-@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(training_graphs(), st.floats(0.0, 1.0), st.floats(0.0, 1.2), st.sampled_from(["capuchin", "ga", "belady"]))
+@settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(training_graphs(), st.floats(0.0, 1.0), st.floats(0.3, 1.5), st.sampled_from(METHOD_NAMES))
 def test_host_budgets_hold_or_are_refused(t: Graph, where: float, share: float, method: str) -> None:
-    """Under a host budget a share of what `belady` keeps on the host: the plan keeps within it, is valid
-    and trains exactly, or the planner refuses with the least host memory it found (which is over it)."""
+    """Every planner under a host budget a share of what `belady` keeps on the host: the plan keeps within
+    it, is valid and trains exactly (recomputation chains and dropout included), or the planner refuses
+    with the least host memory it found (which is over it), or the cap is too small for checkpointing."""
     free, p = _request(t, where)
     roomy = dict(optimize(free, "belady").figures)["host_bytes"]
     budget = int(share * roomy)
@@ -133,11 +134,15 @@ def test_host_budgets_hold_or_are_refused(t: Graph, where: float, share: float, 
     try:
         plan = optimize(req, method, SearchOptions(budget_s=0.3, generations=3, population=12, workers=1))
     except SwpError as err:
-        assert "host copies within" in err.message
+        if method == "checkpoint" and "does not fit" in err.message:
+            return
+        assert "host copies within" in err.message, err.message
         least = int(err.message.split("(")[-1].split(" bytes")[0])
         assert least > budget
+        event("refused")
         return
     assert dict(plan.figures)["host_bytes"] <= budget
+    event(f"within, {'recomputing' if any(isinstance(i, Run) and i.recompute for i in plan.program) else 'swapping'}")
     validate(plan, t)
     assert run_against_reference(plan, t, steps=2) <= 1e-5
 

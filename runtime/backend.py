@@ -66,7 +66,9 @@ def require_memory(xp: ModuleType, device_bytes: int, host_bytes: int, what: str
         require_memory(np, 0, host_bytes, what)
     if have is not None and need > have:
         raise SwpError(f"{what} needs {format_bytes(need)}, but there is only {format_bytes(have)} of {where}",
-                       hints=["a smaller batch, model or --memory cap needs less"])
+                       hints=["a smaller batch, model or --memory cap needs less",
+                              "`optimize --host-memory SIZE` plans within a host budget (recomputing instead of "
+                              "swapping where it must)"])
 
 
 def synchronize(xp: ModuleType) -> None:

@@ -179,3 +179,16 @@ def test_recomputation_lifts_a_bus_limited_plan(method: str) -> None:
     plan = optimize(req, method, SearchOptions(budget_s=2, generations=4, population=16, workers=1))
     assert dict(plan.figures)["iteration_ms"] < belady
     assert any(isinstance(i, Run) and i.recompute for i in plan.program)
+
+
+def test_exec_refuses_a_plan_whose_host_copies_the_machine_cannot_hold(cli, in_tmp: Path,
+                                                                        monkeypatch: pytest.MonkeyPatch) -> None:  # noqa: ANN001
+    """Before allocating anything: the arena and host copies against the memory available."""
+    from swapdsl.runtime import backend
+
+    model = STDLIB_DIR / "models" / "mlp.swp"
+    assert cli("optimize", model, "--memory", "3MiB", "--method", "belady", "-o", "m.plan")[0] == 0
+    monkeypatch.setattr(backend, "host_memory_available", lambda: 1 << 20)
+    code, out, err = cli("exec", "m.plan", "--steps", "1")
+    assert code == 2 and "host copies needs" in err and "only 1.00 MiB of memory available" in err, err
+    assert "--host-memory" in err and "Traceback" not in err

@@ -467,7 +467,8 @@ def _finish(req: Request, d: Decoder, pop: list[Genome], fit: list[float], basel
         s = baselines[champion]
         best = build_plan(req, d.p, "ga", s.schedule, s.pinned, s.policy, d.evaluator, s.recompute, d.extensions)
     plan = with_figures(best, d.p, d.no_swap, extra, recomputes=True)
-    checkpointed = _checkpoint(req)
+    # (checkpointing swaps nothing, so it is never faster than the ideal step: no need to plan it then)
+    checkpointed = _checkpoint(req) if _plan_score(req, plan) > ideal_ms(d.p) else None
     if checkpointed is not None and _plan_score(req, checkpointed) < _plan_score(req, plan):
         plan = with_figures(attrs.evolve(checkpointed, method="ga"), d.p, d.no_swap, extra, recomputes=True)
     if _plan_score(req, plan) >= PAST_BUDGET:

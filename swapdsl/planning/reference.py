@@ -96,8 +96,7 @@ class Arena:
         earliest) or, with ``newest``, freed last; then the smallest gap, then the lowest offset;
         else the start of the space above the last tenant if it holds them."""
         best: tuple[int, int, int, int] | None = None
-        for i in range(len(self.off)):
-            lo, hi = self.gap(i)
+        for i, (lo, hi) in enumerate(zip([0, *self.end[:-1]], self.off)):  # the gaps below each tenant
             if hi - lo < size:
                 continue
             for offset in dict.fromkeys((lo, hi - size)):  # the start and the end (one place if it fits exactly)

@@ -1,6 +1,8 @@
 """The optimiser: SwapAdvisor's genetic search over schedules, plus what to pin.
 
-A genome is a priority per op, the share of the cap given to pinned persistent
+A genome is a priority per op, a recompute gene per forward op that may be
+recomputed (``clones.py``: the backward pass then reads a clone of it, run
+just before it is needed), the share of the cap given to pinned persistent
 tensors, where op outputs go in the arena (``Policy.outputs``: the bytes free
 longest, or those freed last, always or in the backward pass only; which is
 best depends on the model and the cap), and whether tensors on the host come
@@ -17,10 +19,15 @@ no carving to search (any tensor may take any free bytes), which is what lets a
 plan use the whole cap. Seeds: the default schedule at every pinning level and
 with each output placement, a schedule that keeps the ops reading one weight
 together (``locality_priority``) at every pinning level and output placement,
-each with and without early swap-ins, and jittered variants of both. Selection
-is by tournament with elitism; children mix their parents' priorities op by op
-(or at one cut), then mutate. The result is never worse than the best baseline:
-those plans are scored too, and kept if nothing beats them.
+each with and without early swap-ins; where the cap is below the no-swap
+arena, the default schedule with the recompute genes of ``capuchin``, of Chen's
+dropped set and of the cheapest half and all candidates; and jittered variants
+of all these. Selection is by tournament with elitism; children mix their
+parents' priorities op by op (or at one cut) and their genes, then mutate. The
+result is never worse than the best baseline: ``lru``, ``vdnn``, ``belady`` and
+``capuchin`` are scored too, ``checkpoint`` is planned at the end, and the
+best is kept if nothing beats it. With a host budget, plans past it score
+behind every plan within it (``Request.score``).
 
 Random choices come from one seeded generator in the calling process, and
 candidates are scored in worker processes whose results do not depend on which
@@ -329,7 +336,7 @@ def locality_priority(p: Problem) -> np.ndarray:
 
 
 def _seeds(d: Decoder, rng: np.random.Generator, size: int, masks: list[np.ndarray]) -> list[Genome]:
-    """The first population; ``masks``: recompute genes to start from (each with and without early swap-ins)."""
+    """The first population; ``masks``: recompute genes to start from (with early swap-ins, then without)."""
     n = d.p.n_ops
     default = np.arange(n, 0, -1, dtype=np.float64)
     local = locality_priority(d.p)
@@ -342,9 +349,9 @@ def _seeds(d: Decoder, rng: np.random.Generator, size: int, masks: list[np.ndarr
     base += [Genome(default, base_pin, o) for o in range(1, len(OUTPUTS))]
     base += [Genome(local, pin, o) for pin in PIN_LEVELS for o in range(len(OUTPUTS))]
     seeds = [s for g in base for s in (attrs.evolve(g, recompute=none), attrs.evolve(g, early=1, recompute=none))]
-    lever = [Genome(default, base_pin, 0, e, m) for m in masks for e in (0, 1)]
-    seeds = seeds[:2] + lever + seeds[2:]
+    seeds += [Genome(default, base_pin, 0, 1, m) for m in masks]
     seeds += [Genome(default, base_pin, 0, e, none) for e in range(2, len(EARLY))]
+    seeds += [Genome(default, base_pin, 0, 0, m) for m in masks]  # (cut at the default population, 64)
     while len(seeds) < size:
         jitter = rng.normal(0.0, rng.choice([0.5, 2.0, 8.0]), n)
         mask = masks[int(rng.integers(len(masks)))] if masks and rng.random() < 0.5 else none
@@ -418,7 +425,7 @@ def genetic_search(req: Request, opts: SearchOptions, on_generation: Callable[[i
         cheapest = d.extensions.candidates.cheapest(d.p)
         masks = [d.mask(baselines["capuchin"].recompute)]
         masks += [d.mask(dropped_makers(d.p, req.tensor_cap, 1.0, at_cuts)) for at_cuts in (True, False)]
-        masks += [d.mask(cheapest[:max(1, int(share * len(cheapest)))]) for share in (0.25, 0.5, 1.0)]
+        masks += [d.mask(cheapest[:max(1, int(share * len(cheapest)))]) for share in (0.5, 1.0)]
     pop = _seeds(d, rng, opts.population, masks)
     first = d.score(pop[0])  # compiles the inner loop (or loads it) once, before workers fork
     scorer = _Scorer(req, d, workers)

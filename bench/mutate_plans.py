@@ -2,7 +2,7 @@
 
 Usage: python bench/mutate_plans.py [--cases 1000] [--seed 0] [--keep DIR]
 
-Makes four plans (belady and ga, on small tiny_resnet and tiny_transformer configurations, each
+Makes six plans (belady, capuchin and ga, on small tiny_resnet and tiny_transformer configurations, each
 under about a third of its no-swap need, or near its smallest feasible cap where that is more), then
 runs CASES mutants spread over the plans and the mutation kinds (delete, duplicate or swap lines;
 change a number, a name, a figure; swap the new values of two updates). Each is judged as `swapdsl exec MUTANT --check` judges it, in process, and
@@ -32,7 +32,7 @@ def make_plans(folder: Path, seed: int) -> dict[str, str]:
     texts = {}
     for model, (cap, args) in MODELS.items():
         shutil.copy(Path(STDLIB_DIR) / "models" / f"{model}.swp", folder / f"{model}.swp")
-        for method in ("belady", "ga"):
+        for method in ("belady", "capuchin", "ga"):
             out = folder / f"{model}-{method}.plan"
             search = ["--generations", "30", "--workers", "1", "--seed", str(seed)] if method == "ga" else []
             run = run_cli(["optimize", str(folder / f"{model}.swp"), "--memory", cap, "--method", method, *args,

@@ -236,8 +236,9 @@ def _cmd_optimize(args: argparse.Namespace) -> int:
 
 
 def _print_figures(f: dict) -> None:
+    swap_only = f", swap-only bound {f['swap_bound_ms']:.3f} ms" if "swap_bound_ms" in f else ""
     print(f"  iteration        {f['iteration_ms']:.3f} ms   (ideal {f['ideal_ms']:.3f} ms, "
-          f"bound {f['bound_ms']:.3f} ms)")
+          f"bound {f['bound_ms']:.3f} ms{swap_only})")
     print(f"  fraction         {f['fraction']:.3f} of the infinite-memory speed")
     print(f"  memory ratio     {f['ratio']:.2f} (no-swap arena {format_bytes(f['no_swap_bytes'])} / cap)")
     print(f"  swapped          {format_bytes(f['h2d_bytes'])} in, {format_bytes(f['d2h_bytes'])} out")

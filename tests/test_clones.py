@@ -166,6 +166,7 @@ def test_a_host_budget_below_the_inputs_is_refused_with_the_least_found(cli, in_
     code, _, err = cli("optimize", STDLIB_DIR / "models" / "mlp.swp", "--memory", "3MiB", "--host-memory", "1KiB",
                        "--method", method, "--budget", "0.5", "--workers", "1", "-o", "x.plan")
     assert code == 2 and "host copies within 1.00 KiB" in err and "--host-memory" in err, err
+    assert "no plan needs less than 196.25 KiB (200960 bytes): the inputs' host copies" in err, err
     assert not (in_tmp / "x.plan").exists()
 
 

@@ -129,11 +129,14 @@ def plan_checkpoint(req: Request) -> Plan:
 def host_budget_error(req: Request, host_bytes: float, method: str) -> SwpError:
     """The error for a plan whose host copies exceed the host budget: the least this method found."""
     assert req.host_cap is not None
+    inputs = sum(req.graph.tensors[n].type.nbytes for n in req.graph.inputs)
     return SwpError(f"no `{method}` plan found keeps its host copies within {format_bytes(req.host_cap)}: "
                     f"the least it found needs {format_bytes(int(host_bytes))} ({int(host_bytes)} bytes)",
                     hints=[f"use --host-memory {int(host_bytes)} or more, or a larger --memory (fewer swaps)",
                            "ga and capuchin trade swaps for recomputation to fit a host budget; "
-                           "checkpoint keeps only the inputs on the host"])
+                           "checkpoint keeps only the inputs on the host",
+                           f"no plan needs less than {format_bytes(inputs)} ({inputs} bytes): the inputs' "
+                           "host copies"])
 
 
 def with_figures(plan: Plan, p: Problem, no_swap: int, extra: dict[str, float] | None = None,

@@ -5,17 +5,24 @@ recomputation candidates by the memory they free per second of recomputation, th
 outputs the backward pass reads are tried cheapest per byte first, and each is kept where it makes the
 measured (simulated) step faster: a swap the bus hides stays a swap, one it exposes becomes a
 recompute. With a host budget, a candidate that brings the plan's host copies closer to it is kept
-first (so recomputation also trades host memory). Candidates are tried in growing runs (doubling
-while they help, halving when one does not) so that a few hundred evaluations at most decide them.
+first (so recomputation also trades host memory). A recompute's gain is not additive: a few alone
+may free too little to retire any exposed swap. So the prefixes of that order at every eighth (none,
+an eighth, ..., all) are scored, and the empty one and the best two are grown: the candidates after
+each are tried in growing runs (doubling while they help, halving when one does not). The best growth
+wins; a few hundred evaluations at most decide it.
 """
 
 from __future__ import annotations
+
+from collections.abc import Callable
 
 from swapdsl.planning.clones import Extensions
 from swapdsl.planning.policy import Policy
 from swapdsl.planning.problem import Request
 
-EVALUATIONS = 256  # the most candidate sets one plan tries
+EVALUATIONS = 256  # the most candidate sets one greedy growth tries
+PREFIXES = 8
+STARTS = 2  # the best prefixes grown
 
 
 def capuchin_set(req: Request, ext: Extensions, schedule: list[int], pinned: frozenset[int],
@@ -28,9 +35,15 @@ def capuchin_set(req: Request, ext: Extensions, schedule: list[int], pinned: fro
         t = evaluator(merged, req.tensor_cap, pinned, policy)
         return req.score(t.iteration_ms, t.host_bytes)
 
-    chosen: list[int] = []
-    best = key(chosen)
-    i, run = 0, max(1, len(order) // 16)
+    prefixes = sorted((key(order[:n]), n) for n in {len(order) * k // PREFIXES for k in range(PREFIXES + 1)})
+    starts = {n: score for score, n in prefixes if n == 0 or (score, n) in prefixes[:STARTS]}
+    grown = [_grow(key, order, n, score) for n, score in sorted(starts.items())]
+    return tuple(sorted(min(grown)[1]))
+
+
+def _grow(key: Callable[[list[int]], float], order: list[int], i: int, best: float) -> tuple[float, list[int]]:
+    """Greedy growth of ``order[:i]`` (scored ``best``) by runs of the candidates after it."""
+    chosen, run = order[:i], max(1, len(order) // 16)
     for _ in range(EVALUATIONS):
         if i >= len(order):
             break
@@ -42,5 +55,4 @@ def capuchin_set(req: Request, ext: Extensions, schedule: list[int], pinned: fro
             run //= 2
         else:
             i += 1
-    return tuple(sorted(chosen))
-
+    return best, chosen

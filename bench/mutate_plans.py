@@ -75,9 +75,10 @@ def main() -> int:
             print(bad[-1], flush=True)
 
     started = time.perf_counter()
-    counts = campaign(make_plans(folder, args.seed), folder, args.cases, args.seed, note)
+    plans = make_plans(folder, args.seed)
+    counts = campaign(plans, folder, args.cases, args.seed, note)
     seconds = time.perf_counter() - started
-    print(f"\n{args.cases} mutants of 4 plans in {seconds:.0f} s (seed {args.seed})\n")
+    print(f"\n{args.cases} mutants of {len(plans)} plans in {seconds:.0f} s (seed {args.seed})\n")
     print(f"| kind | {' | '.join(VERDICTS)} |\n|---|{'---:|' * len(VERDICTS)}")
     for kind in KINDS:
         print(f"| {kind} | {' | '.join(str(counts[kind][v]) for v in VERDICTS)} |")

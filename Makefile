@@ -37,6 +37,8 @@ demo: $(VENV)/.installed-examples
 	$(BIN)/swapdsl optimize stdlib/models/resnet.swp --memory 8GiB --method belady -o .venv/resnet.plan
 	$(BIN)/swapdsl simulate .venv/resnet.plan
 	$(BIN)/swapdsl show .venv/resnet.plan
+	@echo "== the second lever: recompute cheap activations where the bus cannot keep up"
+	$(BIN)/swapdsl optimize stdlib/models/resnet.swp --memory 8GiB --method capuchin -o .venv/resnet-capuchin.plan
 	$(BIN)/swapdsl optimize stdlib/models/tiny_resnet.swp -D batch=8 --memory 3MiB --method ga --budget 10 -o .venv/tiny.plan
 	$(BIN)/swapdsl exec .venv/tiny.plan --steps 5 --check
 	@echo "== real data: scikit-learn's handwritten digits, trained under 1/3 of the memory the step needs unswapped"

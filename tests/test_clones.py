@@ -84,6 +84,22 @@ def test_no_recomputing_plan_beats_the_recompute_bound(t: Graph, where: float, m
     assert f["swap_bound_ms"] >= f["bound_ms"] * (1 - 1e-12)
 
 
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(training_graphs(), st.floats(0.0, 1.3))
+def test_capuchin_is_never_slower_than_belady(t: Graph, where: float) -> None:
+    """capuchin is belady's plan plus only the recomputes that measure faster (its growth from no
+    recompute is always among those tried), so recomputing never costs a user speed against belady."""
+    need, no_swap = caps(t)
+    req = Request(t, V100, int(need + where * (no_swap - need)), "random.swp", ())
+    try:
+        belady = optimize(req, "belady")
+    except SwpError as err:
+        assert "below the smallest" in err.message
+        return
+    capuchin = optimize(req, "capuchin")
+    assert simulate(capuchin).iteration_ms <= simulate(belady).iteration_ms * (1 + 1e-12)
+
+
 def test_where_the_bus_limits_recomputation_passes_the_swap_bound() -> None:
     """ResNet-50 at a quarter of its no-swap arena: the bus holds every swap plan to the swap bound, the
     recompute bound is lower, and capuchin's plan is faster than the swap bound allows any swap plan."""

@@ -35,9 +35,9 @@ def capuchin_set(req: Request, ext: Extensions, schedule: list[int], pinned: fro
         t = evaluator(merged, req.tensor_cap, pinned, policy)
         return req.score(t.iteration_ms, t.host_bytes)
 
-    prefixes = sorted((key(order[:n]), n) for n in {len(order) * k // PREFIXES for k in range(PREFIXES + 1)})
-    starts = {n: score for score, n in prefixes if n == 0 or (score, n) in prefixes[:STARTS]}
-    grown = [_grow(key, order, n, score) for n, score in sorted(starts.items())]
+    scored = {n: key(order[:n]) for n in sorted({len(order) * k // PREFIXES for k in range(PREFIXES + 1)})}
+    best = sorted(scored, key=lambda n: (scored[n], n))[:STARTS]
+    grown = [_grow(key, order, n, scored[n]) for n in sorted({0, *best})]
     return tuple(sorted(min(grown)[1]))
 
 

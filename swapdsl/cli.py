@@ -263,6 +263,8 @@ def _cmd_simulate(args: argparse.Namespace) -> int:
 
 
 def _cmd_show(args: argparse.Namespace) -> int:
+    if args.plot:
+        check_writable(args.plot, "plot")
     plan = api.read(args.file)
     print(show.summary(plan, simulate(plan)))
     if args.plot:
@@ -295,6 +297,8 @@ def _cmd_bench(args: argparse.Namespace) -> int:
     if unknown or min(ratios) <= 0:
         raise SwpError(f"bad --methods or --ratios: {', '.join(unknown) or args.ratios}",
                        hints=[f"methods: {', '.join(METHOD_NAMES)}; ratios are positive"])
+    if args.out:
+        bench.output_folder(Path(args.out))
     search = SearchOptions(budget_s=args.budget, generations=args.generations, seed=args.seed, workers=args.workers)
     rows = bench.rows(args.models, ratios, methods, load_device(args.device or DEFAULT_DEVICE), search,
                       log=None if args.json else print,

@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import glob
 import os
+import stat
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
@@ -14,9 +15,10 @@ from swapdsl.common.errors import SwpError
 
 def check_writable(path: str | Path, what: str = "file") -> None:
     """Refuse early (before any long work) a target that cannot be written: the same test as the write."""
-    folder = _folder(path, what)
+    target = _target(path, what)
+    folder = _folder(target, path, what)
     try:
-        fd, tmp = tempfile.mkstemp(prefix=_prefix(Path(path)), suffix=".tmp", dir=folder)
+        fd, tmp = tempfile.mkstemp(prefix=_prefix(target), suffix=".tmp", dir=folder)
     except OSError as exc:
         raise SwpError(f"cannot write the {what} `{path}`: {exc.strerror or exc}") from None
     os.close(fd)
@@ -35,12 +37,14 @@ def write_bytes_atomically(path: str | Path, data: bytes, what: str = "file") ->
 @contextlib.contextmanager
 def atomic_path(path: str | Path, what: str = "file") -> Iterator[str]:
     """A temporary file's path in the same folder, for the caller to write; then flushed to disk and
-    renamed over the target (or removed, if the caller fails).
+    renamed over the target (or removed, if the caller fails). A symbolic link is followed: its target is
+    replaced, in the target's own folder, and the link stays. An existing target that is not a regular
+    file (a device such as /dev/null, a FIFO, a socket) is refused, never replaced.
 
     A writer killed before the rename leaves its temporary file behind; the next write to the same
     target removes those whose writer is gone (the temporary file's name carries its process id)."""
-    target = Path(path)
-    folder = _folder(path, what)
+    target = _target(path, what)
+    folder = _folder(target, path, what)
     _remove_stale(target, folder)
     try:
         fd, tmp = tempfile.mkstemp(prefix=_prefix(target), suffix=".tmp", dir=folder)
@@ -63,10 +67,24 @@ def atomic_path(path: str | Path, what: str = "file") -> Iterator[str]:
         raise
 
 
-def _folder(path: str | Path, what: str) -> Path:
-    target = Path(path)
+def _target(path: str | Path, what: str) -> Path:
+    """The file a write to ``path`` replaces: ``path``, or where its symbolic links lead."""
+    given = Path(path)
+    target = Path(os.path.realpath(given)) if given.is_symlink() else given
     if target.is_dir():
         raise SwpError(f"`{path}` is a directory; give a file name for the {what}")
+    if target.exists() and not target.is_file():
+        kind = _KINDS.get(stat.S_IFMT(target.stat().st_mode), "not a regular file")
+        raise SwpError(f"cannot write the {what} `{path}`: it is {kind}, not a regular file",
+                       hints=["give the path of a regular file (it is replaced) or of a new one"])
+    return target
+
+
+_KINDS = {stat.S_IFCHR: "a character device", stat.S_IFBLK: "a block device", stat.S_IFIFO: "a FIFO",
+          stat.S_IFSOCK: "a socket"}
+
+
+def _folder(target: Path, path: str | Path, what: str) -> Path:
     folder = target.parent if str(target.parent) else Path(".")
     if not folder.is_dir():
         raise SwpError(f"cannot write `{path}`: folder `{folder}` does not exist")

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import io
 from collections import Counter
 from pathlib import Path
 
+from swapdsl.common.atomic import write_bytes_atomically
 from swapdsl.common.errors import SwpError
 from swapdsl.common.units import format_bytes
 from swapdsl.plan.program import HOST, Plan, Region, Run, SwapIn, SwapOut
@@ -78,9 +80,9 @@ def plot(plan: Plan, out: str | Path) -> None:
     mem.set_xlabel("ms")
     mem.legend(loc="upper right")
     fig.tight_layout()
+    buf = io.BytesIO()
     try:
-        fig.savefig(out, dpi=110)
-    except OSError as exc:
-        raise SwpError(f"cannot write `{out}`: {exc.strerror}") from None
+        fig.savefig(buf, format="png", dpi=110)
     finally:
         plt.close(fig)
+    write_bytes_atomically(out, buf.getvalue(), "plot")

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import io
 import json
 import math
 import time
 from pathlib import Path
 from typing import Any
 
+from swapdsl.common.atomic import check_writable, write_bytes_atomically, write_text_atomically
 from swapdsl.common.errors import SwpError
 from swapdsl.common.paths import STDLIB_DIR
 from swapdsl.devices.profiles import Device
@@ -109,11 +111,21 @@ def markdown(rows: list[dict[str, Any]], methods: list[str]) -> str:
     return "\n".join(lines) + "\n"
 
 
+def output_folder(out: Path) -> None:
+    """Make ``out`` (bench --out) and check its files can be written, before the rows are planned."""
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise SwpError(f"cannot make the folder `{out}` for --out: {exc.strerror or exc}") from None
+    for name in ("bench.json", "bench.md", "fraction.png"):
+        check_writable(out / name, "bench output")
+
+
 def write_outputs(rows: list[dict[str, Any]], methods: list[str], out: Path) -> list[Path]:
-    out.mkdir(parents=True, exist_ok=True)
+    output_folder(out)
     written = [out / "bench.json", out / "bench.md"]
-    written[0].write_text(json.dumps(rows, indent=2) + "\n", encoding="utf-8")
-    written[1].write_text(markdown(rows, methods), encoding="utf-8")
+    write_text_atomically(written[0], json.dumps(rows, indent=2) + "\n", "bench output")
+    write_text_atomically(written[1], markdown(rows, methods), "bench output")
     try:
         import matplotlib
 
@@ -135,6 +147,10 @@ def write_outputs(rows: list[dict[str, Any]], methods: list[str], out: Path) -> 
     axes[0][0].set_ylabel("fraction of ideal")
     axes[0][-1].legend()
     fig.tight_layout()
-    fig.savefig(out / "fraction.png", dpi=100)
-    plt.close(fig)
+    buf = io.BytesIO()
+    try:
+        fig.savefig(buf, format="png", dpi=100)
+    finally:
+        plt.close(fig)
+    write_bytes_atomically(out / "fraction.png", buf.getvalue(), "bench output")
     return written + [out / "fraction.png"]

@@ -5,11 +5,16 @@ values) under their graph names; the metadata (strings, as safetensors keeps the
 (its source hash and arguments), the step, the data position and the seed. Randomness is
 counter-based (dropout hashes (seed, step, element)), so the step and the seed are the whole RNG state.
 A file is written whole or not at all; PyTorch reads it with ``safetensors.torch.load_file``.
+
+Reading trusts nothing: every metadata field is checked, and each tensor's bytes against the SHA-256
+digest recorded when it was saved (``sha256`` in the metadata), so a flipped byte is named, not trained on.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
+import re
 from collections.abc import Mapping
 from pathlib import Path
 
@@ -22,7 +27,9 @@ from swapdsl.graph.ir import Graph
 from swapdsl.graph.ops.registry import np_dtype
 
 FORMAT = "swapdsl-checkpoint"
-VERSION = "1"
+VERSION = "2"  # 2: tensor digests; 1 had none
+MAX_COUNT = 2**63 - 1  # steps, data positions and seeds are below 2^63, as --steps and --seed are
+_COUNT = re.compile(r"[0-9]{1,19}")
 
 
 @attrs.frozen
@@ -30,19 +37,9 @@ class Checkpoint:
     path: str
     values: dict[str, np.ndarray] = attrs.field(repr=False)
     meta: dict[str, str]
-
-    @property
-    def step(self) -> int:
-        return int(self.meta["step"])
-
-    @property
-    def position(self) -> int:
-        """Batches of data consumed so far (one per step)."""
-        return int(self.meta["position"])
-
-    @property
-    def seed(self) -> int:
-        return int(self.meta["seed"])
+    step: int
+    position: int  # batches of data consumed so far (one per step)
+    seed: int
 
 
 def identity(g: Graph) -> dict[str, str]:
@@ -56,12 +53,19 @@ def save(path: str, g: Graph, values: Mapping[str, np.ndarray], step: int, posit
     """Write the checkpoint atomically; returns its size in bytes."""
     from safetensors.numpy import save_file
 
+    tensors = {name: np.asarray(values[name], order="C") for name in g.persistent}
     meta = {"format": FORMAT, "version": VERSION, **identity(g), "step": str(step), "position": str(position),
             "seed": str(seed), "data": data, "shuffle": json.dumps(shuffle),
-            "rng": "counter-based: (seed, step) is the whole state"}
+            "rng": "counter-based: (seed, step) is the whole state",
+            "sha256": json.dumps({name: digest(a) for name, a in tensors.items()}, sort_keys=True)}
     with atomic_path(path, "checkpoint") as tmp:
-        save_file({name: np.asarray(values[name], order="C") for name in g.persistent}, tmp, metadata=meta)
+        save_file(tensors, tmp, metadata=meta)
     return Path(path).stat().st_size
+
+
+def digest(a: np.ndarray) -> str:
+    """SHA-256 of a tensor's bytes in C order."""
+    return hashlib.sha256(np.asarray(a, order="C").reshape(-1).view(np.uint8)).hexdigest()
 
 
 def read(path: str, flag: str, tensors: bool = True) -> Checkpoint:
@@ -82,8 +86,45 @@ def read(path: str, flag: str, tensors: bool = True) -> Checkpoint:
         raise SwpError(f"{flag} `{path}` is a safetensors file but not a swapdsl checkpoint",
                        hints=["--init takes one written by `swapdsl exec --save`"])
     if meta.get("version") != VERSION:
-        raise SwpError(f"{flag} `{path}` is checkpoint version {meta.get('version')}; this swapdsl reads {VERSION}")
-    return Checkpoint(path, values, meta)
+        raise SwpError(f"{flag} `{path}` is checkpoint version {meta.get('version')}; this swapdsl reads {VERSION}",
+                       hints=["version 1 (no tensor digests) came from an earlier swapdsl: resume it with that "
+                              "release, or start afresh"])
+    step, position, seed = (_count(meta, key, flag, path) for key in ("step", "position", "seed"))
+    if position != step:
+        raise SwpError(f"{flag} `{path}`: its metadata say data position {position} at step {step}; a run consumes "
+                       "one batch a step, so they are equal", hints=["the checkpoint was edited: use the one "
+                                                                     "`swapdsl exec --save` wrote"])
+    if meta.get("shuffle") not in ("true", "false"):
+        raise SwpError(f"{flag} `{path}`: metadata field `shuffle` is {meta.get('shuffle')!r}, not true or false")
+    if tensors:
+        _check_digests(path, flag, meta, values)
+    return Checkpoint(path, values, meta, step, position, seed)
+
+
+def _count(meta: Mapping[str, str], key: str, flag: str, path: str) -> int:
+    text = meta.get(key)
+    if text is None:
+        raise SwpError(f"{flag} `{path}`: metadata field `{key}` is missing",
+                       hints=["the checkpoint was edited: use the one `swapdsl exec --save` wrote"])
+    if not _COUNT.fullmatch(text) or int(text) > MAX_COUNT:
+        raise SwpError(f"{flag} `{path}`: metadata field `{key}` is {text[:40]!r}, not an integer from 0 to "
+                       f"2^63-1", hints=["the checkpoint was edited: use the one `swapdsl exec --save` wrote"])
+    return int(text)
+
+
+def _check_digests(path: str, flag: str, meta: Mapping[str, str], values: Mapping[str, np.ndarray]) -> None:
+    try:
+        recorded = json.loads(meta.get("sha256", ""))
+    except json.JSONDecodeError:
+        recorded = None
+    if not (isinstance(recorded, dict) and set(recorded) == set(values)
+            and all(isinstance(v, str) for v in recorded.values())):
+        raise SwpError(f"{flag} `{path}`: metadata field `sha256` does not list a digest for each tensor",
+                       hints=["the checkpoint was edited: use the one `swapdsl exec --save` wrote"])
+    for name in sorted(values):
+        if digest(values[name]) != recorded[name]:
+            raise SwpError(f"{flag} `{path}`: tensor `{name}` does not match the digest recorded when it was saved",
+                           hints=["the file is damaged (or was edited): use an intact copy"])
 
 
 def check_same_run(ck: Checkpoint, g: Graph) -> None:

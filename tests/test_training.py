@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -251,6 +252,63 @@ def test_checkpoints_of_other_runs_are_refused(cli, setup: dict[str, Path], tmp_
     (tmp_path / "junk.st").write_bytes(b"not a checkpoint")
     code, _, err = cli("exec", MLP, *DEFINES, "--steps", "4", "--resume", tmp_path / "junk.st")
     assert code == 2 and "is not a safetensors file" in err
+
+
+def _edited(src: Path, dst: Path, **fields: str | None) -> Path:
+    """``src`` rewritten with metadata ``fields`` changed (None: removed), tensors as they were."""
+    from safetensors import safe_open
+    from safetensors.numpy import save_file
+
+    with safe_open(str(src), framework="np") as f:
+        meta = dict(f.metadata())
+        values = {k: f.get_tensor(k) for k in f.keys()}
+    for key, value in fields.items():
+        if value is None:
+            meta.pop(key)
+        else:
+            meta[key] = value
+    save_file(values, str(dst), metadata=meta)
+    return dst
+
+
+@pytest.mark.parametrize("field,value,expected", [
+    ("step", "abc", "metadata field `step` is 'abc', not an integer from 0 to 2^63-1"),
+    ("step", "1e3", "metadata field `step` is '1e3'"),
+    ("step", "9" * 23, "metadata field `step` is '99999999999999999999999'"),
+    ("step", "-5", "metadata field `step` is '-5'"),
+    ("step", None, "metadata field `step` is missing"),
+    ("seed", "abc", "metadata field `seed` is 'abc'"),
+    ("seed", "-1", "metadata field `seed` is '-1'"),
+    ("seed", str(2**70), "metadata field `seed` is '1180591620717411303424'"),
+    ("seed", None, "metadata field `seed` is missing"),
+    ("position", "xyz", "metadata field `position` is 'xyz'"),
+    ("position", "1", "data position 1 at step 3"),
+    ("shuffle", "maybe", "metadata field `shuffle` is 'maybe', not true or false"),
+    ("sha256", "{}", "metadata field `sha256` does not list a digest for each tensor"),
+    ("sha256", None, "metadata field `sha256` does not list a digest for each tensor"),
+])
+def test_edited_checkpoint_metadata_is_refused(cli, tmp_path: Path, field: str, value: str | None,
+                                               expected: str) -> None:
+    run_json(cli, MLP, *DEFINES, "--steps", "3", "--save", tmp_path / "c.st")
+    bad = _edited(tmp_path / "c.st", tmp_path / "bad.st", **{field: value})
+    flags = ["--resume"] if field == "sha256" else ["--resume", "--init"]
+    for flag in flags:
+        code, out, err = cli("exec", MLP, *DEFINES, "--steps", "9", flag, bad)
+        assert code == 2 and out == "", err
+        assert err.startswith("error: ") and "Traceback" not in err
+        assert expected in err.splitlines()[0], err
+
+
+def test_a_flipped_byte_in_a_tensor_is_named(cli, tmp_path: Path) -> None:
+    run_json(cli, MLP, *DEFINES, "--steps", "3", "--save", tmp_path / "c.st")
+    data = bytearray((tmp_path / "c.st").read_bytes())
+    data[-1] ^= 0x01  # the last byte belongs to the last tensor in the file
+    (tmp_path / "c.st").write_bytes(bytes(data))
+    for flag in ("--resume", "--init"):
+        code, out, err = cli("exec", MLP, *DEFINES, "--steps", "9", flag, tmp_path / "c.st")
+        assert code == 2 and out == ""
+        assert re.match(r"error: \S+ `.*c\.st`: tensor `[^`]+` does not match the digest recorded when it was "
+                        r"saved$", err.splitlines()[0]), err
 
 
 def test_init_takes_parameters_only(cli, setup: dict[str, Path], tmp_path: Path) -> None:

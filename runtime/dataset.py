@@ -1,7 +1,8 @@
 """A user's training data: one array per model input, first axis = examples, read through memory maps.
 
 ``open_dataset`` checks a folder of ``NAME.npy`` files (or one ``.npz``) against the model's
-``input`` declarations before anything runs; ``Order`` says which examples make batch k (in order,
+``input`` declarations before anything runs (and reads it once: an ``.npz`` member's CRC, float
+inputs' values, which must be finite, label ranges); ``Order`` says which examples make batch k (in order,
 or shuffled per epoch by a generator seeded with (seed, epoch), so a position alone restores it);
 ``Loader`` gathers the next batch on a thread of its own while the current step runs.
 """
@@ -45,6 +46,9 @@ class Dataset:
 
 def batch_size(g: Graph) -> int:
     """The examples in one step: every input's first axis, which must agree."""
+    if not g.inputs:
+        raise SwpError(f"the model `{g.name}` has no inputs, so there is no data to give it",
+                       hints=["train it without --data (its step reads only its parameters)"])
     sizes = {name: g.type_of(name).shape[0] if g.type_of(name).shape else None for name in g.inputs}
     for name, n in sizes.items():
         if n is None:
@@ -58,6 +62,7 @@ def batch_size(g: Graph) -> int:
 def open_dataset(path: str, g: Graph, flag: str = "--data") -> Dataset:
     """The arrays at ``path`` for ``g``'s inputs, checked: names, dtypes, shapes, example counts, label ranges."""
     where = Path(path)
+    batch = batch_size(g)
     if where.is_dir():
         found = {p.stem: p for p in sorted(where.glob("*.npy"))}
         arrays = {name: _load_npy(found[name], flag) for name in g.inputs if name in found}
@@ -65,6 +70,9 @@ def open_dataset(path: str, g: Graph, flag: str = "--data") -> Dataset:
     elif where.is_file():
         arrays = _load_npz(where, flag)
         listing = [f"{n}" for n in arrays]
+    elif where.exists():
+        raise SwpError(f"{flag} `{path}` is not a regular file or a folder",
+                       hints=["give a folder of NAME.npy files or one .npz file, one array per model input"])
     else:
         raise SwpError(f"{flag} `{path}`: no such file or folder",
                        hints=["give a folder of NAME.npy files or one .npz file, one array per model input"])
@@ -73,7 +81,6 @@ def open_dataset(path: str, g: Graph, flag: str = "--data") -> Dataset:
         raise SwpError(f"{flag} `{path}` has no array for input `{missing[0]}`",
                        hints=[f"the model's inputs: {', '.join(g.inputs)}",
                               f"found: {', '.join(listing) or 'no .npy arrays'}"])
-    batch = batch_size(g)
     for name in g.inputs:
         _check_array(name, arrays[name], g, flag, path)
     counts = {name: arrays[name].shape[0] for name in g.inputs}
@@ -85,25 +92,48 @@ def open_dataset(path: str, g: Graph, flag: str = "--data") -> Dataset:
         raise SwpError(f"{flag} `{path}` holds {examples} examples, fewer than one batch of {batch}",
                        hints=["use more data or a smaller batch (-D batch=N when planning)"])
     _check_ranges(arrays, g, flag, path)
+    for name in g.inputs:
+        if arrays[name].dtype.kind == "f" or g.type_of(name).dtype.is_float:
+            _check_finite(name, arrays[name], flag, path)
     return Dataset(path, {name: arrays[name] for name in g.inputs}, examples, batch)
 
 
+# what NumPy raises on a damaged .npy or .npz: a short file, a bad header, a size mmap cannot map
+_UNREADABLE = (OSError, ValueError, EOFError, OverflowError, TypeError, SyntaxError, zipfile.BadZipFile)
+
+
 def _load_npy(file: Path, flag: str) -> np.ndarray:
+    if not file.is_file():  # a FIFO would block the read forever
+        raise SwpError(f"{flag}: `{file}` is not a regular file", hints=["each input is one NAME.npy file"])
     try:
         return np.load(file, mmap_mode="r", allow_pickle=False)
-    except (OSError, ValueError) as exc:
-        raise SwpError(f"{flag}: cannot read `{file}` as a .npy array: {exc}") from None
+    except _UNREADABLE as exc:
+        raise SwpError(f"{flag}: cannot read `{file}` as a .npy array: {_reason(exc)}") from None
 
 
 def _load_npz(file: Path, flag: str) -> dict[str, np.ndarray]:
-    """Each member of an .npz: a memory map where it is stored uncompressed, else read into memory."""
+    """Each member of an .npz, its CRC checked: a memory map where it is stored uncompressed, else read
+    into memory."""
     try:
         with zipfile.ZipFile(file) as z:
             members = [m for m in z.infolist() if m.filename.endswith(".npy")]
+            for m in members:
+                _check_crc(z, m)
             return {m.filename[:-4]: _npz_member(file, z, m) for m in members}
-    except (OSError, ValueError, zipfile.BadZipFile) as exc:
-        raise SwpError(f"{flag}: cannot read `{file}` as an .npz archive: {exc}",
+    except _UNREADABLE as exc:
+        raise SwpError(f"{flag}: cannot read `{file}` as an .npz archive: {_reason(exc)}",
                        hints=["write it with numpy.savez, or give a folder of NAME.npy files"]) from None
+
+
+def _reason(exc: BaseException) -> str:
+    return str(exc) or type(exc).__name__
+
+
+def _check_crc(z: zipfile.ZipFile, m: zipfile.ZipInfo, chunk: int = 1 << 24) -> None:
+    """Read the member through: zipfile compares its CRC-32 at the end and raises BadZipFile if it differs."""
+    with z.open(m) as f:
+        while f.read(chunk):
+            pass
 
 
 def _npz_member(file: Path, z: zipfile.ZipFile, m: zipfile.ZipInfo) -> np.ndarray:
@@ -151,6 +181,19 @@ def _check_ranges(arrays: Mapping[str, np.ndarray], g: Graph, flag: str, path: s
                 bad = int(np.flatnonzero((part < 0) | (part >= limit))[0]) + lo
                 raise SwpError(f"{flag} `{path}`: input `{name}` holds {int(flat[bad])} at flat index {bad}, "
                                f"outside [0, {limit})", hints=[f"`{name}` indexes {limit} classes or rows"])
+
+
+def _check_finite(name: str, a: np.ndarray, flag: str, path: str, chunk: int = 1 << 22) -> None:
+    """Float inputs hold no NaN or infinity (a step on one would make every parameter NaN), checked in chunks."""
+    flat = a.reshape(-1) if a.flags.c_contiguous else np.ravel(a)
+    per_example = max(1, flat.size // max(1, a.shape[0]))
+    for lo in range(0, flat.size, chunk):
+        part = flat[lo:lo + chunk]
+        if not np.isfinite(part).all():
+            bad = int(np.flatnonzero(~np.isfinite(part))[0]) + lo
+            raise SwpError(f"{flag} `{path}`: input `{name}` holds {flat[bad]} at flat index {bad} (example "
+                           f"{bad // per_example})", hints=["training on it would make every parameter NaN: "
+                                                            "clean or drop those examples"])
 
 
 @attrs.frozen

@@ -84,6 +84,76 @@ def test_data_errors_name_the_input_and_what_was_expected(cli, tmp_path: Path) -
     assert code == 2 and "--save-every needs --save PATH" in err
 
 
+def _npy_with_header(path: Path, shape: str) -> Path:
+    """A .npy file whose header claims ``shape`` (and holds 64 bytes of data)."""
+    header = f"{{'descr': '<f4', 'fortran_order': False, 'shape': {shape}, }}"
+    header += " " * (63 - (10 + len(header)) % 64) + "\n"
+    path.write_bytes(b"\x93NUMPY\x01\x00" + len(header).to_bytes(2, "little") + header.encode() + bytes(64))
+    return path
+
+
+def test_damaged_or_special_data_files_are_refused(cli, tmp_path: Path) -> None:
+    """The outside check's files: each a clear error before training, none a traceback or a hang."""
+    good = make_data(tmp_path / "good", 20)
+
+    def folder(name: str) -> Path:
+        d = tmp_path / name
+        d.mkdir()
+        np.save(d / "x.npy", np.load(good / "x.npy"))
+        return d
+
+    (folder("empty") / "y.npy").write_bytes(b"")
+    _npy_with_header(folder("negative") / "y.npy", "(-20,)")
+    _npy_with_header(folder("huge") / "y.npy", "(2**62, 2**62)")
+    os.mkfifo(folder("fifo") / "y.npy")
+    cases = {"empty": "cannot read `", "negative": "cannot read `", "huge": "cannot read `",
+             "fifo": "y.npy` is not a regular file"}
+    for name, message in cases.items():
+        code, out, err = cli("exec", MLP, *DEFINES, "--data", tmp_path / name, "--steps", "1")
+        assert code == 2 and out == "" and message in err.splitlines()[0], (name, err)
+        assert "Traceback" not in err
+    os.mkfifo(tmp_path / "data.npz")
+    code, _, err = cli("exec", MLP, *DEFINES, "--data", tmp_path / "data.npz", "--steps", "1")
+    assert code == 2 and "is not a regular file or a folder" in err
+
+
+def test_a_corrupt_npz_member_is_caught_by_its_crc(cli, tmp_path: Path) -> None:
+    good = make_data(tmp_path / "good", 20)
+    arrays = {k: np.load(good / f"{k}.npy") for k in ("x", "y")}
+    for save in (np.savez, np.savez_compressed):
+        np.savez(tmp_path / "d.npz", **arrays) if save is np.savez else save(tmp_path / "d.npz", **arrays)
+        data = bytearray((tmp_path / "d.npz").read_bytes())
+        at = data.find(b"\x93NUMPY") + 200 if save is np.savez else 400  # inside x's values
+        data[at] ^= 0x40
+        (tmp_path / "d.npz").write_bytes(bytes(data))
+        code, out, err = cli("exec", MLP, *DEFINES, "--data", tmp_path / "d.npz", "--steps", "1")
+        assert code == 2 and out == "", err
+        assert "cannot read `" in err and ("CRC" in err or "Error -3" in err), err
+
+
+@pytest.mark.parametrize("bad", [np.nan, np.inf, -np.inf])
+def test_non_finite_float_inputs_are_refused_naming_file_and_index(cli, tmp_path: Path, bad: float) -> None:
+    folder = make_data(tmp_path / "d", 20)
+    x = np.load(folder / "x.npy")
+    x[13, 5] = bad
+    np.save(folder / "x.npy", x)
+    code, out, err = cli("exec", MLP, *DEFINES, "--data", folder, "--steps", "1")
+    assert code == 2 and out == ""
+    assert f"--data `{folder}`: input `x` holds {bad} at flat index {13 * 16 + 5} (example 13)" in err, err
+
+
+def test_a_model_without_inputs_trains_and_refuses_data(cli, tmp_path: Path) -> None:
+    model = tmp_path / "noin.swp"
+    model.write_text("model noin() {\n    param w: f32[8] = ones\n    loss = sum(w * w)\n"
+                     "    minimize loss with sgd(lr = 0.1)\n}\n")
+    run = run_json(cli, model, "--steps", "3")
+    assert run["loss"][0] == 8.0 and run["loss"][-1] < run["loss"][0]
+    assert cli("optimize", model, "--memory", "1MiB", "--method", "belady", "-o", tmp_path / "m.plan")[0] == 0
+    assert run_json(cli, tmp_path / "m.plan", "--steps", "3", "--check")["max_rel_diff"] == 0.0
+    code, out, err = cli("exec", model, "--data", make_data(tmp_path / "d", 20), "--steps", "1")
+    assert code == 2 and out == "" and "the model `noin` has no inputs" in err
+
+
 def test_npz_members_are_memory_mapped_when_stored(tmp_path: Path) -> None:
     g = swapdsl.load(MLP, **ARGS).training
     folder = make_data(tmp_path / "d", 30)

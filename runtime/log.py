@@ -15,6 +15,8 @@ EVENTS = ("step", "eval", "save")
 
 def read_log(path: str) -> list[dict]:
     """The log's records, each checked for what the plot reads; a bad line is an error at that line."""
+    if Path(path).exists() and not Path(path).is_file():
+        raise SwpError(f"the log `{path}` is not a regular file")
     try:
         lines = Path(path).read_text(encoding="utf-8").splitlines()
     except (OSError, UnicodeDecodeError) as exc:
@@ -27,6 +29,8 @@ def read_log(path: str) -> list[dict]:
             r = json.loads(line)
         except json.JSONDecodeError as exc:
             raise SwpError(f"not a JSON object: {exc.msg}", Span.point(path, n, exc.colno)) from None
+        except RecursionError:
+            raise SwpError("not a record of `swapdsl exec --log`: nested too deeply", Span.point(path, n, 1)) from None
         if not (isinstance(r, dict) and r.get("event") in EVENTS and isinstance(r.get("step"), int)
                 and (r["event"] == "save" or (_number(r.get("loss")) and isinstance(r.get("metrics"), dict)
                                               and all(map(_number, r["metrics"].values()))))):

@@ -132,3 +132,27 @@ def test_a_stopped_search_leaves_no_workers(in_tmp: Path, sig: signal.Signals) -
     if sig == signal.SIGTERM:
         assert proc.returncode == 0, err
         assert (in_tmp / "m.plan").read_text().startswith("swapdsl-plan")
+
+
+@pytest.mark.parametrize("text,expected", [
+    ("[" * 100_000, "nested too deeply"),
+    ("[]", "expected one JSON object"),
+    ('{"name": "x"}', "is not a valid device profile"),
+])
+def test_bad_device_profiles_are_refused(cli, in_tmp: Path, text: str, expected: str) -> None:
+    import json
+
+    from swapdsl.devices.profiles import BUILTIN
+
+    write(in_tmp / "p.json", text)
+    code, out, err = cli("optimize", MODELS / "mlp.swp", "--memory", "8MiB", "--device", "p.json")
+    assert code == 2 and out == "" and expected in err.splitlines()[0], err
+    good = BUILTIN["v100-16gb"].to_json()
+    for key, value in [("mem_bw", float("nan")), ("compute_efficiency", 0), ("flops", {"f32": -1.0}),
+                       ("flops", {"f16": 1e12}), ("memory_bytes", 1.5), ("op_times", {"matmul": "inf"})]:
+        write(in_tmp / "p.json", json.dumps({**good, key: value}))
+        code, _, err = cli("optimize", MODELS / "mlp.swp", "--memory", "8MiB", "--device", "p.json")
+        assert code == 2 and "is not a valid device profile" in err, (key, err)
+    os.mkfifo(in_tmp / "f.json")
+    code, _, err = cli("optimize", MODELS / "mlp.swp", "--memory", "8MiB", "--device", "f.json")
+    assert code == 2 and "is not a regular file" in err

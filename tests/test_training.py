@@ -416,6 +416,17 @@ def test_plot_log_refuses_what_is_not_a_log(cli, tmp_path: Path) -> None:
     assert code == 2 and "no training steps" in err
 
 
+def test_plot_log_refuses_deep_nesting_and_special_files(cli, tmp_path: Path) -> None:
+    bad = tmp_path / "deep.jsonl"
+    bad.write_text('{"event": "step", "step": 1, "loss": 1.0, "metrics": {}}\n' + "[" * 100_000 + "\n")
+    code, out, err = cli("plot-log", bad, "-o", tmp_path / "x.png")
+    assert code == 2 and out == "" and err.splitlines()[0].endswith("nested too deeply"), err
+    assert f"{bad}:2:1" in err and not (tmp_path / "x.png").exists()
+    os.mkfifo(tmp_path / "fifo.jsonl")
+    code, _, err = cli("plot-log", tmp_path / "fifo.jsonl", "-o", tmp_path / "x.png")
+    assert code == 2 and "is not a regular file" in err
+
+
 def test_progress_lines_show_epoch_loss_reports_and_rate(cli, setup: dict[str, Path]) -> None:
     code, out, err = cli("exec", setup["plan"], "--data", setup["train"], "--epochs", "1", "--eval", setup["test"])
     assert code == 0, err

@@ -9,6 +9,7 @@ A profile written by `swapdsl profile` adds measured per-op times.
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 from typing import Any
 
@@ -100,17 +101,25 @@ def load_device(spec: str | None) -> Device:
     if not spec.endswith(".json"):
         raise SwpError(f"unknown device `{spec}`", hints=did_you_mean(spec, list(BUILTIN))
                        or [f"devices: {', '.join(BUILTIN)}, or a profile .json file"])
+    if not path.exists():
+        raise SwpError(f"no such device profile: `{spec}`")
+    if not path.is_file():
+        raise SwpError(f"the device profile `{spec}` is not a regular file")
     try:
         data = json.loads(path.read_text(encoding="utf-8"))
         return device_from_json(data)
-    except FileNotFoundError:
-        raise SwpError(f"no such device profile: `{spec}`") from None
-    except (json.JSONDecodeError, KeyError, TypeError, ValueError) as exc:
+    except OSError as exc:
+        raise SwpError(f"cannot read the device profile `{spec}`: {exc.strerror or exc}") from None
+    except RecursionError:
+        raise SwpError(f"`{spec}` is not a valid device profile: its JSON is nested too deeply") from None
+    except (json.JSONDecodeError, KeyError, TypeError, ValueError, AttributeError) as exc:
         raise SwpError(f"`{spec}` is not a valid device profile: {exc}",
                        hints=["write one with `swapdsl profile`, or see `swapdsl devices --json`"]) from None
 
 
 def device_from_json(d: dict[str, Any]) -> Device:
+    if not isinstance(d, dict):
+        raise ValueError("expected one JSON object")
     fields = {a.name for a in attrs.fields(Device)}
     unknown = set(d) - fields
     if unknown:
@@ -119,6 +128,19 @@ def device_from_json(d: dict[str, Any]) -> Device:
     d["flops"] = tuple(sorted((str(k), float(v)) for k, v in d["flops"].items()))
     d["op_times"] = tuple(sorted((str(k), float(v)) for k, v in d.get("op_times", {}).items()))
     for key in ("mem_bw", "h2d_bw", "d2h_bw", "launch_s"):
-        if float(d[key]) <= 0:
-            raise ValueError(f"{key} must be positive")
+        if not 0 < float(d[key]) < math.inf:
+            raise ValueError(f"{key} must be positive and finite")
+    for key, v in d["flops"] + d["op_times"]:
+        if not 0 < v < math.inf:
+            raise ValueError(f"{key} must be positive and finite, not {v}")
+    if "f32" not in dict(d["flops"]):
+        raise ValueError("flops needs an f32 entry")
+    if not 0 <= float(d.get("copy_latency_s", 0)) < math.inf:
+        raise ValueError("copy_latency_s must be finite and not negative")
+    for key in ("compute_efficiency", "memory_efficiency"):
+        if key in d and not 0 < float(d[key]) < math.inf:
+            raise ValueError(f"{key} must be positive and finite")
+    if not (isinstance(d.get("name"), str) and isinstance(d.get("memory_bytes"), int)
+            and 0 < d["memory_bytes"] <= 2**50):
+        raise ValueError("name must be a string and memory_bytes an integer from 1 to 2^50")
     return Device(**d)

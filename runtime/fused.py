@@ -59,7 +59,7 @@ def _decay(a: Attrs) -> float:
 
 
 def _dropout_scalars(c: KernelContext, ins: list[Array], a: Attrs) -> tuple[Any, ...]:
-    return (step_key(c, a["seed"]), *dropout_constants(a["p"]))
+    return (step_key(c, a["seed"]), *dropout_constants(a["p"], ins[0].dtype))
 
 
 def _adam_apply_scalars(c: KernelContext, ins: list[Array], a: Attrs) -> tuple[Any, ...]:
@@ -79,7 +79,7 @@ FUSED: dict[str, Fused] = {
     "sigmoid_grad": Fused("T s, T g", "y = ((T)1 - s) * s * g;"),
     "tanh_grad": Fused("T t, T g", "y = g * ((T)1 - t * t);"),
     "relu_grad": Fused("T r, T g", "y = g * (T)(r > (T)0);"),
-    "dropout": Fused("T x, uint32 key, uint32 thr, float32 scale", """
+    "dropout": Fused("T x, uint32 key, uint32 thr, S scale", """
         unsigned int h = fmix32(((unsigned int)i + 1u) * 0x9E3779B1u ^ key);
         y = h >= thr ? (T)(x * scale) : (T)0;""", _dropout_scalars),
     "sgd": Fused("T w, T g, T lr, T wd", "y = w - lr * (g + w * wd);",

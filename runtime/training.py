@@ -92,6 +92,10 @@ class SaveRecord:
 
 @attrs.frozen
 class Hooks:
+    """Callbacks a training run makes, each optional: ``on_start`` once the data and checkpoints are
+    checked (first step, last step, the data or None for synthetic, the seed); ``on_step`` after every
+    step, ``on_eval`` after every evaluation and ``on_save`` after every checkpoint, with its record."""
+
     on_start: Callable[[int, int, Dataset | None, int], None] | None = None  # (first step, last step, data, seed)
     on_step: Callable[[StepRecord], None] | None = None
     on_eval: Callable[[EvalRecord], None] | None = None
@@ -138,11 +142,12 @@ def relative_diff(a: object, b: object) -> float:
 
 
 class Interrupted(KeyboardInterrupt):
-    """Ctrl-C or SIGTERM during training, after the current step finished (and was saved with --save)."""
+    """Ctrl-C or SIGTERM (``signum``) during training, after the current step finished (and was saved
+    with --save)."""
 
-    def __init__(self, step: int, saved: str | None) -> None:
-        super().__init__(step, saved)
-        self.step, self.saved = step, saved
+    def __init__(self, step: int, saved: str | None, signum: int = signal.SIGINT) -> None:
+        super().__init__(step, saved, signum)
+        self.step, self.saved, self.signum = step, saved, int(signum)
 
 
 def resolve(opts: Options) -> Options:
@@ -229,7 +234,8 @@ def train(g: Graph, stepper: Stepper, opts: Options, hooks: Hooks = Hooks(), eva
                     save(step)
                 if stop.is_set():
                     save(step)
-                    raise Interrupted(step, saves[-1].path if saves and saves[-1].step == step else None)
+                    raise Interrupted(step, saves[-1].path if saves and saves[-1].step == step else None,
+                                      stop.signum)
             evaluation(last)
             save(last)
     finally:
@@ -308,15 +314,22 @@ def evaluator(trainer: Stepper, forward: Stepper) -> Evaluator:
     return run
 
 
+class StopRequest(threading.Event):
+    """Set by the first SIGINT or SIGTERM; ``signum`` says which."""
+
+    signum: int = signal.SIGINT
+
+
 @contextlib.contextmanager
-def deferred_interrupts() -> Iterator[threading.Event]:
+def deferred_interrupts() -> Iterator[StopRequest]:
     """Ctrl-C (or SIGTERM) sets the event instead of stopping mid-step; a second one stops at once.
     Off the main thread signals cannot be caught, and the event is never set."""
-    stop = threading.Event()
+    stop = StopRequest()
 
     def handler(signum: int, frame: object) -> None:
         if stop.is_set():
-            raise KeyboardInterrupt
+            raise KeyboardInterrupt(signum)
+        stop.signum = signum
         stop.set()
 
     try:

@@ -17,8 +17,8 @@ from __future__ import annotations
 from typing import Any
 
 __version__ = "0.1.0"
-__all__ = ["Execution", "Hooks", "Model", "Options", "SwpError", "execute", "load", "optimize", "read", "save",
-           "simulate"]
+__all__ = ["Execution", "Hooks", "Model", "Options", "SearchOptions", "SearchProgress", "SwpError", "execute", "load",
+           "optimize", "read", "save", "simulate"]
 
 
 def __getattr__(name: str) -> Any:
@@ -28,3 +28,7 @@ def __getattr__(name: str) -> Any:
 
         return getattr(api, name)
     raise AttributeError(f"module 'swapdsl' has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(__all__))

@@ -35,7 +35,7 @@ from swapdsl.plan.figures import plan_figures
 from swapdsl.plan.program import Plan
 from swapdsl.plan.simulate import simulate as simulate_plan
 from swapdsl.plan.validate import validate
-from swapdsl.planning.ga import SearchOptions
+from swapdsl.planning.ga import SearchOptions, SearchProgress
 from swapdsl.planning.optimize import optimize as plan_with
 from swapdsl.planning.problem import Request
 from swapdsl.runtime import reference, training

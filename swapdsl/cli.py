@@ -11,7 +11,7 @@ import sys
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import Any, NoReturn, TextIO
 
 from swapdsl import __version__, api
 from swapdsl.common.atomic import check_writable, write_text_atomically
@@ -22,7 +22,7 @@ from swapdsl.graph.printer import print_graph
 from swapdsl.plan import show
 from swapdsl.plan.simulate import simulate
 from swapdsl.planning import bench
-from swapdsl.planning.ga import SearchOptions
+from swapdsl.planning.ga import SearchOptions, SearchProgress
 from swapdsl.planning.optimize import METHOD_NAMES
 from swapdsl.runtime.backend import BACKENDS, array_module
 from swapdsl.runtime.progress import Progress
@@ -32,8 +32,8 @@ from swapdsl.runtime.log import plot_log, read_log
 from swapdsl.runtime.profile import profile
 
 EXIT_USER_ERROR = 2
-EXIT_INTERRUPTED = 130  # 128 + SIGINT, as shells report it
 MAX_SEED = 2**63
+PROGRESS_EVERY_S = 5.0  # optimize's progress line when stderr is not a terminal
 
 
 def _count(low: int, high: int | None = None) -> Callable[[str], int]:
@@ -212,15 +212,17 @@ def _median(values: list[float]) -> float:
 
 def _cmd_optimize(args: argparse.Namespace) -> int:
     cap = parse_size(args.memory)
+    host = parse_size(args.host_memory) if args.host_memory is not None else None
     if args.output:
         check_writable(args.output, "plan")  # now, not after a search of a minute
     device = load_device(args.device)
     model = api.load(args.file, parse_defines(args.define))
     search = SearchOptions(args.budget, args.generations, args.population, args.seed, args.workers,
-                           progress=sys.stderr.isatty() and not args.json)
+                           progress=None if args.json else _search_progress(sys.stderr))
     started = time.perf_counter()
-    host = parse_size(args.host_memory) if args.host_memory else None
     plan = api.optimize(model, cap, args.method, device, search, host_memory=host)
+    if search.progress is not None and sys.stderr.isatty():
+        sys.stderr.write("\n")
     seconds = time.perf_counter() - started
     if args.output:
         api.save(plan, args.output)
@@ -232,7 +234,28 @@ def _cmd_optimize(args: argparse.Namespace) -> int:
     print(f"{model.graph.name}: {plan.method} plan under {format_bytes(cap)} on {device.name}"
           + (f", written to {args.output}" if args.output else ""))
     _print_figures(info)
-    return 0
+    return 0  # main turns this into 130 or 143 when a signal stopped the search
+
+
+def _search_progress(out: TextIO) -> Callable[[SearchProgress], None]:
+    """A progress line: rewritten in place on a terminal, else one every PROGRESS_EVERY_S seconds."""
+    live = out.isatty()
+    shown = [-math.inf]
+
+    def report(p: SearchProgress) -> None:
+        line = (f"ga: {p.seconds:5.1f} s of {p.budget_s:g} s, generation {p.generation}, best fraction "
+                f"{p.best_fraction:.4f}, {p.evaluations:,} plans simulated")
+        if p.interrupted:
+            out.write(("\n" if live else "") + f"ga: interrupted after {p.seconds:.1f} s; keeping the best plan "
+                      f"so far (fraction {p.best_fraction:.4f})\n")
+        elif live:
+            out.write(f"\r{line} ")
+        elif p.seconds - shown[0] >= PROGRESS_EVERY_S:
+            shown[0] = p.seconds
+            out.write(line + "\n")
+        out.flush()
+
+    return report
 
 
 def _print_figures(f: dict) -> None:
@@ -302,7 +325,7 @@ def _cmd_bench(args: argparse.Namespace) -> int:
     search = SearchOptions(budget_s=args.budget, generations=args.generations, seed=args.seed, workers=args.workers)
     rows = bench.rows(args.models, ratios, methods, load_device(args.device or DEFAULT_DEVICE), search,
                       log=None if args.json else print,
-                      host=(parse_size(args.host_memory) if args.host_memory else None, args.host_share))
+                      host=(parse_size(args.host_memory) if args.host_memory is not None else None, args.host_share))
     if args.json:
         print(json.dumps(rows, indent=2))
     else:
@@ -453,10 +476,17 @@ def make_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    previous = _terminate_like_interrupt()
+    """Run one command: 0 on success, 2 on a mistake, 128 + the signal's number when SIGINT (130) or
+    SIGTERM (143) stopped it (an interrupted search still writes its best plan first)."""
+    received: list[int] = []
+    previous = _catch_signals(received)
     try:
         args = make_parser().parse_args(argv)
-        return args.handler(args)
+        code = args.handler(args)
+        if received:  # the search kept its best plan and the command finished: still report the signal
+            print(f"swapdsl: stopped by {signal.Signals(received[0]).name}", file=sys.stderr)
+            return 128 + received[0]
+        return code
     except SwpError as err:
         print(err.render(), file=sys.stderr)
         return EXIT_USER_ERROR
@@ -467,28 +497,39 @@ def main(argv: Sequence[str] | None = None) -> int:
     except training.Interrupted as stop:
         saved = f"; checkpoint of step {stop.step} in {stop.saved}" if stop.saved else ""
         print(f"swapdsl: interrupted after step {stop.step}{saved}", file=sys.stderr)
-        return EXIT_INTERRUPTED
-    except KeyboardInterrupt:
+        return 128 + stop.signum
+    except KeyboardInterrupt as stop:
         print("swapdsl: interrupted", file=sys.stderr)
-        return EXIT_INTERRUPTED
+        return 128 + _signal_of(stop, received)
     except BrokenPipeError:
         return 0
     finally:
-        if previous is not None:
-            signal.signal(signal.SIGTERM, previous)
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
 
 
-def _terminate_like_interrupt() -> Any:
-    """SIGTERM ends a command as Ctrl-C does (a search keeps its best plan; worker processes are shut
-    down rather than orphaned). Returns the handler it replaced, or None off the main thread."""
+def _signal_of(stop: KeyboardInterrupt, received: list[int]) -> int:
+    if stop.args and isinstance(stop.args[0], int):
+        return stop.args[0]
+    return received[0] if received else signal.SIGINT
+
+
+def _catch_signals(received: list[int]) -> dict[int, Any]:
+    """SIGINT and SIGTERM raise KeyboardInterrupt (a search keeps its best plan; worker processes are shut
+    down rather than orphaned) and are recorded in ``received`` for the exit code. Returns the handlers
+    replaced (none off the main thread, where signals cannot be caught)."""
 
     def interrupt(signum: int, frame: object) -> None:
-        raise KeyboardInterrupt
+        received.append(signum)
+        raise KeyboardInterrupt(signum)
 
+    previous: dict[int, Any] = {}
     try:
-        return signal.signal(signal.SIGTERM, interrupt)
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            previous[sig] = signal.signal(sig, interrupt)
     except ValueError:  # not the main thread: leave signals alone
-        return None
+        pass
+    return previous
 
 
 if __name__ == "__main__":

@@ -52,3 +52,33 @@ def test_training_a_model_without_a_cap() -> None:
 def test_mistakes_raise_the_command_lines_message(call, message: str) -> None:  # noqa: ANN001
     with pytest.raises(swapdsl.SwpError, match=message.replace("(", r"\(")):
         call()
+
+
+def test_a_search_reports_its_progress_to_a_callback() -> None:
+    seen: list = []
+    model = swapdsl.load(MODELS / "tiny_resnet.swp", batch=4, width=4, blocks=1)
+    plan = swapdsl.optimize(model, memory="6MiB", generations=3, population=8, workers=1, progress=seen.append)
+    assert [p.generation for p in seen] == [0, 1, 2, 3]
+    assert all(a.seconds <= b.seconds and a.evaluations <= b.evaluations for a, b in zip(seen, seen[1:]))
+    assert seen[-1].best_fraction == pytest.approx(dict(plan.figures)["fraction"], rel=0.05)
+    assert not any(p.interrupted for p in seen)
+
+
+def test_optimize_prints_progress_lines_when_stderr_is_not_a_terminal(cli, monkeypatch: pytest.MonkeyPatch) -> None:
+    import swapdsl.cli
+
+    monkeypatch.setattr(swapdsl.cli, "PROGRESS_EVERY_S", 0.0)  # a line for every generation
+    code, _, err = cli("optimize", MODELS / "tiny_resnet.swp", "-D", "batch=4", "-D", "width=4", "-D", "blocks=1",
+                       "--memory", "6MiB", "--generations", "2", "--population", "8", "--workers", "1")
+    assert code == 0
+    lines = err.splitlines()
+    assert len(lines) == 3 and all(line.startswith("ga: ") and " of 60 s, generation " in line for line in lines)
+    code, _, err = cli("optimize", MODELS / "tiny_resnet.swp", "-D", "batch=4", "-D", "width=4", "-D", "blocks=1",
+                       "--memory", "6MiB", "--generations", "2", "--population", "8", "--workers", "1", "--json")
+    assert code == 0 and err == ""
+
+
+def test_the_api_is_listed_and_documented() -> None:
+    assert set(swapdsl.__all__) <= set(dir(swapdsl))
+    for name in swapdsl.__all__:
+        assert getattr(swapdsl, name).__doc__, name

@@ -43,6 +43,21 @@ def test_a_cap_past_the_limit_is_refused(cli, memory: str) -> None:
     assert code == 2 and err.startswith(f"error: the memory size `{memory}` is larger than the limit of 1 PiB")
 
 
+@pytest.mark.parametrize("flag", ["--memory", "--host-memory"])
+@pytest.mark.parametrize("size,expected", [("", "cannot read the memory size ``"), ("  ", "cannot read"),
+                                           ("1.5PiB", "is larger than the limit of 1 PiB")])
+def test_memory_sizes_are_read_or_refused(cli, flag: str, size: str, expected: str) -> None:
+    argv = {"--memory": size, "--host-memory": "1GiB", "--method": "belady"} | {flag: size}
+    code, out, err = cli("optimize", MODELS / "mlp.swp", *[x for kv in argv.items() for x in kv])
+    assert code == 2 and out == "" and expected in err.splitlines()[0], err
+
+
+def test_the_limit_itself_can_be_written_as_it_is_named() -> None:
+    from swapdsl.common.units import MAX_BYTES, parse_size
+
+    assert parse_size("1PiB") == MAX_BYTES == parse_size("1024TiB") and parse_size("1PB") == 10**15
+
+
 @pytest.mark.parametrize("define,expected", [("lr=nan", "expected a finite number"),
                                              ("lr=1e999", "expected a finite number"),
                                              ("hidden=99999999999999999999999999", "expected an integer below 2**63")])
@@ -93,16 +108,31 @@ def _swapdsl(*args: str, **kw: object) -> subprocess.Popen[str]:
                             stderr=subprocess.PIPE, text=True, env=env, **kw)  # type: ignore[call-overload]
 
 
-def test_ctrl_c_during_exec_exits_130_quietly(in_tmp: Path) -> None:
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
+def test_a_signal_during_exec_exits_128_plus_its_number_quietly(in_tmp: Path, sig: signal.Signals) -> None:
     write(in_tmp / "m.swp", (MODELS / "tiny_resnet.swp").read_text())
     proc = _swapdsl("exec", "m.swp", "--steps", "100000", "--backend", "numpy", *TINY)
     assert proc.stdout is not None
     while "loss" not in proc.stdout.readline():  # the header, then a first step
         pass
-    proc.send_signal(signal.SIGINT)
+    proc.send_signal(sig)
     _, err = proc.communicate(timeout=60)
-    assert proc.returncode == 130
+    assert proc.returncode == 128 + sig  # 130 for Ctrl-C, 143 for SIGTERM
     assert re.fullmatch(r"swapdsl: interrupted after step \d+\n", err)  # the step under way was finished
+
+
+def test_ctrl_c_during_a_search_writes_the_best_plan_and_exits_130(in_tmp: Path) -> None:
+    write(in_tmp / "m.swp", (MODELS / "tiny_resnet.swp").read_text())
+    proc = _swapdsl("optimize", "m.swp", "--memory", "6MiB", "--budget", "120", "--workers", "1", "-o", "m.plan",
+                    *TINY)
+    assert proc.stderr is not None
+    while "generation" not in proc.stderr.readline():  # the first progress line: the search is under way
+        pass
+    proc.send_signal(signal.SIGINT)
+    out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 130, err
+    assert "ga: interrupted after" in err and err.endswith("swapdsl: stopped by SIGINT\n")
+    assert "written to m.plan" in out and (in_tmp / "m.plan").read_text().startswith("swapdsl-plan")
 
 
 def _workers_of(marker: str) -> list[int]:
@@ -130,8 +160,9 @@ def test_a_stopped_search_leaves_no_workers(in_tmp: Path, sig: signal.Signals) -
         time.sleep(0.1)
     assert _workers_of(model.name) == []
     if sig == signal.SIGTERM:
-        assert proc.returncode == 0, err
+        assert proc.returncode == 143, err  # 128 + SIGTERM, and the best plan so far is written
         assert (in_tmp / "m.plan").read_text().startswith("swapdsl-plan")
+        assert err.endswith("swapdsl: stopped by SIGTERM\n"), err
 
 
 @pytest.mark.parametrize("text,expected", [

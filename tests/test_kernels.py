@@ -210,6 +210,18 @@ def test_dropout_masks(xp: Any) -> None:
     assert not np.array_equal(a, run(xp, "dropout", x, p=0.5, seed=4, train_step=1))
 
 
+@pytest.mark.parametrize("p", [0.1, 0.3, 0.7])
+def test_dropout_scales_in_the_tensors_float_type(xp: Any, p: float) -> None:
+    """f64: kept elements are x / (1 - p) to f64 rounding (a float32 scale was 5e-8 off at p = 0.1)."""
+    x = np.random.default_rng(0).standard_normal((32, 32))
+    a = run(xp, "dropout", x, p=p, seed=3)
+    kept = a != 0
+    np.testing.assert_array_equal(a[kept], x[kept] * (1.0 / (1.0 - p)))
+    x32 = xp.asarray(x.astype(np.float32))
+    b = to_host(run_kernel(xp, "dropout", [x32], {"p": p, "seed": 3}, 1))
+    np.testing.assert_array_equal(b[kept], x.astype(np.float32)[kept] * (np.float32(1) / np.float32(1 - p)))
+
+
 def test_optimizer_updates(xp: Any) -> None:
     np.testing.assert_allclose(run(xp, "sgd", [1.0], [0.5], lr=0.1, weight_decay=0.0), [0.95])
     np.testing.assert_allclose(run(xp, "sgd", [1.0], [0.5], lr=0.1, weight_decay=0.5), [0.9])

@@ -6,8 +6,8 @@ import re
 
 from swapdsl.common.errors import SwpError
 
-_UNITS = {"": 1, "b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12,
-          "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40}
+_UNITS = {"": 1, "b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12, "pb": 10**15,
+          "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40, "pib": 2**50}
 
 ALIGN = 256  # every arena region's offset and size are multiples of this
 MAX_BYTES = 2**50  # 1 PiB: no tensor, memory cap or arena swapdsl handles is larger

@@ -64,14 +64,27 @@ from swapdsl.planning.sizing import choose_pinned, need_bytes
 
 @attrs.frozen
 class SearchOptions:
-    """The genetic search's knobs ."""
+    """The genetic search's knobs; ``progress`` is called after every generation (and once before the
+    first) with where the search stands."""
 
     budget_s: float = 60.0
     generations: int = 100_000
     population: int = 64
     seed: int = 0
     workers: int = 0  # 0: every core
-    progress: bool = False
+    progress: Callable[[SearchProgress], None] | None = None
+
+
+@attrs.frozen
+class SearchProgress:
+    """Where a genetic search stands, as ``SearchOptions.progress`` receives it."""
+
+    generation: int  # 0: the seeds scored
+    best_fraction: float  # ideal / the best simulated step so far (0 while no candidate fits)
+    evaluations: int  # distinct candidates simulated
+    seconds: float  # since the search started
+    budget_s: float
+    interrupted: bool = False  # Ctrl-C or SIGTERM: the search stops and keeps its best plan
 
 
 POLICY = Policy("belady", "earliest")  # the genome picks ``outputs``, ``early`` and ``horizon``
@@ -403,12 +416,11 @@ def _tournament(pop: list[Genome], fit: list[float], rng: np.random.Generator, k
     return pop[min(picks, key=lambda i: (fit[i], i))]
 
 
-def _progress(gen: int, best_fraction: float, evaluations: int, started: float, enabled: bool) -> None:
-    if enabled:
-        rate = evaluations / max(time.perf_counter() - started, 1e-9)
-        sys.stderr.write(f"\rga: generation {gen:>4}  best fraction {best_fraction:.4f}  {evaluations} evaluations"
-                         f"  {rate:.1f}/s ")
-        sys.stderr.flush()
+def _report(opts: SearchOptions, gen: int, best: float, ideal: float, evaluations: int, started: float,
+            interrupted: bool = False) -> None:
+    if opts.progress is not None:
+        opts.progress(SearchProgress(gen, ideal / best if best < math.inf else 0.0, evaluations,
+                                     time.perf_counter() - started, opts.budget_s, interrupted))
 
 
 def genetic_search(req: Request, opts: SearchOptions, on_generation: Callable[[int, float], None] | None = None
@@ -433,6 +445,7 @@ def genetic_search(req: Request, opts: SearchOptions, on_generation: Callable[[i
     generations = 0
     try:
         fit = scorer(pop)
+        _report(opts, 0, min(fit), ideal, len(scorer.cache), started)
         if on_generation is not None:
             on_generation(0, min(fit))
         while generations < opts.generations and time.perf_counter() - started < opts.budget_s:
@@ -447,18 +460,14 @@ def genetic_search(req: Request, opts: SearchOptions, on_generation: Callable[[i
             pop = elite + children
             fit = scorer(pop)
             best = min(fit)
-            _progress(generations, ideal / best if best < math.inf else 0.0, len(scorer.cache), started,
-                      opts.progress)
+            _report(opts, generations, best, ideal, len(scorer.cache), started)
             if on_generation is not None:
                 on_generation(generations, best)
     except KeyboardInterrupt:
-        if opts.progress:
-            sys.stderr.write("\nga: interrupted; keeping the best plan so far\n")
         fit = [scorer.cache.get(g.key, math.inf) for g in pop]
+        _report(opts, generations, min(fit), ideal, len(scorer.cache), started, interrupted=True)
     finally:
         scorer.close()
-        if opts.progress:
-            sys.stderr.write("\n")
     return _finish(req, d, pop, fit, baselines, generations, len(scorer.cache), started)
 
 

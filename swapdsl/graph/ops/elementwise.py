@@ -226,9 +226,11 @@ def step_key(c: KernelContext, seed: int) -> Array:
     return key
 
 
-def dropout_constants(p: float) -> tuple[np.uint32, np.float32]:
-    """(the hash threshold below which an element is dropped, the scale of a kept one)."""
-    return np.uint32(min(round(p * 2.0**32), 2**32 - 1)), np.float32(1.0) / np.float32(1.0 - p)
+def dropout_constants(p: float, dtype: Any) -> tuple[np.uint32, np.floating]:
+    """(the hash threshold below which an element is dropped, the scale of a kept one, 1 / (1 - p) formed in
+    the tensor's float type as PyTorch forms it: f64 for f64 tensors, else f32)."""
+    t = np.float64 if np.dtype(dtype) == np.float64 else np.float32
+    return np.uint32(min(round(p * 2.0**32), 2**32 - 1)), t(1.0) / t(1.0 - p)
 
 
 def uniform_bits(c: KernelContext, n: int, start: int, seed: int) -> Array:
@@ -253,7 +255,7 @@ def _dropout(c: KernelContext, ins: list[Array], out: Array, a: Attrs, start: in
         xp.copyto(out, x)
         return
     bits, keep = uniform_bits(c, x.size, start, a["seed"]), c.scratch.take(x.shape, xp.bool_)
-    threshold, scale = dropout_constants(p)
+    threshold, scale = dropout_constants(p, x.dtype)
     xp.greater_equal(bits, threshold, out=keep)
     xp.multiply(x, scale, out=out)
     xp.multiply(out, keep, out=out)

@@ -191,10 +191,14 @@ def _print_run(run: api.Execution, check: bool) -> None:
     print(f"loss {first:.6f} -> {last:.6f} over {run.steps} steps, median step {_median(run.step_ms):.1f} ms{held}")
     if run.figures:
         f = run.figures
-        print(f"simulated step {f['simulated_ms']:.1f} ms; moved {format_bytes(f['h2d_bytes'])} in and "
+        print(f"simulated step {f['simulated_ms']:.3g} ms on {f['simulated_device']}; moved {format_bytes(f['h2d_bytes'])} in and "
               f"{format_bytes(f['d2h_bytes'])} out per step in a {format_bytes(f['device_arena_bytes'])} arena "
               f"({format_bytes(f['scratch_bytes'])} of it scratch); {format_bytes(f['device_bytes_allocated'])} "
               f"held on the device" + (f"; max rel diff against the reference {run.max_rel_diff:.2e}" if check else ""))
+        if run.backend == "numpy" and f["simulated_device"] in BUILTIN:
+            print(f"  note: the simulated step is for a {f['simulated_device']} GPU, the device the plan was made "
+                  f"for, not this CPU; `swapdsl profile MODEL.swp -o cpu.json` measures this machine and "
+                  f"`swapdsl optimize ... --device cpu.json` plans for it")
 
 
 def _cmd_plot_log(args: argparse.Namespace) -> int:

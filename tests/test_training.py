@@ -473,3 +473,11 @@ def test_digits_example_learns_under_a_third_of_its_memory(cli, tmp_path: Path) 
                    "--eval", tmp_path / "test")
     assert run["examples"] == 1438 and run["eval"][-1]["examples"] == 320
     assert run["eval"][-1]["metrics"]["accuracy"] >= 0.93  # 0.969 when measured (docs/benchmarks.md)
+
+
+def test_exec_says_which_device_the_simulated_step_is_for(cli, setup: dict[str, Path]) -> None:
+    code, out, _ = cli("exec", setup["plan"], "--steps", "1", "--backend", "numpy")
+    assert code == 0
+    lines = out.splitlines()
+    assert re.match(r"simulated step [0-9.e+-]+ ms on v100-16gb; ", lines[-2]), lines
+    assert lines[-1].startswith("  note: the simulated step is for a v100-16gb GPU") and "swapdsl profile" in lines[-1]

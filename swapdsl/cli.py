@@ -292,10 +292,11 @@ def _cmd_simulate(args: argparse.Namespace) -> int:
 def _cmd_show(args: argparse.Namespace) -> int:
     if args.plot:
         check_writable(args.plot, "plot")
-    plan = api.read(args.file)
-    print(show.summary(plan, simulate(plan)))
+    plan, train = api.read_checked(args.file)
+    labels = {name: t.title for name, t in train.tensors.items()} if train is not None else None
+    print(show.summary(plan, simulate(plan), labels))
     if args.plot:
-        show.plot(plan, args.plot)
+        show.plot(plan, args.plot, labels)
         print(f"timeline written to {args.plot}")
     return 0
 

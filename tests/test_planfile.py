@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import struct
 from pathlib import Path
 
@@ -138,6 +139,27 @@ def test_show_plot_writes_a_png(cli, plan_file: Path) -> None:
     assert (width, height) == (1320, 660)
     assert len(png) > 10_000
     assert "method          lru" in out
+
+
+def test_show_names_tensors_by_their_layer_path(cli, in_tmp: Path) -> None:
+    """The most moved tensors are named as the model names them: a layer path and op (`as` names
+    included), or the gradient of one, with the graph's %N beside it."""
+    write(in_tmp / "m.swp", (MODELS / "mlp.swp").read_text())
+    defines = ["-D", "features=64", "-D", "hidden=128", "-D", "depth=4"]
+    assert cli("optimize", "m.swp", *defines, "--memory", "266KiB", "--method", "belady", "-o", "m.plan")[0] == 0
+    code, out, _ = cli("show", "m.plan")
+    moved = next(line for line in out.splitlines() if line.startswith("  most moved"))
+    assert "grad layer3.dense.w (%33) (2x 64.00 KiB)" in moved and "layer0.relu (%2) (3x 32.00 KiB)" in moved
+    assert not re.search(r"(^|, )%\d+ \(", moved.split("  most moved", 1)[1].strip())
+
+
+def test_the_plots_memory_unit_follows_the_cap() -> None:
+    from swapdsl.plan.show import memory_unit
+
+    assert memory_unit(266 * 2**10) == ("KiB", 2**10)
+    assert memory_unit(3 * 2**20) == ("MiB", 2**20)
+    assert memory_unit(8 * 2**30) == ("GiB", 2**30)
+    assert memory_unit(512) == ("B", 1)
 
 
 def test_devices_and_profiles(cli, in_tmp: Path) -> None:

@@ -44,6 +44,7 @@ class _Builder:
         self.counter = 1 + max((int(n[1:]) for n in fwd.tensors if n.startswith("%")), default=-1)
         self.span: Span | None = None
         self.kind = Kind.temporary
+        self.label = ""  # of the tensors emitted next (Tensor.label)
         self.made: dict[str, int] = {}  # output name -> its op's index in ``ops``
 
     def type(self, name: str) -> TensorType:
@@ -54,7 +55,7 @@ class _Builder:
         out_type = ops.infer(op, tuple(self.type(n) for n in inputs), a)
         name = f"%{self.counter}"
         self.counter += 1
-        self.tensors[name] = Tensor(name, out_type, self.kind, None, self.span)
+        self.tensors[name] = Tensor(name, out_type, self.kind, None, self.span, self.label)
         self.made[name] = len(self.ops)
         self.ops.append(Op(op, tuple(inputs), (name,), tuple(sorted(a.items())), self.span))
         return name
@@ -108,7 +109,7 @@ def training_graph(fwd: Graph) -> Graph:
     for i, op in enumerate(forward):
         for name in op.inputs:
             first_use.setdefault(name, i)
-    b.kind = Kind.gradient
+    b.kind, b.label = Kind.gradient, f"grad {b.tensors[fwd.loss].title}"
     grads: dict[str, str] = {fwd.loss: b.emit("fill", [], {"shape": (), "value": 1.0,
                                                             "dtype": b.type(fwd.loss).dtype.label})}
     pieces: dict[str, list[_Piece]] = {name: [] for name in _joinable(forward)}
@@ -123,7 +124,7 @@ def training_graph(fwd: Graph) -> Graph:
         for name in dict.fromkeys(op.inputs):
             if name in params and first_use[name] == i and _gradient(b, name, grads, pieces) is not None:
                 param_grads.append((name, grads[name]))
-                updates += _update(b, fwd, name, grads[name], state)
+                updates += _labelled_updates(b, _update(b, fwd, name, grads[name], state))
     _report_state(b, fwd, updates, state)
     return _assemble(fwd, forward, b, updates, param_grads, state)
 
@@ -133,6 +134,7 @@ def _report_state(b: _Builder, fwd: Graph, updates: list[tuple[str, str]], state
     planners keep its value to the end of the step without knowing about reports."""
     b.kind = Kind.metric
     for name, tensor in fwd.reports:
+        b.label = f"report {name}"
         old = b.add_tensor(f"report/{name}", b.type(tensor), Kind.metric, Init("zeros"))
         updates.append((old, b.emit("report", [old, tensor], {"name": name})))
         state.append(old)
@@ -170,10 +172,18 @@ def _backprop(b: _Builder, op: Op, g: str, grads: dict[str, str], pieces: dict[s
 
 def _rule_grads(b: _Builder, op: Op, g: str) -> tuple[str | None, ...]:
     """The gradients of ``op``'s inputs by its registry rule, given its output's ``g``."""
-    b.span, b.kind = op.span, Kind.temporary
+    b.span, b.kind, b.label = op.span, Kind.temporary, f"{b.tensors[op.outputs[0]].title} backward"
+    first = len(b.ops)
     in_grads = ops.REGISTRY[op.op].grad(b, op.inputs, op.outputs[0], g, op.attr_dict)
+    for name, dx in zip(op.inputs, in_grads):
+        if dx is not None and b.made.get(dx, -1) >= first:
+            _label_gradient(b, dx, name)
     b.kind = Kind.gradient
     return in_grads
+
+
+def _label_gradient(b: _Builder, dx: str, of: str) -> None:
+    b.tensors[dx] = attrs.evolve(b.tensors[dx], label=f"grad {b.tensors[of].title}")
 
 
 def _accumulate(b: _Builder, name: str, dx: str, grads: dict[str, str]) -> None:
@@ -185,6 +195,7 @@ def _accumulate(b: _Builder, name: str, dx: str, grads: dict[str, str]) -> None:
         grads[name] = dx
     else:
         grads[name] = b.emit("add", [grads[name], dx])
+        _label_gradient(b, grads[name], name)
 
 
 def _joinable(forward: list[Op]) -> list[str]:
@@ -233,7 +244,9 @@ def _join(b: _Builder, name: str, parts: list[_Piece]) -> list[str]:
         if grad is not None:
             pieces.append(grad)
         at = hi
-    return [b.emit("concat", pieces, {"axis": axis})]
+    joined = b.emit("concat", pieces, {"axis": axis})
+    _label_gradient(b, joined, name)
+    return [joined]
 
 
 def _mark_gradient(b: _Builder, name: str) -> None:
@@ -270,6 +283,13 @@ def _update(b: _Builder, fwd: Graph, param: str, grad: str, state: list[str]) ->
     w_new = b.emit("adam_apply", [param, m_new, v_new],
                    {k: opt[k] for k in ("lr", "beta1", "beta2", "eps")})
     return [(m, m_new), (v, v_new), (param, w_new)]
+
+
+def _labelled_updates(b: _Builder, pairs: list[tuple[str, str]]) -> list[tuple[str, str]]:
+    """Each new value labelled as what it replaces: "layer0.dense.w/momentum updated"."""
+    for old, new in pairs:
+        b.tensors[new] = attrs.evolve(b.tensors[new], label=f"{old} updated")
+    return pairs
 
 
 def _assemble(fwd: Graph, forward: list[Op], b: _Builder, updates: list[tuple[str, str]],

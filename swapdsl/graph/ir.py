@@ -86,6 +86,13 @@ class Tensor:
     kind: Kind
     init: Init | None = None  # parameters only
     span: Span | None = field(default=None, eq=False)
+    # what a person calls an unnamed tensor (%12): the layer path and op that made it ("layer1.dense.matmul"),
+    # or "grad " and the label of the tensor it is the gradient of
+    label: str = field(default="", eq=False)
+
+    @property
+    def title(self) -> str:
+        return self.label or self.name
 
 
 AttrValue = Union[int, float, bool, str, tuple]

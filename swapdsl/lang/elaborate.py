@@ -401,7 +401,7 @@ class _Elaborator:
         except SwpError as exc:
             raise exc.with_span(span) from None
         name = f"%{len(self.ops)}"
-        self.tensors[name] = Tensor(name, out, Kind.activation, None, span)
+        self.tensors[name] = Tensor(name, out, Kind.activation, None, span, ".".join(self.scope + [op]))
         self.ops.append(Op(op, tuple(t.name for t in inputs), (name,), tuple(sorted(attrs_.items())), span))
         return TensorVal(name, out)
 

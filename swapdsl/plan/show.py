@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import io
 from collections import Counter
+from collections.abc import Mapping
 from pathlib import Path
 
 from swapdsl.common.atomic import write_bytes_atomically
@@ -13,7 +14,9 @@ from swapdsl.plan.program import HOST, Plan, Region, Run, SwapIn, SwapOut
 from swapdsl.plan.simulate import Result, simulate
 
 
-def summary(plan: Plan, result: Result) -> str:
+def summary(plan: Plan, result: Result, labels: Mapping[str, str] | None = None) -> str:
+    """The plan in a screenful; ``labels`` (a tensor's name -> what the model calls it, see
+    ``Tensor.title``) name unnamed tensors such as %12 by their layer path."""
     figures = dict(plan.figures)
     kinds = Counter(type(i).__name__ for i in plan.program)
     again = [i for i in plan.program if isinstance(i, Run) and i.recompute]
@@ -45,13 +48,44 @@ def summary(plan: Plan, result: Result) -> str:
     if moved:
         sizes = plan.tensor_map()
         top = sorted(moved, key=lambda n: -moved[n] * sizes[n].bytes)[:5]
-        lines.append("  most moved      " + ", ".join(f"{n} ({moved[n]}x {format_bytes(sizes[n].bytes)})"
-                                                   for n in top))
+        lines.append("  most moved      " + ", ".join(f"{_named(n, labels)} ({moved[n]}x "
+                                                           f"{format_bytes(sizes[n].bytes)})" for n in top))
     return "\n".join(lines)
 
 
-def plot(plan: Plan, out: str | Path) -> None:
-    """Three stream lanes over time, and device memory over time against the cap."""
+def _named(name: str, labels: Mapping[str, str] | None) -> str:
+    """``%12`` as ``layer1.dense.matmul (%12)``; a named tensor as its name."""
+    label = (labels or {}).get(name, "")
+    return name if not label or label == name else f"{label} ({name})"
+
+
+def memory_unit(nbytes: int) -> tuple[str, int]:
+    """The binary unit a size reads best in (its value at least 1): ("KiB", 1024) for 266 KiB."""
+    unit, scale = "B", 1
+    for name, size in (("KiB", 2**10), ("MiB", 2**20), ("GiB", 2**30), ("TiB", 2**40)):
+        if nbytes >= size:
+            unit, scale = name, size
+    return unit, scale
+
+
+def _marked_copies(plan: Plan, r: Result, named: int) -> list[tuple[str, str, float, float]]:
+    """The largest copies, at most ``named``, none closer than a sixth of the step to another marked on its
+    lane (so that their labels do not overlap)."""
+    sizes = plan.tensor_map()
+    gap = r.iteration_ms / 6
+    marked: list[tuple[str, str, float, float]] = []
+    for span in sorted((s for s in r.timeline if s[0] != "compute"), key=lambda s: (-sizes[s[1]].bytes, s[2])):
+        middle = (span[2] + span[3]) / 2
+        if all(m[0] != span[0] or abs((m[2] + m[3]) / 2 - middle) >= gap for m in marked):
+            marked.append(span)
+        if len(marked) == named:
+            break
+    return marked
+
+
+def plot(plan: Plan, out: str | Path, labels: Mapping[str, str] | None = None, named: int = 6) -> None:
+    """Three stream lanes over time, and device memory over time against the cap (in the cap's unit); the
+    ``named`` largest copies are marked with the tensor's label."""
     try:
         import matplotlib
 
@@ -72,13 +106,18 @@ def plot(plan: Plan, out: str | Path) -> None:
     lanes.set_yticks([2, 1, 0], ["compute", "host to device", "device to host"])
     lanes.set_title(f"{Path(plan.model_path).stem}: {plan.method} under {format_bytes(plan.cap)} on "
                     f"{plan.device.name}, {r.iteration_ms:.1f} ms per iteration")
+    for stream, name, start, end in _marked_copies(plan, r, named):
+        lanes.annotate(_named(name, labels), ((start + end) / 2, 2 - ("compute", "h2d", "d2h").index(stream) + 0.42),
+                       fontsize=7, ha="center", va="bottom", annotation_clip=False)
+    unit, scale = memory_unit(plan.cap)
     times = [t for t, _ in r.memory] + [r.iteration_ms]
-    levels = [b / 2**30 for _, b in r.memory]
+    levels = [b / scale for _, b in r.memory]
     mem.step(times[:-1], levels, where="post", color="#4c72b0", label="tensors on the device")
-    mem.axhline(plan.cap / 2**30, color="#c44e52", linestyle="--", label="cap")
-    mem.set_ylabel("GiB")
+    mem.axhline(plan.cap / scale, color="#c44e52", linestyle="--", label="cap")
+    mem.set_ylim(0, 1.25 * plan.cap / scale)  # headroom above the cap for the legend
+    mem.set_ylabel(unit)
     mem.set_xlabel("ms")
-    mem.legend(loc="upper right")
+    mem.legend(loc="upper center", bbox_to_anchor=(0.5, 1.0), ncol=2, frameon=False)
     fig.tight_layout()
     buf = io.BytesIO()
     try:

@@ -98,8 +98,10 @@ def open_dataset(path: str, g: Graph, flag: str = "--data") -> Dataset:
     return Dataset(path, {name: arrays[name] for name in g.inputs}, examples, batch)
 
 
-# what NumPy raises on a damaged .npy or .npz: a short file, a bad header, a size mmap cannot map
-_UNREADABLE = (OSError, ValueError, EOFError, OverflowError, TypeError, SyntaxError, zipfile.BadZipFile)
+# NumPy's header reader parses Python literals: on a damaged header it raises whatever the tokenizer or
+# ast.literal_eval does (SyntaxError, tokenize.TokenError, RecursionError, ...), a short file EOFError, a
+# size mmap cannot map OverflowError. All of them mean "not a readable array" here.
+_UNREADABLE = (Exception,)
 
 
 def _load_npy(file: Path, flag: str) -> np.ndarray:
@@ -139,6 +141,8 @@ def _check_crc(z: zipfile.ZipFile, m: zipfile.ZipInfo, chunk: int = 1 << 24) -> 
 def _npz_member(file: Path, z: zipfile.ZipFile, m: zipfile.ZipInfo) -> np.ndarray:
     if m.compress_type != zipfile.ZIP_STORED:
         with z.open(m) as f:
+            _check_declared_size(f, m)
+        with z.open(m) as f:
             return np.lib.format.read_array(f, allow_pickle=False)
     with open(file, "rb") as raw:
         raw.seek(m.header_offset)
@@ -155,6 +159,15 @@ def _npz_member(file: Path, z: zipfile.ZipFile, m: zipfile.ZipInfo) -> np.ndarra
     if dtype.hasobject:
         raise ValueError(f"member {m.filename} holds Python objects")
     return np.memmap(file, dtype=dtype, mode="r", offset=offset, shape=shape, order="F" if fortran else "C")
+
+
+def _check_declared_size(f: Any, m: zipfile.ZipInfo) -> None:
+    """Refuse a member whose header claims more bytes than the member holds, before memory is set aside."""
+    version = np.lib.format.read_magic(f)
+    header = np.lib.format.read_array_header_1_0 if version == (1, 0) else np.lib.format.read_array_header_2_0
+    shape, _, dtype = header(f)
+    if any(n < 0 for n in shape) or int(np.prod(shape, dtype=object)) * dtype.itemsize > m.file_size:
+        raise ValueError(f"member {m.filename} claims shape {shape} of {dtype}, more than its {m.file_size} bytes")
 
 
 def _check_array(name: str, a: np.ndarray, g: Graph, flag: str, path: str) -> None:

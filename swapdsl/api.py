@@ -194,6 +194,8 @@ def execute(target: Plan | Model | str | Path, steps: int | None = None, seed: i
 
 
 def is_plan_file(path: str | Path) -> bool:
+    if not Path(path).is_file():
+        return False
     try:
         with open(path, "rb") as f:
             return f.read(12) == b"swapdsl-plan"

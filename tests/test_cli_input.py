@@ -187,3 +187,11 @@ def test_bad_device_profiles_are_refused(cli, in_tmp: Path, text: str, expected:
     os.mkfifo(in_tmp / "f.json")
     code, _, err = cli("optimize", MODELS / "mlp.swp", "--memory", "8MiB", "--device", "f.json")
     assert code == 2 and "is not a regular file" in err
+
+
+@pytest.mark.parametrize("argv", [["check", "fifo"], ["optimize", "fifo", "--memory", "1MiB"], ["simulate", "fifo"],
+                                  ["show", "fifo"], ["exec", "fifo"], ["plot-log", "fifo", "-o", "x.png"]])
+def test_a_fifo_given_as_input_is_refused_not_read_forever(cli, in_tmp: Path, argv: list[str]) -> None:
+    os.mkfifo(in_tmp / "fifo")
+    code, out, err = cli(*argv)
+    assert code == 2 and out == "" and "is not a regular file" in err.splitlines()[0], err

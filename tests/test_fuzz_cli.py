@@ -16,12 +16,12 @@ from swapdsl.fuzz import run_cli
 CASES = int(os.environ.get("SWAPDSL_CLI_FUZZ", "120"))
 SMALL = ["-D", "batch=2", "-D", "hidden=8", "-D", "features=8"]
 FILES = ["m.swp", "m.plan", "missing.swp", "folder", "/proc/x.swp", "empty.swp", "binary.swp", "plan.swp",
-         "model.plan", "l.jsonl", "ck.st"]
+         "model.plan", "l.jsonl", "ck.st", "fifo"]
 # option -> values a user might give it, good and bad
 OPTIONS: dict[str, list[str]] = {
-    "--memory": ["64KiB", "8MiB", "1e30", "lots", "-1", "0", "1KiB", "nan", "1.5GB", "9" * 40],
+    "--memory": ["64KiB", "8MiB", "1e30", "lots", "-1", "0", "1KiB", "nan", "1.5GB", "9" * 40, "", "1PiB"],
     "--method": ["lru", "belady", "vdnn", "ga", "checkpoint", "capuchin", "bogus"],
-    "--host-memory": ["1KiB", "64MiB", "0", "-1", "lots", "nan", "1e30"],
+    "--host-memory": ["1KiB", "64MiB", "0", "-1", "lots", "nan", "1e30", "", "1PiB"],
     "--host-share": ["0.5", "0", "-1", "nan", "inf", "x"],
     "--budget": ["0.2", "nan", "-1", "inf", "0", "x", "1e-9"],
     "--generations": ["1", "2", "0", "-5", "1e3", "x"],
@@ -31,23 +31,23 @@ OPTIONS: dict[str, list[str]] = {
     "--steps": ["1", "2", "0", "-1", "x"],
     "-D": ["batch=2", "batch=0", "batch=x", "nonsense", "lr=nan", "=3", "batch=99999999999999999999",
            "hidden=1e26", "lr=1e999", "depth=100000000"],
-    "-o": ["out.plan", "/proc/x.plan", "folder", "missing/x.plan", ""],
-    "--device": ["v100-16gb", "h200", "bogus", "empty.swp", "bad.json"],
+    "-o": ["out.plan", "/proc/x.plan", "folder", "missing/x.plan", "", "fifo", "link.plan"],
+    "--device": ["v100-16gb", "h200", "bogus", "empty.swp", "bad.json", "fifo.json"],
     "--backend": ["numpy", "cupy", "bogus"],
     "--ratios": ["2", "x", "-1", "nan", "2,,4", "1e400"],
     "--methods": ["lru", "belady,lru", "capuchin,checkpoint", "bogus", ""],
     "--models": ["mlp", "bogus", "m.swp"],
     "--plot": ["x.png", "/proc/x.png", "folder"],
     "--repeat": ["1", "0", "x"],
-    "--data": ["d", "d.npz", "synthetic", "missing", "folder", "binary.swp", "wide"],
-    "--eval": ["d", "d.npz", "missing", "folder", "wide"],
+    "--data": ["d", "d.npz", "synthetic", "missing", "folder", "binary.swp", "wide", "fifo", "withfifo"],
+    "--eval": ["d", "d.npz", "missing", "folder", "wide", "fifo"],
     "--epochs": ["1", "2", "0", "x"],
-    "--save": ["ck.st", "new.st", "/proc/x.st", "folder", "missing/x.st"],
+    "--save": ["ck.st", "new.st", "/proc/x.st", "folder", "missing/x.st", "fifo", "link.plan"],
     "--save-every": ["1", "0", "x"],
     "--eval-every": ["1", "0", "x"],
-    "--resume": ["ck.st", "binary.swp", "missing.st", "m.plan", "l.jsonl"],
-    "--init": ["ck.st", "binary.swp", "missing.st", "empty.swp"],
-    "--log": ["l.jsonl", "/proc/x.jsonl", "folder"],
+    "--resume": ["ck.st", "binary.swp", "missing.st", "m.plan", "l.jsonl", "fifo"],
+    "--init": ["ck.st", "binary.swp", "missing.st", "empty.swp", "fifo"],
+    "--log": ["l.jsonl", "/proc/x.jsonl", "folder", "fifo"],
     "--base": ["v100-16gb", "bogus"],
 }
 FLAGS = ["--json", "--check", "--ir", "--training", "--help", "--version", "--shuffle"]
@@ -78,6 +78,13 @@ def folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
         np.save(d / "d" / f"{name}.npy", a)
         np.save(d / "wide" / f"{name}.npy", a.reshape(9, -1).repeat(2, axis=1))
     np.savez(d / "d.npz", **arrays)
+    # special files: reading one would block, writing over one would replace it
+    os.mkfifo(d / "fifo")
+    os.mkfifo(d / "fifo.json")
+    (d / "withfifo").mkdir()
+    np.save(d / "withfifo" / "x.npy", arrays["x"])
+    os.mkfifo(d / "withfifo" / "y.npy")
+    (d / "link.plan").symlink_to(d / "folder" / "target.plan")
     assert main(["exec", str(d / "m.plan"), "--data", str(d / "d"), "--steps", "2", "--save", str(d / "ck.st"),
                  "--log", str(d / "l.jsonl")]) == 0
     return d

@@ -36,6 +36,8 @@ def read_source(path: str | Path) -> str:
     p = Path(path)
     if p.is_dir():
         raise SwpError(f"`{path}` is a directory, not a .swp file")
+    if p.exists() and not p.is_file():  # a FIFO or a device would block the read, or never end it
+        raise SwpError(f"`{path}` is not a regular file")
     try:
         data = p.read_bytes()
     except FileNotFoundError:

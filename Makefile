@@ -28,26 +28,32 @@ $(VENV)/.installed-examples: $(BIN)/python pyproject.toml setup.py swapdsl/plann
 # mlp on 8x8 digits, deep enough that 1/3 of its no-swap memory (799 KiB) is above its smallest cap (241 KiB)
 DIGITS := -D features=64 -D hidden=128 -D depth=4 -D lr=0.002
 
+# What the demo writes (plans, figures, the digits data, checkpoint, log), where you can find it.
+OUT := demo-output
+
 demo: $(VENV)/.installed-examples
+	@mkdir -p $(OUT)
 	@for m in mlp tiny_transformer tiny_resnet; do $(BIN)/swapdsl check stdlib/models/$$m.swp || exit $$?; done
 	$(BIN)/swapdsl check $(DEMO_MODEL) --training -D batch=256 -D width=64
 	$(BIN)/swapdsl exec $(DEMO_MODEL) --steps 10
 	$(BIN)/python bench/zoo.py
 	$(BIN)/swapdsl devices
-	$(BIN)/swapdsl optimize stdlib/models/resnet.swp --memory 8GiB --method belady -o .venv/resnet.plan
-	$(BIN)/swapdsl simulate .venv/resnet.plan
-	$(BIN)/swapdsl show .venv/resnet.plan
+	$(BIN)/swapdsl optimize stdlib/models/resnet.swp --memory 8GiB --method belady -o $(OUT)/resnet.plan
+	$(BIN)/swapdsl simulate $(OUT)/resnet.plan
+	$(BIN)/swapdsl show $(OUT)/resnet.plan --plot $(OUT)/resnet.png
 	@echo "== the second lever: recompute cheap activations where the bus cannot keep up"
-	$(BIN)/swapdsl optimize stdlib/models/resnet.swp --memory 8GiB --method capuchin -o .venv/resnet-capuchin.plan
-	$(BIN)/swapdsl optimize stdlib/models/tiny_resnet.swp -D batch=8 --memory 3MiB --method ga --budget 10 -o .venv/tiny.plan
-	$(BIN)/swapdsl exec .venv/tiny.plan --steps 5 --check
+	$(BIN)/swapdsl optimize stdlib/models/resnet.swp --memory 8GiB --method capuchin -o $(OUT)/resnet-capuchin.plan
+	$(BIN)/swapdsl optimize stdlib/models/tiny_resnet.swp -D batch=8 --memory 3MiB --method ga --budget 10 -o $(OUT)/tiny.plan
+	$(BIN)/swapdsl exec $(OUT)/tiny.plan --steps 5 --check
 	@echo "== real data: scikit-learn's handwritten digits, trained under 1/3 of the memory the step needs unswapped"
-	$(BIN)/python examples/digits.py .venv/digits
-	$(BIN)/swapdsl optimize stdlib/models/mlp.swp $(DIGITS) --memory 266KiB --method ga --budget 5 -o .venv/digits.plan
-	@rm -f .venv/digits.jsonl
-	$(BIN)/swapdsl exec .venv/digits.plan --data .venv/digits/train --shuffle --epochs 60 --eval .venv/digits/test \
-		--eval-every 330 --save .venv/digits.safetensors --log .venv/digits.jsonl
-	$(BIN)/swapdsl plot-log .venv/digits.jsonl -o .venv/digits.png
+	$(BIN)/python examples/digits.py $(OUT)/digits
+	$(BIN)/swapdsl optimize stdlib/models/mlp.swp $(DIGITS) --memory 266KiB --method ga --budget 5 -o $(OUT)/digits.plan
+	@rm -f $(OUT)/digits.jsonl
+	$(BIN)/swapdsl exec $(OUT)/digits.plan --data $(OUT)/digits/train --shuffle --epochs 60 --eval $(OUT)/digits/test \
+		--eval-every 330 --save $(OUT)/digits.safetensors --log $(OUT)/digits.jsonl
+	$(BIN)/swapdsl plot-log $(OUT)/digits.jsonl -o $(OUT)/digits.png
+	@echo "== the demo's files are in $(CURDIR)/$(OUT)/:"
+	@echo "   resnet.plan resnet.png resnet-capuchin.plan tiny.plan digits/ (train/, test/) digits.plan digits.safetensors digits.jsonl digits.png"
 
 # -n auto: pytest-xdist, one worker per core. SWAPDSL_HYPOTHESIS=ci|long: more memory-safety cases.
 test: $(VENV)/.installed-test
@@ -57,4 +63,4 @@ bench: $(VENV)/.installed
 	$(BIN)/python bench/parse_scaling.py
 
 clean:
-	rm -rf $(VENV) build dist *.egg-info .pytest_cache .hypothesis
+	rm -rf $(VENV) build dist *.egg-info .pytest_cache .hypothesis $(OUT)

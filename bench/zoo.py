@@ -35,7 +35,7 @@ def row(name: str) -> dict:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--models", nargs="+", default=ZOO)
-    ap.add_argument("--markdown", action="store_true", help="print a Markdown table (as in the README)")
+    ap.add_argument("--markdown", action="store_true", help="print a Markdown table (as in docs/benchmarks.md)")
     args = ap.parse_args()
     rows = [row(m) for m in args.models]
     if args.markdown:

@@ -463,7 +463,7 @@ def test_early_swap_ins_look_no_further_ahead_than_the_horizon() -> None:
 
 
 def test_no_schedule_of_a_small_graph_beats_the_bound() -> None:
-    """What bench/bound_gap.py reports (the README's figures on the bound's tightness), for two graphs: the
+    """What bench/bound_gap.py reports (docs/benchmarks.md's figures on the bound's tightness), for two graphs: the
     best over every schedule, pinning and policy of the search is never below the bound."""
     for seed in (0, 1):
         gap = bound_gap(seed, max_orders=30)

@@ -24,7 +24,7 @@ from swapdsl.lang.builtins import BUILTINS, call_builtin, slice_axis
 from swapdsl.lang.loader import Program
 from swapdsl.lang.values import REQUIRED, TensorVal, Value, bind, describe
 
-# Limits on what a model may ask of the elaborator (the README states them). Past them a model is
+# Limits on what a model may ask of the elaborator (docs/language.md#limits states them). Past them a model is
 # refused with a clear error rather than recursing until Python gives up or running for hours.
 MAX_CALL_DEPTH = 64  # user functions calling user functions
 MAX_OPS = 25_000  # forward ops (the largest zoo model, lstm_lm, has 15,216; its check takes 3 s)

@@ -18,7 +18,7 @@ from swapdsl.lang import ast
 _OPEN = {"LPAR", "LSQB"}
 _CLOSE = {"RPAR", "RSQB"}
 _PREFIX = {"MINUS", "PLUS", "NOT"}
-MAX_NESTING = 100  # brackets and blocks inside one another, or unary operators in a row (the README says so)
+MAX_NESTING = 100  # brackets and blocks inside one another, or unary operators in a row (docs/language.md#limits says so)
 MAX_TOKENS = 100_000  # in one file: a sum of 50,000 terms (800 dense layers written out are 44,868)
 
 

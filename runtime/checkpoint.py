@@ -45,7 +45,7 @@ class Checkpoint:
 def identity(g: Graph) -> dict[str, str]:
     """What makes two runs the same training: the model source, its arguments and its optimiser."""
     return {"model": g.name, "model_sha256": g.source_sha256, "args": json.dumps(dict(g.args), sort_keys=True),
-            "optimizer": str(g.optimizer)}
+            "optimizer": str(g.optimizer), "precision": g.precision}
 
 
 def save(path: str, g: Graph, values: Mapping[str, np.ndarray], step: int, position: int, seed: int,
@@ -130,7 +130,8 @@ def _check_digests(path: str, flag: str, meta: Mapping[str, str], values: Mappin
 def check_same_run(ck: Checkpoint, g: Graph) -> None:
     """Refuse to resume a checkpoint of another model, other arguments or another optimiser."""
     mine = identity(g)
-    for key, label in (("model_sha256", "model source"), ("args", "model arguments"), ("optimizer", "optimiser")):
+    for key, label in (("model_sha256", "model source"), ("args", "model arguments"), ("optimizer", "optimiser"),
+                       ("precision", "precision")):
         if ck.meta.get(key) != mine[key]:
             raise SwpError(f"--resume `{ck.path}` was written by another run: its {label} differ",
                            notes=[f"checkpoint: model `{ck.meta.get('model')}`, {label} {ck.meta.get(key)}",

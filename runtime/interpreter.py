@@ -36,9 +36,9 @@ import numpy as np
 
 from swapdsl.common.errors import SwpError
 from swapdsl.graph.ir import DType, Graph, TensorType
-from swapdsl.graph.ops import KernelContext, REGISTRY
+from swapdsl.graph.ops import KernelContext
 from swapdsl.graph.analysis import STATE_BYTES
-from swapdsl.graph.ops.registry import Scratch, np_dtype
+from swapdsl.graph.ops.registry import Scratch, kernel_of, np_dtype
 from swapdsl.plan.program import InstrKind, Plan, Region, Run, SwapIn, SwapOut, arena_bytes
 from swapdsl.plan.replay import START, STREAM, Replay, Step
 from swapdsl.plan.validate import check_describes, validate
@@ -61,11 +61,12 @@ class Work(NamedTuple):
     awaited: bool  # another stream waits for it: record an event
 
 
-def check_runnable(g: Graph) -> None:
-    """What the runtime cannot do, whatever the plan."""
-    if any(t.type.dtype is DType.bf16 for t in g.tensors.values()):
-        raise SwpError("the runtime cannot execute bf16 tensors (neither NumPy nor CuPy has a bf16 array type)",
-                       hints=["use f16 or f32"])
+def check_runnable(g: Graph, backend: str) -> None:
+    """What the runtime cannot do, whatever the plan: bf16 on CuPy, which has no bf16 array type (NumPy has
+    ml_dtypes')."""
+    if backend == "cupy" and any(t.type.dtype is DType.bf16 for t in g.tensors.values()):
+        raise SwpError("the CuPy runtime cannot execute bf16 tensors yet (CuPy has no bf16 array type)",
+                       hints=["plan with --precision f16, or run on NumPy (--backend numpy)"])
 
 
 class PlanRunner:
@@ -86,7 +87,7 @@ class PlanRunner:
             validate(plan, g)
         else:
             check_describes(plan, g)
-        check_runnable(g)
+        check_runnable(g, backend)
         self.plan, self.g, self.backend, self.xp = plan, g, backend, xp
         self.copy_delay_s, self.kernel_delay_s = copy_delay_s, kernel_delay_s
         self.slots = self._host_slots()
@@ -243,7 +244,8 @@ class PlanRunner:
         op = self.g.ops[instr.op]
         ins = [self.dview(n, region) for n, region in zip(op.inputs, s.regions)]
         out = self.dview(op.outputs[0], dict(instr.outs)[op.outputs[0]])
-        kernel = self.vendor.kernels.get(instr.op) or self.fused.kernels.get(instr.op) or REGISTRY[op.op].kernel
+        kernel = (self.vendor.kernels.get(instr.op) or self.fused.kernels.get(instr.op)
+                  or kernel_of(op.op, tuple(map(self.g.type_of, op.inputs)), self.g.type_of(op.outputs[0])))
         attrs, ctx = op.attr_dict, self.ctx
         reset = ctx.scratch.reset
         if self.kernel_delay_s:

@@ -22,8 +22,8 @@ from swapdsl.devices.costs import op_key
 from swapdsl.devices.profiles import Device
 from swapdsl.graph.analysis import op_scratch
 from swapdsl.graph.ir import Graph
-from swapdsl.graph.ops import KernelContext, REGISTRY
-from swapdsl.graph.ops.registry import np_dtype
+from swapdsl.graph.ops import KernelContext
+from swapdsl.graph.ops.registry import kernel_of, np_dtype
 from swapdsl.runtime.backend import copy_fn, synchronize
 from swapdsl.runtime.data import init_persistent, synthetic_inputs
 from swapdsl.runtime.reference import last_uses
@@ -64,10 +64,10 @@ def op_times(g: Graph, xp: ModuleType, repeat: int, seed: int = 0) -> dict[str, 
     vendor = VendorKernels.load(g, lambda: xp.cuda.get_current_stream().ptr) if xp is not np else VendorKernels()
     fused = FusedKernels.load(g, xp) if xp is not np else FusedKernels()
     for i, op in enumerate(g.ops):
-        kernel = vendor.kernels.get(i) or fused.kernels.get(i) or REGISTRY[op.op].kernel
+        t = g.type_of(op.outputs[0])
+        kernel = vendor.kernels.get(i) or fused.kernels.get(i) or kernel_of(op.op, tuple(map(g.type_of, op.inputs)), t)
         attrs_ = op.attr_dict
         ins = [env[n] for n in op.inputs]
-        t = g.type_of(op.outputs[0])
         out = xp.empty(t.shape, dtype=np_dtype(xp, t.dtype))
         ctx = KernelContext.standalone(xp, op_scratch(g, i))
 

@@ -17,8 +17,8 @@ import numpy as np
 
 from swapdsl.graph.analysis import op_scratch
 from swapdsl.graph.ir import Graph
-from swapdsl.graph.ops import KernelContext, REGISTRY
-from swapdsl.graph.ops.registry import np_dtype
+from swapdsl.graph.ops import KernelContext
+from swapdsl.graph.ops.registry import kernel_of, np_dtype
 from swapdsl.runtime.backend import synchronize, to_host
 from swapdsl.runtime.data import init_persistent, synthetic_inputs
 
@@ -40,8 +40,8 @@ def run_ops(g: Graph, env: dict[str, Any], xp: ModuleType, step: int, keep: Iter
     for i, op in enumerate(g.ops):
         t = g.type_of(op.outputs[0])
         out = xp.empty(t.shape, dtype=np_dtype(xp, t.dtype))
-        REGISTRY[op.op].kernel(KernelContext.standalone(xp, op_scratch(g, i), step), [env[n] for n in op.inputs],
-                               out, op.attr_dict)
+        kernel = kernel_of(op.op, tuple(map(g.type_of, op.inputs)), t)
+        kernel(KernelContext.standalone(xp, op_scratch(g, i), step), [env[n] for n in op.inputs], out, op.attr_dict)
         env[op.outputs[0]] = out
         for name in dict.fromkeys(op.inputs):  # once each: an op may read a tensor twice (x * x)
             if last[name] == i and name not in keep:

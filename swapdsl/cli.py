@@ -18,6 +18,7 @@ from swapdsl.common.atomic import check_writable, write_text_atomically
 from swapdsl.common.errors import SwpError
 from swapdsl.common.units import format_bytes, format_count, parse_size
 from swapdsl.devices.profiles import BUILTIN, DEFAULT_DEVICE, detect_device, load_device
+from swapdsl.graph.precision import PRECISIONS
 from swapdsl.graph.printer import print_graph
 from swapdsl.plan import show
 from swapdsl.plan.simulate import simulate
@@ -33,7 +34,10 @@ from swapdsl.runtime.profile import profile
 
 EXIT_USER_ERROR = 2
 MAX_SEED = 2**63
-PROGRESS_EVERY_S = 5.0  # optimize's progress line when stderr is not a terminal
+PROGRESS_EVERY_S = 5.0
+PRECISION_HELP = ("f32 (the default: as the model is written), or bf16 / f16: matrix products and convolutions "
+                  "take half inputs, activations are stored half, losses and reductions are f32, parameters keep "
+                  "an f32 master copy (docs/design.md)")  # optimize's progress line when stderr is not a terminal
 
 
 def _count(low: int, high: int | None = None) -> Callable[[str], int]:
@@ -93,7 +97,7 @@ def parse_defines(defines: Sequence[str]) -> dict[str, str]:
 
 
 def _cmd_check(args: argparse.Namespace) -> int:
-    model = api.load(args.file, parse_defines(args.define))
+    model = api.load(args.file, parse_defines(args.define), args.precision or "f32")
     if args.ir:
         sys.stdout.write(print_graph(model.training if args.training else model.graph))
         return 0
@@ -170,6 +174,9 @@ def _execute(args: argparse.Namespace, backend: str, options: training.Options, 
             raise SwpError("-D does not apply to a plan: its model arguments are fixed in the plan")
         plan, train = api.read_checked(args.file, need_model=True)
         assert train is not None
+        if args.precision is not None and args.precision != plan.precision:
+            raise SwpError(f"--precision {args.precision}: the plan was made for {plan.precision}",
+                           hints=["a plan runs in the precision it was planned for; leave --precision out"])
         header.append(f"executing {args.file} ({train.name}, {plan.method} under {format_bytes(plan.cap)}) on {backend}")
         run = api.execute_plan(plan, train, backend=backend, check=args.check, graph=args.graph == "on",
                                tf32=args.tf32, options=options, hooks=hooks)
@@ -178,7 +185,7 @@ def _execute(args: argparse.Namespace, backend: str, options: training.Options, 
         return run
     if args.check:
         raise SwpError("--check compares a plan's execution with the reference executor; give a .plan file")
-    model = api.load(args.file, parse_defines(args.define))
+    model = api.load(args.file, parse_defines(args.define), args.precision or "f32")
     header.append(f"training {model.graph.name} ({args.file}) on {backend} with the reference executor (no cap)")
     return api.execute(model, backend=backend, options=options, hooks=hooks)
 
@@ -220,7 +227,7 @@ def _cmd_optimize(args: argparse.Namespace) -> int:
     if args.output:
         check_writable(args.output, "plan")  # now, not after a search of a minute
     device = load_device(args.device)
-    model = api.load(args.file, parse_defines(args.define))
+    model = api.load(args.file, parse_defines(args.define), args.precision or "f32")
     search = SearchOptions(args.budget, args.generations, args.population, args.seed, args.workers,
                            progress=None if args.json else _search_progress(sys.stderr))
     started = time.perf_counter()
@@ -303,7 +310,7 @@ def _cmd_show(args: argparse.Namespace) -> int:
 
 def _cmd_profile(args: argparse.Namespace) -> int:
     check_writable(args.output, "profile")
-    model = api.load(args.file, parse_defines(args.define))
+    model = api.load(args.file, parse_defines(args.define), args.precision or "f32")
     backend, xp = array_module(args.backend)
     base = load_device(args.base)
     measured = profile(model.training, xp, backend, base, args.repeat)
@@ -369,6 +376,7 @@ def make_parser() -> argparse.ArgumentParser:
     sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
     check = sub.add_parser("check", help="parse and elaborate a .swp model, print its figures or IR")
     check.add_argument("file", metavar="FILE.swp")
+    check.add_argument("--precision", choices=PRECISIONS, help=PRECISION_HELP)
     check.add_argument("-D", dest="define", action="append", default=[], metavar="NAME=VALUE",
                        help="override a model argument (repeatable)")
     out = check.add_mutually_exclusive_group()
@@ -380,6 +388,7 @@ def make_parser() -> argparse.ArgumentParser:
 
     ex = sub.add_parser("exec", help="run a plan under its cap, or train a .swp model with the reference executor")
     ex.add_argument("file", metavar="FILE.plan|FILE.swp")
+    ex.add_argument("--precision", choices=PRECISIONS, help=PRECISION_HELP)
     ex.add_argument("-D", dest="define", action="append", default=[], metavar="NAME=VALUE",
                     help="override a model argument (repeatable)")
     length = ex.add_mutually_exclusive_group()
@@ -432,6 +441,7 @@ def make_parser() -> argparse.ArgumentParser:
     op.add_argument("--workers", type=_workers, default=0, help="ga: worker processes (0: every core)")
     op.add_argument("--device", metavar="NAME|FILE.json", help="device profile (default: the GPU found, "
                     f"else {DEFAULT_DEVICE})")
+    op.add_argument("--precision", choices=PRECISIONS, help=PRECISION_HELP)
     op.add_argument("-D", dest="define", action="append", default=[], metavar="NAME=VALUE",
                     help="override a model argument (repeatable)")
     op.add_argument("-o", "--output", metavar="FILE.plan", help="write the plan here (atomically)")
@@ -450,6 +460,7 @@ def make_parser() -> argparse.ArgumentParser:
 
     pr = sub.add_parser("profile", help="measure op times and copy bandwidth on this backend into a profile")
     pr.add_argument("file", metavar="FILE.swp")
+    pr.add_argument("--precision", choices=PRECISIONS, help=PRECISION_HELP)
     pr.add_argument("-D", dest="define", action="append", default=[], metavar="NAME=VALUE",
                     help="override a model argument (repeatable)")
     pr.add_argument("-o", "--output", required=True, metavar="PROFILE.json")

@@ -26,7 +26,6 @@ from swapdsl.graph.ops.registry import KernelContext, ScratchOverflow
 from swapdsl.plan.file import format_plan, parse_plan
 from swapdsl.plan.program import Plan
 from swapdsl.plan.validate import PlanError, validate
-from swapdsl.runtime import interpreter
 from swapdsl.runtime.interpreter import PlanRunner
 from test_planners import caps, plan_for
 from swapdsl.runtime.reference import Trainer
@@ -94,8 +93,7 @@ def test_the_allocation_bound_has_teeth(monkeypatch: pytest.MonkeyPatch) -> None
     def copying_relu(c: KernelContext, ins: list, out: np.ndarray, a: dict) -> None:
         out[...] = np.maximum(ins[0], 0)
 
-    registry = dict(REGISTRY, relu=attrs.evolve(relu, kernel=copying_relu))
-    monkeypatch.setattr(interpreter, "REGISTRY", registry)
+    monkeypatch.setitem(REGISTRY, "relu", attrs.evolve(relu, kernel=copying_relu))
     runner = PlanRunner(plan, t, "numpy", np, seed=3)
     try:
         runner.step(1)

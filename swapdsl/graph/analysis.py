@@ -20,7 +20,7 @@ def op_scratch(g: Graph, index: int) -> int:
     """The scratch bytes op ``index``'s kernel takes (its op's declaration, on its types)."""
     op = g.ops[index]
     ins = tuple(g.type_of(n) for n in op.inputs)
-    return ops.REGISTRY[op.op].scratch(ins, g.type_of(op.outputs[0]), op.attr_dict)
+    return ops.scratch_need(op.op, ins, g.type_of(op.outputs[0]), op.attr_dict)
 
 
 STATE_BYTES = ALIGN  # the runtime's own state at the bottom of the scratch region: the step counter
@@ -102,6 +102,7 @@ def summary(g: Graph) -> dict[str, Any]:
         "activation_peak_bytes": peak_bytes(g, persistent=False, inputs=False),
         "loss": g.loss,
         "optimizer": str(g.optimizer),
+        "precision": g.precision,
         "source_sha256": g.source_sha256,
     }
 

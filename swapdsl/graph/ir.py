@@ -139,6 +139,7 @@ class Graph:
     loss: str
     optimizer: Optimizer
     source_sha256: str = ""
+    precision: str = "f32"  # the mixed-precision policy applied (graph/precision.py): f32, bf16 or f16
     reports: tuple[tuple[str, str], ...] = ()  # (name, the tensor holding it): figures beside the loss
     # training graphs only (see autodiff.py):
     state: tuple[str, ...] = ()  # optimiser state: persistent like the params

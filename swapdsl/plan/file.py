@@ -17,6 +17,7 @@ from swapdsl.common.atomic import write_text_atomically
 from swapdsl.common.errors import Span, SwpError
 from swapdsl.common.paths import GRAMMAR_DIR
 from swapdsl.devices.profiles import Device
+from swapdsl.graph.precision import PRECISIONS
 from swapdsl.lang.loader import load, read_source
 from swapdsl.plan.program import Free, HOST, Origin, Plan, PlanOp, PlanTensor, Region, Run, SwapIn, SwapOut
 
@@ -65,6 +66,8 @@ def format_plan(plan: Plan) -> str:
     lines = [f"swapdsl-plan {VERSION}", f"model {_q(plan.model_path)} sha256 {_q(plan.model_sha256)}"]
     lines += [f"arg {k} {_v(v)}" for k, v in plan.args]
     lines.append(f"method {plan.method}")
+    if plan.precision != "f32":
+        lines.append(f"precision {plan.precision}")
     dev = " ".join(f"{k} {_v(getattr(plan.device, k))}" for k in _DEVICE_SCALARS)
     lines.append(f"device {_q(plan.device.name)} {dev}")
     lines += [f"flops {k} {_v(v)}" for k, v in plan.device.flops]
@@ -178,7 +181,7 @@ class _Build(Transformer):
         origin = Origin(self.file, {k: tuple(v) for k, v in self.lines.items()})
         return Plan(f["model"][0], f["model"][1], tuple(f["args"]), f["method"], device, f["cap"], f["scratch"],
                     tuple(f["tensors"]), tuple(f["ops"]), f["loss"], tuple(f["updates"]),
-                    tuple(f["program"]), tuple(f["figures"]), origin)
+                    tuple(f["program"]), tuple(f["figures"]), f.get("precision", "f32"), origin)
 
     def _err(self, meta: Any, message: str) -> SwpError:
         return SwpError(message, Span.point(self.file, meta.line, meta.column))
@@ -203,6 +206,12 @@ class _Build(Transformer):
     def method(self, meta: Any, c: list[Token]) -> None:
         self._at(meta, "method", "")
         self.f["method"] = str(c[0])
+
+    def precision(self, meta: Any, c: list[Token]) -> None:
+        self._at(meta, "precision", "")
+        if str(c[0]) not in PRECISIONS or str(c[0]) == "f32":
+            raise self._err(meta, f"unknown precision `{c[0]}` (plans name bf16 or f16; f32 has no line)")
+        self.f["precision"] = str(c[0])
 
     def device(self, meta: Any, c: list[Any]) -> None:
         self._at(meta, "device", "")

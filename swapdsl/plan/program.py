@@ -168,6 +168,7 @@ class Plan:
     updates: tuple[tuple[str, str], ...]  # (persistent tensor, the value that replaces it)
     program: tuple[Instr, ...]
     figures: tuple[tuple[str, float], ...] = ()
+    precision: str = "f32"  # the training graph's mixed-precision policy (a `precision` line when not f32)
     origin: Origin | None = attrs.field(default=None, eq=False, repr=False)  # set when read from a file
 
     @property

@@ -16,6 +16,7 @@ import functools
 import math
 
 import attrs
+import ml_dtypes
 import numpy as np
 
 from swapdsl.common.errors import SwpError
@@ -44,6 +45,7 @@ class Scratch:
     def __init__(self, buffer: Array) -> None:
         self.buffer = buffer
         self.used = 0
+        self.floor = 0  # what ``reset`` keeps: a half-precision wrapper's f32 copies (see ``kernel_of``)
 
     def take(self, shape: tuple[int, ...], dtype: Any) -> Array:
         """An uninitialised array of ``shape`` and ``dtype`` in the scratch region."""
@@ -55,7 +57,7 @@ class Scratch:
         return self.buffer[start:start + size].view(dtype).reshape(shape)
 
     def reset(self) -> None:
-        self.used = 0
+        self.used = self.floor
 
 
 def dtype_itemsize(dtype: Any) -> int:
@@ -197,9 +199,61 @@ def same_as(index: int, *, float_only: bool = True, op: str = "") -> Callable[[T
 
 
 def np_dtype(xp: Any, dtype: DType | str) -> Any:
-    """The array module's dtype for an IR dtype (bf16 computes in f32 on both backends)."""
+    """The array module's dtype for an IR dtype (bf16: ml_dtypes' bfloat16 on NumPy; CuPy has none, see
+    ``interpreter.check_runnable``)."""
     label = dtype.label if isinstance(dtype, DType) else dtype
-    return {"f64": xp.float64, "f32": xp.float32, "f16": xp.float16, "bf16": xp.float32, "i32": xp.int32, "i64": xp.int64}[label]
+    if label == "bf16":
+        return ml_dtypes.bfloat16
+    return {"f64": xp.float64, "f32": xp.float32, "f16": xp.float16, "i32": xp.int32, "i64": xp.int64}[label]
+
+
+# ---- half precision: every kernel computes as a GPU's would ---------------------------
+#
+# A kernel is written once, for f32 and f64. On f16 or bf16 tensors it runs on f32 copies of its half
+# inputs, into an f32 result rounded once to the half output: products and sums accumulate in f32, as
+# tensor-core GEMMs, cuDNN and element-wise kernels computing in f32 registers do. The copies are
+# scratch, declared by ``scratch_need``.
+
+HALF = (DType.f16, DType.bf16)
+
+
+def is_half(t: TensorType) -> bool:
+    return t.dtype in HALF
+
+
+def _widened(t: TensorType) -> TensorType:
+    return TensorType(t.shape, DType.f32) if is_half(t) else t
+
+
+def kernel_of(op: str, ins: Types, out: TensorType) -> Kernel:
+    """``op``'s kernel for tensors of these types: its own, or, where any is half, its own on f32 copies."""
+    kernel = REGISTRY[op].kernel
+    if not (is_half(out) or any(map(is_half, ins))):
+        return kernel
+
+    def in_f32(c: KernelContext, ins_: list[Array], out_: Array, a: Attrs) -> None:
+        wide = [_f32_copy(c, x) for x in ins_]
+        result = c.scratch.take(out_.shape, c.xp.float32) if is_half(out) else out_
+        below, c.scratch.floor = c.scratch.floor, c.scratch.used  # a kernel that resets its scratch keeps these
+        try:
+            kernel(c, wide, result, a)
+        finally:
+            c.scratch.floor = below
+        if result is not out_:
+            c.xp.copyto(out_, result, casting="unsafe")
+
+    return in_f32
+
+
+_HALF_ARRAYS = frozenset({np.dtype(np.float16), np.dtype(ml_dtypes.bfloat16)})
+
+
+def _f32_copy(c: KernelContext, x: Array) -> Array:
+    if x.dtype not in _HALF_ARRAYS:
+        return x
+    wide = c.scratch.take(x.shape, c.xp.float32)
+    c.xp.copyto(wide, x, casting="unsafe")
+    return wide
 
 
 # ---- scratch: what kernels declare and take ----------------------------------------
@@ -246,8 +300,11 @@ def chunks(total: int, item_bytes: int, largest: int) -> list[slice]:
 
 
 def scratch_need(op: str, ins: Types, out: TensorType, attrs_: Attrs) -> int:
-    """The scratch bytes ``op``'s kernel takes on these types."""
-    return REGISTRY[op].scratch(ins, out, attrs_)
+    """The scratch bytes ``op``'s kernel (``kernel_of``) takes on these types: on half tensors, the f32
+    copies first (inputs in order, then the result), then what the kernel takes on f32."""
+    wide_ins, wide_out = tuple(map(_widened, ins)), _widened(out)
+    copies = [w.nbytes for t, w in zip(ins, wide_ins) if is_half(t)] + ([wide_out.nbytes] if is_half(out) else [])
+    return buffers(*copies) + REGISTRY[op].scratch(wide_ins, wide_out, attrs_)
 
 
 def type_of(array: Array) -> TensorType:
@@ -255,7 +312,7 @@ def type_of(array: Array) -> TensorType:
     return TensorType(tuple(array.shape), DType[_LABELS[str(array.dtype)]])
 
 
-_LABELS = {"float64": "f64", "float32": "f32", "float16": "f16", "int32": "i32", "int64": "i64"}
+_LABELS = {"float64": "f64", "float32": "f32", "float16": "f16", "bfloat16": "bf16", "int32": "i32", "int64": "i64"}
 
 
 def run_kernel(xp: Any, op: str, ins: list[Array], attrs_: Attrs, step: int = 1) -> Array:
@@ -265,5 +322,5 @@ def run_kernel(xp: Any, op: str, ins: list[Array], attrs_: Attrs, step: int = 1)
     out_type = infer(op, types, attrs_)
     out = xp.empty(out_type.shape, dtype=np_dtype(xp, out_type.dtype))
     ctx = KernelContext.standalone(xp, scratch_need(op, types, out_type, attrs_), step)
-    REGISTRY[op].kernel(ctx, ins, out, attrs_)
+    kernel_of(op, types, out_type)(ctx, ins, out, attrs_)
     return out

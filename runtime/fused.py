@@ -22,7 +22,7 @@ from swapdsl.graph.ir import Graph
 from swapdsl.graph.ops import REGISTRY
 from swapdsl.graph.ops.elementwise import dropout_constants, step_key
 from swapdsl.graph.ops.optim import bias_correction
-from swapdsl.graph.ops.registry import Array, Attrs, Kernel, KernelContext, np_dtype
+from swapdsl.graph.ops.registry import Array, Attrs, Kernel, KernelContext, is_half, np_dtype
 from swapdsl.runtime.backend import separate_pool
 
 _PREAMBLE = f"""
@@ -121,8 +121,8 @@ class FusedKernels:
         checked: dict[tuple[str, str, str], Kernel | None] = {}
         own_pool = separate_pool(xp)  # the checks' arrays stay out of the memory a run reports holding
         for i, op in enumerate(g.ops):
-            if op.op not in FUSED:
-                continue
+            if op.op not in FUSED or any(is_half(g.type_of(n)) for n in (*op.inputs, *op.outputs)):
+                continue  # half tensors: the op's own kernel, which computes in f32 (registry.kernel_of)
             dtype = g.type_of(op.outputs[0]).dtype.label
             key = (op.op, dtype, repr(sorted(op.attr_dict.items())))
             if key not in checked:

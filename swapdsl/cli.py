@@ -115,6 +115,7 @@ def _cmd_check(args: argparse.Namespace) -> int:
         ("forward FLOPs", format_count(info["forward_flops"], "FLOP")),
         ("activation peak", format_bytes(info["activation_peak_bytes"])),
         ("loss", f"{info['loss']}, {info['optimizer']}"),
+        ("precision", info["precision"]),
     ]
     if args.training:
         rows += [
@@ -337,7 +338,8 @@ def _cmd_bench(args: argparse.Namespace) -> int:
     search = SearchOptions(budget_s=args.budget, generations=args.generations, seed=args.seed, workers=args.workers)
     rows = bench.rows(args.models, ratios, methods, load_device(args.device or DEFAULT_DEVICE), search,
                       log=None if args.json else print,
-                      host=(parse_size(args.host_memory) if args.host_memory is not None else None, args.host_share))
+                      host=(parse_size(args.host_memory) if args.host_memory is not None else None, args.host_share),
+                      precision=args.precision or "f32")
     if args.json:
         print(json.dumps(rows, indent=2))
     else:
@@ -474,6 +476,7 @@ def make_parser() -> argparse.ArgumentParser:
     be.add_argument("--ratios", default="2,4,8,12", help="memory ratios, comma-separated (2,4,8,12)")
     be.add_argument("--methods", default="lru,vdnn,belady,ga", help="comma-separated (lru,vdnn,belady,ga)")
     be.add_argument("--device", help=f"device profile (default {DEFAULT_DEVICE})")
+    be.add_argument("--precision", choices=PRECISIONS, help="plan every model under this precision (f32)")
     be.add_argument("--host-memory", metavar="SIZE", help="a host budget for every plan (default: any)")
     be.add_argument("--host-share", metavar="SHARE", type=_share,
                     help="a host budget per row: this share of what belady keeps on the host at that cap (e.g. 0.5)")

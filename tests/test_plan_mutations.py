@@ -30,6 +30,8 @@ PLANS = [
     ("resnet-capuchin", "tiny_resnet", ["-D", "batch=4", "-D", "width=4", "-D", "blocks=1"], "430KiB", "capuchin"),
     ("transformer-belady", "tiny_transformer", ["-D", "batch=2", "-D", "seq=8"], "2.2MiB", "belady"),
     ("transformer-ga", "tiny_transformer", ["-D", "batch=2", "-D", "seq=8"], "2.2MiB", "ga"),
+    ("transformer-bf16", "tiny_transformer", ["-D", "batch=2", "-D", "seq=8", "--precision", "bf16"], "2.6MiB",
+     "capuchin"),
 ]
 CASES = int(os.environ.get("SWAPDSL_PLAN_MUTANTS", "210"))
 

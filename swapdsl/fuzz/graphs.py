@@ -11,6 +11,7 @@ from typing import Protocol
 from swapdsl.graph.autodiff import training_graph
 from swapdsl.graph.ir import DType, Graph, Init, Kind, Op, Optimizer, Tensor
 from swapdsl.graph.ops import infer
+from swapdsl.graph.precision import autocast
 
 F32 = DType.f32
 
@@ -66,12 +67,14 @@ def seeded_training_graph(seed: int, max_depth: int = 7, extras: bool = True) ->
     return random_training_graph(SeededChoices(seed), max_depth, extras)
 
 
-def random_training_graph(c: Choices, max_depth: int, extras: bool = True) -> Graph:
+def random_training_graph(c: Choices, max_depth: int, extras: bool = True,
+                          precisions: tuple[str, ...] = ("f32",)) -> Graph:
     """An MLP-like net of random depth with fan-out, long skips and shared weights, and what the zoo
     has besides: ops that read one tensor twice at its last use (``h * h``, ``concat([a, a])``), a
     tensor split into slices that are joined again (several slices of one tensor: their gradients
     are joined in the backward pass), dropout, and the input read again at the end (``extras``; without
-    them, the graphs of the releases before, which bench/bound_gap.py's published figures use)."""
+    them, the graphs of the releases before, which bench/bound_gap.py's published figures use); under one
+    of ``precisions`` (graph/precision.py)."""
     draw_pick, draw_int, flip = c.pick, c.integer, c.flip
     batch = draw_pick([2, 4, 8])
     width = draw_pick([4, 8, 16, 32])
@@ -115,4 +118,5 @@ def random_training_graph(c: Choices, max_depth: int, extras: bool = True) -> Gr
         Optimizer("adam", (("lr", 1e-3), ("beta1", 0.9), ("beta2", 0.999), ("eps", 1e-8), ("weight_decay", 0.0))),
     ])
     fwd = Graph("random", (), b.tensors, tuple(b.ops), tuple(b.inputs), tuple(b.params), loss, optimizer, "0" * 64)
-    return training_graph(fwd)
+    precision = draw_pick(list(precisions)) if len(precisions) > 1 else precisions[0]
+    return training_graph(autocast(fwd, str(precision)))

@@ -178,6 +178,9 @@ def check_describes(plan: Plan, g: Graph) -> None:
                         ("op", min(len(plan.ops), len(g.ops))))
     if plan.loss != g.loss:
         raise PlanError(f"the plan's loss is `{plan.loss}`, the model's is `{g.loss}`", ("loss", 0))
+    if plan.precision != g.precision:  # f16 and bf16 graphs differ in nothing else a plan shows
+        raise PlanError(f"the plan's precision is {plan.precision}, its training graph's {g.precision}",
+                        ("precision" if plan.precision != "f32" else "method", 0))
     if plan.scratch < (need := scratch_bytes(g)):
         raise PlanError(f"the plan reserves {plan.scratch} bytes of scratch; the model's kernels need {need}",
                         ("scratch", 0))

@@ -14,6 +14,7 @@ from swapdsl.common.errors import SwpError
 from swapdsl.common.paths import STDLIB_DIR
 from swapdsl.devices.profiles import Device
 from swapdsl.graph.autodiff import training_graph
+from swapdsl.graph.precision import autocast
 from swapdsl.lang.elaborate import elaborate
 from swapdsl.lang.loader import load
 from swapdsl.plan.program import Run
@@ -32,15 +33,15 @@ def model_path(name: str) -> Path:
 
 
 def rows(models: list[str], ratios: list[float], methods: list[str], device: Device,
-         search: SearchOptions, log: Any = None, host: tuple[int | None, float | None] = (None, None)
-         ) -> list[dict[str, Any]]:
-    """One row per (model, ratio, method); the cap for ratio r is the no-swap arena / r. ``host``: a host
-    budget for every plan, and one per (model, ratio) as a share of what belady keeps on the host there
-    (the smaller holds)."""
+         search: SearchOptions, log: Any = None, host: tuple[int | None, float | None] = (None, None),
+         precision: str = "f32") -> list[dict[str, Any]]:
+    """One row per (model, ratio, method); the cap for ratio r is the no-swap arena / r (of the model under
+    ``precision``). ``host``: a host budget for every plan, and one per (model, ratio) as a share of what
+    belady keeps on the host there (the smaller holds)."""
     rows = []
     for name in models:
         path = model_path(name)
-        fwd = elaborate(load(path))
+        fwd = autocast(elaborate(load(path)), precision)
         t = training_graph(fwd)
         p = Problem.build(t, device)
         no_swap = no_swap_bytes(p)
@@ -48,7 +49,8 @@ def rows(models: list[str], ratios: list[float], methods: list[str], device: Dev
             cap = int(no_swap / ratio)
             host_cap = _host_cap(Request(t, device, cap, str(path), fwd.args), host)
             for method in methods:
-                row: dict[str, Any] = {"model": Path(name).stem, "ratio": ratio, "method": method, "cap_bytes": cap}
+                row: dict[str, Any] = {"model": Path(name).stem, "ratio": ratio, "method": method, "cap_bytes": cap,
+                                       "precision": precision, "no_swap_bytes": no_swap}
                 if host_cap is not None:
                     row["host_cap_bytes"] = host_cap
                 started = time.perf_counter()

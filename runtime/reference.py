@@ -32,9 +32,11 @@ def last_uses(g: Graph) -> dict[str, int]:
     return last
 
 
-def run_ops(g: Graph, env: dict[str, Any], xp: ModuleType, step: int, keep: Iterable[str] = ()) -> dict[str, Any]:
+def run_ops(g: Graph, env: dict[str, Any], xp: ModuleType, step: int, keep: Iterable[str] = (),
+            watch: Callable[[int, Any], None] | None = None) -> dict[str, Any]:
     """Run every op of ``g`` on ``env`` (which it extends); frees tensors after their last use. Each kernel
-    gets a fresh output and exactly the scratch its op declares, so a kernel that takes more fails here."""
+    gets a fresh output and exactly the scratch its op declares, so a kernel that takes more fails here.
+    ``watch`` sees each op's index and output as it is made."""
     last = last_uses(g)
     keep = set(keep) | {g.loss}
     for i, op in enumerate(g.ops):
@@ -43,6 +45,8 @@ def run_ops(g: Graph, env: dict[str, Any], xp: ModuleType, step: int, keep: Iter
         kernel = kernel_of(op.op, tuple(map(g.type_of, op.inputs)), t)
         kernel(KernelContext.standalone(xp, op_scratch(g, i), step), [env[n] for n in op.inputs], out, op.attr_dict)
         env[op.outputs[0]] = out
+        if watch is not None:
+            watch(i, out)
         for name in dict.fromkeys(op.inputs):  # once each: an op may read a tensor twice (x * x)
             if last[name] == i and name not in keep:
                 del env[name]
@@ -66,8 +70,8 @@ class Trainer:
         self.keep = {new for _, new in g.updates}
         self.steps_run = 0
 
-    def step(self, step: int) -> float:
-        env = run_ops(self.g, {**self.persistent, **self.inputs}, self.xp, step, self.keep)
+    def step(self, step: int, watch: Callable[[int, Any], None] | None = None) -> float:
+        env = run_ops(self.g, {**self.persistent, **self.inputs}, self.xp, step, self.keep, watch)
         self.persistent.update({old: env[new] for old, new in self.g.updates})
         self.steps_run = step
         return float(to_host(env[self.g.loss]))

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import math
 import signal
 import threading
 import time
@@ -21,7 +22,7 @@ import numpy as np
 
 from swapdsl.common.errors import SwpError
 from swapdsl.graph.ir import Graph
-from swapdsl.runtime import checkpoint
+from swapdsl.runtime import checkpoint, nonfinite
 from swapdsl.runtime.dataset import Batch, Dataset, Loader, Order, batch_size, gather, open_dataset
 
 SYNTHETIC = "synthetic"
@@ -57,6 +58,10 @@ class Options:
     resume: str | None = None
     init: str | None = None
     log: str | None = None
+    on_nonfinite: str = "stop"  # or "continue": a NaN or infinite loss (or state to save) stops the run
+
+
+ON_NONFINITE = ("stop", "continue")
 
 
 @attrs.frozen
@@ -206,7 +211,10 @@ def train(g: Graph, stepper: Stepper, opts: Options, hooks: Hooks = Hooks(), eva
 
     def save(step: int) -> None:
         if opts.save and (not saves or saves[-1].step != step):
-            saves.append(_save(g, stepper, opts, step))
+            values = stepper.state()
+            if opts.on_nonfinite == "stop" and not all_finite(values):
+                raise _nonfinite(g, opts, start, step, steps[-1].loss if steps else math.nan, ds, order)
+            saves.append(_save(g, values, opts, step))
             _emit(hooks.on_save, saves[-1], log, "save")
 
     def evaluation(step: int) -> None:
@@ -224,6 +232,8 @@ def train(g: Graph, stepper: Stepper, opts: Options, hooks: Hooks = Hooks(), eva
                     _, batch = loader.next()
                     stepper.set_batch(batch)
                 loss, ms = stepper.run_step(step)
+                if not math.isfinite(loss) and opts.on_nonfinite == "stop":
+                    raise _nonfinite(g, opts, start, step, loss, ds, order)
                 diff = check(batch, step, loss, stepper) if check is not None else None
                 epoch = order.epoch_of(step - 1) + 1 if order is not None else None
                 steps.append(StepRecord(step, epoch, loss, stepper.metrics(), ms, examples, *moved, diff))
@@ -276,11 +286,40 @@ def _restore(g: Graph, stepper: Stepper, opts: Options) -> int:
     return ck.step
 
 
-def _save(g: Graph, stepper: Stepper, opts: Options, step: int) -> SaveRecord:
+def _save(g: Graph, values: Mapping[str, np.ndarray], opts: Options, step: int) -> SaveRecord:
     assert opts.save is not None
     started = time.perf_counter()
-    nbytes = checkpoint.save(opts.save, g, stepper.state(), step, step, opts.seed or 0, opts.data, opts.shuffle)
+    nbytes = checkpoint.save(opts.save, g, values, step, step, opts.seed or 0, opts.data, opts.shuffle)
     return SaveRecord(step, opts.save, nbytes, 1e3 * (time.perf_counter() - started))
+
+
+def all_finite(values: Mapping[str, np.ndarray]) -> bool:
+    return all(np.isfinite(np.asarray(v, np.float64)).all() for v in values.values()
+               if np.dtype(v.dtype).kind in "fV")
+
+
+def _nonfinite(g: Graph, opts: Options, start: int, step: int, loss: float, ds: Dataset | None,
+               order: Order | None) -> SwpError:
+    """The error a non-finite step stops with, naming the op that made the first NaN or infinity (found by
+    replaying this run's steps on the reference executor, where that is cheap enough)."""
+    culprit, replayed = None, nonfinite.replayable(g, start + 1, step)
+    if replayed:
+        origin = _origin(g, opts)
+
+        def batch(s: int) -> Batch | None:
+            return gather(ds, order.indices(s - 1)) if ds is not None and order is not None else None
+
+        culprit = nonfinite.first_nonfinite(g, opts.seed or 0, origin, start + 1, step, batch)
+    return nonfinite.nonfinite_error(step, loss, culprit, replayed)
+
+
+def _origin(g: Graph, opts: Options) -> dict[str, np.ndarray] | None:
+    """The persistent values this run started from (None: the seed's), read again from the checkpoint."""
+    if opts.init:
+        return checkpoint.parameters(checkpoint.read(opts.init, "--init"), g)
+    if opts.resume:
+        return checkpoint.read(opts.resume, "--resume").values
+    return None
 
 
 def _emit(hook: Callable | None, record: StepRecord | EvalRecord | SaveRecord, log: IO[str] | None,

@@ -9,6 +9,7 @@ import os
 import signal
 import sys
 import time
+import warnings
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, NoReturn, TextIO
@@ -134,7 +135,8 @@ def _cmd_exec(args: argparse.Namespace) -> int:
     backend, _ = array_module(args.backend)
     options = training.Options(steps=args.steps, epochs=args.epochs, seed=args.seed, data=args.data,
                                shuffle=args.shuffle, eval=args.eval, eval_every=args.eval_every, save=args.save,
-                               save_every=args.save_every, resume=args.resume, init=args.init, log=args.log)
+                               save_every=args.save_every, resume=args.resume, init=args.init, log=args.log,
+                               on_nonfinite=args.on_nonfinite)
     for path, what in ((args.save, "checkpoint"), (args.log, "log")):
         if path is not None:
             check_writable(path, what)
@@ -413,6 +415,9 @@ def make_parser() -> argparse.ArgumentParser:
     start.add_argument("--init", metavar="FILE.safetensors", help="start from this checkpoint's parameters")
     ex.add_argument("--log", metavar="FILE.jsonl", help="append one JSON object per step, evaluation and "
                     "checkpoint (swapdsl plot-log draws it)")
+    ex.add_argument("--on-nonfinite", choices=training.ON_NONFINITE, default="stop",
+                    help="when a step's loss (or the state to checkpoint) is NaN or infinite: stop with exit 2, "
+                         "naming the op that made the first such value, and save nothing (default), or continue")
     ex.add_argument("--backend", choices=BACKENDS, default="auto", help="array backend (default auto)")
     ex.add_argument("--check", action="store_true",
                     help="(plans) run the reference executor beside it and compare every loss and parameter")
@@ -499,6 +504,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     SIGTERM (143) stopped it (an interrupted search still writes its best plan first)."""
     received: list[int] = []
     previous = _catch_signals(received)
+    # NaN and infinity are the guard's business (exec --on-nonfinite): no NumPy warning per kernel
+    warnings.filterwarnings("ignore", r"(overflow|invalid value|divide by zero) encountered", RuntimeWarning)
     try:
         args = make_parser().parse_args(argv)
         code = args.handler(args)

@@ -49,6 +49,8 @@ OPTIONS: dict[str, list[str]] = {
     "--init": ["ck.st", "binary.swp", "missing.st", "empty.swp", "fifo"],
     "--log": ["l.jsonl", "/proc/x.jsonl", "folder", "fifo"],
     "--base": ["v100-16gb", "bogus"],
+    "--precision": ["f32", "bf16", "f16", "f8", ""],
+    "--on-nonfinite": ["stop", "continue", "skip", ""],
 }
 FLAGS = ["--json", "--check", "--ir", "--training", "--help", "--version", "--shuffle"]
 COMMANDS = ["check", "exec", "optimize", "simulate", "show", "profile", "plot-log", "bench", "devices", "bogus"]

@@ -481,3 +481,47 @@ def test_exec_says_which_device_the_simulated_step_is_for(cli, setup: dict[str, 
     lines = out.splitlines()
     assert re.match(r"simulated step [0-9.e+-]+ ms on v100-16gb; ", lines[-2]), lines
     assert lines[-1].startswith("  note: the simulated step is for a v100-16gb GPU") and "swapdsl profile" in lines[-1]
+
+
+# -- non-finite steps
+
+NAN16 = """model nan16(batch = 16, features = 32, hidden = 64, classes = 10, lr = 0.001) {
+    input x: DT[batch, features]
+    input y: i32[batch]
+    param w1: DT[features, hidden] = xavier
+    param w2: DT[hidden, classes] = xavier
+    h = relu(x @ w1)
+    loss = softmax_cross_entropy(h @ w2, y)
+    minimize loss with adam(lr = lr)
+}
+"""
+
+
+def test_a_nonfinite_loss_stops_the_run_naming_the_op_and_keeps_the_good_checkpoint(cli, tmp_path: Path) -> None:
+    """f16 parameters and Adam state (declared by the model): a weight overflows f16 after step 1 and
+    step 2's product is infinite. The run stops there with exit 2, names that op, and leaves the last good
+    checkpoint as it was; the same holds for a plan of the model."""
+    model = write_model(tmp_path / "nan16.swp", NAN16.replace("DT", "f16"))
+    code, out, err = cli("exec", model, "--steps", "40", "--save", tmp_path / "c.st", "--save-every", "1")
+    assert code == 2
+    lines = err.splitlines()
+    assert lines[0] == "error: the loss of step 2 is nan; stopped, and saved nothing over the last good checkpoint"
+    assert lines[1] == f"  = note: the first non-finite value was made in step 2 by op 2, `matmul` at {model}:7:34"
+    assert checkpoint.read(str(tmp_path / "c.st"), "--resume").step == 1
+    assert cli("optimize", model, "--memory", "64KiB", "--method", "belady", "-o", tmp_path / "m.plan")[0] == 0
+    code, _, err = cli("exec", tmp_path / "m.plan", "--steps", "40")
+    assert code == 2 and err.splitlines()[:2] == lines[:2]
+    run = run_json(cli, model, "--steps", "3", "--on-nonfinite", "continue")
+    assert np.isnan(run["loss"][-1])
+
+
+@pytest.mark.parametrize("precision", ["bf16", "f16"])
+def test_the_same_model_in_f32_trains_in_half_precision_with_f32_masters(cli, tmp_path: Path, precision: str) -> None:
+    model = write_model(tmp_path / "nan32.swp", NAN16.replace("DT", "f32"))
+    run = run_json(cli, model, "--steps", "200", "--precision", precision)
+    assert all(np.isfinite(run["loss"])) and run["loss"][-1] < 0.05
+
+
+def write_model(path: Path, text: str) -> Path:
+    path.write_text(text, encoding="utf-8")
+    return path

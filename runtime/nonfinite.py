@@ -1,0 +1,82 @@
+"""When a step's loss is not finite: which op made the first NaN or infinity, found by replaying the run.
+
+Every plan trains exactly like the reference executor, and a run's randomness is (seed, step), so the
+reference replaying the same steps from the same start on the same batches meets the same values. The
+replay checks every op's output and stops at the first that is not finite: often a step or more before
+the loss shows it (an update that overflowed a weight, say). It runs on NumPy, so it is tried only where
+the reference fits in a bounded share of host memory and within a bounded number of steps.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import attrs
+import numpy as np
+
+from swapdsl.common.errors import SwpError
+from swapdsl.graph.analysis import peak_bytes
+from swapdsl.graph.ir import Graph, Op
+from swapdsl.runtime import reference
+
+REPLAY_MAX_BYTES = 2**30  # the reference's peak a replay may take on the host
+REPLAY_MAX_STEPS = 1000
+
+Batches = Callable[[int], Mapping[str, np.ndarray] | None]  # step -> its batch (None: the synthetic one)
+
+
+@attrs.frozen
+class Culprit:
+    step: int
+    index: int  # the op's index in the training graph
+    op: Op
+    label: str  # what the model calls its output (Tensor.title)
+
+
+class _Found(Exception):
+    def __init__(self, index: int) -> None:
+        self.index = index
+
+
+def first_nonfinite(g: Graph, seed: int, start: Mapping[str, np.ndarray] | None, first: int, last: int,
+                    batches: Batches) -> Culprit | None:
+    """The first op whose output is not finite over steps ``first``..``last`` of the run that began from
+    ``start`` (persistent values; None: the seed's initial ones), or None if every value stays finite."""
+    trainer = reference.Trainer(g, seed, np)
+    if start is not None:
+        trainer.load_state(start, first - 1)
+
+    def watch(i: int, out: Any) -> None:
+        if np.dtype(out.dtype).kind in "fV" and not np.isfinite(np.asarray(out, np.float64)).all():
+            raise _Found(i)
+
+    for step in range(first, last + 1):
+        batch = batches(step)
+        if batch is not None:
+            trainer.set_batch(batch)
+        try:
+            trainer.step(step, watch)
+        except _Found as found:
+            op = g.ops[found.index]
+            return Culprit(step, found.index, op, g.tensors[op.outputs[0]].title)
+    return None
+
+
+def replayable(g: Graph, first: int, last: int) -> bool:
+    return last - first < REPLAY_MAX_STEPS and peak_bytes(g) <= REPLAY_MAX_BYTES
+
+
+def nonfinite_error(step: int, loss: float, culprit: Culprit | None, replayed: bool) -> SwpError:
+    """The error `exec` stops with: the step, and the op that made the first non-finite value."""
+    where = f"the loss of step {step} is {loss}" if not np.isfinite(loss) else f"step {step} left non-finite state"
+    notes, hints = [], ["--on-nonfinite continue trains on regardless"]
+    if culprit is not None:
+        named = f" ({culprit.label})" if culprit.label != culprit.op.op else ""
+        notes.append(f"the first non-finite value was made in step {culprit.step} by op {culprit.index}, "
+                     f"`{culprit.op.op}`{named}" + (f" at {culprit.op.span}" if culprit.op.span else ""))
+    elif not replayed:
+        notes.append(f"no replay to find the op: it would take over {REPLAY_MAX_STEPS} steps or more than "
+                     f"{REPLAY_MAX_BYTES >> 30} GiB on the host; replay a smaller configuration with `exec MODEL.swp`")
+    hints.append("a lower learning rate, --precision f32, or f32 parameters and optimiser state often help")
+    return SwpError(f"{where}; stopped, and saved nothing over the last good checkpoint", notes=notes, hints=hints)

@@ -130,14 +130,17 @@ def _check_digests(path: str, flag: str, meta: Mapping[str, str], values: Mappin
 def check_same_run(ck: Checkpoint, g: Graph) -> None:
     """Refuse to resume a checkpoint of another model, other arguments or another optimiser."""
     mine = identity(g)
+    theirs = {**ck.meta, "precision": ck.meta.get("precision", "f32")}  # written before precisions: f32
     for key, label in (("model_sha256", "model source"), ("args", "model arguments"), ("optimizer", "optimiser"),
                        ("precision", "precision")):
-        if ck.meta.get(key) != mine[key]:
-            raise SwpError(f"--resume `{ck.path}` was written by another run: its {label} differ",
-                           notes=[f"checkpoint: model `{ck.meta.get('model')}`, {label} {ck.meta.get(key)}",
-                                  f"this run:   model `{g.name}`, {label} {mine[key]}"],
-                           hints=["resume with the model file and arguments that wrote it, or start from its "
-                                  "parameters alone with --init"])
+        if theirs.get(key) != mine[key]:
+            hint = (f"resume with --precision {theirs[key]}, or start from its parameters alone with --init"
+                    if key == "precision" else "resume with the model file and arguments that wrote it, or start "
+                    "from its parameters alone with --init")
+            raise SwpError(f"--resume `{ck.path}` was written by another run: its {label} differ"
+                           + ("s" if key == "precision" else ""),
+                           notes=[f"checkpoint: model `{ck.meta.get('model')}`, {label} {theirs.get(key)}",
+                                  f"this run:   model `{g.name}`, {label} {mine[key]}"], hints=[hint])
     _check_tensors(ck, g, g.persistent, "--resume")
 
 

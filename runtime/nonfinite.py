@@ -9,10 +9,11 @@ the reference fits in a bounded share of host memory and within a bounded number
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 import attrs
+import ml_dtypes
 import numpy as np
 
 from swapdsl.common.errors import SwpError
@@ -39,6 +40,30 @@ class _Found(Exception):
         self.index = index
 
 
+def is_float(a: Any) -> bool:
+    """A float array (bf16 included: ml_dtypes' dtypes are of kind "V")."""
+    return np.dtype(a.dtype).kind == "f" or a.dtype == ml_dtypes.bfloat16
+
+
+def all_finite(arrays: Iterable[Any]) -> bool:
+    return all(np.isfinite(np.asarray(a, np.float64)).all() for a in arrays if is_float(a))
+
+
+INFINITE_BY_DESIGN = frozenset({"causal_mask"})  # writes -inf where attention may not look
+
+
+def _made(op: str, out: Any, ins: list[Any]) -> bool:
+    """Did the op make a non-finite value: a NaN from inputs without one, or an infinity from inputs without
+    one (but for an op whose infinities are meant, and read on by ops such as softmax that make them finite)."""
+    if not is_float(out):
+        return False
+    values = np.asarray(out, np.float64)
+    floats = [np.asarray(x, np.float64) for x in ins if is_float(x)]
+    if np.isnan(values).any() and not any(np.isnan(x).any() for x in floats):
+        return True
+    return bool(op not in INFINITE_BY_DESIGN and np.isinf(values).any() and not any(np.isinf(x).any() for x in floats))
+
+
 def first_nonfinite(g: Graph, seed: int, start: Mapping[str, np.ndarray] | None, first: int, last: int,
                     batches: Batches) -> Culprit | None:
     """The first op whose output is not finite over steps ``first``..``last`` of the run that began from
@@ -47,8 +72,8 @@ def first_nonfinite(g: Graph, seed: int, start: Mapping[str, np.ndarray] | None,
     if start is not None:
         trainer.load_state(start, first - 1)
 
-    def watch(i: int, out: Any) -> None:
-        if np.dtype(out.dtype).kind in "fV" and not np.isfinite(np.asarray(out, np.float64)).all():
+    def watch(i: int, out: Any, ins: list[Any]) -> None:
+        if _made(g.ops[i].op, out, ins):
             raise _Found(i)
 
     for step in range(first, last + 1):
@@ -78,5 +103,8 @@ def nonfinite_error(step: int, loss: float, culprit: Culprit | None, replayed: b
     elif not replayed:
         notes.append(f"no replay to find the op: it would take over {REPLAY_MAX_STEPS} steps or more than "
                      f"{REPLAY_MAX_BYTES >> 30} GiB on the host; replay a smaller configuration with `exec MODEL.swp`")
+    else:
+        notes.append("replayed on the reference executor (NumPy), every value stayed finite: the run's kernels "
+                     "round differently from the reference's (cuDNN, fused kernels or TF32 on a GPU)")
     hints.append("a lower learning rate, --precision f32, or f32 parameters and optimiser state often help")
     return SwpError(f"{where}; stopped, and saved nothing over the last good checkpoint", notes=notes, hints=hints)

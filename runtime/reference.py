@@ -33,20 +33,21 @@ def last_uses(g: Graph) -> dict[str, int]:
 
 
 def run_ops(g: Graph, env: dict[str, Any], xp: ModuleType, step: int, keep: Iterable[str] = (),
-            watch: Callable[[int, Any], None] | None = None) -> dict[str, Any]:
+            watch: Callable[[int, Any, list[Any]], None] | None = None) -> dict[str, Any]:
     """Run every op of ``g`` on ``env`` (which it extends); frees tensors after their last use. Each kernel
     gets a fresh output and exactly the scratch its op declares, so a kernel that takes more fails here.
-    ``watch`` sees each op's index and output as it is made."""
+    ``watch`` sees each op's index, output and inputs as it is made."""
     last = last_uses(g)
     keep = set(keep) | {g.loss}
     for i, op in enumerate(g.ops):
         t = g.type_of(op.outputs[0])
         out = xp.empty(t.shape, dtype=np_dtype(xp, t.dtype))
         kernel = kernel_of(op.op, tuple(map(g.type_of, op.inputs)), t)
-        kernel(KernelContext.standalone(xp, op_scratch(g, i), step), [env[n] for n in op.inputs], out, op.attr_dict)
+        ins = [env[n] for n in op.inputs]
+        kernel(KernelContext.standalone(xp, op_scratch(g, i), step), ins, out, op.attr_dict)
         env[op.outputs[0]] = out
         if watch is not None:
-            watch(i, out)
+            watch(i, out, ins)
         for name in dict.fromkeys(op.inputs):  # once each: an op may read a tensor twice (x * x)
             if last[name] == i and name not in keep:
                 del env[name]
@@ -70,7 +71,7 @@ class Trainer:
         self.keep = {new for _, new in g.updates}
         self.steps_run = 0
 
-    def step(self, step: int, watch: Callable[[int, Any], None] | None = None) -> float:
+    def step(self, step: int, watch: Callable[[int, Any, list[Any]], None] | None = None) -> float:
         env = run_ops(self.g, {**self.persistent, **self.inputs}, self.xp, step, self.keep, watch)
         self.persistent.update({old: env[new] for old, new in self.g.updates})
         self.steps_run = step

@@ -212,7 +212,7 @@ def train(g: Graph, stepper: Stepper, opts: Options, hooks: Hooks = Hooks(), eva
     def save(step: int) -> None:
         if opts.save and (not saves or saves[-1].step != step):
             values = stepper.state()
-            if opts.on_nonfinite == "stop" and not all_finite(values):
+            if opts.on_nonfinite == "stop" and not nonfinite.all_finite(values.values()):
                 raise _nonfinite(g, opts, start, step, steps[-1].loss if steps else math.nan, ds, order)
             saves.append(_save(g, values, opts, step))
             _emit(hooks.on_save, saves[-1], log, "save")
@@ -291,11 +291,6 @@ def _save(g: Graph, values: Mapping[str, np.ndarray], opts: Options, step: int) 
     started = time.perf_counter()
     nbytes = checkpoint.save(opts.save, g, values, step, step, opts.seed or 0, opts.data, opts.shuffle)
     return SaveRecord(step, opts.save, nbytes, 1e3 * (time.perf_counter() - started))
-
-
-def all_finite(values: Mapping[str, np.ndarray]) -> bool:
-    return all(np.isfinite(np.asarray(v, np.float64)).all() for v in values.values()
-               if np.dtype(v.dtype).kind in "fV")
 
 
 def _nonfinite(g: Graph, opts: Options, start: int, step: int, loss: float, ds: Dataset | None,

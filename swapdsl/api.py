@@ -41,7 +41,7 @@ from swapdsl.planning.optimize import optimize as plan_with
 from swapdsl.planning.problem import Request
 from swapdsl.runtime import reference, training
 from swapdsl.runtime.backend import array_module, device_bytes_held, require_memory, separate_pool
-from swapdsl.runtime.interpreter import PlanRunner
+from swapdsl.runtime.interpreter import PlanRunner, check_runnable
 from swapdsl.runtime.training import Hooks, Options, Outcome
 
 OnStep = Callable[[int, float, float, "float | None"], None]  # (step, loss, ms, max rel diff or None)
@@ -225,6 +225,7 @@ def _hooks(hooks: Hooks, on_step: OnStep | None) -> Hooks:
 
 def _train_reference(m: Model, opts: Options, backend: str, hooks: Hooks) -> Execution:
     name, xp = array_module(backend)
+    check_runnable(m.training, name)
     require_memory(xp, peak_bytes(m.training), 0, f"training `{m.graph.name}` with no cap")
     seed = opts.seed or 0
     trainer = reference.Trainer(m.training, seed, xp)

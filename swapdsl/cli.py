@@ -31,11 +31,12 @@ from swapdsl.runtime.progress import Progress
 from swapdsl.runtime import training
 from swapdsl.runtime.dataset import Dataset
 from swapdsl.runtime.log import plot_log, read_log
+from swapdsl.runtime.interpreter import check_runnable
 from swapdsl.runtime.profile import profile
 
 EXIT_USER_ERROR = 2
 MAX_SEED = 2**63
-PROGRESS_EVERY_S = 5.0
+PROGRESS_EVERY_S = 5.0  # optimize's progress line when stderr is not a terminal
 PRECISION_HELP = ("f32 (the default: as the model is written), or bf16 / f16: matrix products and convolutions "
                   "take half inputs, activations are stored half, losses and reductions are f32, parameters keep "
                   "an f32 master copy (docs/design.md)")  # optimize's progress line when stderr is not a terminal
@@ -315,6 +316,7 @@ def _cmd_profile(args: argparse.Namespace) -> int:
     check_writable(args.output, "profile")
     model = api.load(args.file, parse_defines(args.define), args.precision or "f32")
     backend, xp = array_module(args.backend)
+    check_runnable(model.training, backend)
     base = load_device(args.base)
     measured = profile(model.training, xp, backend, base, args.repeat)
     write_text_atomically(args.output, json.dumps(measured.to_json(), indent=2) + "\n", "profile")

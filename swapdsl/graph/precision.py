@@ -1,9 +1,10 @@
 """Mixed precision as a graph pass: a forward graph in f32 -> the same model under a half-precision policy.
 
-The policy (``optimize --precision bf16|f16``), op by op, as ``torch.autocast`` chooses per op:
+The policy (``optimize --precision bf16|f16``), op by op, in the manner of ``torch.autocast`` (which
+keeps the outputs of norms and softmax in f32 where this stores them half, computed in f32):
 
-- ``HALF`` ops (matrix products, convolutions) take half inputs and give half outputs.
-- ``WIDE`` ops (losses, and the reductions ``sum`` and ``mean``) take f32 inputs and give f32.
+- ``HALF_OPS`` (matrix products, convolutions) take half inputs and give half outputs.
+- ``WIDE_OPS`` (losses, and the reductions ``sum`` and ``mean``) take f32 inputs and give f32.
 - every other op follows its float inputs: in half if any is half (the others, parameters such as a
   bias or a norm's scale among them, are cast down), else as they are.
 
@@ -28,8 +29,8 @@ from swapdsl.graph.ir import DType, Graph, Kind, Op, Tensor, TensorType
 
 PRECISIONS = ("f32", "bf16", "f16")
 
-HALF = frozenset({"matmul", "conv2d"})
-WIDE = frozenset({"softmax_cross_entropy", "mse_loss", "sum", "mean"})
+HALF_OPS = frozenset({"matmul", "conv2d"})
+WIDE_OPS = frozenset({"softmax_cross_entropy", "mse_loss", "sum", "mean"})
 KEEPS_ITS_TYPE = frozenset({"cast", "fill"})  # the dtype is an attribute the model asked for
 
 
@@ -58,13 +59,14 @@ class _Pass:
 
     def rewrite(self, op: Op) -> Op:
         out = op.outputs[0]
-        if op.op in KEEPS_ITS_TYPE or self.fwd.type_of(out).dtype is not DType.f32:
+        f32_out = self.fwd.type_of(out).dtype is DType.f32
+        if op.op in KEEPS_ITS_TYPE:
             want = None
-        elif op.op in HALF:
+        elif op.op in HALF_OPS and f32_out:
             want = self.half
-        elif op.op in WIDE:
+        elif op.op in WIDE_OPS and f32_out:
             want = DType.f32
-        else:
+        else:  # follow the inputs, whatever the output (a comparison of a half and an f32 tensor, say)
             floats = {self.dtype(n) for n in op.inputs if self.dtype(n).is_float}
             want = self.half if self.half in floats else None
         inputs = tuple(self.cast(n, want, op) if want is not None and self._castable(n) else n for n in op.inputs)

@@ -158,6 +158,9 @@ def _check_updates(plan: Plan, names: dict[str, int], made: set[str]) -> None:
 
 def check_describes(plan: Plan, g: Graph) -> None:
     """The plan's tensors, ops, loss and updates are exactly those of training graph ``g``."""
+    if plan.precision != g.precision:  # said plainly, rather than as the first cast tensor's name that differs
+        raise PlanError(f"the plan's precision is {plan.precision}, its training graph's {g.precision}",
+                        ("precision" if plan.precision != "f32" else "method", 0))
     homed = set(g.persistent) | set(g.inputs)
     want = [(n, t.type.nbytes, t.kind.value, n in homed) for n, t in g.tensors.items()]
     have = [(t.name, t.bytes, t.kind, t.home is not None) for t in plan.tensors]
@@ -178,9 +181,7 @@ def check_describes(plan: Plan, g: Graph) -> None:
                         ("op", min(len(plan.ops), len(g.ops))))
     if plan.loss != g.loss:
         raise PlanError(f"the plan's loss is `{plan.loss}`, the model's is `{g.loss}`", ("loss", 0))
-    if plan.precision != g.precision:  # f16 and bf16 graphs differ in nothing else a plan shows
-        raise PlanError(f"the plan's precision is {plan.precision}, its training graph's {g.precision}",
-                        ("precision" if plan.precision != "f32" else "method", 0))
+
     if plan.scratch < (need := scratch_bytes(g)):
         raise PlanError(f"the plan reserves {plan.scratch} bytes of scratch; the model's kernels need {need}",
                         ("scratch", 0))

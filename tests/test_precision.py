@@ -1,0 +1,134 @@
+"""The mixed-precision pass (graph/precision.py) and what carries it: plan files, checkpoints, exec."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import swapdsl
+from conftest import MODELS, SMALL_MODELS, write
+from swapdsl.graph.checker import check_graph
+from swapdsl.graph.ir import DType
+from swapdsl.graph.precision import autocast
+
+MLP = {"batch": 4, "features": 6, "hidden": 5, "depth": 2, "classes": 3}
+
+
+def test_the_policy_op_by_op() -> None:
+    g = swapdsl.load(MODELS / "mlp.swp", precision="bf16", **MLP).graph
+    kinds = {op.op: g.type_of(op.outputs[0]).dtype for op in g.ops if op.op != "cast"}
+    assert kinds["matmul"] is DType.bf16 and kinds["add"] is DType.bf16 and kinds["relu"] is DType.bf16
+    assert kinds["softmax_cross_entropy"] is DType.f32 and kinds["mean"] is DType.f32
+    assert all(g.type_of(p).dtype is DType.f32 for p in g.params)  # the masters
+    casts = [op for op in g.ops if op.op == "cast" and op.inputs[0] in g.params]
+    assert sorted(op.inputs[0] for op in casts) == sorted(g.params)  # each parameter cast once
+    assert all(op.outputs[0] == f"{op.inputs[0]}/bf16" for op in casts)
+    t = swapdsl.load(MODELS / "mlp.swp", precision="bf16", **MLP).training
+    assert all(t.type_of(grad).dtype is DType.f32 for _, grad in t.grads)  # the update runs in f32
+    assert t.precision == "bf16"
+
+
+@pytest.mark.parametrize("model", SMALL_MODELS + ["lstm_lm", "gpt", "bert", "resnet"])
+@pytest.mark.parametrize("precision", ["bf16", "f16"])
+def test_every_zoo_model_builds_under_each_precision(model: str, precision: str) -> None:
+    m = swapdsl.load(MODELS / f"{model}.swp", precision=precision)
+    check_graph(m.training)
+    assert m.training.type_of(m.training.loss).dtype is DType.f32
+
+
+def test_a_tensor_read_by_many_is_cast_once_and_shared_weights_too(tmp_path: Path) -> None:
+    model = write(tmp_path / "m.swp", """model m(n = 4) {
+    input x: f32[n, n]
+    param w: f32[n, n] = xavier
+    h = relu(x @ w) @ w
+    loss = mean(h * h)
+    minimize loss with sgd(lr = 0.1)
+    report big = mean(cast(h > x, f32))
+}
+""")
+    g = swapdsl.load(model, precision="f16").graph
+    assert [op.inputs[0] for op in g.ops if op.op == "cast" and op.attr_dict["dtype"] == "f16"] == ["x", "w"]
+    check_graph(g)  # the comparison of a half activation with the f32 input reads x's half copy
+
+
+def test_declared_dtypes_are_kept(tmp_path: Path) -> None:
+    model = write(tmp_path / "m.swp", """model m(n = 4) {
+    input x: f64[n, n]
+    param w: f64[n, n] = xavier
+    loss = mean((x @ w) * (x @ w))
+    minimize loss with sgd(lr = 0.1)
+}
+""")
+    g = swapdsl.load(model, precision="bf16").graph
+    assert not any(op.op == "cast" for op in g.ops) and g.type_of(g.loss).dtype is DType.f64
+
+
+def test_f32_is_the_model_as_written() -> None:
+    g = swapdsl.load(MODELS / "mlp.swp", **MLP).graph
+    assert autocast(g, "f32") is g
+
+
+def test_plans_record_the_precision_and_exec_follows_it(cli, in_tmp: Path) -> None:
+    write(in_tmp / "m.swp", (MODELS / "mlp.swp").read_text())
+    defines = [x for k, v in MLP.items() for x in ("-D", f"{k}={v}")]
+    assert cli("optimize", "m.swp", *defines, "--precision", "bf16", "--memory", "1MiB", "--method", "belady",
+               "-o", "m.plan")[0] == 0
+    text = (in_tmp / "m.plan").read_text()
+    assert "\nprecision bf16\n" in text
+    code, out, _ = cli("exec", "m.plan", "--steps", "2", "--check", "--json")
+    assert code == 0 and '"max_rel_diff": 0.0' in out
+    code, _, err = cli("exec", "m.plan", "--precision", "f16", "--steps", "1")
+    assert code == 2 and "--precision f16: the plan was made for bf16" in err
+    for edited, expected in [("precision f16", "tensor line `x/bf16` (48 bytes, activation) differs"),
+                             ("precision f32", "unknown precision `f32`"), ("precision fp8", "unknown precision")]:
+        (in_tmp / "e.plan").write_text(text.replace("precision bf16", edited))
+        code, _, err = cli("exec", "e.plan", "--steps", "1")
+        assert code == 2 and expected in err and " --> e.plan:" in err, err
+    (in_tmp / "e.plan").write_text(text.replace("precision bf16\n", ""))
+    code, _, err = cli("exec", "e.plan", "--steps", "1")
+    assert code == 2 and " --> e.plan:" in err
+
+
+def test_resume_refuses_another_precision(cli, in_tmp: Path) -> None:
+    write(in_tmp / "m.swp", (MODELS / "mlp.swp").read_text())
+    defines = [x for k, v in MLP.items() for x in ("-D", f"{k}={v}")]
+    assert cli("exec", "m.swp", *defines, "--precision", "bf16", "--steps", "2", "--save", "c.st")[0] == 0
+    code, _, err = cli("exec", "m.swp", *defines, "--steps", "4", "--resume", "c.st")
+    assert code == 2 and "its precision differs" in err and "resume with --precision bf16" in err
+    code, out, _ = cli("exec", "m.swp", *defines, "--precision", "bf16", "--steps", "4", "--resume", "c.st", "--json")
+    assert code == 0
+    code, _, _ = cli("exec", "m.swp", *defines, "--steps", "4", "--init", "c.st")  # parameters alone: f32 masters
+    assert code == 0
+
+
+def test_a_causal_models_mask_is_not_blamed_for_a_nan(cli, tmp_path: Path) -> None:
+    gpt = ["-D", "batch=2", "-D", "seq=8", "-D", "vocab=32", "-D", "hidden=16", "-D", "heads=2", "-D", "layers=1",
+           "-D", "positions=8", "-D", "lr=1e30"]
+    code, _, err = cli("exec", MODELS / "gpt.swp", *gpt, "--steps", "5")
+    assert code == 2 and "causal_mask" not in err
+    assert "made in step 2 by op 5, `matmul` (layer0.block.attn.q.matmul)" in err
+
+
+def test_bf16_is_refused_on_cupy_before_anything_runs() -> None:
+    from swapdsl.common.errors import SwpError
+    from swapdsl.runtime.interpreter import check_runnable
+
+    t = swapdsl.load(MODELS / "mlp.swp", precision="bf16", **MLP).training
+    with pytest.raises(SwpError, match="CuPy runtime cannot execute bf16"):
+        check_runnable(t, "cupy")
+    check_runnable(t, "numpy")
+    check_runnable(swapdsl.load(MODELS / "mlp.swp", precision="f16", **MLP).training, "cupy")
+
+
+def test_the_validator_refuses_a_graph_of_another_precision() -> None:
+    from swapdsl.common.errors import SwpError
+    from swapdsl.plan.validate import validate
+
+    bf16 = swapdsl.load(MODELS / "mlp.swp", precision="bf16", **MLP)
+    plan = swapdsl.optimize(bf16, memory="1MiB", method="belady")
+    other = swapdsl.load(MODELS / "mlp.swp", precision="f16", **MLP).training
+    with pytest.raises(SwpError, match="the plan's precision is bf16, its training graph's f16"):
+        validate(plan, other)
+    assert np.isfinite(dict(plan.figures)["fraction"])

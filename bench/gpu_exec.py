@@ -34,7 +34,7 @@ CONFIGS: dict[str, tuple[str, list[str], int | None]] = {  # name: (model, argum
 
 def run_config(name: str, ratio: float, args: argparse.Namespace) -> list[dict]:
     model_name, defines, fixed = CONFIGS[name]
-    model = api.load(STDLIB_DIR / "models" / f"{model_name}.swp", parse_defines(defines))
+    model = api.load(STDLIB_DIR / "models" / f"{model_name}.swp", parse_defines(defines), args.precision)
     no_swap = int(api.optimize(model, 1 << 50, "lru").figure("no_swap_bytes"))
     cap = fixed or int(no_swap / ratio)
     t0 = time.perf_counter()
@@ -46,6 +46,7 @@ def run_config(name: str, ratio: float, args: argparse.Namespace) -> list[dict]:
         f = run.figures
         rows.append({
             "config": name, "ratio": round(no_swap / cap, 2), "cap_bytes": cap, "method": args.method,
+            "precision": args.precision,
             "graph": "on" if graph else "off", "graph_note": f["graph"],
             "step_ms": statistics.median(run.step_ms[1:] or run.step_ms),
             "host_ms": statistics.median(f["host_ms_per_step"][1:] or f["host_ms_per_step"]),
@@ -77,6 +78,8 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=4)
     ap.add_argument("--backend", default="cupy")
     ap.add_argument("--method", default="belady")
+    ap.add_argument("--precision", default="f32", choices=["f32", "f16", "bf16"],
+                    help="the plans' precision (bf16 runs on NumPy only)")
     ap.add_argument("--budget", type=float, default=20.0, help="search seconds per plan (--method ga)")
     ap.add_argument("--json", metavar="FILE", help="also write the rows as JSON")
     args = ap.parse_args()

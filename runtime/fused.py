@@ -121,8 +121,9 @@ class FusedKernels:
         checked: dict[tuple[str, str, str], Kernel | None] = {}
         own_pool = separate_pool(xp)  # the checks' arrays stay out of the memory a run reports holding
         for i, op in enumerate(g.ops):
-            if op.op not in FUSED or any(is_half(g.type_of(n)) for n in (*op.inputs, *op.outputs)):
-                continue  # half tensors: the op's own kernel, which computes in f32 (registry.kernel_of)
+            if (op.op not in FUSED or op.attr_dict.get("gated")
+                    or any(is_half(g.type_of(n)) for n in (*op.inputs, *op.outputs))):
+                continue  # half tensors or a gated update: registry.kernel_of's wrapping of the op's own kernel
             dtype = g.type_of(op.outputs[0]).dtype.label
             key = (op.op, dtype, repr(sorted(op.attr_dict.items())))
             if key not in checked:

@@ -245,7 +245,8 @@ class PlanRunner:
         ins = [self.dview(n, region) for n, region in zip(op.inputs, s.regions)]
         out = self.dview(op.outputs[0], dict(instr.outs)[op.outputs[0]])
         kernel = (self.vendor.kernels.get(instr.op) or self.fused.kernels.get(instr.op)
-                  or kernel_of(op.op, tuple(map(self.g.type_of, op.inputs)), self.g.type_of(op.outputs[0])))
+                  or kernel_of(op.op, tuple(map(self.g.type_of, op.inputs)), self.g.type_of(op.outputs[0]),
+                               op.attr_dict))
         attrs, ctx = op.attr_dict, self.ctx
         reset = ctx.scratch.reset
         if self.kernel_delay_s:

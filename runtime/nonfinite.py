@@ -92,9 +92,9 @@ def replayable(g: Graph, first: int, last: int) -> bool:
     return last - first < REPLAY_MAX_STEPS and peak_bytes(g) <= REPLAY_MAX_BYTES
 
 
-def nonfinite_error(step: int, loss: float, culprit: Culprit | None, replayed: bool) -> SwpError:
-    """The error `exec` stops with: the step, and the op that made the first non-finite value."""
-    where = f"the loss of step {step} is {loss}" if not np.isfinite(loss) else f"step {step} left non-finite state"
+def nonfinite_error(what: str, culprit: Culprit | None, replayed: bool) -> SwpError:
+    """The error `exec` stops with: ``what`` went wrong in which step, and the op that made the first
+    non-finite value."""
     notes, hints = [], ["--on-nonfinite continue trains on regardless"]
     if culprit is not None:
         named = f" ({culprit.label})" if culprit.label != culprit.op.op else ""
@@ -107,4 +107,4 @@ def nonfinite_error(step: int, loss: float, culprit: Culprit | None, replayed: b
         notes.append("replayed on the reference executor (NumPy), every value stayed finite: the run's kernels "
                      "round differently from the reference's (cuDNN, fused kernels or TF32 on a GPU)")
     hints.append("a lower learning rate, --precision f32, or f32 parameters and optimiser state often help")
-    return SwpError(f"{where}; stopped, and saved nothing over the last good checkpoint", notes=notes, hints=hints)
+    return SwpError(f"{what}; stopped, and saved nothing over the last good checkpoint", notes=notes, hints=hints)

@@ -65,7 +65,8 @@ def op_times(g: Graph, xp: ModuleType, repeat: int, seed: int = 0) -> dict[str, 
     fused = FusedKernels.load(g, xp) if xp is not np else FusedKernels()
     for i, op in enumerate(g.ops):
         t = g.type_of(op.outputs[0])
-        kernel = vendor.kernels.get(i) or fused.kernels.get(i) or kernel_of(op.op, tuple(map(g.type_of, op.inputs)), t)
+        kernel = (vendor.kernels.get(i) or fused.kernels.get(i)
+                  or kernel_of(op.op, tuple(map(g.type_of, op.inputs)), t, op.attr_dict))
         attrs_ = op.attr_dict
         ins = [env[n] for n in op.inputs]
         out = xp.empty(t.shape, dtype=np_dtype(xp, t.dtype))

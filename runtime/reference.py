@@ -42,7 +42,7 @@ def run_ops(g: Graph, env: dict[str, Any], xp: ModuleType, step: int, keep: Iter
     for i, op in enumerate(g.ops):
         t = g.type_of(op.outputs[0])
         out = xp.empty(t.shape, dtype=np_dtype(xp, t.dtype))
-        kernel = kernel_of(op.op, tuple(map(g.type_of, op.inputs)), t)
+        kernel = kernel_of(op.op, tuple(map(g.type_of, op.inputs)), t, op.attr_dict)
         ins = [env[n] for n in op.inputs]
         kernel(KernelContext.standalone(xp, op_scratch(g, i), step), ins, out, op.attr_dict)
         env[op.outputs[0]] = out

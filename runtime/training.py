@@ -58,10 +58,11 @@ class Options:
     resume: str | None = None
     init: str | None = None
     log: str | None = None
-    on_nonfinite: str = "stop"  # or "continue": a NaN or infinite loss (or state to save) stops the run
+    on_nonfinite: str = "stop"  # or skip (a guarded plan's skipped steps go on) or continue (train on regardless)
 
 
-ON_NONFINITE = ("stop", "continue")
+ON_NONFINITE = ("stop", "skip", "continue")
+MIN_LOSS_SCALE = 1.0  # below it the scaler has given up: even unscaled gradients overflow
 
 
 @attrs.frozen
@@ -193,6 +194,9 @@ def train(g: Graph, stepper: Stepper, opts: Options, hooks: Hooks = Hooks(), eva
     """Run the training ``opts`` (``resolve``d) describes on ``stepper`` (``g``: its training graph;
     ``moved``: the bytes its plan copies in and out each step)."""
     ds, order, last = plan_run(g, opts)
+    if opts.on_nonfinite == "skip" and g.guard == "none":
+        raise SwpError("--on-nonfinite skip needs a guarded step: its updates wait for every gradient to be "
+                       "finite", hints=["plan (or train) with --guard skip or --guard scale"])
     held_out = open_dataset(opts.eval, g, "--eval") if opts.eval else None
     if held_out is not None and evaluate is None:
         raise SwpError("--eval is not available for this executor")
@@ -213,7 +217,8 @@ def train(g: Graph, stepper: Stepper, opts: Options, hooks: Hooks = Hooks(), eva
         if opts.save and (not saves or saves[-1].step != step):
             values = stepper.state()
             if opts.on_nonfinite == "stop" and not nonfinite.all_finite(values.values()):
-                raise _nonfinite(g, opts, start, step, steps[-1].loss if steps else math.nan, ds, order)
+                raise _nonfinite(g, opts, start, step, f"the state to checkpoint after step {step} is not finite",
+                                 ds, order)
             saves.append(_save(g, values, opts, step))
             _emit(hooks.on_save, saves[-1], log, "save")
 
@@ -233,10 +238,13 @@ def train(g: Graph, stepper: Stepper, opts: Options, hooks: Hooks = Hooks(), eva
                     stepper.set_batch(batch)
                 loss, ms = stepper.run_step(step)
                 if not math.isfinite(loss) and opts.on_nonfinite == "stop":
-                    raise _nonfinite(g, opts, start, step, loss, ds, order)
+                    raise _nonfinite(g, opts, start, step, f"the loss of step {step} is {loss}", ds, order)
                 diff = check(batch, step, loss, stepper) if check is not None else None
                 epoch = order.epoch_of(step - 1) + 1 if order is not None else None
-                steps.append(StepRecord(step, epoch, loss, stepper.metrics(), ms, examples, *moved, diff))
+                metrics = stepper.metrics()
+                if opts.on_nonfinite == "stop" and _gave_up(g, metrics):
+                    raise _nonfinite(g, opts, start, step, _why_skipped(step, metrics), ds, order)
+                steps.append(StepRecord(step, epoch, loss, metrics, ms, examples, *moved, diff))
                 _emit(hooks.on_step, steps[-1], log, "step")
                 if opts.eval_every and step % opts.eval_every == 0:
                     evaluation(step)
@@ -293,7 +301,21 @@ def _save(g: Graph, values: Mapping[str, np.ndarray], opts: Options, step: int) 
     return SaveRecord(step, opts.save, nbytes, 1e3 * (time.perf_counter() - started))
 
 
-def _nonfinite(g: Graph, opts: Options, start: int, step: int, loss: float, ds: Dataset | None,
+def _gave_up(g: Graph, metrics: Mapping[str, float]) -> bool:
+    """A guarded step that skipped its update and should not go on: any, without loss scaling; with it,
+    once the scale has fallen below MIN_LOSS_SCALE (smaller skipped steps are how the scale is found)."""
+    if g.guard == "none" or metrics.get("finite", 1.0) == 1.0:
+        return False
+    return g.guard == "skip" or metrics.get("loss_scale", 0.0) < MIN_LOSS_SCALE
+
+
+def _why_skipped(step: int, metrics: Mapping[str, float]) -> str:
+    scale = metrics.get("loss_scale")
+    return (f"a gradient of step {step} is not finite, so its update was skipped"
+            + (f", and the loss scale has fallen to {scale:g}" if scale is not None else ""))
+
+
+def _nonfinite(g: Graph, opts: Options, start: int, step: int, what: str, ds: Dataset | None,
                order: Order | None) -> SwpError:
     """The error a non-finite step stops with, naming the op that made the first NaN or infinity (found by
     replaying this run's steps on the reference executor, where that is cheap enough)."""
@@ -305,7 +327,7 @@ def _nonfinite(g: Graph, opts: Options, start: int, step: int, loss: float, ds: 
             return gather(ds, order.indices(s - 1)) if ds is not None and order is not None else None
 
         culprit = nonfinite.first_nonfinite(g, opts.seed or 0, origin, start + 1, step, batch)
-    return nonfinite.nonfinite_error(step, loss, culprit, replayed)
+    return nonfinite.nonfinite_error(what, culprit, replayed)
 
 
 def _origin(g: Graph, opts: Options) -> dict[str, np.ndarray] | None:

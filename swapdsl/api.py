@@ -27,7 +27,7 @@ from swapdsl.graph.analysis import peak_bytes, summary, training_summary
 from swapdsl.graph.autodiff import evaluation_graph, training_graph
 from swapdsl.graph.checker import check_graph
 from swapdsl.graph.ir import Graph
-from swapdsl.graph.precision import PRECISIONS, autocast
+from swapdsl.graph.precision import GUARDS, PRECISIONS, autocast, default_guard
 from swapdsl.lang.elaborate import Override, elaborate
 from swapdsl.lang.loader import Program
 from swapdsl.lang.loader import load as load_program
@@ -79,19 +79,24 @@ class Model:
 
 
 def load(path: str | Path, overrides: Mapping[str, Override] | None = None, precision: str = "f32",
-         **args: int | float | bool) -> Model:
+         guard: str | None = None, **args: int | float | bool) -> Model:
     """Parse, resolve imports, elaborate and check a `.swp` model. Model arguments come as keywords
     (``batch=8``) or, as text the way ``-D`` gives them, in ``overrides``. ``precision``: "f32" (as
-    written), or "bf16" / "f16": the mixed-precision policy of ``graph/precision.py``."""
+    written), or "bf16" / "f16": the mixed-precision policy of ``graph/precision.py``. ``guard``: "none",
+    "skip" (a step with a non-finite gradient leaves the state as it was) or "scale" (and dynamic loss
+    scaling); default "scale" for f16, else "none"."""
     if precision not in PRECISIONS:
         raise SwpError(f"unknown precision `{precision}`", hints=[f"precisions: {', '.join(PRECISIONS)}"])
+    guard = default_guard(precision) if guard is None else guard
+    if guard not in GUARDS:
+        raise SwpError(f"unknown guard `{guard}`", hints=[f"guards: {', '.join(GUARDS)}"])
     program = load_program(str(path))
     graph = elaborate(program, {**(overrides or {}), **args})
     check_graph(graph)
     if precision != "f32":
         graph = autocast(graph, precision)
         check_graph(graph)
-    return Model(str(path), program, graph)
+    return Model(str(path), program, attrs.evolve(graph, guard=guard))
 
 
 def optimize(model: Model | str | Path, memory: int | str, method: str = "ga", device: str | Device | None = None,
@@ -131,7 +136,8 @@ def read_checked(path: str, need_model: bool = False) -> tuple[Plan, Graph | Non
     plan = planfile.read_plan(path)
     model = planfile.find_model(plan, path) if need_model else planfile.locate_model(plan, path)
     try:
-        train = None if model is None else _training_graph(str(model), plan.model_sha256, plan.args, plan.precision)
+        train = None if model is None else _training_graph(str(model), plan.model_sha256, plan.args, plan.precision,
+                                                           plan.guard)
     except SwpError as err:  # the model built before, so the plan's arguments are at fault
         raise _at_plan_arg(err, plan) from None
     validate(plan, train)
@@ -310,27 +316,28 @@ def _beside(train: Graph, seed: int, xp: ModuleType) -> training.Beside:
 
 def _model_of(plan: Plan) -> Model:
     where = plan.origin.file if plan.origin is not None else "."
-    return _model(str(planfile.find_model(plan, where)), plan.model_sha256, plan.args, plan.precision)
+    return _model(str(planfile.find_model(plan, where)), plan.model_sha256, plan.args, plan.precision, plan.guard)
 
 
 def _graph_of(plan: Plan) -> Graph:
     """The training graph a plan object describes, from its model file (validated against it)."""
     where = plan.origin.file if plan.origin is not None else "."
     model = planfile.find_model(plan, where)
-    train = _training_graph(str(model), plan.model_sha256, plan.args, plan.precision)
+    train = _training_graph(str(model), plan.model_sha256, plan.args, plan.precision, plan.guard)
     validate(plan, train)
     return train
 
 
 @functools.lru_cache(maxsize=4)
-def _model(model: str, sha256: str, args: tuple[tuple[str, int | float | bool], ...], precision: str) -> Model:
-    """A model file with these arguments and precision (its hash in the key: a file may change)."""
-    return load(model, dict(args), precision)
+def _model(model: str, sha256: str, args: tuple[tuple[str, int | float | bool], ...], precision: str,
+           guard: str) -> Model:
+    """A model file with these arguments, precision and guard (its hash in the key: a file may change)."""
+    return load(model, dict(args), precision, guard)
 
 
 def _training_graph(model: str, sha256: str, args: tuple[tuple[str, int | float | bool], ...],
-                    precision: str) -> Graph:
-    return _model(model, sha256, args, precision).training
+                    precision: str, guard: str) -> Graph:
+    return _model(model, sha256, args, precision, guard).training
 
 
 def _at_plan_arg(err: SwpError, plan: Plan) -> SwpError:

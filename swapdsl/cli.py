@@ -19,7 +19,7 @@ from swapdsl.common.atomic import check_writable, write_text_atomically
 from swapdsl.common.errors import SwpError
 from swapdsl.common.units import format_bytes, format_count, parse_size
 from swapdsl.devices.profiles import BUILTIN, DEFAULT_DEVICE, detect_device, load_device
-from swapdsl.graph.precision import PRECISIONS
+from swapdsl.graph.precision import GUARDS, PRECISIONS
 from swapdsl.graph.printer import print_graph
 from swapdsl.plan import show
 from swapdsl.plan.simulate import simulate
@@ -37,6 +37,9 @@ from swapdsl.runtime.profile import profile
 EXIT_USER_ERROR = 2
 MAX_SEED = 2**63
 PROGRESS_EVERY_S = 5.0  # optimize's progress line when stderr is not a terminal
+GUARD_HELP = ("none: updates apply as each gradient is ready; skip: after the whole backward pass, only if every "
+              "gradient is finite (a step that is not leaves the state as it was); scale: skip, and dynamic loss "
+              "scaling as torch.amp.GradScaler (the default for f16)")
 PRECISION_HELP = ("f32 (the default: as the model is written), or bf16 / f16: matrix products and convolutions "
                   "take half inputs, activations are stored half, losses and reductions are f32, parameters keep "
                   "an f32 master copy (docs/design.md)")  # optimize's progress line when stderr is not a terminal
@@ -99,7 +102,7 @@ def parse_defines(defines: Sequence[str]) -> dict[str, str]:
 
 
 def _cmd_check(args: argparse.Namespace) -> int:
-    model = api.load(args.file, parse_defines(args.define), args.precision or "f32")
+    model = api.load(args.file, parse_defines(args.define), args.precision or "f32", args.guard)
     if args.ir:
         sys.stdout.write(print_graph(model.training if args.training else model.graph))
         return 0
@@ -117,7 +120,7 @@ def _cmd_check(args: argparse.Namespace) -> int:
         ("forward FLOPs", format_count(info["forward_flops"], "FLOP")),
         ("activation peak", format_bytes(info["activation_peak_bytes"])),
         ("loss", f"{info['loss']}, {info['optimizer']}"),
-        ("precision", info["precision"]),
+        ("precision", f"{info['precision']}, guard {info['guard']}"),
     ]
     if args.training:
         rows += [
@@ -178,9 +181,10 @@ def _execute(args: argparse.Namespace, backend: str, options: training.Options, 
             raise SwpError("-D does not apply to a plan: its model arguments are fixed in the plan")
         plan, train = api.read_checked(args.file, need_model=True)
         assert train is not None
-        if args.precision is not None and args.precision != plan.precision:
-            raise SwpError(f"--precision {args.precision}: the plan was made for {plan.precision}",
-                           hints=["a plan runs in the precision it was planned for; leave --precision out"])
+        for flag, given, planned in (("precision", args.precision, plan.precision), ("guard", args.guard, plan.guard)):
+            if given is not None and given != planned:
+                raise SwpError(f"--{flag} {given}: the plan was made for {planned}",
+                               hints=[f"a plan runs with the {flag} it was planned for; leave --{flag} out"])
         header.append(f"executing {args.file} ({train.name}, {plan.method} under {format_bytes(plan.cap)}) on {backend}")
         run = api.execute_plan(plan, train, backend=backend, check=args.check, graph=args.graph == "on",
                                tf32=args.tf32, options=options, hooks=hooks)
@@ -189,7 +193,7 @@ def _execute(args: argparse.Namespace, backend: str, options: training.Options, 
         return run
     if args.check:
         raise SwpError("--check compares a plan's execution with the reference executor; give a .plan file")
-    model = api.load(args.file, parse_defines(args.define), args.precision or "f32")
+    model = api.load(args.file, parse_defines(args.define), args.precision or "f32", args.guard)
     header.append(f"training {model.graph.name} ({args.file}) on {backend} with the reference executor (no cap)")
     return api.execute(model, backend=backend, options=options, hooks=hooks)
 
@@ -200,6 +204,10 @@ def _print_run(run: api.Execution, check: bool) -> None:
     held = (f"; held out: loss {evals[-1].loss:.6f}" + "".join(f", {k} {v:.4g}" for k, v in evals[-1].metrics.items())
             if evals else "")
     print(f"loss {first:.6f} -> {last:.6f} over {run.steps} steps, median step {_median(run.step_ms):.1f} ms{held}")
+    skipped = sum(1 for m in run.metrics if m.get("finite", 1.0) != 1.0)
+    if run.metrics and "finite" in run.metrics[-1]:
+        scale = f"; loss scale now {run.metrics[-1]['loss_scale']:g}" if "loss_scale" in run.metrics[-1] else ""
+        print(f"{skipped} steps skipped for a non-finite gradient (their updates not applied){scale}")
     if run.figures:
         f = run.figures
         print(f"simulated step {f['simulated_ms']:.3g} ms on {f['simulated_device']}; moved {format_bytes(f['h2d_bytes'])} in and "
@@ -231,7 +239,7 @@ def _cmd_optimize(args: argparse.Namespace) -> int:
     if args.output:
         check_writable(args.output, "plan")  # now, not after a search of a minute
     device = load_device(args.device)
-    model = api.load(args.file, parse_defines(args.define), args.precision or "f32")
+    model = api.load(args.file, parse_defines(args.define), args.precision or "f32", args.guard)
     search = SearchOptions(args.budget, args.generations, args.population, args.seed, args.workers,
                            progress=None if args.json else _search_progress(sys.stderr))
     started = time.perf_counter()
@@ -314,7 +322,7 @@ def _cmd_show(args: argparse.Namespace) -> int:
 
 def _cmd_profile(args: argparse.Namespace) -> int:
     check_writable(args.output, "profile")
-    model = api.load(args.file, parse_defines(args.define), args.precision or "f32")
+    model = api.load(args.file, parse_defines(args.define), args.precision or "f32", args.guard)
     backend, xp = array_module(args.backend)
     check_runnable(model.training, backend)
     base = load_device(args.base)
@@ -343,7 +351,7 @@ def _cmd_bench(args: argparse.Namespace) -> int:
     rows = bench.rows(args.models, ratios, methods, load_device(args.device or DEFAULT_DEVICE), search,
                       log=None if args.json else print,
                       host=(parse_size(args.host_memory) if args.host_memory is not None else None, args.host_share),
-                      precision=args.precision or "f32")
+                      precision=args.precision or "f32", guard=args.guard)
     if args.json:
         print(json.dumps(rows, indent=2))
     else:
@@ -383,6 +391,7 @@ def make_parser() -> argparse.ArgumentParser:
     check = sub.add_parser("check", help="parse and elaborate a .swp model, print its figures or IR")
     check.add_argument("file", metavar="FILE.swp")
     check.add_argument("--precision", choices=PRECISIONS, help=PRECISION_HELP)
+    check.add_argument("--guard", choices=GUARDS, help=GUARD_HELP)
     check.add_argument("-D", dest="define", action="append", default=[], metavar="NAME=VALUE",
                        help="override a model argument (repeatable)")
     out = check.add_mutually_exclusive_group()
@@ -395,6 +404,7 @@ def make_parser() -> argparse.ArgumentParser:
     ex = sub.add_parser("exec", help="run a plan under its cap, or train a .swp model with the reference executor")
     ex.add_argument("file", metavar="FILE.plan|FILE.swp")
     ex.add_argument("--precision", choices=PRECISIONS, help=PRECISION_HELP)
+    ex.add_argument("--guard", choices=GUARDS, help=GUARD_HELP)
     ex.add_argument("-D", dest="define", action="append", default=[], metavar="NAME=VALUE",
                     help="override a model argument (repeatable)")
     length = ex.add_mutually_exclusive_group()
@@ -451,6 +461,7 @@ def make_parser() -> argparse.ArgumentParser:
     op.add_argument("--device", metavar="NAME|FILE.json", help="device profile (default: the GPU found, "
                     f"else {DEFAULT_DEVICE})")
     op.add_argument("--precision", choices=PRECISIONS, help=PRECISION_HELP)
+    op.add_argument("--guard", choices=GUARDS, help=GUARD_HELP)
     op.add_argument("-D", dest="define", action="append", default=[], metavar="NAME=VALUE",
                     help="override a model argument (repeatable)")
     op.add_argument("-o", "--output", metavar="FILE.plan", help="write the plan here (atomically)")
@@ -470,6 +481,7 @@ def make_parser() -> argparse.ArgumentParser:
     pr = sub.add_parser("profile", help="measure op times and copy bandwidth on this backend into a profile")
     pr.add_argument("file", metavar="FILE.swp")
     pr.add_argument("--precision", choices=PRECISIONS, help=PRECISION_HELP)
+    pr.add_argument("--guard", choices=GUARDS, help=GUARD_HELP)
     pr.add_argument("-D", dest="define", action="append", default=[], metavar="NAME=VALUE",
                     help="override a model argument (repeatable)")
     pr.add_argument("-o", "--output", required=True, metavar="PROFILE.json")
@@ -484,6 +496,7 @@ def make_parser() -> argparse.ArgumentParser:
     be.add_argument("--methods", default="lru,vdnn,belady,ga", help="comma-separated (lru,vdnn,belady,ga)")
     be.add_argument("--device", help=f"device profile (default {DEFAULT_DEVICE})")
     be.add_argument("--precision", choices=PRECISIONS, help="plan every model under this precision (f32)")
+    be.add_argument("--guard", choices=GUARDS, help="and this guard (default: scale for f16, else none)")
     be.add_argument("--host-memory", metavar="SIZE", help="a host budget for every plan (default: any)")
     be.add_argument("--host-share", metavar="SHARE", type=_share,
                     help="a host budget per row: this share of what belady keeps on the host at that cap (e.g. 0.5)")

@@ -6,7 +6,7 @@ from hypothesis import strategies as st
 
 from swapdsl.fuzz.graphs import random_training_graph
 from swapdsl.graph.ir import Graph
-from swapdsl.graph.precision import PRECISIONS
+from swapdsl.graph.precision import GUARDS, PRECISIONS
 
 
 class DrawnChoices:
@@ -24,6 +24,8 @@ class DrawnChoices:
 
 
 @st.composite
-def training_graphs(draw: st.DrawFn, max_depth: int = 7, precisions: tuple[str, ...] = PRECISIONS) -> Graph:
-    """A random training graph, in f32, bf16 or f16 (the mixed-precision policy of graph/precision.py)."""
-    return random_training_graph(DrawnChoices(draw), max_depth, precisions=precisions)
+def training_graphs(draw: st.DrawFn, max_depth: int = 7, precisions: tuple[str, ...] = PRECISIONS,
+                    guards: tuple[str, ...] = GUARDS) -> Graph:
+    """A random training graph, in f32, bf16 or f16 (the mixed-precision policy of graph/precision.py), with
+    or without a guarded step (updates gated on finite gradients; dynamic loss scaling)."""
+    return random_training_graph(DrawnChoices(draw), max_depth, precisions=precisions, guards=guards)

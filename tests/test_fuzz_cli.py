@@ -51,6 +51,7 @@ OPTIONS: dict[str, list[str]] = {
     "--base": ["v100-16gb", "bogus"],
     "--precision": ["f32", "bf16", "f16", "f8", ""],
     "--on-nonfinite": ["stop", "continue", "skip", ""],
+    "--guard": ["none", "skip", "scale", "always"],
 }
 FLAGS = ["--json", "--check", "--ir", "--training", "--help", "--version", "--shuffle"]
 COMMANDS = ["check", "exec", "optimize", "simulate", "show", "profile", "plot-log", "bench", "devices", "bogus"]

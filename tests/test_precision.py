@@ -132,3 +132,69 @@ def test_the_validator_refuses_a_graph_of_another_precision() -> None:
     with pytest.raises(SwpError, match="the plan's precision is bf16, its training graph's f16"):
         validate(plan, other)
     assert np.isfinite(dict(plan.figures)["fraction"])
+
+
+# -- a guarded step: updates gated on finite gradients, dynamic loss scaling
+
+TINY = """model tiny(n = 16, k = 8, scale = 1.0, lr = 0.5) {
+    input x: f32[n, k]
+    input y: i32[n]
+    param w: f32[k, 4] = xavier
+    loss = softmax_cross_entropy(x @ w, y) * scale
+    minimize loss with sgd(lr = lr)
+}
+"""
+
+
+def test_f16_gradients_that_underflow_survive_with_loss_scaling(tmp_path: Path) -> None:
+    """A loss scaled by 1e-7 (and the learning rate by 1e7): its gradients are below f16's smallest
+    subnormal. Without loss scaling they flush to zero and the weights never move; with it, f16 training
+    follows f32's."""
+    model = write(tmp_path / "tiny.swp", TINY)
+
+    def losses(precision: str, guard: str | None) -> list[float]:
+        m = swapdsl.load(model, precision=precision, guard=guard, scale=1e-7, lr=5e6)
+        return swapdsl.execute(m, steps=3, backend="numpy").losses
+
+    exact, flushed, scaled = losses("f32", None), losses("f16", "none"), losses("f16", "scale")
+    assert flushed[0] == flushed[-1]  # nothing learned
+    assert scaled[-1] < scaled[0] and scaled == pytest.approx(exact, rel=1e-2)
+
+
+def test_a_step_with_a_nonfinite_gradient_leaves_the_state_as_it_was() -> None:
+    from swapdsl.runtime.reference import Trainer
+
+    t = swapdsl.load(MODELS / "mlp.swp", precision="f16", guard="scale", **MLP).training
+    trainer = Trainer(t, 0, np)
+    before = trainer.state()
+    trainer.step(1)  # 2^16 times the gradient overflows f16: skipped, and the scale halves
+    after = trainer.state()
+    assert trainer.metrics()["finite"] == 0.0 and trainer.metrics()["loss_scale"] == 2.0**15
+    assert all(np.array_equal(before[k], after[k]) for k in t.params)
+    trainer.step(2)
+    assert trainer.metrics()["finite"] == 1.0 and not np.array_equal(before[t.params[0]], trainer.state()[t.params[0]])
+
+
+def test_a_guarded_plan_records_its_guard_and_trains_exactly(cli, in_tmp: Path) -> None:
+    write(in_tmp / "m.swp", (MODELS / "mlp.swp").read_text())
+    defines = [x for k, v in MLP.items() for x in ("-D", f"{k}={v}")]
+    assert cli("optimize", "m.swp", *defines, "--precision", "f16", "--memory", "1MiB", "--method", "capuchin",
+               "-o", "m.plan")[0] == 0
+    assert "\nguard scale\n" in (in_tmp / "m.plan").read_text()  # f16's default
+    code, out, err = cli("exec", "m.plan", "--steps", "4", "--check")
+    assert code == 0, err
+    assert "1 steps skipped for a non-finite gradient (their updates not applied); loss scale now 32768" in out
+    assert "max rel diff against the reference 0.00e+00" in out
+    code, _, err = cli("exec", "m.plan", "--guard", "none", "--steps", "1")
+    assert code == 2 and "--guard none: the plan was made for scale" in err
+    tiny = write(in_tmp / "tiny.swp", TINY)  # a loss 1e6 times larger: its f16 gradients overflow
+    code, _, err = cli("exec", tiny, "-D", "scale=1e6", "--guard", "skip", "--precision", "f16", "--steps", "3")
+    assert code == 2 and err.startswith("error: a gradient of step 1 is not finite, so its update was skipped; "
+                                        "stopped"), err
+    assert "made in step 1 by op 10, `matmul_tn_fold` (grad w as f16)" in err
+    code, out, _ = cli("exec", tiny, "-D", "scale=1e6", "--guard", "skip", "--precision", "f16", "--steps", "3",
+                       "--on-nonfinite", "skip")
+    assert code == 0 and "3 steps skipped" in out
+    code, _, err = cli("exec", tiny, "-D", "scale=1e6", "--precision", "f16", "--steps", "30")  # scaling gives up
+    assert code == 2 and err.startswith("error: a gradient of step 17 is not finite, so its update was skipped, and "
+                                        "the loss scale has fallen to 0.5; stopped"), err

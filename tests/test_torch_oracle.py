@@ -93,3 +93,19 @@ def test_half_first_step_agrees_with_pytorch_autocast(model: str, precision: str
     if theirs_off < 1e-2:
         assert _relative(grads, theirs) < 1e-2
     assert _relative(grads, exact) < max(1.5 * theirs_off, 1e-2)
+
+
+def test_the_loss_scale_follows_torchs_grad_scaler() -> None:
+    """Our loss_scale_next / good_steps_next against torch._amp_update_scale_ (GradScaler.update's kernel) on
+    a random run of finite and non-finite steps: the same scale and growth tracker after every step."""
+    rng = np.random.default_rng(3)
+    a = {"growth": 2.0, "backoff": 0.5, "interval": 3}
+    scale, good = np.array(2.0**16, np.float32), np.array(0.0, np.float32)
+    t_scale, t_good = torch.tensor([2.0**16]), torch.tensor([0], dtype=torch.int32)
+    for _ in range(200):
+        finite = bool(rng.random() < 0.7)
+        ok = np.array(1.0 if finite else 0.0, np.float32)
+        scale, good = (np.asarray(run_kernel(np, "loss_scale_next", [scale, good, ok], a)),
+                       np.asarray(run_kernel(np, "good_steps_next", [good, ok], a)))
+        torch._amp_update_scale_(t_scale, t_good, torch.tensor([0.0 if finite else 1.0]), 2.0, 0.5, 3)
+        assert float(scale) == float(t_scale[0]) and int(good) == int(t_good[0])

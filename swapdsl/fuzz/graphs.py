@@ -5,8 +5,9 @@ for bench/bound_gap.py. Choices come from a seeded Random here; the tests draw t
 from __future__ import annotations
 
 import random
-
 from typing import Protocol
+
+import attrs
 
 from swapdsl.graph.autodiff import training_graph
 from swapdsl.graph.ir import DType, Graph, Init, Kind, Op, Optimizer, Tensor
@@ -68,13 +69,13 @@ def seeded_training_graph(seed: int, max_depth: int = 7, extras: bool = True) ->
 
 
 def random_training_graph(c: Choices, max_depth: int, extras: bool = True,
-                          precisions: tuple[str, ...] = ("f32",)) -> Graph:
+                          precisions: tuple[str, ...] = ("f32",), guards: tuple[str, ...] = ("none",)) -> Graph:
     """An MLP-like net of random depth with fan-out, long skips and shared weights, and what the zoo
     has besides: ops that read one tensor twice at its last use (``h * h``, ``concat([a, a])``), a
     tensor split into slices that are joined again (several slices of one tensor: their gradients
     are joined in the backward pass), dropout, and the input read again at the end (``extras``; without
     them, the graphs of the releases before, which bench/bound_gap.py's published figures use); under one
-    of ``precisions`` (graph/precision.py)."""
+    of ``precisions`` (graph/precision.py) and ``guards`` (a guarded step, autodiff)."""
     draw_pick, draw_int, flip = c.pick, c.integer, c.flip
     batch = draw_pick([2, 4, 8])
     width = draw_pick([4, 8, 16, 32])
@@ -119,4 +120,5 @@ def random_training_graph(c: Choices, max_depth: int, extras: bool = True,
     ])
     fwd = Graph("random", (), b.tensors, tuple(b.ops), tuple(b.inputs), tuple(b.params), loss, optimizer, "0" * 64)
     precision = draw_pick(list(precisions)) if len(precisions) > 1 else precisions[0]
-    return training_graph(autocast(fwd, str(precision)))
+    guard = draw_pick(list(guards)) if len(guards) > 1 else guards[0]
+    return training_graph(attrs.evolve(autocast(fwd, str(precision)), guard=guard))

@@ -103,6 +103,7 @@ def summary(g: Graph) -> dict[str, Any]:
         "loss": g.loss,
         "optimizer": str(g.optimizer),
         "precision": g.precision,
+        "guard": g.guard,
         "source_sha256": g.source_sha256,
     }
 

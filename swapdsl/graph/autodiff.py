@@ -21,7 +21,7 @@ import attrs
 
 from swapdsl.common.errors import Span
 from swapdsl.graph import ops
-from swapdsl.graph.ir import Graph, Init, Kind, Op, Tensor, TensorType
+from swapdsl.graph.ir import DType, Graph, Init, Kind, Op, Tensor, TensorType
 
 
 @attrs.frozen
@@ -110,12 +110,12 @@ def training_graph(fwd: Graph) -> Graph:
         for name in op.inputs:
             first_use.setdefault(name, i)
     b.kind, b.label = Kind.gradient, f"grad {b.tensors[fwd.loss].title}"
-    grads: dict[str, str] = {fwd.loss: b.emit("fill", [], {"shape": (), "value": 1.0,
-                                                            "dtype": b.type(fwd.loss).dtype.label})}
+    state: list[str] = []
+    scale = _loss_scale(b, fwd, state) if fwd.guard == "scale" else None
+    grads: dict[str, str] = {fwd.loss: _seed(b, fwd, scale)}
     pieces: dict[str, list[_Piece]] = {name: [] for name in _joinable(forward)}
     updates: list[tuple[str, str]] = []
     param_grads: list[tuple[str, str]] = []
-    state: list[str] = []
     for i in range(len(forward) - 1, -1, -1):
         op = forward[i]
         g = _gradient(b, op.outputs[0], grads, pieces)
@@ -124,16 +124,70 @@ def training_graph(fwd: Graph) -> Graph:
         for name in dict.fromkeys(op.inputs):
             if name in params and first_use[name] == i and _gradient(b, name, grads, pieces) is not None:
                 param_grads.append((name, grads[name]))
-                updates += _labelled_updates(b, _update(b, fwd, name, grads[name], state))
-    _report_state(b, fwd, updates, state)
-    return _assemble(fwd, forward, b, updates, param_grads, state)
+                if fwd.guard == "none":
+                    updates += _labelled_updates(b, _update(b, fwd, name, grads[name], state))
+    reports = list(fwd.reports)
+    if fwd.guard != "none":
+        reports += _guarded_updates(b, fwd, param_grads, scale, updates, state)
+    _report_state(b, fwd, updates, state, reports)
+    return attrs.evolve(_assemble(fwd, forward, b, updates, param_grads, state), reports=tuple(reports))
 
 
-def _report_state(b: _Builder, fwd: Graph, updates: list[tuple[str, str]], state: list[str]) -> None:
+LOSS_SCALE = {"initial": 2.0**16, "growth": 2.0, "backoff": 0.5, "interval": 2000}  # torch.amp.GradScaler's
+
+
+def _loss_scale(b: _Builder, fwd: Graph, state: list[str]) -> str:
+    """The loss scale and its count of finite steps in a row: f32 scalars kept across steps."""
+    scalar = TensorType((), DType.f32)
+    scale = b.add_tensor("loss_scale", scalar, Kind.optimizer_state,
+                         Init("constant", (("value", LOSS_SCALE["initial"]),)))
+    state += [scale, b.add_tensor("loss_scale/good_steps", scalar, Kind.optimizer_state, Init("zeros"))]
+    return scale
+
+
+def _seed(b: _Builder, fwd: Graph, scale: str | None) -> str:
+    """The loss's gradient: 1, or the loss scale (so every gradient is scaled by it)."""
+    dtype = b.type(fwd.loss).dtype
+    if scale is None:
+        return b.emit("fill", [], {"shape": (), "value": 1.0, "dtype": dtype.label})
+    return scale if dtype is DType.f32 else b.emit("cast", [scale], {"dtype": dtype.label})
+
+
+def _guarded_updates(b: _Builder, fwd: Graph, param_grads: list[tuple[str, str]], scale: str | None,
+                     updates: list[tuple[str, str]], state: list[str]) -> list[tuple[str, str]]:
+    """After the whole backward pass: each gradient unscaled, one flag saying all are finite, every update
+    gated on it, the loss scale stepped; returns the reports it adds (the flag, and the scale)."""
+    b.kind, b.label = Kind.gradient, "unscaled gradient"
+    if scale is not None:
+        param_grads[:] = [(p, _unscaled(b, g, scale)) for p, g in param_grads]
+    b.label = "all gradients finite"
+    flag = b.emit("all_finite", [g for _, g in param_grads])
+    for name, grad in param_grads:
+        pairs = _update(b, fwd, name, grad, state, gate=flag)
+        updates += _labelled_updates(b, pairs)
+    reports = [("finite", flag)]
+    if scale is not None:
+        good = "loss_scale/good_steps"
+        b.kind = Kind.optimizer_state
+        a = {k: v for k, v in LOSS_SCALE.items() if k != "initial"}
+        new_scale = b.emit("loss_scale_next", [scale, good, flag], a)
+        updates += _labelled_updates(b, [(scale, new_scale), (good, b.emit("good_steps_next", [good, flag], a))])
+        reports.append(("loss_scale", new_scale))  # the scale the next step uses
+    return reports
+
+
+def _unscaled(b: _Builder, grad: str, scale: str) -> str:
+    dtype = b.type(grad).dtype
+    by = scale if dtype is DType.f32 else b.emit("cast", [scale], {"dtype": dtype.label})
+    return b.emit("div", [grad, by])
+
+
+def _report_state(b: _Builder, fwd: Graph, updates: list[tuple[str, str]], state: list[str],
+                  reports: list[tuple[str, str]] | None = None) -> None:
     """Each report lives on as state that every step overwrites in place, as optimiser state is, so that
     planners keep its value to the end of the step without knowing about reports."""
     b.kind = Kind.metric
-    for name, tensor in fwd.reports:
+    for name, tensor in (fwd.reports if reports is None else reports):
         b.label = f"report {name}"
         old = b.add_tensor(f"report/{name}", b.type(tensor), Kind.metric, Init("zeros"))
         updates.append((old, b.emit("report", [old, tensor], {"name": name})))
@@ -255,14 +309,20 @@ def _mark_gradient(b: _Builder, name: str) -> None:
         b.tensors[name] = attrs.evolve(t, kind=Kind.gradient)
 
 
-def _update(b: _Builder, fwd: Graph, param: str, grad: str, state: list[str]) -> list[tuple[str, str]]:
-    """Emit the optimiser ops for one parameter; return (persistent, new value) pairs."""
+def _update(b: _Builder, fwd: Graph, param: str, grad: str, state: list[str],
+            gate: str | None = None) -> list[tuple[str, str]]:
+    """Emit the optimiser ops for one parameter; return (persistent, new value) pairs. ``gate``: the flag
+    each update reads (a guarded step's), keeping its old value when the flag is not 1."""
     opt = dict(fwd.optimizer.hparams)
     typ = b.type(param)
     b.span, b.kind = fwd.tensors[param].span, Kind.param
     wd = {"weight_decay": opt["weight_decay"]}
+
+    def emit(op: str, ins: list[str], a: dict[str, Any]) -> str:
+        return b.emit(op, ins, a) if gate is None else b.emit(op, [*ins, gate], {**a, "gated": True})
+
     if fwd.optimizer.name == "sgd" and opt["momentum"] == 0.0:
-        return [(param, b.emit("sgd", [param, grad], {"lr": opt["lr"], **wd}))]
+        return [(param, emit("sgd", [param, grad], {"lr": opt["lr"], **wd}))]
 
     def new_state(suffix: str) -> str:
         name = b.add_tensor(f"{param}/{suffix}", typ, Kind.optimizer_state, Init("zeros"))
@@ -272,16 +332,15 @@ def _update(b: _Builder, fwd: Graph, param: str, grad: str, state: list[str]) ->
     if fwd.optimizer.name == "sgd":
         m = new_state("momentum")
         b.kind = Kind.optimizer_state
-        m_new = b.emit("momentum", [m, grad, param], {"momentum": opt["momentum"], **wd})
+        m_new = emit("momentum", [m, grad, param], {"momentum": opt["momentum"], **wd})
         b.kind = Kind.param
-        return [(m, m_new), (param, b.emit("sgd_apply", [param, m_new], {"lr": opt["lr"]}))]
+        return [(m, m_new), (param, emit("sgd_apply", [param, m_new], {"lr": opt["lr"]}))]
     m, v = new_state("m"), new_state("v")
     b.kind = Kind.optimizer_state
-    m_new = b.emit("adam_m", [m, grad, param], {"beta1": opt["beta1"], **wd})
-    v_new = b.emit("adam_v", [v, grad, param], {"beta2": opt["beta2"], **wd})
+    m_new = emit("adam_m", [m, grad, param], {"beta1": opt["beta1"], **wd})
+    v_new = emit("adam_v", [v, grad, param], {"beta2": opt["beta2"], **wd})
     b.kind = Kind.param
-    w_new = b.emit("adam_apply", [param, m_new, v_new],
-                   {k: opt[k] for k in ("lr", "beta1", "beta2", "eps")})
+    w_new = emit("adam_apply", [param, m_new, v_new], {k: opt[k] for k in ("lr", "beta1", "beta2", "eps")})
     return [(m, m_new), (v, v_new), (param, w_new)]
 
 

@@ -28,6 +28,13 @@ from swapdsl.graph import ops
 from swapdsl.graph.ir import DType, Graph, Kind, Op, Tensor, TensorType
 
 PRECISIONS = ("f32", "bf16", "f16")
+# a guarded step (autodiff): none; skip (updates gated on every gradient being finite); scale (and dynamic
+# loss scaling, which f16 needs: its gradients underflow below 6e-8 and overflow above 65504)
+GUARDS = ("none", "skip", "scale")
+
+
+def default_guard(precision: str) -> str:
+    return "scale" if precision == "f16" else "none"
 
 HALF_OPS = frozenset({"matmul", "conv2d"})
 WIDE_OPS = frozenset({"softmax_cross_entropy", "mse_loss", "sum", "mean"})

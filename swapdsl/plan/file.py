@@ -17,7 +17,7 @@ from swapdsl.common.atomic import write_text_atomically
 from swapdsl.common.errors import Span, SwpError
 from swapdsl.common.paths import GRAMMAR_DIR
 from swapdsl.devices.profiles import Device
-from swapdsl.graph.precision import PRECISIONS
+from swapdsl.graph.precision import GUARDS, PRECISIONS
 from swapdsl.lang.loader import load, read_source
 from swapdsl.plan.program import Free, HOST, Origin, Plan, PlanOp, PlanTensor, Region, Run, SwapIn, SwapOut
 
@@ -68,6 +68,8 @@ def format_plan(plan: Plan) -> str:
     lines.append(f"method {plan.method}")
     if plan.precision != "f32":
         lines.append(f"precision {plan.precision}")
+    if plan.guard != "none":
+        lines.append(f"guard {plan.guard}")
     dev = " ".join(f"{k} {_v(getattr(plan.device, k))}" for k in _DEVICE_SCALARS)
     lines.append(f"device {_q(plan.device.name)} {dev}")
     lines += [f"flops {k} {_v(v)}" for k, v in plan.device.flops]
@@ -181,7 +183,8 @@ class _Build(Transformer):
         origin = Origin(self.file, {k: tuple(v) for k, v in self.lines.items()})
         return Plan(f["model"][0], f["model"][1], tuple(f["args"]), f["method"], device, f["cap"], f["scratch"],
                     tuple(f["tensors"]), tuple(f["ops"]), f["loss"], tuple(f["updates"]),
-                    tuple(f["program"]), tuple(f["figures"]), f.get("precision", "f32"), origin)
+                    tuple(f["program"]), tuple(f["figures"]), f.get("precision", "f32"), f.get("guard", "none"),
+                    origin)
 
     def _err(self, meta: Any, message: str) -> SwpError:
         return SwpError(message, Span.point(self.file, meta.line, meta.column))
@@ -212,6 +215,12 @@ class _Build(Transformer):
         if str(c[0]) not in PRECISIONS or str(c[0]) == "f32":
             raise self._err(meta, f"unknown precision `{c[0]}` (plans name bf16 or f16; f32 has no line)")
         self.f["precision"] = str(c[0])
+
+    def guard(self, meta: Any, c: list[Token]) -> None:
+        self._at(meta, "guard", "")
+        if str(c[0]) not in GUARDS or str(c[0]) == "none":
+            raise self._err(meta, f"unknown guard `{c[0]}` (plans name skip or scale; none has no line)")
+        self.f["guard"] = str(c[0])
 
     def device(self, meta: Any, c: list[Any]) -> None:
         self._at(meta, "device", "")

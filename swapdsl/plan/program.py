@@ -169,6 +169,7 @@ class Plan:
     program: tuple[Instr, ...]
     figures: tuple[tuple[str, float], ...] = ()
     precision: str = "f32"  # the training graph's mixed-precision policy (a `precision` line when not f32)
+    guard: str = "none"  # the training graph's guarded step (a `guard` line when not none)
     origin: Origin | None = attrs.field(default=None, eq=False, repr=False)  # set when read from a file
 
     @property

@@ -26,7 +26,7 @@ def summary(plan: Plan, result: Result, labels: Mapping[str, str] | None = None)
         f"plan for {plan.model_path} ({', '.join(f'{k}={v}' for k, v in plan.args)})",
         f"  method          {plan.method}",
         f"  device          {plan.device.name}",
-        f"  precision       {plan.precision}",
+        f"  precision       {plan.precision}, guard {plan.guard}",
         f"  cap             {format_bytes(plan.cap)} (one arena; tensors at offsets)",
         f"  scratch         {format_bytes(plan.scratch)} at the top of the arena (kernels' temporaries, reused "
         f"by every op)",

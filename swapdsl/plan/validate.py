@@ -161,6 +161,9 @@ def check_describes(plan: Plan, g: Graph) -> None:
     if plan.precision != g.precision:  # said plainly, rather than as the first cast tensor's name that differs
         raise PlanError(f"the plan's precision is {plan.precision}, its training graph's {g.precision}",
                         ("precision" if plan.precision != "f32" else "method", 0))
+    if plan.guard != g.guard:
+        raise PlanError(f"the plan's guard is {plan.guard}, its training graph's {g.guard}",
+                        ("guard" if plan.guard != "none" else "method", 0))
     homed = set(g.persistent) | set(g.inputs)
     want = [(n, t.type.nbytes, t.kind.value, n in homed) for n, t in g.tensors.items()]
     have = [(t.name, t.bytes, t.kind, t.home is not None) for t in plan.tensors]

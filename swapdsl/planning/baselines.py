@@ -97,7 +97,7 @@ def assemble(req: Request, p: Problem, method: str, homes: dict[int, Region], pr
     ops = tuple(PlanOp(i, op.op, p.op_ms[i], op.inputs, op.outputs) for i, op in enumerate(req.graph.ops))
     return Plan(req.model_path, req.graph.source_sha256, req.model_args, method,
                 attrs.evolve(req.device, op_times=()), req.cap, req.scratch, tuple(tensors), ops,
-                req.graph.loss, req.graph.updates, program, precision=req.graph.precision)
+                req.graph.loss, req.graph.updates, program, precision=req.graph.precision, guard=req.graph.guard)
 
 
 def plan_capuchin(req: Request) -> Plan:

@@ -9,12 +9,14 @@ import time
 from pathlib import Path
 from typing import Any
 
+import attrs
+
 from swapdsl.common.atomic import check_writable, write_bytes_atomically, write_text_atomically
 from swapdsl.common.errors import SwpError
 from swapdsl.common.paths import STDLIB_DIR
 from swapdsl.devices.profiles import Device
 from swapdsl.graph.autodiff import training_graph
-from swapdsl.graph.precision import autocast
+from swapdsl.graph.precision import autocast, default_guard
 from swapdsl.lang.elaborate import elaborate
 from swapdsl.lang.loader import load
 from swapdsl.plan.program import Run
@@ -34,14 +36,15 @@ def model_path(name: str) -> Path:
 
 def rows(models: list[str], ratios: list[float], methods: list[str], device: Device,
          search: SearchOptions, log: Any = None, host: tuple[int | None, float | None] = (None, None),
-         precision: str = "f32") -> list[dict[str, Any]]:
+         precision: str = "f32", guard: str | None = None) -> list[dict[str, Any]]:
     """One row per (model, ratio, method); the cap for ratio r is the no-swap arena / r (of the model under
     ``precision``). ``host``: a host budget for every plan, and one per (model, ratio) as a share of what
     belady keeps on the host there (the smaller holds)."""
     rows = []
     for name in models:
         path = model_path(name)
-        fwd = autocast(elaborate(load(path)), precision)
+        fwd = attrs.evolve(autocast(elaborate(load(path)), precision),
+                           guard=default_guard(precision) if guard is None else guard)
         t = training_graph(fwd)
         p = Problem.build(t, device)
         no_swap = no_swap_bytes(p)

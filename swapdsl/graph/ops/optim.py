@@ -14,7 +14,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from swapdsl.graph.ir import TensorType
+from swapdsl.common.errors import SwpError
+from swapdsl.graph.ir import DType, TensorType
 from swapdsl.graph.ops.registry import (
     Array, Attrs, KernelContext, OpDef, Types, buffers, chunk_len, chunks, per_element, register,
 )
@@ -137,6 +138,88 @@ def _flat(kernel):  # noqa: ANN001, ANN202
     """Updates are element-wise over same-shaped tensors: run them on flat views, in chunks."""
     return lambda c, ins, out, a: kernel(c, [x.reshape(-1) for x in ins], out.reshape(-1), a)
 
+
+# ---- a guarded step: the updates apply only when every gradient is finite; dynamic loss scaling ----------
+#
+# ``all_finite`` reduces the gradients to one flag (1.0: all finite) on the device; an update op with the
+# attribute ``gated`` reads it as an extra last input (``registry.kernel_of``) and leaves its state as it
+# was when the flag is 0. The loss scale follows torch.amp.GradScaler: halved after a step with a
+# non-finite gradient, doubled after ``interval`` finite steps in a row.
+
+
+def _all_finite_infer(ins: Types, a: Attrs) -> TensorType:
+    for t in ins:
+        if not t.dtype.is_float:
+            raise SwpError(f"`all_finite` reads floating-point gradients, got {t}")
+    return TensorType((), DType.f32)
+
+
+def _all_finite(c: KernelContext, ins: list[Array], out: Array, a: Attrs) -> None:
+    """out = 1 if every element of every input is finite, else 0: each input times zero, summed, is NaN
+    exactly when the input holds a NaN or an infinity; in chunks, into scratch, on the device."""
+    xp = c.xp
+    acc, part = c.scratch.take((), xp.float32), c.scratch.take((), xp.float32)
+    acc.fill(0)
+    mark = c.scratch.used
+    for x in ins:
+        flat = x.reshape(-1)
+        for k in flat_chunks(flat):
+            t = c.scratch.take(flat[k].shape, flat.dtype)
+            xp.multiply(flat[k], flat.dtype.type(0), out=t)
+            xp.sum(t, out=part, dtype=xp.float32)
+            xp.add(acc, part, out=acc)
+            c.scratch.used = mark
+    ok = c.scratch.take((), xp.bool_)
+    xp.isfinite(acc, out=ok)
+    xp.copyto(out, ok, casting="unsafe")
+
+
+def _all_finite_scratch(ins: Types, out: TensorType, a: Attrs) -> int:
+    widest = max((chunk_len(t.numel, 2 * t.dtype.itemsize, t.nbytes) * t.dtype.itemsize for t in ins), default=0)
+    return buffers(4, 4, widest, 1)
+
+
+def _scalar_state(ins: Types, a: Attrs) -> TensorType:
+    for t in ins:
+        if t.shape != () or t.dtype is not DType.f32:
+            raise SwpError(f"loss-scale state is an f32 scalar, got {t}")
+    return TensorType((), DType.f32)
+
+
+def _scale_next(c: KernelContext, ins: list[Array], out: Array, a: Attrs) -> None:
+    """scale * backoff after a non-finite step; * growth when this finite step completes ``interval``. Both
+    candidates are formed before ``out`` is written: it may be ``scale`` itself (the update runs in place)."""
+    xp = c.xp
+    scale, good, ok = ins
+    grown, backed = c.scratch.take((), xp.float32), c.scratch.take((), xp.float32)
+    completes, failed = c.scratch.take((), xp.bool_), c.scratch.take((), xp.bool_)
+    xp.add(good, xp.float32(1), out=grown)
+    xp.greater_equal(grown, xp.float32(a["interval"]), out=completes)
+    xp.not_equal(ok, xp.float32(1), out=failed)
+    xp.multiply(scale, xp.float32(a["growth"]), out=grown)
+    xp.multiply(scale, xp.float32(a["backoff"]), out=backed)
+    xp.copyto(out, scale)  # a no-op in place; into a fresh output (the reference executor's), the scale kept
+    xp.copyto(out, grown, where=completes)
+    xp.copyto(out, backed, where=failed)
+
+
+def _good_next(c: KernelContext, ins: list[Array], out: Array, a: Attrs) -> None:
+    """The finite steps in a row since the scale last changed: (good + 1) mod interval, 0 after a non-finite one."""
+    xp = c.xp
+    good, ok = ins
+    xp.add(good, xp.float32(1), out=out)
+    xp.remainder(out, xp.float32(a["interval"]), out=out)
+    xp.multiply(out, ok, out=out)
+
+
+register(
+    OpDef("all_finite", (1, None), _all_finite_infer, lambda ins, out, a: sum(t.numel for t in ins), _all_finite,
+          scratch=_all_finite_scratch),
+    # in place, as every update of persistent state is (planners keep the new value where the old one was)
+    OpDef("loss_scale_next", (3, 3), _scalar_state, lambda ins, out, a: 8, _scale_next, in_place=True,
+          scratch=lambda i, o, a: buffers(4, 4, 1, 1)),
+    OpDef("good_steps_next", (2, 2), _scalar_state, lambda ins, out, a: 3, _good_next, in_place=True),
+)
 
 register(
     _update("sgd", 2, 3, _sgd),

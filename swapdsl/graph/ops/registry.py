@@ -135,8 +135,13 @@ def register(*defs: OpDef) -> None:
 
 
 def infer(op: str, ins: Types, attrs_: Attrs) -> TensorType:
-    """The output type of ``op`` on inputs of types ``ins``; raises SwpError."""
+    """The output type of ``op`` on inputs of types ``ins``; raises SwpError. A ``gated`` op (an update of a
+    guarded step) reads one more input, last: the f32 flag ``all_finite`` makes."""
     d = REGISTRY[op]
+    if attrs_.get("gated"):
+        if not d.in_place or not ins or ins[-1] != TensorType((), DType.f32):
+            raise SwpError(f"`{op}` cannot be gated: only updates are, by an f32 flag read last")
+        ins = ins[:-1]
     lo, hi = d.arity
     if len(ins) < lo or (hi is not None and len(ins) > hi):
         raise SwpError(f"`{op}` takes {lo if lo == hi else f'{lo} or more'} tensor inputs, got {len(ins)}")
@@ -225,8 +230,11 @@ def _widened(t: TensorType) -> TensorType:
     return TensorType(t.shape, DType.f32) if is_half(t) else t
 
 
-def kernel_of(op: str, ins: Types, out: TensorType) -> Kernel:
-    """``op``'s kernel for tensors of these types: its own, or, where any is half, its own on f32 copies."""
+def kernel_of(op: str, ins: Types, out: TensorType, attrs_: Attrs | None = None) -> Kernel:
+    """``op``'s kernel for tensors of these types: its own, or, where any is half, its own on f32 copies;
+    for a ``gated`` update, one that keeps the old value (its first input) unless the flag is 1."""
+    if attrs_ and attrs_.get("gated"):
+        return _gated(kernel_of(op, ins[:-1], out))
     kernel = REGISTRY[op].kernel
     if not (is_half(out) or any(map(is_half, ins))):
         return kernel
@@ -243,6 +251,24 @@ def kernel_of(op: str, ins: Types, out: TensorType) -> Kernel:
             c.xp.copyto(out_, result, casting="unsafe")
 
     return in_f32
+
+
+def _gated(kernel: Kernel) -> Kernel:
+    def gated(c: KernelContext, ins_: list[Array], out_: Array, a: Attrs) -> None:
+        xp, flag = c.xp, ins_[-1]
+        new = c.scratch.take(out_.shape, out_.dtype)
+        keep, apply = c.scratch.take((), xp.bool_), c.scratch.take((), xp.bool_)
+        xp.not_equal(flag, xp.float32(1), out=keep)
+        xp.equal(flag, xp.float32(1), out=apply)
+        below, c.scratch.floor = c.scratch.floor, c.scratch.used
+        try:
+            kernel(c, ins_[:-1], new, a)
+        finally:
+            c.scratch.floor = below
+        xp.copyto(out_, ins_[0], where=keep)  # a no-op where the update runs in place
+        xp.copyto(out_, new, where=apply)
+
+    return gated
 
 
 _HALF_ARRAYS = frozenset({np.dtype(np.float16), np.dtype(ml_dtypes.bfloat16)})
@@ -300,8 +326,12 @@ def chunks(total: int, item_bytes: int, largest: int) -> list[slice]:
 
 
 def scratch_need(op: str, ins: Types, out: TensorType, attrs_: Attrs) -> int:
-    """The scratch bytes ``op``'s kernel (``kernel_of``) takes on these types: on half tensors, the f32
-    copies first (inputs in order, then the result), then what the kernel takes on f32."""
+    """The scratch bytes ``op``'s kernel (``kernel_of``) takes on these types: a gated update's new value and
+    flags first; on half tensors, the f32 copies (inputs in order, then the result); then what the kernel
+    takes on f32."""
+    if attrs_.get("gated"):
+        plain = {k: v for k, v in attrs_.items() if k != "gated"}
+        return buffers(out.nbytes, 1, 1) + scratch_need(op, ins[:-1], out, plain)
     wide_ins, wide_out = tuple(map(_widened, ins)), _widened(out)
     copies = [w.nbytes for t, w in zip(ins, wide_ins) if is_half(t)] + ([wide_out.nbytes] if is_half(out) else [])
     return buffers(*copies) + REGISTRY[op].scratch(wide_ins, wide_out, attrs_)
@@ -322,5 +352,5 @@ def run_kernel(xp: Any, op: str, ins: list[Array], attrs_: Attrs, step: int = 1)
     out_type = infer(op, types, attrs_)
     out = xp.empty(out_type.shape, dtype=np_dtype(xp, out_type.dtype))
     ctx = KernelContext.standalone(xp, scratch_need(op, types, out_type, attrs_), step)
-    kernel_of(op, types, out_type)(ctx, ins, out, attrs_)
+    kernel_of(op, types, out_type, attrs_)(ctx, ins, out, attrs_)
     return out

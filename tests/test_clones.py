@@ -13,7 +13,7 @@ from conftest import MODELS, build_graph, safety
 from swapdsl.graph.autodiff import training_graph
 from swapdsl.planning.compiled import no_swap_bytes
 from swapdsl.common.paths import STDLIB_DIR
-from strategies import training_graphs
+from strategies import EVERY, training_graphs
 from swapdsl.common.errors import SwpError
 from swapdsl.graph.ir import Graph
 from swapdsl.plan.program import Run
@@ -138,7 +138,7 @@ def test_candidates_are_forward_ops_the_backward_pass_reads() -> None:
 
 
 @settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(training_graphs(), st.floats(0.0, 1.0), st.floats(0.3, 1.5), st.sampled_from(METHOD_NAMES))
+@given(training_graphs(**EVERY), st.floats(0.0, 1.0), st.floats(0.3, 1.5), st.sampled_from(METHOD_NAMES))
 def test_host_budgets_hold_or_are_refused(t: Graph, where: float, share: float, method: str) -> None:
     """Every planner under a host budget a share of what `belady` keeps on the host: the plan keeps within
     it, is valid and trains exactly (recomputation chains and dropout included), or the planner refuses

@@ -13,7 +13,7 @@ from hypothesis import assume, given
 from hypothesis import strategies as st
 
 from conftest import MODELS, main, safety
-from strategies import training_graphs
+from strategies import EVERY, training_graphs
 from swapdsl.common.errors import SwpError
 from swapdsl.fuzz.plans import KINDS, PROGRAM, campaign, mutate
 from swapdsl.graph.ir import Graph
@@ -139,7 +139,7 @@ def test_mutants_are_refused_or_exact(plans: Path, kind: str) -> None:
 
 
 @safety(40)
-@given(training_graphs(max_depth=5), st.floats(0.0, 1.0),
+@given(training_graphs(max_depth=5, **EVERY), st.floats(0.0, 1.0),
        st.sampled_from(["ga", "capuchin", "checkpoint", *sorted(METHODS)]),
        st.sampled_from(KINDS), st.integers(0, 2**32 - 1))
 def test_a_mutant_of_any_plan_is_refused_or_trains_exactly(t: Graph, where: float, method: str, kind: str,

@@ -13,7 +13,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from conftest import MODELS, build_graph, safety, write
-from strategies import training_graphs
+from strategies import EVERY, training_graphs
 from swapdsl.graph.autodiff import training_graph
 from swapdsl.graph.ir import Graph
 from swapdsl.plan.program import Plan, Run, SwapIn
@@ -109,7 +109,7 @@ def test_gradient_sums_run_in_place() -> None:
 
 
 @safety(20)
-@given(training_graphs(), st.floats(0.0, 1.0), st.sampled_from(sorted(METHODS)))
+@given(training_graphs(**EVERY), st.floats(0.0, 1.0), st.sampled_from(sorted(METHODS)))
 def test_random_plans_match_the_reference(t: Graph, where: float, method: str) -> None:
     need, no_swap = caps(t)
     plan = plan_for(t, int(need + where * (no_swap - need)), method)

@@ -119,8 +119,6 @@ def _load_npz(file: Path, flag: str) -> dict[str, np.ndarray]:
     try:
         with zipfile.ZipFile(file) as z:
             members = [m for m in z.infolist() if m.filename.endswith(".npy")]
-            for m in members:
-                _check_crc(z, m)
             return {m.filename[:-4]: _npz_member(file, z, m) for m in members}
     except _UNREADABLE as exc:
         raise SwpError(f"{flag}: cannot read `{file}` as an .npz archive: {_reason(exc)}",
@@ -131,19 +129,22 @@ def _reason(exc: BaseException) -> str:
     return str(exc) or type(exc).__name__
 
 
-def _check_crc(z: zipfile.ZipFile, m: zipfile.ZipInfo, chunk: int = 1 << 24) -> None:
-    """Read the member through: zipfile compares its CRC-32 at the end and raises BadZipFile if it differs."""
-    with z.open(m) as f:
-        while f.read(chunk):
-            pass
+def _drain(f: Any, chunk: int = 1 << 24) -> None:
+    """Read a member to its end: there zipfile compares its CRC-32 and raises BadZipFile if it differs."""
+    while f.read(chunk):
+        pass
 
 
 def _npz_member(file: Path, z: zipfile.ZipFile, m: zipfile.ZipInfo) -> np.ndarray:
-    if m.compress_type != zipfile.ZIP_STORED:
+    if m.compress_type != zipfile.ZIP_STORED:  # read once, through zipfile, which checks the CRC at the end
         with z.open(m) as f:
             _check_declared_size(f, m)
         with z.open(m) as f:
-            return np.lib.format.read_array(f, allow_pickle=False)
+            a = np.lib.format.read_array(f, allow_pickle=False)
+            _drain(f)
+            return a
+    with z.open(m) as f:  # a stored member is memory-mapped, so read through here once for its CRC
+        _drain(f)
     with open(file, "rb") as raw:
         raw.seek(m.header_offset)
         local = raw.read(30)  # the local file header: its name and extra field lengths are at 26 and 28

@@ -17,7 +17,11 @@ built once; a step enqueues that list in order on the calling thread:
 - ``swapout``: the device-to-host stream waits for op ``after`` (and the
   tensor's swap-in, if that is how it came), then copies;
 - ``free``: no work; the region's next tenant waits for op ``after`` and any
-  swap-out of the tensor.
+  swap-out of the tensor;
+- ``host``: the host lane (a fourth thread, on NumPy) waits for the copies
+  that wrote the op's inputs to the host, and for the swap-ins reading host
+  memory it writes over, then runs the kernel on host memory, with scratch
+  and a step counter of its own.
 
 Nothing else synchronises, so a plan that breaks its promises corrupts
 numbers instead of quietly using more memory.
@@ -38,8 +42,8 @@ from swapdsl.common.errors import SwpError
 from swapdsl.graph.ir import DType, Graph, TensorType
 from swapdsl.graph.ops import KernelContext
 from swapdsl.graph.analysis import STATE_BYTES
-from swapdsl.graph.ops.registry import Scratch, kernel_of, np_dtype
-from swapdsl.plan.program import InstrKind, Plan, Region, Run, SwapIn, SwapOut, arena_bytes
+from swapdsl.graph.ops.registry import Scratch, kernel_of, np_dtype, scratch_need
+from swapdsl.plan.program import HostRun, InstrKind, Plan, Region, Run, SwapIn, SwapOut, arena_bytes
 from swapdsl.plan.replay import START, STREAM, Replay, Step
 from swapdsl.plan.validate import check_describes, validate
 from swapdsl.runtime.backend import copy_fn, require_memory, to_host
@@ -69,6 +73,13 @@ def check_runnable(g: Graph, backend: str) -> None:
                        hints=["plan with --precision f16, or run on NumPy (--backend numpy)"])
 
 
+def check_lanes(plan: Plan, backend: str) -> None:
+    """Updates on the host run on NumPy's host lane; CuPy's is not written yet."""
+    if backend == "cupy" and any(isinstance(i, HostRun) for i in plan.program):
+        raise SwpError("the CuPy runtime cannot run updates on the host yet",
+                       hints=["plan with --host-updates none, or run on NumPy (--backend numpy)"])
+
+
 class PlanRunner:
     def __init__(self, plan: Plan, g: Graph, backend: str, xp: ModuleType, seed: int,
                  check_plan: bool = True, copy_delay_s: float = 0.0, kernel_delay_s: float = 0.0,
@@ -88,6 +99,7 @@ class PlanRunner:
         else:
             check_describes(plan, g)
         check_runnable(g, backend)
+        check_lanes(plan, backend)
         self.plan, self.g, self.backend, self.xp = plan, g, backend, xp
         self.copy_delay_s, self.kernel_delay_s = copy_delay_s, kernel_delay_s
         self.slots = self._host_slots()
@@ -100,6 +112,7 @@ class PlanRunner:
         self.inputs = set(g.inputs)
         self._load_initial(seed)
         self.ctx = attrs.evolve(self._context(), tf32=tf32 and backend == "cupy")
+        self.host_ctx = self._host_context()
         self.vendor = (VendorKernels.load(g, lambda: xp.cuda.get_current_stream().ptr, tf32=self.ctx.tf32)
                        if backend == "cupy" and vendor_kernels else VendorKernels())
         self.fused = FusedKernels.load(g, xp) if backend == "cupy" and vendor_kernels else FusedKernels()
@@ -150,6 +163,14 @@ class PlanRunner:
         counter.fill(0)
         return KernelContext(self.xp, Scratch(self.arena[base + STATE_BYTES:self.plan.cap]), counter)
 
+    def _host_context(self) -> KernelContext:
+        """The host lane's context: NumPy, scratch for its largest kernel, a step counter of its own."""
+        g = self.g
+        need = max((scratch_need(g.ops[i.op].op, tuple(map(g.type_of, g.ops[i.op].inputs)),
+                                 g.type_of(g.ops[i.op].outputs[0]), g.ops[i.op].attr_dict)
+                    for i in self.plan.program if isinstance(i, HostRun)), default=0)
+        return KernelContext(np, Scratch(np.zeros(max(need, 1), np.uint8)), np.zeros((), np.int64))
+
     def _type(self, name: str) -> TensorType:
         return self.g.type_of(name)
 
@@ -194,6 +215,7 @@ class PlanRunner:
         """Continue from ``values`` (every persistent tensor, or some) as if ``step`` steps had run."""
         self._load({name: values[name] for name in self.g.persistent if name in values})
         self.ctx.step.fill(step)
+        self.host_ctx.step.fill(step)
         self.steps_run = step
         if self.backend == "cupy":  # written on the current stream; the step's streams do not wait for it
             self.xp.cuda.runtime.deviceSynchronize()
@@ -231,6 +253,8 @@ class PlanRunner:
         start = [Work("h2d", (), self._copy(name, self.homes[name], True), START_INPUTS if k == len(batch) - 1
                       else START_INPUTS - 1 - k, k == len(batch) - 1) for k, name in enumerate(batch)]
         start.append(Work("compute", (START_INPUTS,) if batch else (), self._count_step, START, False))
+        if any(s.kind is InstrKind.HOST for s in steps):
+            start.append(Work("host", (), self._count_host_step, START, False))
         return start + [Work(stream_of[s.index], waits[s.index], self._work(s), s.index, s.index in awaited)
                         for s in steps]
 
@@ -240,6 +264,8 @@ class PlanRunner:
             return self._copy(instr.tensor, instr.region, True)
         if isinstance(instr, SwapOut):
             return self._copy(instr.tensor, s.regions[0], False)
+        if isinstance(instr, HostRun):
+            return self._host_work(instr)
         assert isinstance(instr, Run)
         op = self.g.ops[instr.op]
         ins = [self.dview(n, region) for n, region in zip(op.inputs, s.regions)]
@@ -265,8 +291,26 @@ class PlanRunner:
 
         return launch
 
+    def _host_work(self, instr: HostRun) -> Callable[[], None]:
+        op = self.g.ops[instr.op]
+        ins = [self.hview(n) for n in op.inputs]
+        out = self.hview(op.outputs[0])
+        kernel = kernel_of(op.op, tuple(map(self.g.type_of, op.inputs)), self.g.type_of(op.outputs[0]), op.attr_dict)
+        attrs, ctx, delay = op.attr_dict, self.host_ctx, self.kernel_delay_s
+
+        def run_on_host() -> None:
+            if delay:
+                time.sleep(delay)
+            ctx.scratch.reset()
+            kernel(ctx, ins, out, attrs)
+
+        return run_on_host
+
     def _count_step(self) -> None:
         self.xp.add(self.ctx.step, 1, out=self.ctx.step)
+
+    def _count_host_step(self) -> None:
+        np.add(self.host_ctx.step, 1, out=self.host_ctx.step)
 
     def _thread_lanes(self) -> tuple[dict[str, list[Item]], list[threading.Lock]]:
         """The work as three lists of items with their events (built at the first step, so a test may edit

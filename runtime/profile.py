@@ -21,9 +21,9 @@ import numpy as np
 from swapdsl.devices.costs import op_key
 from swapdsl.devices.profiles import Device
 from swapdsl.graph.analysis import op_scratch
-from swapdsl.graph.ir import Graph
-from swapdsl.graph.ops import KernelContext
-from swapdsl.graph.ops.registry import kernel_of, np_dtype
+from swapdsl.graph.ir import DType, Graph, TensorType
+from swapdsl.graph.ops import REGISTRY, KernelContext
+from swapdsl.graph.ops.registry import kernel_of, np_dtype, scratch_need
 from swapdsl.runtime.backend import copy_fn, synchronize
 from swapdsl.runtime.data import init_persistent, synthetic_inputs
 from swapdsl.runtime.reference import last_uses
@@ -206,6 +206,30 @@ def _graph_node_seconds(ops: int) -> float:
 
 
 COPY_SIZES = (64 * 2**10, 2**20, 16 * 2**20, 64 * 2**20)
+HOST_UPDATE_ELEMENTS = 4 * 2**20  # the arrays host_update_bw times Adam over (16 MiB each in f32)
+
+
+def host_update_bw(repeat: int, elements: int = HOST_UPDATE_ELEMENTS) -> float:
+    """Bytes/s an Adam update sustains on this host, run as the host lane runs it (``kernel_of`` on NumPy
+    arrays, the registry's bytes per op): what ``--host-updates`` plans price host ops by."""
+    t = TensorType((elements,), DType.f32)
+    rng = np.random.default_rng(0)
+    p, g, m, v = (rng.standard_normal(elements).astype(np.float32) for _ in range(4))
+    np.abs(v, out=v)  # (a second moment)
+    chain = [("adam_m", [m, g, p], m, {"beta1": 0.9, "weight_decay": 0.0}),
+             ("adam_v", [v, g, p], v, {"beta2": 0.999, "weight_decay": 0.0}),
+             ("adam_apply", [p, m, v], p, {"lr": 1e-3, "beta1": 0.9, "beta2": 0.999, "eps": 1e-8})]
+    ctx = KernelContext.standalone(np, max(scratch_need(op, (t,) * len(ins), t, a) for op, ins, _, a in chain))
+    moved = sum(REGISTRY[op].bytes_read((t,) * len(ins), t, a) + REGISTRY[op].bytes_written((t,) * len(ins), t, a)
+                for op, ins, _, a in chain)
+    kernels = [(kernel_of(op, (t,) * len(ins), t, a), ins, out, a) for op, ins, out, a in chain]
+
+    def update() -> None:
+        for kernel, ins, out, a in kernels:
+            ctx.scratch.reset()
+            kernel(ctx, ins, out, a)
+
+    return moved / _timed(np, update, repeat)
 
 
 def profile(g: Graph, xp: ModuleType, backend: str, base: Device, repeat: int = 5,
@@ -214,5 +238,6 @@ def profile(g: Graph, xp: ModuleType, backend: str, base: Device, repeat: int = 
     return attrs.evolve(
         base, name=f"measured-{backend}", mem_bw=c.mem_bw, h2d_bw=c.h2d_bw, d2h_bw=c.d2h_bw,
         launch_s=launch_seconds(backend), copy_latency_s=c.latency_s, compute_efficiency=1.0, memory_efficiency=1.0,
+        host_bw=host_update_bw(repeat),
         source=f"measured by swapdsl profile on {backend} ({len(g.ops)} ops of {g.name})",
         op_times=tuple(sorted(op_times(g, xp, repeat).items())))

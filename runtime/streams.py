@@ -1,4 +1,4 @@
-"""Streams: three lanes of prepared work ordered by events, run by threads on NumPy and by CUDA on CuPy.
+"""Streams: lanes of prepared work ordered by events, run by threads on NumPy and by CUDA on CuPy.
 
 A step is the same prepared program every time: for each stream a list of
 ``Item``s (the events it waits for, the work, the event it fires), built
@@ -20,7 +20,7 @@ from collections.abc import Callable, Sequence
 from typing import Any, NamedTuple
 
 WAIT_TIMEOUT_S = 120.0
-STREAMS = ("compute", "h2d", "d2h")
+STREAMS = ("compute", "h2d", "d2h", "host")  # host: ops a plan runs on the host (NumPy only, for now)
 
 
 class Item(NamedTuple):
@@ -98,7 +98,7 @@ class CudaItem(NamedTuple):
 def cuda_streams() -> dict[str, Any]:
     import cupy
 
-    return {name: cupy.cuda.Stream(non_blocking=True) for name in STREAMS}
+    return {name: cupy.cuda.Stream(non_blocking=True) for name in STREAMS if name != "host"}
 
 
 def issue_cuda(items: Sequence[CudaItem], on_item: Callable[[int], None] | None = None) -> None:

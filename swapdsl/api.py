@@ -101,11 +101,13 @@ def load(path: str | Path, overrides: Mapping[str, Override] | None = None, prec
 
 def optimize(model: Model | str | Path, memory: int | str, method: str = "ga", device: str | Device | None = None,
              search: SearchOptions | None = None, host_memory: int | str | None = None,
-             **knobs: float | int | bool) -> Plan:
+             host_updates: str = "none", **knobs: float | int | bool) -> Plan:
     """Plan ``model``'s training step under ``memory`` (bytes, or text such as "8GiB"), validated.
     ``device``: a built-in profile name, a profile file or a Device (default: the GPU found, else the
     default profile). ``ga`` reads ``search`` or its fields as keywords (``budget_s=10, seed=1``).
-    ``host_memory``: the most the plan's host copies may take (default: any)."""
+    ``host_memory``: the most the plan's host copies may take (default: any). ``host_updates``: where the
+    optimiser's updates run: ``none`` on the device, ``all`` on the host where they can, ``auto`` the
+    largest parameters' on the host where that is faster."""
     m = model if isinstance(model, Model) else load(model)
     cap = parse_size(memory) if isinstance(memory, str) else memory
     host = parse_size(host_memory) if isinstance(host_memory, str) else host_memory
@@ -115,7 +117,7 @@ def optimize(model: Model | str | Path, memory: int | str, method: str = "ga", d
     except TypeError:
         raise SwpError(f"unknown search option among {', '.join(knobs)}",
                        hints=[f"options: {', '.join(f.name for f in attrs.fields(SearchOptions))}"]) from None
-    plan = plan_with(Request(m.training, dev, cap, m.path, m.graph.args, host), method, options)
+    plan = plan_with(Request(m.training, dev, cap, m.path, m.graph.args, host), method, options, host_updates)
     validate(plan)
     return plan
 

@@ -25,7 +25,7 @@ from swapdsl.plan import show
 from swapdsl.plan.simulate import simulate
 from swapdsl.planning import bench
 from swapdsl.planning.ga import SearchOptions, SearchProgress
-from swapdsl.planning.optimize import METHOD_NAMES
+from swapdsl.planning.optimize import HOST_UPDATES, METHOD_NAMES
 from swapdsl.runtime.backend import BACKENDS, array_module
 from swapdsl.runtime.progress import Progress
 from swapdsl.runtime import training
@@ -243,7 +243,7 @@ def _cmd_optimize(args: argparse.Namespace) -> int:
     search = SearchOptions(args.budget, args.generations, args.population, args.seed, args.workers,
                            progress=None if args.json else _search_progress(sys.stderr))
     started = time.perf_counter()
-    plan = api.optimize(model, cap, args.method, device, search, host_memory=host)
+    plan = api.optimize(model, cap, args.method, device, search, host_memory=host, host_updates=args.host_updates)
     if search.progress is not None and sys.stderr.isatty():
         sys.stderr.write("\n")
     seconds = time.perf_counter() - started
@@ -453,6 +453,10 @@ def make_parser() -> argparse.ArgumentParser:
     op.add_argument("--method", choices=METHOD_NAMES, default="ga", help="planner (default ga)")
     op.add_argument("--host-memory", metavar="SIZE", help="the most host memory the plan's host copies may take "
                     "(default: any); ga and capuchin trade swaps for recomputation to keep within it")
+    op.add_argument("--host-updates", choices=HOST_UPDATES, default="none",
+                    help="where the optimiser updates run: none on the device (the default), all on the host "
+                         "(only gradients and the forward's weights cross the bus), auto: the largest parameters' on "
+                         "the host where the simulated step is faster")
     op.add_argument("--budget", type=_seconds, default=60.0, metavar="SECONDS", help="ga: wall-clock budget (60)")
     op.add_argument("--generations", type=_count(1), default=100_000, help="ga: generation limit (100000)")
     op.add_argument("--population", type=_count(2, 100_000), default=64, help="ga: candidates per generation (64)")

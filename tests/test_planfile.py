@@ -172,10 +172,11 @@ def test_devices_and_profiles(cli, in_tmp: Path) -> None:
     custom = dict(profiles["a100-40gb"], name="mine", h2d_bw=1e9)
     write(in_tmp / "mine.json", json.dumps(custom))
     write(in_tmp / "m.swp", (MODELS / "mlp.swp").read_text())
-    code, out, err = cli("optimize", "m.swp", "--memory", "64MiB", "--device", "mine.json", "--json")
+    code, out, err = cli("optimize", "m.swp", "--memory", "64MiB", "--device", "mine.json", "--method", "belady",
+                         "--json")
     assert code == 0, err
     assert json.loads(out)["device"] == "mine"
-    code, _, err = cli("optimize", "m.swp", "--memory", "64MiB", "--device", "v100-61gb")
+    code, _, err = cli("optimize", "m.swp", "--memory", "64MiB", "--device", "v100-61gb", "--method", "belady")
     assert code == 2 and "did you mean `v100-16gb`?" in err
 
 

@@ -30,6 +30,18 @@ def op_seconds(dev: Device, g: Graph, op: Op, measured: dict[str, float] | None 
     return dev.launch_s + max(compute, memory)
 
 
+HOST_CALL_S = 5e-6  # the host lane's fixed cost per op (a Python call into NumPy)
+
+
+def host_op_ms(dev: Device, g: Graph, op: Op) -> float:
+    """An op's time on the host lane: the bytes it reads and writes at the host's bandwidth."""
+    d = ops.REGISTRY[op.op]
+    ins = tuple(g.type_of(n) for n in op.inputs)
+    out = g.type_of(op.outputs[0])
+    moved = d.bytes_read(ins, out, op.attr_dict) + d.bytes_written(ins, out, op.attr_dict)
+    return 1e3 * (HOST_CALL_S + moved / dev.host_bw)
+
+
 def op_times_ms(dev: Device, g: Graph) -> list[float]:
     measured = dict(dev.op_times)
     return [1e3 * op_seconds(dev, g, op, measured) for op in g.ops]

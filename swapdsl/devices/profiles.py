@@ -34,6 +34,9 @@ class Device:
     memory_efficiency: float = 0.8
     source: str = ""
     op_times: tuple[tuple[str, float], ...] = ()  # measured: op key -> seconds (see devices.costs.op_key)
+    # bytes/s an op run on the host sustains (optimiser updates moved off the device); `swapdsl profile`
+    # measures it on the machine it runs on
+    host_bw: float = 20e9
 
     def peak_flops(self, dtype: str) -> float:
         table = dict(self.flops)
@@ -53,6 +56,8 @@ def _gpu(name: str, mem_gib: float, f64: float, f32: float, f16: float, mem_bw: 
                   mem_bw * 1e9, link_bw * 1e9, link_bw * 1e9, launch_s, source=source)
 
 
+# host_bw (20 GB/s, every profile): what a multithreaded element-wise update sustains over a server's DRAM,
+# about a fifth of a two-socket DDR5 system's peak; an assumption until `swapdsl profile` measures it.
 # Link bandwidths are sustained pinned-memory copy rates: PCIe 3.0 x16 ~12 GB/s of 15.75,
 # PCIe 4.0 x16 ~25 of 31.5, PCIe 5.0 x16 ~50 of 63; NVLink-C2C 450 GB/s per direction (900 total).
 BUILTIN: dict[str, Device] = {d.name: d for d in [
@@ -127,7 +132,7 @@ def device_from_json(d: dict[str, Any]) -> Device:
     d = dict(d)
     d["flops"] = tuple(sorted((str(k), float(v)) for k, v in d["flops"].items()))
     d["op_times"] = tuple(sorted((str(k), float(v)) for k, v in d.get("op_times", {}).items()))
-    for key in ("mem_bw", "h2d_bw", "d2h_bw", "launch_s"):
+    for key in ("mem_bw", "h2d_bw", "d2h_bw", "launch_s", *(("host_bw",) if "host_bw" in d else ())):
         if not 0 < float(d[key]) < math.inf:
             raise ValueError(f"{key} must be positive and finite")
     for key, v in d["flops"] + d["op_times"]:

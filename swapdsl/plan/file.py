@@ -19,7 +19,7 @@ from swapdsl.common.paths import GRAMMAR_DIR
 from swapdsl.devices.profiles import Device
 from swapdsl.graph.precision import GUARDS, PRECISIONS
 from swapdsl.lang.loader import load, read_source
-from swapdsl.plan.program import Free, HOST, Origin, Plan, PlanOp, PlanTensor, Region, Run, SwapIn, SwapOut
+from swapdsl.plan.program import Free, HOST, HostRun, Origin, Plan, PlanOp, PlanTensor, Region, Run, SwapIn, SwapOut
 
 VERSION = 4  # 4: recomputation; 3: a scratch region for kernels; 2: tensors at arena offsets; 1: slab classes
 _DEVICE_SCALARS = ("memory_bytes", "mem_bw", "h2d_bw", "d2h_bw", "launch_s", "copy_latency_s",
@@ -59,6 +59,8 @@ def _instr(i: Any) -> str:
         return f"swapin {_q(i.tensor)} {_region(i.region)} after {i.after} before {i.before}"
     if isinstance(i, SwapOut):
         return f"swapout {_q(i.tensor)} after {i.after}"
+    if isinstance(i, HostRun):
+        return f"host {i.op}"
     return f"free {_q(i.tensor)} after {i.after}"
 
 
@@ -79,7 +81,8 @@ def format_plan(plan: Plan) -> str:
     for o in plan.ops:
         ins = "".join(f" {_q(n)}" for n in o.inputs)
         outs = "".join(f" {_q(n)}" for n in o.outputs)
-        lines.append(f"op {o.index} {_q(o.op)} ms {_v(o.ms)} in{ins} out{outs}")
+        host = "" if o.host_ms is None else f" host_ms {_v(o.host_ms)}"
+        lines.append(f"op {o.index} {_q(o.op)} ms {_v(o.ms)}{host} in{ins} out{outs}")
     lines.append(f"loss {_q(plan.loss)}")
     lines += [f"update {_q(old)} {_q(new)}" for old, new in plan.updates]
     lines += [_instr(i) for i in plan.program]
@@ -256,7 +259,11 @@ class _Build(Transformer):
 
     def op(self, meta: Any, c: list[Any]) -> None:
         self._at(meta, "op")
-        self.f["ops"].append(PlanOp(int(c[0]), json.loads(c[1]), float(_number(c[2])), c[3], c[4]))
+        host_ms = c[3] if len(c) == 6 else None
+        self.f["ops"].append(PlanOp(int(c[0]), json.loads(c[1]), float(_number(c[2])), c[-2], c[-1], host_ms))
+
+    def hostms(self, meta: Any, c: list[Token]) -> float:
+        return float(_number(c[0]))
 
     def ins(self, meta: Any, c: list[Token]) -> tuple[str, ...]:
         return tuple(json.loads(t) for t in c)
@@ -296,6 +303,10 @@ class _Build(Transformer):
     def free(self, meta: Any, c: list[Token]) -> None:
         self._at(meta, "program")
         self.f["program"].append(Free(json.loads(c[0]), int(c[1])))
+
+    def hostrun(self, meta: Any, c: list[Token]) -> None:
+        self._at(meta, "program")
+        self.f["program"].append(HostRun(int(c[1])))
 
     def figure(self, meta: Any, c: list[Token]) -> None:
         self._at(meta, "figure", str(c[0]))

@@ -27,6 +27,12 @@ offset and its size rounded up to 256 bytes.
 - ``Free(t, after)``: ``t`` gives up its region once op ``after`` has finished
   and any swap-out of ``t`` is complete. If ``t`` is still needed, it lives
   on in its host copy.
+- ``HostRun(op)`` (``host`` in the file): the host lane runs op ``op`` (an
+  optimiser update moved off the device, ``graph/offload.py``) on host memory:
+  its inputs must be on the host, where their copies have landed; its outputs
+  take host memory (a new value of a persistent tensor, its old value's); it
+  starts once the copies that wrote its inputs are done and, where it writes
+  over host memory, once every swap-in reading that memory is.
 
 The list is in issue order: every instruction comes after those it waits for,
 so one pass replays it (``replay.py``, which the simulator, the validator and
@@ -75,9 +81,10 @@ class PlanTensor:
 class PlanOp:
     index: int
     op: str
-    ms: float
+    ms: float  # its time on the device (what the ideal step sums, wherever it runs)
     inputs: tuple[str, ...]
     outputs: tuple[str, ...]
+    host_ms: float | None = None  # its time on the host lane, for an op the program runs there
 
 
 @attrs.frozen
@@ -108,7 +115,12 @@ class Free:
     after: int
 
 
-Instr = Union[Run, SwapIn, SwapOut, Free]
+@attrs.frozen
+class HostRun:
+    op: int
+
+
+Instr = Union[Run, SwapIn, SwapOut, Free, HostRun]
 
 
 class InstrKind(enum.IntEnum):
@@ -119,10 +131,11 @@ class InstrKind(enum.IntEnum):
     SWAP_OUT = 1
     FREE = 2
     SWAP_IN = 3
+    HOST = 4  # HostRun: only in plans, after the swap planner (planning/hostlane.py places them)
 
 
 KIND_OF: dict[type, InstrKind] = {Run: InstrKind.LAUNCH, SwapOut: InstrKind.SWAP_OUT, Free: InstrKind.FREE,
-                                  SwapIn: InstrKind.SWAP_IN}
+                                  SwapIn: InstrKind.SWAP_IN, HostRun: InstrKind.HOST}
 
 
 def scratch_offset(cap: int, scratch: int) -> int:
@@ -188,13 +201,16 @@ class Plan:
         inputs and host-homed persistent tensors, then every tensor swapped out."""
         names = [t.name for t in self.tensors if t.home == HOST or t.kind == "input"]
         names += [i.tensor for i in self.program if isinstance(i, SwapOut)]
+        names += [n for i in self.program if isinstance(i, HostRun) and 0 <= i.op < len(self.ops)
+                  for n in self.ops[i.op].outputs]
         return list(dict.fromkeys(names))
 
     def host_slot_owner(self) -> dict[str, str]:
         """Whose host memory each tensor's host copy uses: its own, except that a persistent tensor's new
         value writes into the old value's memory when that has any, so the next step reads it there.
 
-        Host memory belongs to inputs, host-homed persistent tensors and every tensor swapped out."""
+        Host memory belongs to inputs, host-homed persistent tensors, every tensor swapped out and every
+        output of a host run."""
         has_memory = set(self.host_copies())
         owner = {t.name: t.name for t in self.tensors}
         for old, new in self.updates:

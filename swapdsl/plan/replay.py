@@ -11,6 +11,8 @@ order. Each instruction's ``waits`` are the program indices of the earlier instr
 - ``swapout``: the run of op ``after`` and whatever made the tensor complete;
 - ``free``: the run of op ``after``, any swap-out of the tensor since it came onto the device, and whatever
   made it complete. A new tenant of its bytes waits for all of these.
+- ``host``: what wrote each input's host memory (a swap-out or another host run), and every swap-in that
+  read host memory it writes over since that memory was last written.
 
 Waits on the instruction's own stream are kept: the stream's order already implies them (the simulator
 takes them in its maximum, the interpreter skips them). An index may be listed twice.
@@ -22,11 +24,13 @@ import bisect
 from collections.abc import Iterator
 from typing import NamedTuple
 
-from swapdsl.plan.program import Free, HOST, Instr, InstrKind, KIND_OF, Plan, PlanTensor, Region, Run, SwapIn, SwapOut
+from swapdsl.plan.program import (Free, HOST, HostRun, Instr, InstrKind, KIND_OF, Plan, PlanTensor, Region, Run, SwapIn,
+                                  SwapOut)
 from swapdsl.plan.segments import Segments
 
 START = -1  # the iteration's start (an op index of -1 means the same)
-STREAM = {InstrKind.LAUNCH: "compute", InstrKind.SWAP_IN: "h2d", InstrKind.SWAP_OUT: "d2h"}  # frees: none
+STREAM = {InstrKind.LAUNCH: "compute", InstrKind.SWAP_IN: "h2d", InstrKind.SWAP_OUT: "d2h",
+          InstrKind.HOST: "host"}  # frees: none
 Waits = tuple[int, ...]
 
 
@@ -54,7 +58,8 @@ class Replay:
         self._starts: list[int] = []  # those regions' offsets, sorted, with ``_live`` beside them
         self._live: list[tuple[Region, str]] = []
         self.host: dict[str, str] = {}  # host slot -> the tensor whose value it holds
-        self.host_written: dict[str, int] = {}  # host slot -> the swap-out that last wrote it
+        self.host_written: dict[str, int] = {}  # host slot -> the swap-out or host run that last wrote it
+        self.host_read: dict[str, list[int]] = {}  # host slot -> the swap-ins from it since it was written
         self.ran: dict[int, int] = {START: START}  # op -> its run's program index
         self.due: dict[str, tuple[int, int]] = {}  # swap-ins not yet read: tensor -> (op due before, index)
         self.ready: dict[str, int] = {}  # tensor on the device -> what made its bytes complete
@@ -62,7 +67,7 @@ class Replay:
         # per byte: the run after which it fell free, and what its next tenant waits for
         self.freed: Segments[tuple[int, Waits]] = Segments()
         self._handlers = {InstrKind.LAUNCH: self.launch, InstrKind.SWAP_IN: self.swap_in,
-                          InstrKind.SWAP_OUT: self.swap_out, InstrKind.FREE: self.free}
+                          InstrKind.SWAP_OUT: self.swap_out, InstrKind.FREE: self.free, InstrKind.HOST: self.host_run}
 
     # -- queries
 
@@ -132,7 +137,9 @@ class Replay:
         return tuple(waits), regions
 
     def swap_in(self, k: int, instr: SwapIn) -> tuple[Waits, tuple[Region, ...]]:
-        waits = _known(self.ran[instr.after], self.host_written[self.slot[instr.tensor]])
+        slot = self.slot[instr.tensor]
+        self.host_read.setdefault(slot, []).append(k)
+        waits = _known(self.ran[instr.after], self.host_written[slot])
         waits += tuple(self.free_waits(instr.region))
         self.occupy(instr.tensor, instr.region)
         self.due[instr.tensor] = (instr.before, k)
@@ -144,7 +151,20 @@ class Replay:
         slot = self.slot[name]
         self.host[slot] = name
         self.host_written[slot] = self.copied_out[name] = k
+        self.host_read.pop(slot, None)
         return _known(self.ran[instr.after], self.ready[name]), (self.loc[name],)
+
+    def host_run(self, k: int, instr: HostRun) -> tuple[Waits, tuple[Region, ...]]:
+        op = self.plan.ops[instr.op]
+        waits = list(_known(*(self.host_written[self.slot[n]] for n in op.inputs)))
+        for name in op.outputs:
+            slot = self.slot[name]
+            waits += self.host_read.pop(slot, ())
+            waits += _known(self.host_written.get(slot, START))
+            self.host[slot] = name
+            self.host_written[slot] = k
+        self.ran[instr.op] = k
+        return tuple(waits), ()
 
     def free(self, k: int, instr: Free) -> tuple[Waits, tuple[Region, ...]]:
         name = instr.tensor

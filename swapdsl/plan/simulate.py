@@ -7,6 +7,8 @@ outputs to fall free; a swap-in for op ``after``, its host copy and its
 region; a swap-out for op ``after`` and the tensor itself; a free releases
 its region when op ``after`` and any swap-out of the tensor are done. A
 region falls free when the latest free of every byte in it has happened.
+Ops a plan runs on the host (``host``) take a fourth FIFO lane, the host's,
+for their ``host_ms``, once the copies to the host they read are done.
 One pass, in plan order, driving the plan's replay (``replay.py``) for what
 each instruction waits for.
 """
@@ -16,10 +18,10 @@ from __future__ import annotations
 import attrs
 
 from swapdsl.devices.costs import copy_ms
-from swapdsl.plan.program import Free, Plan, Region, Run, ideal_ms
+from swapdsl.plan.program import Free, HostRun, Plan, Region, Run, ideal_ms
 from swapdsl.plan.replay import STREAM, walk
 
-STREAMS = ("compute", "h2d", "d2h")
+STREAMS = ("compute", "h2d", "d2h", "host")
 
 
 @attrs.frozen
@@ -59,6 +61,9 @@ def simulate(plan: Plan, timeline: bool = False) -> Result:
             took, what = op.ms, ("recompute " if instr.recompute else "") + op.op
             first = op.outputs[0] if instr.in_place else None
             events += [(start, tensors[name].bytes) for name, _ in instr.outs if name != first]
+        elif isinstance(instr, HostRun):
+            op = plan.ops[instr.op]
+            took, what = op.host_ms or 0.0, op.op
         else:
             nbytes = tensors[instr.tensor].bytes
             took, what = copy_ms(dev, nbytes, to_device=stream == "h2d"), instr.tensor

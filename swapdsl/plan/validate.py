@@ -24,7 +24,7 @@ from swapdsl.common.units import MAX_BYTES
 from swapdsl.graph.analysis import scratch_bytes
 from swapdsl.graph.ir import Graph, Kind
 from swapdsl.graph.ops import REGISTRY
-from swapdsl.plan.program import ALIGN, Free, HOST, Plan, PlanOp, Region, Run, SwapIn, SwapOut
+from swapdsl.plan.program import ALIGN, Free, HOST, HostRun, Plan, PlanOp, Region, Run, SwapIn, SwapOut
 from swapdsl.plan.replay import Replay, START
 
 INVARIANTS = {
@@ -124,6 +124,8 @@ def _check_op(o: PlanOp, i: int, names: dict[str, int], made: set[str]) -> None:
         raise PlanError(f"op {i} is `{o.op}`, which is not an op of this swapdsl", at)
     if not (math.isfinite(o.ms) and o.ms >= 0):
         raise PlanError(f"op {i} takes {o.ms} ms; expected a finite time, 0 or more", at)
+    if o.host_ms is not None and not (math.isfinite(o.host_ms) and o.host_ms >= 0):
+        raise PlanError(f"op {i} takes {o.host_ms} ms on the host; expected a finite time, 0 or more", at)
     for name in (*o.inputs, *o.outputs):
         if name not in names:
             raise PlanError(f"op {i} names `{name}`, which no tensor line declares", at)
@@ -208,7 +210,7 @@ def _tensor_text(row: tuple[str, int, str, bool]) -> str:
 def replay(plan: Plan) -> None:
     v = _Checks(plan)
     v.start()
-    handlers = {Run: v.run, SwapIn: v.swapin, SwapOut: v.swapout, Free: v.free}
+    handlers = {Run: v.run, SwapIn: v.swapin, SwapOut: v.swapout, Free: v.free, HostRun: v.host_run}
     for k, instr in enumerate(plan.program):
         v.at = ("program", k)
         handlers[type(instr)](k, instr)  # type: ignore[operator]
@@ -332,6 +334,31 @@ class _Checks:
                 self.readers_left[name] -= 1
         if instr.in_place:
             self.ready.pop(op.inputs[0], None)
+
+    def host_run(self, k: int, instr: HostRun) -> None:
+        """An op on the host lane: its inputs on the host, and host memory it writes over no longer needed."""
+        if not 0 <= instr.op < len(self.plan.ops):
+            raise self.error(f"the program runs op {instr.op} on the host, which the plan does not define")
+        op = self.plan.ops[instr.op]
+        if instr.op in self.r.ran:
+            raise self.invalid(1, f"{self.what(op)} runs twice (a host run is never repeated)")
+        if op.host_ms is None:
+            raise self.error(f"{self.what(op)} runs on the host, but its op line gives no `host_ms`")
+        for name in op.inputs:
+            if name not in self.produced:
+                raise self.invalid(1, f"{self.what(op)} reads `{name}` before the op that makes it has run")
+            if self.r.host.get(self.slot[name]) != name:
+                raise self.invalid(4, f"{self.what(op)} runs on the host and reads `{name}`, which the host holds "
+                                      "no copy of at this point")
+        for name in op.outputs:
+            held = self.r.host.get(self.slot[name])
+            if held is not None and held != name and (self.readers_left[held] > (held in op.inputs)
+                                                      or held == self.plan.loss):
+                raise self.invalid(5, f"{self.what(op)} writes `{name}` over the host memory of `{held}`, which is "
+                                      "still needed")
+            self.produced.add(name)
+        for name in set(op.inputs):
+            self.readers_left[name] -= 1
 
     def check_recompute(self, op: PlanOp, instr: Run) -> None:
         if instr.op not in self.r.ran:

@@ -1024,7 +1024,8 @@ static int plan(const Inputs *in, i64 *recs, i64 rec_room, i64 *room, i64 *nrec,
     if (in->cap > 0) gap_put(P, top, 0, in->cap, -1, -1);
     i64 turn = n_ops;
     for (i64 pos = 0; pos < n_ops; pos++) {
-        if (!in->fwd_act[in->out_idx[in->out_ptr[in->schedule[pos]]]]) {
+        i64 op = in->schedule[pos];  /* (an op with no outputs runs on the host: planning/problem.py) */
+        if (in->out_ptr[op + 1] > in->out_ptr[op] && !in->fwd_act[in->out_idx[in->out_ptr[op]]]) {
             turn = pos;
             break;
         }
@@ -1066,7 +1067,8 @@ static i64 *program_order(const i64 *recs, i64 n_rec, i64 n_ops, i64 *n_out, i64
 
 typedef struct {
     const i64 *schedule, *recs, *out_off, *size, *in_ptr, *in_idx, *out_ptr, *out_idx, *nbytes;
-    const double *op_ms, *copy;
+    const double *op_ms, *copy, *host_start;  /* host_start: when each tensor's host copy exists (ms) */
+    double *copy_done;  /* out: when each tensor's last copy, either way, is done (ms; 0: none) */
     i64 n_ops, n_rec, n_t, top;
 } SimInputs;
 
@@ -1079,6 +1081,8 @@ static int simulate(const SimInputs *in, double *ms, i64 *h2d_out, i64 *d2h_out)
     if (!order || !where || !times || segs_init(&g, in->top, 2 * n_free + 2, 0.0) < 0) goto done;
     double *ready = times, *host_ready = times + n_t, *copied_out = times + 2 * n_t, *op_end = times + 3 * n_t;
     memcpy(where, in->out_off, sizeof(i64) * n_t);
+    memcpy(host_ready, in->host_start, sizeof(double) * n_t);
+    memset(in->copy_done, 0, sizeof(double) * n_t);
     double latency = in->copy[0], h2d_bw = in->copy[1], d2h_bw = in->copy[2];
     double compute = 0.0, h2d_clock = 0.0, d2h_clock = 0.0;
     i64 h2d = 0, d2h = 0;
@@ -1103,12 +1107,13 @@ static int simulate(const SimInputs *in, double *ms, i64 *h2d_out, i64 *d2h_out)
         } else if (kind == SWAP_IN) {
             double start = dmax(dmax(h2d_clock, after),
                                 dmax(seg_max(&g, offset, offset + in->size[t]), host_ready[t]));
-            h2d_clock = ready[t] = start + 1e3 * (latency + (double)in->nbytes[t] / h2d_bw);
+            h2d_clock = ready[t] = in->copy_done[t] = start + 1e3 * (latency + (double)in->nbytes[t] / h2d_bw);
             where[t] = offset;
             h2d += in->nbytes[t];
         } else if (kind == SWAP_OUT) {
             double start = dmax(dmax(d2h_clock, after), ready[t]);
-            d2h_clock = host_ready[t] = copied_out[t] = start + 1e3 * (latency + (double)in->nbytes[t] / d2h_bw);
+            d2h_clock = host_ready[t] = copied_out[t] = in->copy_done[t] =
+                start + 1e3 * (latency + (double)in->nbytes[t] / d2h_bw);
             d2h += in->nbytes[t];
         } else {
             double when = dmax(dmax(after, copied_out[t]), ready[t]);
@@ -1203,15 +1208,21 @@ static PyObject *py_plan(PyObject *self, PyObject *tuple) {
 static PyObject *py_simulate(PyObject *self, PyObject *tuple) {
     (void)self;
     Args a;
-    if (args_parse(tuple, "qqnqnqqqqqdqd", &a) < 0) return NULL;
+    if (args_parse(tuple, "qqnqnqqqqqdqddw", &a) < 0) return NULL;
     SimInputs in = {
         .schedule = a.ptr[0], .n_ops = a.len[0], .recs = a.ptr[1], .n_rec = a.num[2], .out_off = a.ptr[3],
         .n_t = a.len[3], .top = a.num[4], .size = a.ptr[5], .in_ptr = a.ptr[6], .in_idx = a.ptr[7],
         .out_ptr = a.ptr[8], .out_idx = a.ptr[9], .op_ms = a.ptr[10], .nbytes = a.ptr[11], .copy = a.ptr[12],
+        .host_start = a.ptr[13], .copy_done = a.ptr[14],
     };
     double ms = 0.0;
     i64 h2d = 0, d2h = 0;
     int status;
+    if (a.len[13] < in.n_t || a.len[14] < in.n_t) {
+        args_release(&a);
+        PyErr_SetString(PyExc_ValueError, "simulate: host_start and copy_done need a value per tensor");
+        return NULL;
+    }
     if (in.n_rec * 5 > a.len[1]) {
         args_release(&a);
         PyErr_SetString(PyExc_ValueError, "simulate: fewer records than asked for");
@@ -1354,7 +1365,8 @@ static PyMethodDef methods[] = {
      "plan(schedule, cap, pinned, policy, size, in_ptr, in_idx, out_ptr, out_idx, in_place, is_input, persistent, "
      "fwd_act, upd_old, upd_new, by_name, loss, width, rank_gaps, room, recs, out_off) -> (records, peak, status)"},
     {"simulate", py_simulate, METH_VARARGS,
-     "simulate(schedule, recs, n_rec, out_off, top, size, in_ptr, in_idx, out_ptr, out_idx, op_ms, nbytes, copy) "
+     "simulate(schedule, recs, n_rec, out_off, top, size, in_ptr, in_idx, out_ptr, out_idx, op_ms, nbytes, copy, "
+     "host_start, copy_done) "
      "-> (iteration_ms, h2d_bytes, d2h_bytes)"},
     {NULL, NULL, 0, NULL},
 };

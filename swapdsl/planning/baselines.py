@@ -23,6 +23,7 @@ import attrs
 
 from swapdsl.common.errors import SwpError
 from swapdsl.common.units import format_bytes
+from swapdsl.devices.costs import op_times_ms
 from swapdsl.graph.analysis import peak_bytes
 from swapdsl.plan.figures import plan_figures
 from swapdsl.plan.program import HOST, Plan, PlanOp, PlanTensor, Region
@@ -32,6 +33,7 @@ from swapdsl.planning.capuchin import capuchin_set
 from swapdsl.planning.checkpoint import checkpoint_program
 from swapdsl.planning.clones import Extensions, to_base
 from swapdsl.planning.compiled import Evaluator, no_swap_bytes
+from swapdsl.planning.hostlane import Lane, with_host_runs
 from swapdsl.planning.policy import METHODS, Policy
 from swapdsl.planning.problem import Problem, Request
 from swapdsl.planning.sizing import choose_pinned
@@ -60,7 +62,7 @@ def baseline_setup(p: Problem, method: str, cap: int, no_swap: int | None = None
 
 def plan_baseline(req: Request, method: str) -> Plan:
     """The plan of baseline ``method`` (a key of METHODS), with its figures."""
-    p = Problem.build(req.graph, req.device)
+    p = Problem.of(req)
     plan, no_swap = baseline(req, p, method)
     return with_figures(plan, p, no_swap)
 
@@ -94,7 +96,12 @@ def assemble(req: Request, p: Problem, method: str, homes: dict[int, Region], pr
         if home is None and t in p.persistent:
             home = HOST
         tensors.append(PlanTensor(name, p.nbytes[t], p.kinds[t], home))
-    ops = tuple(PlanOp(i, op.op, p.op_ms[i], op.inputs, op.outputs) for i, op in enumerate(req.graph.ops))
+    device_ms = p.op_ms
+    if p.host.ops:
+        program = tuple(with_host_runs(p, Lane.of(p), list(program)))
+        device_ms = tuple(op_times_ms(req.device, req.graph))  # (a hollow op's time on the device, for the ideal)
+    ops = tuple(PlanOp(i, op.op, device_ms[i], op.inputs, op.outputs, p.host_ms[i] if p.hollow(i) else None)
+                for i, op in enumerate(req.graph.ops))
     return Plan(req.model_path, req.graph.source_sha256, req.model_args, method,
                 attrs.evolve(req.device, op_times=()), req.cap, req.scratch, tuple(tensors), ops,
                 req.graph.loss, req.graph.updates, program, precision=req.graph.precision, guard=req.graph.guard)
@@ -102,7 +109,7 @@ def assemble(req: Request, p: Problem, method: str, homes: dict[int, Region], pr
 
 def plan_capuchin(req: Request) -> Plan:
     """``belady`` with Capuchin's choice of what to recompute (``capuchin.py``)."""
-    p = Problem.build(req.graph, req.device)
+    p = Problem.of(req)
     ext = Extensions(p)
     s, no_swap = capuchin_setup(req, p, ext)
     plan = build_plan(req, p, "capuchin", s.schedule, s.pinned, s.policy, recompute=s.recompute, extensions=ext)
@@ -120,7 +127,10 @@ def plan_checkpoint(req: Request) -> Plan:
     """Chen et al.'s checkpointing (``checkpoint.py``): recomputation, no swapping. Its ``bound_ms`` is
     ``recompute_bound_ms``, which bounds every plan (recomputation may beat ``swap_bound_ms``, which only
     bounds plans that never recompute)."""
-    p = Problem.build(req.graph, req.device)
+    if req.host_updates:
+        raise SwpError("checkpoint keeps the parameters and optimiser state on the device: it cannot update any "
+                       "on the host", hints=["use --host-updates none with checkpoint, or a method that swaps"])
+    p = Problem.of(req)
     program, homes = checkpoint_program(p, req.tensor_cap)
     plan = assemble(req, p, "checkpoint", homes, tuple(program))
     return with_figures(plan, p, no_swap_bytes(p, list(range(p.n_ops))), recomputes=True)

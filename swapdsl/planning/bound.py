@@ -69,7 +69,7 @@ class _Cut:
     crossing: list[int]  # S_a: made by A, read by D
     standing: list[int]  # persistent tensors and inputs read by D
     fwd_read: list[int]  # persistent tensors read by A
-    updated: list[int]  # persistent tensors updated in place
+    updated: list[int]  # persistent tensors updated in place on the device
     read: int  # bytes of persistent tensors read at all
     rebuilds: list[tuple[float, int]]  # per op of A making part of S_a: (its time, those bytes)
 
@@ -77,7 +77,8 @@ class _Cut:
 def _cut(p: Problem) -> _Cut | None:
     e = edges(p)
     producer, consumers, preds, succs = e.producer, e.readers, e.preds, e.succs
-    seeds = [op for op in range(p.n_ops) if not p.op_inputs[op] and p.kinds[p.op_outputs[op][0]] == "gradient"]
+    seeds = [op for op in range(p.n_ops) if not p.op_inputs[op] and p.op_outputs[op]
+             and p.kinds[p.op_outputs[op][0]] == "gradient"]
     if not seeds:
         return None
     first = {c for s in seeds for c in succs[s]}
@@ -90,7 +91,7 @@ def _cut(p: Problem) -> _Cut | None:
     rebuilds = [(p.op_ms[op], sum(p.nbytes[t] for t in p.op_outputs[op] if t in crossing)) for op in sorted(before)]
     return _Cut(sum(p.op_ms[op] for op in before), sum(p.op_ms[op] for op in backward),
                 [p.nbytes[t] for t in crossing], [p.nbytes[t] for t in read_after - producer.keys()],
-                [p.nbytes[t] for t in p.persistent if t in read_before], [p.nbytes[old] for old, _ in p.updates],
+                [p.nbytes[t] for t in p.persistent if t in read_before], [p.nbytes[old] for old, new in p.updates if new in producer],
                 sum(p.nbytes[t] for t in p.persistent if t in consumers), [r for r in rebuilds if r[1] > 0])
 
 

@@ -40,7 +40,7 @@ class Candidates:
 
     @staticmethod
     def of(p: Problem) -> Candidates:
-        forward = tuple(all(p.kinds[t] == Kind.activation.value for t in p.op_outputs[op]) for op in range(p.n_ops))
+        forward = tuple(p.forward_op(op) for op in range(p.n_ops))
         consumer = {p.op_inputs[op][0]: op for op in range(p.n_ops) if p.in_place[op] and p.op_inputs[op]}
         readers = edges(p).readers
         finals = {new for _, new in p.updates} | {p.loss}
@@ -92,7 +92,7 @@ def extend(p: Problem, ops: Iterable[int], forward: tuple[bool, ...]) -> Extende
         nbytes=p.nbytes + tuple(p.nbytes[t] for t in origin), size=p.size + tuple(p.size[t] for t in origin),
         kinds=p.kinds + tuple(p.kinds[t] for t in origin), op_ms=p.op_ms + tuple(p.op_ms[m] for m in ops),
         op_inputs=tuple(inputs), op_outputs=p.op_outputs + tuple(tuple(clone[t] for t in p.op_outputs[m]) for m in ops),
-        in_place=p.in_place + (False,) * len(ops))
+        in_place=p.in_place + (False,) * len(ops), host_ms=p.host_ms + (0.0,) * len(ops))
     return Extended(q, p, ops, origin)
 
 

@@ -27,6 +27,7 @@ from swapdsl.common.errors import SwpError
 from swapdsl.graph.ir import Kind
 from swapdsl.plan.program import Free, Instr, InstrKind, Region, Run, SwapIn, SwapOut
 from swapdsl.planning import _fastplan
+from swapdsl.planning.hostlane import Lane, last_copies
 from swapdsl.planning.policy import INF, Policy
 from swapdsl.planning.problem import Problem
 
@@ -87,13 +88,19 @@ class Evaluator:
         self.op_ms = np.array(p.op_ms, np.float64)
         self.is_input = np.zeros(n, np.bool_)
         self.is_input[list(p.inputs)] = True
+        # what may start on the host: unpinned persistent tensors, and what host ops make for the device
         self.persistent = np.zeros(n, np.bool_)
-        self.persistent[list(p.persistent)] = True
+        self.persistent[list(p.starts_on_host)] = True
         self.fwd_act = np.array([k == Kind.activation.value for k in p.kinds], np.bool_)
-        self.upd_old = np.array([o for o, _ in p.updates], np.int64)
-        self.upd_new = np.array([w for _, w in p.updates], np.int64)
+        # a new value of an unpinned persistent tensor is copied out once made; so is what host ops read,
+        # as the new value of a parameter updated on the host (never pinned)
+        anchor = [index for index in sorted(p.persistent - p.pinnable)][:1] * len(p.to_host)
+        self.upd_old = np.array([o for o, _ in p.updates] + anchor, np.int64)
+        self.upd_new = np.array([w for _, w in p.updates] + sorted(p.to_host), np.int64)
         # what may start on the device or the host: the persistent tensors and the inputs, by name
-        self.by_name = np.array(sorted(p.persistent | p.inputs, key=p.names.__getitem__), np.int64)
+        self.by_name = np.array(sorted(p.starts_on_host | p.inputs, key=p.names.__getitem__), np.int64)
+        self.lane = Lane.of(p) if p.host.ops else None
+        self.host_start = self.lane.host_start if self.lane else np.zeros(n, np.float64)
         # the tensor each one is a copy of, for recomputation's clones (clones.py); itself otherwise
         self.n_base = n - len(origin)
         self.origin = np.concatenate([np.arange(self.n_base), np.array(origin, np.int64)]).astype(np.int64)
@@ -135,8 +142,14 @@ class Evaluator:
     def __call__(self, schedule: np.ndarray | list[int], cap: int, pinned: frozenset[int],
                  policy: Policy) -> Timing:
         recs, out_off, peak, sched = self.records(schedule, cap, pinned, policy)
+        done = np.empty(len(self.size), np.float64)
         ms, h2d, d2h = _fastplan.simulate(sched, recs, len(recs), out_off, peak, self.size, self.in_ptr,
-                                          self.in_idx, self.out_ptr, self.out_idx, self.op_ms, self.nbytes, self.copy)
+                                          self.in_idx, self.out_ptr, self.out_idx, self.op_ms, self.nbytes, self.copy,
+                                          self.host_start, done)
+        if self.lane is not None:
+            order = _program_order(recs)
+            last = last_copies(recs[order, 1], recs[order, 2], len(self.size))
+            ms = max(ms, self.lane.finish(last, done))
         return Timing(float(ms), int(h2d), int(d2h), self.host_bytes(recs, pinned))
 
     def host_bytes(self, recs: np.ndarray, pinned: frozenset[int]) -> int:
@@ -146,7 +159,8 @@ class Evaluator:
         on_host[list(pinned)] = self.is_input[list(pinned)]
         out = recs[(recs[:, 0] >= 0) & (recs[:, 1] == InstrKind.SWAP_OUT), 2]
         swapped = np.unique(self.origin[out])
-        return int(self.nbytes[:n][on_host].sum() + self.nbytes[swapped[~on_host[swapped]]].sum())
+        return int(self.nbytes[:n][on_host].sum() + self.nbytes[swapped[~on_host[swapped]]].sum()
+                   + self.p.host_only_bytes)
 
     def program(self, schedule: list[int], cap: int, pinned: frozenset[int],
                 policy: Policy) -> tuple[list[Instr], dict[int, Region]]:
@@ -167,11 +181,11 @@ class Evaluator:
             else:
                 out.append(Free(p.names[t], after))
         homes = {t: Region(int(out_off[t]), p.size[t]) for t in sorted(pinned | p.inputs)}
-        return out, homes
+        return out, homes  # (with hollow runs: hostlane.with_host_runs makes them host runs)
 
     def no_swap_bytes(self, schedule: list[int]) -> int:
         """The arena ``schedule`` needs with every tensor resident from birth to last use."""
-        return self.records(schedule, NO_CAP, self.p.persistent, Policy("belady", "earliest"))[2]
+        return self.records(schedule, NO_CAP, self.p.pinnable, Policy("belady", "earliest"))[2]
 
 
 def _program_order(recs: np.ndarray) -> np.ndarray:

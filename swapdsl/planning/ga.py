@@ -145,7 +145,7 @@ class Decoder:
 
     def __init__(self, req: Request) -> None:
         self.req = req
-        self.p = Problem.build(req.graph, req.device)
+        self.p = Problem.of(req)
         self.preds, self.succs = self._edges()
         self.n_preds = np.array([len(ps) for ps in self.preds], np.int64)
         self.succ_ptr = np.zeros(self.p.n_ops + 1, np.int64)
@@ -154,12 +154,12 @@ class Decoder:
         self.evaluator = Evaluator(self.p)
         self.extensions = Extensions(self.p)
         self.candidates = np.array(self.extensions.candidates.ops, np.int64)
-        reads = {t: 0 for t in self.p.persistent}
+        reads = {t: 0 for t in self.p.pinnable}
         for op in range(self.p.n_ops):
             for t in self.p.op_inputs[op]:
                 if t in reads:
                     reads[t] += 1
-        self.pin_order = sorted(self.p.persistent, key=lambda t: (-reads[t] / max(self.p.nbytes[t], 1), t))
+        self.pin_order = sorted(self.p.pinnable, key=lambda t: (-reads[t] / max(self.p.nbytes[t], 1), t))
         self._need: dict[frozenset[int], int] = {}
         self._pinned: dict[float, frozenset[int]] = {}
 
@@ -325,7 +325,7 @@ def locality_priority(p: Problem) -> np.ndarray:
     rank: dict[int, int] = {}
     for op in range(n):
         for t in p.op_inputs[op]:
-            if t in p.persistent:
+            if t in p.starts_on_host:
                 rank.setdefault(t, len(rank))
     group = [min((rank[t] for t in p.op_inputs[op] if t in rank), default=-1) for op in range(n)]
     neighbours: list[list[int]] = [[] for _ in range(n)]
@@ -343,7 +343,7 @@ def locality_priority(p: Problem) -> np.ndarray:
                 group[other] = group[op]
                 queue.append(other)
     width = len(rank) + 2
-    forward = [p.is_forward_activation(p.op_outputs[op][0]) for op in range(n)]
+    forward = [bool(p.op_outputs[op]) and p.is_forward_activation(p.op_outputs[op][0]) for op in range(n)]
     return np.array([((2 * width - group[op]) if forward[op] else (group[op] + 1)) * n + (n - op)
                      for op in range(n)], np.float64)
 

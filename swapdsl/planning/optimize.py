@@ -1,8 +1,15 @@
-"""One entry point for every planning method: the baselines by policy, and the genetic search."""
+"""One entry point for every planning method: the baselines by policy, and the genetic search; and where
+each parameter's update runs (``--host-updates``)."""
 
 from __future__ import annotations
 
+import math
+
+import attrs
+
 from swapdsl.common.errors import SwpError
+from swapdsl.graph.ir import Graph
+from swapdsl.graph.offload import offloadable
 from swapdsl.plan.program import Plan
 from swapdsl.planning.baselines import host_budget_error, plan_baseline, plan_capuchin, plan_checkpoint
 from swapdsl.planning.ga import SearchOptions, genetic_search
@@ -13,12 +20,55 @@ from swapdsl.planning.sizing import below_smallest_cap
 
 PLANNERS = {"capuchin": plan_capuchin, "checkpoint": plan_checkpoint}  # besides the policies of METHODS
 METHOD_NAMES = ("ga", *sorted([*METHODS, *PLANNERS]))
+HOST_UPDATES = ("none", "all", "auto")
+HOST_SHARES = (0.25, 0.5, 0.75, 1.0)  # auto: the largest parameters' updates first, this share of them
 
 
-def optimize(req: Request, method: str, search: SearchOptions | None = None) -> Plan:
-    """The plan ``method`` makes for ``req``: ``ga`` (searching as ``search`` says) or a baseline."""
+def host_choices(g: Graph) -> list[tuple[str, ...]]:
+    """What ``auto`` chooses among: no update on the host, then the updates of the largest parameters
+    (by bytes; ties in graph order) at each of ``HOST_SHARES`` of them."""
+    ranked = sorted(offloadable(g), key=lambda p: (-g.tensors[p].type.nbytes, g.params.index(p)))
+    chosen = [ranked[:math.ceil(share * len(ranked))] for share in HOST_SHARES]
+    return list(dict.fromkeys([(), *(tuple(p for p in g.params if p in set(c)) for c in chosen)]))
+
+
+def with_host_updates(req: Request, method: str, host_updates: str) -> Request:
+    """``req`` with its updates on the host as ``host_updates`` says: none, all that can, or ``auto``: the
+    choice among ``host_choices`` whose plan (for ``ga``: whose ``belady`` plan) is fastest."""
+    if host_updates not in HOST_UPDATES:
+        raise SwpError(f"unknown --host-updates `{host_updates}`", hints=[f"one of {', '.join(HOST_UPDATES)}"])
+    if host_updates == "all" and method == "checkpoint":
+        raise SwpError("checkpoint keeps the parameters and optimiser state on the device: it cannot update any "
+                       "on the host", hints=["use --host-updates none or auto with checkpoint, or a method that swaps"])
+    if host_updates == "none" or method == "checkpoint":
+        return attrs.evolve(req, host_updates=())
+    if host_updates == "all":
+        return attrs.evolve(req, host_updates=offloadable(req.graph))
+    scored, refused = [], []
+    for k, choice in enumerate(host_choices(req.graph)):
+        trial = attrs.evolve(req, host_updates=choice)
+        try:
+            plan = PLANNERS[method](trial) if method in PLANNERS else plan_baseline(trial, _SCOUT.get(method, method))
+        except SwpError as err:  # (below this choice's smallest cap: another may fit)
+            refused.append(err)
+            continue
+        f = dict(plan.figures)
+        scored.append((req.score(f["iteration_ms"], int(f["host_bytes"])), k, trial))
+    if not scored:
+        raise refused[0]
+    return min(scored, key=lambda s: s[:2])[2]
+
+
+_SCOUT = {"ga": "belady"}  # auto scores ga's choices by belady's plans (a search per choice would cost more)
+
+
+def optimize(req: Request, method: str, search: SearchOptions | None = None, host_updates: str | None = None) -> Plan:
+    """The plan ``method`` makes for ``req``: ``ga`` (searching as ``search`` says) or a baseline; with
+    ``host_updates`` (``HOST_UPDATES``), first where each update runs (else as ``req`` says)."""
+    if host_updates is not None and req.tensor_cap > 0:
+        req = with_host_updates(req, method, host_updates)
     if req.tensor_cap <= 0:  # not even the kernels' scratch fits
-        p = Problem.build(req.graph, req.device)
+        p = Problem.of(req)
         raise below_smallest_cap(p, req.cap, no_swap_bytes(p, list(range(p.n_ops))))
     if method == "ga":
         return genetic_search(req, search or SearchOptions()).plan  # (it keeps to the host budget itself)

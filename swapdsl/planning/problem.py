@@ -10,8 +10,10 @@ import attrs
 
 from swapdsl.devices.costs import op_times_ms
 from swapdsl.devices.profiles import Device
+from swapdsl.devices.costs import host_op_ms
 from swapdsl.graph.analysis import in_place_ops, scratch_bytes
 from swapdsl.graph.ir import Graph, Kind
+from swapdsl.graph.offload import HostSplit, host_split, touched
 from swapdsl.plan.program import arena_bytes, scratch_offset
 
 PAST_BUDGET = 1e15  # a score past the host budget: more than any step's milliseconds
@@ -27,6 +29,7 @@ class Request:
     model_path: str
     model_args: tuple[tuple[str, int | float | bool], ...]
     host_cap: int | None = None  # the most host memory the plan's host copies may take (None: any)
+    host_updates: tuple[str, ...] = ()  # parameters whose update runs on the host (graph.offload)
     # the scratch region at the top of the arena (kernels' temporaries), and what is left below it for tensors
     scratch: int = attrs.field(init=False, default=attrs.Factory(lambda r: scratch_bytes(r.graph), takes_self=True))
 
@@ -62,23 +65,57 @@ class Problem:
     updates: tuple[tuple[int, int], ...]  # (persistent id, id of its new value)
     loss: int
     scratch: int  # the plan's scratch region (analysis.scratch_bytes): caps a user gives include it
+    # With updates on the host (graph.offload), the problem is the device's part: host ops are *hollow*
+    # (no tensors, no time), the tensors they make for the device start each step on the host like
+    # unpinned persistent ones (``host_made``), and the device tensors they read are copied out once made
+    # (``to_host``). Persistent tensors only host ops touch are never pinned (``pinnable``).
+    host: HostSplit = HostSplit(frozenset(), frozenset(), frozenset())
+    host_made: frozenset[int] = frozenset()
+    to_host: frozenset[int] = frozenset()
+    pinnable: frozenset[int] = frozenset()
+    host_ms: tuple[float, ...] = ()  # each host op's time on the host lane (0 for device ops)
+    host_only_bytes: int = 0  # host memory of tensors only host ops make (new values excepted)
 
     @staticmethod
-    def build(g: Graph, device: Device) -> Problem:
+    def build(g: Graph, device: Device, host_updates: tuple[str, ...] = ()) -> Problem:
         names = tuple(g.tensors)
         index = {n: i for i, n in enumerate(names)}
         types = [g.tensors[n].type for n in names]
         nbytes = tuple(t.nbytes for t in types)
         in_place_set = in_place_ops(g)
-        in_place = tuple(i in in_place_set for i in range(len(g.ops)))
+        split = host_split(g, host_updates)
+        hollow = split.ops
+        in_place = tuple(i in in_place_set and i not in hollow for i in range(len(g.ops)))
+        only = touched(g, split)
+        persistent = frozenset(index[n] for n in g.persistent)
+        made = frozenset(index[n] for n in split.made)
+        news = {n for _, n in g.updates}
+        host_only = sum(nbytes[index[t]] for i in hollow for t in g.ops[i].outputs if t in only and t not in news)
+        op_ms = [0.0 if i in hollow else ms for i, ms in enumerate(op_times_ms(device, g))]
         return Problem(
             g, device, names, nbytes, tuple(arena_bytes(b) for b in nbytes),
-            tuple(g.tensors[n].kind.value for n in names), tuple(op_times_ms(device, g)),
-            tuple(tuple(index[n] for n in op.inputs) for op in g.ops),
-            tuple(tuple(index[n] for n in op.outputs) for op in g.ops),
-            in_place,
-            frozenset(index[n] for n in g.persistent), frozenset(index[n] for n in g.inputs),
-            tuple((index[o], index[n]) for o, n in g.updates), index[g.loss], scratch_bytes(g))
+            tuple(g.tensors[n].kind.value for n in names), tuple(op_ms),
+            tuple(() if i in hollow else tuple(index[n] for n in op.inputs) for i, op in enumerate(g.ops)),
+            tuple(() if i in hollow else tuple(index[n] for n in op.outputs) for i, op in enumerate(g.ops)),
+            in_place, persistent, frozenset(index[n] for n in g.inputs),
+            tuple((index[o], index[n]) for o, n in g.updates), index[g.loss], scratch_bytes(g),
+            split, made, frozenset(index[n] for n in split.read),
+            frozenset(t for t in persistent if names[t] not in only and not _host_written(g, split, names[t])),
+            tuple(host_op_ms(device, g, op) if i in hollow else 0.0 for i, op in enumerate(g.ops)), host_only)
+
+    @staticmethod
+    def of(req: Request) -> Problem:
+        return Problem.build(req.graph, req.device, req.host_updates)
+
+    def hollow(self, op: int) -> bool:
+        """An op that runs on the host: the device planners see no tensors and no time in it."""
+        return op in self.host.ops
+
+    @property
+    def starts_on_host(self) -> frozenset[int]:
+        """What the swap planner may bring in from the host at any point: unpinned persistent tensors and
+        what host ops make for the device (inputs are never anywhere but their home)."""
+        return self.persistent | self.host_made
 
     @property
     def n_ops(self) -> int:
@@ -95,6 +132,10 @@ class Problem:
     def is_forward_activation(self, t: int) -> bool:
         return self.kinds[t] == Kind.activation.value
 
+    def forward_op(self, op: int) -> bool:
+        """An op of the forward pass: it makes forward activations (a hollow op makes nothing)."""
+        return bool(self.op_outputs[op]) and all(self.is_forward_activation(t) for t in self.op_outputs[op])
+
 
 @attrs.frozen
 class Edges:
@@ -104,6 +145,12 @@ class Edges:
     readers: dict[int, list[int]]  # tensor -> the ops that read it
     preds: list[list[int]]  # op -> the ops that make its inputs, in input order
     succs: list[list[int]]  # op -> the ops that read its outputs
+
+
+def _host_written(g: Graph, split: HostSplit, name: str) -> bool:
+    """A persistent tensor whose new value a host op makes (a parameter the device still reads, in f32)."""
+    new = dict(g.updates).get(name)
+    return any(new in g.ops[i].outputs for i in split.ops)
 
 
 def edges(p: Problem) -> Edges:

@@ -136,15 +136,15 @@ class _Planner:
         self.uses = p.uses(schedule)
         self.next_i = [0] * len(p.names)
         self.where: dict[int, int] = {}  # tensor -> offset
-        self.host = set(p.inputs) | (set(p.persistent) - self.pinned)
+        self.host = set(p.inputs) | (set(p.starts_on_host) - self.pinned)
         self.host_at = {t: -1 for t in self.host}  # position after which the host copy exists
         self.released = [-1] * len(p.names)
         self.last_access = [-1] * len(p.names)
         # what is issued after the op at each position (the first: before any), one list per InstrKind
         self.buckets: list[tuple[list[Instr], ...]] = [tuple([] for _ in InstrKind) for _ in range(len(schedule) + 1)]
-        self.write_back = {new for old, new in p.updates if old in p.persistent and old not in pinned}
+        self.write_back = {new for old, new in p.updates if old in p.persistent and old not in pinned} | p.to_host
         self.turn = next((i for i, op in enumerate(schedule)
-                          if not p.is_forward_activation(p.op_outputs[op][0])), len(schedule))
+                          if p.op_outputs[op] and not p.is_forward_activation(p.op_outputs[op][0])), len(schedule))
         # tensors needed again that are only on the host, by next use (stale entries are skipped), and
         # the early swap-ins not yet used: (position they follow, instruction)
         self.waiting = [(self.uses[t][0], t) for t in sorted(self.host - set(p.inputs)) if self.uses[t]]

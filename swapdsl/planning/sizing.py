@@ -36,7 +36,7 @@ def smallest_cap(p: Problem, no_swap: int) -> int:
 def choose_pinned(p: Problem, cap: int, no_swap: int) -> frozenset[int]:
     """Pin every persistent tensor when nothing needs to swap, or when they take at most half the cap
     and the ops still fit beside them; otherwise none, and they come in when needed."""
-    everything = frozenset(p.persistent)
+    everything = p.pinnable
     if no_swap <= cap:
         return everything  # the plan is the no-swap placement itself
     if sum(p.size[t] for t in everything) <= cap // 2 and need_bytes(p, everything) <= cap:

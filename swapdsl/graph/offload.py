@@ -1,0 +1,95 @@
+"""Where each parameter's update runs: on the device, or on the host (ZeRO-Offload's lever).
+
+A parameter updated on the host never crosses the bus with its optimiser state: its gradient goes down
+once it is made, the optimiser's ops run on the host over the master weights and the state in host
+memory, and the forward pass's half copy (``NAME/bf16``) is made on the host and comes up. In f32, with
+no cast, the weights themselves come up from the host memory the update wrote.
+
+This module says which ops of a training graph that moves to the host (``host_split``): a parameter's
+*update group* is the optimiser op that makes its new value and the optimiser ops of its state that op
+reads (``momentum`` for ``sgd_apply``; ``adam_m`` and ``adam_v`` for ``adam_apply``), together with a
+``cast`` whose output only the group reads (the gradient cast back to f32 under mixed precision) and the
+forward ``cast`` of the parameter itself. Everything else stays on the device.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+import attrs
+
+from swapdsl.graph.ir import Graph
+
+UPDATE_OPS = frozenset({"sgd", "momentum", "sgd_apply", "adam_m", "adam_v", "adam_apply"})
+
+
+@attrs.frozen
+class HostSplit:
+    """The ops that run on the host, and the tensors that cross between host and device because of them."""
+
+    ops: frozenset[int]  # op indices, each run on the host
+    made: frozenset[str]  # made on the host, read on the device: each comes up from the host every step
+    read: frozenset[str]  # made on the device, read on the host: each goes down once made
+    params: tuple[str, ...] = ()  # the parameters updated on the host, in graph order
+
+
+def offloadable(g: Graph) -> tuple[str, ...]:
+    """The parameters whose update may run on the host: those an optimiser op updates."""
+    makers, readers = _makers(g), g.consumers()
+    return tuple(p for p in g.params if _update_group(g, p, makers, readers))
+
+
+def host_split(g: Graph, params: Iterable[str]) -> HostSplit:
+    """The split of ``g`` with the updates of ``params`` on the host (each must be ``offloadable``)."""
+    chosen = tuple(p for p in g.params if p in set(params))
+    unknown = set(params) - set(g.params)
+    if unknown:
+        raise ValueError(f"not parameters of the graph: {sorted(unknown)}")
+    makers, readers = _makers(g), g.consumers()
+    host: set[int] = set()
+    for p in chosen:
+        group = _update_group(g, p, makers, readers)
+        if not group:
+            raise ValueError(f"`{p}` has no optimiser update to move to the host")
+        host |= group
+    made, read = set(), set()
+    for i, op in enumerate(g.ops):
+        if i in host:
+            read.update(t for t in op.inputs if makers.get(t) not in host and t not in g.persistent)
+        else:
+            made.update(t for t in op.inputs if makers.get(t) in host)
+    return HostSplit(frozenset(host), frozenset(made), frozenset(read), chosen)
+
+
+def touched(g: Graph, split: HostSplit) -> frozenset[str]:
+    """Tensors that host ops read or write and device ops never touch (a parameter read on the device,
+    in f32, is touched by both: not here)."""
+    on_host = {t for i in split.ops for t in (*g.ops[i].inputs, *g.ops[i].outputs)}
+    on_device = {t for i, op in enumerate(g.ops) if i not in split.ops for t in (*op.inputs, *op.outputs)}
+    return frozenset(on_host - on_device)
+
+
+def _makers(g: Graph) -> dict[str, int]:
+    return {t: i for i, op in enumerate(g.ops) for t in op.outputs}
+
+
+def _update_group(g: Graph, param: str, makers: dict[str, int], readers: dict[str, list[int]]) -> frozenset[int]:
+    """The ops that move to the host with ``param``'s update; empty when its update is no optimiser op, or
+    reads persistent tensors other than the parameter and its own state (those stay where they are)."""
+    new = dict(g.updates).get(param)
+    apply = makers.get(new) if new is not None else None
+    if apply is None or g.ops[apply].op not in UPDATE_OPS:
+        return frozenset()
+    state_new = {n: old for old, n in g.updates if old in g.state}
+    updates = {apply} | {makers[t] for t in g.ops[apply].inputs if t in state_new}
+    own = {param} | {state_new[g.ops[i].outputs[0]] for i in updates if g.ops[i].outputs[0] in state_new}
+    if any(t in g.persistent and t not in own for i in updates for t in g.ops[i].inputs):
+        return frozenset()
+    group = set(updates)
+    for i in sorted(updates):
+        for t in g.ops[i].inputs:
+            m = makers.get(t)
+            if m is not None and g.ops[m].op == "cast" and set(readers[t]) <= group:
+                group.add(m)
+    group |= {i for i in readers[param] if g.ops[i].op == "cast" and g.ops[i].inputs == (param,)}
+    return frozenset(group)

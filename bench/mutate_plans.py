@@ -2,8 +2,9 @@
 
 Usage: python bench/mutate_plans.py [--cases 1000] [--seed 0] [--keep DIR]
 
-Makes six plans (belady, capuchin and ga, on small tiny_resnet and tiny_transformer configurations, each
-under about a third of its no-swap need, or near its smallest feasible cap where that is more), then
+Makes seven plans (belady, capuchin and ga, on small tiny_resnet and tiny_transformer configurations, each
+under about a third of its no-swap need, or near its smallest feasible cap where that is more; and a bf16
+belady plan of tiny_transformer with every update on the host), then
 runs CASES mutants spread over the plans and the mutation kinds (delete, duplicate or swap lines;
 change a number, a name, a figure; swap the new values of two updates). Each is judged as `swapdsl exec MUTANT --check` judges it, in process, and
 an accepted mutant once more on a slow bus. Prints the counts per kind and every case that was
@@ -40,6 +41,14 @@ def make_plans(folder: Path, seed: int) -> dict[str, str]:
             if run.code != 0:
                 sys.exit(f"could not plan {model} with {method}: {run.err or run.crash}")
             texts[out.stem] = out.read_text()
+    # a bf16 plan with every update on the host: host runs, their waits and the refreshed weights
+    model, (cap, args) = "tiny_transformer", MODELS["tiny_transformer"]
+    out = folder / f"{model}-host.plan"
+    run = run_cli(["optimize", str(folder / f"{model}.swp"), "--memory", "2.6MiB", "--method", "belady", *args,
+                   "--precision", "bf16", "--host-updates", "all", "-o", str(out)])
+    if run.code != 0:
+        sys.exit(f"could not plan {model} with updates on the host: {run.err or run.crash}")
+    texts[out.stem] = out.read_text()
     return texts
 
 

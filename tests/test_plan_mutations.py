@@ -8,6 +8,7 @@ import random
 import shutil
 from pathlib import Path
 
+import attrs
 import pytest
 from hypothesis import assume, given
 from hypothesis import strategies as st
@@ -19,8 +20,12 @@ from swapdsl.fuzz.plans import KINDS, PROGRAM, campaign, mutate
 from swapdsl.graph.ir import Graph
 from swapdsl.plan.file import format_plan, parse_plan
 from swapdsl.plan.validate import validate
+from swapdsl.graph.offload import offloadable
+from swapdsl.planning.ga import SearchOptions
+from swapdsl.planning.optimize import optimize
 from swapdsl.planning.policy import METHODS
-from test_planners import caps, ga_plan, plan_for
+from swapdsl.planning.problem import Request
+from test_planners import V100, caps
 from test_runtime import run_against_reference
 
 # (plan name, model, its arguments, the cap: about a third of the no-swap need, or near the smallest feasible cap where that is more, method)
@@ -32,6 +37,8 @@ PLANS = [
     ("transformer-ga", "tiny_transformer", ["-D", "batch=2", "-D", "seq=8"], "2.2MiB", "ga"),
     ("transformer-bf16", "tiny_transformer", ["-D", "batch=2", "-D", "seq=8", "--precision", "bf16"], "2.6MiB",
      "capuchin"),
+    ("transformer-host", "tiny_transformer", ["-D", "batch=2", "-D", "seq=8", "--precision", "bf16",
+                                              "--host-updates", "all"], "2.6MiB", "belady"),
 ]
 CASES = int(os.environ.get("SWAPDSL_PLAN_MUTANTS", "210"))
 
@@ -141,15 +148,19 @@ def test_mutants_are_refused_or_exact(plans: Path, kind: str) -> None:
 @safety(40)
 @given(training_graphs(max_depth=5, **EVERY), st.floats(0.0, 1.0),
        st.sampled_from(["ga", "capuchin", "checkpoint", *sorted(METHODS)]),
-       st.sampled_from(KINDS), st.integers(0, 2**32 - 1))
+       st.sampled_from(KINDS), st.integers(0, 2**32 - 1), st.booleans())
 def test_a_mutant_of_any_plan_is_refused_or_trains_exactly(t: Graph, where: float, method: str, kind: str,
-                                                             seed: int) -> None:
+                                                             seed: int, host: bool) -> None:
     """The memory-safety property on random graphs: a single-line mutant of a plan from any planner,
-    at any cap, is refused with its line named, or trains exactly like the reference (on a slow bus)."""
+    at any cap, with updates on the device or on the host, is refused with its line named, or trains
+    exactly like the reference (on a slow bus)."""
     need, no_swap = caps(t)
     cap = int(need + where * (no_swap - need))
+    req = Request(t, V100, cap, "random.swp", ())
+    if host and method != "checkpoint":
+        req = attrs.evolve(req, host_updates=offloadable(t))
     try:
-        plan = ga_plan(t, cap, generations=2) if method == "ga" else plan_for(t, cap, method)
+        plan = optimize(req, method, SearchOptions(budget_s=600, generations=2, population=6, workers=1))
     except SwpError as err:  # checkpointing may not fit
         assume(method != "checkpoint" or "does not fit" not in err.message)
         raise

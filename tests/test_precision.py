@@ -198,3 +198,24 @@ def test_a_guarded_plan_records_its_guard_and_trains_exactly(cli, in_tmp: Path) 
     code, _, err = cli("exec", tiny, "-D", "scale=1e6", "--precision", "f16", "--steps", "30")  # scaling gives up
     assert code == 2 and err.startswith("error: a gradient of step 17 is not finite, so its update was skipped, and "
                                         "the loss scale has fallen to 0.5; stopped"), err
+
+
+def test_digits_in_half_precision_learn_as_in_f32(cli, tmp_path: Path) -> None:
+    """Issue 37's accuracy check: 200 steps of the digits mlp in bf16 and in f16 (with the loss scaler)
+    reach held-out accuracy within 1 point of f32 (the figures: docs/benchmarks.md, "Mixed precision")."""
+    pytest.importorskip("sklearn")
+    import json
+    import subprocess
+    import sys
+
+    subprocess.run([sys.executable, str(Path(__file__).parents[1] / "examples" / "digits.py"), str(tmp_path)],
+                   check=True, capture_output=True)
+    defines = ["-D", "features=64", "-D", "hidden=128", "-D", "depth=4", "-D", "lr=0.002"]
+    accuracy = {}
+    for precision in ("f32", "bf16", "f16"):
+        code, out, err = cli("exec", MODELS / "mlp.swp", *defines, "--precision", precision, "--data",
+                             tmp_path / "train", "--shuffle", "--steps", "200", "--eval", tmp_path / "test", "--json")
+        assert code == 0, err
+        accuracy[precision] = json.loads(out)["eval"][-1]["metrics"]["accuracy"]
+    assert accuracy["f32"] >= 0.7, accuracy  # (chance: 0.1; 0.806 when measured)
+    assert abs(accuracy["bf16"] - accuracy["f32"]) <= 0.01 and abs(accuracy["f16"] - accuracy["f32"]) <= 0.01, accuracy

@@ -38,7 +38,7 @@ class Mutant:
     what: str  # the changed line as it reads now, or what was done
 
 
-PROGRAM = ("run ", "recompute ", "swapin ", "swapout ", "free ")
+PROGRAM = ("run ", "recompute ", "swapin ", "swapout ", "free ", "host ")
 
 
 def mutate(text: str, kind: str, rng: random.Random, focus: tuple[str, ...] = ()) -> Mutant | None:

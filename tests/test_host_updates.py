@@ -182,9 +182,12 @@ def test_the_command_line_plans_and_trains_with_host_updates(cli, in_tmp: Path) 
                          "bf16", "--host-updates", "all", "-o", "m.plan", "--json")
     assert code == 0, err
     assert "\nhost " in (in_tmp / "m.plan").read_text()
-    code, out, err = cli("exec", "m.plan", "--steps", "3", "--check", "--json")
+    code, out, err = cli("exec", "m.plan", "--steps", "3", "--check", "--backend", "numpy", "--json")
     assert code == 0, err
     assert json.loads(out)["max_rel_diff"] <= 1e-5
+    code, out, err = cli("show", "m.plan", "--plot", "m.png")
+    assert code == 0, err
+    assert "update ops" in out and (in_tmp / "m.png").stat().st_size > 0
     code, _, err = cli("optimize", "m.swp", *small, "--memory", "40KiB", "--method", "checkpoint",
                        "--host-updates", "all")
     assert code == 2 and "checkpoint" in err and "Traceback" not in err

@@ -10,7 +10,7 @@ from pathlib import Path
 from swapdsl.common.atomic import write_bytes_atomically
 from swapdsl.common.errors import SwpError
 from swapdsl.common.units import format_bytes
-from swapdsl.plan.program import HOST, Plan, Region, Run, SwapIn, SwapOut
+from swapdsl.plan.program import HOST, HostRun, Plan, Region, Run, SwapIn, SwapOut
 from swapdsl.plan.simulate import Result, simulate
 
 
@@ -33,6 +33,9 @@ def summary(plan: Plan, result: Result, labels: Mapping[str, str] | None = None)
         f"  ops             {len(plan.ops)}; {kinds['SwapIn']} swap-ins, {kinds['SwapOut']} swap-outs, "
         f"{kinds['Free']} frees",
         f"  recomputed      {len(again)} runs again, {sum(plan.ops[i.op].ms for i in again):.3f} ms of compute",
+        *([f"  on the host     {kinds['HostRun']} update ops, "
+           f"{sum(plan.ops[i.op].host_ms or 0.0 for i in plan.program if isinstance(i, HostRun)):.3f} ms of the "
+           "host lane"] if kinds["HostRun"] else []),
         f"  persistent      {len(pinned)} pinned on the device "
         f"({format_bytes(sum(t.bytes for t in pinned))}), {len(on_host)} on the host "
         f"({format_bytes(sum(t.bytes for t in on_host))})",
@@ -75,7 +78,7 @@ def _marked_copies(plan: Plan, r: Result, named: int) -> list[tuple[str, str, fl
     sizes = plan.tensor_map()
     gap = r.iteration_ms / 6
     marked: list[tuple[str, str, float, float]] = []
-    for span in sorted((s for s in r.timeline if s[0] != "compute"), key=lambda s: (-sizes[s[1]].bytes, s[2])):
+    for span in sorted((s for s in r.timeline if s[0] in ("h2d", "d2h")), key=lambda s: (-sizes[s[1]].bytes, s[2])):
         middle = (span[2] + span[3]) / 2
         if all(m[0] != span[0] or abs((m[2] + m[3]) / 2 - middle) >= gap for m in marked):
             marked.append(span)
@@ -104,7 +107,11 @@ def plot(plan: Plan, out: str | Path, labels: Mapping[str, str] | None = None, n
     if again:  # recomputations, on the compute lane in their own colour
         lanes.broken_barh(again, (2 - 0.4, 0.8), facecolors="#dd8452", label="recompute")
         lanes.legend(loc="upper right")
-    lanes.set_yticks([2, 1, 0], ["compute", "host to device", "device to host"])
+    host = [(s, e - s) for st, _, s, e in r.timeline if st == "host"]
+    if host:  # updates run on the host: a fourth lane
+        lanes.broken_barh(host, (-1 - 0.4, 0.8), facecolors="#8172b3")
+    lanes.set_yticks([2, 1, 0, -1][:4 if host else 3],
+                     ["compute", "host to device", "device to host", "host (updates)"][:4 if host else 3])
     lanes.set_title(f"{Path(plan.model_path).stem}: {plan.method} under {format_bytes(plan.cap)} on "
                     f"{plan.device.name}, {r.iteration_ms:.1f} ms per iteration")
     for stream, name, start, end in _marked_copies(plan, r, named):

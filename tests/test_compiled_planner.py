@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import heapq
 
+import attrs
 import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -15,6 +16,7 @@ from strategies import training_graphs
 from swapdsl.devices.profiles import BUILTIN
 from swapdsl.graph.autodiff import training_graph
 from swapdsl.graph.ir import Graph
+from swapdsl.graph.offload import offloadable
 from swapdsl.plan.simulate import simulate
 from swapdsl.planning.baselines import baseline_setup, build_plan
 from swapdsl.planning.compiled import Evaluator, no_swap_bytes, priority_order
@@ -50,13 +52,15 @@ def _agree(req: Request, p: Problem, schedule: list[int], policy: Policy, pinned
 
 
 @settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(training_graphs(), st.floats(0.0, 1.0), st.sampled_from(POLICIES), st.integers(0, 2**31 - 1))
+@given(training_graphs(), st.floats(0.0, 1.0), st.sampled_from(POLICIES), st.integers(0, 2**31 - 1), st.booleans())
 def test_compiled_planner_and_simulator_agree_with_the_reference(t: Graph, where: float, policy: Policy,
-                                                                  seed: int) -> None:
-    """Any schedule, cap and pinning the search can produce: the same program, bit-identical time."""
-    p = Problem.build(t, V100)
+                                                                  seed: int, on_host: bool) -> None:
+    """Any schedule, cap and pinning the search can produce, with updates on the device or on the host:
+    the same program, bit-identical time (the host lane's included)."""
+    host = offloadable(t) if on_host else ()
+    p = Problem.build(t, V100, host)
     need, no_swap = _need_and_no_swap(p)
-    req = Request(t, V100, int(need + where * (no_swap - need)), "random.swp", ())
+    req = attrs.evolve(Request(t, V100, int(need + where * (no_swap - need)), "random.swp", ()), host_updates=host)
     d = Decoder(req)
     rng = np.random.default_rng(seed)
     genome = Genome(rng.normal(0, 5, p.n_ops), float(rng.choice([0, 0.3, 1.0])))

@@ -94,8 +94,8 @@ class Evaluator:
         self.fwd_act = np.array([k == Kind.activation.value for k in p.kinds], np.bool_)
         # a new value of an unpinned persistent tensor is copied out once made; so is what host ops read,
         # as the new value of a parameter updated on the host (never pinned)
-        anchor = [index for index in sorted(p.persistent - p.pinnable)][:1] * len(p.to_host)
-        self.upd_old = np.array([o for o, _ in p.updates] + anchor, np.int64)
+        anchor = min(p.persistent - p.pinnable, default=-1)
+        self.upd_old = np.array([o for o, _ in p.updates] + [anchor] * len(p.to_host), np.int64)
         self.upd_new = np.array([w for _, w in p.updates] + sorted(p.to_host), np.int64)
         # what may start on the device or the host: the persistent tensors and the inputs, by name
         self.by_name = np.array(sorted(p.starts_on_host | p.inputs, key=p.names.__getitem__), np.int64)

@@ -87,6 +87,7 @@ class Problem:
         hollow = split.ops
         in_place = tuple(i in in_place_set and i not in hollow for i in range(len(g.ops)))
         only = touched(g, split)
+        written = {old for old, new in g.updates if any(new in g.ops[i].outputs for i in hollow)}
         persistent = frozenset(index[n] for n in g.persistent)
         made = frozenset(index[n] for n in split.made)
         news = {n for _, n in g.updates}
@@ -100,7 +101,7 @@ class Problem:
             in_place, persistent, frozenset(index[n] for n in g.inputs),
             tuple((index[o], index[n]) for o, n in g.updates), index[g.loss], scratch_bytes(g),
             split, made, frozenset(index[n] for n in split.read),
-            frozenset(t for t in persistent if names[t] not in only and not _host_written(g, split, names[t])),
+            frozenset(t for t in persistent if names[t] not in only and names[t] not in written),
             tuple(host_op_ms(device, g, op) if i in hollow else 0.0 for i, op in enumerate(g.ops)), host_only)
 
     @staticmethod
@@ -145,12 +146,6 @@ class Edges:
     readers: dict[int, list[int]]  # tensor -> the ops that read it
     preds: list[list[int]]  # op -> the ops that make its inputs, in input order
     succs: list[list[int]]  # op -> the ops that read its outputs
-
-
-def _host_written(g: Graph, split: HostSplit, name: str) -> bool:
-    """A persistent tensor whose new value a host op makes (a parameter the device still reads, in f32)."""
-    new = dict(g.updates).get(name)
-    return any(new in g.ops[i].outputs for i in split.ops)
 
 
 def edges(p: Problem) -> Edges:

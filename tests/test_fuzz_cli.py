@@ -52,6 +52,7 @@ OPTIONS: dict[str, list[str]] = {
     "--precision": ["f32", "bf16", "f16", "f8", ""],
     "--on-nonfinite": ["stop", "continue", "skip", ""],
     "--guard": ["none", "skip", "scale", "always"],
+    "--host-updates": ["none", "all", "auto", "some", ""],
 }
 FLAGS = ["--json", "--check", "--ir", "--training", "--help", "--version", "--shuffle"]
 COMMANDS = ["check", "exec", "optimize", "simulate", "show", "profile", "plot-log", "bench", "devices", "bogus"]

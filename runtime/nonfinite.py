@@ -46,7 +46,7 @@ def is_float(a: Any) -> bool:
 
 
 def all_finite(arrays: Iterable[Any]) -> bool:
-    return all(np.isfinite(np.asarray(a, np.float64)).all() for a in arrays if is_float(a))
+    return all(np.isfinite(np.asarray(a)).all() for a in arrays if is_float(a))  # (bf16 too: ml_dtypes)
 
 
 INFINITE_BY_DESIGN = frozenset({"causal_mask"})  # writes -inf where attention may not look

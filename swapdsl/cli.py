@@ -384,14 +384,18 @@ class _Parser(argparse.ArgumentParser):
         raise SwpError(message, hints=[f"see `{self.prog} --help`"])
 
 
+def _precision_options(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--precision", choices=PRECISIONS, help=PRECISION_HELP)
+    parser.add_argument("--guard", choices=GUARDS, help=GUARD_HELP)
+
+
 def make_parser() -> argparse.ArgumentParser:
     p = _Parser(prog="swapdsl", description="Train models larger than GPU memory.")
     p.add_argument("--version", action="version", version=f"swapdsl {__version__}")
     sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
     check = sub.add_parser("check", help="parse and elaborate a .swp model, print its figures or IR")
     check.add_argument("file", metavar="FILE.swp")
-    check.add_argument("--precision", choices=PRECISIONS, help=PRECISION_HELP)
-    check.add_argument("--guard", choices=GUARDS, help=GUARD_HELP)
+    _precision_options(check)
     check.add_argument("-D", dest="define", action="append", default=[], metavar="NAME=VALUE",
                        help="override a model argument (repeatable)")
     out = check.add_mutually_exclusive_group()
@@ -403,8 +407,7 @@ def make_parser() -> argparse.ArgumentParser:
 
     ex = sub.add_parser("exec", help="run a plan under its cap, or train a .swp model with the reference executor")
     ex.add_argument("file", metavar="FILE.plan|FILE.swp")
-    ex.add_argument("--precision", choices=PRECISIONS, help=PRECISION_HELP)
-    ex.add_argument("--guard", choices=GUARDS, help=GUARD_HELP)
+    _precision_options(ex)
     ex.add_argument("-D", dest="define", action="append", default=[], metavar="NAME=VALUE",
                     help="override a model argument (repeatable)")
     length = ex.add_mutually_exclusive_group()
@@ -464,8 +467,7 @@ def make_parser() -> argparse.ArgumentParser:
     op.add_argument("--workers", type=_workers, default=0, help="ga: worker processes (0: every core)")
     op.add_argument("--device", metavar="NAME|FILE.json", help="device profile (default: the GPU found, "
                     f"else {DEFAULT_DEVICE})")
-    op.add_argument("--precision", choices=PRECISIONS, help=PRECISION_HELP)
-    op.add_argument("--guard", choices=GUARDS, help=GUARD_HELP)
+    _precision_options(op)
     op.add_argument("-D", dest="define", action="append", default=[], metavar="NAME=VALUE",
                     help="override a model argument (repeatable)")
     op.add_argument("-o", "--output", metavar="FILE.plan", help="write the plan here (atomically)")
@@ -484,8 +486,7 @@ def make_parser() -> argparse.ArgumentParser:
 
     pr = sub.add_parser("profile", help="measure op times and copy bandwidth on this backend into a profile")
     pr.add_argument("file", metavar="FILE.swp")
-    pr.add_argument("--precision", choices=PRECISIONS, help=PRECISION_HELP)
-    pr.add_argument("--guard", choices=GUARDS, help=GUARD_HELP)
+    _precision_options(pr)
     pr.add_argument("-D", dest="define", action="append", default=[], metavar="NAME=VALUE",
                     help="override a model argument (repeatable)")
     pr.add_argument("-o", "--output", required=True, metavar="PROFILE.json")

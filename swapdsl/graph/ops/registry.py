@@ -230,14 +230,61 @@ def _widened(t: TensorType) -> TensorType:
     return TensorType(t.shape, DType.f32) if is_half(t) else t
 
 
+# Element-wise ops: each output element reads only the same element of each input shaped like the output
+# (other inputs are broadcast). On half tensors ``kernel_of`` stages these a block of rows at a time.
+ELEMENTWISE = frozenset({"add", "sub", "mul", "div", "add_scalar", "mul_scalar", "pow_scalar", "neg", "relu", "gelu",
+                         "tanh", "sigmoid", "exp", "log", "sqrt", "cast", "relu_grad", "gelu_grad", "tanh_grad",
+                         "sigmoid_grad", "pow_scalar_grad"})
+
+
+@attrs.frozen
+class Rows:
+    """How an element-wise op on half tensors is staged: the output seen as ``rows`` rows over its leading
+    ``axes`` axes (which every input either has in full or is broadcast over), ``block`` rows at a time."""
+
+    axes: int
+    rows: int
+    block: int
+
+    def full(self, t: Any, out: Any) -> bool:
+        return tuple(t.shape) == tuple(out.shape)
+
+    def inner(self, t: Any, out: Any) -> tuple[int, ...]:
+        """A broadcast input's shape without the leading axes it is broadcast over."""
+        return ((1,) * (len(out.shape) - len(t.shape)) + tuple(t.shape))[self.axes:]
+
+
+def staged_rows(op: str, ins: Types, out: TensorType) -> Rows | None:
+    """How ``kernel_of`` stages ``op`` on these types a block of rows at a time; None: it copies whole
+    tensors (not an element-wise op, no half tensor, no leading axis to split, or one block would do)."""
+    if op not in ELEMENTWISE or not (is_half(out) or any(map(is_half, ins))):
+        return None
+    axes = len(out.shape)
+    for t in ins:
+        if t.shape != out.shape:
+            padded = (1,) * (len(out.shape) - len(t.shape)) + t.shape
+            axes = min(axes, next((i for i, d in enumerate(padded) if d != 1), len(padded)))
+    rows = math.prod(out.shape[:axes])
+    if axes == 0 or rows < 2:
+        return None
+    per_row = sum(4 * t.numel // rows for t in ins if is_half(t) and t.shape == out.shape)
+    per_row += 4 * out.numel // rows if is_half(out) else 0
+    block = chunk_len(rows, per_row, max(t.nbytes for t in (*ins, out)))
+    return Rows(axes, rows, block) if block < rows else None
+
+
 def kernel_of(op: str, ins: Types, out: TensorType, attrs_: Attrs | None = None) -> Kernel:
-    """``op``'s kernel for tensors of these types: its own, or, where any is half, its own on f32 copies;
-    for a ``gated`` update, one that keeps the old value (its first input) unless the flag is 1."""
+    """``op``'s kernel for tensors of these types: its own, or, where any is half, its own on f32 copies
+    (of a block of rows at a time, for an element-wise op); for a ``gated`` update, one that keeps the old
+    value (its first input) unless the flag is 1."""
     if attrs_ and attrs_.get("gated"):
         return _gated(kernel_of(op, ins[:-1], out))
     kernel = REGISTRY[op].kernel
     if not (is_half(out) or any(map(is_half, ins))):
         return kernel
+    rows = staged_rows(op, ins, out)
+    if rows is not None:
+        return _by_rows(kernel, rows, is_half(out))
 
     def in_f32(c: KernelContext, ins_: list[Array], out_: Array, a: Attrs) -> None:
         wide = [_f32_copy(c, x) for x in ins_]
@@ -251,6 +298,33 @@ def kernel_of(op: str, ins: Types, out: TensorType, attrs_: Attrs | None = None)
             c.xp.copyto(out_, result, casting="unsafe")
 
     return in_f32
+
+
+def _by_rows(kernel: Kernel, r: Rows, half_out: bool) -> Kernel:
+    """``kernel`` on f32 copies of a block of rows of each full input at a time (broadcast inputs copied
+    once), each block's result rounded into the output: the same numbers as whole copies give."""
+    def by_rows(c: KernelContext, ins_: list[Array], out_: Array, a: Attrs) -> None:
+        xp = c.xp
+        tail = tuple(out_.shape[r.axes:])
+        dest = out_.reshape(r.rows, *tail)
+        src = [x.reshape(r.rows, *tail) if r.full(x, out_) else _f32_copy(c, x.reshape(r.inner(x, out_)))
+               for x in ins_]
+        below, base = c.scratch.floor, c.scratch.used
+        try:
+            for i in range(0, r.rows, r.block):
+                c.scratch.used = base
+                part = slice(i, min(i + r.block, r.rows))
+                wide = [_f32_copy(c, s[part]) if r.full(x, out_) else s for s, x in zip(src, ins_)]
+                result = c.scratch.take(dest[part].shape, xp.float32) if half_out else dest[part]
+                c.scratch.floor = c.scratch.used  # a kernel that resets its scratch keeps these
+                kernel(c, wide, result, a)
+                c.scratch.floor = below
+                if half_out:
+                    xp.copyto(dest[part], result, casting="unsafe")
+        finally:
+            c.scratch.floor = below
+
+    return by_rows
 
 
 def _gated(kernel: Kernel) -> Kernel:
@@ -332,6 +406,16 @@ def scratch_need(op: str, ins: Types, out: TensorType, attrs_: Attrs) -> int:
     if attrs_.get("gated"):
         plain = {k: v for k, v in attrs_.items() if k != "gated"}
         return buffers(out.nbytes, 1, 1) + scratch_need(op, ins[:-1], out, plain)
+    r = staged_rows(op, ins, out)
+    if r is not None:  # broadcast inputs copied whole, then a block of each full input and of the result
+        tail = out.shape[r.axes:]
+        block = [TensorType((r.block, *tail), DType.f32) if t.shape == out.shape
+                 else TensorType(r.inner(t, out), _widened(t).dtype) for t in ins]
+        wide_out = TensorType((r.block, *tail), DType.f32 if is_half(out) else out.dtype)
+        copies = [b.nbytes for t, b in zip(ins, block) if is_half(t) and t.shape != out.shape]
+        copies += [b.nbytes for t, b in zip(ins, block) if is_half(t) and t.shape == out.shape]
+        copies += [wide_out.nbytes] if is_half(out) else []
+        return buffers(*copies) + REGISTRY[op].scratch(tuple(block), wide_out, attrs_)
     wide_ins, wide_out = tuple(map(_widened, ins)), _widened(out)
     copies = [w.nbytes for t, w in zip(ins, wide_ins) if is_half(t)] + ([wide_out.nbytes] if is_half(out) else [])
     return buffers(*copies) + REGISTRY[op].scratch(wide_ins, wide_out, attrs_)

@@ -230,47 +230,81 @@ def _widened(t: TensorType) -> TensorType:
     return TensorType(t.shape, DType.f32) if is_half(t) else t
 
 
-# Element-wise ops: each output element reads only the same element of each input shaped like the output
-# (other inputs are broadcast). On half tensors ``kernel_of`` stages these a block of rows at a time.
-ELEMENTWISE = frozenset({"add", "sub", "mul", "div", "add_scalar", "mul_scalar", "pow_scalar", "neg", "relu", "gelu",
-                         "tanh", "sigmoid", "exp", "log", "sqrt", "cast", "relu_grad", "gelu_grad", "tanh_grad",
-                         "sigmoid_grad", "pow_scalar_grad"})
-
-
-@attrs.frozen
-class Rows:
-    """How an element-wise op on half tensors is staged: the output seen as ``rows`` rows over its leading
-    ``axes`` axes (which every input either has in full or is broadcast over), ``block`` rows at a time."""
-
-    axes: int
-    rows: int
-    block: int
-
-    def full(self, t: Any, out: Any) -> bool:
-        return tuple(t.shape) == tuple(out.shape)
-
-    def inner(self, t: Any, out: Any) -> tuple[int, ...]:
-        """A broadcast input's shape without the leading axes it is broadcast over."""
-        return ((1,) * (len(out.shape) - len(t.shape)) + tuple(t.shape))[self.axes:]
-
-
-def staged_rows(op: str, ins: Types, out: TensorType) -> Rows | None:
-    """How ``kernel_of`` stages ``op`` on these types a block of rows at a time; None: it copies whole
-    tensors (not an element-wise op, no half tensor, no leading axis to split, or one block would do)."""
-    if op not in ELEMENTWISE or not (is_half(out) or any(map(is_half, ins))):
-        return None
+def _broadcast_axes(ins: Types, out: TensorType) -> int:
+    """The leading axes of ``out`` that every input either has in full or is broadcast over."""
     axes = len(out.shape)
     for t in ins:
         if t.shape != out.shape:
             padded = (1,) * (len(out.shape) - len(t.shape)) + t.shape
             axes = min(axes, next((i for i, d in enumerate(padded) if d != 1), len(padded)))
+    return axes
+
+
+def _last_axis_axes(ins: Types, out: TensorType, a: Attrs) -> int:
+    """Softmax and its kin over the last axis: every row is its own."""
+    last = a.get("axis", -1) % max(len(out.shape), 1) == len(out.shape) - 1
+    return min(_broadcast_axes(ins, out), len(out.shape) - 1) if last else 0
+
+
+def _matrix_rows(ins: Types, out: TensorType, a: Attrs) -> int:
+    """A product with a matrix (a weight): every row of the first operand gives a row of the result."""
+    x, w = ins
+    return len(out.shape) - 1 if len(w.shape) == 2 and x.shape[:-1] == out.shape[:-1] else 0
+
+
+# How many leading axes of an op's output ``kernel_of`` may split into blocks of rows on half tensors
+# (0: none): element-wise ops (each output element reads the same element of each input shaped like the
+# output; others are broadcast), softmax over the last axis, products with a matrix.
+_ELEMENTWISE = ("add", "sub", "mul", "div", "add_scalar", "mul_scalar", "pow_scalar", "neg", "relu", "gelu", "tanh",
+                "sigmoid", "exp", "log", "sqrt", "cast", "relu_grad", "gelu_grad", "tanh_grad", "sigmoid_grad",
+                "pow_scalar_grad")
+ROW_RULES: dict[str, Callable[[Types, TensorType, Attrs], int]] = {
+    **{op: (lambda ins, out, a: _broadcast_axes(ins, out)) for op in _ELEMENTWISE},
+    **{op: _last_axis_axes for op in ("softmax", "log_softmax", "softmax_grad", "log_softmax_grad")},
+    "matmul": _matrix_rows, "matmul_nt": _matrix_rows,
+}
+
+
+@attrs.frozen
+class Rows:
+    """How an op on half tensors is staged: its output seen as ``rows`` rows over its leading ``axes`` axes,
+    ``block`` rows at a time. An input whose leading axes are the output's is split the same way; any
+    other is broadcast over them (reshaped without them: ``inner``) or, for a product, whole."""
+
+    axes: int
+    rows: int
+    block: int
+    split: tuple[bool, ...]  # per input
+    product: bool = False
+
+    def inner(self, t: Any, out: Any) -> tuple[int, ...]:
+        if self.product:
+            return tuple(t.shape)
+        return ((1,) * (len(out.shape) - len(t.shape)) + tuple(t.shape))[self.axes:]
+
+    def attrs(self, a: Attrs, out: Any) -> Attrs:
+        """The op's attributes for a block, whose leading axes are one: an ``axis`` (the last) renumbered."""
+        return {**a, "axis": len(out.shape) - self.axes} if "axis" in a else a
+
+
+def staged_rows(op: str, ins: Types, out: TensorType, attrs_: Attrs | None = None) -> Rows | None:
+    """How ``kernel_of`` stages ``op`` on these types a block of rows at a time; None: it copies whole
+    tensors (no rule for the op, no half tensor, no leading axis to split, or one block would do)."""
+    rule = ROW_RULES.get(op)
+    if rule is None or not (is_half(out) or any(map(is_half, ins))):
+        return None
+    axes = rule(ins, out, attrs_ or {})
     rows = math.prod(out.shape[:axes])
     if axes == 0 or rows < 2:
         return None
-    per_row = sum(4 * t.numel // rows for t in ins if is_half(t) and t.shape == out.shape)
+    product = op.startswith("matmul")
+    split = tuple((i == 0 or not product) and t.shape[:axes] == out.shape[:axes] and len(t.shape) == len(out.shape)
+                  for i, t in enumerate(ins))
+    r = Rows(axes, rows, 1, split, product)
+    per_row = sum(4 * t.numel // rows for t, s in zip(ins, split) if is_half(t) and s)
     per_row += 4 * out.numel // rows if is_half(out) else 0
     block = chunk_len(rows, per_row, max(t.nbytes for t in (*ins, out)))
-    return Rows(axes, rows, block) if block < rows else None
+    return attrs.evolve(r, block=block) if block < rows else None
 
 
 def kernel_of(op: str, ins: Types, out: TensorType, attrs_: Attrs | None = None) -> Kernel:
@@ -282,7 +316,7 @@ def kernel_of(op: str, ins: Types, out: TensorType, attrs_: Attrs | None = None)
     kernel = REGISTRY[op].kernel
     if not (is_half(out) or any(map(is_half, ins))):
         return kernel
-    rows = staged_rows(op, ins, out)
+    rows = staged_rows(op, ins, out, attrs_)
     if rows is not None:
         return _by_rows(kernel, rows, is_half(out))
 
@@ -305,16 +339,16 @@ def _by_rows(kernel: Kernel, r: Rows, half_out: bool) -> Kernel:
     once), each block's result rounded into the output: the same numbers as whole copies give."""
     def by_rows(c: KernelContext, ins_: list[Array], out_: Array, a: Attrs) -> None:
         xp = c.xp
-        tail = tuple(out_.shape[r.axes:])
-        dest = out_.reshape(r.rows, *tail)
-        src = [x.reshape(r.rows, *tail) if r.full(x, out_) else _f32_copy(c, x.reshape(r.inner(x, out_)))
-               for x in ins_]
+        dest = out_.reshape(r.rows, *out_.shape[r.axes:])
+        src = [x.reshape(r.rows, *x.shape[r.axes:]) if s else _f32_copy(c, x.reshape(r.inner(x, out_)))
+               for x, s in zip(ins_, r.split)]
         below, base = c.scratch.floor, c.scratch.used
+        a = r.attrs(a, out_)
         try:
             for i in range(0, r.rows, r.block):
                 c.scratch.used = base
                 part = slice(i, min(i + r.block, r.rows))
-                wide = [_f32_copy(c, s[part]) if r.full(x, out_) else s for s, x in zip(src, ins_)]
+                wide = [_f32_copy(c, x[part]) if s else x for x, s in zip(src, r.split)]
                 result = c.scratch.take(dest[part].shape, xp.float32) if half_out else dest[part]
                 c.scratch.floor = c.scratch.used  # a kernel that resets its scratch keeps these
                 kernel(c, wide, result, a)
@@ -406,16 +440,15 @@ def scratch_need(op: str, ins: Types, out: TensorType, attrs_: Attrs) -> int:
     if attrs_.get("gated"):
         plain = {k: v for k, v in attrs_.items() if k != "gated"}
         return buffers(out.nbytes, 1, 1) + scratch_need(op, ins[:-1], out, plain)
-    r = staged_rows(op, ins, out)
-    if r is not None:  # broadcast inputs copied whole, then a block of each full input and of the result
-        tail = out.shape[r.axes:]
-        block = [TensorType((r.block, *tail), DType.f32) if t.shape == out.shape
-                 else TensorType(r.inner(t, out), _widened(t).dtype) for t in ins]
-        wide_out = TensorType((r.block, *tail), DType.f32 if is_half(out) else out.dtype)
-        copies = [b.nbytes for t, b in zip(ins, block) if is_half(t) and t.shape != out.shape]
-        copies += [b.nbytes for t, b in zip(ins, block) if is_half(t) and t.shape == out.shape]
+    r = staged_rows(op, ins, out, attrs_)
+    if r is not None:  # inputs not split copied whole, then a block of each split input and of the result
+        block = [TensorType((r.block, *t.shape[r.axes:]), _widened(t).dtype) if s
+                 else TensorType(r.inner(t, out), _widened(t).dtype) for t, s in zip(ins, r.split)]
+        wide_out = TensorType((r.block, *out.shape[r.axes:]), DType.f32 if is_half(out) else out.dtype)
+        copies = [b.nbytes for t, b, s in zip(ins, block, r.split) if is_half(t) and not s]
+        copies += [b.nbytes for t, b, s in zip(ins, block, r.split) if is_half(t) and s]
         copies += [wide_out.nbytes] if is_half(out) else []
-        return buffers(*copies) + REGISTRY[op].scratch(tuple(block), wide_out, attrs_)
+        return buffers(*copies) + REGISTRY[op].scratch(tuple(block), wide_out, r.attrs(attrs_, out))
     wide_ins, wide_out = tuple(map(_widened, ins)), _widened(out)
     copies = [w.nbytes for t, w in zip(ins, wide_ins) if is_half(t)] + ([wide_out.nbytes] if is_half(out) else [])
     return buffers(*copies) + REGISTRY[op].scratch(wide_ins, wide_out, attrs_)

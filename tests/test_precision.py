@@ -268,3 +268,23 @@ def test_row_wise_half_ops_and_products_stage_rows_exactly_as_the_reference(op: 
     REGISTRY[op].kernel(KernelContext.standalone(np, 1 << 28), [x.astype(np.float32) for x in ins], expected, attrs_)
     got = run_kernel(np, op, ins, attrs_).astype(np.float32)
     assert np.abs(got - expected).max() <= 2**-7 * np.abs(expected).max()
+
+
+def test_a_weight_gradient_in_half_sums_its_rows_block_by_block() -> None:
+    """matmul_tn_fold (x^T g over every leading axis) on half tensors: blocks of rows summed in f32 by its
+    accumulate op, rounded once; within half precision of the f32 product, in its declared scratch."""
+    from swapdsl.graph.ir import TensorType
+    from swapdsl.graph.ops.registry import infer, np_dtype, run_kernel, scratch_need, staged_rows
+
+    rng = np.random.default_rng(3)
+    shapes = [(16, 512, 256), (16, 512, 1024)]
+    ins = [rng.standard_normal(s).astype(np_dtype(np, DType.bf16)) for s in shapes]
+    types = tuple(TensorType(s, DType.bf16) for s in shapes)
+    out_type = infer("matmul_tn_fold", types, {})
+    r = staged_rows("matmul_tn_fold", types, out_type, {})
+    assert r is not None and r.summed == "matmul_tn_fold_acc" and r.block < r.rows
+    x, g = (a.astype(np.float64).reshape(-1, a.shape[-1]) for a in ins)
+    expected = x.T @ g
+    got = run_kernel(np, "matmul_tn_fold", ins, {}).astype(np.float64)
+    assert np.abs(got - expected).max() <= 2**-7 * np.abs(expected).max()
+    assert scratch_need("matmul_tn_fold", types, out_type, {}) < 4 * (16 * 512 * (256 + 1024))

@@ -246,6 +246,13 @@ def _last_axis_axes(ins: Types, out: TensorType, a: Attrs) -> int:
     return min(_broadcast_axes(ins, out), len(out.shape) - 1) if last else 0
 
 
+def _summed_rows(ins: Types, out: TensorType, a: Attrs) -> int:
+    """A product summed over every leading axis of its operands (a weight gradient): its rows are summed
+    block by block (the op on the first block, its ``accumulate`` op adding each other)."""
+    x, g = ins
+    return len(x.shape) - 1 if x.shape[:-1] == g.shape[:-1] else 0
+
+
 def _matrix_rows(ins: Types, out: TensorType, a: Attrs) -> int:
     """A product with a matrix (a weight): every row of the first operand gives a row of the result."""
     x, w = ins
@@ -261,7 +268,7 @@ _ELEMENTWISE = ("add", "sub", "mul", "div", "add_scalar", "mul_scalar", "pow_sca
 ROW_RULES: dict[str, Callable[[Types, TensorType, Attrs], int]] = {
     **{op: (lambda ins, out, a: _broadcast_axes(ins, out)) for op in _ELEMENTWISE},
     **{op: _last_axis_axes for op in ("softmax", "log_softmax", "softmax_grad", "log_softmax_grad")},
-    "matmul": _matrix_rows, "matmul_nt": _matrix_rows,
+    "matmul": _matrix_rows, "matmul_nt": _matrix_rows, "matmul_tn_fold": _summed_rows,
 }
 
 
@@ -276,6 +283,7 @@ class Rows:
     block: int
     split: tuple[bool, ...]  # per input
     product: bool = False
+    summed: str | None = None  # the op that adds a block's result into the sum so far (the output is not split)
 
     def inner(self, t: Any, out: Any) -> tuple[int, ...]:
         if self.product:
@@ -294,15 +302,16 @@ def staged_rows(op: str, ins: Types, out: TensorType, attrs_: Attrs | None = Non
     if rule is None or not (is_half(out) or any(map(is_half, ins))):
         return None
     axes = rule(ins, out, attrs_ or {})
-    rows = math.prod(out.shape[:axes])
+    summed = REGISTRY[op].accumulate if rule is _summed_rows else None
+    rows = math.prod((ins[0] if summed else out).shape[:axes])
     if axes == 0 or rows < 2:
         return None
     product = op.startswith("matmul")
-    split = tuple((i == 0 or not product) and t.shape[:axes] == out.shape[:axes] and len(t.shape) == len(out.shape)
-                  for i, t in enumerate(ins))
-    r = Rows(axes, rows, 1, split, product)
+    split = tuple(summed is not None or ((i == 0 or not product) and len(t.shape) == len(out.shape)
+                                         and t.shape[:axes] == out.shape[:axes]) for i, t in enumerate(ins))
+    r = Rows(axes, rows, 1, split, product, summed)
     per_row = sum(4 * t.numel // rows for t, s in zip(ins, split) if is_half(t) and s)
-    per_row += 4 * out.numel // rows if is_half(out) else 0
+    per_row += 4 * out.numel // rows if is_half(out) and summed is None else 0
     block = chunk_len(rows, per_row, max(t.nbytes for t in (*ins, out)))
     return attrs.evolve(r, block=block) if block < rows else None
 
@@ -335,8 +344,12 @@ def kernel_of(op: str, ins: Types, out: TensorType, attrs_: Attrs | None = None)
 
 
 def _by_rows(kernel: Kernel, r: Rows, half_out: bool) -> Kernel:
-    """``kernel`` on f32 copies of a block of rows of each full input at a time (broadcast inputs copied
-    once), each block's result rounded into the output: the same numbers as whole copies give."""
+    """``kernel`` on f32 copies of a block of rows of each split input at a time (others copied once), each
+    block's result rounded into the output: the same numbers as whole copies give (a summed product:
+    within f32 of them, its blocks summed in f32 and rounded once)."""
+    if r.summed is not None:
+        return _summed_by_rows(kernel, REGISTRY[r.summed].kernel, r, half_out)
+
     def by_rows(c: KernelContext, ins_: list[Array], out_: Array, a: Attrs) -> None:
         xp = c.xp
         dest = out_.reshape(r.rows, *out_.shape[r.axes:])
@@ -359,6 +372,30 @@ def _by_rows(kernel: Kernel, r: Rows, half_out: bool) -> Kernel:
             c.scratch.floor = below
 
     return by_rows
+
+
+def _summed_by_rows(kernel: Kernel, add_into: Kernel, r: Rows, half_out: bool) -> Kernel:
+    def summed(c: KernelContext, ins_: list[Array], out_: Array, a: Attrs) -> None:
+        xp = c.xp
+        total = c.scratch.take(out_.shape, xp.float32) if half_out else out_
+        src = [x.reshape(r.rows, *x.shape[r.axes:]) for x in ins_]
+        below, base = c.scratch.floor, c.scratch.used
+        try:
+            for i in range(0, r.rows, r.block):
+                c.scratch.used = base
+                wide = [_f32_copy(c, x[i:i + r.block]) for x in src]
+                c.scratch.floor = c.scratch.used
+                if i == 0:
+                    kernel(c, wide, total, a)
+                else:
+                    add_into(c, [total, *wide], total, a)
+                c.scratch.floor = below
+        finally:
+            c.scratch.floor = below
+        if half_out:
+            xp.copyto(out_, total, casting="unsafe")
+
+    return summed
 
 
 def _gated(kernel: Kernel) -> Kernel:
@@ -441,6 +478,12 @@ def scratch_need(op: str, ins: Types, out: TensorType, attrs_: Attrs) -> int:
         plain = {k: v for k, v in attrs_.items() if k != "gated"}
         return buffers(out.nbytes, 1, 1) + scratch_need(op, ins[:-1], out, plain)
     r = staged_rows(op, ins, out, attrs_)
+    if r is not None and r.summed is not None:  # the f32 sum, then a block of each input
+        wide_out = _widened(out)
+        block = tuple(TensorType((r.block, *t.shape[r.axes:]), DType.f32) for t in ins)
+        return (buffers(*([wide_out.nbytes] if is_half(out) else []), *(b.nbytes for t, b in zip(ins, block) if is_half(t)))
+                + max(REGISTRY[op].scratch(block, wide_out, attrs_),
+                      REGISTRY[r.summed].scratch((wide_out, *block), wide_out, attrs_)))
     if r is not None:  # inputs not split copied whole, then a block of each split input and of the result
         block = [TensorType((r.block, *t.shape[r.axes:]), _widened(t).dtype) if s
                  else TensorType(r.inner(t, out), _widened(t).dtype) for t, s in zip(ins, r.split)]

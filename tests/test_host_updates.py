@@ -5,6 +5,7 @@ validator's rules for them, and the command line."""
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 
 import attrs
@@ -20,7 +21,7 @@ from swapdsl.common.errors import SwpError
 from swapdsl.devices.profiles import BUILTIN, device_from_json
 from swapdsl.graph.ir import Graph
 from swapdsl.graph.offload import host_split, offloadable
-from swapdsl.plan.file import format_plan, parse_plan
+from swapdsl.plan.file import format_plan, parse_plan, read_plan
 from swapdsl.plan.program import HostRun, Plan, SwapIn, SwapOut
 from swapdsl.plan.simulate import simulate
 from swapdsl.plan.validate import PlanError, PlanInvalid, validate
@@ -193,3 +194,34 @@ def test_the_command_line_plans_and_trains_with_host_updates(cli, in_tmp: Path) 
     assert code == 2 and "checkpoint" in err and "Traceback" not in err
     code, _, err = cli("optimize", "m.swp", "--memory", "1MiB", "--host-updates", "some")
     assert code == 2 and "invalid choice" in err
+
+
+def test_a_swap_out_waits_for_the_host_runs_reading_its_host_memory(tmp_path: Path) -> None:
+    """From an outside review: a plan (edited by hand) runs op 18 on the host, reading `head.w` from its host
+    memory, while the device's update writes `head.w`'s new value back into that memory. The swap-out must
+    wait for the host run; without that wait the run raced and trained wrong (max rel diff 0.24)."""
+    from swapdsl.plan.replay import walk
+
+    shutil.copy(MODELS / "mlp.swp", tmp_path / "mlp.swp")
+    shutil.copy(Path(__file__).parent / "golden" / "host_read_race.plan", tmp_path / "race.plan")
+    plan = read_plan(tmp_path / "race.plan")
+    t = _mlp_graph_of(plan)
+    validate(plan, t)
+    host = next(k for k, i in enumerate(plan.program) if isinstance(i, HostRun) and i.op == 18)
+    out = next(s for s in walk(plan) if isinstance(s.instr, SwapOut) and s.instr.tensor == "%21")
+    assert host in out.waits
+    assert run_against_reference(plan, t, steps=3, kernel_delay_s=0.003) <= 1e-6
+
+
+def _mlp_graph_of(plan: Plan) -> Graph:
+    return swapdsl.load(MODELS / "mlp.swp", dict(plan.args)).training
+
+
+def test_ga_plans_where_the_device_still_reads_a_weight_its_host_update_overwrote() -> None:
+    """From the review: in f32 the device may still read a parameter's resident copy after its update on
+    the host wrote the new value; ga's schedules make that happen (seed 1), and the plan is valid."""
+    t = _mlp("f32")
+    req = attrs.evolve(Request(t, V100, 12 * 1024, "random.swp", ()), host_updates=offloadable(t))
+    plan = optimize(req, "ga", SearchOptions(generations=300, seed=1, workers=1))
+    validate(plan, t)
+    assert run_against_reference(plan, t, steps=2) <= 1e-6

@@ -8,7 +8,8 @@ order. Each instruction's ``waits`` are the program indices of the earlier instr
 - ``run``: whatever made its inputs complete (the op or swap-in that wrote them) and the frees of the
   bytes its outputs take;
 - ``swapin``: the run of op ``after``, the frees of its region, and the swap-out that wrote its host copy;
-- ``swapout``: the run of op ``after`` and whatever made the tensor complete;
+- ``swapout``: the run of op ``after``, whatever made the tensor complete, and the host runs that read
+  or wrote its host memory since a copy last wrote it;
 - ``free``: the run of op ``after``, any swap-out of the tensor since it came onto the device, and whatever
   made it complete. A new tenant of its bytes waits for all of these.
 - ``host``: what wrote each input's host memory (a swap-out or another host run), and every swap-in that
@@ -60,6 +61,7 @@ class Replay:
         self.host: dict[str, str] = {}  # host slot -> the tensor whose value it holds
         self.host_written: dict[str, int] = {}  # host slot -> the swap-out or host run that last wrote it
         self.host_read: dict[str, list[int]] = {}  # host slot -> the swap-ins from it since it was written
+        self.host_used: dict[str, list[int]] = {}  # host slot -> host runs that read or wrote it since a swap-out
         self.ran: dict[int, int] = {START: START}  # op -> its run's program index
         self.due: dict[str, tuple[int, int]] = {}  # swap-ins not yet read: tensor -> (op due before, index)
         self.ready: dict[str, int] = {}  # tensor on the device -> what made its bytes complete
@@ -152,11 +154,13 @@ class Replay:
         self.host[slot] = name
         self.host_written[slot] = self.copied_out[name] = k
         self.host_read.pop(slot, None)
-        return _known(self.ran[instr.after], self.ready[name]), (self.loc[name],)
+        return _known(self.ran[instr.after], self.ready[name], *self.host_used.pop(slot, ())), (self.loc[name],)
 
     def host_run(self, k: int, instr: HostRun) -> tuple[Waits, tuple[Region, ...]]:
         op = self.plan.ops[instr.op]
         waits = list(_known(*(self.host_written[self.slot[n]] for n in op.inputs)))
+        for name in (*op.inputs, *op.outputs):
+            self.host_used.setdefault(self.slot[name], []).append(k)
         for name in op.outputs:
             slot = self.slot[name]
             waits += self.host_read.pop(slot, ())

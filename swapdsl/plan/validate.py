@@ -352,8 +352,8 @@ class _Checks:
                                       "no copy of at this point")
         for name in op.outputs:
             held = self.r.host.get(self.slot[name])
-            if held is not None and held != name and (self.readers_left[held] > (held in op.inputs)
-                                                      or held == self.plan.loss):
+            needed = self.readers_left[held] > (held in op.inputs) and held not in self.r.loc  # (else read there)
+            if held is not None and held != name and (needed or held == self.plan.loss):
                 raise self.invalid(5, f"{self.what(op)} writes `{name}` over the host memory of `{held}`, which is "
                                       "still needed")
             self.produced.add(name)

@@ -1068,7 +1068,7 @@ static i64 *program_order(const i64 *recs, i64 n_rec, i64 n_ops, i64 *n_out, i64
 typedef struct {
     const i64 *schedule, *recs, *out_off, *size, *in_ptr, *in_idx, *out_ptr, *out_idx, *nbytes;
     const double *op_ms, *copy, *host_start;  /* host_start: when each tensor's host copy exists (ms) */
-    double *copy_done;  /* out: when each tensor's last copy, either way, is done (ms; 0: none) */
+    double *copy_done;  /* out: when each tensor's swap-out, or if none its last swap-in, is done (ms; 0: none) */
     i64 n_ops, n_rec, n_t, top;
 } SimInputs;
 
@@ -1076,9 +1076,10 @@ static int simulate(const SimInputs *in, double *ms, i64 *h2d_out, i64 *d2h_out)
     i64 n_ord = 0, n_t = in->n_t, n_free = 0;
     i64 *order = program_order(in->recs, in->n_rec, in->n_ops, &n_ord, &n_free), *where = malloc(sizeof(i64) * n_t);
     double *times = calloc(3 * n_t + in->n_ops, sizeof(double));
+    char *out_ever = calloc(n_t + 1, 1);
     Segs g = {0};
     int status = -1;
-    if (!order || !where || !times || segs_init(&g, in->top, 2 * n_free + 2, 0.0) < 0) goto done;
+    if (!order || !where || !times || !out_ever || segs_init(&g, in->top, 2 * n_free + 2, 0.0) < 0) goto done;
     double *ready = times, *host_ready = times + n_t, *copied_out = times + 2 * n_t, *op_end = times + 3 * n_t;
     memcpy(where, in->out_off, sizeof(i64) * n_t);
     memcpy(host_ready, in->host_start, sizeof(double) * n_t);
@@ -1107,13 +1108,15 @@ static int simulate(const SimInputs *in, double *ms, i64 *h2d_out, i64 *d2h_out)
         } else if (kind == SWAP_IN) {
             double start = dmax(dmax(h2d_clock, after),
                                 dmax(seg_max(&g, offset, offset + in->size[t]), host_ready[t]));
-            h2d_clock = ready[t] = in->copy_done[t] = start + 1e3 * (latency + (double)in->nbytes[t] / h2d_bw);
+            h2d_clock = ready[t] = start + 1e3 * (latency + (double)in->nbytes[t] / h2d_bw);
+            if (!out_ever[t]) in->copy_done[t] = ready[t];
             where[t] = offset;
             h2d += in->nbytes[t];
         } else if (kind == SWAP_OUT) {
             double start = dmax(dmax(d2h_clock, after), ready[t]);
             d2h_clock = host_ready[t] = copied_out[t] = in->copy_done[t] =
                 start + 1e3 * (latency + (double)in->nbytes[t] / d2h_bw);
+            out_ever[t] = 1;
             d2h += in->nbytes[t];
         } else {
             double when = dmax(dmax(after, copied_out[t]), ready[t]);
@@ -1125,7 +1128,7 @@ static int simulate(const SimInputs *in, double *ms, i64 *h2d_out, i64 *d2h_out)
     *ms = dmax(compute, dmax(h2d_clock, d2h_clock)), *h2d_out = h2d, *d2h_out = d2h;
     status = 0;
 done:
-    free(order), free(where), free(times);
+    free(order), free(where), free(times), free(out_ever);
     segs_free(&g);
     return status;
 }

@@ -20,7 +20,7 @@ from __future__ import annotations
 import attrs
 import numpy as np
 
-from swapdsl.plan.program import Free, HostRun, Instr, InstrKind, Run, SwapIn, SwapOut
+from swapdsl.plan.program import KIND_OF, Free, HostRun, Instr, InstrKind, Run, SwapIn, SwapOut
 from swapdsl.planning.problem import Problem
 
 
@@ -28,7 +28,8 @@ from swapdsl.planning.problem import Problem
 class Lane:
     start: tuple[int, ...]  # start ops, in op order
     later: tuple[int, ...]  # the other host ops, in op order
-    copies: dict[int, tuple[int, ...]]  # later op -> tensors whose last copy it follows
+    copies: dict[int, tuple[int, ...]]  # later op -> tensors whose last copy it follows (a read tensor's swap-out,
+    # an overwritten value's last swap-in: ``last_copies``)
     deps: dict[int, tuple[int, ...]]  # later op -> later host ops that make its inputs
     host_ms: tuple[float, ...]  # per op
     host_start: np.ndarray  # per tensor: when the start ops have made it (ms; 0 otherwise)
@@ -75,10 +76,13 @@ class Lane:
 
 
 def last_copies(order_kinds: np.ndarray, order_tensors: np.ndarray, n_tensors: int) -> np.ndarray:
-    """Per tensor, the position in program order of its last swap-in or swap-out (-1: none)."""
+    """Per tensor, the position in program order of its swap-out, or if it has none of its last swap-in
+    (-1: neither); the compiled simulator's copy ends (``copy_done``) follow the same rule."""
     out = np.full(n_tensors, -1, np.int64)
-    copies = np.flatnonzero((order_kinds == InstrKind.SWAP_OUT) | (order_kinds == InstrKind.SWAP_IN))
-    np.maximum.at(out, order_tensors[copies], copies)
+    ins = np.flatnonzero(order_kinds == InstrKind.SWAP_IN)
+    np.maximum.at(out, order_tensors[ins], ins)
+    outs = np.flatnonzero(order_kinds == InstrKind.SWAP_OUT)
+    out[order_tensors[outs]] = outs  # (a tensor goes to the host once)
     return out
 
 
@@ -96,10 +100,9 @@ def with_host_runs(p: Problem, lane: Lane, program: list[Instr]) -> list[Instr]:
             last_run = instr.op
         device.append(instr)
     index = {n: i for i, n in enumerate(p.names)}
-    last = np.full(len(p.names), -1, np.int64)
-    for k, instr in enumerate(device):
-        if isinstance(instr, (SwapIn, SwapOut)):
-            last[index[instr.tensor]] = k
+    kinds = np.array([KIND_OF[type(i)] for i in device], np.int64)
+    tensors = np.array([index[i.tensor] if isinstance(i, (SwapIn, SwapOut)) else 0 for i in device], np.int64)
+    last = last_copies(kinds, tensors, len(p.names))
     after: dict[int, list[int]] = {}
     for k, i in lane.order(last):
         after.setdefault(k, []).append(i)

@@ -74,7 +74,7 @@ class Problem:
     to_host: frozenset[int] = frozenset()
     pinnable: frozenset[int] = frozenset()
     host_ms: tuple[float, ...] = ()  # each host op's time on the host lane (0 for device ops)
-    host_only_bytes: int = 0  # host memory of tensors only host ops make (new values excepted)
+    host_only_bytes: int = 0  # bytes of the tensors only host ops make (as the plan's host_bytes figure counts)
 
     @staticmethod
     def build(g: Graph, device: Device, host_updates: tuple[str, ...] = ()) -> Problem:
@@ -90,8 +90,8 @@ class Problem:
         written = {old for old, new in g.updates if any(new in g.ops[i].outputs for i in hollow)}
         persistent = frozenset(index[n] for n in g.persistent)
         made = frozenset(index[n] for n in split.made)
-        news = {n for _, n in g.updates}
-        host_only = sum(nbytes[index[t]] for i in hollow for t in g.ops[i].outputs if t in only and t not in news)
+        # (counted as plan.host_copies lists them: a new value apart from its old value's memory)
+        host_only = sum(nbytes[index[t]] for i in hollow for t in g.ops[i].outputs if t in only)
         op_ms = [0.0 if i in hollow else ms for i, ms in enumerate(op_times_ms(device, g))]
         return Problem(
             g, device, names, nbytes, tuple(arena_bytes(b) for b in nbytes),

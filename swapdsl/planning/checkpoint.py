@@ -63,9 +63,10 @@ class _Checkpointing:
         self.arena = Arena(cap)
         self.where: dict[int, int] = {}
         self.program: list[Instr] = []
-        self.fixed = set(p.persistent) | set(p.inputs)
+        self.fixed = set(p.persistent) | set(p.inputs) | set(p.host_made)  # (host_made: from the host each step)
         self.finals = {new for _, new in p.updates} | {p.loss}
-        self.turn = next((i for i in self.schedule if not p.is_forward_activation(p.op_outputs[i][0])), p.n_ops)
+        self.turn = next((i for i in self.schedule if p.op_outputs[i] and not p.is_forward_activation(p.op_outputs[i][0])),
+                         p.n_ops)  # (an op without outputs runs on the host: problem.py)
         self.kept, self.droppable, self.last_need = self.choose()
         self.pending: dict[int, list[int]] = {}  # position -> kept tensors to free after it (see choose)
         self.held: Counter[int] = Counter()  # inputs of recomputations under way
@@ -123,6 +124,8 @@ class _Checkpointing:
         live, cuts = 0, set()
         for i in range(turn):
             live += crossing[i]
+            if not p.op_outputs[i]:  # (a host op)
+                continue
             t = p.op_outputs[i][0]
             if live == 1 and t not in consumed and any(i < u < turn for u in self.uses[t]):
                 cuts.add(t)

@@ -273,7 +273,10 @@ class PlanRunner:
         kernel = (self.vendor.kernels.get(instr.op) or self.fused.kernels.get(instr.op)
                   or kernel_of(op.op, tuple(map(self.g.type_of, op.inputs)), self.g.type_of(op.outputs[0]),
                                op.attr_dict))
-        attrs, ctx = op.attr_dict, self.ctx
+        return self._launch(kernel, self.ctx, ins, out, op.attr_dict)
+
+    def _launch(self, kernel: Any, ctx: KernelContext, ins: list[Any], out: Any, attrs: Any) -> Callable[[], None]:
+        """A kernel as stream work: its scratch reset, then the kernel (after ``kernel_delay_s``, in tests)."""
         reset = ctx.scratch.reset
         if self.kernel_delay_s:
             delay = self.kernel_delay_s
@@ -296,15 +299,7 @@ class PlanRunner:
         ins = [self.hview(n) for n in op.inputs]
         out = self.hview(op.outputs[0])
         kernel = kernel_of(op.op, tuple(map(self.g.type_of, op.inputs)), self.g.type_of(op.outputs[0]), op.attr_dict)
-        attrs, ctx, delay = op.attr_dict, self.host_ctx, self.kernel_delay_s
-
-        def run_on_host() -> None:
-            if delay:
-                time.sleep(delay)
-            ctx.scratch.reset()
-            kernel(ctx, ins, out, attrs)
-
-        return run_on_host
+        return self._launch(kernel, self.host_ctx, ins, out, op.attr_dict)
 
     def _count_step(self) -> None:
         self.xp.add(self.ctx.step, 1, out=self.ctx.step)

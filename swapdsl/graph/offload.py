@@ -30,7 +30,6 @@ class HostSplit:
     ops: frozenset[int]  # op indices, each run on the host
     made: frozenset[str]  # made on the host, read on the device: each comes up from the host every step
     read: frozenset[str]  # made on the device, read on the host: each goes down once made
-    params: tuple[str, ...] = ()  # the parameters updated on the host, in graph order
 
 
 def offloadable(g: Graph) -> tuple[str, ...]:
@@ -58,7 +57,7 @@ def host_split(g: Graph, params: Iterable[str]) -> HostSplit:
             read.update(t for t in op.inputs if makers.get(t) not in host and t not in g.persistent)
         else:
             made.update(t for t in op.inputs if makers.get(t) in host)
-    return HostSplit(frozenset(host), frozenset(made), frozenset(read), chosen)
+    return HostSplit(frozenset(host), frozenset(made), frozenset(read))
 
 
 def touched(g: Graph, split: HostSplit) -> frozenset[str]:

@@ -22,7 +22,8 @@ from swapdsl.graph.ir import Graph
 from swapdsl.graph.ops import REGISTRY
 from swapdsl.graph.ops.elementwise import dropout_constants, step_key
 from swapdsl.graph.ops.optim import bias_correction
-from swapdsl.graph.ops.registry import Array, Attrs, Kernel, KernelContext, is_half, np_dtype
+from swapdsl.graph.ops.kernels import is_half
+from swapdsl.graph.ops.registry import Array, Attrs, Kernel, KernelContext, np_dtype
 from swapdsl.runtime.backend import separate_pool
 
 _PREAMBLE = f"""
@@ -123,7 +124,7 @@ class FusedKernels:
         for i, op in enumerate(g.ops):
             if (op.op not in FUSED or op.attr_dict.get("gated")
                     or any(is_half(g.type_of(n)) for n in (*op.inputs, *op.outputs))):
-                continue  # half tensors or a gated update: registry.kernel_of's wrapping of the op's own kernel
+                continue  # half tensors or a gated update: kernels.kernel_of's wrapping of the op's own kernel
             dtype = g.type_of(op.outputs[0]).dtype.label
             key = (op.op, dtype, repr(sorted(op.attr_dict.items())))
             if key not in checked:

@@ -42,7 +42,8 @@ from swapdsl.common.errors import SwpError
 from swapdsl.graph.ir import DType, Graph, TensorType
 from swapdsl.graph.ops import KernelContext
 from swapdsl.graph.analysis import STATE_BYTES
-from swapdsl.graph.ops.registry import Scratch, kernel_of, np_dtype, scratch_need
+from swapdsl.graph.ops.kernels import kernel_of, scratch_need
+from swapdsl.graph.ops.registry import Scratch, np_dtype
 from swapdsl.plan.program import HostRun, InstrKind, Plan, Region, Run, SwapIn, SwapOut, arena_bytes
 from swapdsl.plan.replay import START, STREAM, Replay, Step
 from swapdsl.plan.validate import check_describes, validate

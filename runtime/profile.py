@@ -23,7 +23,8 @@ from swapdsl.devices.profiles import Device
 from swapdsl.graph.analysis import op_scratch
 from swapdsl.graph.ir import DType, Graph, TensorType
 from swapdsl.graph.ops import REGISTRY, KernelContext
-from swapdsl.graph.ops.registry import kernel_of, np_dtype, scratch_need
+from swapdsl.graph.ops.kernels import kernel_of, scratch_need
+from swapdsl.graph.ops.registry import np_dtype
 from swapdsl.runtime.backend import copy_fn, synchronize
 from swapdsl.runtime.data import init_persistent, synthetic_inputs
 from swapdsl.runtime.reference import last_uses

@@ -18,7 +18,8 @@ import numpy as np
 from swapdsl.graph.analysis import op_scratch
 from swapdsl.graph.ir import Graph
 from swapdsl.graph.ops import KernelContext
-from swapdsl.graph.ops.registry import kernel_of, np_dtype
+from swapdsl.graph.ops.kernels import kernel_of
+from swapdsl.graph.ops.registry import np_dtype
 from swapdsl.runtime.backend import synchronize, to_host
 from swapdsl.runtime.data import init_persistent, synthetic_inputs
 

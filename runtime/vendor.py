@@ -25,7 +25,7 @@ from swapdsl.graph.ir import Graph, TensorType
 from swapdsl.graph.ops.registry import Array, Attrs, Kernel, KernelContext
 
 CONV_OPS = {"conv2d": "fprop", "conv2d_grad_input": "dgrad", "conv2d_grad_weight": "wgrad"}
-# f16 convolutions run swapdsl's own kernel for now (f32 compute, rounded once: registry.kernel_of), so that a
+# f16 convolutions run swapdsl's own kernel for now (f32 compute, rounded once: kernels.kernel_of), so that a
 # half plan's GPU run compares exactly with its reference; cuDNN's f16 graphs wait for a GPU to be measured on
 _DTYPES = {"f32": "FLOAT", "f64": "DOUBLE"}
 

@@ -8,7 +8,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from swapdsl.graph.ops.registry import run_kernel
+from swapdsl.graph.ops.kernels import run_kernel
 from swapdsl.runtime.backend import to_host
 
 

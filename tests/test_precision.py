@@ -230,14 +230,15 @@ def test_element_wise_half_ops_stage_a_block_at_a_time(op: str, shapes: list[tup
     f32 copies, in far less scratch (run_kernel gives it exactly what it declares)."""
     from swapdsl.graph.ir import TensorType
     from swapdsl.graph.ops import KernelContext
-    from swapdsl.graph.ops.registry import REGISTRY, buffers, infer, np_dtype, run_kernel, scratch_need, staged_rows
+    from swapdsl.graph.ops.kernels import run_kernel, scratch_need, staged
+    from swapdsl.graph.ops.registry import REGISTRY, buffers, infer, np_dtype
 
     half = DType[dtype]
     rng = np.random.default_rng(1)
     ins = [rng.standard_normal(s).astype(np_dtype(np, half)) for s in shapes]
     types = tuple(TensorType(s, half) for s in shapes)
     out_type = infer(op, types, {})
-    assert staged_rows(op, types, out_type) is not None
+    assert staged(op, types, out_type) is not None
     wide = [x.astype(np.float32) for x in ins]
     expected = np.empty(out_type.shape, np.float32)
     REGISTRY[op].kernel(KernelContext.standalone(np, 1 << 28), wide, expected, {})
@@ -257,13 +258,14 @@ def test_row_wise_half_ops_and_products_stage_rows_exactly_as_the_reference(op: 
     staged kernel takes no more scratch than it declares and stays within half precision of f32."""
     from swapdsl.graph.ir import TensorType
     from swapdsl.graph.ops import KernelContext
-    from swapdsl.graph.ops.registry import REGISTRY, infer, np_dtype, run_kernel, staged_rows
+    from swapdsl.graph.ops.kernels import run_kernel, staged
+    from swapdsl.graph.ops.registry import REGISTRY, infer, np_dtype
 
     rng = np.random.default_rng(2)
     ins = [rng.standard_normal(s).astype(np_dtype(np, DType.bf16)) for s in shapes]
     types = tuple(TensorType(s, DType.bf16) for s in shapes)
     out_type = infer(op, types, attrs_)
-    assert staged_rows(op, types, out_type, attrs_) is not None
+    assert staged(op, types, out_type, attrs_) is not None
     expected = np.empty(out_type.shape, np.float32)
     REGISTRY[op].kernel(KernelContext.standalone(np, 1 << 28), [x.astype(np.float32) for x in ins], expected, attrs_)
     got = run_kernel(np, op, ins, attrs_).astype(np.float32)
@@ -274,17 +276,76 @@ def test_a_weight_gradient_in_half_sums_its_rows_block_by_block() -> None:
     """matmul_tn_fold (x^T g over every leading axis) on half tensors: blocks of rows summed in f32 by its
     accumulate op, rounded once; within half precision of the f32 product, in its declared scratch."""
     from swapdsl.graph.ir import TensorType
-    from swapdsl.graph.ops.registry import infer, np_dtype, run_kernel, scratch_need, staged_rows
+    from swapdsl.graph.ops.kernels import run_kernel, scratch_need, staged
+    from swapdsl.graph.ops.registry import infer, np_dtype
 
     rng = np.random.default_rng(3)
     shapes = [(16, 512, 256), (16, 512, 1024)]
     ins = [rng.standard_normal(s).astype(np_dtype(np, DType.bf16)) for s in shapes]
     types = tuple(TensorType(s, DType.bf16) for s in shapes)
     out_type = infer("matmul_tn_fold", types, {})
-    r = staged_rows("matmul_tn_fold", types, out_type, {})
+    r = staged("matmul_tn_fold", types, out_type, {})
     assert r is not None and r.summed == "matmul_tn_fold_acc" and r.block < r.rows
     x, g = (a.astype(np.float64).reshape(-1, a.shape[-1]) for a in ins)
     expected = x.T @ g
     got = run_kernel(np, "matmul_tn_fold", ins, {}).astype(np.float64)
     assert np.abs(got - expected).max() <= 2**-7 * np.abs(expected).max()
     assert scratch_need("matmul_tn_fold", types, out_type, {}) < 4 * (16 * 512 * (256 + 1024))
+
+
+_CUT_MODELS = {"tiny_resnet": {"batch": 16, "width": 32, "blocks": 1},
+               "tiny_transformer": {"batch": 8, "seq": 128, "dim": 128, "depth": 1}}
+
+
+@pytest.mark.parametrize("model", sorted(_CUT_MODELS))
+def test_every_staged_op_of_a_half_model_stays_within_half_precision_of_f32(model: str) -> None:
+    """Every op of a bf16 training graph that ``kernels.staged`` cuts into blocks (images, channels, rows,
+    summed blocks) runs in exactly the scratch it declares (run_kernel gives no more), within half precision
+    of the op's kernel on whole f32 copies, and in far less scratch than those copies."""
+    from swapdsl.graph.ir import TensorType
+    from swapdsl.graph.ops import KernelContext
+    from swapdsl.graph.ops.kernels import CUTS, run_kernel, scratch_need, staged
+    from swapdsl.graph.ops.registry import REGISTRY, buffers, np_dtype
+
+    t = swapdsl.load(MODELS / f"{model}.swp", precision="bf16", **_CUT_MODELS[model]).training
+    rng, seen = np.random.default_rng(4), set()
+    for op in t.ops:
+        types = tuple(t.type_of(n) for n in op.inputs)
+        out = t.type_of(op.outputs[0])
+        a = op.attr_dict
+        if op.op in seen or staged(op.op, types, out, a) is None or not all(x.dtype.is_float for x in types):
+            continue
+        seen.add(op.op)
+        ins = [rng.uniform(0.1, 2.0, x.shape).astype(np_dtype(np, x.dtype)) for x in types]
+        wide = [x.astype(np.float32) for x in ins]
+        expected = np.empty(out.shape, np.float32)
+        REGISTRY[op.op].kernel(KernelContext.standalone(np, 1 << 28), wide, expected, a)
+        got = run_kernel(np, op.op, ins, a).astype(np.float32)
+        assert np.abs(got - expected).max() <= 2**-7 * np.abs(expected).max(), op.op
+        whole = buffers(*(4 * x.numel for x in (*types, out)))
+        assert scratch_need(op.op, types, out, a) < whole / 2, op.op
+    must = {"tiny_resnet": {"conv2d", "conv2d_grad_input", "conv2d_grad_weight", "batch_norm", "batch_norm_grad",
+                            "batch_norm_dscale", "sum", "relu_grad"},
+            "tiny_transformer": {"layer_norm", "layer_norm_grad", "layer_norm_dscale", "matmul", "matmul_nt",
+                                 "matmul_tn", "softmax", "gelu"}}[model]
+    assert must <= seen <= set(CUTS), (must - seen, seen - set(CUTS))
+
+
+def test_half_dropout_staged_by_blocks_draws_the_mask_of_the_whole_tensor() -> None:
+    """Each staged block of a half dropout hashes its own element indices (the block's offset), so the
+    mask, and every bit of the result, is the whole tensor's."""
+    from swapdsl.graph.ir import TensorType
+    from swapdsl.graph.ops import KernelContext
+    from swapdsl.graph.ops.kernels import run_kernel, staged
+    from swapdsl.graph.ops.registry import REGISTRY, np_dtype
+
+    x = np.random.default_rng(5).standard_normal((64, 96, 512)).astype(np_dtype(np, DType.bf16))
+    a = {"p": 0.3, "seed": 11}
+    t = TensorType(x.shape, DType.bf16)
+    cut = staged("dropout", (t,), t, a)
+    assert cut is not None and cut.offset and cut.block < cut.rows
+    expected = np.empty(x.shape, np.float32)
+    REGISTRY["dropout"].kernel(KernelContext.standalone(np, 1 << 28), [x.astype(np.float32)], expected, a)
+    got = run_kernel(np, "dropout", [x], a)
+    assert np.array_equal(got, expected.astype(got.dtype))
+    assert 0.25 < float(np.mean(got == 0)) < 0.35

@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from swapdsl.graph.ops.registry import run_kernel
+from swapdsl.graph.ops.kernels import run_kernel
 
 torch = pytest.importorskip("torch")
 

@@ -9,7 +9,7 @@ keeps the outputs of norms and softmax in f32 where this stores them half, compu
   bias or a norm's scale among them, are cast down), else as they are.
 
 Every kernel on half tensors computes in f32 and rounds its result once to the half output
-(``registry.kernel_of``): products and sums accumulate in f32, and norms, softmax and GELU run in f32,
+(``kernels.kernel_of``): products and sums accumulate in f32, and norms, softmax and GELU run in f32,
 as tensor-core GEMMs, cuDNN and fused element-wise kernels do. So activations, and what the backward
 pass saves of them, are half; the loss is f32.
 

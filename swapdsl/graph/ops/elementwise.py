@@ -137,8 +137,9 @@ def _in_flat_chunks(kernel, *itemsizes: int) -> tuple[Any, Cost]:  # noqa: ANN00
     def tiled(c: KernelContext, ins: list[Array], out: Array, a: Attrs) -> None:
         flat, dest = [x.reshape(-1) for x in ins], out.reshape(-1)
         mark = c.scratch.used
+        first = a.get("offset", 0)  # where a staged half kernel's block starts (``kernels.Cut.offset``)
         for k in chunks(dest.size, per_element(out.dtype.itemsize), out.nbytes):
-            kernel(c, [x[k] for x in flat], dest[k], a, k.start)
+            kernel(c, [x[k] for x in flat], dest[k], a, first + k.start)
             c.scratch.used = mark
 
     def rule(ins: Types, out: TensorType, a: Attrs) -> int:

@@ -142,7 +142,7 @@ def _flat(kernel):  # noqa: ANN001, ANN202
 # ---- a guarded step: the updates apply only when every gradient is finite; dynamic loss scaling ----------
 #
 # ``all_finite`` reduces the gradients to one flag (1.0: all finite) on the device; an update op with the
-# attribute ``gated`` reads it as an extra last input (``registry.kernel_of``) and leaves its state as it
+# attribute ``gated`` reads it as an extra last input (``kernels.kernel_of``) and leaves its state as it
 # was when the flag is 0. The loss scale follows torch.amp.GradScaler: halved after a step with a
 # non-finite gradient, doubled after ``interval`` finite steps in a row.
 

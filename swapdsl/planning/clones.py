@@ -33,29 +33,45 @@ from swapdsl.planning.problem import Problem, edges
 class Candidates:
     """What in a problem may be recomputed, found once."""
 
-    ops: tuple[int, ...]  # forward ops whose outputs a backward op reads, and that may run again
+    ops: tuple[int, ...]  # forward ops that may run again: ``direct`` ones and, with chains, their makers'
     forward: tuple[bool, ...]  # per op: does it make forward activations
     consumer: dict[int, int]  # tensor -> the op that overwrites it in place
     readers: dict[int, list[int]]  # tensor -> ops that read it
+    direct: tuple[int, ...] = ()  # the candidates whose outputs a backward op reads
 
     @staticmethod
-    def of(p: Problem) -> Candidates:
+    def of(p: Problem, chains: bool = False) -> Candidates:
+        """The forward ops whose outputs a backward op reads and that may run again; with ``chains``, also
+        every such op that makes an input of one (so a recomputation may reach back past one op)."""
         forward = tuple(p.forward_op(op) for op in range(p.n_ops))
         consumer = {p.op_inputs[op][0]: op for op in range(p.n_ops) if p.in_place[op] and p.op_inputs[op]}
         readers = edges(p).readers
         finals = {new for _, new in p.updates} | {p.loss}
-        ops = tuple(m for m in range(p.n_ops) if forward[m] and not p.in_place[m]
-                    and not any(t in consumer or t in finals for t in p.op_outputs[m])
-                    and any(not forward[r] for t in p.op_outputs[m] for r in readers.get(t, ())))
-        return Candidates(ops, forward, consumer, readers)
+
+        def may_rerun(m: int) -> bool:
+            return forward[m] and not p.in_place[m] and not any(t in consumer or t in finals for t in p.op_outputs[m])
+
+        direct = tuple(m for m in range(p.n_ops) if may_rerun(m)
+                       and any(not forward[r] for t in p.op_outputs[m] for r in readers.get(t, ())))
+        ops = set(direct)
+        if chains:
+            maker = {t: op for op in range(p.n_ops) for t in p.op_outputs[op]}
+            frontier = list(direct)
+            while frontier:
+                for t in p.op_inputs[frontier.pop()]:
+                    m = maker.get(t)
+                    if m is not None and m not in ops and may_rerun(m):
+                        ops.add(m)
+                        frontier.append(m)
+        return Candidates(tuple(sorted(ops)), forward, consumer, readers, direct)
 
     def cheapest(self, p: Problem) -> list[int]:
-        """The candidates by recompute time per byte of output a backward op reads, cheapest first."""
+        """The direct candidates by recompute time per byte of output a backward op reads, cheapest first."""
         def per_byte(m: int) -> float:
             needed = sum(p.nbytes[t] for t in p.op_outputs[m]
                          if any(not self.forward[r] for r in self.readers.get(t, ())))
             return p.op_ms[m] / max(needed, 1)
-        return sorted(self.ops, key=lambda m: (per_byte(m), m))
+        return sorted(self.direct, key=lambda m: (per_byte(m), m))
 
 
 @attrs.frozen
@@ -105,7 +121,7 @@ def place_clones(p: Problem, c: Candidates, schedule: list[int], chosen: Iterabl
     kept = sorted(set(chosen))
     while True:
         need = _needs(p, c, pos, kept)
-        bad = [m for m in kept if not _valid(p, c, pos, m, need[m], set(kept))]
+        bad = [m for m in kept if need[m] >= len(pos) or not _valid(p, c, pos, m, need[m], set(kept))]
         if not bad:
             return kept, [need[m] for m in kept]
         kept = [m for m in kept if m not in set(bad)]
@@ -175,9 +191,9 @@ def _op(ext: Extended, op: int) -> int:
 class Extensions:
     """Extended problems and their evaluators by set of clones, the last few kept (each flattens anew)."""
 
-    def __init__(self, p: Problem, size: int = 16) -> None:
+    def __init__(self, p: Problem, size: int = 16, chains: bool = False) -> None:
         self.p = p
-        self.candidates = Candidates.of(p)
+        self.candidates = Candidates.of(p, chains)
         self.get = functools.lru_cache(maxsize=size)(self._build)
 
     def _build(self, ops: tuple[int, ...]) -> tuple[Extended, Evaluator]:

@@ -152,7 +152,7 @@ class Decoder:
         self.succ_ptr[1:] = np.cumsum([len(s) for s in self.succs])
         self.succ_idx = np.array([q for s in self.succs for q in sorted(s)], np.int64)
         self.evaluator = Evaluator(self.p)
-        self.extensions = Extensions(self.p)
+        self.extensions = Extensions(self.p, chains=True)
         self.candidates = np.array(self.extensions.candidates.ops, np.int64)
         reads = {t: 0 for t in self.p.pinnable}
         for op in range(self.p.n_ops):
@@ -363,6 +363,7 @@ def _seeds(d: Decoder, rng: np.random.Generator, size: int, masks: list[np.ndarr
     base += [Genome(local, pin, o) for pin in PIN_LEVELS for o in range(len(OUTPUTS))]
     seeds = [s for g in base for s in (attrs.evolve(g, recompute=none), attrs.evolve(g, early=1, recompute=none))]
     seeds += [Genome(default, base_pin, 0, 1, m) for m in masks]
+    seeds += [Genome(local, base_pin, 0, e, m) for m in masks[-1:] for e in (5, 7)]  # (windowed prefetch)
     seeds += [Genome(default, base_pin, 0, e, none) for e in range(2, len(EARLY))]
     seeds += [Genome(default, base_pin, 0, 0, m) for m in masks]  # (cut at the default population, 64)
     while len(seeds) < size:
@@ -438,6 +439,7 @@ def genetic_search(req: Request, opts: SearchOptions, on_generation: Callable[[i
         masks = [d.mask(baselines["capuchin"].recompute)]
         masks += [d.mask(dropped_makers(d.p, req.tensor_cap, 1.0, at_cuts)) for at_cuts in (True, False)]
         masks += [d.mask(cheapest[:max(1, int(share * len(cheapest)))]) for share in (0.5, 1.0)]
+        masks.append(np.ones(len(d.candidates), np.bool_))  # every chain back to what the forward pass keeps
     pop = _seeds(d, rng, opts.population, masks)
     first = d.score(pop[0])  # compiles the inner loop (or loads it) once, before workers fork
     scorer = _Scorer(req, d, workers)

@@ -191,7 +191,7 @@ def test_a_guarded_plan_records_its_guard_and_trains_exactly(cli, in_tmp: Path) 
     code, _, err = cli("exec", tiny, "-D", "scale=1e6", "--guard", "skip", "--precision", "f16", "--steps", "3")
     assert code == 2 and err.startswith("error: a gradient of step 1 is not finite, so its update was skipped; "
                                         "stopped"), err
-    assert "made in step 1 by op 10, `matmul_tn_fold` (grad w as f16)" in err
+    assert "made in step 1 by op 8, `matmul_tn_fold` (grad w as f16)" in err
     code, out, _ = cli("exec", tiny, "-D", "scale=1e6", "--guard", "skip", "--precision", "f16", "--steps", "3",
                        "--on-nonfinite", "skip")
     assert code == 0 and "3 steps skipped" in out
@@ -349,3 +349,29 @@ def test_half_dropout_staged_by_blocks_draws_the_mask_of_the_whole_tensor() -> N
     got = run_kernel(np, "dropout", [x], a)
     assert np.array_equal(got, expected.astype(got.dtype))
     assert 0.25 < float(np.mean(got == 0)) < 0.35
+
+
+@pytest.mark.parametrize("dtype", ["bf16", "f16"])
+def test_cross_entropy_reads_half_logits_and_computes_as_on_an_f32_copy(dtype: str) -> None:
+    """The loss on half logits is f32 and has the bits of the loss on their f32 copy; its gradient is the f32
+    gradient rounded once; neither widens the logits whole (a language model's largest tensors)."""
+    from swapdsl.graph.ir import TensorType
+    from swapdsl.graph.ops.kernels import run_kernel, scratch_need
+    from swapdsl.graph.ops.registry import infer, np_dtype
+
+    rng = np.random.default_rng(6)
+    z = (3 * rng.standard_normal((4, 96, 1000))).astype(np_dtype(np, DType[dtype]))
+    y = rng.integers(0, 1000, (4, 96)).astype(np.int32)
+    seed = np.array(1.5, np.float32)
+    loss = run_kernel(np, "softmax_cross_entropy", [z, y], {})
+    assert loss.dtype == np.float32
+    assert loss == run_kernel(np, "softmax_cross_entropy", [z.astype(np.float32), y], {})
+    grad = run_kernel(np, "softmax_cross_entropy_grad", [z, y, seed], {})
+    wide = run_kernel(np, "softmax_cross_entropy_grad", [z.astype(np.float32), y, seed], {})
+    assert grad.dtype == z.dtype and np.array_equal(grad, wide.astype(z.dtype))
+    types = (TensorType(z.shape, DType[dtype]), TensorType(y.shape, DType.i32))
+    for op, ins in (("softmax_cross_entropy", types), ("softmax_cross_entropy_grad", (*types, TensorType((), DType.f32)))):
+        assert scratch_need(op, ins, infer(op, ins, {}), {}) < 4 * z.size / 2  # (whole: 4 * z.size, and more)
+    t = swapdsl.load(MODELS / "tiny_transformer.swp", precision=dtype).training
+    xent = next(op for op in t.ops if op.op == "softmax_cross_entropy")
+    assert t.type_of(xent.inputs[0]).dtype is DType[dtype] and t.type_of(xent.outputs[0]).dtype is DType.f32

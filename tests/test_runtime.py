@@ -87,7 +87,7 @@ def small_training_graph(name: str) -> Graph:
 def test_plans_match_the_reference(name: str) -> None:
     t = small_training_graph(name)
     need, no_swap = caps(t)
-    for cap in sorted({max(no_swap // 2, need), max(no_swap // 4, need), need}):
+    for cap in sorted({max(no_swap // 2, need), need}):  # (random graphs cover the caps between)
         for method in sorted(METHODS):
             plan = plan_for(t, cap, method)
             assert run_against_reference(plan, t, steps=3) <= 1e-5, (name, cap, method)

@@ -4,7 +4,11 @@ The policy (``optimize --precision bf16|f16``), op by op, in the manner of ``tor
 keeps the outputs of norms and softmax in f32 where this stores them half, computed in f32):
 
 - ``HALF_OPS`` (matrix products, convolutions) take half inputs and give half outputs.
-- ``WIDE_OPS`` (losses, and the reductions ``sum`` and ``mean``) take f32 inputs and give f32.
+- ``WIDE_OPS`` (the squared-error loss, and the reductions ``sum`` and ``mean``) take f32 inputs and
+  give f32.
+- the cross-entropy loss reads half logits as they are and gives an f32 loss: its kernels compute in
+  f32 a chunk of rows at a time (the same numbers a cast to f32 first would give, without an f32 copy
+  of the logits and their gradient, a step's largest tensors in a language model).
 - every other op follows its float inputs: in half if any is half (the others, parameters such as a
   bias or a norm's scale among them, are cast down), else as they are.
 
@@ -37,7 +41,7 @@ def default_guard(precision: str) -> str:
     return "scale" if precision == "f16" else "none"
 
 HALF_OPS = frozenset({"matmul", "conv2d"})
-WIDE_OPS = frozenset({"softmax_cross_entropy", "mse_loss", "sum", "mean"})
+WIDE_OPS = frozenset({"mse_loss", "sum", "mean"})
 KEEPS_ITS_TYPE = frozenset({"cast", "fill"})  # the dtype is an attribute the model asked for
 
 

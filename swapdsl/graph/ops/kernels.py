@@ -173,6 +173,8 @@ def _sum_to(ins: Types, out: TensorType, a: Attrs) -> Cut | None:
 
 # Ops that only move bits run on half tensors as they are: an f32 round trip would give the same bits.
 MOVES = frozenset({"reshape", "permute", "concat", "slice", "slice_grad", "pad2d", "crop2d"})
+# Ops whose own kernels read half inputs and compute in f32, a chunk of rows at a time (graph/ops/loss.py).
+NATIVE = frozenset({"softmax_cross_entropy", "softmax_cross_entropy_grad"})
 
 # Each op's cut on half tensors (see ``staged``); an op not here runs on whole f32 copies.
 _ELEMENTWISE = ("add", "sub", "mul", "div", "add_scalar", "mul_scalar", "pow_scalar", "neg", "relu", "gelu", "tanh",
@@ -225,7 +227,7 @@ def kernel_of(op: str, ins: Types, out: TensorType, attrs_: Attrs | None = None)
     if attrs_ and attrs_.get("gated"):
         return _gated(kernel_of(op, ins[:-1], out))
     kernel = REGISTRY[op].kernel
-    if op in MOVES or not (is_half(out) or any(map(is_half, ins))):
+    if op in MOVES or op in NATIVE or not (is_half(out) or any(map(is_half, ins))):
         return kernel
     cut = staged(op, ins, out, attrs_)
     if cut is not None and cut.out_axis is None:
@@ -356,7 +358,7 @@ def scratch_need(op: str, ins: Types, out: TensorType, attrs_: Attrs) -> int:
         plain = {k: v for k, v in attrs_.items() if k != "gated"}
         return buffers(out.nbytes, 1, 1) + scratch_need(op, ins[:-1], out, plain)
     own = REGISTRY[op].scratch
-    if op in MOVES or not (is_half(out) or any(map(is_half, ins))):
+    if op in MOVES or op in NATIVE or not (is_half(out) or any(map(is_half, ins))):
         return own(ins, out, attrs_)
     cut = staged(op, ins, out, attrs_)
     if cut is None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from swapdsl.common.errors import SwpError
-from swapdsl.graph.ir import TensorType
+from swapdsl.graph.ir import DType, TensorType
 from swapdsl.graph.ops.registry import (
     Array, Attrs, GradBuilder, KernelContext, OpDef, Types, buffers, chunk_len, chunks, floating, iota,
     per_input_element, register, same_as,
@@ -21,7 +21,7 @@ def _xent_infer(ins: Types, a: Attrs) -> TensorType:
     if logits.rank < 1 or logits.shape[:-1] != labels.shape:
         raise SwpError("`softmax_cross_entropy` labels must have the logits' shape without the class dimension",
                        hints=[f"logits are {logits}, labels are {labels}"])
-    return TensorType((), dtype)
+    return TensorType((), DType.f32 if dtype in (DType.f16, DType.bf16) else dtype)  # (computed in f32)
 
 
 def _rows(logits: Array, labels: Array) -> tuple[Array, Array]:
@@ -44,23 +44,47 @@ def _picked(c: KernelContext, z: Array, y: Array, rows: slice) -> tuple[Array, A
     return index, c.scratch.take((n,), z.dtype)
 
 
+# The cross-entropy kernels read half logits as they are and compute in f32 a chunk of rows at a time
+# (``kernels.NATIVE``): an f32 copy of every chunk, the loss in f32, the gradient rounded once. So a
+# half model's largest tensors, the logits and their gradient, are never widened whole.
+
+
+def _half(x: Any) -> bool:
+    return x.dtype.itemsize == 2
+
+
+def _xent_chunk(rows: int, classes: int, itemsize: int, nbytes: int) -> int:
+    """Rows per chunk: a half chunk takes an f32 copy besides its f32 temporary."""
+    return chunk_len(rows, classes * (8 if itemsize == 2 else itemsize), nbytes)
+
+
+def _wide_chunk(c: KernelContext, z: Array) -> Array:
+    """``z`` (a chunk of rows), or its f32 copy if it is half."""
+    if not _half(z):
+        return z
+    wide = c.scratch.take(z.shape, c.xp.float32)
+    c.xp.copyto(wide, z, casting="unsafe")
+    return wide
+
+
 def _xent(c: KernelContext, ins: list[Array], out: Array, a: Attrs) -> None:
     """mean over rows of logsumexp(z) - z[label]; rows in chunks, so the exp temporary stays small."""
     z, y = _rows(*ins)
     xp = c.xp
-    total = c.scratch.take((z.shape[0],), z.dtype)
+    total = c.scratch.take((z.shape[0],), out.dtype)
     mark = c.scratch.used
-    for rows in chunks(z.shape[0], z.shape[1] * z.dtype.itemsize, z.nbytes):
-        zc, lse = z[rows], total[rows]
-        m, e = c.scratch.take((zc.shape[0], 1), z.dtype), c.scratch.take(zc.shape, z.dtype)
+    n = _xent_chunk(z.shape[0], z.shape[1], z.dtype.itemsize, z.nbytes)
+    for rows in (slice(i, min(i + n, z.shape[0])) for i in range(0, z.shape[0], n)):
+        zc, lse = _wide_chunk(c, z[rows]), total[rows]
+        m, e = c.scratch.take((zc.shape[0], 1), zc.dtype), c.scratch.take(zc.shape, zc.dtype)
         xp.max(zc, axis=1, keepdims=True, out=m)
         xp.subtract(zc, m, out=e)
         xp.exp(e, out=e)
         xp.sum(e, axis=1, out=lse)
         xp.log(lse, out=lse)
         xp.add(m[:, 0], lse, out=lse)
-        index, picked = _picked(c, z, y, rows)
-        xp.take(z.reshape(-1), index, out=picked)
+        index, picked = _picked(c, zc, y[rows], slice(0, zc.shape[0]))
+        xp.take(zc.reshape(-1), index, out=picked)
         xp.subtract(lse, picked, out=lse)
         c.scratch.used = mark
     xp.mean(total, out=out)
@@ -68,14 +92,19 @@ def _xent(c: KernelContext, ins: list[Array], out: Array, a: Attrs) -> None:
 
 def _xent_scratch(ins: Types, out: TensorType, a: Attrs) -> int:
     rows, classes, size = ins[0].numel // ins[0].shape[-1], ins[0].shape[-1], ins[0].dtype.itemsize
-    n = chunk_len(rows, classes * size, ins[0].nbytes)
-    return buffers(rows * size, n * size, n * classes * size, 8 * n, n * size)
+    n = _xent_chunk(rows, classes, size, ins[0].nbytes)
+    wide = out.dtype.itemsize
+    copy = [n * classes * 4] if size == 2 else []
+    return buffers(rows * wide, *copy, n * wide, n * classes * wide, 8 * n, n * wide)
 
 
 def _xent_grad_kernel(c: KernelContext, ins: list[Array], out: Array, a: Attrs) -> None:
     """(softmax(z) - onehot(label)) * g / rows, written row-wise into the output."""
     logits, labels, g = ins
     z, y = _rows(logits, labels)
+    if _half(z):
+        _xent_grad_half(c, z, y, g, out.reshape(z.shape))
+        return
     xp = c.xp
     p = out.reshape(z.shape)
     m = c.scratch.take((z.shape[0], 1), z.dtype)
@@ -93,8 +122,35 @@ def _xent_grad_kernel(c: KernelContext, ins: list[Array], out: Array, a: Attrs) 
     xp.multiply(p, scale, out=p)
 
 
+def _xent_grad_half(c: KernelContext, z: Array, y: Array, g: Array, dest: Array) -> None:
+    """The same steps on an f32 copy of a chunk of rows at a time, each rounded once into ``dest``."""
+    xp = c.xp
+    scale = c.scratch.take((), xp.float32)
+    xp.divide(g, z.shape[0], out=scale)
+    mark = c.scratch.used
+    n = chunk_len(z.shape[0], z.shape[1] * 4, z.nbytes)
+    for rows in (slice(i, min(i + n, z.shape[0])) for i in range(0, z.shape[0], n)):
+        p = _wide_chunk(c, z[rows])
+        m = c.scratch.take((p.shape[0], 1), p.dtype)
+        xp.max(p, axis=1, keepdims=True, out=m)
+        xp.subtract(p, m, out=p)
+        xp.exp(p, out=p)
+        xp.sum(p, axis=1, keepdims=True, out=m)
+        xp.divide(p, m, out=p)
+        index, picked = _picked(c, p, y[rows], slice(0, p.shape[0]))
+        xp.take(p.reshape(-1), index, out=picked)
+        xp.subtract(picked, 1, out=picked)
+        xp.put(p.reshape(-1), index, picked)
+        xp.multiply(p, scale, out=p)
+        xp.copyto(dest[rows], p, casting="unsafe")
+        c.scratch.used = mark
+
+
 def _xent_grad_scratch(ins: Types, out: TensorType, a: Attrs) -> int:
-    rows, size = ins[0].numel // ins[0].shape[-1], ins[0].dtype.itemsize
+    rows, classes, size = ins[0].numel // ins[0].shape[-1], ins[0].shape[-1], ins[0].dtype.itemsize
+    if size == 2:
+        n = chunk_len(rows, classes * 4, ins[0].nbytes)
+        return buffers(4, n * classes * 4, n * 4, 8 * n, n * 4)
     return buffers(rows * size, 8 * rows, rows * size, ins[2].dtype.itemsize)
 
 

@@ -18,11 +18,15 @@ from pathlib import Path
 from swapdsl.api import load, load_device
 from swapdsl.common.errors import SwpError
 from swapdsl.common.units import format_bytes
+from swapdsl.plan.validate import validate
 from swapdsl.planning.bench import model_path
 from swapdsl.planning.compiled import no_swap_bytes
 from swapdsl.planning.optimize import optimize
 from swapdsl.planning.problem import Problem, Request
 from swapdsl.planning.sizing import smallest_cap
+
+
+LIMIT = 1 << 16  # the largest batch tried
 
 
 def least_cap(name: str, batch: int, precision: str, device) -> tuple[int, int]:  # noqa: ANN001
@@ -40,11 +44,14 @@ def largest_batch(name: str, cap: int, precision: str, device, start: int) -> in
 
     def ok(b: int) -> bool:
         if b not in fits:
-            fits[b] = least_cap(name, b, precision, device)[0] <= cap
+            try:
+                fits[b] = least_cap(name, b, precision, device)[0] <= cap
+            except SwpError:  # (a batch the model refuses)
+                fits[b] = False
         return fits[b]
 
     lo, hi = 0, max(1, start)
-    while ok(hi):
+    while hi <= LIMIT and ok(hi):
         lo, hi = hi, hi * 2
     while hi - lo > 1:
         mid = (lo + hi) // 2
@@ -81,6 +88,7 @@ def _planned(name: str, batch: int, cap: int, precision: str, device, method: st
     m = load(model_path(name), precision=precision, batch=batch)
     try:
         plan = optimize(Request(m.training, device, cap, m.path, m.graph.args), method)
+        validate(plan)
     except SwpError as err:
         return f"{batch} (refused: {err.message})"
     return f"{batch} ({dict(plan.figures)['fraction']:.3f})"

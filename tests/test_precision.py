@@ -375,3 +375,13 @@ def test_cross_entropy_reads_half_logits_and_computes_as_on_an_f32_copy(dtype: s
     t = swapdsl.load(MODELS / "tiny_transformer.swp", precision=dtype).training
     xent = next(op for op in t.ops if op.op == "softmax_cross_entropy")
     assert t.type_of(xent.inputs[0]).dtype is DType[dtype] and t.type_of(xent.outputs[0]).dtype is DType.f32
+
+
+@pytest.mark.parametrize("op,attrs_", [("sum", {"axes": (), "keepdims": False}), ("sum_to", {"shape": ()}),
+                                       ("relu", {})])
+def test_a_0d_half_tensor_has_no_axis_to_cut(op: str, attrs_: dict) -> None:
+    """A model that declares half scalars: the op runs on whole copies (no cut of a 0-d tensor)."""
+    from swapdsl.graph.ops.kernels import run_kernel
+
+    x = np.array(1.5, np.float16)
+    assert float(run_kernel(np, op, [x], attrs_)) == 1.5

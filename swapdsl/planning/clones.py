@@ -121,7 +121,9 @@ def place_clones(p: Problem, c: Candidates, schedule: list[int], chosen: Iterabl
     kept = sorted(set(chosen))
     while True:
         need = _needs(p, c, pos, kept)
-        bad = [m for m in kept if need[m] >= len(pos) or not _valid(p, c, pos, m, need[m], set(kept))]
+        chosen = set(kept)
+        made = {t for k in kept for t in p.op_outputs[k]}
+        bad = [m for m in kept if need[m] >= len(pos) or not _valid(p, c, pos, m, need[m], chosen, made)]
         if not bad:
             return kept, [need[m] for m in kept]
         kept = [m for m in kept if m not in set(bad)]
@@ -142,14 +144,13 @@ def _needs(p: Problem, c: Candidates, pos: np.ndarray, kept: list[int]) -> dict[
     return need
 
 
-def _valid(p: Problem, c: Candidates, pos: np.ndarray, m: int, at: int, chosen: set[int]) -> bool:
+def _valid(p: Problem, c: Candidates, pos: np.ndarray, m: int, at: int, chosen: set[int], made: set[int]) -> bool:
     """No forward op reads an original of ``m`` at or after the clone, and no original input of the
     clone is overwritten in place before it."""
     for t in p.op_outputs[m]:
         if any(c.forward[r] and r not in chosen and pos[r] >= at for r in c.readers.get(t, ())):
             return False
-    maker_chosen = {t for k in chosen for t in p.op_outputs[k]}
-    return all(u in maker_chosen or c.consumer.get(u) is None or pos[c.consumer[u]] >= at
+    return all(u in made or c.consumer.get(u) is None or pos[c.consumer[u]] >= at
                for u in p.op_inputs[m])
 
 

@@ -365,7 +365,7 @@ def _seeds(d: Decoder, rng: np.random.Generator, size: int, masks: list[np.ndarr
     seeds += [Genome(default, base_pin, 0, 1, m) for m in masks]
     seeds += [Genome(local, base_pin, 0, e, m) for m in masks[-1:] for e in (5, 7)]  # (windowed prefetch)
     seeds += [Genome(default, base_pin, 0, e, none) for e in range(2, len(EARLY))]
-    seeds += [Genome(default, base_pin, 0, 0, m) for m in masks]  # (cut at the default population, 64)
+    seeds += [Genome(default, base_pin, 0, 0, m) for m in masks]  # (64, the default, keeps the line above to EARLY 5)
     while len(seeds) < size:
         jitter = rng.normal(0.0, rng.choice([0.5, 2.0, 8.0]), n)
         mask = masks[int(rng.integers(len(masks)))] if masks and rng.random() < 0.5 else none

@@ -168,7 +168,7 @@ def _sum(ins: Types, out: TensorType, a: Attrs) -> Cut | None:
 
 def _sum_to(ins: Types, out: TensorType, a: Attrs) -> Cut | None:
     (g,) = ins
-    return Cut(1, (0,), None) if out.rank < g.rank or out.shape[0] == 1 else None
+    return Cut(1, (0,), None) if g.rank > 0 and (out.rank < g.rank or out.shape[0] == 1) else None
 
 
 # Ops that only move bits run on half tensors as they are: an f32 round trip would give the same bits.
@@ -207,7 +207,8 @@ def staged(op: str, ins: Types, out: TensorType, attrs_: Attrs | None = None) ->
     if cut is None or all(ax is None for ax in cut.axes):
         return None
     first = next(i for i, ax in enumerate(cut.axes) if ax is not None)
-    rows = cut.view(ins[first].shape, cut.axes[first])[cut.axes[first]]
+    view = cut.view(ins[first].shape, cut.axes[first])
+    rows = view[cut.axes[first]] if len(view) > cut.axes[first] else 0  # (a 0-d tensor has no axis to cut)
     if rows < 2:
         return None
     per_row = sum(4 * t.numel // rows for t, ax in zip(ins, cut.axes) if ax is not None and is_half(t))
@@ -225,7 +226,7 @@ def kernel_of(op: str, ins: Types, out: TensorType, attrs_: Attrs | None = None)
     a block at a time, where the op splits); for a ``gated`` update, one that keeps the old value (its first
     input) unless the flag is 1."""
     if attrs_ and attrs_.get("gated"):
-        return _gated(kernel_of(op, ins[:-1], out))
+        return _gated(kernel_of(op, ins[:-1], out, {k: v for k, v in attrs_.items() if k != "gated"}))
     kernel = REGISTRY[op].kernel
     if op in MOVES or op in NATIVE or not (is_half(out) or any(map(is_half, ins))):
         return kernel

@@ -62,15 +62,19 @@ def init_persistent(g: Graph, seed: int, xp: ModuleType) -> dict[str, Any]:
 
 
 def integer_ranges(g: Graph) -> dict[str, int]:
-    """For each integer input, how many values it may take: classes for labels, rows for ids."""
+    """For each integer input, how many values it may take: classes for labels, rows for ids (read
+    through the slices that hand each micro-batch its rows)."""
     ranges: dict[str, int] = {}
+    source: dict[str, str] = {}
     for op in g.ops:
-        if op.op == "softmax_cross_entropy":
-            limit = g.type_of(op.inputs[0]).shape[-1]
-            ranges[op.inputs[1]] = min(ranges.get(op.inputs[1], limit), limit)
-        elif op.op == "embedding":
-            limit = g.type_of(op.inputs[1]).shape[0]
-            ranges[op.inputs[0]] = min(ranges.get(op.inputs[0], limit), limit)
+        if op.op == "slice":
+            source[op.outputs[0]] = source.get(op.inputs[0], op.inputs[0])
+        elif op.op in ("softmax_cross_entropy", "embedding"):
+            ids, table = (1, 0) if op.op == "softmax_cross_entropy" else (0, 1)
+            shape = g.type_of(op.inputs[table]).shape
+            limit = shape[-1] if op.op == "softmax_cross_entropy" else shape[0]
+            name = source.get(op.inputs[ids], op.inputs[ids])
+            ranges[name] = min(ranges.get(name, limit), limit)
     return ranges
 
 

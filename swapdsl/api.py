@@ -28,7 +28,8 @@ from swapdsl.graph.autodiff import evaluation_graph, training_graph
 from swapdsl.graph.checker import check_graph
 from swapdsl.graph.ir import Graph
 from swapdsl.graph.precision import GUARDS, PRECISIONS, autocast, default_guard
-from swapdsl.lang.elaborate import Override, elaborate
+from swapdsl.graph.microbatch import check_microbatches, divisors, microbatched
+from swapdsl.lang.elaborate import Override, elaborate, model_arguments, model_of
 from swapdsl.lang.loader import Program
 from swapdsl.lang.loader import load as load_program
 from swapdsl.plan import file as planfile
@@ -38,6 +39,7 @@ from swapdsl.plan.simulate import simulate as simulate_plan
 from swapdsl.plan.validate import validate
 from swapdsl.planning.ga import SearchOptions, SearchProgress
 from swapdsl.planning.optimize import optimize as plan_with
+from swapdsl.planning.optimize import optimize_microbatches
 from swapdsl.planning.problem import Request
 from swapdsl.runtime import reference, training
 from swapdsl.runtime.backend import array_module, device_bytes_held, require_memory, separate_pool
@@ -55,17 +57,19 @@ class Model:
     program: Program = attrs.field(repr=False)
     graph: Graph = attrs.field(repr=False)
 
+    microbatches: int = 1  # ``graph`` is one micro-batch's forward pass; the step runs this many
+
     @functools.cached_property
     def training(self) -> Graph:
         """Forward, backward and optimiser update: the graph a plan schedules."""
-        t = training_graph(self.graph)
+        t = microbatched(training_graph(self.graph), self.microbatches)
         check_graph(t)
         return t
 
     @functools.cached_property
     def evaluation(self) -> Graph:
         """The forward pass of the loss and the reports that evaluation runs (dropout off)."""
-        e = evaluation_graph(self.graph)
+        e = microbatched(evaluation_graph(self.graph), self.microbatches)
         check_graph(e)
         return e
 
@@ -79,35 +83,42 @@ class Model:
 
 
 def load(path: str | Path, overrides: Mapping[str, Override] | None = None, precision: str = "f32",
-         guard: str | None = None, **args: int | float | bool) -> Model:
+         guard: str | None = None, microbatches: int = 1, **args: int | float | bool) -> Model:
     """Parse, resolve imports, elaborate and check a `.swp` model. Model arguments come as keywords
     (``batch=8``) or, as text the way ``-D`` gives them, in ``overrides``. ``precision``: "f32" (as
     written), or "bf16" / "f16": the mixed-precision policy of ``graph/precision.py``. ``guard``: "none",
     "skip" (a step with a non-finite gradient leaves the state as it was) or "scale" (and dynamic loss
-    scaling); default "scale" for f16, else "none"."""
+    scaling); default "scale" for f16, else "none". ``microbatches``: the step runs its batch (the model
+    argument ``batch``) as this many forward and backward passes and one update (``graph/microbatch.py``)."""
     if precision not in PRECISIONS:
         raise SwpError(f"unknown precision `{precision}`", hints=[f"precisions: {', '.join(PRECISIONS)}"])
     guard = default_guard(precision) if guard is None else guard
     if guard not in GUARDS:
         raise SwpError(f"unknown guard `{guard}`", hints=[f"guards: {', '.join(GUARDS)}"])
     program = load_program(str(path))
-    graph = elaborate(program, {**(overrides or {}), **args})
+    given = {**(overrides or {}), **args}
+    full = model_arguments(model_of(program), given)
+    if microbatches != 1:
+        given = {**given, "batch": check_microbatches(full.get("batch"), microbatches)}
+    graph = attrs.evolve(elaborate(program, given), args=tuple(full.items()))
     check_graph(graph)
     if precision != "f32":
         graph = autocast(graph, precision)
         check_graph(graph)
-    return Model(str(path), program, attrs.evolve(graph, guard=guard))
+    return Model(str(path), program, attrs.evolve(graph, guard=guard), microbatches)
 
 
 def optimize(model: Model | str | Path, memory: int | str, method: str = "ga", device: str | Device | None = None,
              search: SearchOptions | None = None, host_memory: int | str | None = None,
-             host_updates: str = "none", **knobs: float | int | bool) -> Plan:
+             host_updates: str = "none", microbatches: int | str | None = None, **knobs: float | int | bool) -> Plan:
     """Plan ``model``'s training step under ``memory`` (bytes, or text such as "8GiB"), validated.
     ``device``: a built-in profile name, a profile file or a Device (default: the GPU found, else the
     default profile). ``ga`` reads ``search`` or its fields as keywords (``budget_s=10, seed=1``).
     ``host_memory``: the most the plan's host copies may take (default: any). ``host_updates``: where the
     optimiser's updates run: ``none`` on the device, ``all`` on the host where they can, ``auto`` the
-    largest parameters' on the host where that is faster."""
+    largest parameters' on the host where that is faster. ``microbatches``: how many forward and backward
+    passes the step runs its batch as (default: the model's), or ``auto``: the count among the batch's
+    divisors whose plan is fastest (``planning.optimize.optimize_microbatches``)."""
     m = model if isinstance(model, Model) else load(model)
     cap = parse_size(memory) if isinstance(memory, str) else memory
     host = parse_size(host_memory) if isinstance(host_memory, str) else host_memory
@@ -117,7 +128,16 @@ def optimize(model: Model | str | Path, memory: int | str, method: str = "ga", d
     except TypeError:
         raise SwpError(f"unknown search option among {', '.join(knobs)}",
                        hints=[f"options: {', '.join(f.name for f in attrs.fields(SearchOptions))}"]) from None
-    plan = plan_with(Request(m.training, dev, cap, m.path, m.graph.args, host), method, options, host_updates)
+    def request_at(k: int) -> Request:
+        mk = m if k == m.microbatches else load(m.path, dict(m.graph.args), m.graph.precision, m.graph.guard, k)
+        return Request(mk.training, dev, cap, m.path, m.graph.args, host)
+
+    if microbatches == "auto":
+        counts = divisors(int(check_microbatches(m.args.get("batch"), 1)))
+        plan = optimize_microbatches(request_at, counts, method, options, host_updates)
+    else:
+        k = m.microbatches if microbatches is None else microbatches
+        plan = plan_with(request_at(k), method, options, host_updates)  # type: ignore[arg-type]
     validate(plan)
     return plan
 
@@ -139,7 +159,7 @@ def read_checked(path: str, need_model: bool = False) -> tuple[Plan, Graph | Non
     model = planfile.find_model(plan, path) if need_model else planfile.locate_model(plan, path)
     try:
         train = None if model is None else _training_graph(str(model), plan.model_sha256, plan.args, plan.precision,
-                                                           plan.guard)
+                                                           plan.guard, plan.microbatches)
     except SwpError as err:  # the model built before, so the plan's arguments are at fault
         raise _at_plan_arg(err, plan) from None
     validate(plan, train)
@@ -318,28 +338,30 @@ def _beside(train: Graph, seed: int, xp: ModuleType) -> training.Beside:
 
 def _model_of(plan: Plan) -> Model:
     where = plan.origin.file if plan.origin is not None else "."
-    return _model(str(planfile.find_model(plan, where)), plan.model_sha256, plan.args, plan.precision, plan.guard)
+    return _model(str(planfile.find_model(plan, where)), plan.model_sha256, plan.args, plan.precision, plan.guard,
+                  plan.microbatches)
 
 
 def _graph_of(plan: Plan) -> Graph:
     """The training graph a plan object describes, from its model file (validated against it)."""
     where = plan.origin.file if plan.origin is not None else "."
     model = planfile.find_model(plan, where)
-    train = _training_graph(str(model), plan.model_sha256, plan.args, plan.precision, plan.guard)
+    train = _training_graph(str(model), plan.model_sha256, plan.args, plan.precision, plan.guard, plan.microbatches)
     validate(plan, train)
     return train
 
 
 @functools.lru_cache(maxsize=4)
 def _model(model: str, sha256: str, args: tuple[tuple[str, int | float | bool], ...], precision: str,
-           guard: str) -> Model:
-    """A model file with these arguments, precision and guard (its hash in the key: a file may change)."""
-    return load(model, dict(args), precision, guard)
+           guard: str, microbatches: int) -> Model:
+    """A model file with these arguments, precision, guard and micro-batches (its hash in the key: a file
+    may change)."""
+    return load(model, dict(args), precision, guard, microbatches)
 
 
 def _training_graph(model: str, sha256: str, args: tuple[tuple[str, int | float | bool], ...],
-                    precision: str, guard: str) -> Graph:
-    return _model(model, sha256, args, precision, guard).training
+                    precision: str, guard: str, microbatches: int) -> Graph:
+    return _model(model, sha256, args, precision, guard, microbatches).training
 
 
 def _at_plan_arg(err: SwpError, plan: Plan) -> SwpError:

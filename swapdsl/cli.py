@@ -19,6 +19,7 @@ from swapdsl.common.atomic import check_writable, write_text_atomically
 from swapdsl.common.errors import SwpError
 from swapdsl.common.units import format_bytes, format_count, parse_size
 from swapdsl.devices.profiles import BUILTIN, DEFAULT_DEVICE, detect_device, load_device
+from swapdsl.graph.microbatch import MAX_MICROBATCHES
 from swapdsl.graph.precision import GUARDS, PRECISIONS
 from swapdsl.graph.printer import print_graph
 from swapdsl.plan import show
@@ -101,8 +102,15 @@ def parse_defines(defines: Sequence[str]) -> dict[str, str]:
     return out
 
 
+def _load(args: argparse.Namespace) -> api.Model:
+    """The model a command names, with its -D arguments, precision, guard and micro-batches."""
+    k = getattr(args, "microbatches", None)
+    return api.load(args.file, parse_defines(args.define), args.precision or "f32", args.guard,
+                    1 if k in (None, "auto") else k)
+
+
 def _cmd_check(args: argparse.Namespace) -> int:
-    model = api.load(args.file, parse_defines(args.define), args.precision or "f32", args.guard)
+    model = _load(args)
     if args.ir:
         sys.stdout.write(print_graph(model.training if args.training else model.graph))
         return 0
@@ -181,7 +189,8 @@ def _execute(args: argparse.Namespace, backend: str, options: training.Options, 
             raise SwpError("-D does not apply to a plan: its model arguments are fixed in the plan")
         plan, train = api.read_checked(args.file, need_model=True)
         assert train is not None
-        for flag, given, planned in (("precision", args.precision, plan.precision), ("guard", args.guard, plan.guard)):
+        for flag, given, planned in (("precision", args.precision, plan.precision), ("guard", args.guard, plan.guard),
+                                     ("microbatches", args.microbatches, plan.microbatches)):
             if given is not None and given != planned:
                 raise SwpError(f"--{flag} {given}: the plan was made for {planned}",
                                hints=[f"a plan runs with the {flag} it was planned for; leave --{flag} out"])
@@ -193,7 +202,7 @@ def _execute(args: argparse.Namespace, backend: str, options: training.Options, 
         return run
     if args.check:
         raise SwpError("--check compares a plan's execution with the reference executor; give a .plan file")
-    model = api.load(args.file, parse_defines(args.define), args.precision or "f32", args.guard)
+    model = _load(args)
     header.append(f"training {model.graph.name} ({args.file}) on {backend} with the reference executor (no cap)")
     return api.execute(model, backend=backend, options=options, hooks=hooks)
 
@@ -239,11 +248,12 @@ def _cmd_optimize(args: argparse.Namespace) -> int:
     if args.output:
         check_writable(args.output, "plan")  # now, not after a search of a minute
     device = load_device(args.device)
-    model = api.load(args.file, parse_defines(args.define), args.precision or "f32", args.guard)
+    model = _load(args)
     search = SearchOptions(args.budget, args.generations, args.population, args.seed, args.workers,
                            progress=None if args.json else _search_progress(sys.stderr))
     started = time.perf_counter()
-    plan = api.optimize(model, cap, args.method, device, search, host_memory=host, host_updates=args.host_updates)
+    plan = api.optimize(model, cap, args.method, device, search, host_memory=host, host_updates=args.host_updates,
+                        microbatches=args.microbatches)
     if search.progress is not None and sys.stderr.isatty():
         sys.stderr.write("\n")
     seconds = time.perf_counter() - started
@@ -322,7 +332,7 @@ def _cmd_show(args: argparse.Namespace) -> int:
 
 def _cmd_profile(args: argparse.Namespace) -> int:
     check_writable(args.output, "profile")
-    model = api.load(args.file, parse_defines(args.define), args.precision or "f32", args.guard)
+    model = _load(args)
     backend, xp = array_module(args.backend)
     check_runnable(model.training, backend)
     base = load_device(args.base)
@@ -351,7 +361,7 @@ def _cmd_bench(args: argparse.Namespace) -> int:
     rows = bench.rows(args.models, ratios, methods, load_device(args.device or DEFAULT_DEVICE), search,
                       log=None if args.json else print,
                       host=(parse_size(args.host_memory) if args.host_memory is not None else None, args.host_share),
-                      precision=args.precision or "f32", guard=args.guard)
+                      precision=args.precision or "f32", guard=args.guard, microbatches=args.microbatches or 1)
     if args.json:
         print(json.dumps(rows, indent=2))
     else:
@@ -384,9 +394,28 @@ class _Parser(argparse.ArgumentParser):
         raise SwpError(message, hints=[f"see `{self.prog} --help`"])
 
 
-def _precision_options(parser: argparse.ArgumentParser) -> None:
+def _precision_options(parser: argparse.ArgumentParser, auto: bool = False) -> None:
     parser.add_argument("--precision", choices=PRECISIONS, help=PRECISION_HELP)
     parser.add_argument("--guard", choices=GUARDS, help=GUARD_HELP)
+    parser.add_argument("--microbatches", type=_microbatches(auto), metavar="K" + ("|auto" if auto else ""),
+                        help="run each step's batch as K forward and backward passes and one update (gradient "
+                             "accumulation; default 1)" + ("; auto: the count among the batch's divisors whose "
+                                                          "plan is fastest" if auto else ""))
+
+
+def _microbatches(auto: bool) -> Callable[[str], int | str]:
+    def parse(text: str) -> int | str:
+        if auto and text == "auto":
+            return text
+        try:
+            k = int(text)
+        except ValueError:
+            k = 0
+        if not 1 <= k <= MAX_MICROBATCHES:
+            raise argparse.ArgumentTypeError(f"expected a whole number from 1 to {MAX_MICROBATCHES}"
+                                             + (" or auto" if auto else "") + f", got `{text}`")
+        return k
+    return parse
 
 
 def make_parser() -> argparse.ArgumentParser:
@@ -467,7 +496,7 @@ def make_parser() -> argparse.ArgumentParser:
     op.add_argument("--workers", type=_workers, default=0, help="ga: worker processes (0: every core)")
     op.add_argument("--device", metavar="NAME|FILE.json", help="device profile (default: the GPU found, "
                     f"else {DEFAULT_DEVICE})")
-    _precision_options(op)
+    _precision_options(op, auto=True)
     op.add_argument("-D", dest="define", action="append", default=[], metavar="NAME=VALUE",
                     help="override a model argument (repeatable)")
     op.add_argument("-o", "--output", metavar="FILE.plan", help="write the plan here (atomically)")
@@ -502,6 +531,9 @@ def make_parser() -> argparse.ArgumentParser:
     be.add_argument("--device", help=f"device profile (default {DEFAULT_DEVICE})")
     be.add_argument("--precision", choices=PRECISIONS, help="plan every model under this precision (f32)")
     be.add_argument("--guard", choices=GUARDS, help="and this guard (default: scale for f16, else none)")
+    be.add_argument("--microbatches", type=_microbatches(True), metavar="K|auto",
+                    help="plan each step as K micro-batches, or auto (the fraction stays that of one pass over "
+                         "the whole batch)")
     be.add_argument("--host-memory", metavar="SIZE", help="a host budget for every plan (default: any)")
     be.add_argument("--host-share", metavar="SHARE", type=_share,
                     help="a host budget per row: this share of what belady keeps on the host at that cap (e.g. 0.5)")

@@ -112,7 +112,8 @@ def training_graph(fwd: Graph) -> Graph:
     b.kind, b.label = Kind.gradient, f"grad {b.tensors[fwd.loss].title}"
     state: list[str] = []
     scale = _loss_scale(b, fwd, state) if fwd.guard == "scale" else None
-    grads: dict[str, str] = {fwd.loss: _seed(b, fwd, scale)}
+    seed = _seed(b, fwd, scale)
+    grads: dict[str, str] = {fwd.loss: seed}
     pieces: dict[str, list[_Piece]] = {name: [] for name in _joinable(forward)}
     updates: list[tuple[str, str]] = []
     param_grads: list[tuple[str, str]] = []
@@ -130,7 +131,7 @@ def training_graph(fwd: Graph) -> Graph:
     if fwd.guard != "none":
         reports += _guarded_updates(b, fwd, param_grads, scale, updates, state)
     _report_state(b, fwd, updates, state, reports)
-    return attrs.evolve(_assemble(fwd, forward, b, updates, param_grads, state), reports=tuple(reports))
+    return attrs.evolve(_assemble(fwd, forward, b, updates, param_grads, state), reports=tuple(reports), seed=seed)
 
 
 LOSS_SCALE = {"initial": 2.0**16, "growth": 2.0, "backoff": 0.5, "interval": 2000}  # torch.amp.GradScaler's

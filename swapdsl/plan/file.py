@@ -17,6 +17,7 @@ from swapdsl.common.atomic import write_text_atomically
 from swapdsl.common.errors import Span, SwpError
 from swapdsl.common.paths import GRAMMAR_DIR
 from swapdsl.devices.profiles import Device
+from swapdsl.graph.microbatch import MAX_MICROBATCHES
 from swapdsl.graph.precision import GUARDS, PRECISIONS
 from swapdsl.lang.loader import load, read_source
 from swapdsl.plan.program import Free, HOST, HostRun, Origin, Plan, PlanOp, PlanTensor, Region, Run, SwapIn, SwapOut
@@ -72,6 +73,8 @@ def format_plan(plan: Plan) -> str:
         lines.append(f"precision {plan.precision}")
     if plan.guard != "none":
         lines.append(f"guard {plan.guard}")
+    if plan.microbatches != 1:
+        lines.append(f"microbatches {plan.microbatches}")
     dev = " ".join(f"{k} {_v(getattr(plan.device, k))}" for k in _DEVICE_SCALARS)
     lines.append(f"device {_q(plan.device.name)} {dev}")
     lines += [f"flops {k} {_v(v)}" for k, v in plan.device.flops]
@@ -187,7 +190,7 @@ class _Build(Transformer):
         return Plan(f["model"][0], f["model"][1], tuple(f["args"]), f["method"], device, f["cap"], f["scratch"],
                     tuple(f["tensors"]), tuple(f["ops"]), f["loss"], tuple(f["updates"]),
                     tuple(f["program"]), tuple(f["figures"]), f.get("precision", "f32"), f.get("guard", "none"),
-                    origin)
+                    f.get("microbatches", 1), origin)
 
     def _err(self, meta: Any, message: str) -> SwpError:
         return SwpError(message, Span.point(self.file, meta.line, meta.column))
@@ -224,6 +227,13 @@ class _Build(Transformer):
         if str(c[0]) not in GUARDS or str(c[0]) == "none":
             raise self._err(meta, f"unknown guard `{c[0]}` (plans name skip or scale; none has no line)")
         self.f["guard"] = str(c[0])
+
+    def microbatches(self, meta: Any, c: list[Token]) -> None:
+        self._at(meta, "microbatches", "")
+        if not 2 <= int(c[0]) <= MAX_MICROBATCHES:
+            raise self._err(meta, f"`microbatches {c[0]}`: a plan runs 2 to {MAX_MICROBATCHES} micro-batches "
+                                  "(1 has no line)")
+        self.f["microbatches"] = int(c[0])
 
     def device(self, meta: Any, c: list[Any]) -> None:
         self._at(meta, "device", "")

@@ -183,6 +183,7 @@ class Plan:
     figures: tuple[tuple[str, float], ...] = ()
     precision: str = "f32"  # the training graph's mixed-precision policy (a `precision` line when not f32)
     guard: str = "none"  # the training graph's guarded step (a `guard` line when not none)
+    microbatches: int = 1  # the step's forward and backward passes (a `microbatches` line when not 1)
     origin: Origin | None = attrs.field(default=None, eq=False, repr=False)  # set when read from a file
 
     @property

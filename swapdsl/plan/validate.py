@@ -166,6 +166,9 @@ def check_describes(plan: Plan, g: Graph) -> None:
     if plan.guard != g.guard:
         raise PlanError(f"the plan's guard is {plan.guard}, its training graph's {g.guard}",
                         ("guard" if plan.guard != "none" else "method", 0))
+    if plan.microbatches != g.microbatches:
+        raise PlanError(f"the plan runs {plan.microbatches} micro-batches a step, its training graph "
+                        f"{g.microbatches}", ("microbatches" if plan.microbatches != 1 else "method", 0))
     homed = set(g.persistent) | set(g.inputs)
     want = [(n, t.type.nbytes, t.kind.value, n in homed) for n, t in g.tensors.items()]
     have = [(t.name, t.bytes, t.kind, t.home is not None) for t in plan.tensors]

@@ -104,7 +104,8 @@ def assemble(req: Request, p: Problem, method: str, homes: dict[int, Region], pr
                 for i, op in enumerate(req.graph.ops))
     return Plan(req.model_path, req.graph.source_sha256, req.model_args, method,
                 attrs.evolve(req.device, op_times=()), req.cap, req.scratch, tuple(tensors), ops,
-                req.graph.loss, req.graph.updates, program, precision=req.graph.precision, guard=req.graph.guard)
+                req.graph.loss, req.graph.updates, program, precision=req.graph.precision, guard=req.graph.guard,
+                microbatches=req.graph.microbatches)
 
 
 def plan_capuchin(req: Request) -> Plan:

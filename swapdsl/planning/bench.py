@@ -16,6 +16,8 @@ from swapdsl.common.errors import SwpError
 from swapdsl.common.paths import STDLIB_DIR
 from swapdsl.devices.profiles import Device
 from swapdsl.graph.autodiff import training_graph
+from swapdsl.graph.ir import Graph
+from swapdsl.graph.microbatch import check_microbatches, divisors, microbatched
 from swapdsl.graph.precision import autocast, default_guard
 from swapdsl.lang.elaborate import elaborate
 from swapdsl.lang.loader import load
@@ -23,7 +25,8 @@ from swapdsl.plan.program import Run
 from swapdsl.plan.validate import validate
 from swapdsl.planning.compiled import no_swap_bytes
 from swapdsl.planning.ga import SearchOptions
-from swapdsl.planning.optimize import optimize
+from swapdsl.planning.bound import ideal_ms as bound_ideal_ms
+from swapdsl.planning.optimize import optimize, optimize_microbatches
 from swapdsl.planning.problem import Problem, Request
 
 ZOO = ("resnet", "wide_resnet", "vgg", "inception_v4", "nasnet", "lstm_lm", "bert", "gpt")
@@ -34,20 +37,34 @@ def model_path(name: str) -> Path:
     return path if path.suffix == ".swp" else STDLIB_DIR / "models" / f"{name}.swp"
 
 
+def _training(path: Path, precision: str, guard: str | None, k: int = 1) -> tuple[Graph, Graph]:
+    """(The forward graph at the written batch, the training graph run as ``k`` micro-batches)."""
+    program = load(path)
+    fwd = elaborate(program)
+    micro = fwd if k == 1 else elaborate(program, {"batch": check_microbatches(dict(fwd.args).get("batch"), k)})
+    micro = attrs.evolve(autocast(micro, precision), guard=default_guard(precision) if guard is None else guard)
+    return fwd, microbatched(training_graph(micro), k)
+
+
 def rows(models: list[str], ratios: list[float], methods: list[str], device: Device,
          search: SearchOptions, log: Any = None, host: tuple[int | None, float | None] = (None, None),
-         precision: str = "f32", guard: str | None = None) -> list[dict[str, Any]]:
+         precision: str = "f32", guard: str | None = None, microbatches: int | str = 1) -> list[dict[str, Any]]:
     """One row per (model, ratio, method); the cap for ratio r is the no-swap arena / r (of the model under
-    ``precision``). ``host``: a host budget for every plan, and one per (model, ratio) as a share of what
-    belady keeps on the host there (the smaller holds)."""
+    ``precision``, in one pass). ``host``: a host budget for every plan, and one per (model, ratio) as a
+    share of what belady keeps on the host there (the smaller holds). ``microbatches``: plans run the
+    batch as this many passes (``auto``: the count ``optimize_microbatches`` chooses); the fraction is
+    always of the ideal step of one pass over the whole batch."""
     rows = []
     for name in models:
         path = model_path(name)
-        fwd = attrs.evolve(autocast(elaborate(load(path)), precision),
-                           guard=default_guard(precision) if guard is None else guard)
-        t = training_graph(fwd)
+        fwd, t = _training(path, precision, guard)
         p = Problem.build(t, device)
-        no_swap = no_swap_bytes(p)
+        no_swap, ideal = no_swap_bytes(p), bound_ideal_ms(p)
+
+        def request_at(k: int, cap: int, host_cap: int | None) -> Request:
+            return Request(t if k == 1 else _training(path, precision, guard, k)[1], device, cap, str(path),
+                           fwd.args, host_cap)
+
         for ratio in ratios:
             cap = int(no_swap / ratio)
             host_cap = _host_cap(Request(t, device, cap, str(path), fwd.args), host)
@@ -58,14 +75,18 @@ def rows(models: list[str], ratios: list[float], methods: list[str], device: Dev
                     row["host_cap_bytes"] = host_cap
                 started = time.perf_counter()
                 try:
-                    plan = optimize(Request(t, device, cap, str(path), fwd.args, host_cap), method, search)
+                    if microbatches == "auto":
+                        counts = divisors(int(dict(fwd.args)["batch"]))
+                        plan = optimize_microbatches(lambda k: request_at(k, cap, host_cap), counts, method, search)
+                    else:
+                        plan = optimize(request_at(int(microbatches), cap, host_cap), method, search)
                     validate(plan)
                 except SwpError as exc:
                     row["error"] = exc.message
                 else:
                     f = dict(plan.figures)
-                    row.update({k: f[k] for k in ("fraction", "iteration_ms", "ideal_ms", "bound_ms", "swap_bytes",
-                                                  "host_bytes")})
+                    row.update({k: f[k] for k in ("iteration_ms", "bound_ms", "swap_bytes", "host_bytes")})
+                    row.update(ideal_ms=ideal, fraction=ideal / f["iteration_ms"], microbatches=plan.microbatches)
                     row["swap_bound_ms"] = f.get("swap_bound_ms", f["bound_ms"])
                     row["recomputes"] = sum(1 for i in plan.program if isinstance(i, Run) and i.recompute)
                     row["search_seconds"] = time.perf_counter() - started
@@ -95,7 +116,8 @@ def format_row(r: dict[str, Any]) -> str:
     return (f"{head} fraction {r['fraction']:.3f} (bound {limit:.3f}, swap-only {swap_limit:.3f})  "
             f"iteration {r['iteration_ms']:10.1f} ms  swap {r['swap_bytes'] / 1e9:7.1f} GB  "
             f"host {r['host_bytes'] / 1e9:6.1f} GB  recomputes {r['recomputes']:5d}  "
-            f"search {r['search_seconds']:6.1f} s{note}")
+            f"search {r['search_seconds']:6.1f} s" + (f"  microbatches {r['microbatches']}" if r["microbatches"] > 1
+                                                        else "") + note)
 
 
 def markdown(rows: list[dict[str, Any]], methods: list[str]) -> str:
@@ -108,7 +130,8 @@ def markdown(rows: list[dict[str, Any]], methods: list[str]) -> str:
         for m in methods:
             r = cells.get(m)
             vals.append("-" if r is None else "infeasible" if "error" in r
-                        else f"{r['fraction']:.3f} ({r['swap_bytes'] / 1e9:.0f} GB)")
+                        else f"{r['fraction']:.3f} ({r['swap_bytes'] / 1e9:.0f} GB"
+                        + (f", {r['microbatches']} micro-batches)" if r["microbatches"] > 1 else ")"))
         ok = [r for r in cells.values() if "error" not in r]
         swap = f"{ok[0]['ideal_ms'] / ok[0]['swap_bound_ms']:.3f}" if ok else "-"
         limit = f"{max(r['ideal_ms'] / r['bound_ms'] for r in ok):.3f}" if ok else "-"  # the recompute bound, if any

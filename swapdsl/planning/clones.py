@@ -121,9 +121,8 @@ def place_clones(p: Problem, c: Candidates, schedule: list[int], chosen: Iterabl
     kept = sorted(set(chosen))
     while True:
         need = _needs(p, c, pos, kept)
-        chosen = set(kept)
         made = {t for k in kept for t in p.op_outputs[k]}
-        bad = [m for m in kept if need[m] >= len(pos) or not _valid(p, c, pos, m, need[m], chosen, made)]
+        bad = [m for m in kept if need[m] >= len(pos) or not _valid(p, c, pos, m, need[m], made)]
         if not bad:
             return kept, [need[m] for m in kept]
         kept = [m for m in kept if m not in set(bad)]
@@ -144,11 +143,12 @@ def _needs(p: Problem, c: Candidates, pos: np.ndarray, kept: list[int]) -> dict[
     return need
 
 
-def _valid(p: Problem, c: Candidates, pos: np.ndarray, m: int, at: int, chosen: set[int], made: set[int]) -> bool:
-    """No forward op reads an original of ``m`` at or after the clone, and no original input of the
-    clone is overwritten in place before it."""
+def _valid(p: Problem, c: Candidates, pos: np.ndarray, m: int, at: int, made: set[int]) -> bool:
+    """No forward op reads an original of ``m`` at or after the clone (a recomputed reader's original
+    runs where it stands, reading the original), and no original input of the clone is overwritten in
+    place before it."""
     for t in p.op_outputs[m]:
-        if any(c.forward[r] and r not in chosen and pos[r] >= at for r in c.readers.get(t, ())):
+        if any(c.forward[r] and pos[r] >= at for r in c.readers.get(t, ())):
             return False
     return all(u in made or c.consumer.get(u) is None or pos[c.consumer[u]] >= at
                for u in p.op_inputs[m])

@@ -4,6 +4,7 @@ each parameter's update runs (``--host-updates``)."""
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 
 import attrs
 
@@ -79,3 +80,46 @@ def optimize(req: Request, method: str, search: SearchOptions | None = None, hos
     if req.host_excess(int(host)):
         raise host_budget_error(req, host, method)
     return plan
+
+
+AUTO_MAX_OPS = 200_000  # auto tries no micro-batch count whose step graph would have more ops than this
+
+
+def optimize_microbatches(request_at: Callable[[int], Request], counts: list[int], method: str,
+                          search: SearchOptions | None = None, host_updates: str | None = None) -> Plan:
+    """``--microbatches auto``: of the micro-batch ``counts`` (ascending; ``request_at(k)`` the request
+    with k micro-batches), the plan of the count whose plan is fastest. The counts stop at the first that
+    swaps nothing (more would only add ops) or whose graph passes ``AUTO_MAX_OPS``. ``ga`` scores the
+    counts by ``belady``'s plans, then searches the smallest feasible count, belady's best and the
+    feasible count below it, an equal share of its budget each (belady's ranking favours counts that swap
+    less, which a search that recomputes may not need; each count more costs launches)."""
+    scout = _SCOUT.get(method, method)
+    best: tuple[float, int, Plan] | None = None
+    feasible: list[int] = []
+    refused: list[SwpError] = []
+    for k in counts:
+        req = request_at(k)
+        if k > 1 and len(req.graph.ops) > AUTO_MAX_OPS:
+            break
+        try:
+            plan = optimize(req, scout, search, host_updates)
+        except SwpError as err:  # below this count's smallest cap: a larger count may fit
+            refused.append(err)
+            continue
+        f = dict(plan.figures)
+        score = req.score(f["iteration_ms"], int(f["host_bytes"]))
+        feasible.append(k)
+        if best is None or score < best[0]:
+            best = (score, k, plan)
+        if f["h2d_bytes"] == 0 and f["d2h_bytes"] == 0:
+            break
+    if best is None:
+        raise refused[-1]
+    if scout == method:
+        return best[2]
+    at = feasible.index(best[1])
+    tried = sorted({feasible[0], feasible[max(at - 1, 0)], best[1]})
+    search = search or SearchOptions()
+    search = attrs.evolve(search, budget_s=search.budget_s / len(tried))
+    plans = [optimize(request_at(k), method, search, host_updates) for k in tried]
+    return min(plans, key=lambda p: (dict(p.figures)["iteration_ms"], p.microbatches))

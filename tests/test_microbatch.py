@@ -1,0 +1,187 @@
+"""Micro-batches (issue 38, item 1): the graph pass, exact against one pass over the whole batch in f64,
+plans that swap and recompute executing exactly like the reference, the plan file's `microbatches`
+line, `--microbatches K|auto` on the command line, and the refusals."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import swapdsl
+from conftest import MODELS, write
+from strategies import EVERY, training_graphs
+from swapdsl.common.errors import SwpError
+from swapdsl.devices.profiles import BUILTIN
+from swapdsl.graph.checker import check_graph
+from swapdsl.graph.ir import DType, Graph, retyped
+from swapdsl.graph.microbatch import microbatched
+from swapdsl.plan.file import format_plan
+from swapdsl.planning.optimize import optimize
+from swapdsl.planning.problem import Request
+from swapdsl.runtime import reference
+from swapdsl.runtime.data import integer_ranges
+from test_planners import caps
+from test_runtime import run_against_reference
+
+H100 = BUILTIN["h100-80gb"]
+MLP = {"batch": 8, "features": 12, "hidden": 8, "classes": 4}
+TRANSFORMER = {"batch": 4, "seq": 8, "vocab": 32, "dim": 16, "heads": 2, "depth": 1, "ffn": 32}
+DROPOUT_MLP = """\
+import layers
+
+model drop(batch = 8, features = 6, classes = 3) {
+    input x: f32[batch, features]
+    input y: i32[batch]
+    h = dropout(relu(dense(x, 16)), 0.3)
+    logits = dense(h, classes) as head
+    minimize softmax_cross_entropy(logits, y) with adam(lr = 0.01)
+    report accuracy = mean(cast(argmax(logits) == y, f32))
+}
+"""
+
+
+def _train_f64(path: Path | str, k: int, steps: int = 5, precision: str = "f32", **args: int):
+    t = swapdsl.load(path, precision=precision, microbatches=k, **args).training
+    if precision == "f32":
+        t = retyped(t, DType.f32, DType.f64)
+    return reference.train(t, steps, 3, np)
+
+
+def _rel(a: dict[str, np.ndarray], b: dict[str, np.ndarray]) -> float:
+    """Largest difference over all persistent tensors, relative to the largest magnitude among them."""
+    scale = max(float(np.max(np.abs(v.astype(np.float64)))) for v in b.values())
+    return max(float(np.max(np.abs(a[n].astype(np.float64) - v.astype(np.float64)))) for n, v in b.items()) / scale
+
+
+@pytest.mark.parametrize("k", [2, 4])
+@pytest.mark.parametrize("model", ["mlp", "tiny_transformer", "dropout"])
+def test_micro_batches_train_like_one_pass_over_the_batch(model: str, k: int, tmp_path: Path) -> None:
+    path, args = {"mlp": (MODELS / "mlp.swp", MLP), "tiny_transformer": (MODELS / "tiny_transformer.swp", TRANSFORMER),
+                  "dropout": (write(tmp_path / "drop.swp", DROPOUT_MLP), {})}[model]
+    whole, split = _train_f64(path, 1, **args), _train_f64(path, k, **args)
+    assert max(abs(a - b) / abs(b) for a, b in zip(split.losses, whole.losses)) < 1e-12
+    # (1e-10: Adam divides by the root of the gradient's square, so the round-off of a gradient that is
+    # zero in exact arithmetic, such as an attention key's bias, moves a weight by lr-sized steps)
+    assert _rel(split.persistent, whole.persistent) < (1e-12 if model == "mlp" else 1e-10)
+    assert split.losses[-1] < split.losses[0]
+
+
+def test_the_step_graph_runs_each_micro_batch_then_one_update() -> None:
+    one = swapdsl.load(MODELS / "mlp.swp", **MLP).training
+    t = swapdsl.load(MODELS / "mlp.swp", microbatches=4, **MLP).training
+    check_graph(t)
+    assert t.microbatches == 4 and one.microbatches == 1
+    assert [t.type_of(n) for n in t.inputs] == [one.type_of(n) for n in one.inputs]
+    count = {op: sum(o.op == op for o in t.ops) for op in ("sgd_apply", "momentum", "report", "slice")}
+    assert count == {"sgd_apply": len(one.params), "momentum": len(one.params), "report": 1, "slice": 2 * 4}
+    assert t.ops[-1].op == "report"
+    seed = next(op for op in t.ops if op.outputs == (t.seed,))
+    assert seed.op == "mul_scalar" and seed.attr("value") == 0.25
+    assert [p for p, _ in t.grads] == [p for p, _ in one.grads]
+    for _, g in t.grads:  # each parameter's gradient is the sum over the micro-batches
+        assert next(op for op in t.ops if g in op.outputs).op == "add"
+
+
+def test_half_copies_of_parameters_are_made_once_and_shared() -> None:
+    t = swapdsl.load(MODELS / "tiny_transformer.swp", precision="bf16", microbatches=2, **TRANSFORMER).training
+    casts = [op for op in t.ops if op.op == "cast" and op.inputs[0] in t.params]
+    assert casts and len({op.inputs[0] for op in casts}) == len(casts)
+
+
+def test_f16_with_the_loss_scaler_trains_in_micro_batches() -> None:
+    whole = _train_f64(MODELS / "tiny_transformer.swp", 1, 8, "f16", **TRANSFORMER)
+    split = _train_f64(MODELS / "tiny_transformer.swp", 2, 8, "f16", **TRANSFORMER)
+    assert all(np.isfinite(split.losses)) and split.losses[-1] < split.losses[0]
+    assert max(abs(a - b) / abs(b) for a, b in zip(split.losses, whole.losses)) < 1e-2
+
+
+def test_batch_norm_takes_each_micro_batch_s_statistics() -> None:
+    args = {"batch": 4, "image": 8, "width": 4, "blocks": 1}
+    whole, split = _train_f64(MODELS / "tiny_resnet.swp", 1, 1, **args), _train_f64(MODELS / "tiny_resnet.swp", 2, 1, **args)
+    assert abs(split.losses[0] - whole.losses[0]) / whole.losses[0] > 1e-6  # documented: not the whole batch's
+
+
+def test_labels_keep_their_range_through_the_slices() -> None:
+    t = swapdsl.load(MODELS / "tiny_transformer.swp", microbatches=2, **TRANSFORMER).training
+    assert integer_ranges(t) == {"tokens": 32, "targets": 32}
+
+
+@pytest.mark.parametrize("method", ["ga", "belady", "capuchin", "lru"])
+def test_plans_of_micro_batches_execute_exactly_like_the_reference(method: str) -> None:
+    for precision, model, args in (("f32", "mlp", MLP), ("bf16", "tiny_transformer", TRANSFORMER)):
+        t = swapdsl.load(MODELS / f"{model}.swp", precision=precision, microbatches=2, **args).training
+        cap = caps(t)[0]
+        plan = optimize(Request(t, H100, cap, "m.swp", ()), method, swapdsl.SearchOptions(budget_s=1, workers=1))
+        assert plan.microbatches == 2
+        assert run_against_reference(plan, t, 3) == 0.0
+
+
+@settings(max_examples=12, deadline=None)
+@given(training_graphs(max_depth=4, **EVERY), st.sampled_from([2, 3]))
+def test_random_graphs_split_into_micro_batches_plan_and_execute_exactly(g: Graph, k: int) -> None:
+    t = microbatched(g, k)
+    check_graph(t)
+    assert all(t.type_of(n).shape[0] == k * g.type_of(n).shape[0] for n in g.inputs)
+    plan = optimize(Request(t, H100, caps(t)[0], "m.swp", ()), "capuchin")
+    assert run_against_reference(plan, t, 2) == 0.0
+
+
+def test_a_plan_records_its_micro_batches(cli, in_tmp: Path) -> None:
+    model = write(in_tmp / "mlp.swp", (MODELS / "mlp.swp").read_text())
+    code, out, err = cli("optimize", model, "--memory", "64MiB", "--microbatches", "4", "-o", "m.plan",
+                         "-D", "batch=16", "--method", "belady")
+    assert code == 0, err
+    text = (in_tmp / "m.plan").read_text()
+    assert "\nmicrobatches 4\n" in text
+    assert swapdsl.read("m.plan").microbatches == 4
+    code, out, err = cli("exec", "m.plan", "--steps", "2", "--check")
+    assert code == 0, err
+    assert "max rel diff against the reference 0.00e+00" in out
+    code, _, err = cli("exec", "m.plan", "--steps", "1", "--microbatches", "2")
+    assert code == 2 and "the plan was made for 4" in err
+
+
+@pytest.mark.parametrize("line, message", [
+    ("microbatches 1", "a plan runs 2 to"), ("microbatches 0", "a plan runs 2 to"),
+    ("microbatches 99999", "a plan runs 2 to"), ("microbatches 2", "differs from the model's training graph"),
+    ("microbatches x", "")])
+def test_a_bad_microbatches_line_is_refused(cli, in_tmp: Path, line: str, message: str) -> None:
+    model = write(in_tmp / "mlp.swp", (MODELS / "mlp.swp").read_text())
+    assert cli("optimize", model, "--memory", "64MiB", "--microbatches", "4", "-o", "m.plan", "-D", "batch=16",
+               "--method", "belady")[0] == 0
+    plan = in_tmp / "m.plan"
+    plan.write_text(plan.read_text().replace("microbatches 4", line))
+    code, out, err = cli("exec", "m.plan", "--steps", "1")
+    assert code == 2 and "Traceback" not in err and message in err
+
+
+@pytest.mark.parametrize("flag, message", [
+    ("3", "does not split into 3 equal micro-batches"), ("0", "expected a whole number from 1 to"),
+    ("-2", "expected a whole number"), ("two", "expected a whole number"), ("1e9", "expected a whole number")])
+def test_a_bad_microbatches_flag_is_refused(cli, in_tmp: Path, flag: str, message: str) -> None:
+    model = write(in_tmp / "mlp.swp", (MODELS / "mlp.swp").read_text())
+    code, _, err = cli("optimize", model, "--memory", "64MiB", f"--microbatches={flag}", "-D", "batch=16",
+                       "-o", "m.plan")
+    assert code == 2 and message in err and "Traceback" not in err
+    assert not (in_tmp / "m.plan").exists()
+
+
+def test_a_model_without_a_batch_argument_is_refused(tmp_path: Path) -> None:
+    text = (MODELS / "mlp.swp").read_text().replace("model mlp(batch = 64,", "model mlp(rows = 64,")
+    path = write(tmp_path / "rows.swp", text.replace("[batch", "[rows"))
+    with pytest.raises(SwpError, match="has none"):
+        swapdsl.load(path, microbatches=2)
+
+
+def test_auto_chooses_a_count_under_a_cap_one_pass_cannot_meet(tmp_path: Path) -> None:
+    m = swapdsl.load(MODELS / "tiny_transformer.swp", **{**TRANSFORMER, "batch": 8})
+    cap = int(0.7 * caps(m.training)[0])
+    with pytest.raises(SwpError, match="below the smallest feasible cap"):
+        swapdsl.optimize(m, cap, "belady", "h100-80gb")
+    plan = swapdsl.optimize(m, cap, "belady", "h100-80gb", microbatches="auto")
+    assert plan.microbatches > 1
+    assert "microbatches" in format_plan(plan)

@@ -53,6 +53,7 @@ OPTIONS: dict[str, list[str]] = {
     "--on-nonfinite": ["stop", "continue", "skip", ""],
     "--guard": ["none", "skip", "scale", "always"],
     "--host-updates": ["none", "all", "auto", "some", ""],
+    "--microbatches": ["2", "1", "auto", "3", "0", "x", "99999", ""],
 }
 FLAGS = ["--json", "--check", "--ir", "--training", "--help", "--version", "--shuffle"]
 COMMANDS = ["check", "exec", "optimize", "simulate", "show", "profile", "plot-log", "bench", "devices", "bogus"]

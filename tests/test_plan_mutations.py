@@ -39,6 +39,8 @@ PLANS = [
      "capuchin"),
     ("transformer-host", "tiny_transformer", ["-D", "batch=2", "-D", "seq=8", "--precision", "bf16",
                                               "--host-updates", "all"], "2.6MiB", "belady"),
+    ("transformer-micro", "tiny_transformer", ["-D", "batch=2", "-D", "seq=8", "--microbatches", "2"], "1.6MiB",
+     "capuchin"),
 ]
 CASES = int(os.environ.get("SWAPDSL_PLAN_MUTANTS", "210"))
 

@@ -21,8 +21,8 @@ import attrs
 import numpy as np
 
 from swapdsl.common.errors import Span, SwpError
-from swapdsl.common.units import parse_size
-from swapdsl.devices.profiles import Device, load_device
+from swapdsl.common.units import format_bytes, parse_share, parse_size
+from swapdsl.devices.profiles import BUILTIN, DEFAULT_DEVICE, Device, load_device
 from swapdsl.graph.analysis import peak_bytes, summary, training_summary
 from swapdsl.graph.autodiff import evaluation_graph, training_graph
 from swapdsl.graph.checker import check_graph
@@ -37,10 +37,12 @@ from swapdsl.plan.figures import plan_figures
 from swapdsl.plan.program import Plan
 from swapdsl.plan.simulate import simulate as simulate_plan
 from swapdsl.plan.validate import validate
+from swapdsl.planning.compiled import no_swap_bytes
 from swapdsl.planning.ga import SearchOptions, SearchProgress
 from swapdsl.planning.optimize import optimize as plan_with
-from swapdsl.planning.optimize import optimize_microbatches
-from swapdsl.planning.problem import Request
+from swapdsl.planning.optimize import AUTO_MAX_OPS, optimize_microbatches
+from swapdsl.planning.problem import Problem, Request
+from swapdsl.planning.sizing import BelowSmallestCap, least_cap
 from swapdsl.runtime import reference, training
 from swapdsl.runtime.backend import array_module, device_bytes_held, require_memory, separate_pool
 from swapdsl.runtime.interpreter import PlanRunner, check_runnable
@@ -79,7 +81,16 @@ class Model:
 
     def summary(self, training: bool = False) -> dict:
         """The figures `swapdsl check [--training] --json` prints."""
-        return summary(self.graph) | (training_summary(self.training) if training else {})
+        if not training:
+            return summary(self.graph)
+        return summary(self.graph) | training_summary(self.training) | {"no_swap_bytes": no_swap_arena(self.training)}
+
+
+def no_swap_arena(t: Graph) -> int:
+    """The arena a plan of ``t`` needs with nothing swapped (default order, the kernels' scratch included):
+    what `optimize` and `bench` divide by a memory ratio, and what `--memory 1/3` takes a share of."""
+    p = Problem.build(t, BUILTIN[DEFAULT_DEVICE])
+    return no_swap_bytes(p) + p.scratch
 
 
 def load(path: str | Path, overrides: Mapping[str, Override] | None = None, precision: str = "f32",
@@ -111,7 +122,8 @@ def load(path: str | Path, overrides: Mapping[str, Override] | None = None, prec
 def optimize(model: Model | str | Path, memory: int | str, method: str = "ga", device: str | Device | None = None,
              search: SearchOptions | None = None, host_memory: int | str | None = None,
              host_updates: str = "none", microbatches: int | str | None = None, **knobs: float | int | bool) -> Plan:
-    """Plan ``model``'s training step under ``memory`` (bytes, or text such as "8GiB"), validated.
+    """Plan ``model``'s training step under ``memory`` (bytes, text such as "8GiB", or a share of the
+    no-swap arena of one pass over the batch, ``no_swap_arena``: "1/3", "33%"), validated.
     ``device``: a built-in profile name, a profile file or a Device (default: the GPU found, else the
     default profile). ``ga`` reads ``search`` or its fields as keywords (``budget_s=10, seed=1``).
     ``host_memory``: the most the plan's host copies may take (default: any). ``host_updates``: where the
@@ -120,7 +132,12 @@ def optimize(model: Model | str | Path, memory: int | str, method: str = "ga", d
     passes the step runs its batch as (default: the model's), or ``auto``: the count among the batch's
     divisors whose plan is fastest (``planning.optimize.optimize_microbatches``)."""
     m = model if isinstance(model, Model) else load(model)
-    cap = parse_size(memory) if isinstance(memory, str) else memory
+    share = parse_share(memory) if isinstance(memory, str) else None
+    if share is not None:
+        whole = m if m.microbatches == 1 else load(m.path, dict(m.graph.args), m.graph.precision, m.graph.guard)
+        cap = int(share * no_swap_arena(whole.training))
+    else:
+        cap = parse_size(memory) if isinstance(memory, str) else memory
     host = parse_size(host_memory) if isinstance(host_memory, str) else host_memory
     dev = device if isinstance(device, Device) else load_device(device)
     try:
@@ -137,9 +154,31 @@ def optimize(model: Model | str | Path, memory: int | str, method: str = "ga", d
         plan = optimize_microbatches(request_at, counts, method, options, host_updates)
     else:
         k = m.microbatches if microbatches is None else microbatches
-        plan = plan_with(request_at(k), method, options, host_updates)  # type: ignore[arg-type]
+        try:
+            plan = plan_with(request_at(k), method, options, host_updates)  # type: ignore[arg-type]
+        except BelowSmallestCap as err:
+            raise _with_microbatch_hint(err, m, k, cap, request_at) from None  # type: ignore[arg-type]
     validate(plan)
     return plan
+
+
+def _with_microbatch_hint(err: BelowSmallestCap, m: Model, k: int, cap: int,
+                          request_at: Callable[[int], Request], tries: int = 6) -> BelowSmallestCap:
+    """``err`` with the least micro-batch count (of the next ``tries`` dividing the batch) that fits ``cap``."""
+    batch = m.args.get("batch")
+    if not isinstance(batch, int) or isinstance(batch, bool):
+        return err
+    least, more, per_pass = err.least, k, len(m.training.ops) / m.microbatches
+    for more in [d for d in divisors(batch) if d > k and d * per_pass <= AUTO_MAX_OPS][:tries]:
+        least = least_cap(Problem.of(request_at(more)))
+        if least <= cap:
+            err.hints = [f"--microbatches {more} (or auto) fits it: its smallest feasible cap is "
+                         f"{format_bytes(least)}", *err.hints]
+            return err
+    if more > k:
+        err.notes = [*err.notes, f"micro-batches do not bring it under the cap: {format_bytes(least)} at the "
+                                 f"least with {more} micro-batches"]
+    return err
 
 
 def save(plan: Plan, path: str | Path) -> None:

@@ -17,7 +17,7 @@ from typing import Any, NoReturn, TextIO
 from swapdsl import __version__, api
 from swapdsl.common.atomic import check_writable, write_text_atomically
 from swapdsl.common.errors import SwpError
-from swapdsl.common.units import format_bytes, format_count, parse_size
+from swapdsl.common.units import format_bytes, format_count, parse_share, parse_size
 from swapdsl.devices.profiles import BUILTIN, DEFAULT_DEVICE, detect_device, load_device
 from swapdsl.graph.microbatch import MAX_MICROBATCHES
 from swapdsl.graph.precision import GUARDS, PRECISIONS
@@ -135,7 +135,9 @@ def _cmd_check(args: argparse.Namespace) -> int:
             ("training ops", f"{info['ops']} ({info['backward_ops']} backward, {info['update_ops']} update)"),
             ("optimizer state", format_bytes(info["state_bytes"])),
             ("step FLOPs", format_count(info["flops"], "FLOP")),
-            ("step peak", f"{format_bytes(info['peak_bytes'])} (default order, no swapping)"),
+            ("step peak", f"{format_bytes(info['peak_bytes'])} of tensors (default order, no swapping)"),
+            ("no-swap arena", f"{format_bytes(info['no_swap_bytes'])} (tensors as plans place them, and the "
+                              "kernels' scratch: what --memory 1/2 halves)"),
         ]
     print(f"model {info['model']} ({args.file}): ok")
     for key, value in rows:
@@ -243,7 +245,7 @@ def _median(values: list[float]) -> float:
 
 
 def _cmd_optimize(args: argparse.Namespace) -> int:
-    cap = parse_size(args.memory)
+    cap = args.memory if parse_share(args.memory) is not None else parse_size(args.memory)
     host = parse_size(args.host_memory) if args.host_memory is not None else None
     if args.output:
         check_writable(args.output, "plan")  # now, not after a search of a minute
@@ -259,12 +261,13 @@ def _cmd_optimize(args: argparse.Namespace) -> int:
     seconds = time.perf_counter() - started
     if args.output:
         api.save(plan, args.output)
-    info = {"method": plan.method, "device": device.name, "memory_bytes": cap, **dict(plan.figures),
-            "search_seconds": seconds, "plan": args.output}
+    info = {"method": plan.method, "device": device.name, "memory_bytes": plan.cap, **dict(plan.figures),
+            "search_seconds": seconds, "plan": args.output, "microbatches": plan.microbatches}
     if args.json:
         print(json.dumps(info, indent=2))
         return 0
-    print(f"{model.graph.name}: {plan.method} plan under {format_bytes(cap)} on {device.name}"
+    runs = f" as {plan.microbatches} micro-batches" if plan.microbatches > 1 else ""
+    print(f"{model.graph.name}: {plan.method} plan{runs} under {format_bytes(plan.cap)} on {device.name}"
           + (f", written to {args.output}" if args.output else ""))
     _print_figures(info)
     return 0  # main turns this into 130 or 143 when a signal stopped the search
@@ -481,7 +484,8 @@ def make_parser() -> argparse.ArgumentParser:
 
     op = sub.add_parser("optimize", help="plan a training step under a memory cap")
     op.add_argument("file", metavar="FILE.swp")
-    op.add_argument("--memory", required=True, metavar="SIZE", help="the cap: 8GiB, 512MiB, 1.5GB or bytes")
+    op.add_argument("--memory", required=True, metavar="SIZE", help="the cap: 8GiB, 512MiB, 1.5GB, bytes, or a share "
+                    "of the no-swap arena of one pass (`check --training` shows it): 1/3, 33%%")
     op.add_argument("--method", choices=METHOD_NAMES, default="ga", help="planner (default ga)")
     op.add_argument("--host-memory", metavar="SIZE", help="the most host memory the plan's host copies may take "
                     "(default: any); ga and capuchin trade swaps for recomputation to keep within it")

@@ -82,3 +82,30 @@ def test_the_api_is_listed_and_documented() -> None:
     assert set(swapdsl.__all__) <= set(dir(swapdsl))
     for name in swapdsl.__all__:
         assert getattr(swapdsl, name).__doc__, name
+
+
+@pytest.mark.parametrize("text, share", [("1/3", 1 / 3), ("33%", 0.33), (" 1 / 2 ", 0.5), ("100%", 1.0),
+                                         ("2.5%", 0.025), ("8GiB", None), ("1e3", None)])
+def test_memory_shares_are_read(text: str, share: float | None) -> None:
+    from swapdsl.common.units import parse_share
+    assert parse_share(text) == (pytest.approx(share) if share is not None else None)
+
+
+@pytest.mark.parametrize("text", ["0/3", "1/0", "3/2", "0%", "150%"])
+def test_memory_shares_outside_one_are_refused(text: str) -> None:
+    from swapdsl.common.units import parse_share
+    with pytest.raises(swapdsl.SwpError, match="not in"):
+        parse_share(text)
+
+
+def test_check_and_optimize_give_the_same_no_swap_arena_and_shares_divide_it(cli, tmp_path: Path) -> None:
+    model = str(MODELS / "tiny_transformer.swp")
+    code, out, _ = cli("check", model, "--training", "--json")
+    no_swap = json.loads(out)["no_swap_bytes"]
+    code, out, err = cli("optimize", model, "--memory", "1/2", "--method", "belady", "--json")
+    assert code == 0, err
+    figures = json.loads(out)
+    assert figures["no_swap_bytes"] == no_swap
+    assert figures["memory_bytes"] == no_swap // 2 and figures["ratio"] == pytest.approx(2, rel=1e-6)
+    code, out, _ = cli("optimize", model, "--memory", "25%", "--method", "belady", "--microbatches", "4", "--json")
+    assert code == 0 and json.loads(out)["memory_bytes"] == int(0.25 * no_swap)  # a share of one pass's arena

@@ -185,3 +185,13 @@ def test_auto_chooses_a_count_under_a_cap_one_pass_cannot_meet(tmp_path: Path) -
     plan = swapdsl.optimize(m, cap, "belady", "h100-80gb", microbatches="auto")
     assert plan.microbatches > 1
     assert "microbatches" in format_plan(plan)
+
+
+def test_below_the_floor_the_error_names_the_op_and_the_micro_batches_that_fit(cli, in_tmp: Path) -> None:
+    model = write(in_tmp / "t.swp", (MODELS / "tiny_transformer.swp").read_text())
+    code, _, err = cli("optimize", model, "--memory", "2MiB", "--method", "belady")
+    assert code == 2 and "Traceback" not in err
+    assert "what sets it: op" in err and "`gelu_grad`" in err and "layers.swp:" in err
+    assert "--microbatches 2 (or auto) fits it" in err
+    code, _, err = cli("optimize", model, "--memory", "200KiB", "--method", "belady")
+    assert code == 2 and "micro-batches do not bring it under the cap" in err

@@ -109,3 +109,25 @@ def test_the_loss_scale_follows_torchs_grad_scaler() -> None:
                        np.asarray(run_kernel(np, "good_steps_next", [good, ok], a)))
         torch._amp_update_scale_(t_scale, t_good, torch.tensor([0.0 if finite else 1.0]), 2.0, 0.5, 3)
         assert float(scale) == float(t_scale[0]) and int(good) == int(t_good[0])
+
+
+@pytest.mark.parametrize("k", [1, 2, 4])
+@pytest.mark.parametrize("model", ["mlp", "tiny_transformer"])
+def test_micro_batches_sum_to_one_pytorch_step_over_the_whole_batch(model: str, k: int) -> None:
+    """Gradient accumulation (``--microbatches K``): the summed gradients of K micro-batches and the mean
+    loss against PyTorch's autograd of one pass over the whole batch, in f32 (models without batch norm)."""
+    from torch_twin import loss_and_grads
+
+    import swapdsl
+    from conftest import MODELS
+    from swapdsl.runtime.data import init_persistent, synthetic_inputs
+    from swapdsl.runtime.reference import run_ops
+
+    args = {**SMALL[model], "batch": 8}
+    t = swapdsl.load(MODELS / f"{model}.swp", microbatches=k, **args).training
+    values = {**init_persistent(t, 0, np), **synthetic_inputs(t, 0, np)}
+    env = run_ops(t, dict(values), np, 1, keep=[grad for _, grad in t.grads])
+    ours = {p: np.asarray(env[grad], np.float64) for p, grad in t.grads}
+    their_loss, theirs = loss_and_grads(swapdsl.load(MODELS / f"{model}.swp", **args).graph, values)
+    assert float(env[t.loss]) == pytest.approx(their_loss, rel=1e-6)
+    assert _relative(ours, theirs) < 1e-6

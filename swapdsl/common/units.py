@@ -27,6 +27,19 @@ def parse_size(text: str) -> int:
     return int(value)
 
 
+def parse_share(text: str) -> float | None:
+    """'1/3' or '33%' -> the share it names (in (0, 1]); None for anything else (a size, say)."""
+    m = re.fullmatch(r"\s*([0-9]+)\s*/\s*([0-9]+)\s*|\s*([0-9]*\.?[0-9]+)\s*%\s*", text)
+    if not m:
+        return None
+    share = int(m.group(1)) / int(m.group(2)) if m.group(2) and int(m.group(2)) else (
+        float(m.group(3)) / 100 if m.group(3) else 0.0)
+    if not 0 < share <= 1:
+        raise SwpError(f"the memory share `{text}` is not in (0, 1]",
+                       hints=["write e.g. 1/3 or 33%: that share of the model's no-swap arena"])
+    return share
+
+
 def format_bytes(n: float) -> str:
     for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
         if abs(n) < 1024 or unit == "TiB":

@@ -58,10 +58,12 @@ def _rel(a: dict[str, np.ndarray], b: dict[str, np.ndarray]) -> float:
 
 
 @pytest.mark.parametrize("k", [2, 4])
-@pytest.mark.parametrize("model", ["mlp", "tiny_transformer", "dropout"])
+@pytest.mark.parametrize("model", ["mlp", "tiny_transformer", "dropout", "clipped"])
 def test_micro_batches_train_like_one_pass_over_the_batch(model: str, k: int, tmp_path: Path) -> None:
+    clipped = DROPOUT_MLP.replace("adam(lr = 0.01)", "adamw(lr = 0.01, clip = 0.3, warmup = 2, cosine = 6)")
     path, args = {"mlp": (MODELS / "mlp.swp", MLP), "tiny_transformer": (MODELS / "tiny_transformer.swp", TRANSFORMER),
-                  "dropout": (write(tmp_path / "drop.swp", DROPOUT_MLP), {})}[model]
+                  "dropout": (write(tmp_path / "drop.swp", DROPOUT_MLP), {}),
+                  "clipped": (write(tmp_path / "clip.swp", clipped), {})}[model]
     whole, split = _train_f64(path, 1, **args), _train_f64(path, k, **args)
     assert max(abs(a - b) / abs(b) for a, b in zip(split.losses, whole.losses)) < 1e-12
     # (1e-10: Adam divides by the root of the gradient's square, so the round-off of a gradient that is

@@ -80,3 +80,30 @@ def loss_and_grads(g: Graph, values: Mapping[str, np.ndarray], autocast: str | N
     loss = env[g.loss].float()
     loss.backward()
     return float(loss.detach()), {n: p.grad.double().numpy() for n, p in params.items() if p.grad is not None}
+
+
+def train(g: Graph, values: Mapping[str, np.ndarray], steps: int, make_optimizer: Callable[[list], Any],
+          make_schedule: Callable[[Any], Any] | None = None, clip: float = 0.0) -> tuple[list[float], list[float],
+                                                                                       dict[str, np.ndarray]]:
+    """``steps`` of training ``g``'s forward graph with a torch.optim optimiser (and lr scheduler, and
+    ``clip_grad_norm_``) on one fixed batch: (losses, learning rates used, parameters after)."""
+    inputs = {name: torch.from_numpy(np.array(values[name])) for name in g.inputs}
+    params = {name: torch.from_numpy(np.array(values[name])).requires_grad_(True) for name in g.params}
+    opt = make_optimizer(list(params.values()))
+    schedule = make_schedule(opt) if make_schedule is not None else None
+    losses, rates = [], []
+    for _ in range(steps):
+        opt.zero_grad()
+        env: dict[str, Any] = {**inputs, **params}
+        for op in g.ops:
+            env[op.outputs[0]] = OPS[op.op](op.attr_dict, *(env[n] for n in op.inputs))
+        loss = env[g.loss]
+        loss.backward()
+        if clip:
+            torch.nn.utils.clip_grad_norm_(list(params.values()), clip)
+        rates.append(opt.param_groups[0]["lr"])
+        opt.step()
+        if schedule is not None:
+            schedule.step()
+        losses.append(float(loss.detach()))
+    return losses, rates, {n: p.detach().numpy().copy() for n, p in params.items()}

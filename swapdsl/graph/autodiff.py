@@ -22,6 +22,7 @@ import attrs
 from swapdsl.common.errors import Span
 from swapdsl.graph import ops
 from swapdsl.graph.ir import DType, Graph, Init, Kind, Op, Tensor, TensorType
+from swapdsl.graph.ops.optim import SCHEDULE
 
 
 @attrs.frozen
@@ -117,6 +118,7 @@ def training_graph(fwd: Graph) -> Graph:
     pieces: dict[str, list[_Piece]] = {name: [] for name in _joinable(forward)}
     updates: list[tuple[str, str]] = []
     param_grads: list[tuple[str, str]] = []
+    deferred = fwd.guard != "none" or bool(dict(fwd.optimizer.hparams).get("clip"))  # updates after the backward
     for i in range(len(forward) - 1, -1, -1):
         op = forward[i]
         g = _gradient(b, op.outputs[0], grads, pieces)
@@ -125,11 +127,11 @@ def training_graph(fwd: Graph) -> Graph:
         for name in dict.fromkeys(op.inputs):
             if name in params and first_use[name] == i and _gradient(b, name, grads, pieces) is not None:
                 param_grads.append((name, grads[name]))
-                if fwd.guard == "none":
+                if not deferred:
                     updates += _labelled_updates(b, _update(b, fwd, name, grads[name], state))
     reports = list(fwd.reports)
-    if fwd.guard != "none":
-        reports += _guarded_updates(b, fwd, param_grads, scale, updates, state)
+    if deferred:  # (on a copy: the graph's ``grads`` are the gradients backprop made, which micro-batches sum)
+        reports += _deferred_updates(b, fwd, list(param_grads), scale, updates, state)
     _report_state(b, fwd, updates, state, reports)
     return attrs.evolve(_assemble(fwd, forward, b, updates, param_grads, state), reports=tuple(reports), seed=seed)
 
@@ -154,19 +156,25 @@ def _seed(b: _Builder, fwd: Graph, scale: str | None) -> str:
     return scale if dtype is DType.f32 else b.emit("cast", [scale], {"dtype": dtype.label})
 
 
-def _guarded_updates(b: _Builder, fwd: Graph, param_grads: list[tuple[str, str]], scale: str | None,
-                     updates: list[tuple[str, str]], state: list[str]) -> list[tuple[str, str]]:
-    """After the whole backward pass: each gradient unscaled, one flag saying all are finite, every update
-    gated on it, the loss scale stepped; returns the reports it adds (the flag, and the scale)."""
+def _deferred_updates(b: _Builder, fwd: Graph, param_grads: list[tuple[str, str]], scale: str | None,
+                      updates: list[tuple[str, str]], state: list[str]) -> list[tuple[str, str]]:
+    """After the whole backward pass: each gradient unscaled, one flag saying all are finite (a guarded
+    step), the gradients clipped to a global norm (``clip``), every update (gated on the flag), the loss
+    scale stepped; returns the reports it adds (the flag, the scale, the gradients' norm)."""
     b.kind, b.label = Kind.gradient, "unscaled gradient"
     if scale is not None:
         param_grads[:] = [(p, _unscaled(b, g, scale)) for p, g in param_grads]
-    b.label = "all gradients finite"
-    flag = b.emit("all_finite", [g for _, g in param_grads])
+    reports, flag = [], None
+    if fwd.guard != "none":
+        b.label = "all gradients finite"
+        flag = b.emit("all_finite", [g for _, g in param_grads])
+        reports.append(("finite", flag))
+    clip = dict(fwd.optimizer.hparams).get("clip")
+    if clip:
+        reports.append(("grad_norm", _clipped(b, param_grads, clip)))
     for name, grad in param_grads:
         pairs = _update(b, fwd, name, grad, state, gate=flag)
         updates += _labelled_updates(b, pairs)
-    reports = [("finite", flag)]
     if scale is not None:
         good = "loss_scale/good_steps"
         b.kind = Kind.optimizer_state
@@ -175,6 +183,21 @@ def _guarded_updates(b: _Builder, fwd: Graph, param_grads: list[tuple[str, str]]
         updates += _labelled_updates(b, [(scale, new_scale), (good, b.emit("good_steps_next", [good, flag], a))])
         reports.append(("loss_scale", new_scale))  # the scale the next step uses
     return reports
+
+
+def _clipped(b: _Builder, param_grads: list[tuple[str, str]], max_norm: float) -> str:
+    """Every gradient times min(1, max_norm / (norm + 1e-6)), norm the L2 norm of all of them at once (as
+    torch.nn.utils.clip_grad_norm_); returns the norm."""
+    b.kind, b.label = Kind.gradient, "gradients' global norm"
+    norm = b.emit("global_norm", [g for _, g in param_grads])
+    b.label = "clipping factor"
+    factor = b.emit("clip_factor", [norm], {"max_norm": max_norm})
+    b.label = "clipped gradient"
+    for k, (p, g) in enumerate(param_grads):
+        dtype = b.type(g).dtype
+        by = factor if dtype is DType.f32 else b.emit("cast", [factor], {"dtype": dtype.label})
+        param_grads[k] = (p, b.emit("mul", [g, by]))
+    return norm
 
 
 def _unscaled(b: _Builder, grad: str, scale: str) -> str:
@@ -315,33 +338,48 @@ def _update(b: _Builder, fwd: Graph, param: str, grad: str, state: list[str],
     """Emit the optimiser ops for one parameter; return (persistent, new value) pairs. ``gate``: the flag
     each update reads (a guarded step's), keeping its old value when the flag is not 1."""
     opt = dict(fwd.optimizer.hparams)
+    name = fwd.optimizer.name
     typ = b.type(param)
     b.span, b.kind = fwd.tensors[param].span, Kind.param
-    wd = {"weight_decay": opt["weight_decay"]}
+    decoupled = name in ("adamw", "lion")
+    wd = {"weight_decay": 0.0 if decoupled else opt["weight_decay"]}
+    # the learning rate and its schedule, on every op that reads the rate; AdamW's and Lion's decay with it
+    lr = {"lr": opt["lr"], **{k: opt[k] for k in SCHEDULE if k in opt},
+          **({"decoupled_wd": opt["weight_decay"]} if decoupled and opt["weight_decay"] else {})}
 
     def emit(op: str, ins: list[str], a: dict[str, Any]) -> str:
         return b.emit(op, ins, a) if gate is None else b.emit(op, [*ins, gate], {**a, "gated": True})
 
-    if fwd.optimizer.name == "sgd" and opt["momentum"] == 0.0:
-        return [(param, emit("sgd", [param, grad], {"lr": opt["lr"], **wd}))]
+    if name == "sgd" and opt["momentum"] == 0.0:
+        return [(param, emit("sgd", [param, grad], {**lr, **wd}))]
 
     def new_state(suffix: str) -> str:
         name = b.add_tensor(f"{param}/{suffix}", typ, Kind.optimizer_state, Init("zeros"))
         state.append(name)
         return name
 
-    if fwd.optimizer.name == "sgd":
+    if name == "sgd":
         m = new_state("momentum")
         b.kind = Kind.optimizer_state
         m_new = emit("momentum", [m, grad, param], {"momentum": opt["momentum"], **wd})
         b.kind = Kind.param
-        return [(m, m_new), (param, emit("sgd_apply", [param, m_new], {"lr": opt["lr"]}))]
+        if opt.get("nesterov"):
+            w_new = emit("nesterov_apply", [param, m_new, grad], {**lr, **wd, "momentum": opt["momentum"]})
+        else:
+            w_new = emit("sgd_apply", [param, m_new], lr)
+        return [(m, m_new), (param, w_new)]
+    if name == "lion":  # the weight reads the old momentum, so it is updated first
+        m = new_state("m")
+        w_new = emit("lion_apply", [param, m, grad], {**lr, "beta1": opt["beta1"]})
+        b.kind = Kind.optimizer_state
+        m_new = emit("lion_m", [m, grad], {"beta2": opt["beta2"]})
+        return [(param, w_new), (m, m_new)]
     m, v = new_state("m"), new_state("v")
     b.kind = Kind.optimizer_state
     m_new = emit("adam_m", [m, grad, param], {"beta1": opt["beta1"], **wd})
     v_new = emit("adam_v", [v, grad, param], {"beta2": opt["beta2"], **wd})
     b.kind = Kind.param
-    w_new = emit("adam_apply", [param, m_new, v_new], {k: opt[k] for k in ("lr", "beta1", "beta2", "eps")})
+    w_new = emit("adam_apply", [param, m_new, v_new], {**lr, **{k: opt[k] for k in ("beta1", "beta2", "eps")}})
     return [(m, m_new), (v, v_new), (param, w_new)]
 
 

@@ -145,7 +145,7 @@ class Graph:
     # training graphs only (see autodiff.py):
     state: tuple[str, ...] = ()  # optimiser state: persistent like the params
     updates: tuple[tuple[str, str], ...] = ()  # (persistent tensor, the value that replaces it after a step)
-    grads: tuple[tuple[str, str], ...] = ()  # (param, its gradient)
+    grads: tuple[tuple[str, str], ...] = ()  # (param, its gradient as backprop makes it: times the loss scale if any)
     seed: str = ""  # the loss's gradient, where the backward pass starts (1, or the loss scale)
     microbatches: int = 1  # the step runs its batch as this many forward/backward passes (graph/microbatch.py)
 

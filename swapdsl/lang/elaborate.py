@@ -47,10 +47,18 @@ INITIALIZERS: dict[str, tuple[tuple[str, Any], ...]] = {
 }
 _INIT_ALIASES = {"xavier": "xavier_uniform", "he": "he_normal"}
 
+# every optimiser takes a schedule and clipping: warmup steps, then cosine, linear or step decay (0: off;
+# graph/ops/optim.learning_rate), min_lr, and clip (the gradients' global norm, 0: off); a hyper-parameter
+# of these or `nesterov` left at its default is not recorded, so models without them keep their graphs
+EXTRAS: tuple[tuple[str, Any], ...] = (("warmup", 0), ("cosine", 0), ("linear", 0), ("step_every", 0),
+                                       ("gamma", 0.1), ("min_lr", 0.0), ("clip", 0.0))
 OPTIMIZERS: dict[str, tuple[tuple[str, Any], ...]] = {
-    "sgd": (("lr", REQUIRED), ("momentum", 0.0), ("weight_decay", 0.0)),
-    "adam": (("lr", 1e-3), ("beta1", 0.9), ("beta2", 0.999), ("eps", 1e-8), ("weight_decay", 0.0)),
+    "sgd": (("lr", REQUIRED), ("momentum", 0.0), ("weight_decay", 0.0), ("nesterov", 0), *EXTRAS),
+    "adam": (("lr", 1e-3), ("beta1", 0.9), ("beta2", 0.999), ("eps", 1e-8), ("weight_decay", 0.0), *EXTRAS),
+    "adamw": (("lr", 1e-3), ("beta1", 0.9), ("beta2", 0.999), ("eps", 1e-8), ("weight_decay", 1e-2), *EXTRAS),
+    "lion": (("lr", 1e-4), ("beta1", 0.9), ("beta2", 0.99), ("weight_decay", 0.0), *EXTRAS),
 }
+_OMITTED_AT_DEFAULT = {*(k for k, _ in EXTRAS), "nesterov"}
 
 _DTYPES: dict[str, DType] = {d.label: d for d in DType}
 
@@ -90,6 +98,34 @@ def model_of(program: Program) -> ast.ModelDef:
         raise SwpError(f"`{program.entry}` defines {len(module.models)} models; a file holds one",
                        module.models[1].span)
     return module.models[0]
+
+
+def check_hparams(optimizer: str, v: dict[str, float], span: Span | None) -> None:
+    """The hyper-parameters an update can run with: rates and decays in range, a schedule that makes sense."""
+    def need(ok: bool, message: str) -> None:
+        if not ok:
+            raise SwpError(f"optimizer `{optimizer}`: {message}", span)
+
+    need(v["lr"] > 0 and math.isfinite(v["lr"]), f"`lr` must be positive, got {v['lr']}")
+    for key in ("beta1", "beta2"):
+        if key in v:
+            need(0 <= v[key] < 1, f"`{key}` must be in [0, 1), got {v[key]}")
+    need(0 <= v["weight_decay"] < 1e3, f"`weight_decay` must be in [0, 1000), got {v['weight_decay']}")
+    need(v.get("momentum", 0.0) >= 0, f"`momentum` must not be negative, got {v.get('momentum')}")
+    need(v.get("nesterov", 0) in (0, 1), "`nesterov` is 0 or 1")
+    need(not v.get("nesterov") or v["momentum"] > 0, "Nesterov momentum needs `momentum` > 0")
+    for key in ("warmup", "cosine", "linear", "step_every"):
+        need(v[key] >= 0 and v[key] == int(v[key]) and v[key] < 2**53, f"`{key}` is a whole number of steps, "
+             f"got {v[key]}")
+    decays = [k for k in ("cosine", "linear", "step_every") if v[k]]
+    need(len(decays) <= 1, f"one decay at a time, got {' and '.join(decays)}")
+    for key in ("cosine", "linear"):
+        need(not v[key] or v[key] > v["warmup"], f"`{key} = {v[key]:g}` is the step the decay ends; it must come "
+             f"after the warmup ({v['warmup']:g} steps)")
+    need(v["gamma"] > 0, f"`gamma` must be positive, got {v['gamma']}")
+    need(0 <= v["min_lr"] <= v["lr"], f"`min_lr` must be in [0, lr], got {v['min_lr']}")
+    need(v["clip"] >= 0 and math.isfinite(v["clip"]), f"`clip` (a global gradient norm) must not be negative, "
+         f"got {v['clip']}")
 
 
 # ---- model arguments ---------------------------------------------------------
@@ -320,9 +356,12 @@ class _Elaborator:
                            hints=["reduce it with mean(...) or sum(...)"])
         if s.optimizer not in OPTIMIZERS:
             raise SwpError(f"unknown optimizer `{s.optimizer}`", s.optimizer_span,
-                           hints=did_you_mean(s.optimizer, list(OPTIMIZERS)) or ["optimizers: sgd, adam"])
+                           hints=did_you_mean(s.optimizer, list(OPTIMIZERS)) or [f"optimizers: {', '.join(OPTIMIZERS)}"])
         bound = bind(f"optimizer `{s.optimizer}`", OPTIMIZERS[s.optimizer], self.args(s.args, frame), s.span)
-        hparams = tuple((k, self.number(b.value, f"`{k}`", b.span)) for k, b in bound.items())
+        values = {k: self.number(b.value, f"`{k}`", b.span) for k, b in bound.items()}
+        check_hparams(s.optimizer, values, s.span)
+        default = dict(OPTIMIZERS[s.optimizer])
+        hparams = tuple((k, v) for k, v in values.items() if k not in _OMITTED_AT_DEFAULT or v != default[k])
         self.loss = (loss, Optimizer(s.optimizer, hparams))
 
     def stmt_ReportStmt(self, s: ast.ReportStmt, frame: _Frame) -> None:

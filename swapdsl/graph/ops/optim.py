@@ -4,7 +4,11 @@ An update writes its new value into its output, which the plan may place over
 the value it replaces; the training graph records which new value replaces
 which persistent tensor at the end of a step. Updates run over flat chunks, so
 their temporaries stay small whatever the parameter's size.
-Weight decay is L2 (added to the gradient), as in torch.optim.SGD and Adam.
+Weight decay is L2 (added to the gradient) in ``sgd`` and ``adam``, as in torch.optim.SGD and Adam,
+and decoupled (the weight shrunk by lr * wd) in ``adamw`` and ``lion``, as in torch.optim.AdamW and
+the Lion paper (Chen et al. 2023, Algorithm 2).
+A learning-rate schedule (``SCHEDULE``) is read from the device's step counter too: warmup, then
+cosine, linear or step decay, as PyTorch's LinearLR, CosineAnnealingLR and StepLR give them.
 Every constant is formed in f64 from the hyper-parameters and rounded to the tensor's dtype once:
 forming ``1 - beta2`` in f32 would scale Adam's second moment by a factor other than 1. Adam's bias
 correction reads the step from the device's counter, so a step replays without the host.
@@ -31,13 +35,61 @@ def _decayed(c: KernelContext, g: Array, w: Array, a: Attrs, out: Array) -> Arra
     return out
 
 
+# the schedule's attributes and their defaults (an update op carries those that differ); 0 is off
+SCHEDULE = {"warmup": 0, "cosine": 0, "linear": 0, "step_every": 0, "gamma": 0.1, "min_lr": 0.0}
+
+
+def learning_rate(c: KernelContext, a: Attrs, dtype: Any) -> Any:
+    """This step's learning rate: ``lr`` as it is without a schedule; else formed in f64 from the device's
+    step counter and rounded to ``dtype`` once. With e the steps before this one (PyTorch's epoch count):
+    lr * min(1, (e + 1) / warmup), times the decay after the warmup, over p = (e - warmup) / (T - warmup)
+    clipped to [0, 1]: cosine to ``min_lr`` at T (``cosine = T``), linear to ``min_lr`` at T
+    (``linear = T``), or ``gamma`` every ``step_every`` steps."""
+    if not any(k in a for k in SCHEDULE):
+        return dtype.type(a["lr"])
+    xp, s = c.xp, {**SCHEDULE, **{k: a[k] for k in SCHEDULE if k in a}}
+    e, f, rate = c.scratch.take((), xp.float64), c.scratch.take((), xp.float64), c.scratch.take((), xp.float64)
+    xp.subtract(c.step, 1, out=e)
+    lr, low = xp.float64(a["lr"]), xp.float64(s["min_lr"])
+    rate.fill(a["lr"])
+    end = s["cosine"] or s["linear"]
+    if end:
+        xp.subtract(e, s["warmup"], out=f)
+        xp.clip(xp.divide(f, xp.float64(end - s["warmup"]), out=f), 0.0, 1.0, out=f)
+        if s["cosine"]:
+            xp.multiply(f, xp.float64(xp.pi), out=f)
+            xp.cos(f, out=f)
+            xp.add(f, 1.0, out=f)
+            xp.multiply(f, 0.5 * (lr - low), out=f)
+            xp.add(f, low, out=rate)
+        else:
+            xp.multiply(f, low - lr, out=f)
+            xp.add(f, lr, out=rate)
+    elif s["step_every"]:
+        xp.subtract(e, s["warmup"], out=f)
+        xp.maximum(f, 0.0, out=f)
+        xp.floor_divide(f, xp.float64(s["step_every"]), out=f)
+        xp.power(xp.float64(s["gamma"]), f, out=f)
+        xp.multiply(rate, f, out=rate)
+    if s["warmup"]:
+        xp.add(e, 1.0, out=f)
+        xp.divide(f, xp.float64(s["warmup"]), out=f)
+        xp.minimum(f, 1.0, out=f)
+        xp.multiply(rate, f, out=rate)
+    rounded = c.scratch.take((), dtype)
+    xp.copyto(rounded, rate, casting="unsafe")
+    return rounded
+
+
 def _sgd(c: KernelContext, ins: list[Array], out: Array, a: Attrs) -> None:
     w, g = ins
+    lr = learning_rate(c, a, w.dtype)
+    mark = c.scratch.used
     for k in flat_chunks(out):
         t = c.scratch.take(out[k].shape, out.dtype)
-        c.xp.multiply(w.dtype.type(a["lr"]), _decayed(c, g[k], w[k], a, t), out=t)
+        c.xp.multiply(lr, _decayed(c, g[k], w[k], a, t), out=t)
         c.xp.subtract(w[k], t, out=out[k])
-        c.scratch.reset()
+        c.scratch.used = mark
 
 
 def _momentum(c: KernelContext, ins: list[Array], out: Array, a: Attrs) -> None:
@@ -52,10 +104,59 @@ def _momentum(c: KernelContext, ins: list[Array], out: Array, a: Attrs) -> None:
 
 def _sgd_apply(c: KernelContext, ins: list[Array], out: Array, a: Attrs) -> None:
     w, m = ins
+    lr = learning_rate(c, a, w.dtype)
+    mark = c.scratch.used
     for k in flat_chunks(out):
         t = c.scratch.take(out[k].shape, out.dtype)
-        c.xp.multiply(w.dtype.type(a["lr"]), m[k], out=t)
+        c.xp.multiply(lr, m[k], out=t)
         c.xp.subtract(w[k], t, out=out[k])
+        c.scratch.used = mark
+
+
+def _nesterov_apply(c: KernelContext, ins: list[Array], out: Array, a: Attrs) -> None:
+    """w - lr * (d + momentum * m), d = g + wd * w: SGD with Nesterov momentum as torch.optim.SGD has it."""
+    w, m, g = ins
+    lr = learning_rate(c, a, w.dtype)
+    mark = c.scratch.used
+    for k in flat_chunks(out):
+        t, u = c.scratch.take(out[k].shape, out.dtype), c.scratch.take(out[k].shape, out.dtype)
+        d = _decayed(c, g[k], w[k], a, t)
+        c.xp.multiply(m[k], w.dtype.type(a["momentum"]), out=u)
+        c.xp.add(d, u, out=u)
+        c.xp.multiply(lr, u, out=u)
+        c.xp.subtract(w[k], u, out=out[k])
+        c.scratch.used = mark
+
+
+def _lion_apply(c: KernelContext, ins: list[Array], out: Array, a: Attrs) -> None:
+    """w * (1 - lr * wd) - lr * sign(beta1 * m + (1 - beta1) * g) (Lion, Chen et al. 2023)."""
+    w, m, g = ins
+    xp = c.xp
+    lr = learning_rate(c, a, w.dtype)
+    keep = c.scratch.take((), w.dtype)
+    xp.multiply(lr, w.dtype.type(a.get("decoupled_wd", 0.0)), out=keep)
+    xp.subtract(w.dtype.type(1), keep, out=keep)
+    mark = c.scratch.used
+    for k in flat_chunks(out):
+        t, u = c.scratch.take(out[k].shape, out.dtype), c.scratch.take(out[k].shape, out.dtype)
+        xp.multiply(g[k], w.dtype.type(1.0 - a["beta1"]), out=t)
+        xp.multiply(m[k], w.dtype.type(a["beta1"]), out=u)
+        xp.add(t, u, out=t)
+        xp.sign(t, out=t)
+        xp.multiply(lr, t, out=t)
+        xp.multiply(w[k], keep, out=u)
+        xp.subtract(u, t, out=out[k])
+        c.scratch.used = mark
+
+
+def _lion_m(c: KernelContext, ins: list[Array], out: Array, a: Attrs) -> None:
+    """beta2 * m + (1 - beta2) * g: Lion's momentum, updated after the weight read the old one."""
+    m, g = ins
+    for k in flat_chunks(out):
+        t = c.scratch.take(out[k].shape, out.dtype)
+        c.xp.multiply(g[k], m.dtype.type(1.0 - a["beta2"]), out=t)
+        c.xp.multiply(m[k], m.dtype.type(a["beta2"]), out=out[k])
+        c.xp.add(out[k], t, out=out[k])
         c.scratch.reset()
 
 
@@ -94,10 +195,17 @@ def bias_correction(c: KernelContext, beta: float, dtype: Any) -> Array:
 
 
 def _adam_apply(c: KernelContext, ins: list[Array], out: Array, a: Attrs) -> None:
-    """w - lr * (m / (1 - b1^t)) / (sqrt(v / (1 - b2^t)) + eps)."""
+    """w * (1 - lr * wd) - lr * (m / (1 - b1^t)) / (sqrt(v / (1 - b2^t)) + eps); wd is AdamW's decoupled
+    weight decay (``decoupled_wd``; Adam's own is L2, in ``adam_m`` and ``adam_v``)."""
     w, m, v = ins
     xp = c.xp
     c1, c2 = bias_correction(c, a["beta1"], m.dtype), bias_correction(c, a["beta2"], v.dtype)
+    lr = learning_rate(c, a, w.dtype)
+    wd = a.get("decoupled_wd", 0.0)
+    if wd:
+        keep = c.scratch.take((), w.dtype)
+        xp.multiply(lr, w.dtype.type(wd), out=keep)
+        xp.subtract(w.dtype.type(1), keep, out=keep)
     mark = c.scratch.used
     for k in flat_chunks(out):
         t, u = c.scratch.take(out[k].shape, out.dtype), c.scratch.take(out[k].shape, out.dtype)
@@ -105,9 +213,13 @@ def _adam_apply(c: KernelContext, ins: list[Array], out: Array, a: Attrs) -> Non
         xp.sqrt(t, out=t)
         xp.add(t, w.dtype.type(a["eps"]), out=t)
         xp.multiply(m[k], c1, out=u)
-        xp.multiply(w.dtype.type(a["lr"]), u, out=u)
+        xp.multiply(lr, u, out=u)
         xp.divide(u, t, out=u)
-        xp.subtract(w[k], u, out=out[k])
+        if wd:
+            xp.multiply(w[k], keep, out=t)
+            xp.subtract(t, u, out=out[k])
+        else:
+            xp.subtract(w[k], u, out=out[k])
         c.scratch.used = mark
 
 
@@ -117,10 +229,14 @@ def flat_chunks(out: Array) -> list[slice]:
     return chunks(out.size, 2 * out.dtype.itemsize, out.nbytes)
 
 
-def _update_scratch(temporaries: int, scalars: int = 0):  # noqa: ANN202
+def _update_scratch(temporaries: int, scalars: int = 0, lr: bool = False):  # noqa: ANN202
+    """``scalars`` pairs of an f64 and a rounded scalar (bias corrections); with ``lr``, what
+    ``learning_rate`` takes (three f64 and a rounded scalar) and the decoupled decay's factor."""
     def rule(ins: Types, out: TensorType, a: Attrs) -> int:
         chunk = chunk_len(out.numel, 2 * out.dtype.itemsize, out.nbytes) * out.dtype.itemsize
-        return buffers(*([8, out.dtype.itemsize] * scalars), *([chunk] * temporaries))
+        scheduled = lr and (any(k in a for k in SCHEDULE) or a.get("decoupled_wd"))
+        rate = [8, 8, 8, out.dtype.itemsize, out.dtype.itemsize] if scheduled else []
+        return buffers(*([8, out.dtype.itemsize] * scalars), *rate, *([chunk] * temporaries))
 
     return rule
 
@@ -129,9 +245,10 @@ def _like_first(ins: Types, a: Attrs) -> TensorType:
     return ins[0]
 
 
-def _update(name: str, arity: int, flops: int, kernel, temporaries: int = 1, scalars: int = 0) -> OpDef:  # noqa: ANN001
+def _update(name: str, arity: int, flops: int, kernel, temporaries: int = 1, scalars: int = 0,  # noqa: ANN001
+            lr: bool = False) -> OpDef:
     return OpDef(name, (arity, arity), _like_first, per_element(flops), _flat(kernel), in_place=True,
-                 scratch=_update_scratch(temporaries, scalars))
+                 scratch=_update_scratch(temporaries, scalars, lr))
 
 
 def _flat(kernel):  # noqa: ANN001, ANN202
@@ -179,6 +296,43 @@ def _all_finite_scratch(ins: Types, out: TensorType, a: Attrs) -> int:
     return buffers(4, 4, widest, 1)
 
 
+def _global_norm(c: KernelContext, ins: list[Array], out: Array, a: Attrs) -> None:
+    """The L2 norm of every input's elements at once, summed in ``out``'s type a chunk at a time."""
+    xp = c.xp
+    acc, part = c.scratch.take((), out.dtype), c.scratch.take((), out.dtype)
+    acc.fill(0)
+    mark = c.scratch.used
+    for x in ins:
+        flat = x.reshape(-1)
+        for k in flat_chunks(flat):
+            t = c.scratch.take(flat[k].shape, out.dtype)
+            xp.multiply(flat[k], flat[k], out=t, dtype=out.dtype)
+            xp.sum(t, out=part)
+            xp.add(acc, part, out=acc)
+            c.scratch.used = mark
+    xp.sqrt(acc, out=out)
+
+
+def _global_norm_scratch(ins: Types, out: TensorType, a: Attrs) -> int:
+    widest = max((chunk_len(t.numel, 2 * t.dtype.itemsize, t.nbytes) * 8 for t in ins), default=0)
+    return buffers(8, 8, widest)
+
+
+def _clip_factor(c: KernelContext, ins: list[Array], out: Array, a: Attrs) -> None:
+    """min(1, max_norm / (norm + 1e-6)), as torch.nn.utils.clip_grad_norm_ forms it."""
+    xp = c.xp
+    xp.add(ins[0], out.dtype.type(1e-6), out=out)
+    xp.divide(out.dtype.type(a["max_norm"]), out, out=out)
+    xp.minimum(out, out.dtype.type(1), out=out)
+
+
+def _norm_infer(ins: Types, a: Attrs) -> TensorType:
+    for t in ins:
+        if not t.dtype.is_float:
+            raise SwpError(f"`global_norm` reads floating-point gradients, got {t}")
+    return TensorType((), DType.f64 if all(t.dtype is DType.f64 for t in ins) else DType.f32)
+
+
 def _scalar_state(ins: Types, a: Attrs) -> TensorType:
     for t in ins:
         if t.shape != () or t.dtype is not DType.f32:
@@ -219,13 +373,19 @@ register(
     OpDef("loss_scale_next", (3, 3), _scalar_state, lambda ins, out, a: 8, _scale_next, in_place=True,
           scratch=lambda i, o, a: buffers(4, 4, 1, 1)),
     OpDef("good_steps_next", (2, 2), _scalar_state, lambda ins, out, a: 3, _good_next, in_place=True),
+    OpDef("global_norm", (1, None), _norm_infer, lambda ins, out, a: 2 * sum(t.numel for t in ins), _global_norm,
+          scratch=_global_norm_scratch),
+    OpDef("clip_factor", (1, 1), _norm_infer, lambda ins, out, a: 3, _clip_factor),
 )
 
 register(
-    _update("sgd", 2, 3, _sgd),
+    _update("sgd", 2, 3, _sgd, lr=True),
     _update("momentum", 3, 4, _momentum),
-    _update("sgd_apply", 2, 2, _sgd_apply),
+    _update("sgd_apply", 2, 2, _sgd_apply, lr=True),
+    _update("nesterov_apply", 3, 6, _nesterov_apply, temporaries=2, lr=True),
     _update("adam_m", 3, 5, _adam_m),
     _update("adam_v", 3, 6, _adam_v, temporaries=2),
-    _update("adam_apply", 3, 6, _adam_apply, temporaries=2, scalars=2),
+    _update("adam_apply", 3, 8, _adam_apply, temporaries=2, scalars=2, lr=True),
+    _update("lion_apply", 3, 7, _lion_apply, temporaries=2, lr=True),
+    _update("lion_m", 2, 3, _lion_m),
 )

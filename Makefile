@@ -25,8 +25,6 @@ $(VENV)/.installed-examples: $(BIN)/python pyproject.toml setup.py swapdsl/plann
 	$(BIN)/python -m pip install -q -e '.[examples]'
 	@touch $@ $(VENV)/.installed
 
-# mlp on 8x8 digits, deep enough that 1/3 of its no-swap memory (799 KiB) is above its smallest cap (241 KiB)
-DIGITS := -D features=64 -D hidden=128 -D depth=4 -D lr=0.002
 
 # What the demo writes (plans, figures, the digits data, checkpoint, log), where you can find it.
 OUT := demo-output
@@ -47,7 +45,7 @@ demo: $(VENV)/.installed-examples
 	$(BIN)/swapdsl exec $(OUT)/tiny.plan --steps 5 --check
 	@echo "== real data: scikit-learn's handwritten digits, trained under 1/3 of the memory the step needs unswapped"
 	$(BIN)/python examples/digits.py $(OUT)/digits
-	$(BIN)/swapdsl optimize stdlib/models/mlp.swp $(DIGITS) --memory 266KiB --method ga --budget 5 -o $(OUT)/digits.plan
+	$(BIN)/swapdsl optimize examples/digits.swp --memory 1/3 --method ga --budget 5 -o $(OUT)/digits.plan
 	@rm -f $(OUT)/digits.jsonl
 	$(BIN)/swapdsl exec $(OUT)/digits.plan --data $(OUT)/digits/train --shuffle --epochs 60 --eval $(OUT)/digits/test \
 		--eval-every 330 --save $(OUT)/digits.safetensors --log $(OUT)/digits.jsonl

@@ -188,8 +188,10 @@ def _deferred_updates(b: _Builder, fwd: Graph, param_grads: list[tuple[str, str]
 def _clipped(b: _Builder, param_grads: list[tuple[str, str]], max_norm: float) -> str:
     """Every gradient times min(1, max_norm / (norm + 1e-6)), norm the L2 norm of all of them at once (as
     torch.nn.utils.clip_grad_norm_); returns the norm."""
-    b.kind, b.label = Kind.gradient, "gradients' global norm"
-    norm = b.emit("global_norm", [g for _, g in param_grads])
+    b.kind, b.label = Kind.gradient, "a gradient's sum of squares"
+    squares = [b.emit("sum_squares", [g]) for _, g in param_grads]
+    b.label = "gradients' global norm"
+    norm = b.emit("global_norm", squares)
     b.label = "clipping factor"
     factor = b.emit("clip_factor", [norm], {"max_norm": max_norm})
     b.label = "clipped gradient"

@@ -296,26 +296,33 @@ def _all_finite_scratch(ins: Types, out: TensorType, a: Attrs) -> int:
     return buffers(4, 4, widest, 1)
 
 
-def _global_norm(c: KernelContext, ins: list[Array], out: Array, a: Attrs) -> None:
-    """The L2 norm of every input's elements at once, summed in ``out``'s type a chunk at a time."""
+def _sum_squares(c: KernelContext, ins: list[Array], out: Array, a: Attrs) -> None:
+    """The sum of the squares of a gradient's elements, in ``out``'s type, a chunk at a time: one per
+    gradient, so that clipping never needs every gradient on the device at once."""
     xp = c.xp
-    acc, part = c.scratch.take((), out.dtype), c.scratch.take((), out.dtype)
-    acc.fill(0)
+    part = c.scratch.take((), out.dtype)
+    out.fill(0)
     mark = c.scratch.used
+    flat = ins[0].reshape(-1)
+    for k in flat_chunks(flat):
+        t = c.scratch.take(flat[k].shape, out.dtype)
+        xp.multiply(flat[k], flat[k], out=t, dtype=out.dtype)
+        xp.sum(t, out=part)
+        xp.add(out, part, out=out)
+        c.scratch.used = mark
+
+
+def _sum_squares_scratch(ins: Types, out: TensorType, a: Attrs) -> int:
+    t = ins[0]
+    return buffers(8, chunk_len(t.numel, 2 * t.dtype.itemsize, t.nbytes) * 8)
+
+
+def _global_norm(c: KernelContext, ins: list[Array], out: Array, a: Attrs) -> None:
+    """The square root of the sum of the gradients' ``sum_squares``: their L2 norm all at once."""
+    out.fill(0)
     for x in ins:
-        flat = x.reshape(-1)
-        for k in flat_chunks(flat):
-            t = c.scratch.take(flat[k].shape, out.dtype)
-            xp.multiply(flat[k], flat[k], out=t, dtype=out.dtype)
-            xp.sum(t, out=part)
-            xp.add(acc, part, out=acc)
-            c.scratch.used = mark
-    xp.sqrt(acc, out=out)
-
-
-def _global_norm_scratch(ins: Types, out: TensorType, a: Attrs) -> int:
-    widest = max((chunk_len(t.numel, 2 * t.dtype.itemsize, t.nbytes) * 8 for t in ins), default=0)
-    return buffers(8, 8, widest)
+        c.xp.add(out, x, out=out)
+    c.xp.sqrt(out, out=out)
 
 
 def _clip_factor(c: KernelContext, ins: list[Array], out: Array, a: Attrs) -> None:
@@ -329,7 +336,7 @@ def _clip_factor(c: KernelContext, ins: list[Array], out: Array, a: Attrs) -> No
 def _norm_infer(ins: Types, a: Attrs) -> TensorType:
     for t in ins:
         if not t.dtype.is_float:
-            raise SwpError(f"`global_norm` reads floating-point gradients, got {t}")
+            raise SwpError(f"a gradient norm reads floating-point tensors, got {t}")
     return TensorType((), DType.f64 if all(t.dtype is DType.f64 for t in ins) else DType.f32)
 
 
@@ -373,8 +380,9 @@ register(
     OpDef("loss_scale_next", (3, 3), _scalar_state, lambda ins, out, a: 8, _scale_next, in_place=True,
           scratch=lambda i, o, a: buffers(4, 4, 1, 1)),
     OpDef("good_steps_next", (2, 2), _scalar_state, lambda ins, out, a: 3, _good_next, in_place=True),
-    OpDef("global_norm", (1, None), _norm_infer, lambda ins, out, a: 2 * sum(t.numel for t in ins), _global_norm,
-          scratch=_global_norm_scratch),
+    OpDef("sum_squares", (1, 1), _norm_infer, lambda ins, out, a: 2 * ins[0].numel, _sum_squares,
+          scratch=_sum_squares_scratch),
+    OpDef("global_norm", (1, None), _norm_infer, lambda ins, out, a: len(ins) + 1, _global_norm),
     OpDef("clip_factor", (1, 1), _norm_infer, lambda ins, out, a: 3, _clip_factor),
 )
 

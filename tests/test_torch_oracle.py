@@ -133,3 +133,21 @@ def test_micro_batches_sum_to_one_pytorch_step_over_the_whole_batch(model: str, 
     their_loss, theirs = loss_and_grads(swapdsl.load(MODELS / f"{model}.swp", **args).graph, values)
     assert float(env[t.loss]) == pytest.approx(their_loss, rel=1e-6)
     assert _relative(ours, theirs) < 1e-6
+
+
+@pytest.mark.parametrize("op, attrs, theirs", [
+    ("silu", {}, lambda x: torch.nn.functional.silu(x)),
+    ("leaky_relu", {"slope": 0.01}, lambda x: torch.nn.functional.leaky_relu(x, 0.01)),
+    ("leaky_relu", {"slope": 0.3}, lambda x: torch.nn.functional.leaky_relu(x, 0.3)),
+])
+def test_activations_and_their_gradients_match_pytorch(op: str, attrs: dict, theirs) -> None:  # noqa: ANN001
+    x = np.concatenate([np.random.default_rng(2).standard_normal(4096) * 4, [0.0, -1e4, 1e4, -88.0, 88.0]])
+    x = x.astype(np.float32)
+    g = np.random.default_rng(3).standard_normal(x.size).astype(np.float32)
+    tx = torch.from_numpy(x.copy()).requires_grad_(True)
+    ty = theirs(tx)
+    ty.backward(torch.from_numpy(g))
+    ours = np.asarray(run_kernel(np, op, [x.copy()], attrs, 1))
+    our_grad = np.asarray(run_kernel(np, f"{op}_grad", [x.copy(), g.copy()], attrs, 1))
+    np.testing.assert_allclose(ours, ty.detach().numpy(), rtol=1e-6, atol=1e-7)
+    np.testing.assert_allclose(our_grad, tx.grad.numpy(), rtol=1e-5, atol=1e-6)

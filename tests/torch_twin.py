@@ -42,6 +42,8 @@ OPS: dict[str, Callable[..., torch.Tensor]] = {
     "gelu": lambda a, x: F.gelu(x, approximate="tanh"),
     "tanh": lambda a, x: torch.tanh(x),
     "sigmoid": lambda a, x: torch.sigmoid(x),
+    "silu": lambda a, x: F.silu(x),
+    "leaky_relu": lambda a, x: F.leaky_relu(x, a["slope"]),
     "exp": lambda a, x: torch.exp(x),
     "log": lambda a, x: torch.log(x),
     "sqrt": lambda a, x: torch.sqrt(x),

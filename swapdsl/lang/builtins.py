@@ -146,6 +146,12 @@ def _dropout(em: Emitter, a: Args, span: Span) -> Value:
     return em.emit("dropout", [a["x"]], {"p": a["p"], "seed": seed}, span)
 
 
+def _leaky(em: Emitter, a: Args, span: Span) -> Value:
+    if not 0.0 <= a["slope"] < 1.0:
+        raise SwpError(f"leaky_relu slope must be in [0, 1), got {a['slope']}", span)
+    return em.emit("leaky_relu", [a["x"]], {"slope": a["slope"]}, span)
+
+
 def _conv2d(em: Emitter, a: Args, span: Span) -> Value:
     for key in ("stride", "dilation"):
         if min(a[key]) < 1:
@@ -298,6 +304,8 @@ def _table() -> dict[str, Builtin]:
         _unary("gelu"),
         _unary("tanh", math.tanh),
         _unary("sigmoid"),
+        _unary("silu"),
+        Builtin("leaky_relu", (X, ("slope", "float", 0.01)), _leaky),
         _unary("exp", math.exp),
         _unary("log", _static_log),
         _unary("sqrt", _static_sqrt),

@@ -128,6 +128,43 @@ def _sigmoid(c: KernelContext, ins: list[Array], out: Array, a: Attrs, start: in
     xp.divide(e, out, out=out)
 
 
+def _silu(c: KernelContext, ins: list[Array], out: Array, a: Attrs, start: int = 0) -> None:
+    """x * sigmoid(x) (SiLU, or swish)."""
+    (x,) = ins
+    s = c.scratch.take(x.shape, x.dtype)
+    _sigmoid(c, [x], s, a)
+    c.xp.multiply(x, s, out=out)
+
+
+def _silu_grad(c: KernelContext, ins: list[Array], out: Array, a: Attrs, start: int = 0) -> None:
+    """g * s * (1 + x * (1 - s)), s = sigmoid(x)."""
+    x, g = ins
+    xp = c.xp
+    s, t = c.scratch.take(x.shape, x.dtype), c.scratch.take(x.shape, x.dtype)
+    _sigmoid(c, [x], s, a)
+    xp.subtract(x.dtype.type(1), s, out=t)
+    xp.multiply(x, t, out=t)
+    xp.add(t, x.dtype.type(1), out=t)
+    xp.multiply(s, t, out=t)
+    xp.multiply(g, t, out=out)
+
+
+def _leaky_relu(c: KernelContext, ins: list[Array], out: Array, a: Attrs) -> None:
+    """max(x, slope * x): x where positive, slope * x elsewhere (0 <= slope < 1)."""
+    (x,) = ins
+    c.xp.multiply(x, x.dtype.type(a["slope"]), out=out)
+    c.xp.maximum(x, out, out=out)
+
+
+def _leaky_relu_grad(c: KernelContext, ins: list[Array], out: Array, a: Attrs, start: int = 0) -> None:
+    """g where x > 0, else slope * g (at 0 too, as PyTorch)."""
+    x, g = ins
+    positive = c.scratch.take(x.shape, c.xp.bool_)
+    c.xp.greater(x, 0, out=positive)
+    c.xp.multiply(g, g.dtype.type(a["slope"]), out=out)
+    c.xp.copyto(out, g, where=positive)
+
+
 def _in_flat_chunks(kernel, *itemsizes: int) -> tuple[Any, Cost]:  # noqa: ANN001
     """An element-wise kernel over same-shaped operands, run on flat chunks so that its temporaries (one per
     item size given; 0: the operand's own) stay small; and its scratch rule."""
@@ -264,6 +301,9 @@ def _dropout(c: KernelContext, ins: list[Array], out: Array, a: Attrs, start: in
 
 _DROPOUT = _in_flat_chunks(_dropout, 4, 4, 1)  # the bits, a shift temporary, the keep-mask
 _SIGMOID = _in_flat_chunks(_sigmoid, 0, 1)  # exp(-|x|), the sign mask
+_SILU = _in_flat_chunks(_silu, 0, 0, 1)  # the sigmoid, and its temporaries
+_SILU_GRAD = _in_flat_chunks(_silu_grad, 0, 0, 0, 1)
+_LEAKY_GRAD = _in_flat_chunks(_leaky_relu_grad, 1)  # the mask
 
 
 def _cast(c: KernelContext, ins: list[Array], out: Array, a: Attrs) -> None:
@@ -395,6 +435,10 @@ register(
     _backward("tanh_grad", 3, _tanh_grad),
     _unary("sigmoid", 4, _SIGMOID[0], _grad_via("sigmoid_grad", True), _SIGMOID[1]),
     _backward("sigmoid_grad", 3, _sigmoid_grad),
+    _unary("silu", 6, _SILU[0], _grad_via("silu_grad", False), _SILU[1]),
+    _backward("silu_grad", 10, *_SILU_GRAD),
+    _unary("leaky_relu", 2, _leaky_relu, _grad_via("leaky_relu_grad", False)),
+    _backward("leaky_relu_grad", 2, *_LEAKY_GRAD),
     _unary("exp", 2, _u("exp"), _exp_grad),
     _unary("log", 2, _u("log"), _log_grad),
     _unary("sqrt", 2, _u("sqrt"), _sqrt_grad),

@@ -348,26 +348,38 @@ def _emit(hook: Callable | None, record: StepRecord | EvalRecord | SaveRecord, l
         hook(record)
 
 
-def evaluator(trainer: Stepper, forward: Stepper) -> Evaluator:
+def evaluator(trainer: Stepper, forward: Stepper, tail: Callable[[int], Stepper | None] | None = None) -> Evaluator:
     """Evaluation by ``forward`` (an executor of ``autodiff.evaluation_graph``) from ``trainer``'s state: the
-    mean loss and reports over the held-out data's whole batches. ``forward`` may share ``trainer``'s device
-    arena (a plan's evaluation runs inside the training plan's cap), so the trainer's state is put back."""
+    loss and reports over the held-out data, each batch weighed by its examples; the last partial batch
+    by ``tail(rows)``, an executor of the evaluation graph at that batch (None: it is left out).
+    ``forward`` and ``tail``'s may share ``trainer``'s device arena (a plan's evaluation runs inside the
+    training plan's cap), so the trainer's state is put back."""
 
     def run(ds: Dataset, step: int) -> EvalRecord:
         started = time.perf_counter()
         state = trainer.state()
         forward.load_state(state, forward.steps_run)
-        losses, metrics = [], []
-        for k in range(ds.batches_per_epoch):
-            forward.set_batch(gather(ds, slice(k * ds.batch, (k + 1) * ds.batch)))
-            losses.append(forward.run_step(forward.steps_run + 1)[0])
-            metrics.append(forward.metrics())
+        parts = [_evaluated(forward, gather(ds, slice(k * ds.batch, (k + 1) * ds.batch)), ds.batch)
+                 for k in range(ds.batches_per_epoch)]
+        left = ds.dropped
+        extra = tail(left) if left and tail is not None else None
+        if extra is not None:
+            whole = ds.batches_per_epoch * ds.batch
+            extra.load_state(state, extra.steps_run)
+            parts.append(_evaluated(extra, gather(ds, slice(whole, whole + left)), left))
+            left = 0
         trainer.load_state(state, trainer.steps_run)
-        mean = {name: float(np.mean([m[name] for m in metrics])) for name in metrics[0]}
-        return EvalRecord(step, float(np.mean(losses)), mean, ds.batches_per_epoch * ds.batch, ds.dropped,
+        n = sum(w for _, _, w in parts)
+        mean = {name: sum(m[name] * w for _, m, w in parts) / n for name in parts[0][1]}
+        return EvalRecord(step, sum(loss * w for loss, _, w in parts) / n, mean, n, left,
                           1e3 * (time.perf_counter() - started))
 
     return run
+
+
+def _evaluated(forward: Stepper, batch: dict[str, np.ndarray], rows: int) -> tuple[float, dict[str, float], int]:
+    forward.set_batch(batch)
+    return forward.run_step(forward.steps_run + 1)[0], forward.metrics(), rows
 
 
 class StopRequest(threading.Event):

@@ -298,9 +298,22 @@ def _train_reference(m: Model, opts: Options, backend: str, hooks: Hooks) -> Exe
     trainer = reference.Trainer(m.training, seed, xp)
     evaluate = None
     if opts.eval:
-        evaluate = training.evaluator(trainer, reference.Trainer(m.evaluation, seed, xp))
+        def tail(rows: int) -> reference.Trainer | None:
+            at = _at_batch(m, rows)
+            return None if at is None else reference.Trainer(at.evaluation, seed, xp)
+
+        evaluate = training.evaluator(trainer, reference.Trainer(m.evaluation, seed, xp), functools.cache(tail))
     outcome = training.train(m.training, trainer, opts, hooks, evaluate)
     return _execution(m.graph.name, name, opts, outcome)
+
+
+def _at_batch(m: Model, rows: int) -> Model | None:
+    """``m`` at a batch of ``rows`` in one pass (a held-out set's last partial batch); None if ``m`` has no
+    ``batch`` argument."""
+    batch = m.args.get("batch")
+    if not isinstance(batch, int) or isinstance(batch, bool):
+        return None
+    return load(m.path, {**m.args, "batch": rows}, m.graph.precision, m.graph.guard)
 
 
 def _execution(model: str, backend: str, opts: Options, outcome: Outcome, figures: dict | None = None,
@@ -325,11 +338,11 @@ def execute_plan(plan: Plan, train: Graph | None, steps: int | None = None, seed
                         kernel_delay_s=kernel_delay_s, graph=graph, tf32=tf32)
     f = simulate(plan)
     moved = (int(f["h2d_bytes"]), int(f["d2h_bytes"]))
-    forward = None
+    forward: list[PlanRunner] = []
     try:
         evaluate = None
         if opts.eval:
-            evaluate, forward = _plan_evaluator(plan, runner, name, xp, seed)
+            evaluate = _plan_evaluator(plan, runner, name, xp, seed, forward)
         beside = _beside(train, seed, xp) if check else None
         held, host = [0], []
         step_hook = _hooks(hooks, on_step).on_step
@@ -343,8 +356,8 @@ def execute_plan(plan: Plan, train: Graph | None, steps: int | None = None, seed
         outcome = training.train(train, runner, opts, attrs.evolve(hooks, on_step=observe), evaluate, beside, moved)
     finally:
         runner.close()
-        if forward is not None:
-            forward.close()
+        for f_ in forward:
+            f_.close()
     figures = {"h2d_bytes": moved[0], "d2h_bytes": moved[1],
                "cap_bytes": plan.cap, "scratch_bytes": plan.scratch, "device_arena_bytes": int(runner.arena.nbytes),
                "device_bytes_allocated": held[0], "host_arena_bytes": int(runner.host.nbytes),
@@ -354,16 +367,29 @@ def execute_plan(plan: Plan, train: Graph | None, steps: int | None = None, seed
     return _execution(train.name, name, opts, outcome, figures, check)
 
 
-def _plan_evaluator(plan: Plan, runner: PlanRunner, backend: str, xp: ModuleType,
-                    seed: int) -> tuple[training.Evaluator, PlanRunner]:
+def _plan_evaluator(plan: Plan, runner: PlanRunner, backend: str, xp: ModuleType, seed: int,
+                    made: list[PlanRunner]) -> training.Evaluator:
     """Evaluation inside the training plan's arena: the forward graph planned (belady: quick, and never worse
-    placed than the training step's forward part needs) under the same cap."""
-    g = _model_of(plan).evaluation
-    forward_plan = plan_with(Request(g, plan.device, plan.cap, plan.model_path, plan.args), "belady")
-    state = runner.state()
-    forward = PlanRunner(forward_plan, g, backend, xp, seed, graph=False, arena=runner.arena)
-    runner.load_state(state, runner.steps_run)  # the forward runner's start wrote over the shared arena
-    return training.evaluator(runner, forward), forward
+    placed than the training step's forward part needs) under the same cap; the held-out data's last
+    partial batch by the forward graph at its size, where that plans under the cap (else it is left out).
+    The runners it makes go into ``made`` (the caller closes them)."""
+    model = _model_of(plan)
+
+    def forward_at(g: Graph, args: tuple[tuple[str, int | float | bool], ...]) -> PlanRunner:
+        forward_plan = plan_with(Request(g, plan.device, plan.cap, plan.model_path, args), "belady")
+        state = runner.state()
+        made.append(PlanRunner(forward_plan, g, backend, xp, seed, graph=False, arena=runner.arena))
+        runner.load_state(state, runner.steps_run)  # the forward runner's start wrote over the shared arena
+        return made[-1]
+
+    def tail(rows: int) -> PlanRunner | None:
+        at = _at_batch(model, rows)
+        try:
+            return None if at is None else forward_at(at.evaluation, at.graph.args)
+        except SwpError:  # the partial batch's forward graph does not plan under the cap
+            return None
+
+    return training.evaluator(runner, forward_at(model.evaluation, plan.args), functools.cache(tail))
 
 
 def _beside(train: Graph, seed: int, xp: ModuleType) -> training.Beside:

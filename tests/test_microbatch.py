@@ -197,3 +197,15 @@ def test_below_the_floor_the_error_names_the_op_and_the_micro_batches_that_fit(c
     assert "--microbatches 2 (or auto) fits it" in err
     code, _, err = cli("optimize", model, "--memory", "200KiB", "--method", "belady")
     assert code == 2 and "micro-batches do not bring it under the cap" in err
+
+
+def test_running_statistics_are_threaded_through_the_micro_batches() -> None:
+    t = swapdsl.load(MODELS / "tiny_resnet.swp", microbatches=3, batch=6, image=8, width=4, blocks=1).training
+    made = {op.outputs[0]: op for op in t.ops}
+    for old, new in t.updates:
+        if old.endswith(".running_mean"):
+            chain, value = [], new
+            while value != old:  # back through the micro-batches' updates to the state itself
+                chain.append(value)
+                value = made[value].inputs[0]
+            assert len(chain) == 3

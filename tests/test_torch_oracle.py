@@ -151,3 +151,26 @@ def test_activations_and_their_gradients_match_pytorch(op: str, attrs: dict, the
     our_grad = np.asarray(run_kernel(np, f"{op}_grad", [x.copy(), g.copy()], attrs, 1))
     np.testing.assert_allclose(ours, ty.detach().numpy(), rtol=1e-6, atol=1e-7)
     np.testing.assert_allclose(our_grad, tx.grad.numpy(), rtol=1e-5, atol=1e-6)
+
+
+def test_batch_norm_running_statistics_and_evaluation_match_pytorch() -> None:
+    """Three training batches through torch.nn.BatchNorm2d (momentum 0.1, unbiased running variance), then
+    eval(): our running-statistic updates and batch_norm_eval give the same statistics and outputs."""
+    rng = np.random.default_rng(5)
+    bn = torch.nn.BatchNorm2d(6, momentum=0.1)
+    with torch.no_grad():
+        bn.weight.copy_(torch.from_numpy(rng.uniform(0.5, 1.5, 6).astype(np.float32)))
+        bn.bias.copy_(torch.from_numpy(rng.uniform(-1, 1, 6).astype(np.float32)))
+    mean, var = np.zeros(6, np.float32), np.ones(6, np.float32)
+    for _ in range(3):
+        x = (rng.standard_normal((4, 6, 5, 5)) * 3 + 1).astype(np.float32)
+        bn.train()(torch.from_numpy(x))
+        mean = np.asarray(run_kernel(np, "batch_norm_running_mean", [mean, x], {"momentum": 0.1}, 1))
+        var = np.asarray(run_kernel(np, "batch_norm_running_var", [var, x], {"momentum": 0.1}, 1))
+    np.testing.assert_allclose(mean, bn.running_mean.numpy(), rtol=1e-6, atol=1e-7)
+    np.testing.assert_allclose(var, bn.running_var.numpy(), rtol=1e-6)
+    x = rng.standard_normal((3, 6, 4, 4)).astype(np.float32)
+    theirs = bn.eval()(torch.from_numpy(x)).detach().numpy()
+    ours = run_kernel(np, "batch_norm_eval", [x, bn.weight.detach().numpy(), bn.bias.detach().numpy(), mean, var],
+                      {"eps": 1e-5}, 1)
+    np.testing.assert_allclose(np.asarray(ours), theirs, rtol=1e-5, atol=1e-6)

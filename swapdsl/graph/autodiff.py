@@ -121,6 +121,10 @@ def training_graph(fwd: Graph) -> Graph:
     deferred = fwd.guard != "none" or bool(dict(fwd.optimizer.hparams).get("clip"))  # updates after the backward
     for i in range(len(forward) - 1, -1, -1):
         op = forward[i]
+        if op.op == "batch_norm":
+            kind, label = b.kind, b.label
+            updates += _labelled_updates(b, _running_updates(b, fwd, op, state))
+            b.kind, b.label = kind, label
         g = _gradient(b, op.outputs[0], grads, pieces)
         if g is not None:
             _backprop(b, op, g, grads, pieces, needs_grad)
@@ -223,11 +227,10 @@ def _report_state(b: _Builder, fwd: Graph, updates: list[tuple[str, str]], state
 def evaluation_graph(fwd: Graph) -> Graph:
     """What evaluation runs: the forward ops of the loss and the reports, dropout off (an identity), the
     parameters read and never written; each report as metric state like ``training_graph``'s."""
-    forward = [Op("mul_scalar", op.inputs, op.outputs, (("value", 1.0),), op.span) if op.op == "dropout" else op
-               for op in live_forward_ops(fwd)]
     b = _Builder(fwd)
     updates: list[tuple[str, str]] = []
     state: list[str] = []
+    forward = [_evaluated(b, fwd, op, state) for op in live_forward_ops(fwd)]
     _report_state(b, fwd, updates, state)
     ops_ = tuple(forward) + tuple(b.ops)
     read = {n for op in ops_ for n in op.inputs}
@@ -235,6 +238,45 @@ def evaluation_graph(fwd: Graph) -> Graph:
     return attrs.evolve(fwd, tensors={n: t for n, t in b.tensors.items() if n in used}, ops=ops_,
                         params=tuple(p for p in fwd.params if p in read), state=tuple(state),
                         updates=tuple(updates), grads=())
+
+
+def _evaluated(b: _Builder, fwd: Graph, op: Op, state: list[str]) -> Op:
+    """The op as evaluation runs it: dropout an identity; batch norm with its running statistics."""
+    if op.op == "dropout":
+        return Op("mul_scalar", op.inputs, op.outputs, (("value", 1.0),), op.span)
+    if op.op == "batch_norm":
+        stats = _running_state(b, fwd, op, state)
+        return Op("batch_norm_eval", (*op.inputs, *stats), op.outputs, op.attrs, op.span)
+    return op
+
+
+BN_MOMENTUM = 0.1  # torch.nn.BatchNorm2d's
+
+
+def _running_state(b: _Builder, fwd: Graph, op: Op, state: list[str]) -> tuple[str, str]:
+    """A batch norm's running mean and variance (state kept across steps and saved in checkpoints), named
+    after its scale parameter: ``PREFIX.running_mean`` for ``PREFIX.scale``."""
+    scale = op.inputs[1]
+    maker = next((o for o in fwd.ops if o.outputs[0] == scale and o.op == "cast"), None)
+    param = maker.inputs[0] if maker is not None else scale
+    prefix = param[:-len(".scale")] if param.endswith(".scale") else param
+    typ = TensorType(b.type(param).shape, b.type(param).dtype)
+    names = []
+    for suffix, init in (("running_mean", "zeros"), ("running_var", "ones")):
+        name = f"{prefix}.{suffix}"
+        if name not in b.tensors:
+            b.add_tensor(name, typ, Kind.optimizer_state, Init(init))
+            state.append(name)
+        names.append(name)
+    return names[0], names[1]
+
+
+def _running_updates(b: _Builder, fwd: Graph, op: Op, state: list[str]) -> list[tuple[str, str]]:
+    """The running statistics' updates from this batch norm's input (each in place, as torch's)."""
+    mean, var = _running_state(b, fwd, op, state)
+    b.span, b.kind = op.span, Kind.optimizer_state
+    return [(mean, b.emit("batch_norm_running_mean", [mean, op.inputs[0]], {"momentum": BN_MOMENTUM})),
+            (var, b.emit("batch_norm_running_var", [var, op.inputs[0]], {"momentum": BN_MOMENTUM}))]
 
 
 def _backprop(b: _Builder, op: Op, g: str, grads: dict[str, str], pieces: dict[str, list[_Piece]],

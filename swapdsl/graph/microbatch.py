@@ -14,6 +14,8 @@ times, in order, so that each micro-batch's activations die before the next one'
   run once, where they stood in the last micro-batch, so an update still follows its gradient's end;
 - the loss and every report made from a micro-batch are the mean of the k micro-batches' values (exact
   for means, such as a loss or an accuracy; a report must be a scalar);
+- state that a micro-batch updates itself (batch norm's running statistics) is threaded through them:
+  micro-batch i updates the value micro-batch i - 1 left, as k forward passes in PyTorch would;
 - dropout in micro-batch i is told where its rows start in the whole batch (``offset``), so its mask is
   the one the whole batch would draw when the batch is its first axis.
 
@@ -97,6 +99,9 @@ class _Pass:
         self.summed = {grad: grad for _, grad in g.grads}  # a micro-batch's gradient -> the sum so far
         self.averaged = self._averaged()  # the loss and the reports made per micro-batch -> the sum so far
         self.shared: dict[str, str] = {}  # the loss's gradient -> its copy scaled by 1/k
+        made_once = self.once - set(g.persistent)
+        self.threaded = {new: old for old, new in g.updates if new not in made_once}  # updated per micro-batch
+        self.latest: dict[str, str] = {}  # such state -> its newest value so far
 
     def _averaged(self) -> dict[str, str]:
         per_batch = {n for i, op in enumerate(self.g.ops) if i not in self.after | self.before for n in op.outputs}
@@ -125,6 +130,7 @@ class _Pass:
             g, tensors=self.tensors, ops=tuple(self.ops), loss=final.get(g.loss, g.loss),
             reports=tuple((n, final.get(t, t)) for n, t in g.reports),
             grads=tuple((p, self.summed[grad]) for p, grad in g.grads),
+            updates=tuple((old, self.latest.get(old, new)) for old, new in g.updates),
             seed=self.shared.get(g.seed, g.seed), microbatches=self.k)
 
     def _micro_batch(self, i: int) -> None:
@@ -151,10 +157,14 @@ class _Pass:
                 self._scale_seed()
             for old, new in zip(op.outputs, outs):
                 self._accumulate(old, new, i)
+                if old in self.threaded:
+                    self.latest[self.threaded[old]] = new
 
     def _read(self, name: str, names: dict[str, str]) -> str:
         if name in self.shared:
             return self.shared[name]
+        if name in self.latest:
+            return self.latest[name]
         return name if name in self.once else names[name]
 
     def _emit(self, op: Op, originals: Iterable[str], i: int) -> None:

@@ -223,6 +223,71 @@ def _norm_scratch(kind: str, full: int, reduced: int, acc: bool = False):  # noq
     return rule
 
 
+# ---- batch norm's running statistics (as torch.nn.BatchNorm2d keeps them) ------------------------------
+#
+# Training updates each running statistic in place from the batch: r = (1 - momentum) * r + momentum * s,
+# s the batch's per-channel mean, or its unbiased variance; evaluation normalises with them.
+
+
+def _running_infer(ins: Types, a: Attrs) -> TensorType:
+    r, x = ins
+    floating("batch_norm running statistics", x)
+    if x.rank < 2 or r.shape != (x.shape[1],) or not r.dtype.is_float:
+        raise SwpError(f"a running statistic is a float vector over the input's channels, got {r} for {x}")
+    return r
+
+
+def _running(statistic: str):  # noqa: ANN202
+    def kernel(c: KernelContext, ins: list[Array], out: Array, a: Attrs) -> None:
+        r, x = ins
+        xp, f, m = c.xp, _frame("batch", x, 1), a["momentum"]
+        for _, (xc, rc, oc) in _tiles(f, [f.x, r, out], 2):
+            dt = _compute_dtype(xp, xc)
+            s = c.scratch.take((1, xc.shape[1], 1), dt)
+            xp.mean(xc, axis=(0, 2), keepdims=True, dtype=dt, out=s)
+            if statistic == "var":
+                d = c.scratch.take(xc.shape, dt)
+                xp.subtract(xc, s, out=d)
+                xp.multiply(d, d, out=d)
+                xp.sum(d, axis=(0, 2), keepdims=True, out=s)
+                xp.divide(s, s.dtype.type(max(xc.shape[0] * xc.shape[2] - 1, 1)), out=s)
+            xp.multiply(rc, rc.dtype.type(1.0 - m), out=oc)
+            xp.multiply(s, s.dtype.type(m), out=s)
+            xp.add(oc, s, out=oc, casting="unsafe")
+            c.scratch.reset()
+
+    return kernel
+
+
+def _running_scratch(ins: Types, out: TensorType, a: Attrs) -> int:
+    return _norm_scratch("batch", 1, 1)((ins[1], ins[0]), out, a)
+
+
+def _batch_norm_eval_infer(ins: Types, a: Attrs) -> TensorType:
+    x, g, b, rm, rv = ins
+    out = _batch_norm_infer((x, g, b), a)
+    if rm.shape != (x.shape[1],) or rv.shape != (x.shape[1],):
+        raise SwpError(f"`batch_norm_eval` running statistics must be vectors over the channels, got {rm}, {rv}")
+    return out
+
+
+def _batch_norm_eval(c: KernelContext, ins: list[Array], out: Array, a: Attrs) -> None:
+    """scale * (x - running mean) / sqrt(running var + eps) + shift, as one multiply-add per element."""
+    x, scale, shift, rm, rv = ins
+    xp, f = c.xp, _frame("batch", x, 1)
+    for _, (xc, oc, sc, bc, mc, vc) in _tiles(f, [f.x, out.reshape(f.x.shape), scale, shift, rm, rv], 1):
+        dt = _compute_dtype(xp, xc)
+        k, t = c.scratch.take(sc.shape, dt), c.scratch.take(sc.shape, dt)
+        xp.add(vc, k.dtype.type(a["eps"]), out=k, casting="unsafe")
+        xp.sqrt(k, out=k)
+        xp.divide(sc, k, out=k, casting="unsafe")
+        xp.multiply(mc, k, out=t, casting="unsafe")
+        xp.subtract(bc, t, out=t, casting="unsafe")
+        xp.multiply(xc, k, out=oc, casting="unsafe")
+        xp.add(oc, t, out=oc, casting="unsafe")
+        c.scratch.reset()
+
+
 def _norm_grad(kind: str):  # noqa: ANN202
     def rule(b: GradBuilder, ins: tuple[str, ...], out: str, g: str, a: Attrs) -> tuple[str | None, ...]:
         x, scale, _ = ins
@@ -389,6 +454,12 @@ register(
           _norm_grad_kernel("batch"), scratch=_norm_scratch("batch", 4, 3)),
     OpDef("batch_norm_dscale", (2, 2), _dscale_infer("batch"), per_input_element(10), _norm_dscale_kernel("batch"),
           scratch=_norm_scratch("batch", 2, 1)),
+    OpDef("batch_norm_running_mean", (2, 2), _running_infer, lambda ins, o, a: 3 * ins[1].numel, _running("mean"),
+          in_place=True, scratch=_running_scratch),
+    OpDef("batch_norm_running_var", (2, 2), _running_infer, lambda ins, o, a: 5 * ins[1].numel, _running("var"),
+          in_place=True, scratch=_running_scratch),
+    OpDef("batch_norm_eval", (5, 5), _batch_norm_eval_infer, per_element(2), _batch_norm_eval,
+          scratch=_norm_scratch("batch", 0, 2)),
     OpDef("pad2d", (1, 1), _pad2d_infer, lambda ins, o, a: 0, _pad2d, _pad2d_grad),
     OpDef("crop2d", (1, 1), _crop2d_infer, lambda ins, o, a: 0, _crop2d),
     OpDef("causal_mask", (1, 1), _causal_infer, per_element(1), _causal, _causal_grad,

@@ -18,7 +18,7 @@ from typing import Any
 
 __version__ = "0.1.0"
 __all__ = ["Execution", "Hooks", "Model", "Options", "SearchOptions", "SearchProgress", "SwpError", "execute", "load",
-           "optimize", "read", "save", "simulate"]
+           "optimize", "predict", "read", "save", "simulate"]
 
 
 def __getattr__(name: str) -> Any:

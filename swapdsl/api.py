@@ -24,7 +24,7 @@ from swapdsl.common.errors import Span, SwpError
 from swapdsl.common.units import format_bytes, parse_share, parse_size
 from swapdsl.devices.profiles import BUILTIN, DEFAULT_DEVICE, Device, load_device
 from swapdsl.graph.analysis import peak_bytes, summary, training_summary
-from swapdsl.graph.autodiff import evaluation_graph, training_graph
+from swapdsl.graph.autodiff import evaluation_graph, prediction_graph, training_graph
 from swapdsl.graph.checker import check_graph
 from swapdsl.graph.ir import Graph
 from swapdsl.graph.precision import GUARDS, PRECISIONS, autocast, default_guard
@@ -43,7 +43,10 @@ from swapdsl.planning.optimize import optimize as plan_with
 from swapdsl.planning.optimize import AUTO_MAX_OPS, optimize_microbatches
 from swapdsl.planning.problem import Problem, Request
 from swapdsl.planning.sizing import BelowSmallestCap, least_cap
-from swapdsl.runtime import reference, training
+from swapdsl.runtime import checkpoint, reference, training
+from swapdsl.runtime.data import init_persistent
+from swapdsl.runtime.dataset import open_dataset
+from swapdsl.runtime.predict import predict as run_predict
 from swapdsl.runtime.backend import array_module, device_bytes_held, require_memory, separate_pool
 from swapdsl.runtime.interpreter import PlanRunner, check_runnable
 from swapdsl.runtime.training import Hooks, Options, Outcome
@@ -305,6 +308,62 @@ def _train_reference(m: Model, opts: Options, backend: str, hooks: Hooks) -> Exe
         evaluate = training.evaluator(trainer, reference.Trainer(m.evaluation, seed, xp), functools.cache(tail))
     outcome = training.train(m.training, trainer, opts, hooks, evaluate)
     return _execution(m.graph.name, name, opts, outcome)
+
+
+def predict(target: Plan | Model | str | Path, data: str, init: str | None = None, backend: str = "auto",
+            seed: int = 0) -> dict[str, np.ndarray]:
+    """The model's outputs (its `output` statements) for every example in ``data`` (a folder of ``.npy`` or
+    an ``.npz`` with the inputs the outputs need), from the parameters and running statistics in the
+    checkpoint ``init`` (else the seed's initialisation). A plan runs the prediction graph planned under its
+    cap (``belady``) at its micro-batch size; a model, the reference executor."""
+    plan = read(target) if isinstance(target, (str, Path)) and is_plan_file(target) else (
+        target if isinstance(target, Plan) else None)
+    m = _model_of(plan) if plan is not None else target if isinstance(target, Model) else load(target)
+    rows = int(m.args["batch"]) // m.microbatches if m.microbatches > 1 else None
+    base = _at_batch(m, rows) if rows else m
+    assert base is not None
+    g = prediction_graph(base.graph)
+    check_graph(g)
+    name, xp = array_module(backend)
+    check_runnable(g, name)
+    made: list[PlanRunner] = []
+
+    def stepper(graph: Graph, args: tuple[tuple[str, int | float | bool], ...]) -> training.Stepper:
+        if plan is None:
+            return reference.Trainer(graph, seed, xp)
+        forward = plan_with(Request(graph, plan.device, plan.cap, plan.model_path, args), "belady")
+        made.append(PlanRunner(forward, graph, name, xp, seed, graph=False))
+        return made[-1]
+
+    def tail(r: int) -> training.Stepper | None:
+        at = _at_batch(base, r)
+        try:
+            return None if at is None else stepper(prediction_graph(at.graph), at.graph.args)
+        except SwpError:
+            return None
+
+    ds = open_dataset(data, g)
+    state = _init_values(init, g, seed)
+    try:
+        return run_predict(g, stepper(g, base.graph.args), functools.cache(tail), ds, state)
+    finally:
+        for r in made:
+            r.close()
+
+
+def _init_values(init: str | None, g: Graph, seed: int) -> dict[str, np.ndarray]:
+    """The persistent values a prediction starts from: a checkpoint's (parameters and running statistics,
+    checked), else the seed's."""
+    values = {k: np.asarray(v) for k, v in init_persistent(g, seed, np).items() if not k.startswith("output/")}
+    if init is not None:
+        ck = checkpoint.read(init, "--init")
+        values.update(checkpoint.parameters(ck, g))
+        for k in (s for s in g.state if not s.startswith("output/")):  # batch norm's running statistics
+            if k not in ck.values or ck.values[k].shape != g.type_of(k).shape:
+                raise SwpError(f"--init `{init}` has no running statistic `{k}` of shape {list(g.type_of(k).shape)}",
+                               hints=["give a checkpoint that `exec --save` wrote for this model"])
+            values[k] = ck.values[k]
+    return values
 
 
 def _at_batch(m: Model, rows: int) -> Model | None:

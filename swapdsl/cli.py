@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any, NoReturn, TextIO
 
 from swapdsl import __version__, api
-from swapdsl.common.atomic import check_writable, write_text_atomically
+from swapdsl.common.atomic import check_writable, write_bytes_atomically, write_text_atomically
 from swapdsl.common.errors import SwpError
 from swapdsl.common.units import format_bytes, format_count, parse_share, parse_size
 from swapdsl.devices.profiles import BUILTIN, DEFAULT_DEVICE, detect_device, load_device
@@ -30,6 +30,7 @@ from swapdsl.planning.optimize import HOST_UPDATES, METHOD_NAMES
 from swapdsl.runtime.backend import BACKENDS, array_module
 from swapdsl.runtime.progress import Progress
 from swapdsl.runtime import training
+from swapdsl.runtime.predict import npz_bytes
 from swapdsl.runtime.dataset import Dataset
 from swapdsl.runtime.log import plot_log, read_log
 from swapdsl.runtime.interpreter import check_runnable
@@ -229,6 +230,23 @@ def _print_run(run: api.Execution, check: bool) -> None:
             print(f"  note: the simulated step is for a {f['simulated_device']} GPU, the device the plan was made "
                   f"for, not this CPU; `swapdsl profile MODEL.swp -o cpu.json` measures this machine and "
                   f"`swapdsl optimize ... --device cpu.json` plans for it")
+
+
+def _cmd_predict(args: argparse.Namespace) -> int:
+    check_writable(args.output, "prediction")
+    if api.is_plan_file(args.file):
+        if args.define:
+            raise SwpError("-D does not apply to a plan: its model arguments are fixed in the plan")
+        target: Any = args.file
+    else:
+        target = _load(args)
+    started = time.perf_counter()
+    outputs = api.predict(target, args.data, args.init, args.backend, args.seed)
+    write_bytes_atomically(args.output, npz_bytes(outputs), "prediction")
+    rows = next(iter(outputs.values())).shape[0]
+    shapes = ", ".join(f"{k} {list(v.shape)} {v.dtype}" for k, v in outputs.items())
+    print(f"{args.output}: {rows} examples ({shapes}) in {time.perf_counter() - started:.1f} s")
+    return 0
 
 
 def _cmd_plot_log(args: argparse.Namespace) -> int:
@@ -476,6 +494,21 @@ def make_parser() -> argparse.ArgumentParser:
                          "about 1e-3 relative from the FP32 reference instead of 1e-6")
     ex.add_argument("--json", action="store_true", help="print one JSON object instead of a line per step")
     ex.set_defaults(handler=_cmd_exec)
+
+    pd = sub.add_parser("predict", help="a model's outputs for every example: a plan's forward graph under its cap, "
+                        "or a .swp model with the reference executor")
+    pd.add_argument("file", metavar="FILE.plan|FILE.swp")
+    pd.add_argument("-D", dest="define", action="append", default=[], metavar="NAME=VALUE",
+                    help="(models) override a model argument (repeatable)")
+    pd.add_argument("--data", required=True, metavar="DIR|FILE.npz",
+                    help="the inputs the outputs need: NAME.npy per input in a folder, or one .npz")
+    pd.add_argument("--init", metavar="FILE.safetensors", help="the parameters (and running statistics) to "
+                    "predict with, as `exec --save` wrote them (default: the seed's initialisation)")
+    pd.add_argument("-o", dest="output", required=True, metavar="FILE.npz",
+                    help="write each `output` of the model, one row per example in the data's order")
+    pd.add_argument("--seed", type=_count(0, MAX_SEED - 1), default=0, help="seed of the initialisation without --init")
+    pd.add_argument("--backend", choices=BACKENDS, default="auto", help="array backend (default auto)")
+    pd.set_defaults(handler=_cmd_predict, precision=None, guard=None, microbatches=None)
 
     pl = sub.add_parser("plot-log", help="draw a training log (exec --log): loss and reports against the step")
     pl.add_argument("file", metavar="FILE.jsonl")

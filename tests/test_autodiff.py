@@ -48,7 +48,8 @@ def loss_of(g: Graph, env: dict[str, np.ndarray]) -> float:
 
 def analytic_grads(t: Graph, env: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
     grads = dict(t.grads)
-    out = run_ops(t, dict(env), np, 1, keep=grads.values())
+    state = {name: v for name, v in init_persistent(t, 0, np).items() if name in t.state}  # running statistics
+    out = run_ops(t, {**state, **env}, np, 1, keep=grads.values())
     return {p: out[g] for p, g in grads.items()}
 
 

@@ -56,17 +56,20 @@ OPTIONS: dict[str, list[str]] = {
     "--microbatches": ["2", "1", "auto", "3", "0", "x", "99999", ""],
 }
 FLAGS = ["--json", "--check", "--ir", "--training", "--help", "--version", "--shuffle"]
-COMMANDS = ["check", "exec", "optimize", "simulate", "show", "profile", "plot-log", "bench", "devices", "bogus"]
+COMMANDS = ["check", "exec", "optimize", "simulate", "show", "profile", "plot-log", "bench", "predict", "devices",
+            "bogus"]
 # what keeps a good command line short: no search of a minute, no zoo-wide bench
 QUICK = {"optimize": ["--memory", "64KiB", "--budget", "0.2", "--generations", "2", "--workers", "1"],
          "bench": ["--models", "mlp", "--ratios", "2", "--methods", "lru", "--budget", "0.2"],
-         "exec": ["--steps", "1"], "profile": ["--repeat", "1"], "plot-log": ["-o", "p.png"]}
+         "exec": ["--steps", "1"], "profile": ["--repeat", "1"], "plot-log": ["-o", "p.png"],
+         "predict": ["--data", "d", "-o", "pred.npz"]}
 
 
 @pytest.fixture(scope="module")
 def folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
     d = tmp_path_factory.mktemp("cli")
-    write(d / "m.swp", (MODELS / "mlp.swp").read_text())
+    with_output = "    output label = argmax(logits)\n    report accuracy"  # (so `predict` gets past the model)
+    write(d / "m.swp", (MODELS / "mlp.swp").read_text().replace("    report accuracy", with_output))
     assert main(["optimize", str(d / "m.swp"), "--memory", "64KiB", "--method", "belady", *SMALL,
                  "-o", str(d / "m.plan")]) == 0
     (d / "folder").mkdir()

@@ -19,7 +19,7 @@ from typing import Any
 
 import attrs
 
-from swapdsl.common.errors import Span
+from swapdsl.common.errors import Span, SwpError
 from swapdsl.graph import ops
 from swapdsl.graph.ir import DType, Graph, Init, Kind, Op, Tensor, TensorType
 from swapdsl.graph.ops.optim import SCHEDULE
@@ -81,9 +81,9 @@ class _Builder:
         return name
 
 
-def live_forward_ops(fwd: Graph) -> list[Op]:
-    """The forward ops the loss and the reports depend on, in program order."""
-    needed = {fwd.loss} | {tensor for _, tensor in fwd.reports}
+def live_forward_ops(fwd: Graph, targets: set[str] | None = None) -> list[Op]:
+    """The forward ops the loss and the reports (or ``targets``) depend on, in program order."""
+    needed = {fwd.loss} | {tensor for _, tensor in fwd.reports} if targets is None else set(targets)
     keep: list[Op] = []
     for op in reversed(fwd.ops):
         if needed.intersection(op.outputs):
@@ -236,6 +236,34 @@ def evaluation_graph(fwd: Graph) -> Graph:
     read = {n for op in ops_ for n in op.inputs}
     used = read | {n for op in ops_ for n in op.outputs} | set(fwd.inputs)
     return attrs.evolve(fwd, tensors={n: t for n, t in b.tensors.items() if n in used}, ops=ops_,
+                        params=tuple(p for p in fwd.params if p in read), state=tuple(state),
+                        updates=tuple(updates), grads=())
+
+
+def prediction_graph(fwd: Graph) -> Graph:
+    """What `predict` runs: the forward ops the model's outputs depend on, as evaluation runs them, reading
+    only the inputs those need (no labels); each output kept as state that every step overwrites (as a
+    report is, so planners keep it to the end of the step), and a constant 0 for the loss."""
+    if not fwd.outputs:
+        raise SwpError(f"model `{fwd.name}` has no `output`, so there is nothing to predict",
+                       hints=["name what to predict in the model: `output logits = ...` (docs/language.md)"])
+    b = _Builder(fwd)
+    updates: list[tuple[str, str]] = []
+    state: list[str] = []
+    forward = [_evaluated(b, fwd, op, state) for op in live_forward_ops(fwd, {t for _, t in fwd.outputs})]
+    b.kind = Kind.metric
+    for name, tensor in fwd.outputs:
+        b.label = f"output {name}"
+        old = b.add_tensor(f"output/{name}", b.type(tensor), Kind.metric, Init("zeros"))
+        updates.append((old, b.emit("report", [old, tensor], {"name": name})))
+        state.append(old)
+    b.kind, b.label = Kind.activation, "no loss"
+    loss = b.emit("fill", [], {"shape": (), "value": 0.0, "dtype": "f32"})
+    ops_ = tuple(forward) + tuple(b.ops)
+    read = {n for op in ops_ for n in op.inputs}
+    used = read | {n for op in ops_ for n in op.outputs}
+    return attrs.evolve(fwd, tensors={n: t for n, t in b.tensors.items() if n in used}, ops=ops_,
+                        inputs=tuple(i for i in fwd.inputs if i in read), loss=loss, reports=(),
                         params=tuple(p for p in fwd.params if p in read), state=tuple(state),
                         updates=tuple(updates), grads=())
 

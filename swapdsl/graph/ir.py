@@ -142,6 +142,7 @@ class Graph:
     precision: str = "f32"  # the mixed-precision policy applied (graph/precision.py): f32, bf16 or f16
     guard: str = "none"  # none, skip (updates gated on finite gradients) or scale (and dynamic loss scaling)
     reports: tuple[tuple[str, str], ...] = ()  # (name, the tensor holding it): figures beside the loss
+    outputs: tuple[tuple[str, str], ...] = ()  # (name, the tensor holding it): what `predict` writes, per example
     # training graphs only (see autodiff.py):
     state: tuple[str, ...] = ()  # optimiser state: persistent like the params
     updates: tuple[tuple[str, str], ...] = ()  # (persistent tensor, the value that replaces it after a step)

@@ -164,13 +164,20 @@ class ReportStmt:
 
 
 @attrs.frozen
+class OutputStmt:
+    name: str
+    value: Expr
+    span: Span
+
+
+@attrs.frozen
 class AssertStmt:
     test: Expr
     message: Expr | None
     span: Span
 
 
-Stmt = Union[InputStmt, ParamStmt, AssignStmt, ReturnStmt, ForStmt, IfStmt, MinimizeStmt, ReportStmt,
+Stmt = Union[InputStmt, ParamStmt, AssignStmt, ReturnStmt, ForStmt, IfStmt, MinimizeStmt, ReportStmt, OutputStmt,
              AssertStmt]
 
 # ---- top level ---------------------------------------------------------------

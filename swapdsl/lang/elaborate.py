@@ -234,6 +234,7 @@ class _Elaborator:
         self.at: Span | None = None  # the statement being elaborated
         self.loss: tuple[TensorVal, Optimizer] | None = None
         self.reports: dict[str, TensorVal] = {}
+        self.outputs: dict[str, TensorVal] = {}
         self.visible = {path: self._visible_functions(path) for path in program.modules}
 
     def run(self, overrides: Mapping[str, Override]) -> Graph:
@@ -247,7 +248,8 @@ class _Elaborator:
         loss, opt = self.loss
         return Graph(model.name, tuple(args.items()), self.tensors, tuple(self.ops), tuple(self.inputs),
                      tuple(self.params), loss.name, opt, self.program.sha256,
-                     reports=tuple((k, v.name) for k, v in self.reports.items()))
+                     reports=tuple((k, v.name) for k, v in self.reports.items()),
+                     outputs=tuple((k, v.name) for k, v in self.outputs.items()))
 
     # -- functions visible from a module
 
@@ -374,6 +376,18 @@ class _Elaborator:
             raise SwpError(f"a report must be a scalar tensor, got {describe(value)}", s.value.span,
                            hints=["reduce it with mean(...) or sum(...)"])
         self.reports[s.name] = value
+        frame.env[s.name] = value
+
+    def stmt_OutputStmt(self, s: ast.OutputStmt, frame: _Frame) -> None:
+        if not frame.in_model:
+            raise SwpError("`output` is only allowed in a model", s.span)
+        if s.name in self.outputs or s.name in self.reports:
+            raise SwpError(f"`{s.name}` is an output or report already", s.span, hints=["give each its own name"])
+        value = self.expr(s.value, frame)
+        if not isinstance(value, TensorVal) or value.type.rank == 0:
+            raise SwpError(f"an output has a row per example (its first axis), got {describe(value)}", s.value.span,
+                           hints=["`predict` writes each output's rows for every example; a scalar is a `report`"])
+        self.outputs[s.name] = value
         frame.env[s.name] = value
 
     # -- types and initialisers

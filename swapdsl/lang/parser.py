@@ -248,6 +248,9 @@ class _ToAst(Transformer_NonRecursive):  # without recursion: a sum of 10,000 te
     def report_stmt(self, meta: Any, c: list[Any]) -> ast.ReportStmt:
         return ast.ReportStmt(str(c[0]), c[1], self._span(meta))
 
+    def output_stmt(self, meta: Any, c: list[Any]) -> ast.OutputStmt:
+        return ast.OutputStmt(str(c[0]), c[1], self._span(meta))
+
     def assert_stmt(self, meta: Any, c: list[Any]) -> ast.AssertStmt:
         return ast.AssertStmt(c[0], c[1], self._span(meta))
 

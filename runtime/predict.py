@@ -1,0 +1,49 @@
+"""Inference: a model's outputs for every example of a data set, by an executor of its prediction graph
+(``autodiff.prediction_graph``), a batch at a time in order; the last partial batch by an executor of the
+graph at its size. What it returns ``swapdsl predict`` writes to one ``.npz``."""
+
+from __future__ import annotations
+
+import io
+from collections.abc import Callable
+
+import numpy as np
+
+from swapdsl.common.errors import SwpError
+from swapdsl.graph.ir import Graph
+from swapdsl.runtime.dataset import Dataset, gather
+from swapdsl.runtime.training import Stepper
+
+
+def predict(g: Graph, forward: Stepper, tail: Callable[[int], Stepper | None], ds: Dataset,
+            state: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """Each output of ``g`` (by name) for every example of ``ds``, rows in the data's order, computed from
+    the persistent values ``state`` (parameters and running statistics)."""
+    parts: dict[str, list[np.ndarray]] = {name: [] for name, _ in g.outputs}
+    forward.load_state(state, 0)
+    for k in range(ds.batches_per_epoch):
+        _run(forward, gather(ds, slice(k * ds.batch, (k + 1) * ds.batch)), parts)
+    if ds.dropped:
+        extra = tail(ds.dropped)
+        if extra is None:
+            raise SwpError(f"the last {ds.dropped} examples of `{ds.path}` make a partial batch that does not "
+                           "plan under the cap", hints=[f"give a multiple of {ds.batch} examples"])
+        extra.load_state(state, 0)
+        whole = ds.batches_per_epoch * ds.batch
+        _run(extra, gather(ds, slice(whole, whole + ds.dropped)), parts)
+    return {name: np.concatenate(p) for name, p in parts.items()}
+
+
+def _run(stepper: Stepper, batch: dict[str, np.ndarray], parts: dict[str, list[np.ndarray]]) -> None:
+    stepper.set_batch(batch)
+    stepper.run_step(stepper.steps_run + 1)
+    values = stepper.state()
+    for name, p in parts.items():
+        p.append(np.array(values[f"output/{name}"]))
+
+
+def npz_bytes(arrays: dict[str, np.ndarray]) -> bytes:
+    """``arrays`` as an uncompressed ``.npz`` file's bytes (written atomically by the caller)."""
+    buffer = io.BytesIO()
+    np.savez(buffer, **arrays)
+    return buffer.getvalue()

@@ -1,0 +1,96 @@
+"""Inference (issue 38, item 7): `output` statements, the prediction graph, `swapdsl predict` on a plan
+(under its cap) and on a model (the reference executor), and its refusals."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import swapdsl
+from conftest import MODELS, write
+from swapdsl.common.errors import SwpError
+from swapdsl.graph.autodiff import prediction_graph
+from swapdsl.graph.checker import check_graph
+
+MLP = (MODELS / "mlp.swp").read_text().replace(
+    "    report accuracy = mean(cast(argmax(logits) == y, f32))\n",
+    "    report accuracy = mean(cast(argmax(logits) == y, f32))\n    output logits = logits\n"
+    "    output label = argmax(logits)\n")
+ARGS = ["-D", "batch=8", "-D", "features=16", "-D", "hidden=32", "-D", "lr=0.05"]
+
+
+@pytest.fixture(scope="module")
+def folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    d = tmp_path_factory.mktemp("predict")
+    write(d / "m.swp", MLP)
+    rng = np.random.default_rng(0)
+    for name, n in (("train", 96), ("test", 29)):
+        x = rng.standard_normal((n, 16)).astype(np.float32)
+        (d / name).mkdir()
+        np.save(d / name / "x.npy", x)
+        np.save(d / name / "y.npy", np.argmax(x[:, :10], axis=1).astype(np.int32))
+    return d
+
+
+def test_the_prediction_graph_reads_no_labels(tmp_path: Path) -> None:
+    m = swapdsl.load(write(tmp_path / "m.swp", MLP), batch=4, features=8, hidden=8)
+    g = prediction_graph(m.graph)
+    check_graph(g)
+    assert g.inputs == ("x",) and g.state == ("output/logits", "output/label") and not g.grads
+
+
+def test_predict_on_a_plan_and_on_its_model_agree_with_evaluation(cli, folder: Path) -> None:
+    m = folder / "m.swp"
+    assert cli("optimize", m, *ARGS, "--memory", "2/3", "--method", "belady", "-o", folder / "m.plan")[0] == 0
+    code, out, err = cli("exec", folder / "m.plan", "--data", folder / "train", "--epochs", "4", "--eval",
+                         folder / "test", "--save", folder / "m.st", "--json")
+    assert code == 0, err
+    import json
+    accuracy = json.loads(out)["eval"][-1]["metrics"]["accuracy"]
+    for target, extra in ((folder / "m.plan", []), (m, ARGS)):
+        code, out, err = cli("predict", target, *extra, "--data", folder / "test", "--init", folder / "m.st",
+                             "-o", folder / f"{target.suffix[1:]}.npz")
+        assert code == 0, err
+        assert "29 examples" in out
+    a, b = np.load(folder / "plan.npz"), np.load(folder / "swp.npz")
+    assert a["logits"].shape == (29, 10) and a["label"].dtype == np.int32
+    np.testing.assert_array_equal(a["logits"], b["logits"])
+    y = np.load(folder / "test" / "y.npy")
+    assert float(np.mean(a["label"] == y)) == pytest.approx(accuracy, abs=1e-6)
+    np.testing.assert_array_equal(a["label"], np.argmax(a["logits"], axis=1))
+
+
+@pytest.mark.parametrize("case, message", [
+    ("no-output", "has no `output`"), ("missing-init", "no such checkpoint file"),
+    ("other-init", "--init"), ("no-data", "--data"), ("bad-out", "prediction"), ("labels-only", "has no array"),
+])
+def test_bad_requests_are_refused(cli, folder: Path, case: str, message: str) -> None:
+    plain = write(folder / "plain.swp", (MODELS / "mlp.swp").read_text())
+    other = folder / "other.st"
+    if case == "other-init" and not other.exists():
+        assert cli("exec", plain, "-D", "batch=8", "--steps", "1", "--save", other)[0] == 0
+    only_y = folder / "only_y"
+    only_y.mkdir(exist_ok=True)
+    np.save(only_y / "y.npy", np.zeros(8, np.int32))
+    argv = {"no-output": [plain, *ARGS, "--data", folder / "test"],
+            "missing-init": [folder / "m.swp", *ARGS, "--data", folder / "test", "--init", folder / "none.st"],
+            "other-init": [folder / "m.swp", *ARGS, "--data", folder / "test", "--init", other],
+            "no-data": [folder / "m.swp", *ARGS, "--data", folder / "nothing"],
+            "bad-out": [folder / "m.swp", *ARGS, "--data", folder / "test"],
+            "labels-only": [folder / "m.swp", *ARGS, "--data", only_y]}[case]
+    out = folder / "folder-out" if case == "bad-out" else folder / f"{case}.npz"
+    if case == "bad-out":
+        out.mkdir(exist_ok=True)
+    code, _, err = cli("predict", *argv, "-o", out)
+    assert code == 2 and message in err and "Traceback" not in err
+    assert case == "bad-out" or not out.exists()
+
+
+@pytest.mark.parametrize("line, message", [("output loss2 = loss", "row per example"),
+                                           ("output accuracy = logits", "already")])
+def test_bad_outputs_are_refused(tmp_path: Path, line: str, message: str) -> None:
+    text = MLP.replace("    output label = argmax(logits)\n", f"    {line}\n")
+    with pytest.raises(SwpError, match=message):
+        swapdsl.load(write(tmp_path / "m.swp", text), batch=4)

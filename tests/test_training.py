@@ -470,10 +470,16 @@ def test_digits_example_learns_under_a_third_of_its_memory(cli, tmp_path: Path) 
                          "-o", tmp_path / "d.plan")
     assert code == 0 and "memory ratio     3.00" in out, err
     run = run_json(cli, tmp_path / "d.plan", "--data", tmp_path / "train", "--shuffle", "--epochs", "60",
-                   "--eval", tmp_path / "test")
+                   "--eval", tmp_path / "test", "--save", tmp_path / "d.st")
     assert run["examples"] == 1438 and run["eval"][-1]["examples"] == 359
     assert run["eval"][-1]["metrics"]["accuracy"] >= 0.93  # 0.969 when measured (docs/benchmarks.md)
     assert 0 < run["metrics"][0]["grad_norm"] < 10
+    code, out, err = cli("predict", tmp_path / "d.plan", "--data", tmp_path / "test", "--init", tmp_path / "d.st",
+                         "-o", tmp_path / "digits.npz")
+    assert code == 0, err
+    digit = np.load(tmp_path / "digits.npz")["digit"]
+    assert float(np.mean(digit == np.load(tmp_path / "test" / "y.npy"))) == pytest.approx(
+        run["eval"][-1]["metrics"]["accuracy"], abs=1e-6)
 
 
 def test_exec_says_which_device_the_simulated_step_is_for(cli, setup: dict[str, Path]) -> None:

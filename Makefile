@@ -50,8 +50,9 @@ demo: $(VENV)/.installed-examples
 	$(BIN)/swapdsl exec $(OUT)/digits.plan --data $(OUT)/digits/train --shuffle --epochs 60 --eval $(OUT)/digits/test \
 		--eval-every 330 --save $(OUT)/digits.safetensors --log $(OUT)/digits.jsonl
 	$(BIN)/swapdsl plot-log $(OUT)/digits.jsonl -o $(OUT)/digits.png
+	$(BIN)/swapdsl predict $(OUT)/digits.plan --data $(OUT)/digits/test --init $(OUT)/digits.safetensors -o $(OUT)/digits.npz
 	@echo "== the demo's files are in $(CURDIR)/$(OUT)/:"
-	@echo "   resnet.plan resnet.png resnet-capuchin.plan tiny.plan digits/ (train/, test/) digits.plan digits.safetensors digits.jsonl digits.png"
+	@echo "   resnet.plan resnet.png resnet-capuchin.plan tiny.plan digits/ (train/, test/) digits.plan digits.safetensors digits.jsonl digits.png digits.npz"
 
 # -n auto: pytest-xdist, one worker per core. SWAPDSL_HYPOTHESIS=ci|long: more memory-safety cases.
 test: $(VENV)/.installed-test

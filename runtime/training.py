@@ -348,10 +348,12 @@ def _emit(hook: Callable | None, record: StepRecord | EvalRecord | SaveRecord, l
         hook(record)
 
 
-def evaluator(trainer: Stepper, forward: Stepper, tail: Callable[[int], Stepper | None] | None = None) -> Evaluator:
+def evaluator(trainer: Stepper, forward: Stepper, tail: Callable[[int], Stepper | None] | None = None,
+              tail_rows: int | None = None) -> Evaluator:
     """Evaluation by ``forward`` (an executor of ``autodiff.evaluation_graph``) from ``trainer``'s state: the
     loss and reports over the held-out data, each batch weighed by its examples; the last partial batch
-    by ``tail(rows)``, an executor of the evaluation graph at that batch (None: it is left out).
+    by ``tail(rows)``, an executor of the evaluation graph at that batch, at most ``tail_rows`` rows at a
+    time (None from ``tail``: the rest is left out).
     ``forward`` and ``tail``'s may share ``trainer``'s device arena (a plan's evaluation runs inside the
     training plan's cap), so the trainer's state is put back."""
 
@@ -361,13 +363,15 @@ def evaluator(trainer: Stepper, forward: Stepper, tail: Callable[[int], Stepper 
         forward.load_state(state, forward.steps_run)
         parts = [_evaluated(forward, gather(ds, slice(k * ds.batch, (k + 1) * ds.batch)), ds.batch)
                  for k in range(ds.batches_per_epoch)]
-        left = ds.dropped
-        extra = tail(left) if left and tail is not None else None
-        if extra is not None:
-            whole = ds.batches_per_epoch * ds.batch
+        left, at = ds.dropped, ds.batches_per_epoch * ds.batch
+        while left and tail is not None:
+            rows = min(left, tail_rows or left)
+            extra = tail(rows)
+            if extra is None:
+                break
             extra.load_state(state, extra.steps_run)
-            parts.append(_evaluated(extra, gather(ds, slice(whole, whole + left)), left))
-            left = 0
+            parts.append(_evaluated(extra, gather(ds, slice(at, at + rows)), rows))
+            left, at = left - rows, at + rows
         trainer.load_state(state, trainer.steps_run)
         n = sum(w for _, _, w in parts)
         mean = {name: sum(m[name] * w for _, m, w in parts) / n for name in parts[0][1]}

@@ -86,7 +86,9 @@ class Model:
         """The figures `swapdsl check [--training] --json` prints."""
         if not training:
             return summary(self.graph)
-        return summary(self.graph) | training_summary(self.training) | {"no_swap_bytes": no_swap_arena(self.training)}
+        whole = self if self.microbatches == 1 else load(self.path, dict(self.graph.args), self.graph.precision,
+                                                         self.graph.guard)
+        return summary(self.graph) | training_summary(self.training) | {"no_swap_bytes": no_swap_arena(whole.training)}
 
 
 def no_swap_arena(t: Graph) -> int:
@@ -116,10 +118,22 @@ def load(path: str | Path, overrides: Mapping[str, Override] | None = None, prec
         given = {**given, "batch": check_microbatches(full.get("batch"), microbatches)}
     graph = attrs.evolve(elaborate(program, given), args=tuple(full.items()))
     check_graph(graph)
+    if microbatches != 1:
+        _check_batched_inputs(graph, int(given["batch"]))
     if precision != "f32":
         graph = autocast(graph, precision)
         check_graph(graph)
     return Model(str(path), program, attrs.evolve(graph, guard=guard), microbatches)
+
+
+def _check_batched_inputs(g: Graph, rows: int) -> None:
+    """Micro-batches slice every input along its first axis: each must be the batch's."""
+    for name in g.inputs:
+        shape = g.type_of(name).shape
+        if not shape or shape[0] != rows:
+            raise SwpError(f"micro-batches split every input along its first axis, but input `{name}` is "
+                           f"{g.type_of(name)} at a micro-batch of {rows}", g.tensors[name].span,
+                           hints=["inputs that are not per example cannot be split; run without --microbatches"])
 
 
 def optimize(model: Model | str | Path, memory: int | str, method: str = "ga", device: str | Device | None = None,
@@ -302,7 +316,10 @@ def _train_reference(m: Model, opts: Options, backend: str, hooks: Hooks) -> Exe
     evaluate = None
     if opts.eval:
         def tail(rows: int) -> reference.Trainer | None:
-            at = _at_batch(m, rows)
+            try:
+                at = _at_batch(m, rows)
+            except SwpError:  # the model refuses a batch of that size
+                return None
             return None if at is None else reference.Trainer(at.evaluation, seed, xp)
 
         evaluate = training.evaluator(trainer, reference.Trainer(m.evaluation, seed, xp), functools.cache(tail))
@@ -442,13 +459,14 @@ def _plan_evaluator(plan: Plan, runner: PlanRunner, backend: str, xp: ModuleType
         return made[-1]
 
     def tail(rows: int) -> PlanRunner | None:
-        at = _at_batch(model, rows)
         try:
+            at = _at_batch(model, rows)
             return None if at is None else forward_at(at.evaluation, at.graph.args)
-        except SwpError:  # the partial batch's forward graph does not plan under the cap
+        except SwpError:  # the model refuses that batch, or its forward graph does not plan under the cap
             return None
 
-    return training.evaluator(runner, forward_at(model.evaluation, plan.args), functools.cache(tail))
+    micro = int(model.args["batch"]) // model.microbatches if model.microbatches > 1 else None
+    return training.evaluator(runner, forward_at(model.evaluation, plan.args), functools.cache(tail), micro)
 
 
 def _beside(train: Graph, seed: int, xp: ModuleType) -> training.Beside:

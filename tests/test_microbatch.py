@@ -199,13 +199,58 @@ def test_below_the_floor_the_error_names_the_op_and_the_micro_batches_that_fit(c
     assert code == 2 and "micro-batches do not bring it under the cap" in err
 
 
-def test_running_statistics_are_threaded_through_the_micro_batches() -> None:
-    t = swapdsl.load(MODELS / "tiny_resnet.swp", microbatches=3, batch=6, image=8, width=4, blocks=1).training
-    made = {op.outputs[0]: op for op in t.ops}
-    for old, new in t.updates:
-        if old.endswith(".running_mean"):
-            chain, value = [], new
-            while value != old:  # back through the micro-batches' updates to the state itself
-                chain.append(value)
-                value = made[value].inputs[0]
-            assert len(chain) == 3
+BN_MODEL = """\
+import layers
+
+model bnx(batch = 6, c = 3) {
+    input x: f32[batch, c, 4, 4]
+    input y: i32[batch]
+    h = batchnorm(x) as bn
+    loss = softmax_cross_entropy(dense(global_avg_pool(relu(h)), 5), y)
+    minimize loss with sgd(lr = 0.1)
+}
+"""
+
+
+def test_running_statistics_take_one_update_per_micro_batch(tmp_path: Path) -> None:
+    """Three micro-batches update a running statistic as three forward passes of torch.nn.BatchNorm2d
+    would, one after another (in f64, to round-off): folded into one update in place over it."""
+    path = write(tmp_path / "bnx.swp", BN_MODEL)
+    t = retyped(swapdsl.load(path, microbatches=3).training, DType.f32, DType.f64)
+    trainer = reference.Trainer(t, 3, np)
+    x = np.asarray(trainer.inputs["x"])
+    trainer.step(1)
+    mean, var = np.zeros(3), np.ones(3)
+    for part in np.split(x, 3):
+        mean = 0.9 * mean + 0.1 * part.mean(axis=(0, 2, 3))
+        var = 0.9 * var + 0.1 * part.var(axis=(0, 2, 3), ddof=1)
+    np.testing.assert_allclose(trainer.persistent["bn.running_mean"], mean, rtol=1e-12)
+    np.testing.assert_allclose(trainer.persistent["bn.running_var"], var, rtol=1e-12)
+    merge = next(op for op in t.ops if op.outputs[0] == dict(t.updates)["bn.running_mean"])
+    assert merge.op == "running_merge" and merge.inputs[0] == "bn.running_mean"
+
+
+def test_the_loss_scale_and_sgd_steps_are_those_of_one_pass(tmp_path: Path) -> None:
+    """f16 with dynamic loss scaling and plain SGD (whose step, unlike Adam's, shows a gradient k times too
+    large): the loss scale and the parameters after 4 steps are one pass's, to f16 round-off."""
+    text = (MODELS / "mlp.swp").read_text().replace("sgd(lr = lr, momentum = 0.9)", "sgd(lr = lr)")
+    path = write(tmp_path / "sgd.swp", text)
+    runs = {}
+    for k in (1, 2):
+        trainer = reference.Trainer(swapdsl.load(path, precision="f16", microbatches=k, **MLP).training, 3, np)
+        for step in range(1, 5):
+            trainer.step(step)
+        runs[k] = trainer
+    assert runs[2].metrics()["loss_scale"] == runs[1].metrics()["loss_scale"] == 65536.0
+    params = {p: np.asarray(runs[1].persistent[p]) for p in runs[1].g.params}
+    assert _rel({p: np.asarray(runs[2].persistent[p]) for p in params}, params) < 2e-3
+
+
+@pytest.mark.parametrize("edit, message", [
+    ("    report correct = sum(cast(argmax(logits) == y, i32))\n", "not a float scalar"),
+    ("    input m: f32[features]\n    logits = logits + mean(m)\n", "is not the batch's|first axis"),
+])
+def test_what_micro_batches_cannot_split_is_refused(tmp_path: Path, edit: str, message: str) -> None:
+    text = (MODELS / "mlp.swp").read_text().replace("    loss = softmax_cross_entropy", edit + "    loss = softmax_cross_entropy")
+    with pytest.raises(SwpError, match=message):
+        swapdsl.load(write(tmp_path / "m.swp", text), microbatches=2, **MLP).training

@@ -132,3 +132,8 @@ def test_a_model_without_these_keeps_its_graph(tmp_path: Path) -> None:
 def test_bad_hyper_parameters_are_refused(minimize: str, message: str, tmp_path: Path) -> None:
     with pytest.raises(SwpError, match=message.replace("[", r"\[").replace("(", r"\(").replace(")", r"\)")):
         _model(tmp_path, minimize)
+
+
+def test_lion_without_weight_decay_takes_only_the_scratch_it_declares(tmp_path: Path) -> None:
+    losses = _ours(_model(tmp_path, "lion(lr = 0.003)"), 3)[0]  # the reference gives each kernel its declaration
+    assert losses[-1] < losses[0]

@@ -89,7 +89,8 @@ def test_bad_requests_are_refused(cli, folder: Path, case: str, message: str) ->
 
 
 @pytest.mark.parametrize("line, message", [("output loss2 = loss", "row per example"),
-                                           ("output accuracy = logits", "already")])
+                                           ("output accuracy = logits", "already"),
+                                           ("output w = mean(logits, axes = 0)", "first axis is")])
 def test_bad_outputs_are_refused(tmp_path: Path, line: str, message: str) -> None:
     text = MLP.replace("    output label = argmax(logits)\n", f"    {line}\n")
     with pytest.raises(SwpError, match=message):

@@ -119,11 +119,12 @@ def training_graph(fwd: Graph) -> Graph:
     updates: list[tuple[str, str]] = []
     param_grads: list[tuple[str, str]] = []
     deferred = fwd.guard != "none" or bool(dict(fwd.optimizer.hparams).get("clip"))  # updates after the backward
+    running = running_names(fwd)
     for i in range(len(forward) - 1, -1, -1):
         op = forward[i]
         if op.op == "batch_norm":
             kind, label = b.kind, b.label
-            updates += _labelled_updates(b, _running_updates(b, fwd, op, state))
+            updates += _labelled_updates(b, _running_updates(b, running, op, state))
             b.kind, b.label = kind, label
         g = _gradient(b, op.outputs[0], grads, pieces)
         if g is not None:
@@ -230,7 +231,8 @@ def evaluation_graph(fwd: Graph) -> Graph:
     b = _Builder(fwd)
     updates: list[tuple[str, str]] = []
     state: list[str] = []
-    forward = [_evaluated(b, fwd, op, state) for op in live_forward_ops(fwd)]
+    names = running_names(fwd)
+    forward = [_evaluated(b, names, op, state) for op in live_forward_ops(fwd)]
     _report_state(b, fwd, updates, state)
     ops_ = tuple(forward) + tuple(b.ops)
     read = {n for op in ops_ for n in op.inputs}
@@ -250,7 +252,8 @@ def prediction_graph(fwd: Graph) -> Graph:
     b = _Builder(fwd)
     updates: list[tuple[str, str]] = []
     state: list[str] = []
-    forward = [_evaluated(b, fwd, op, state) for op in live_forward_ops(fwd, {t for _, t in fwd.outputs})]
+    names = running_names(fwd)
+    forward = [_evaluated(b, names, op, state) for op in live_forward_ops(fwd, {t for _, t in fwd.outputs})]
     b.kind = Kind.metric
     for name, tensor in fwd.outputs:
         b.label = f"output {name}"
@@ -268,12 +271,12 @@ def prediction_graph(fwd: Graph) -> Graph:
                         updates=tuple(updates), grads=())
 
 
-def _evaluated(b: _Builder, fwd: Graph, op: Op, state: list[str]) -> Op:
+def _evaluated(b: _Builder, names: dict[str, str], op: Op, state: list[str]) -> Op:
     """The op as evaluation runs it: dropout an identity; batch norm with its running statistics."""
     if op.op == "dropout":
         return Op("mul_scalar", op.inputs, op.outputs, (("value", 1.0),), op.span)
     if op.op == "batch_norm":
-        stats = _running_state(b, fwd, op, state)
+        stats = _running_state(b, names, op, state)
         return Op("batch_norm_eval", (*op.inputs, *stats), op.outputs, op.attrs, op.span)
     return op
 
@@ -281,27 +284,45 @@ def _evaluated(b: _Builder, fwd: Graph, op: Op, state: list[str]) -> Op:
 BN_MOMENTUM = 0.1  # torch.nn.BatchNorm2d's
 
 
-def _running_state(b: _Builder, fwd: Graph, op: Op, state: list[str]) -> tuple[str, str]:
-    """A batch norm's running mean and variance (state kept across steps and saved in checkpoints), named
-    after its scale parameter: ``PREFIX.running_mean`` for ``PREFIX.scale``."""
-    scale = op.inputs[1]
-    maker = next((o for o in fwd.ops if o.outputs[0] == scale and o.op == "cast"), None)
-    param = maker.inputs[0] if maker is not None else scale
-    prefix = param[:-len(".scale")] if param.endswith(".scale") else param
-    typ = TensorType(b.type(param).shape, b.type(param).dtype)
+def running_names(fwd: Graph) -> dict[str, str]:
+    """Each batch norm's (by its output) name for its running statistics: ``PREFIX`` of its scale parameter
+    ``PREFIX.scale`` (through a precision cast), else the layer path of its output; a name taken already
+    gets ``.2``, ``.3``, ... in forward order, so training and evaluation name them alike."""
+    cast_of = {o.outputs[0]: o.inputs[0] for o in fwd.ops if o.op == "cast"}
+    names: dict[str, str] = {}
+    for op in fwd.ops:
+        if op.op != "batch_norm":
+            continue
+        scale = cast_of.get(op.inputs[1], op.inputs[1])
+        if scale in fwd.params:
+            prefix = scale[:-len(".scale")] if scale.endswith(".scale") else scale
+        else:
+            prefix = fwd.tensors[op.outputs[0]].label or "batch_norm"
+        taken, n = set(names.values()), 1
+        while (name := prefix if n == 1 else f"{prefix}.{n}") in taken or f"{name}.running_mean" in fwd.tensors:
+            n += 1
+        names[op.outputs[0]] = name
+    return names
+
+
+def _running_state(b: _Builder, names_: dict[str, str], op: Op, state: list[str]) -> tuple[str, str]:
+    """A batch norm's running mean and variance (state kept across steps and saved in checkpoints), f32
+    vectors over its channels: ``NAME.running_mean`` and ``.running_var`` (``running_names``)."""
+    prefix = names_[op.outputs[0]]
+    typ = TensorType((b.type(op.inputs[0]).shape[1],), DType.f64 if b.type(op.inputs[0]).dtype is DType.f64
+                     else DType.f32)
     names = []
     for suffix, init in (("running_mean", "zeros"), ("running_var", "ones")):
         name = f"{prefix}.{suffix}"
-        if name not in b.tensors:
-            b.add_tensor(name, typ, Kind.optimizer_state, Init(init))
-            state.append(name)
+        b.add_tensor(name, typ, Kind.optimizer_state, Init(init))
+        state.append(name)
         names.append(name)
     return names[0], names[1]
 
 
-def _running_updates(b: _Builder, fwd: Graph, op: Op, state: list[str]) -> list[tuple[str, str]]:
+def _running_updates(b: _Builder, names: dict[str, str], op: Op, state: list[str]) -> list[tuple[str, str]]:
     """The running statistics' updates from this batch norm's input (each in place, as torch's)."""
-    mean, var = _running_state(b, fwd, op, state)
+    mean, var = _running_state(b, names, op, state)
     b.span, b.kind = op.span, Kind.optimizer_state
     return [(mean, b.emit("batch_norm_running_mean", [mean, op.inputs[0]], {"momentum": BN_MOMENTUM})),
             (var, b.emit("batch_norm_running_var", [var, op.inputs[0]], {"momentum": BN_MOMENTUM}))]

@@ -14,8 +14,10 @@ times, in order, so that each micro-batch's activations die before the next one'
   run once, where they stood in the last micro-batch, so an update still follows its gradient's end;
 - the loss and every report made from a micro-batch are the mean of the k micro-batches' values (exact
   for means, such as a loss or an accuracy; a report must be a scalar);
-- state that a micro-batch updates itself (batch norm's running statistics) is threaded through them:
-  micro-batch i updates the value micro-batch i - 1 left, as k forward passes in PyTorch would;
+- state that a micro-batch updates itself (batch norm's running statistics, moving averages) takes the
+  k updates PyTorch's k forward passes would: the micro-batches run the update from zero, one after
+  another, and one ``running_merge`` adds that to the statistic times (1 - momentum)^k, in place over
+  it (as planners expect of an update);
 - dropout in micro-batch i is told where its rows start in the whole batch (``offset``), so its mask is
   the one the whole batch would draw when the batch is its first axis.
 
@@ -36,6 +38,8 @@ from swapdsl.graph import ops
 from swapdsl.graph.ir import Graph, Kind, Op, Tensor, TensorType
 
 
+# per-micro-batch updates the pass can fold (moving averages: r = (1 - momentum) * r + momentum * s)
+MOVING_AVERAGES = frozenset({"batch_norm_running_mean", "batch_norm_running_var"})
 MAX_MICROBATCHES = 4096  # a graph k times the size of one micro-batch's: past this, planning it is hopeless
 
 
@@ -101,17 +105,24 @@ class _Pass:
         self.shared: dict[str, str] = {}  # the loss's gradient -> its copy scaled by 1/k
         made_once = self.once - set(g.persistent)
         self.threaded = {new: old for old, new in g.updates if new not in made_once}  # updated per micro-batch
-        self.latest: dict[str, str] = {}  # such state -> its newest value so far
+        for new, old in self.threaded.items():
+            maker = next(op for op in g.ops if new in op.outputs)
+            if maker.op not in MOVING_AVERAGES or maker.inputs[0] != old:
+                raise SwpError(f"micro-batches cannot split `{maker.op}`, which updates `{old}` in every forward pass")
+        self.latest: dict[str, str] = {}  # such state -> the updates from zero so far
+        self.merged: dict[str, str] = {}  # such state -> its new value
 
     def _averaged(self) -> dict[str, str]:
         per_batch = {n for i, op in enumerate(self.g.ops) if i not in self.after | self.before for n in op.outputs}
         out = {}
         for name in [self.g.loss, *(t for _, t in self.g.reports)]:
             if name in per_batch:
-                if self.g.tensors[name].type.shape != ():
-                    report = next((n for n, t in self.g.reports if t == name), name)
-                    raise SwpError(f"micro-batches average each report over the batch; report `{report}` is not "
-                                   "a scalar", self.g.tensors[name].span)
+                t = self.g.tensors[name]
+                if t.type.shape != () or not t.type.dtype.is_float:
+                    report = next((n for n, r in self.g.reports if r == name), name)
+                    raise SwpError(f"micro-batches average each report over the batch; report `{report}` is "
+                                   f"{t.type}, not a float scalar", t.span,
+                                   hints=["report a mean (`mean(cast(..., f32))`), which averages exactly"])
                 out[name] = name
         return out
 
@@ -130,7 +141,7 @@ class _Pass:
             g, tensors=self.tensors, ops=tuple(self.ops), loss=final.get(g.loss, g.loss),
             reports=tuple((n, final.get(t, t)) for n, t in g.reports),
             grads=tuple((p, self.summed[grad]) for p, grad in g.grads),
-            updates=tuple((old, self.latest.get(old, new)) for old, new in g.updates),
+            updates=tuple((old, self.merged.get(old, new)) for old, new in g.updates),
             seed=self.shared.get(g.seed, g.seed), microbatches=self.k)
 
     def _micro_batch(self, i: int) -> None:
@@ -146,10 +157,12 @@ class _Pass:
                     names[name] = self._slice(name, i)
             if j in self.after:
                 final = {**self.summed, **self.averaged}
-                ins = tuple(final.get(n) or self._read(n, names) for n in op.inputs)
+                ins = tuple(final.get(n) or self._read(n, names, scaled=False) for n in op.inputs)
                 self._emit(attrs.evolve(op, inputs=ins), op.outputs, 0)
                 continue
             ins = tuple(self._read(n, names) for n in op.inputs)
+            if i == 0 and op.outputs[0] in self.threaded:  # the first micro-batch's update starts from zero
+                ins = (self._zeros(op.inputs[0]), *ins[1:])
             outs = op.outputs if i == 0 or j in self.before else tuple(self._rename(n, i) for n in op.outputs)
             names.update(zip(op.outputs, outs))
             self._emit(attrs.evolve(op, inputs=ins, outputs=outs, attrs=self._attrs(op, i)), op.outputs, i)
@@ -158,10 +171,26 @@ class _Pass:
             for old, new in zip(op.outputs, outs):
                 self._accumulate(old, new, i)
                 if old in self.threaded:
-                    self.latest[self.threaded[old]] = new
+                    self._thread(self.threaded[old], new, op, i)
 
-    def _read(self, name: str, names: dict[str, str]) -> str:
-        if name in self.shared:
+    def _zeros(self, like: str) -> str:
+        t = self.g.tensors[like]
+        return self._made("fill", (), like, Kind.optimizer_state, "from zero",
+                          shape=t.type.shape, value=0.0, dtype=t.type.dtype.label)
+
+    def _thread(self, state: str, value: str, op: Op, i: int) -> None:
+        """Micro-batch ``i`` updated ``state`` (from zero, or from the micro-batch before): after the last,
+        the statistic's new value, in place over it."""
+        self.latest[state] = value
+        if i == self.k - 1:
+            decay = (1.0 - float(op.attr("momentum"))) ** self.k
+            self.merged[state] = self._made("running_merge", (state, value), op.outputs[0], Kind.optimizer_state,
+                                            "merged", decay=decay)
+
+    def _read(self, name: str, names: dict[str, str], scaled: bool = True) -> str:
+        """This micro-batch's name of ``name``; the loss's gradient scaled by 1/k, except for what runs after
+        the micro-batches (when the seed is the loss scale itself, unscaling and stepping it read it as is)."""
+        if name in self.shared and scaled:
             return self.shared[name]
         if name in self.latest:
             return self.latest[name]

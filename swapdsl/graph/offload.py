@@ -7,7 +7,8 @@ no cast, the weights themselves come up from the host memory the update wrote.
 
 This module says which ops of a training graph that moves to the host (``host_split``): a parameter's
 *update group* is the optimiser op that makes its new value and the optimiser ops of its state that op
-reads (``momentum`` for ``sgd_apply``; ``adam_m`` and ``adam_v`` for ``adam_apply``), together with a
+reads (``momentum`` for ``sgd_apply`` and ``nesterov_apply``; ``adam_m`` and ``adam_v`` for
+``adam_apply``; ``lion_m``, which updates the momentum ``lion_apply`` read), together with a
 ``cast`` whose output only the group reads (the gradient cast back to f32 under mixed precision) and the
 forward ``cast`` of the parameter itself. Everything else stays on the device.
 """
@@ -20,7 +21,8 @@ import attrs
 
 from swapdsl.graph.ir import Graph
 
-UPDATE_OPS = frozenset({"sgd", "momentum", "sgd_apply", "adam_m", "adam_v", "adam_apply"})
+UPDATE_OPS = frozenset({"sgd", "momentum", "sgd_apply", "nesterov_apply", "adam_m", "adam_v", "adam_apply",
+                        "lion_apply", "lion_m"})
 
 
 @attrs.frozen
@@ -80,7 +82,10 @@ def _update_group(g: Graph, param: str, makers: dict[str, int], readers: dict[st
     if apply is None or g.ops[apply].op not in UPDATE_OPS:
         return frozenset()
     state_new = {n: old for old, n in g.updates if old in g.state}
-    updates = {apply} | {makers[t] for t in g.ops[apply].inputs if t in state_new}
+    state_old = {old: n for old, n in g.updates if old in g.state}
+    # the state it reads: new values (adam's m and v), or old ones updated after it (lion's momentum)
+    updates = {apply} | {makers[t] for t in g.ops[apply].inputs if t in state_new} | {
+        makers[state_old[t]] for t in g.ops[apply].inputs if t in state_old and state_old[t] in makers}
     own = {param} | {state_new[g.ops[i].outputs[0]] for i in updates if g.ops[i].outputs[0] in state_new}
     if any(t in g.persistent and t not in own for i in updates for t in g.ops[i].inputs):
         return frozenset()

@@ -387,6 +387,10 @@ class _Elaborator:
         if not isinstance(value, TensorVal) or value.type.rank == 0:
             raise SwpError(f"an output has a row per example (its first axis), got {describe(value)}", s.value.span,
                            hints=["`predict` writes each output's rows for every example; a scalar is a `report`"])
+        batch = frame.env.get("batch")
+        if isinstance(batch, int) and not isinstance(batch, bool) and value.type.shape[0] != batch:
+            raise SwpError(f"an output has a row per example: its first axis is {value.type.shape[0]}, the batch "
+                           f"{batch}", s.value.span, hints=["`predict` concatenates each output's rows over batches"])
         self.outputs[s.name] = value
         frame.env[s.name] = value
 

@@ -259,6 +259,14 @@ def _running(statistic: str):  # noqa: ANN202
     return kernel
 
 
+def _running_merge(c: KernelContext, ins: list[Array], out: Array, a: Attrs) -> None:
+    """r * decay + contribution: k micro-batches' running-statistic updates folded into one, in place over
+    the statistic (decay = (1 - momentum) ** k; the contribution is the k updates run from zero)."""
+    r, contribution = ins
+    c.xp.multiply(r, r.dtype.type(a["decay"]), out=out)
+    c.xp.add(out, contribution, out=out)
+
+
 def _running_scratch(ins: Types, out: TensorType, a: Attrs) -> int:
     return _norm_scratch("batch", 1, 1)((ins[1], ins[0]), out, a)
 
@@ -458,6 +466,7 @@ register(
           in_place=True, scratch=_running_scratch),
     OpDef("batch_norm_running_var", (2, 2), _running_infer, lambda ins, o, a: 5 * ins[1].numel, _running("var"),
           in_place=True, scratch=_running_scratch),
+    OpDef("running_merge", (2, 2), same_as(0, op="running_merge"), per_element(2), _running_merge, in_place=True),
     OpDef("batch_norm_eval", (5, 5), _batch_norm_eval_infer, per_element(2), _batch_norm_eval,
           scratch=_norm_scratch("batch", 0, 2)),
     OpDef("pad2d", (1, 1), _pad2d_infer, lambda ins, o, a: 0, _pad2d, _pad2d_grad),

@@ -133,9 +133,11 @@ def _lion_apply(c: KernelContext, ins: list[Array], out: Array, a: Attrs) -> Non
     w, m, g = ins
     xp = c.xp
     lr = learning_rate(c, a, w.dtype)
-    keep = c.scratch.take((), w.dtype)
-    xp.multiply(lr, w.dtype.type(a.get("decoupled_wd", 0.0)), out=keep)
-    xp.subtract(w.dtype.type(1), keep, out=keep)
+    wd = a.get("decoupled_wd", 0.0)
+    if wd:
+        keep = c.scratch.take((), w.dtype)
+        xp.multiply(lr, w.dtype.type(wd), out=keep)
+        xp.subtract(w.dtype.type(1), keep, out=keep)
     mark = c.scratch.used
     for k in flat_chunks(out):
         t, u = c.scratch.take(out[k].shape, out.dtype), c.scratch.take(out[k].shape, out.dtype)
@@ -144,8 +146,11 @@ def _lion_apply(c: KernelContext, ins: list[Array], out: Array, a: Attrs) -> Non
         xp.add(t, u, out=t)
         xp.sign(t, out=t)
         xp.multiply(lr, t, out=t)
-        xp.multiply(w[k], keep, out=u)
-        xp.subtract(u, t, out=out[k])
+        if wd:
+            xp.multiply(w[k], keep, out=u)
+            xp.subtract(u, t, out=out[k])
+        else:
+            xp.subtract(w[k], t, out=out[k])
         c.scratch.used = mark
 
 

@@ -143,6 +143,8 @@ def test_norms(xp: Any) -> None:
                                [[-1 / s, 0, 1 / s]])
     np.testing.assert_allclose(run(xp, "layer_norm", [[1.0, 2, 3]], [2.0, 2, 2], [1.0, 1, 1], eps=0.0),
                                [[1 - 2 / s, 1, 1 + 2 / s]])
+    r = math.sqrt(14 / 3)  # root mean square of 1, 2, 3: no mean taken out
+    np.testing.assert_allclose(run(xp, "rms_norm", [[1.0, 2, 3]], [1.0, 1, 2], eps=0.0), [[1 / r, 2 / r, 6 / r]])
     x = np.array([1.0, 3.0]).reshape(2, 1, 1, 1)
     np.testing.assert_allclose(run(xp, "batch_norm", x, [1.0], [0.0], eps=0.0).ravel(), [-1, 1])
     # a large common offset does not cost precision (two-pass variance)

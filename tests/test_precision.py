@@ -252,7 +252,10 @@ def test_element_wise_half_ops_stage_a_block_at_a_time(op: str, shapes: list[tup
                                               ("softmax_grad", [(4, 96, 512), (4, 96, 512)], {"axis": 2}),
                                               ("matmul", [(8, 128, 256), (256, 512)], {}),
                                               ("matmul", [(2048, 256), (256, 2048)], {}),
-                                              ("matmul_nt", [(8, 128, 512), (256, 512)], {})])
+                                              ("matmul_nt", [(8, 128, 512), (256, 512)], {}),
+                                              ("rms_norm", [(4, 96, 512), (512,)], {"eps": 1e-6}),
+                                              ("rms_norm_grad", [(4, 96, 512), (512,), (4, 96, 512)],
+                                               {"eps": 1e-6})])
 def test_row_wise_half_ops_and_products_stage_rows_exactly_as_the_reference(op: str, shapes, attrs_) -> None:
     """Softmax over the last axis and products with a matrix stage a block of rows at a time too; the
     staged kernel takes no more scratch than it declares and stays within half precision of f32."""

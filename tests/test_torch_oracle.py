@@ -153,6 +153,55 @@ def test_activations_and_their_gradients_match_pytorch(op: str, attrs: dict, the
     np.testing.assert_allclose(our_grad, tx.grad.numpy(), rtol=1e-5, atol=1e-6)
 
 
+GATED = """import layers
+model gated(batch = 4, dim = 16, ffn = 24, classes = 5) {
+    input x: f32[batch, 3, dim]
+    input y: i32[batch, 3]
+    h = rmsnorm(x) as norm
+    f = dense(silu(dense(h, ffn) as gate) * dense(h, ffn) as up, dim) as down
+    logits = dense(rmsnorm(x + f) as final, classes) as head
+    loss = softmax_cross_entropy(logits, y)
+    minimize loss with sgd(lr = 0.1)
+}
+"""
+
+
+def test_an_rms_norm_and_gated_silu_model_matches_pytorch_autograd(tmp_path) -> None:  # noqa: ANN001
+    """LLaMA's pieces (RMS norm, a SiLU-gated feed-forward) in a whole model's first step."""
+    from torch_twin import loss_and_grads
+
+    import swapdsl
+    from swapdsl.runtime.data import init_persistent, synthetic_inputs
+    from swapdsl.runtime.reference import run_ops
+
+    (tmp_path / "gated.swp").write_text(GATED)
+    m = swapdsl.load(tmp_path / "gated.swp")
+    t = m.training
+    values = {**init_persistent(t, 0, np), **synthetic_inputs(t, 0, np)}
+    env = run_ops(t, dict(values), np, 1, keep=[grad for _, grad in t.grads])
+    their_loss, theirs = loss_and_grads(m.graph, values)
+    assert float(env[t.loss]) == pytest.approx(their_loss, rel=1e-5)
+    assert _relative({p: np.asarray(env[g], np.float64) for p, g in t.grads}, theirs) < 1e-5
+
+
+@pytest.mark.parametrize("shape, scale_rank", [((6, 5, 32), 1), ((3, 4, 8), 2)])
+def test_rms_norm_and_its_gradients_match_pytorch(shape: tuple[int, ...], scale_rank: int) -> None:
+    rng = np.random.default_rng(4)
+    x = (rng.standard_normal(shape) * 3 + 0.5).astype(np.float32)
+    w = rng.uniform(0.5, 1.5, shape[-scale_rank:]).astype(np.float32)
+    g = rng.standard_normal(shape).astype(np.float32)
+    tx, tw = torch.from_numpy(x.copy()).requires_grad_(True), torch.from_numpy(w.copy()).requires_grad_(True)
+    ty = torch.nn.functional.rms_norm(tx, w.shape, tw, 1e-6)
+    ty.backward(torch.from_numpy(g))
+    a = {"eps": 1e-6}
+    ours = run_kernel(np, "rms_norm", [x, w], a, 1)
+    dx = run_kernel(np, "rms_norm_grad", [x, w, g], a, 1)
+    dw = run_kernel(np, "rms_norm_dscale", [x, g], {**a, "scale_rank": scale_rank}, 1)
+    np.testing.assert_allclose(ours, ty.detach().numpy(), rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(dx, tx.grad.numpy(), rtol=1e-4, atol=1e-5)
+    np.testing.assert_allclose(dw, tw.grad.numpy(), rtol=1e-4, atol=1e-4)
+
+
 def test_batch_norm_running_statistics_and_evaluation_match_pytorch() -> None:
     """Three training batches through torch.nn.BatchNorm2d (momentum 0.1, unbiased running variance), then
     eval(): our running-statistic updates and batch_norm_eval give the same statistics and outputs."""

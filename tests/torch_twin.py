@@ -52,6 +52,7 @@ OPS: dict[str, Callable[..., torch.Tensor]] = {
     "softmax_cross_entropy": lambda a, x, y: _xent(x, y),
     "mse_loss": lambda a, x, y: F.mse_loss(x, y),
     "layer_norm": lambda a, x, w, b: F.layer_norm(x, (x.shape[-1],), w, b, a["eps"]),
+    "rms_norm": lambda a, x, w: F.rms_norm(x, tuple(w.shape), w, a["eps"]),
     "batch_norm": lambda a, x, w, b: F.batch_norm(x, None, None, w, b, training=True, eps=a["eps"]),
     "conv2d": lambda a, x, w: F.conv2d(x, w, None, a["stride"], a["padding"], a["dilation"], a["groups"]),
     "global_avg_pool": lambda a, x: x.mean(dim=(2, 3)),

@@ -313,6 +313,8 @@ def _table() -> dict[str, Builtin]:
         Builtin("log_softmax", (X, ("axis", "axis", -1)), _with_axis("log_softmax")),
         Builtin("layer_norm", (X, ("scale", "tensor", REQUIRED), ("shift", "tensor", REQUIRED),
                                ("eps", "float", 1e-5)), _op("layer_norm", "x", "scale", "shift", eps="eps")),
+        Builtin("rms_norm", (X, ("scale", "tensor", REQUIRED), ("eps", "float", 1e-6)),
+                _op("rms_norm", "x", "scale", eps="eps")),
         Builtin("batch_norm", (X, ("scale", "tensor", REQUIRED), ("shift", "tensor", REQUIRED),
                                ("eps", "float", 1e-5)), _op("batch_norm", "x", "scale", "shift", eps="eps")),
         Builtin("dropout", (X, ("p", "float", 0.1), ("seed", "int", -1)), _dropout),

@@ -195,6 +195,7 @@ CUTS: dict[str, CutRule] = {
     "batch_norm_running_mean": _channels(0, 1, out_axis=0), "batch_norm_running_var": _channels(0, 1, out_axis=0),
     "batch_norm_eval": _channels(1, 0, 0, 0, 0, out_axis=1),
     "layer_norm": _norm_rows, "layer_norm_grad": _norm_rows, "layer_norm_dscale": _norm_rows_summed,
+    "rms_norm": _norm_rows, "rms_norm_grad": _norm_rows, "rms_norm_dscale": _norm_rows_summed,
     "sum": _sum, "sum_to": _sum_to,
 }
 

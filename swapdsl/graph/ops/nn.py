@@ -92,7 +92,7 @@ def _via_output(op: str):  # noqa: ANN202
 
 class _Frame(NamedTuple):
     """A normalisation's view of its input: x as [A, B, C] normalised over axes (0, 2) (batch norm:
-    [N, channels, pixels]) or (1,) of [rows, features, 1] (layer norm), tiled along axis 1 or 0."""
+    [N, channels, pixels]) or (1,) of [rows, features, 1] (layer and RMS norm), tiled along axis 1 or 0."""
 
     x: Array
     axes: tuple[int, ...]
@@ -100,14 +100,14 @@ class _Frame(NamedTuple):
 
 
 def _frame(kind: str, x: Array, scale_rank: int) -> _Frame:
-    if kind == "layer":
+    if kind != "batch":
         features = math.prod(x.shape[x.ndim - scale_rank:])
         return _Frame(x.reshape(-1, features, 1), (1,), 0)
     return _Frame(x.reshape(x.shape[0], x.shape[1], -1), (0, 2), 1)
 
 
 def _frame_shape(kind: str, t: TensorType, scale_rank: int) -> tuple[int, int, int]:
-    if kind == "layer":
+    if kind != "batch":
         features = math.prod(t.shape[t.rank - scale_rank:])
         return (t.numel // features, features, 1)
     return (t.shape[0], t.shape[1], t.numel // (t.shape[0] * t.shape[1]))
@@ -133,13 +133,18 @@ def _compute_dtype(xp: Any, x: Array) -> Any:
     return xp.float32 if x.dtype == xp.float16 else x.dtype
 
 
-def _normalized(c: KernelContext, x: Array, axes: tuple[int, ...], eps: float) -> tuple[Array, Array]:
-    """(x - mean) / sqrt(var + eps) and 1 / sqrt(var + eps), two-pass, in f32 for f16 inputs; both in scratch."""
+def _normalized(c: KernelContext, x: Array, axes: tuple[int, ...], eps: float,
+                centered: bool = True) -> tuple[Array, Array]:
+    """(x - mean) / sqrt(var + eps) and 1 / sqrt(var + eps), two-pass, in f32 for f16 inputs; both in scratch.
+    Not ``centered`` (RMS norm): x / sqrt(mean(x^2) + eps) and 1 / sqrt(mean(x^2) + eps)."""
     xp, dt = c.xp, _compute_dtype(c.xp, x)
     red = tuple(1 if i in axes else d for i, d in enumerate(x.shape))
     xhat, square, invstd = c.scratch.take(x.shape, dt), c.scratch.take(x.shape, dt), c.scratch.take(red, dt)
-    xp.mean(x, axis=axes, keepdims=True, dtype=dt, out=invstd)
-    xp.subtract(x, invstd, out=xhat)
+    if centered:
+        xp.mean(x, axis=axes, keepdims=True, dtype=dt, out=invstd)
+        xp.subtract(x, invstd, out=xhat)
+    else:
+        xp.copyto(xhat, x, casting="unsafe")
     xp.multiply(xhat, xhat, out=square)
     xp.mean(square, axis=axes, keepdims=True, out=invstd)
     xp.add(invstd, eps, out=invstd)
@@ -151,24 +156,27 @@ def _normalized(c: KernelContext, x: Array, axes: tuple[int, ...], eps: float) -
 
 def _norm_kernel(kind: str):  # noqa: ANN202
     def kernel(c: KernelContext, ins: list[Array], out: Array, a: Attrs) -> None:
-        x, scale, shift = ins
+        x, scale, *shift = ins  # RMS norm has no shift
         f = _frame(kind, x, scale.ndim)
-        for _, (xc, oc, sc, bc) in _tiles(f, [f.x, out.reshape(f.x.shape), scale, shift], 2):
-            xhat, _ = _normalized(c, xc, f.axes, a["eps"])
-            c.xp.multiply(xhat, sc, out=xhat)
-            c.xp.add(xhat, bc, out=oc)
+        for _, (xc, oc, sc, *bc) in _tiles(f, [f.x, out.reshape(f.x.shape), scale, *shift], 2):
+            xhat, _ = _normalized(c, xc, f.axes, a["eps"], centered=kind != "rms")
+            if bc:
+                c.xp.multiply(xhat, sc, out=xhat)
+                c.xp.add(xhat, bc[0], out=oc)
+            else:
+                c.xp.multiply(xhat, sc, out=oc)
             c.scratch.reset()
 
     return kernel
 
 
 def _norm_grad_kernel(kind: str):  # noqa: ANN202
-    """dx = invstd * (gs - mean(gs) - xhat * mean(gs * xhat)), gs = g * scale."""
+    """dx = invstd * (gs - mean(gs) - xhat * mean(gs * xhat)), gs = g * scale (RMS norm: no mean(gs))."""
     def kernel(c: KernelContext, ins: list[Array], out: Array, a: Attrs) -> None:
         x, scale, g = ins
         xp, f = c.xp, _frame(kind, x, scale.ndim)
         for _, (xc, gc, oc, sc) in _tiles(f, [f.x, g.reshape(f.x.shape), out.reshape(f.x.shape), scale], 4):
-            xhat, invstd = _normalized(c, xc, f.axes, a["eps"])
+            xhat, invstd = _normalized(c, xc, f.axes, a["eps"], centered=kind != "rms")
             gs, m1, m2 = c.scratch.take(xc.shape, xhat.dtype), c.scratch.take(invstd.shape, xhat.dtype), \
                 c.scratch.take(invstd.shape, xhat.dtype)
             xp.multiply(gc, sc, out=gs)
@@ -177,7 +185,8 @@ def _norm_grad_kernel(kind: str):  # noqa: ANN202
             xp.multiply(gs, xhat, out=square)
             xp.mean(square, axis=f.axes, keepdims=True, out=m2)
             xp.multiply(xhat, m2, out=xhat)
-            xp.subtract(gs, m1, out=gs)
+            if kind != "rms":
+                xp.subtract(gs, m1, out=gs)
             xp.subtract(gs, xhat, out=gs)
             xp.multiply(invstd, gs, out=oc)
             c.scratch.reset()
@@ -191,10 +200,10 @@ def _norm_dscale_kernel(kind: str):  # noqa: ANN202
         x, g = ins
         xp, f = c.xp, _frame(kind, x, a.get("scale_rank", 1))
         summed = tuple(i for i in range(3) if i != 1)
-        acc = c.scratch.take(out.shape, out.dtype) if kind == "layer" else None
+        acc = c.scratch.take(out.shape, out.dtype) if kind != "batch" else None
         mark = c.scratch.used
         for k, (xc, gc) in _tiles(f, [f.x, g.reshape(f.x.shape)], 2):
-            xhat, _ = _normalized(c, xc, f.axes, a["eps"])
+            xhat, _ = _normalized(c, xc, f.axes, a["eps"], centered=kind != "rms")
             xp.multiply(xhat, gc, out=xhat)
             if kind == "batch":
                 xp.sum(xhat, axis=summed, out=out.reshape(-1)[k])
@@ -213,11 +222,11 @@ def _norm_scratch(kind: str, full: int, reduced: int, acc: bool = False):  # noq
     def rule(ins: Types, out: TensorType, a: Attrs) -> int:
         scale_rank = a.get("scale_rank", 1) if len(ins) == 2 else ins[1].rank
         shape = _frame_shape(kind, ins[0], scale_rank)
-        tile = 0 if kind == "layer" else 1
+        tile = 0 if kind != "batch" else 1
         others = math.prod(d for i, d in enumerate(shape) if i != tile)
         n = chunk_len(shape[tile], others * 4 * full, ins[0].nbytes)
         item = 4 if ins[0].dtype.itemsize == 2 else ins[0].dtype.itemsize
-        extra = [out.nbytes] if acc and kind == "layer" else []
+        extra = [out.nbytes] if acc and kind != "batch" else []
         return buffers(*extra, *[n * others * item] * full, *[n * item] * reduced)  # n statistics per tile
 
     return rule
@@ -298,9 +307,9 @@ def _batch_norm_eval(c: KernelContext, ins: list[Array], out: Array, a: Attrs) -
 
 def _norm_grad(kind: str):  # noqa: ANN202
     def rule(b: GradBuilder, ins: tuple[str, ...], out: str, g: str, a: Attrs) -> tuple[str | None, ...]:
-        x, scale, _ = ins
+        x, scale, *_ = ins
         xt, st = b.type(x), b.type(scale)
-        if kind == "layer":
+        if kind != "batch":
             reduce_axes = tuple(range(xt.rank - st.rank))
             dscale_attrs = {"eps": a["eps"], "scale_rank": st.rank}
         else:
@@ -308,6 +317,8 @@ def _norm_grad(kind: str):  # noqa: ANN202
             dscale_attrs = {"eps": a["eps"]}
         dx = b.emit(f"{kind}_norm_grad", [x, scale, g], {"eps": a["eps"]})
         dscale = b.emit(f"{kind}_norm_dscale", [x, g], dscale_attrs)
+        if kind == "rms":
+            return dx, dscale
         dshift = b.emit("sum", [g], {"axes": reduce_axes, "keepdims": False}) if reduce_axes else g
         return dx, dscale, dshift
 
@@ -324,6 +335,15 @@ def _layer_norm_infer(ins: Types, a: Attrs) -> TensorType:
     return TensorType(x.shape, dtype)
 
 
+def _rms_norm_infer(ins: Types, a: Attrs) -> TensorType:
+    x, g = ins
+    dtype = floating("rms_norm", x, g)
+    if g.rank == 0 or x.shape[-g.rank:] != g.shape:
+        raise SwpError("`rms_norm` scale must match the trailing dimensions of its input",
+                       hints=[f"input is {x}, scale is {g}"])
+    return TensorType(x.shape, dtype)
+
+
 def _batch_norm_infer(ins: Types, a: Attrs) -> TensorType:
     x, g, b = ins
     dtype = floating("batch_norm", x, g, b)
@@ -336,7 +356,7 @@ def _batch_norm_infer(ins: Types, a: Attrs) -> TensorType:
 def _dscale_infer(kind: str):  # noqa: ANN202
     def infer(ins: Types, a: Attrs) -> TensorType:
         x, g = ins
-        if kind == "layer":
+        if kind != "batch":
             return TensorType(x.shape[x.rank - a.get("scale_rank", 1):], x.dtype)
         return TensorType((x.shape[1],), x.dtype)
 
@@ -456,6 +476,12 @@ register(
           _norm_grad_kernel("layer"), scratch=_norm_scratch("layer", 4, 3)),
     OpDef("layer_norm_dscale", (2, 2), _dscale_infer("layer"), per_input_element(10), _norm_dscale_kernel("layer"),
           scratch=_norm_scratch("layer", 2, 1, acc=True)),
+    OpDef("rms_norm", (2, 2), _rms_norm_infer, per_element(6), _norm_kernel("rms"), _norm_grad("rms"),
+          scratch=_norm_scratch("rms", 2, 1)),
+    OpDef("rms_norm_grad", (3, 3), same_as(0, op="rms_norm_grad"), per_input_element(11),
+          _norm_grad_kernel("rms"), scratch=_norm_scratch("rms", 4, 3)),
+    OpDef("rms_norm_dscale", (2, 2), _dscale_infer("rms"), per_input_element(8), _norm_dscale_kernel("rms"),
+          scratch=_norm_scratch("rms", 2, 1, acc=True)),
     OpDef("batch_norm", (3, 3), _batch_norm_infer, per_element(8), _norm_kernel("batch"), _norm_grad("batch"),
           scratch=_norm_scratch("batch", 2, 1)),
     OpDef("batch_norm_grad", (3, 3), same_as(0, op="batch_norm_grad"), per_input_element(14),

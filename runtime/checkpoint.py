@@ -30,6 +30,7 @@ FORMAT = "swapdsl-checkpoint"
 VERSION = "2"  # 2: tensor digests; 1 had none
 MAX_COUNT = 2**63 - 1  # steps, data positions and seeds are below 2^63, as --steps and --seed are
 _COUNT = re.compile(r"[0-9]{1,19}")
+RUNNING = (".running_mean", ".running_var")
 
 
 @attrs.frozen
@@ -145,9 +146,11 @@ def check_same_run(ck: Checkpoint, g: Graph) -> None:
 
 
 def parameters(ck: Checkpoint, g: Graph) -> dict[str, np.ndarray]:
-    """The checkpoint's values of ``g``'s parameters (for --init), each checked for name, shape and dtype."""
-    _check_tensors(ck, g, g.params, "--init")
-    return {name: ck.values[name] for name in g.params}
+    """The checkpoint's values of ``g``'s parameters (for --init), each checked for name, shape and dtype,
+    and of batch norm's running statistics where it has them (`swapdsl import` writes them)."""
+    running = tuple(n for n in g.state if n.endswith(RUNNING) and n in ck.values)
+    _check_tensors(ck, g, g.params + running, "--init")
+    return {name: ck.values[name] for name in g.params + running}
 
 
 def _check_tensors(ck: Checkpoint, g: Graph, names: tuple[str, ...], flag: str) -> None:

@@ -20,15 +20,18 @@ from types import ModuleType
 import attrs
 import numpy as np
 
+from swapdsl.common.atomic import check_writable, write_text_atomically
 from swapdsl.common.errors import Span, SwpError
 from swapdsl.common.units import format_bytes, parse_share, parse_size
 from swapdsl.devices.profiles import BUILTIN, DEFAULT_DEVICE, Device, load_device
 from swapdsl.graph.analysis import peak_bytes, summary, training_summary
-from swapdsl.graph.autodiff import evaluation_graph, prediction_graph, training_graph
+from swapdsl.graph.autodiff import evaluation_graph, prediction_graph, running_names, training_graph
 from swapdsl.graph.checker import check_graph
 from swapdsl.graph.ir import Graph
+from swapdsl.graph.ops.registry import np_dtype
 from swapdsl.graph.precision import GUARDS, PRECISIONS, autocast, default_guard
 from swapdsl.graph.microbatch import check_microbatches, divisors, microbatched
+from swapdsl.importer import Imported, convert
 from swapdsl.lang.elaborate import Override, elaborate, model_arguments, model_of
 from swapdsl.lang.loader import Program
 from swapdsl.lang.loader import load as load_program
@@ -366,6 +369,42 @@ def predict(target: Plan | Model | str | Path, data: str, init: str | None = Non
     finally:
         for r in made:
             r.close()
+
+
+def import_onnx(path: str, out: str, weights: str | None = None, batch: int | None = None,
+                dims: Mapping[str, int] | None = None, loss: str | None = None, target: str = "target",
+                optimizer: str = "sgd(lr = 0.01)") -> tuple[Model, Imported]:
+    """Write the ONNX model at ``path`` as the `.swp` file ``out`` and its weights as the checkpoint
+    ``weights`` (default: ``out`` with suffix ``.safetensors``) that `--init` reads: parameters and batch
+    norm's running statistics. Both are checked (the text loads, every weight fits its parameter) before
+    either is written; each is written whole or not at all."""
+    import tempfile
+
+    weights = weights or str(Path(out).with_suffix(".safetensors"))
+    for target_path, what in ((out, "model"), (weights, "weights")):
+        check_writable(target_path, what)
+    r = convert(path, batch, dims, loss, target, optimizer)
+    with tempfile.TemporaryDirectory() as tmp:
+        (Path(tmp) / "imported.swp").write_text(r.text)
+        try:
+            m = load(Path(tmp) / "imported.swp")
+        except SwpError as exc:
+            raise SwpError(f"the import of `{path}` does not load as a model: {exc.message}",
+                           notes=list(exc.notes), hints=["please report this with the ONNX file"]) from None
+    g = prediction_graph(m.graph)
+    g = attrs.evolve(g, state=tuple(s for s in g.state if not s.startswith("output/")))
+    values = {k: np.asarray(v) for k, v in init_persistent(g, 0, np).items() if k in g.persistent}
+    values.update({k: np.ascontiguousarray(v).astype(np_dtype(np, g.type_of(k).dtype))
+                   for k, v in r.params.items()})
+    running = running_names(m.graph)
+    for op in m.graph.ops:
+        if op.op == "batch_norm" and op.inputs[1] in r.running:
+            mean, var = r.running[op.inputs[1]]
+            values[f"{running[op.outputs[0]]}.running_mean"], values[f"{running[op.outputs[0]]}.running_var"] = \
+                mean, var
+    checkpoint.save(weights, g, values, 0, 0, 0, "", False)
+    write_text_atomically(out, r.text, "model")
+    return load(out), r
 
 
 def _init_values(init: str | None, g: Graph, seed: int) -> dict[str, np.ndarray]:

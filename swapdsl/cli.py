@@ -30,6 +30,7 @@ from swapdsl.planning.optimize import HOST_UPDATES, METHOD_NAMES
 from swapdsl.runtime.backend import BACKENDS, array_module
 from swapdsl.runtime.progress import Progress
 from swapdsl.runtime import training
+from swapdsl.importer.text import LOSSES
 from swapdsl.runtime.predict import npz_bytes
 from swapdsl.runtime.dataset import Dataset
 from swapdsl.runtime.log import plot_log, read_log
@@ -128,7 +129,7 @@ def _cmd_check(args: argparse.Namespace) -> int:
         ("parameters", f"{info['params']:,} in {info['param_tensors']} tensors ({format_bytes(info['param_bytes'])})"),
         ("forward FLOPs", format_count(info["forward_flops"], "FLOP")),
         ("activation peak", format_bytes(info["activation_peak_bytes"])),
-        ("loss", f"{info['loss']}, {info['optimizer']}"),
+        ("loss", f"{info['loss']}, {info['optimizer']}" if info["loss"] else "none: the model only predicts"),
         ("precision", f"{info['precision']}, guard {info['guard']}"),
     ]
     if args.training:
@@ -246,6 +247,30 @@ def _cmd_predict(args: argparse.Namespace) -> int:
     rows = next(iter(outputs.values())).shape[0]
     shapes = ", ".join(f"{k} {list(v.shape)} {v.dtype}" for k, v in outputs.items())
     print(f"{args.output}: {rows} examples ({shapes}) in {time.perf_counter() - started:.1f} s")
+    return 0
+
+
+def _cmd_import(args: argparse.Namespace) -> int:
+    dims = {}
+    for d in args.dim:
+        name, eq, value = d.partition("=")
+        if not eq or not value.isdigit() or int(value) < 1 or len(value) > 9:
+            raise SwpError(f"--dim {d}: expected NAME=N with N a positive integer", hints=["e.g. --dim seq=128"])
+        dims[name] = int(value)
+    if args.target != "target" and args.loss is None:
+        raise SwpError("--target names the loss's target input: give --loss too")
+    m, r = api.import_onnx(args.file, args.output, args.weights, args.batch, dims, args.loss, args.target,
+                           args.optimizer)
+    weights = args.weights or str(Path(args.output).with_suffix(".safetensors"))
+    count = sum(int(v.size) for v in r.params.values())
+    print(f"{args.output}: model `{r.model}`, {len(r.text.splitlines())} lines, {len(m.graph.ops)} ops; "
+          f"{weights}: {count:,} parameters in {len(r.params)} tensors"
+          + (f" and {len(r.running)} batch norms' running statistics" if r.running else ""))
+    for note in r.notes:
+        print(f"  note: {note}")
+    print(f"  next: swapdsl predict {args.output} --init {weights} --data DIR -o out.npz"
+          + (f"; swapdsl optimize {args.output} --memory SIZE -o net.plan" if args.loss else
+             " (add --loss to train it)"))
     return 0
 
 
@@ -509,6 +534,22 @@ def make_parser() -> argparse.ArgumentParser:
     pd.add_argument("--seed", type=_count(0, MAX_SEED - 1), default=0, help="seed of the initialisation without --init")
     pd.add_argument("--backend", choices=BACKENDS, default="auto", help="array backend (default auto)")
     pd.set_defaults(handler=_cmd_predict, precision=None, guard=None, microbatches=None)
+
+    im = sub.add_parser("import", help="an ONNX model as a .swp file and its weights as a checkpoint --init reads")
+    im.add_argument("file", metavar="FILE.onnx")
+    im.add_argument("-o", dest="output", required=True, metavar="FILE.swp", help="the model to write")
+    im.add_argument("--weights", metavar="FILE.safetensors",
+                    help="where its weights go (default: FILE.swp's name with .safetensors)")
+    im.add_argument("--batch", type=_count(1), help="the batch: every input's first axis (default: the file's size "
+                    "there, else 1); a model argument of the .swp")
+    im.add_argument("--dim", action="append", default=[], metavar="NAME=N",
+                    help="a size for one of the file's other symbolic dimensions (repeatable)")
+    im.add_argument("--loss", choices=LOSSES, help="add a target input and a loss on the first output, and a "
+                    "`minimize` line (without it the model predicts only)")
+    im.add_argument("--target", default="target", metavar="NAME", help="the target input's name (target)")
+    im.add_argument("--optimizer", default="sgd(lr = 0.01)", metavar="TEXT",
+                    help="the `minimize` line's optimiser, as the language writes it (sgd(lr = 0.01))")
+    im.set_defaults(handler=_cmd_import)
 
     pl = sub.add_parser("plot-log", help="draw a training log (exec --log): loss and reports against the step")
     pl.add_argument("file", metavar="FILE.jsonl")

@@ -14,7 +14,7 @@ from swapdsl.common.paths import GRAMMAR_DIR
 PACKAGE = Path(swapdsl.__file__).resolve().parent
 RUNTIME = GRAMMAR_DIR.parent / "runtime"  # ships as swapdsl.runtime
 # bottom to top: a module may import its own stage and those before it
-STAGES = ("common", "graph", "lang", "devices", "plan", "planning", "runtime", "api", "cli", "fuzz")
+STAGES = ("common", "graph", "lang", "importer", "devices", "plan", "planning", "runtime", "api", "cli", "fuzz")
 TOP_LEVEL = {"__init__": "api", "__main__": "cli"}
 
 

@@ -21,7 +21,7 @@ import attrs
 
 from swapdsl.common.errors import Span, SwpError
 from swapdsl.graph import ops
-from swapdsl.graph.ir import DType, Graph, Init, Kind, Op, Tensor, TensorType
+from swapdsl.graph.ir import FORWARD_ONLY, DType, Graph, Init, Kind, Op, Tensor, TensorType
 from swapdsl.graph.ops.optim import SCHEDULE
 
 
@@ -100,8 +100,16 @@ def _depends_on_params(fwd: Graph, forward: list[Op]) -> set[str]:
     return reached
 
 
+def _trainable(g: Graph) -> None:
+    if g.optimizer == FORWARD_ONLY:
+        raise SwpError(f"model `{g.name}` has no `minimize` line: it can be checked and can predict, not be "
+                       "trained, evaluated or planned for training",
+                       hints=["add `minimize LOSS with sgd(lr = 0.01)` (`swapdsl import --loss` writes one)"])
+
+
 def training_graph(fwd: Graph) -> Graph:
     """The full training step of ``fwd``: forward, backward and optimiser ops, in a valid order."""
+    _trainable(fwd)
     forward = live_forward_ops(fwd)
     needs_grad = _depends_on_params(fwd, forward)
     params = set(fwd.params)
@@ -228,6 +236,7 @@ def _report_state(b: _Builder, fwd: Graph, updates: list[tuple[str, str]], state
 def evaluation_graph(fwd: Graph) -> Graph:
     """What evaluation runs: the forward ops of the loss and the reports, dropout off (an identity), the
     parameters read and never written; each report as metric state like ``training_graph``'s."""
+    _trainable(fwd)
     b = _Builder(fwd)
     updates: list[tuple[str, str]] = []
     state: list[str] = []

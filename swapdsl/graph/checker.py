@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from swapdsl.common.errors import SwpError
 from swapdsl.graph import ops
-from swapdsl.graph.ir import Graph, Kind, Op
+from swapdsl.graph.ir import FORWARD_ONLY, Graph, Kind, Op
 
 
 class IRError(Exception):
@@ -38,7 +38,7 @@ def check_graph(g: Graph) -> None:
                 raise IRError(f"{where}: output {name} has no type")
             defined.add(name)
         _check_types(g, op, where)
-    if g.loss not in defined:
+    if g.loss not in defined and (g.loss or g.optimizer != FORWARD_ONLY):
         raise IRError(f"loss {g.loss} is never computed")
     for name, tensor in g.reports:
         if tensor not in defined or g.type_of(tensor).shape != ():

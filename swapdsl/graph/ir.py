@@ -126,6 +126,9 @@ class Optimizer:
         return f"{self.name}({', '.join(f'{k}={_fmt(v)}' for k, v in self.hparams)})"
 
 
+FORWARD_ONLY = Optimizer("none", ())  # a model without `minimize`: it predicts, it does not train
+
+
 @frozen
 class Graph:
     """A model's forward graph: ops in program order over named tensors."""

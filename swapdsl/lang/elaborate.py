@@ -19,7 +19,7 @@ from swapdsl.lang import ast
 from swapdsl.common.errors import Span, SwpError, did_you_mean
 from swapdsl.common.units import MAX_BYTES
 from swapdsl.graph import ops
-from swapdsl.graph.ir import DType, Graph, Init, Kind, Op, Optimizer, Tensor, TensorType
+from swapdsl.graph.ir import FORWARD_ONLY, DType, Graph, Init, Kind, Op, Optimizer, Tensor, TensorType
 from swapdsl.lang.builtins import BUILTINS, call_builtin, slice_axis
 from swapdsl.lang.loader import Program
 from swapdsl.lang.values import REQUIRED, TensorVal, Value, bind, describe
@@ -242,12 +242,13 @@ class _Elaborator:
         args = model_arguments(model, overrides)
         frame = _Frame(dict(args), self.program.entry, in_model=True)
         self.block(model.body, frame)
-        if self.loss is None:
-            raise SwpError(f"model `{model.name}` has no loss", model.span,
-                           hints=["add `minimize LOSS with sgd(lr = 0.1)` or `... with adam(lr = 1e-3)`"])
-        loss, opt = self.loss
+        if self.loss is None and not self.outputs:
+            raise SwpError(f"model `{model.name}` has no loss and no output", model.span,
+                           hints=["add `minimize LOSS with sgd(lr = 0.1)` to train it, or `output NAME = EXPR` "
+                                  "for a model that only predicts"])
+        loss, opt = self.loss if self.loss is not None else (None, FORWARD_ONLY)
         return Graph(model.name, tuple(args.items()), self.tensors, tuple(self.ops), tuple(self.inputs),
-                     tuple(self.params), loss.name, opt, self.program.sha256,
+                     tuple(self.params), loss.name if loss else "", opt, self.program.sha256,
                      reports=tuple((k, v.name) for k, v in self.reports.items()),
                      outputs=tuple((k, v.name) for k, v in self.outputs.items()))
 

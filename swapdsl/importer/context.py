@@ -1,0 +1,148 @@
+"""What lowering an ONNX graph keeps as it walks: values by ONNX name, the `.swp` lines written, the
+parameters declared, and readable names."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from typing import Any
+
+import attrs
+import numpy as np
+
+from swapdsl.common.errors import SwpError
+from swapdsl.importer.onnx_read import DTYPES, Source
+from swapdsl.lang.builtins import BUILTINS
+
+KEYWORDS = frozenset({"and", "as", "assert", "def", "else", "false", "for", "if", "import", "in", "input",
+                      "minimize", "model", "not", "or", "output", "param", "report", "return", "true", "with",
+                      "range", "len", "min", "max", "int", "prod", "pair", "batch", "loss"})
+RESERVED = KEYWORDS | frozenset(BUILTINS)
+
+
+@attrs.frozen
+class Tensor:
+    """A value the model computes: its `.swp` name, static shape and dtype."""
+
+    name: str
+    shape: tuple[int, ...]
+    dtype: str
+
+
+Value = Tensor | np.ndarray  # an array: a constant, folded at import
+
+
+def swp_dtype(a: np.ndarray) -> str:
+    kinds = {"float32": "f32", "float64": "f64", "float16": "f16", "bfloat16": "bf16", "int32": "i32",
+             "int64": "i64"}
+    if a.dtype.name not in kinds:
+        raise SwpError(f"a constant of type {a.dtype.name} has no swapdsl dtype")
+    return kinds[a.dtype.name]
+
+
+class Lowering:
+    """The state of one walk: values by ONNX name, the lines written, the parameters declared."""
+
+    def __init__(self, src: Source, sizes: Mapping[str, int]) -> None:
+        self.src = src
+        self.env: dict[str, Value] = dict(src.weights)
+        self.lines: list[str] = []
+        self.params: dict[str, np.ndarray] = {}  # swp name -> value
+        self.param_of: dict[str, str] = {}  # ONNX weight name -> swp name
+        self.running: dict[str, tuple[np.ndarray, np.ndarray]] = {}  # batch norm scale param -> (mean, var)
+        self.taken: set[str] = set(RESERVED)
+        self.inputs: list[tuple[str, Tensor]] = []
+        for i in src.inputs:
+            shape = tuple(sizes["batch"] if k == 0 else sizes[d] if isinstance(d, str) else d
+                          for k, d in enumerate(i.dims))
+            t = Tensor(self.fresh(i.name), shape, i.dtype)
+            self.env[i.name] = t
+            self.inputs.append((i.name, t))
+
+    # -- names
+
+    def fresh(self, onnx_name: str) -> str:
+        """A readable, unused `.swp` name for an ONNX value or node name."""
+        base = readable(onnx_name)
+        base = f"{base}_out" if base in RESERVED else base
+        name, n = base, 1
+        while name in self.taken:
+            n += 1
+            name = f"{base}_{n}"
+        self.taken.add(name)
+        return name
+
+    # -- values
+
+    def get(self, node: Any, i: int) -> Value | None:
+        if i >= len(node.input) or not node.input[i]:
+            return None
+        if node.input[i] not in self.env:
+            raise SwpError(f"node `{node.name or node.op_type}` reads `{node.input[i]}`, which nothing before it "
+                           "makes")
+        return self.env[node.input[i]]
+
+    def tensor(self, node: Any, i: int, shape: tuple[int, ...] | None = None) -> Tensor:
+        """Input ``i`` as a tensor of the model: a weight becomes a parameter (``shape``: declared so)."""
+        v = self.get(node, i)
+        if v is None:
+            raise unsupported(node, f"input {i} is missing")
+        if isinstance(v, Tensor):
+            return v
+        if not np.issubdtype(v.dtype, np.floating) and v.dtype.name != "bfloat16":
+            raise unsupported(node, f"input {i} is an integer constant where a tensor is expected")
+        return self.param(node.input[i], v if shape is None else v.reshape(shape))
+
+    def param(self, onnx_name: str, value: np.ndarray) -> Tensor:
+        if onnx_name not in self.param_of:
+            name = self.fresh(onnx_name)
+            self.param_of[onnx_name] = name
+            self.params[name] = value
+            self.lines.append(f"param {name}: {swp_dtype(value) if value.dtype != np.float32 else ''}"
+                              f"{list(value.shape)} = {initialiser(value)}")
+        name = self.param_of[onnx_name]
+        return Tensor(name, tuple(self.params[name].shape), swp_dtype(self.params[name]))
+
+    def emit(self, node: Any, expr: str, shape: tuple[int, ...], dtype: str, out: int = 0) -> Tensor:
+        t = Tensor(self.fresh(node.output[out] if out < len(node.output) else node.name), tuple(shape), dtype)
+        self.lines.append(f"{t.name} = {expr}")
+        self.env[node.output[out]] = t
+        return t
+
+    def const(self, node: Any, i: int) -> np.ndarray | None:
+        v = self.get(node, i)
+        if isinstance(v, Tensor):
+            raise unsupported(node, f"input {i} must be a constant (shape arithmetic swapdsl folds), but it is "
+                              "computed from the model's inputs")
+        return v
+
+
+def readable(onnx_name: str) -> str:
+    """`/layer1/layer1.0/conv1/Conv_output_0` -> `layer1_0_conv1`; `fc.weight` -> `fc_weight`."""
+    parts = [p for p in re.sub(r"_output_\d+$", "", onnx_name).split("/") if p]
+    parts = [p for k, p in enumerate(parts) if not (k + 1 < len(parts) and parts[k + 1].startswith(p + "."))]
+    if len(parts) > 1 and re.fullmatch(r"[A-Z][A-Za-z]*(_\d+)?", parts[-1]):  # the op's name in its module
+        parts.pop()
+    name = re.sub(r"[^A-Za-z0-9]+", "_", "_".join(parts)).strip("_").lower() or "v"
+    return f"v{name}" if name[0].isdigit() else name
+
+
+def initialiser(value: np.ndarray) -> str:
+    """An initialiser of the weight's own scale, for training from scratch without `--init`."""
+    v = value.astype(np.float64)
+    if v.size and np.all(v == v.flat[0]):
+        return "zeros" if v.flat[0] == 0 else "ones" if v.flat[0] == 1 else f"constant({v.flat[0]:.8g})"
+    std, mean = float(v.std()), float(v.mean())
+    return f"normal(std = {std:.6g})" if abs(mean) < 1e-3 * max(std, 1e-12) or abs(mean) < 1e-6 \
+        else f"normal(std = {std:.6g}, mean = {mean:.6g})"
+
+
+def unsupported(node: Any, why: str) -> SwpError:
+    return SwpError(f"ONNX node `{node.name or '(unnamed)'}` ({node.op_type}): {why}",
+                    hints=["docs/import.md lists the ops and forms swapdsl imports"])
+
+
+def onnx_dtype(code: int, node: Any) -> str:
+    if code not in DTYPES:
+        raise unsupported(node, f"element type {code} has no swapdsl dtype")
+    return DTYPES[code]

@@ -1,0 +1,457 @@
+"""The import table, keyed by ONNX op type: ``RULES`` writes a node that computes on the model's tensors
+as `.swp`; ``FOLD`` evaluates one whose inputs are all constants (the shape arithmetic an exporter
+leaves: Shape, Gather, Concat, Unsqueeze, ...) with NumPy at import. docs/import.md lists both."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+from swapdsl.common.errors import SwpError
+from swapdsl.importer.context import Lowering, Tensor, onnx_dtype, swp_dtype, unsupported
+
+Rule = Callable[[Lowering, Any, dict[str, Any]], None]
+Fold = Callable[[Any, list[Any], dict[str, Any]], list[np.ndarray]]
+
+
+def _num(v: float) -> str:
+    """A number as `.swp` writes it: float32's shortest text (ONNX's float attributes are float32)."""
+    if not np.isfinite(v):
+        raise SwpError(f"a constant {v} is not a finite number")
+    text = repr(float(v)) if float(np.float32(v)) != float(v) else str(np.float32(v))
+    text = text if any(c in text for c in ".e") else f"{text}.0"
+    return f"({text})" if text.startswith("-") else text
+
+
+def _axis(axis: int, rank: int, node: Any) -> int:
+    if not -rank <= axis < rank:
+        raise unsupported(node, f"axis {axis} is outside a tensor of rank {rank}")
+    return axis % rank
+
+
+# ---- element-wise ----------------------------------------------------------------------
+
+
+def _unary(fn: str) -> Rule:
+    def rule(lw: Lowering, node: Any, a: dict[str, Any]) -> None:
+        x = lw.tensor(node, 0)
+        lw.emit(node, f"{fn}({x.name})", x.shape, x.dtype)
+
+    return rule
+
+
+def _leaky_relu(lw: Lowering, node: Any, a: dict[str, Any]) -> None:
+    x = lw.tensor(node, 0)
+    lw.emit(node, f"leaky_relu({x.name}, slope = {_num(a.get('alpha', 0.01))})", x.shape, x.dtype)
+
+
+def _gelu(lw: Lowering, node: Any, a: dict[str, Any]) -> None:
+    if a.get("approximate", "none") != "tanh":
+        raise unsupported(node, "exact (erf) GELU; swapdsl's `gelu` is the tanh approximation",)
+    _unary("gelu")(lw, node, a)
+
+
+_SYMBOL = {"Add": "+", "Sub": "-", "Mul": "*", "Div": "/"}
+
+
+def _binary(lw: Lowering, node: Any, a: dict[str, Any]) -> None:
+    op = _SYMBOL[node.op_type]
+    x, y = lw.get(node, 0), lw.get(node, 1)
+    scalar = next((i for i, v in enumerate((x, y)) if isinstance(v, np.ndarray) and v.size == 1), None)
+    if scalar is not None:
+        t = lw.tensor(node, 1 - scalar)
+        c = _num(np.asarray((x, y)[scalar]).reshape(()).item())
+        expr = f"{t.name} {op} {c}" if scalar == 1 else f"{c} {op} {t.name}"
+        lw.emit(node, expr, t.shape, t.dtype)
+        return
+    tx, ty = lw.tensor(node, 0), lw.tensor(node, 1)
+    lw.emit(node, f"{tx.name} {op} {ty.name}", np.broadcast_shapes(tx.shape, ty.shape), tx.dtype)
+
+
+def _pow(lw: Lowering, node: Any, a: dict[str, Any]) -> None:
+    p = lw.const(node, 1)
+    if p is None or p.size != 1:
+        raise unsupported(node, "only a constant scalar exponent")
+    x = lw.tensor(node, 0)
+    lw.emit(node, f"{x.name} ** {_num(p.reshape(()).item())}", x.shape, x.dtype)
+
+
+def _cast(lw: Lowering, node: Any, a: dict[str, Any]) -> None:
+    x = lw.tensor(node, 0)
+    to = onnx_dtype(a["to"], node)
+    lw.emit(node, f"cast({x.name}, {to})", x.shape, to)
+
+
+def _alias(lw: Lowering, node: Any, a: dict[str, Any]) -> None:
+    """Identity, and Dropout as exported for inference (its mask output unused)."""
+    if len(node.output) > 1 and node.output[1]:
+        raise unsupported(node, "a dropout mask output")
+    lw.env[node.output[0]] = lw.tensor(node, 0)
+
+
+# ---- products and convolutions -------------------------------------------------------------
+
+
+def _matmul(lw: Lowering, node: Any, a: dict[str, Any]) -> None:
+    x, w = lw.tensor(node, 0), lw.tensor(node, 1)
+    if len(x.shape) < 2 or len(w.shape) < 2:
+        raise unsupported(node, "a vector operand (rank 1)")
+    shape = np.broadcast_shapes(x.shape[:-2], w.shape[:-2]) + (x.shape[-2], w.shape[-1])
+    lw.emit(node, f"{x.name} @ {w.name}", shape, x.dtype)
+
+
+def _gemm(lw: Lowering, node: Any, a: dict[str, Any]) -> None:
+    if a.get("transA", 0) or a.get("alpha", 1.0) != 1.0 or a.get("beta", 1.0) != 1.0:
+        raise unsupported(node, "Gemm with transA, alpha or beta other than the defaults")
+    x, w = lw.tensor(node, 0), lw.tensor(node, 1)
+    out = w.shape[0] if a.get("transB", 0) else w.shape[1]
+    expr = f"matmul({x.name}, {w.name}, transpose_b = true)" if a.get("transB", 0) else f"{x.name} @ {w.name}"
+    if lw.get(node, 2) is not None:
+        expr += f" + {lw.tensor(node, 2).name}"
+    lw.emit(node, expr, (x.shape[0], out), x.dtype)
+
+
+def _spatial(node: Any, a: dict[str, Any]) -> tuple[tuple[int, int], tuple[int, int], tuple[int, int]]:
+    """(stride, padding, dilation) of a 2-d convolution or pooling, symmetric padding only."""
+    if a.get("auto_pad", "NOTSET") not in ("NOTSET", "VALID"):
+        raise unsupported(node, f"auto_pad {a['auto_pad']}; export with explicit pads")
+    pads = list(a.get("pads", [0, 0, 0, 0]))
+    if len(pads) != 4 or pads[:2] != pads[2:]:
+        raise unsupported(node, f"pads {pads}: swapdsl imports 2-d ops with the same padding on both sides")
+    stride, dilation = tuple(a.get("strides", [1, 1])), tuple(a.get("dilations", [1, 1]))
+    if len(stride) != 2 or len(dilation) != 2:
+        raise unsupported(node, "only 2-d convolutions and pooling")
+    return stride, (pads[0], pads[1]), dilation
+
+
+def _out_size(size: int, k: int, s: int, p: int, d: int) -> int:
+    return (size + 2 * p - d * (k - 1) - 1) // s + 1
+
+
+def _defaults_left_out(call: str) -> str:
+    for default in (", stride = (1, 1)", ", padding = (0, 0)", ", dilation = (1, 1)", ", groups = 1"):
+        call = call.replace(default, "")
+    return call
+
+
+def _conv(lw: Lowering, node: Any, a: dict[str, Any]) -> None:
+    x, w = lw.tensor(node, 0), lw.tensor(node, 1)
+    if len(x.shape) != 4:
+        raise unsupported(node, "only 2-d convolutions ([N, C, H, W] inputs)")
+    stride, pad, dil = _spatial(node, a)
+    groups = a.get("group", 1)
+    expr = _defaults_left_out(f"conv2d({x.name}, {w.name}, stride = {stride}, padding = {pad}, dilation = {dil}, "
+                              f"groups = {groups})")
+    b = lw.get(node, 2)
+    if b is not None:
+        expr += f" + {lw.tensor(node, 2, shape=(w.shape[0], 1, 1)).name}"
+    hw = tuple(_out_size(x.shape[2 + i], w.shape[2 + i], stride[i], pad[i], dil[i]) for i in range(2))
+    lw.emit(node, expr, (x.shape[0], w.shape[0]) + hw, x.dtype)
+
+
+def _pool(fn: str) -> Rule:
+    def rule(lw: Lowering, node: Any, a: dict[str, Any]) -> None:
+        x = lw.tensor(node, 0)
+        if len(x.shape) != 4 or a.get("ceil_mode", 0) or a.get("storage_order", 0):
+            raise unsupported(node, "pooling of [N, C, H, W] without ceil_mode")
+        k = tuple(a["kernel_shape"])
+        stride, pad, dil = _spatial(node, a)
+        if dil != (1, 1) or len(node.output) > 1:
+            raise unsupported(node, "pooling with dilations or an indices output")
+        extra = ", count_include_pad = true" if fn == "avg_pool2d" and a.get("count_include_pad", 0) else ""
+        extra += ", count_include_pad = false" if fn == "avg_pool2d" and not a.get("count_include_pad", 0) and \
+            pad != (0, 0) else ""
+        hw = tuple(_out_size(x.shape[2 + i], k[i], stride[i], pad[i], 1) for i in range(2))
+        text = f"{fn}({x.name}, {k}, stride = {stride}, padding = {pad}{extra})"
+        lw.emit(node, _defaults_left_out(text.replace(f", stride = {k}", "")), x.shape[:2] + hw, x.dtype)
+
+    return rule
+
+
+def _global_avg_pool(lw: Lowering, node: Any, a: dict[str, Any]) -> None:
+    x = lw.tensor(node, 0)
+    if len(x.shape) != 4:
+        raise unsupported(node, "only [N, C, H, W] inputs")
+    n, c = x.shape[:2]
+    lw.emit(node, f"reshape(global_avg_pool({x.name}), [{n}, {c}, 1, 1])", (n, c, 1, 1), x.dtype)
+
+
+# ---- normalisation and softmax ----------------------------------------------------------------
+
+
+def _softmax(fn: str) -> Rule:
+    def rule(lw: Lowering, node: Any, a: dict[str, Any]) -> None:
+        x = lw.tensor(node, 0)
+        axis = _axis(a.get("axis", -1), len(x.shape), node)
+        axis_text = "" if axis == len(x.shape) - 1 else f", axis = {axis}"
+        lw.emit(node, f"{fn}({x.name}{axis_text})", x.shape, x.dtype)
+
+    return rule
+
+
+def _batch_norm(lw: Lowering, node: Any, a: dict[str, Any]) -> None:
+    if a.get("training_mode", 0) or len(node.output) > 1:
+        raise unsupported(node, "BatchNormalization in training mode (export the model in eval mode)")
+    x = lw.tensor(node, 0)
+    scale, shift = lw.tensor(node, 1), lw.tensor(node, 2)
+    mean, var = lw.const(node, 3), lw.const(node, 4)
+    if mean is None or var is None or len(x.shape) < 2:
+        raise unsupported(node, "running mean and variance must be weights")
+    lw.running[scale.name] = (mean.astype(np.float32), var.astype(np.float32))
+    lw.emit(node, f"batch_norm({x.name}, {scale.name}, {shift.name}, eps = {_num(a.get('epsilon', 1e-5))})",
+            x.shape, x.dtype)
+
+
+def _layer_norm(lw: Lowering, node: Any, a: dict[str, Any]) -> None:
+    x = lw.tensor(node, 0)
+    axis = _axis(a.get("axis", -1), len(x.shape), node)
+    if len(node.output) > 1 and any(node.output[1:]):
+        raise unsupported(node, "the mean and inverse deviation outputs")
+    scale = lw.tensor(node, 1, shape=x.shape[axis:])
+    if lw.get(node, 2) is None:
+        shift = lw.param(f"{node.input[1]}.shift", np.zeros(x.shape[axis:], np.float32))
+    else:
+        shift = lw.tensor(node, 2, shape=x.shape[axis:])
+    lw.emit(node, f"layer_norm({x.name}, {scale.name}, {shift.name}, eps = {_num(a.get('epsilon', 1e-5))})",
+            x.shape, x.dtype)
+
+
+def _reduce(fn: str) -> Rule:
+    def rule(lw: Lowering, node: Any, a: dict[str, Any]) -> None:
+        x = lw.tensor(node, 0)
+        given = lw.const(node, 1) if len(node.input) > 1 else a.get("axes")
+        axes = sorted({_axis(int(i), len(x.shape), node) for i in np.asarray(given).reshape(-1)}) \
+            if given is not None and np.asarray(given).size else list(range(len(x.shape)))
+        keep = bool(a.get("keepdims", 1))
+        shape = tuple(1 if i in axes else d for i, d in enumerate(x.shape)) if keep else \
+            tuple(d for i, d in enumerate(x.shape) if i not in axes)
+        lw.emit(node, f"{fn}({x.name}, axes = {axes}, keepdims = {str(keep).lower()})", shape, x.dtype)
+
+    return rule
+
+
+# ---- shapes ------------------------------------------------------------------------------
+
+
+def reshape_target(shape: tuple[int, ...], target: np.ndarray, node: Any, allowzero: int = 0) -> tuple[int, ...]:
+    dims = [int(d) for d in target.reshape(-1)]
+    dims = [shape[i] if d == 0 and not allowzero and i < len(shape) else d for i, d in enumerate(dims)]
+    if dims.count(-1) > 1 or any(d < -1 for d in dims):
+        raise unsupported(node, f"reshape target {dims}")
+    if -1 in dims:
+        known = math.prod(d for d in dims if d != -1)
+        dims[dims.index(-1)] = math.prod(shape) // known if known else 0
+    if math.prod(dims) != math.prod(shape) or 0 in dims:
+        raise unsupported(node, f"cannot reshape {list(shape)} to {dims}")
+    return tuple(dims)
+
+
+def _reshape_to(lw: Lowering, node: Any, x: Tensor, shape: tuple[int, ...]) -> None:
+    if shape == x.shape:
+        lw.env[node.output[0]] = x
+        return
+    lw.emit(node, f"reshape({x.name}, {list(shape)})", shape, x.dtype)
+
+
+def _reshape(lw: Lowering, node: Any, a: dict[str, Any]) -> None:
+    x = lw.tensor(node, 0)
+    _reshape_to(lw, node, x, reshape_target(x.shape, lw.const(node, 1), node, a.get("allowzero", 0)))
+
+
+def _flatten(lw: Lowering, node: Any, a: dict[str, Any]) -> None:
+    x = lw.tensor(node, 0)
+    axis = a.get("axis", 1) % (len(x.shape) + 1) if x.shape else 0
+    _reshape_to(lw, node, x, (math.prod(x.shape[:axis]), math.prod(x.shape[axis:])))
+
+
+def _squeeze(lw: Lowering, node: Any, a: dict[str, Any]) -> None:
+    x = lw.tensor(node, 0)
+    given = lw.const(node, 1)
+    axes = {_axis(int(i), len(x.shape), node) for i in given.reshape(-1)} if given is not None else \
+        {i for i, d in enumerate(x.shape) if d == 1}
+    if any(x.shape[i] != 1 for i in axes):
+        raise unsupported(node, f"squeezing a dimension of size other than 1 from {list(x.shape)}")
+    _reshape_to(lw, node, x, tuple(d for i, d in enumerate(x.shape) if i not in axes))
+
+
+def _unsqueeze(lw: Lowering, node: Any, a: dict[str, Any]) -> None:
+    x = lw.tensor(node, 0)
+    axes = lw.const(node, 1)
+    _reshape_to(lw, node, x, np.expand_dims(np.empty(x.shape, np.int8), tuple(int(i) for i in axes.reshape(-1)))
+                .shape)
+
+
+def _transpose(lw: Lowering, node: Any, a: dict[str, Any]) -> None:
+    x = lw.tensor(node, 0)
+    perm = [int(p) for p in a.get("perm", range(len(x.shape) - 1, -1, -1))]
+    if sorted(perm) != list(range(len(x.shape))):
+        raise unsupported(node, f"perm {perm} of a rank-{len(x.shape)} tensor")
+    lw.emit(node, f"permute({x.name}, {perm})", tuple(x.shape[p] for p in perm), x.dtype)
+
+
+def _concat(lw: Lowering, node: Any, a: dict[str, Any]) -> None:
+    xs = [lw.tensor(node, i) for i in range(len(node.input))]
+    axis = _axis(a["axis"], len(xs[0].shape), node)
+    shape = list(xs[0].shape)
+    shape[axis] = sum(x.shape[axis] for x in xs)
+    lw.emit(node, f"concat([{', '.join(x.name for x in xs)}], axis = {axis})", tuple(shape), xs[0].dtype)
+
+
+def _split(lw: Lowering, node: Any, a: dict[str, Any]) -> None:
+    x = lw.tensor(node, 0)
+    axis = _axis(a.get("axis", 0), len(x.shape), node)
+    given = lw.const(node, 1)
+    n = len(node.output)
+    sizes = [int(s) for s in given.reshape(-1)] if given is not None else \
+        [-(-x.shape[axis] // n)] * (n - 1) + [x.shape[axis] - -(-x.shape[axis] // n) * (n - 1)]
+    if len(sizes) != n or sum(sizes) != x.shape[axis] or min(sizes) < 1:
+        raise unsupported(node, f"split sizes {sizes} of a dimension of size {x.shape[axis]}")
+    outs = []
+    for k, size in enumerate(sizes):
+        shape = list(x.shape)
+        shape[axis] = size
+        outs.append(Tensor(lw.fresh(node.output[k]), tuple(shape), x.dtype))
+        lw.env[node.output[k]] = outs[-1]
+    lw.lines.append(f"{', '.join(t.name for t in outs)}{',' if n == 1 else ''} = "
+                    f"split({x.name}, {sizes}, axis = {axis})")
+
+
+def _slice(lw: Lowering, node: Any, a: dict[str, Any]) -> None:
+    x = lw.tensor(node, 0)
+    starts, ends = lw.const(node, 1), lw.const(node, 2)
+    axes, steps = lw.const(node, 3), lw.const(node, 4)
+    axes = range(len(starts)) if axes is None else [int(i) for i in axes]
+    steps = [1] * len(starts) if steps is None else [int(s) for s in steps]
+    index, shape = [":"] * len(x.shape), list(x.shape)
+    for axis, s, e, step in zip(axes, starts, ends, steps):
+        axis = _axis(axis, len(x.shape), node)
+        if step < 1:
+            raise unsupported(node, "a slice with a negative step")
+        lo, hi, _ = slice(int(s), int(min(e, x.shape[axis])), step).indices(x.shape[axis])
+        shape[axis] = len(range(lo, hi, step))
+        if shape[axis] < 1:
+            raise unsupported(node, "an empty slice")
+        index[axis] = f"{lo}:{hi}" + (f":{step}" if step != 1 else "")
+    while index and index[-1] == ":":
+        index.pop()
+    if not index:
+        lw.env[node.output[0]] = x
+        return
+    lw.emit(node, f"{x.name}[{', '.join(index)}]", tuple(shape), x.dtype)
+
+
+def _gather(lw: Lowering, node: Any, a: dict[str, Any]) -> None:
+    data, ids = lw.get(node, 0), lw.get(node, 1)
+    axis = a.get("axis", 0)
+    if isinstance(data, np.ndarray) and isinstance(ids, Tensor) and axis == 0 and data.ndim == 2:
+        table = lw.tensor(node, 0)
+        lw.emit(node, f"embedding({ids.name}, {table.name})", ids.shape + (data.shape[1],), table.dtype)
+        return
+    if isinstance(data, Tensor) and isinstance(ids, np.ndarray) and ids.size == 1 and ids.ndim == 0:
+        axis = _axis(axis, len(data.shape), node)
+        i = int(ids) % data.shape[axis]
+        index = [":"] * axis + [str(i)]
+        lw.emit(node, f"{data.name}[{', '.join(index)}]", data.shape[:axis] + data.shape[axis + 1:], data.dtype)
+        return
+    raise unsupported(node, "Gather other than an embedding lookup (a weight table, axis 0) or one index")
+
+
+def _shape(lw: Lowering, node: Any, a: dict[str, Any]) -> None:
+    x = lw.tensor(node, 0)
+    lw.env[node.output[0]] = np.array(x.shape[a.get("start", 0):a.get("end", len(x.shape))], np.int64)
+
+
+RULES: dict[str, Rule] = {
+    **{op: _unary(fn) for op, fn in (("Relu", "relu"), ("Sigmoid", "sigmoid"), ("Tanh", "tanh"), ("Exp", "exp"),
+                                     ("Log", "log"), ("Sqrt", "sqrt"), ("Neg", "neg"))},
+    "LeakyRelu": _leaky_relu, "Gelu": _gelu, "Pow": _pow, "Cast": _cast, "Identity": _alias, "Dropout": _alias,
+    **{op: _binary for op in _SYMBOL},
+    "MatMul": _matmul, "Gemm": _gemm, "Conv": _conv,
+    "MaxPool": _pool("max_pool2d"), "AveragePool": _pool("avg_pool2d"), "GlobalAveragePool": _global_avg_pool,
+    "Softmax": _softmax("softmax"), "LogSoftmax": _softmax("log_softmax"),
+    "BatchNormalization": _batch_norm, "LayerNormalization": _layer_norm,
+    "ReduceMean": _reduce("mean"), "ReduceSum": _reduce("sum"),
+    "Reshape": _reshape, "Flatten": _flatten, "Squeeze": _squeeze, "Unsqueeze": _unsqueeze,
+    "Transpose": _transpose, "Concat": _concat, "Split": _split, "Slice": _slice, "Gather": _gather,
+    "Shape": _shape,
+}
+
+
+# ---- constant folding --------------------------------------------------------------------------
+
+
+def _constant(node: Any, ins: list[Any], a: dict[str, Any]) -> list[np.ndarray]:
+    from onnx import numpy_helper
+
+    if "value" in a:
+        return [np.asarray(numpy_helper.to_array(a["value"]))]
+    for key, dtype in (("value_float", np.float32), ("value_floats", np.float32), ("value_int", np.int64),
+                       ("value_ints", np.int64)):
+        if key in a:
+            return [np.asarray(a[key], dtype)]
+    raise unsupported(node, "a Constant without a tensor, float or int value")
+
+
+def _fold_reshape(node: Any, ins: list[Any], a: dict[str, Any]) -> list[np.ndarray]:
+    return [ins[0].reshape(reshape_target(ins[0].shape, ins[1], node, a.get("allowzero", 0)))]
+
+
+def _fold_slice(node: Any, ins: list[Any], a: dict[str, Any]) -> list[np.ndarray]:
+    x, starts, ends = ins[:3]
+    axes = range(len(starts)) if len(ins) < 4 or ins[3] is None else ins[3]
+    steps = [1] * len(starts) if len(ins) < 5 or ins[4] is None else ins[4]
+    index = [slice(None)] * x.ndim
+    for axis, s, e, step in zip(axes, starts, ends, steps):
+        index[int(axis)] = slice(int(s), int(max(min(e, 2**62), -(2**62))), int(step))
+    return [x[tuple(index)]]
+
+
+def _int_div(x: np.ndarray, y: np.ndarray) -> np.ndarray:
+    if np.issubdtype(x.dtype, np.integer) and np.issubdtype(y.dtype, np.integer):
+        return (np.trunc(x / y)).astype(x.dtype)
+    return x / y
+
+
+def _f(fn: Callable[..., Any]) -> Fold:
+    return lambda node, ins, a: [np.asarray(fn(*ins))]
+
+
+FOLD: dict[str, Fold] = {
+    "Constant": _constant,
+    "Identity": _f(lambda x: x),
+    "Cast": lambda node, ins, a: [ins[0].astype(_np_dtype(onnx_dtype(a["to"], node)))],
+    "Add": _f(np.add), "Sub": _f(np.subtract), "Mul": _f(np.multiply), "Div": _f(_int_div),
+    "Neg": _f(np.negative), "Sqrt": _f(np.sqrt), "Equal": _f(np.equal), "Where": _f(np.where),
+    "Min": _f(np.minimum), "Max": _f(np.maximum),
+    "Concat": lambda node, ins, a: [np.concatenate([np.atleast_1d(x) for x in ins], axis=a["axis"])],
+    "Gather": lambda node, ins, a: [np.take(ins[0], ins[1].astype(np.int64), axis=a.get("axis", 0))],
+    "Unsqueeze": lambda node, ins, a: [np.expand_dims(ins[0], tuple(int(i) for i in ins[1].reshape(-1)))],
+    "Squeeze": lambda node, ins, a: [np.squeeze(ins[0], None if len(ins) < 2 or ins[1] is None
+                                                else tuple(int(i) for i in ins[1].reshape(-1)))],
+    "Reshape": _fold_reshape, "Slice": _fold_slice,
+    "Transpose": lambda node, ins, a: [np.transpose(ins[0], a.get("perm"))],
+    "Range": _f(lambda s, e, d: np.arange(s, e, d, dtype=np.result_type(s, e, d))),
+    "ConstantOfShape": lambda node, ins, a: [np.full(tuple(int(d) for d in ins[0]), _fill_value(a))],
+    "Expand": _f(lambda x, s: np.broadcast_to(x, np.broadcast_shapes(x.shape, tuple(int(d) for d in s))).copy()),
+    "ReduceProd": lambda node, ins, a: [np.prod(ins[0], keepdims=bool(a.get("keepdims", 1)))],
+}
+
+
+def _fill_value(a: dict[str, Any]) -> np.ndarray:
+    from onnx import numpy_helper
+
+    return np.asarray(numpy_helper.to_array(a["value"])).reshape(-1)[0] if "value" in a else np.float32(0)
+
+
+def _np_dtype(name: str) -> Any:
+    if name == "bf16":
+        import ml_dtypes
+
+        return ml_dtypes.bfloat16
+    return {"f32": np.float32, "f64": np.float64, "f16": np.float16, "i32": np.int32, "i64": np.int64}[name]
+
+
+__all__ = ["FOLD", "RULES", "swp_dtype"]

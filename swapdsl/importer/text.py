@@ -1,0 +1,144 @@
+"""An ONNX graph as a `.swp` model: lowered at the sizes asked for, then lowered again with each
+symbolic size one larger, so that every number which follows a size is written in its terms
+(`reshape(h, [batch, 512])`, not `[8, 512]`)."""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Callable, Mapping
+
+import attrs
+import numpy as np
+
+from swapdsl.common.errors import SwpError
+from swapdsl.importer.context import RESERVED, Lowering, readable
+from swapdsl.importer.walk import lower
+from swapdsl.importer.onnx_read import Source, read_onnx
+
+LOSSES = ("cross_entropy", "mse")
+_INT = re.compile(r"(?<![\w.])\d+(?![\w.])")
+
+
+@attrs.frozen
+class Imported:
+    text: str
+    model: str
+    params: dict[str, np.ndarray] = attrs.field(repr=False)  # `.swp` parameter -> its ONNX weight
+    running: dict[str, tuple[np.ndarray, np.ndarray]] = attrs.field(repr=False)  # batch-norm scale -> stats
+    notes: tuple[str, ...] = ()
+
+
+def convert(path: str, batch: int | None = None, dims: Mapping[str, int] | None = None, loss: str | None = None,
+            target: str = "target", optimizer: str = "sgd(lr = 0.01)") -> Imported:
+    """The ONNX file at ``path`` as `.swp` text and the parameters it starts from. Every input's first axis
+    is the batch (``batch``, else its size in the file, else 1); ``dims`` gives the file's other symbolic
+    sizes; ``loss`` adds a target input and a `minimize` line."""
+    src = read_onnx(path)
+    if loss is not None and loss not in LOSSES:
+        raise SwpError(f"unknown loss `{loss}`", hints=[f"losses: {', '.join(LOSSES)}"])
+    sizes = _sizes(src, batch, dict(dims or {}))
+    base = lower(src, sizes)
+
+    def render(lw: Lowering) -> list[str]:
+        return _declarations(lw) + _outputs(src, lw, loss, target, optimizer)
+
+    body, notes = _symbolic(src, base, sizes, render)
+    args = {("batch" if s == "batch" else _arg(s)): v for s, v in sizes.items()}
+    model = readable(src.name) if readable(src.name) not in RESERVED else f"{readable(src.name)}_model"
+    head = [f"# Imported from {src.path.rsplit('/', 1)[-1]} ({src.producer or 'unknown producer'}, opset "
+            f"{src.opset}) by `swapdsl import`.",
+            f"model {model}({', '.join(f'{k} = {v}' for k, v in args.items())}) {{"]
+    text = "\n".join(head + [f"    {line}" for line in body] + ["}", ""])
+    return Imported(text, model, base.params, base.running, tuple(notes))
+
+
+def _sizes(src: Source, batch: int | None, dims: dict[str, int]) -> dict[str, int]:
+    first = src.inputs[0].dims[0] if src.inputs[0].dims else 1
+    sizes = {"batch": batch if batch is not None else first if isinstance(first, int) else 1}
+    for i in src.inputs:
+        for d in i.dims[1:]:
+            if isinstance(d, str) and d not in sizes:
+                if d not in dims:
+                    raise SwpError(f"input `{i.name}` has the symbolic size `{d}`; give it a value",
+                                   hints=[f"swapdsl import ... --dim {d}=N"])
+                sizes[d] = dims.pop(d)
+    for name in dims:
+        raise SwpError(f"--dim {name}: the file has no symbolic size of that name",
+                       hints=[f"its sizes: {', '.join(sorted(set(sizes) - {'batch'})) or '(only the batch)'}"])
+    if any(v < 1 for v in sizes.values()):
+        raise SwpError("sizes must be positive integers")
+    return sizes
+
+
+def _arg(symbol: str) -> str:
+    name = readable(symbol)
+    return name if name not in RESERVED else f"{name}_size"
+
+
+def _symbolic(src: Source, base: Lowering, sizes: dict[str, int],
+              render: Callable[[Lowering], list[str]]) -> tuple[list[str], list[str]]:
+    """``base``'s lines with each number that follows a size written as its product with those sizes."""
+    lines, notes = render(base), []
+    bumped = {}
+    for s in sizes:
+        try:
+            bumped[s] = render(lower(src, {**sizes, s: sizes[s] + 1}))
+        except SwpError:
+            notes.append(f"`{s}` is fixed at {sizes[s]}: the file's shape arithmetic does not follow it")
+            continue
+        if len(bumped[s]) != len(lines):
+            del bumped[s]
+            notes.append(f"`{s}` is fixed at {sizes[s]}: the graph changes with it")
+    names = {s: ("batch" if s == "batch" else _arg(s)) for s in sizes}
+    return [_line(k, line, bumped, sizes, names) for k, line in enumerate(lines)], notes
+
+
+def _line(k: int, line: str, bumped: dict[str, list[str]], sizes: dict[str, int], names: dict[str, str]) -> str:
+    numbers = [m for m in _INT.finditer(line)]
+    others = {s: [int(m.group()) for m in _INT.finditer(b[k])] for s, b in bumped.items()}
+    out, last = [], 0
+    for j, m in enumerate(numbers):
+        v = int(m.group())
+        varying = [s for s, nums in others.items() if j < len(nums) and nums[j] != v]
+        out.append(line[last:m.start()])
+        out.append(_product(v, varying, sizes, names) if varying else m.group())
+        last = m.end()
+    return "".join(out) + line[last:]
+
+
+def _product(v: int, symbols: list[str], sizes: dict[str, int], names: dict[str, str]) -> str:
+    unit = math.prod(sizes[s] for s in symbols)
+    if v % unit:
+        raise SwpError(f"a size {v} follows {', '.join(symbols)} but is not a multiple of them",
+                       hints=["import with fixed sizes instead (every symbolic size given with --dim and --batch)"])
+    factor = v // unit
+    return " * ".join(([str(factor)] if factor != 1 else []) + [names[s] for s in symbols])
+
+
+def _declarations(lw: Lowering) -> list[str]:
+    return [f"input {t.name}: {t.dtype}{list(t.shape)}" for _, t in lw.inputs] + lw.lines
+
+
+def _outputs(src: Source, base: Lowering, loss: str | None, target: str, optimizer: str) -> list[str]:
+    outs, lines = [], []
+    for name in src.outputs:
+        v = base.env[name]
+        if isinstance(v, np.ndarray):
+            raise SwpError(f"the graph's output `{name}` is a constant; nothing to compute")
+        outs.append(v)
+        out_name = readable(name)
+        if out_name in base.taken and out_name != v.name:
+            out_name = f"{out_name}_out"
+        lines.append(f"output {out_name} = {v.name}")
+    if loss is None:
+        return lines
+    pred = outs[0]
+    if target in base.taken or target in RESERVED or not re.fullmatch(r"[A-Za-z_]\w*", target):
+        raise SwpError(f"--target `{target}` is taken or not a name", hints=["pick another with --target"])
+    if loss == "cross_entropy":
+        lines += [f"input {target}: i32{list(pred.shape[:-1])}",
+                  f"loss = softmax_cross_entropy({pred.name}, {target})"]
+    else:
+        lines += [f"input {target}: {pred.dtype}{list(pred.shape)}", f"loss = mse_loss({pred.name}, {target})"]
+    return lines + [f"minimize loss with {optimizer}"]

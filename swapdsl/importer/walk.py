@@ -1,0 +1,48 @@
+"""Walking an ONNX graph at given sizes: every node either folds to a constant (shape arithmetic) or
+becomes one `.swp` line through its rule (``rules.RULES``)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+
+from swapdsl.common.errors import SwpError
+from swapdsl.importer.context import Lowering, unsupported
+from swapdsl.importer.onnx_read import Source
+from swapdsl.importer.rules import FOLD, RULES
+
+
+def lower(src: Source, sizes: Mapping[str, int]) -> Lowering:
+    """Every node of ``src`` at these sizes (``batch`` and the other symbolic sizes)."""
+    lw = Lowering(src, sizes)
+    for node in src.nodes:
+        if node.domain not in ("", "ai.onnx"):
+            raise unsupported(node, f"operator domain `{node.domain}` is not the standard one")
+        ins = [lw.get(node, i) for i in range(len(node.input))]
+        if node.op_type in FOLD and all(v is None or isinstance(v, np.ndarray) for v in ins) and (
+                ins or node.op_type == "Constant"):
+            try:
+                outs = FOLD[node.op_type](node, ins, attributes(node))
+            except (ValueError, IndexError, TypeError, KeyError, ZeroDivisionError, OverflowError) as exc:
+                raise unsupported(node, f"its constant inputs do not fold: {str(exc)[:200]}") from None
+            lw.env.update(zip(node.output, (np.asarray(o) for o in outs)))
+        elif node.op_type in RULES:
+            RULES[node.op_type](lw, node, attributes(node))
+        else:
+            raise unsupported(node, "this op is not in swapdsl's import table")
+    for name in src.outputs:
+        if name not in lw.env:
+            raise SwpError(f"the graph's output `{name}` is made by no node")
+    return lw
+
+
+def attributes(node: Any) -> dict[str, Any]:
+    from onnx import helper
+
+    out = {}
+    for a in node.attribute:
+        v = helper.get_attribute_value(a)
+        out[a.name] = v.decode() if isinstance(v, bytes) else v
+    return out

@@ -17,8 +17,8 @@ from __future__ import annotations
 from typing import Any
 
 __version__ = "0.1.0"
-__all__ = ["Execution", "Hooks", "Model", "Options", "SearchOptions", "SearchProgress", "SwpError", "execute", "load",
-           "optimize", "predict", "read", "save", "simulate"]
+__all__ = ["Execution", "Hooks", "Model", "Options", "SearchOptions", "SearchProgress", "SwpError", "execute",
+           "import_onnx", "load", "optimize", "predict", "read", "save", "simulate"]
 
 
 def __getattr__(name: str) -> Any:

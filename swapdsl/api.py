@@ -390,9 +390,11 @@ def import_onnx(path: str, out: str, weights: str | None = None, batch: int | No
             m = load(Path(tmp) / "imported.swp")
         except SwpError as exc:
             raise SwpError(f"the import of `{path}` does not load as a model: {exc.message}",
-                           notes=list(exc.notes), hints=["please report this with the ONNX file"]) from None
-    g = prediction_graph(m.graph)
-    g = attrs.evolve(g, state=tuple(s for s in g.state if not s.startswith("output/")))
+                           notes=list(exc.notes), hints=["the file's shapes may disagree with its ops; if "
+                                                         "onnxruntime runs it, please report this with the file"]) from None
+    pred = prediction_graph(m.graph)  # every parameter, read by the outputs or not, and the running statistics
+    g = attrs.evolve(pred, params=m.graph.params, tensors={**m.graph.tensors, **pred.tensors},
+                     state=tuple(s for s in pred.state if not s.startswith("output/")))
     values = {k: np.asarray(v) for k, v in init_persistent(g, 0, np).items() if k in g.persistent}
     values.update({k: np.ascontiguousarray(v).astype(np_dtype(np, g.type_of(k).dtype))
                    for k, v in r.params.items()})

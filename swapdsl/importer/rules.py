@@ -17,6 +17,14 @@ Rule = Callable[[Lowering, Any, dict[str, Any]], None]
 Fold = Callable[[Any, list[Any], dict[str, Any]], list[np.ndarray]]
 
 
+def flag(a: dict[str, Any], name: str, default: int, node: Any) -> bool:
+    """A 0-or-1 attribute (keepdims, transB, ...): any other value is refused, not guessed at."""
+    v = a.get(name, default)
+    if v not in (0, 1):
+        raise unsupported(node, f"attribute {name} is {v}, not 0 or 1")
+    return bool(v)
+
+
 def _num(v: float) -> str:
     """A number as `.swp` writes it: float32's shortest text (ONNX's float attributes are float32)."""
     if not np.isfinite(v):
@@ -99,16 +107,25 @@ def _matmul(lw: Lowering, node: Any, a: dict[str, Any]) -> None:
     x, w = lw.tensor(node, 0), lw.tensor(node, 1)
     if len(x.shape) < 2 or len(w.shape) < 2:
         raise unsupported(node, "a vector operand (rank 1)")
+    _inner(node, x.shape[-1], w.shape[-2])
     shape = np.broadcast_shapes(x.shape[:-2], w.shape[:-2]) + (x.shape[-2], w.shape[-1])
     lw.emit(node, f"{x.name} @ {w.name}", shape, x.dtype)
 
 
+def _inner(node: Any, a: int, b: int) -> None:
+    if a != b:
+        raise unsupported(node, f"the product's inner dimensions differ: {a} and {b}")
+
+
 def _gemm(lw: Lowering, node: Any, a: dict[str, Any]) -> None:
-    if a.get("transA", 0) or a.get("alpha", 1.0) != 1.0 or a.get("beta", 1.0) != 1.0:
+    if flag(a, "transA", 0, node) or a.get("alpha", 1.0) != 1.0 or a.get("beta", 1.0) != 1.0:
         raise unsupported(node, "Gemm with transA, alpha or beta other than the defaults")
     x, w = lw.tensor(node, 0), lw.tensor(node, 1)
-    out = w.shape[0] if a.get("transB", 0) else w.shape[1]
-    expr = f"matmul({x.name}, {w.name}, transpose_b = true)" if a.get("transB", 0) else f"{x.name} @ {w.name}"
+    if len(x.shape) != 2 or len(w.shape) != 2:
+        raise unsupported(node, "Gemm of other than two matrices")
+    _inner(node, x.shape[1], w.shape[1] if flag(a, "transB", 0, node) else w.shape[0])
+    out = w.shape[0] if flag(a, "transB", 0, node) else w.shape[1]
+    expr = f"matmul({x.name}, {w.name}, transpose_b = true)" if flag(a, "transB", 0, node) else f"{x.name} @ {w.name}"
     if lw.get(node, 2) is not None:
         expr += f" + {lw.tensor(node, 2).name}"
     lw.emit(node, expr, (x.shape[0], out), x.dtype)
@@ -124,6 +141,9 @@ def _spatial(node: Any, a: dict[str, Any]) -> tuple[tuple[int, int], tuple[int, 
     stride, dilation = tuple(a.get("strides", [1, 1])), tuple(a.get("dilations", [1, 1]))
     if len(stride) != 2 or len(dilation) != 2:
         raise unsupported(node, "only 2-d convolutions and pooling")
+    if min(stride + dilation) < 1 or min(pads) < 0:
+        raise unsupported(node, f"strides {list(stride)}, dilations {list(dilation)} and pads {pads} must be "
+                          "positive (pads: not negative)")
     return stride, (pads[0], pads[1]), dilation
 
 
@@ -131,8 +151,8 @@ def _out_size(size: int, k: int, s: int, p: int, d: int) -> int:
     return (size + 2 * p - d * (k - 1) - 1) // s + 1
 
 
-def _defaults_left_out(call: str) -> str:
-    for default in (", stride = (1, 1)", ", padding = (0, 0)", ", dilation = (1, 1)", ", groups = 1"):
+def _defaults_left_out(call: str, stride: str = ", stride = (1, 1)") -> str:
+    for default in (stride, ", padding = (0, 0)", ", dilation = (1, 1)", ", groups = 1"):
         call = call.replace(default, "")
     return call
 
@@ -155,18 +175,20 @@ def _conv(lw: Lowering, node: Any, a: dict[str, Any]) -> None:
 def _pool(fn: str) -> Rule:
     def rule(lw: Lowering, node: Any, a: dict[str, Any]) -> None:
         x = lw.tensor(node, 0)
-        if len(x.shape) != 4 or a.get("ceil_mode", 0) or a.get("storage_order", 0):
+        if len(x.shape) != 4 or flag(a, "ceil_mode", 0, node) or a.get("storage_order", 0):
             raise unsupported(node, "pooling of [N, C, H, W] without ceil_mode")
         k = tuple(a["kernel_shape"])
+        if len(k) != 2 or min(k) < 1:
+            raise unsupported(node, f"kernel_shape {list(k)}: a 2-d pooling's is two positive sizes")
         stride, pad, dil = _spatial(node, a)
         if dil != (1, 1) or len(node.output) > 1:
             raise unsupported(node, "pooling with dilations or an indices output")
-        extra = ", count_include_pad = true" if fn == "avg_pool2d" and a.get("count_include_pad", 0) else ""
-        extra += ", count_include_pad = false" if fn == "avg_pool2d" and not a.get("count_include_pad", 0) and \
+        extra = ", count_include_pad = true" if fn == "avg_pool2d" and flag(a, "count_include_pad", 0, node) else ""
+        extra += ", count_include_pad = false" if fn == "avg_pool2d" and not flag(a, "count_include_pad", 0, node) and \
             pad != (0, 0) else ""
         hw = tuple(_out_size(x.shape[2 + i], k[i], stride[i], pad[i], 1) for i in range(2))
         text = f"{fn}({x.name}, {k}, stride = {stride}, padding = {pad}{extra})"
-        lw.emit(node, _defaults_left_out(text.replace(f", stride = {k}", "")), x.shape[:2] + hw, x.dtype)
+        lw.emit(node, _defaults_left_out(text, stride=f", stride = {k}"), x.shape[:2] + hw, x.dtype)
 
     return rule
 
@@ -193,7 +215,7 @@ def _softmax(fn: str) -> Rule:
 
 
 def _batch_norm(lw: Lowering, node: Any, a: dict[str, Any]) -> None:
-    if a.get("training_mode", 0) or len(node.output) > 1:
+    if flag(a, "training_mode", 0, node) or len(node.output) > 1:
         raise unsupported(node, "BatchNormalization in training mode (export the model in eval mode)")
     x = lw.tensor(node, 0)
     scale, shift = lw.tensor(node, 1), lw.tensor(node, 2)
@@ -225,7 +247,7 @@ def _reduce(fn: str) -> Rule:
         given = lw.const(node, 1) if len(node.input) > 1 else a.get("axes")
         axes = sorted({_axis(int(i), len(x.shape), node) for i in np.asarray(given).reshape(-1)}) \
             if given is not None and np.asarray(given).size else list(range(len(x.shape)))
-        keep = bool(a.get("keepdims", 1))
+        keep = flag(a, "keepdims", 1, node)
         shape = tuple(1 if i in axes else d for i, d in enumerate(x.shape)) if keep else \
             tuple(d for i, d in enumerate(x.shape) if i not in axes)
         lw.emit(node, f"{fn}({x.name}, axes = {axes}, keepdims = {str(keep).lower()})", shape, x.dtype)
@@ -258,12 +280,15 @@ def _reshape_to(lw: Lowering, node: Any, x: Tensor, shape: tuple[int, ...]) -> N
 
 def _reshape(lw: Lowering, node: Any, a: dict[str, Any]) -> None:
     x = lw.tensor(node, 0)
-    _reshape_to(lw, node, x, reshape_target(x.shape, lw.const(node, 1), node, a.get("allowzero", 0)))
+    _reshape_to(lw, node, x, reshape_target(x.shape, lw.const(node, 1), node, flag(a, "allowzero", 0, node)))
 
 
 def _flatten(lw: Lowering, node: Any, a: dict[str, Any]) -> None:
     x = lw.tensor(node, 0)
-    axis = a.get("axis", 1) % (len(x.shape) + 1) if x.shape else 0
+    axis = a.get("axis", 1)
+    if not -len(x.shape) <= axis <= len(x.shape):
+        raise unsupported(node, f"axis {axis} of a rank-{len(x.shape)} tensor")
+    axis %= len(x.shape) + 1
     _reshape_to(lw, node, x, (math.prod(x.shape[:axis]), math.prod(x.shape[axis:])))
 
 
@@ -330,11 +355,15 @@ def _slice(lw: Lowering, node: Any, a: dict[str, Any]) -> None:
         axis = _axis(axis, len(x.shape), node)
         if step < 1:
             raise unsupported(node, "a slice with a negative step")
-        lo, hi, _ = slice(int(s), int(min(e, x.shape[axis])), step).indices(x.shape[axis])
+        size = x.shape[axis]
+        lo, hi, _ = slice(int(s), int(min(e, size)), step).indices(size)
         shape[axis] = len(range(lo, hi, step))
         if shape[axis] < 1:
             raise unsupported(node, "an empty slice")
-        index[axis] = f"{lo}:{hi}" + (f":{step}" if step != 1 else "")
+        # bounds as written (a negative one counts from the end), so that they follow the size
+        start = "" if lo == 0 else str(int(s)) if -size <= s < 0 else str(lo)
+        stop = "" if hi == size else str(int(e)) if -size <= e < 0 else str(hi)
+        index[axis] = f"{start}:{stop}" + (f":{step}" if step != 1 else "")
     while index and index[-1] == ":":
         index.pop()
     if not index:
@@ -352,8 +381,9 @@ def _gather(lw: Lowering, node: Any, a: dict[str, Any]) -> None:
         return
     if isinstance(data, Tensor) and isinstance(ids, np.ndarray) and ids.size == 1 and ids.ndim == 0:
         axis = _axis(axis, len(data.shape), node)
-        i = int(ids) % data.shape[axis]
-        index = [":"] * axis + [str(i)]
+        if not -data.shape[axis] <= int(ids) < data.shape[axis]:
+            raise unsupported(node, f"index {int(ids)} is outside a dimension of size {data.shape[axis]}")
+        index = [":"] * axis + [str(int(ids))]
         lw.emit(node, f"{data.name}[{', '.join(index)}]", data.shape[:axis] + data.shape[axis + 1:], data.dtype)
         return
     raise unsupported(node, "Gather other than an embedding lookup (a weight table, axis 0) or one index")
@@ -396,7 +426,7 @@ def _constant(node: Any, ins: list[Any], a: dict[str, Any]) -> list[np.ndarray]:
 
 
 def _fold_reshape(node: Any, ins: list[Any], a: dict[str, Any]) -> list[np.ndarray]:
-    return [ins[0].reshape(reshape_target(ins[0].shape, ins[1], node, a.get("allowzero", 0)))]
+    return [ins[0].reshape(reshape_target(ins[0].shape, ins[1], node, flag(a, "allowzero", 0, node)))]
 
 
 def _fold_slice(node: Any, ins: list[Any], a: dict[str, Any]) -> list[np.ndarray]:

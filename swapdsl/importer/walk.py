@@ -29,7 +29,11 @@ def lower(src: Source, sizes: Mapping[str, int]) -> Lowering:
                 raise unsupported(node, f"its constant inputs do not fold: {str(exc)[:200]}") from None
             lw.env.update(zip(node.output, (np.asarray(o) for o in outs)))
         elif node.op_type in RULES:
-            RULES[node.op_type](lw, node, attributes(node))
+            try:
+                RULES[node.op_type](lw, node, attributes(node))
+            except (ValueError, IndexError, TypeError, KeyError, OverflowError, ZeroDivisionError) as exc:
+                raise unsupported(node, f"its inputs or attributes are not of a form swapdsl imports "
+                                  f"({type(exc).__name__}: {str(exc)[:160]})") from None
         else:
             raise unsupported(node, "this op is not in swapdsl's import table")
     for name in src.outputs:

@@ -80,7 +80,7 @@ CASES: list[tuple[str, str, list[str], str, str]] = [
     ("loop-over-tensor", model("    input x: f32[batch, 8]\n    for i in x {\n        h = x\n    }\n"), [],
      "error: a loop needs a static range or list, got tensor f32[4,8]", "3:14"),
     ("no-loss", "model m(batch = 4) {\n    input x: f32[batch, 8]\n}\n", [],
-     "error: model `m` has no loss", "1:1"),
+     "error: model `m` has no loss and no output", "1:1"),
     ("loss-not-scalar", model("    input x: f32[batch, 8]\n    loss = relu(x)\n"), [],
      "error: the loss must be a floating-point scalar, got tensor f32[4,8]", "4:14"),
     ("two-minimize", model(MLP + "    minimize loss with adam()\n"), [],

@@ -78,7 +78,7 @@ def test_a_convolutional_net_with_batch_norm_and_shape_arithmetic(tmp_path: Path
                 [h.make_tensor_value_info("logits", T.FLOAT, ["N", 5])], inits)
     x = RNG.standard_normal((10, 3, 8, 8)).astype(np.float32)  # 10 examples at batch 4: a partial batch too
     text = imported_matches_onnxruntime(tmp_path, path, {"x": x}, batch=4, loss="cross_entropy")
-    assert "reshape(p, [batch, 64])" in text and "model net(batch = 4)" in text
+    assert "reshape(p, [batch, 64])" in text and "model net(batch = 4)" in text and "report accuracy" in text
     assert "minimize loss with sgd(lr = 0.01)" in text
 
 

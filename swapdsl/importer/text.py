@@ -45,7 +45,8 @@ def convert(path: str, batch: int | None = None, dims: Mapping[str, int] | None 
 
     body, notes = _symbolic(src, base, sizes, render)
     args = {("batch" if s == "batch" else _arg(s)): v for s, v in sizes.items()}
-    model = readable(src.name) if readable(src.name) not in RESERVED else f"{readable(src.name)}_model"
+    stem = readable(src.path.rsplit("/", 1)[-1].rsplit(".", 1)[0])  # exporters name every graph alike
+    model = stem if stem not in RESERVED else f"{stem}_model"
     head = [f"# Imported from {src.path.rsplit('/', 1)[-1]} ({src.producer or 'unknown producer'}, opset "
             f"{src.opset}) by `swapdsl import`.",
             f"model {model}({', '.join(f'{k} = {v}' for k, v in args.items())}) {{"]
@@ -138,7 +139,8 @@ def _outputs(src: Source, base: Lowering, loss: str | None, target: str, optimiz
         raise SwpError(f"--target `{target}` is taken or not a name", hints=["pick another with --target"])
     if loss == "cross_entropy":
         lines += [f"input {target}: i32{list(pred.shape[:-1])}",
-                  f"loss = softmax_cross_entropy({pred.name}, {target})"]
+                  f"loss = softmax_cross_entropy({pred.name}, {target})",
+                  f"report accuracy = mean(cast(argmax({pred.name}) == {target}, f32))"]
     else:
         lines += [f"input {target}: {pred.dtype}{list(pred.shape)}", f"loss = mse_loss({pred.name}, {target})"]
     return lines + [f"minimize loss with {optimizer}"]

@@ -118,6 +118,8 @@ CASES: list[tuple[str, str, list[np.ndarray], dict[str, Any]]] = [
     ("log_softmax", "log_softmax", [rnd(2, 5)], {"axis": 1}),
     ("layer_norm", "layer_norm", [rnd(2, 3, 4), rnd(4), rnd(4)], {"eps": 1e-5}),
     ("layer_norm-2d", "layer_norm", [rnd(2, 3, 4), rnd(3, 4), rnd(3, 4)], {"eps": 1e-5}),
+    ("rope", "rope", [rnd(2, 3, 5, 8)], {"base": 10000.0}),
+    ("rope-small-base", "rope", [rnd(7, 6)], {"base": 3.0}),
     ("rms_norm", "rms_norm", [rnd(2, 3, 4), rnd(4)], {"eps": 1e-6}),
     ("rms_norm-2d", "rms_norm", [rnd(2, 3, 4), rnd(3, 4)], {"eps": 1e-6}),
     ("batch_norm", "batch_norm", [rnd(3, 2, 2, 2), rnd(2), rnd(2)], {"eps": 1e-5}),

@@ -16,7 +16,7 @@ from swapdsl.fuzz import run_cli
 CASES = int(os.environ.get("SWAPDSL_CLI_FUZZ", "120"))
 SMALL = ["-D", "batch=2", "-D", "hidden=8", "-D", "features=8"]
 FILES = ["m.swp", "m.plan", "missing.swp", "folder", "/proc/x.swp", "empty.swp", "binary.swp", "plan.swp",
-         "model.plan", "l.jsonl", "ck.st", "fifo"]
+         "model.plan", "l.jsonl", "ck.st", "fifo", "m.onnx"]
 # option -> values a user might give it, good and bad
 OPTIONS: dict[str, list[str]] = {
     "--memory": ["64KiB", "8MiB", "1e30", "lots", "-1", "0", "1KiB", "nan", "1.5GB", "9" * 40, "", "1PiB"],
@@ -54,15 +54,21 @@ OPTIONS: dict[str, list[str]] = {
     "--guard": ["none", "skip", "scale", "always"],
     "--host-updates": ["none", "all", "auto", "some", ""],
     "--microbatches": ["2", "1", "auto", "3", "0", "x", "99999", ""],
+    "--dim": ["batch=2", "sequence=5", "x", "=3", "n=0", "n=99999999999"],
+    "--loss": ["cross_entropy", "mse", "bogus", ""],
+    "--target": ["y", "target", "input", "1x", "logits", ""],
+    "--optimizer": ["adam(lr = 1e-3)", "sgd(lr = 0.1)", "bogus(", "adam(lr = -1)", "", "sgd(lr = 1) }\nmodel x() {"],
+    "--batch": ["4", "0", "x", "-1", "99999999999"],
+    "--weights": ["w.st", "/proc/x.st", "folder", "fifo", "ck.st"],
 }
 FLAGS = ["--json", "--check", "--ir", "--training", "--help", "--version", "--shuffle"]
-COMMANDS = ["check", "exec", "optimize", "simulate", "show", "profile", "plot-log", "bench", "predict", "devices",
-            "bogus"]
+COMMANDS = ["check", "exec", "optimize", "simulate", "show", "profile", "plot-log", "bench", "predict", "import",
+            "devices", "bogus"]
 # what keeps a good command line short: no search of a minute, no zoo-wide bench
 QUICK = {"optimize": ["--memory", "64KiB", "--budget", "0.2", "--generations", "2", "--workers", "1"],
          "bench": ["--models", "mlp", "--ratios", "2", "--methods", "lru", "--budget", "0.2"],
          "exec": ["--steps", "1"], "profile": ["--repeat", "1"], "plot-log": ["-o", "p.png"],
-         "predict": ["--data", "d", "-o", "pred.npz"]}
+         "predict": ["--data", "d", "-o", "pred.npz"], "import": ["-o", "imp.swp"]}
 
 
 @pytest.fixture(scope="module")
@@ -73,6 +79,7 @@ def folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
     assert main(["optimize", str(d / "m.swp"), "--memory", "64KiB", "--method", "belady", *SMALL,
                  "-o", str(d / "m.plan")]) == 0
     (d / "folder").mkdir()
+    (d / "m.onnx").write_bytes((MODELS.parents[1] / "examples" / "digits_cnn.onnx").read_bytes())
     write(d / "empty.swp", "")
     (d / "binary.swp").write_bytes(bytes(range(256)))
     write(d / "plan.swp", (d / "m.plan").read_text())
@@ -121,7 +128,8 @@ def command_line(rng: random.Random) -> list[str]:
 def _plausible(rng: random.Random) -> list[str]:
     command = rng.choice(COMMANDS[:-2])
     plan = command in ("simulate", "show") or (command == "exec" and rng.random() < 0.5)
-    target = "l.jsonl" if command == "plot-log" else "m.plan" if plan else "m.swp"
+    target = "l.jsonl" if command == "plot-log" else "m.onnx" if command == "import" else \
+        "m.plan" if plan else "m.swp"
     argv = [command] + QUICK.get(command, []) + ([] if command == "bench" else [target])
     if command in ("check", "exec", "optimize", "profile") and not plan:
         argv += SMALL

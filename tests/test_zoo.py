@@ -30,6 +30,8 @@ PUBLISHED = [
     ("gpt", ["layers=24", "hidden=1024", "heads=16"], 354_823_168),  # GPT-2 medium, the default
     ("inception_v4", [], 42_679_816),
     ("nasnet", ["cells=6", "filters=168"], 88_753_150),  # timm's nasnetalarge
+    ("llama", [], 6_738_415_616),  # Llama-2-7B, the default
+    ("llama", ["layers=22", "hidden=2048", "kv_heads=4", "ffn=5632"], 1_100_048_384),  # TinyLlama-1.1B
     ("lstm_lm", [], lstm_lm_params(4, 4096, 10000)),
     ("lstm_lm", ["layers=2", "hidden=650", "vocab=10000"], lstm_lm_params(2, 650, 10000)),
 ]
@@ -61,6 +63,8 @@ SMALL = {
     "bert": ["layers=2", "hidden=32", "heads=2", "intermediate=64", "seq=8", "vocab=50", "positions=16",
              "batch=2", "lr=1e-2"],
     "gpt": ["layers=2", "hidden=32", "heads=2", "seq=8", "vocab=50", "positions=16", "batch=2", "lr=1e-2"],
+    "llama": ["layers=2", "hidden=32", "heads=4", "kv_heads=2", "ffn=48", "seq=8", "vocab=50", "batch=2",
+              "lr=1e-2"],
 }
 
 

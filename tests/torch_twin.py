@@ -28,6 +28,17 @@ def _slice(x: torch.Tensor, axis: int, start: int, stop: int, step: int) -> torc
 
 
 # op name -> (its inputs, its attributes) -> the result, as PyTorch computes it
+
+def _rope(x: Any, base: float) -> Any:
+    """LLaMA's rotary embedding as its reference code writes it (rotate_half, cos and sin tables)."""
+    t, d = x.shape[-2], x.shape[-1]
+    inv_freq = 1.0 / (base ** (torch.arange(0, d, 2, dtype=torch.float64) / d))
+    angle = torch.outer(torch.arange(t, dtype=torch.float64), inv_freq)
+    emb = torch.cat([angle, angle], dim=-1)
+    cos, sin = emb.cos().to(x.dtype), emb.sin().to(x.dtype)
+    x1, x2 = x[..., : d // 2], x[..., d // 2:]
+    return x * cos + torch.cat([-x2, x1], dim=-1) * sin
+
 OPS: dict[str, Callable[..., torch.Tensor]] = {
     "matmul": lambda a, x, y: torch.matmul(x, y),
     "matmul_nt": lambda a, x, y: torch.matmul(x, y.transpose(-1, -2)),
@@ -52,6 +63,8 @@ OPS: dict[str, Callable[..., torch.Tensor]] = {
     "softmax_cross_entropy": lambda a, x, y: _xent(x, y),
     "mse_loss": lambda a, x, y: F.mse_loss(x, y),
     "layer_norm": lambda a, x, w, b: F.layer_norm(x, (x.shape[-1],), w, b, a["eps"]),
+    "rope": lambda a, x: _rope(x, a["base"]),
+    "causal_mask": lambda a, x: x.masked_fill(torch.ones(x.shape[-2:], dtype=torch.bool).triu(1), a["fill"]),
     "rms_norm": lambda a, x, w: F.rms_norm(x, tuple(w.shape), w, a["eps"]),
     "batch_norm": lambda a, x, w, b: F.batch_norm(x, None, None, w, b, training=True, eps=a["eps"]),
     "conv2d": lambda a, x, w: F.conv2d(x, w, None, a["stride"], a["padding"], a["dilation"], a["groups"]),

@@ -37,6 +37,9 @@ def convert(path: str, batch: int | None = None, dims: Mapping[str, int] | None 
     src = read_onnx(path)
     if loss is not None and loss not in LOSSES:
         raise SwpError(f"unknown loss `{loss}`", hints=[f"losses: {', '.join(LOSSES)}"])
+    if not re.fullmatch(r"[a-z]\w*\([^\n\r{}#]*\)", optimizer):
+        raise SwpError(f"--optimizer `{optimizer[:80]}` is not one optimiser call",
+                       hints=["e.g. --optimizer \"adamw(lr = 1e-4, warmup = 100, cosine = 10000)\""])
     sizes = _sizes(src, batch, dict(dims or {}))
     base = lower(src, sizes)
 

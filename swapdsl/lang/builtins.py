@@ -325,6 +325,7 @@ def _table() -> dict[str, Builtin]:
         Builtin("global_avg_pool", (X,), _op("global_avg_pool", "x")),
         Builtin("pad2d", (X, ("padding", "ints", REQUIRED)), _pad2d),
         Builtin("causal_mask", (X, ("fill", "float", float("-inf"))), _op("causal_mask", "x", fill="fill")),
+        Builtin("rope", (X, ("base", "float", 10000.0)), _op("rope", "x", base="base")),
         Builtin("reshape", (X, ("shape", "ints", REQUIRED)), _reshape),
         Builtin("flatten", (X, ("start", "axis", 1)), _flatten),
         Builtin("permute", (X, ("perm", "ints", REQUIRED)), _permute),

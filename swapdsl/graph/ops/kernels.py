@@ -184,6 +184,7 @@ CUTS: dict[str, CutRule] = {
     **{op: _elementwise() for op in _ELEMENTWISE},
     "dropout": _elementwise(offset=True),
     "causal_mask": lambda ins, out, a: _leading(ins, out, out.rank - 2),
+    "rope": lambda ins, out, a: _leading(ins, out, out.rank - 2),
     **{op: _last_axis for op in ("softmax", "log_softmax", "softmax_grad", "log_softmax_grad")},
     "matmul": _product, "matmul_nt": _product, "matmul_tn": _batched, "matmul_tn_fold": _folded,
     "conv2d": _images(True, False), "conv2d_grad_input": _images(True, False),

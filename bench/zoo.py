@@ -17,7 +17,7 @@ from pathlib import Path
 
 from swapdsl.common.paths import STDLIB_DIR
 
-ZOO = ["resnet", "wide_resnet", "vgg", "inception_v4", "nasnet", "lstm_lm", "bert", "gpt"]
+ZOO = ["resnet", "wide_resnet", "vgg", "inception_v4", "nasnet", "lstm_lm", "bert", "gpt", "llama"]
 
 
 def row(name: str) -> dict:
@@ -46,9 +46,9 @@ def main() -> None:
             print(f"| `{r['model']}` | {r['config']} | {r['params']:,} | {r['ops']:,} | {r['peak_gib']:.1f} GiB "
                   f"| {r['tflop']:.2f} T | {r['check_s']:.2f} s |")
         return
-    print(f"{'model':<13} {'params':>12} {'ops':>7} {'peak GiB':>9} {'TFLOP':>8} {'check s':>8}  configuration")
+    print(f"{'model':<13} {'params':>13} {'ops':>7} {'peak GiB':>9} {'TFLOP':>8} {'check s':>8}  configuration")
     for r in rows:
-        print(f"{r['model']:<13} {r['params']:>12,} {r['ops']:>7,} {r['peak_gib']:>9.1f} {r['tflop']:>8.2f} "
+        print(f"{r['model']:<13} {r['params']:>13,} {r['ops']:>7,} {r['peak_gib']:>9.1f} {r['tflop']:>8.2f} "
               f"{r['check_s']:>8.2f}  {r['config']}")
 
 

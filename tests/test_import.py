@@ -90,7 +90,8 @@ def test_grouped_strided_convolutions_and_pooling(tmp_path: Path) -> None:
              N("AveragePool", ["a2"], ["p1"], kernel_shape=[3, 3], strides=[1, 1], pads=[1, 1, 1, 1]),
              N("AveragePool", ["p1"], ["p2"], kernel_shape=[3, 3], strides=[2, 2], pads=[1, 1, 1, 1],
                count_include_pad=1),
-             N("Tanh", ["p2"], ["a3"]), N("GlobalAveragePool", ["a3"], ["g"]), N("Flatten", ["g"], ["f"]),
+             N("Tanh", ["p2"], ["t3"]), N("HardSwish", ["t3"], ["h3"]), N("HardSigmoid", ["h3"], ["a3"], alpha=0.3),
+             N("GlobalAveragePool", ["a3"], ["g"]), N("Flatten", ["g"], ["f"]),
              N("Gemm", ["f", "w3", "b3"], ["y"])]
     inits = [weight("w1", 6, 2, 3, 3), weight("w2", 6, 6, 3, 3), weight("b2", 6), weight("w3", 6, 3),
              weight("b3", 3)]
@@ -99,6 +100,32 @@ def test_grouped_strided_convolutions_and_pooling(tmp_path: Path) -> None:
     x = RNG.standard_normal((2, 4, 9, 9)).astype(np.float32)
     text = imported_matches_onnxruntime(tmp_path, path, {"x": x})
     assert "groups = 2" in text and "count_include_pad = false" in text
+
+
+def test_a_depthwise_convolution_of_sixteen_groups(tmp_path: Path) -> None:
+    nodes = [N("Conv", ["x", "w"], ["y"], pads=[1, 1, 1, 1], group=16)]
+    path = save(tmp_path, nodes, [h.make_tensor_value_info("x", T.FLOAT, [2, 16, 5, 5])],
+                [h.make_tensor_value_info("y", T.FLOAT, [2, 16, 5, 5])], [weight("w", 16, 1, 3, 3)])
+    text = imported_matches_onnxruntime(tmp_path, path, {"x": RNG.standard_normal((2, 16, 5, 5)).astype(np.float32)})
+    assert "groups = 16)" in text
+
+
+def test_the_exporters_softmax_guard_reciprocals_and_broadcasts(tmp_path: Path) -> None:
+    """torch.onnx.export(dynamo=True)'s forms: Where(IsNaN(p), 0, p) after a softmax (imported as p, with
+    a note), Reciprocal (RMS norm's rsqrt), and Expand of a tensor (grouped-query attention's keys)."""
+    nodes = [N("Softmax", ["x"], ["p"], axis=-1), N("IsNaN", ["p"], ["nan"]), N("Where", ["nan", "zero", "p"], ["q"]),
+             N("Add", ["q", "one"], ["q1"]), N("Reciprocal", ["q1"], ["r"]), N("Unsqueeze", ["r", "ax"], ["u"]),
+             N("Expand", ["u", "to"], ["e"]), N("Reshape", ["e", "flat"], ["y"])]
+    inits = [nh.from_array(np.array(0.0, np.float32), "zero"), nh.from_array(np.array(1.0, np.float32), "one"),
+             ints("ax", 1), ints("to", 1, 3, 1, 1), ints("flat", 0, -1)]
+    path = save(tmp_path, nodes, [h.make_tensor_value_info("x", T.FLOAT, ["N", 2, 5])],
+                [h.make_tensor_value_info("y", T.FLOAT, ["N", 30])], inits)
+    imported_matches_onnxruntime(tmp_path, path, {"x": RNG.standard_normal((3, 2, 5)).astype(np.float32)}, batch=3)
+    bad = save(tmp_path, [N("Where", ["c", "x", "x"], ["y"])],
+               [h.make_tensor_value_info("c", T.BOOL, [2, 3]), h.make_tensor_value_info("x", T.FLOAT, [2, 3])],
+               [h.make_tensor_value_info("y", T.FLOAT, [2, 3])], [], name="where")
+    with pytest.raises(SwpError):
+        swapdsl.import_onnx(bad, str(tmp_path / "w.swp"))
 
 
 def _attention_block() -> tuple[list, list]:
@@ -183,7 +210,7 @@ def test_folded_constants_of_every_folding_rule(tmp_path: Path) -> None:
 def test_the_tests_cover_the_whole_table() -> None:
     covered = {n.op_type for nodes in (_attention_block()[0],) for n in nodes} | {
         "Conv", "BatchNormalization", "Relu", "MaxPool", "Shape", "Gather", "Unsqueeze", "Concat", "Reshape",
-        "Gemm", "LeakyRelu", "Sigmoid", "AveragePool", "Tanh", "GlobalAveragePool", "Flatten", "Constant",
+        "Gemm", "LeakyRelu", "Sigmoid", "AveragePool", "Tanh", "HardSwish", "HardSigmoid", "Reciprocal", "IsNaN", "GlobalAveragePool", "Flatten", "Constant",
         "ConstantOfShape", "Range", "Expand", "Where", "Equal", "Cast", "ReduceProd", "Min", "Max", "Transpose",
         "Slice", "Squeeze", "Sub", "Mul", "Div", "Neg", "Sqrt", "Identity"}
     assert set(RULES) | set(FOLD) <= covered

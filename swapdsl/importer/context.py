@@ -29,7 +29,14 @@ class Tensor:
     dtype: str
 
 
-Value = Tensor | np.ndarray  # an array: a constant, folded at import
+@attrs.frozen
+class NanTest:
+    """IsNaN of a tensor, which only a Where that puts a constant where it holds may read."""
+
+    of: Tensor
+
+
+Value = Tensor | NanTest | np.ndarray  # an array: a constant, folded at import
 
 
 def swp_dtype(a: np.ndarray) -> str:
@@ -52,6 +59,7 @@ class Lowering:
         self.running: dict[str, tuple[np.ndarray, np.ndarray]] = {}  # batch norm scale param -> (mean, var)
         self.taken: set[str] = set(RESERVED)
         self.inputs: list[tuple[str, Tensor]] = []
+        self.notes: list[str] = []
         for i in src.inputs:
             shape = tuple(sizes["batch"] if k == 0 else sizes[d] if isinstance(d, str) else d
                           for k, d in enumerate(i.dims))
@@ -89,6 +97,8 @@ class Lowering:
             raise unsupported(node, f"input {i} is missing")
         if isinstance(v, Tensor):
             return v
+        if isinstance(v, NanTest):
+            raise unsupported(node, f"input {i} is an IsNaN test, which swapdsl imports only as Where's condition")
         if not np.issubdtype(v.dtype, np.floating) and v.dtype.name != "bfloat16":
             raise unsupported(node, f"input {i} is an integer constant where a tensor is expected")
         return self.param(node.input[i], v if shape is None else v.reshape(shape))
@@ -111,7 +121,7 @@ class Lowering:
 
     def const(self, node: Any, i: int) -> np.ndarray | None:
         v = self.get(node, i)
-        if isinstance(v, Tensor):
+        if not isinstance(v, np.ndarray) and v is not None:
             raise unsupported(node, f"input {i} must be a constant (shape arithmetic swapdsl folds), but it is "
                               "computed from the model's inputs")
         return v

@@ -5,13 +5,14 @@ leaves: Shape, Gather, Concat, Unsqueeze, ...) with NumPy at import. docs/import
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Callable
 from typing import Any
 
 import numpy as np
 
 from swapdsl.common.errors import SwpError
-from swapdsl.importer.context import Lowering, Tensor, onnx_dtype, swp_dtype, unsupported
+from swapdsl.importer.context import Lowering, NanTest, Tensor, onnx_dtype, swp_dtype, unsupported
 
 Rule = Callable[[Lowering, Any, dict[str, Any]], None]
 Fold = Callable[[Any, list[Any], dict[str, Any]], list[np.ndarray]]
@@ -54,6 +55,38 @@ def _unary(fn: str) -> Rule:
 def _leaky_relu(lw: Lowering, node: Any, a: dict[str, Any]) -> None:
     x = lw.tensor(node, 0)
     lw.emit(node, f"leaky_relu({x.name}, slope = {_num(a.get('alpha', 0.01))})", x.shape, x.dtype)
+
+
+def _hard(lw: Lowering, node: Any, a: dict[str, Any]) -> None:
+    """HardSigmoid max(0, min(1, alpha x + beta)) as relu(t) - relu(t - 1); HardSwish x times it (alpha
+    1/6, beta 1/2): no op of their own, the same numbers and gradients almost everywhere."""
+    x = lw.tensor(node, 0)
+    alpha, beta = (a.get("alpha", 0.2), a.get("beta", 0.5)) if node.op_type == "HardSigmoid" else (1 / 6, 0.5)
+    t = f"{x.name} * {_num(np.float32(alpha))} + {_num(np.float32(beta))}"
+    gate = f"relu({t}) - relu({t} - 1.0)"
+    lw.emit(node, gate if node.op_type == "HardSigmoid" else f"{x.name} * ({gate})", x.shape, x.dtype)
+
+
+def _reciprocal(lw: Lowering, node: Any, a: dict[str, Any]) -> None:
+    x = lw.tensor(node, 0)
+    lw.emit(node, f"1.0 / {x.name}", x.shape, x.dtype)
+
+
+def _isnan(lw: Lowering, node: Any, a: dict[str, Any]) -> None:
+    lw.env[node.output[0]] = NanTest(lw.tensor(node, 0))
+
+
+def _where(lw: Lowering, node: Any, a: dict[str, Any]) -> None:
+    """Where(IsNaN(x), c, x): the guard exporters put after a softmax whose row may be all masked (NaN
+    there becomes c). Imported as x itself: such a row is a NaN that stops training (`--on-nonfinite`)."""
+    cond, then, other = (lw.get(node, i) for i in range(3))
+    if isinstance(cond, NanTest) and other is cond.of and isinstance(then, np.ndarray) and then.size == 1:
+        lw.env[node.output[0]] = cond.of
+        note = "Where(IsNaN(x), c, x) after a softmax imported as x: a fully masked row is NaN, not c"
+        if note not in lw.notes:
+            lw.notes.append(note)
+        return
+    raise unsupported(node, "Where on tensors other than the NaN guard Where(IsNaN(x), c, x)")
 
 
 def _gelu(lw: Lowering, node: Any, a: dict[str, Any]) -> None:
@@ -153,7 +186,7 @@ def _out_size(size: int, k: int, s: int, p: int, d: int) -> int:
 
 def _defaults_left_out(call: str, stride: str = ", stride = (1, 1)") -> str:
     for default in (stride, ", padding = (0, 0)", ", dilation = (1, 1)", ", groups = 1"):
-        call = call.replace(default, "")
+        call = re.sub(re.escape(default) + r"(?=[,)])", "", call)  # (not `groups = 16`)
     return call
 
 
@@ -389,6 +422,16 @@ def _gather(lw: Lowering, node: Any, a: dict[str, Any]) -> None:
     raise unsupported(node, "Gather other than an embedding lookup (a weight table, axis 0) or one index")
 
 
+def _expand(lw: Lowering, node: Any, a: dict[str, Any]) -> None:
+    """A broadcast (grouped-query attention's repeated key heads): x plus zeros of the target shape."""
+    x = lw.tensor(node, 0)
+    shape = np.broadcast_shapes(x.shape, tuple(int(d) for d in lw.const(node, 1).reshape(-1)))
+    if shape == x.shape:
+        lw.env[node.output[0]] = x
+        return
+    lw.emit(node, f"{x.name} + zeros({list(shape)}, {x.dtype})", shape, x.dtype)
+
+
 def _shape(lw: Lowering, node: Any, a: dict[str, Any]) -> None:
     x = lw.tensor(node, 0)
     lw.env[node.output[0]] = np.array(x.shape[a.get("start", 0):a.get("end", len(x.shape))], np.int64)
@@ -397,7 +440,8 @@ def _shape(lw: Lowering, node: Any, a: dict[str, Any]) -> None:
 RULES: dict[str, Rule] = {
     **{op: _unary(fn) for op, fn in (("Relu", "relu"), ("Sigmoid", "sigmoid"), ("Tanh", "tanh"), ("Exp", "exp"),
                                      ("Log", "log"), ("Sqrt", "sqrt"), ("Neg", "neg"))},
-    "LeakyRelu": _leaky_relu, "Gelu": _gelu, "Pow": _pow, "Cast": _cast, "Identity": _alias, "Dropout": _alias,
+    "Reciprocal": _reciprocal, "IsNaN": _isnan, "Where": _where,
+    "LeakyRelu": _leaky_relu, "HardSigmoid": _hard, "HardSwish": _hard, "Gelu": _gelu, "Pow": _pow, "Cast": _cast, "Identity": _alias, "Dropout": _alias,
     **{op: _binary for op in _SYMBOL},
     "MatMul": _matmul, "Gemm": _gemm, "Conv": _conv,
     "MaxPool": _pool("max_pool2d"), "AveragePool": _pool("avg_pool2d"), "GlobalAveragePool": _global_avg_pool,
@@ -406,7 +450,7 @@ RULES: dict[str, Rule] = {
     "ReduceMean": _reduce("mean"), "ReduceSum": _reduce("sum"),
     "Reshape": _reshape, "Flatten": _flatten, "Squeeze": _squeeze, "Unsqueeze": _unsqueeze,
     "Transpose": _transpose, "Concat": _concat, "Split": _split, "Slice": _slice, "Gather": _gather,
-    "Shape": _shape,
+    "Shape": _shape, "Expand": _expand,
 }
 
 

@@ -47,6 +47,7 @@ def convert(path: str, batch: int | None = None, dims: Mapping[str, int] | None 
         return _declarations(lw) + _outputs(src, lw, loss, target, optimizer)
 
     body, notes = _symbolic(src, base, sizes, render)
+    notes = base.notes + notes
     args = {("batch" if s == "batch" else _arg(s)): v for s, v in sizes.items()}
     stem = readable(src.path.rsplit("/", 1)[-1].rsplit(".", 1)[0])  # exporters name every graph alike
     model = stem if stem not in RESERVED else f"{stem}_model"

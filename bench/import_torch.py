@@ -1,0 +1,108 @@
+"""PyTorch models through ONNX into swapdsl (issue 39): export, import, the forward pass against onnxruntime,
+the parameter count against PyTorch's, and three training steps beside PyTorch (f32 and f64) from the
+same weights.
+
+Usage: python bench/import_torch.py [--models resnet50,mobilenet_v3_small] [--image 96] [--batch 4]
+
+Needs torch, torchvision, onnx and onnxruntime (outside CI; with a CPU build of torch:
+`pip install torch torchvision onnx onnxruntime`). Per model it prints the import's size, the largest
+relative difference of the outputs from onnxruntime's on the same file, the parameters (swapdsl's and
+PyTorch's), and the losses of three SGD steps (lr 0.01) in swapdsl, in PyTorch (`model.train()`, dropout
+off) and in PyTorch in f64, with the largest relative difference of each f32 run from f64. (Batch norm
+over a few images of a few pixels is ill-conditioned: there f32 runs drift apart within steps, both
+from f64.)
+"""
+
+from __future__ import annotations
+
+import argparse
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+import swapdsl
+
+
+def export(name: str, image: int, path: Path):  # noqa: ANN201
+    import torch
+    import torchvision
+
+    torch.manual_seed(0)
+    model = getattr(torchvision.models, name)().eval()
+    for m in model.modules():
+        if isinstance(m, torch.nn.Dropout):
+            m.p = 0.0  # so that training steps compare
+    torch.onnx.export(model, (torch.randn(2, 3, image, image),), str(path), input_names=["x"],
+                      output_names=["logits"], opset_version=17, dynamic_axes={"x": {0: "batch"}, "logits": {0: "batch"}},
+                      do_constant_folding=False, dynamo=False)
+    return model
+
+
+def forward_gap(path: Path, swp: Path, x: np.ndarray, folder: Path) -> float:
+    import onnxruntime as ort
+
+    theirs = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
+    np.savez(folder / "x.npz", x=x)
+    ours = swapdsl.predict(str(swp), str(folder / "x.npz"), init=str(swp.with_suffix(".safetensors")))["logits"]
+    return float(np.abs(ours - theirs).max() / np.abs(theirs).max())
+
+
+def torch_losses(model, x: np.ndarray, y: np.ndarray, steps: int, f64: bool = False) -> list[float]:  # noqa: ANN001
+    import copy
+
+    import torch
+
+    model = copy.deepcopy(model)
+    if f64:
+        model, x = model.double(), x.astype(np.float64)
+    model.train()
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    out = []
+    for _ in range(steps):
+        opt.zero_grad()
+        loss = torch.nn.functional.cross_entropy(model(torch.from_numpy(x)), torch.from_numpy(y).long())
+        out.append(float(loss.detach()))
+        loss.backward()
+        opt.step()
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--models", default="resnet50,mobilenet_v3_small")
+    ap.add_argument("--image", type=int, default=96)
+    ap.add_argument("--batch", type=int, default=4)
+    ap.add_argument("--steps", type=int, default=3)
+    args = ap.parse_args()
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((args.batch, 3, args.image, args.image)).astype(np.float32)
+    y = rng.integers(0, 1000, args.batch).astype(np.int32)
+    for name in args.models.split(","):
+        with tempfile.TemporaryDirectory() as tmp:
+            folder = Path(tmp)
+            path, swp = folder / f"{name}.onnx", folder / f"{name}.swp"
+            model = export(name, args.image, path)
+            started = time.perf_counter()
+            m, r = swapdsl.import_onnx(str(path), str(swp), batch=args.batch, loss="cross_entropy")
+            took = time.perf_counter() - started
+            gap = forward_gap(path, swp, x, folder)
+            np.savez(folder / "train.npz", x=x, target=y)
+            run = swapdsl.execute(m, options=swapdsl.Options(steps=args.steps, data=str(folder / "train.npz"),
+                                                             init=str(swp.with_suffix(".safetensors"))))
+            theirs, exact = torch_losses(model, x, y, args.steps), torch_losses(model, x, y, args.steps, f64=True)
+            ours = list(run.losses)
+
+            def gap_to_exact(losses: list[float]) -> float:
+                return max(abs(a - b) / abs(b) for a, b in zip(losses, exact))
+            print(f"{name}: {len(r.text.splitlines())} lines, {len(m.graph.ops)} ops, imported in {took:.1f} s; "
+                  f"parameters {sum(v.size for v in r.params.values()):,} (PyTorch "
+                  f"{sum(p.numel() for p in model.parameters()):,}); forward vs onnxruntime {gap:.1e}; "
+                  f"losses {', '.join(f'{v:.6f}' for v in ours)}, PyTorch {', '.join(f'{v:.6f}' for v in theirs)}, "
+                  f"PyTorch in f64 {', '.join(f'{v:.6f}' for v in exact)}; largest relative difference from f64: "
+                  f"ours {gap_to_exact(ours):.1e}, PyTorch's f32 {gap_to_exact(theirs):.1e}", flush=True)
+
+
+if __name__ == "__main__":
+    main()

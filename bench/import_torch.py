@@ -3,9 +3,12 @@ the parameter count against PyTorch's, and three training steps beside PyTorch (
 same weights.
 
 Usage: python bench/import_torch.py [--models resnet50,mobilenet_v3_small] [--image 96] [--batch 4]
+                                   [--hf gpt2,llama] [--seq 64]
 
-Needs torch, torchvision, onnx and onnxruntime (outside CI; with a CPU build of torch:
-`pip install torch torchvision onnx onnxruntime`). Per model it prints the import's size, the largest
+Needs torch, torchvision, transformers, onnx, onnxscript and onnxruntime (outside CI; with a CPU build of
+torch: `pip install torch torchvision transformers onnx onnxscript onnxruntime`). The Hugging Face models
+(GPT-2 small; a two-layer LLaMA with grouped-query heads) go through the dynamo exporter and are checked
+forward only: their masks import as parameters, which training would change. Per model it prints the import's size, the largest
 relative difference of the outputs from onnxruntime's on the same file, the parameters (swapdsl's and
 PyTorch's), and the losses of three SGD steps (lr 0.01) in swapdsl, in PyTorch (`model.train()`, dropout
 off) and in PyTorch in f64, with the largest relative difference of each f32 run from f64. (Batch norm
@@ -38,6 +41,53 @@ def export(name: str, image: int, path: Path):  # noqa: ANN201
                       output_names=["logits"], opset_version=17, dynamic_axes={"x": {0: "batch"}, "logits": {0: "batch"}},
                       do_constant_folding=False, dynamo=False)
     return model
+
+
+def export_hf(name: str, path: Path, seq: int):  # noqa: ANN201
+    """Hugging Face's GPT-2 small, or a two-layer LLaMA with grouped-query heads, through the dynamo exporter
+    (static shapes: batch 2, `seq` tokens)."""
+    import torch
+    from transformers import GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(0)
+    if name == "gpt2":
+        model = GPT2LMHeadModel(GPT2Config()).eval()
+    else:
+        model = LlamaForCausalLM(LlamaConfig(num_hidden_layers=2, hidden_size=256, num_attention_heads=8,
+                                             num_key_value_heads=2, intermediate_size=688, vocab_size=1000)).eval()
+
+    class Logits(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.m = model
+
+        def forward(self, ids: torch.Tensor) -> torch.Tensor:
+            return self.m(input_ids=ids, use_cache=False).logits
+
+    ids = torch.randint(0, model.config.vocab_size, (2, seq))
+    torch.onnx.export(Logits(), (ids,), str(path), input_names=["ids"], output_names=["logits"], dynamo=True)
+    return model
+
+
+def hf(name: str, seq: int) -> None:
+    import onnxruntime as ort
+
+    with tempfile.TemporaryDirectory() as tmp:
+        folder = Path(tmp)
+        path, swp = folder / f"{name}.onnx", folder / f"{name}.swp"
+        model = export_hf(name, path, seq)
+        started = time.perf_counter()
+        m, r = swapdsl.import_onnx(str(path), str(swp))
+        took = time.perf_counter() - started
+        ids = np.random.default_rng(0).integers(0, model.config.vocab_size, (2, seq)).astype(np.int64)
+        theirs = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"]).run(None, {"ids": ids})[0]
+        np.savez(folder / "ids.npz", ids=ids)
+        ours = swapdsl.predict(str(swp), str(folder / "ids.npz"), init=str(swp.with_suffix(".safetensors")))["logits"]
+        gap = float(np.abs(ours - theirs).max() / np.abs(theirs).max())
+        print(f"{name}: {len(r.text.splitlines())} lines, {len(m.graph.ops)} ops, imported in {took:.1f} s; "
+              f"parameters {sum(v.size for v in r.params.values()):,} (PyTorch "
+              f"{sum(p.numel() for p in model.parameters()):,}; constants the model computes with count too); "
+              f"forward vs onnxruntime {gap:.1e}; notes: {'; '.join(r.notes) or 'none'}", flush=True)
 
 
 def forward_gap(path: Path, swp: Path, x: np.ndarray, folder: Path) -> float:
@@ -75,11 +125,15 @@ def main() -> None:
     ap.add_argument("--image", type=int, default=96)
     ap.add_argument("--batch", type=int, default=4)
     ap.add_argument("--steps", type=int, default=3)
+    ap.add_argument("--hf", default="gpt2,llama", help="Hugging Face models (transformers installed), or ''")
+    ap.add_argument("--seq", type=int, default=64)
     args = ap.parse_args()
+    for name in filter(None, args.hf.split(",")):
+        hf(name, args.seq)
     rng = np.random.default_rng(0)
     x = rng.standard_normal((args.batch, 3, args.image, args.image)).astype(np.float32)
     y = rng.integers(0, 1000, args.batch).astype(np.int32)
-    for name in args.models.split(","):
+    for name in filter(None, args.models.split(",")):
         with tempfile.TemporaryDirectory() as tmp:
             folder = Path(tmp)
             path, swp = folder / f"{name}.onnx", folder / f"{name}.swp"

@@ -16,7 +16,9 @@ from onnx import numpy_helper as nh  # noqa: E402
 
 import swapdsl  # noqa: E402
 from swapdsl.common.errors import SwpError  # noqa: E402
-from swapdsl.importer.rules import FOLD, RULES  # noqa: E402
+from swapdsl.fuzz.onnx_files import attention_graph, cnn_graph, model_bytes  # noqa: E402
+from swapdsl.importer.fold import FOLD  # noqa: E402
+from swapdsl.importer.rules import RULES  # noqa: E402
 
 RNG = np.random.default_rng(0)
 N = h.make_node
@@ -59,23 +61,15 @@ def imported_matches_onnxruntime(tmp: Path, path: str, feeds: dict[str, np.ndarr
     return out.read_text()
 
 
+def seed_file(tmp: Path, build, name: str) -> str:  # noqa: ANN001
+    """One of the ONNX fuzzer's seed models (``swapdsl.fuzz.onnx_files``), written to ``tmp``."""
+    path = tmp / f"{name}.onnx"
+    path.write_bytes(model_bytes(build(np.random.default_rng(0)), name))
+    return str(path)
+
+
 def test_a_convolutional_net_with_batch_norm_and_shape_arithmetic(tmp_path: Path) -> None:
-    nodes = [N("Conv", ["x", "conv1.weight", "conv1.bias"], ["/conv1/Conv_output_0"], name="/conv1/Conv",
-               pads=[1, 1, 1, 1]),
-             N("BatchNormalization", ["/conv1/Conv_output_0", "bn1.weight", "bn1.bias", "bn1.running_mean",
-                                      "bn1.running_var"], ["bn"], epsilon=1e-3),
-             N("Relu", ["bn"], ["r"]),
-             N("MaxPool", ["r"], ["p"], kernel_shape=[2, 2], strides=[2, 2]),
-             N("Shape", ["p"], ["s"]), N("Gather", ["s", "zero"], ["n"], axis=0),
-             N("Unsqueeze", ["n", "axes0"], ["n1"]), N("Concat", ["n1", "minus1"], ["target_shape"], axis=0),
-             N("Reshape", ["p", "target_shape"], ["flat"]),
-             N("Gemm", ["flat", "fc.weight", "fc.bias"], ["logits"], transB=1)]
-    inits = [weight("conv1.weight", 4, 3, 3, 3), weight("conv1.bias", 4), weight("bn1.weight", 4, low=0.5),
-             weight("bn1.bias", 4), weight("bn1.running_mean", 4), weight("bn1.running_var", 4, low=0.5),
-             nh.from_array(np.array(0, np.int64), "zero"), ints("axes0", 0), ints("minus1", -1),
-             weight("fc.weight", 5, 64), weight("fc.bias", 5)]
-    path = save(tmp_path, nodes, [h.make_tensor_value_info("x", T.FLOAT, ["N", 3, 8, 8])],
-                [h.make_tensor_value_info("logits", T.FLOAT, ["N", 5])], inits)
+    path = seed_file(tmp_path, cnn_graph, "net")
     x = RNG.standard_normal((10, 3, 8, 8)).astype(np.float32)  # 10 examples at batch 4: a partial batch too
     text = imported_matches_onnxruntime(tmp_path, path, {"x": x}, batch=4, loss="cross_entropy")
     assert "reshape(p, [batch, 64])" in text and "model net(batch = 4)" in text and "report accuracy" in text
@@ -128,48 +122,8 @@ def test_the_exporters_softmax_guard_reciprocals_and_broadcasts(tmp_path: Path) 
         swapdsl.import_onnx(bad, str(tmp_path / "w.swp"))
 
 
-def _attention_block() -> tuple[list, list]:
-    """Embedding, layer norm, a two-head causal-free attention with the exporter's shape arithmetic, an
-    RMS-norm pattern, GELU (tanh), split, concat, slice, a last-token index and the heads' sum."""
-    d, heads = 8, 2
-    nodes = [N("Gather", ["wte", "ids"], ["e"], axis=0),
-             N("LayerNormalization", ["e", "ln.weight", "ln.bias"], ["ln"], axis=-1, epsilon=1e-5),
-             N("MatMul", ["ln", "qkv.weight"], ["qkv0"]), N("Add", ["qkv0", "qkv.bias"], ["qkv"]),
-             N("Split", ["qkv", "thirds"], ["q", "k", "v"], axis=2),
-             N("Shape", ["q"], ["qs"]), N("Slice", ["qs", "s0", "s2"], ["bt"]),
-             N("Concat", ["bt", "hd"], ["split_heads"], axis=0)]
-    for t in "qkv":
-        nodes += [N("Reshape", [t, "split_heads"], [f"{t}r"]), N("Transpose", [f"{t}r"], [f"{t}h"], perm=[0, 2, 1, 3])]
-    nodes += [N("Transpose", ["kh"], ["kt"], perm=[0, 1, 3, 2]), N("MatMul", ["qh", "kt"], ["att0"]),
-              N("Div", ["att0", "sqrt_d"], ["att1"]), N("Softmax", ["att1"], ["att"], axis=-1),
-              N("MatMul", ["att", "vh"], ["o"]), N("Transpose", ["o"], ["ot"], perm=[0, 2, 1, 3]),
-              N("Reshape", ["ot", "merge"], ["m"]), N("Gelu", ["m"], ["gl"], approximate="tanh"),
-              N("Pow", ["gl", "two"], ["sq"]), N("ReduceMean", ["sq", "last"], ["ms"], keepdims=1),
-              N("Add", ["ms", "eps"], ["mse"]), N("Sqrt", ["mse"], ["rms"]), N("Div", ["gl", "rms"], ["normed"]),
-              N("Mul", ["normed", "rms.weight"], ["rn"]), N("Sub", ["rn", "e"], ["res"]),
-              N("Slice", ["res", "s0", "s4", "last", "step2"], ["sl"]),
-              N("Concat", ["sl", "sl"], ["cat"], axis=-1), N("Exp", ["cat"], ["ex"]), N("Log", ["ex"], ["lg"]),
-              N("Neg", ["lg"], ["ng"]), N("Identity", ["ng"], ["idt"]), N("Dropout", ["idt"], ["dr"]),
-              N("Cast", ["dr"], ["c64"], to=T.DOUBLE), N("Cast", ["c64"], ["c32"], to=T.FLOAT),
-              N("Unsqueeze", ["c32", "one"], ["u"]), N("Squeeze", ["u", "one"], ["sqz"]),
-              N("Gather", ["sqz", "minus1"], ["lastok"], axis=1),
-              N("LogSoftmax", ["lastok"], ["out1"], axis=-1),
-              N("ReduceSum", ["att", "one"], ["heads_sum"], keepdims=0)]
-    inits = [weight("wte", 11, d), weight("ln.weight", d, low=0.5), weight("ln.bias", d),
-             weight("qkv.weight", d, 3 * d), weight("qkv.bias", 3 * d), ints("thirds", d, d, d),
-             ints("s0", 0), ints("s2", 2), ints("s4", 4), ints("step2", 2), ints("hd", heads, d // heads), ints("merge", 0, 0, d),
-             nh.from_array(np.array(np.sqrt(d // heads), np.float32), "sqrt_d"),
-             nh.from_array(np.array(2.0, np.float32), "two"), ints("last", -1),
-             nh.from_array(np.array(1e-6, np.float32), "eps"), weight("rms.weight", d, low=0.5),
-             ints("one", 1), nh.from_array(np.array(-1, np.int64), "minus1")]
-    return nodes, inits
-
-
 def test_an_attention_block_with_symbolic_batch_and_sequence(tmp_path: Path) -> None:
-    nodes, inits = _attention_block()
-    path = save(tmp_path, nodes, [h.make_tensor_value_info("ids", T.INT64, ["batch_size", "sequence"])],
-                [h.make_tensor_value_info("out1", T.FLOAT, ["batch_size", 4]),
-                 h.make_tensor_value_info("heads_sum", T.FLOAT, ["batch_size", 5, 5])], inits)
+    path = seed_file(tmp_path, attention_graph, "net")
     ids = RNG.integers(0, 11, (3, 5)).astype(np.int64)
     text = imported_matches_onnxruntime(tmp_path, path, {"ids": ids}, batch=2, dims={"sequence": 5})
     assert "model net(batch = 2, sequence = 5)" in text
@@ -208,7 +162,8 @@ def test_folded_constants_of_every_folding_rule(tmp_path: Path) -> None:
 
 
 def test_the_tests_cover_the_whole_table() -> None:
-    covered = {n.op_type for nodes in (_attention_block()[0],) for n in nodes} | {
+    seeds = [build(np.random.default_rng(0))[0] for build in (cnn_graph, attention_graph)]
+    covered = {n.op_type for nodes in seeds for n in nodes} | {
         "Conv", "BatchNormalization", "Relu", "MaxPool", "Shape", "Gather", "Unsqueeze", "Concat", "Reshape",
         "Gemm", "LeakyRelu", "Sigmoid", "AveragePool", "Tanh", "HardSwish", "HardSigmoid", "Reciprocal", "IsNaN", "GlobalAveragePool", "Flatten", "Constant",
         "ConstantOfShape", "Range", "Expand", "Where", "Equal", "Cast", "ReduceProd", "Min", "Max", "Transpose",

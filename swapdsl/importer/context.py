@@ -3,6 +3,7 @@ parameters declared, and readable names."""
 
 from __future__ import annotations
 
+import math
 import re
 from collections.abc import Mapping
 from typing import Any
@@ -156,3 +157,24 @@ def onnx_dtype(code: int, node: Any) -> str:
     if code not in DTYPES:
         raise unsupported(node, f"element type {code} has no swapdsl dtype")
     return DTYPES[code]
+
+
+def reshape_target(shape: tuple[int, ...], target: np.ndarray, node: Any, allowzero: int = 0) -> tuple[int, ...]:
+    dims = [int(d) for d in target.reshape(-1)]
+    dims = [shape[i] if d == 0 and not allowzero and i < len(shape) else d for i, d in enumerate(dims)]
+    if dims.count(-1) > 1 or any(d < -1 for d in dims):
+        raise unsupported(node, f"reshape target {dims}")
+    if -1 in dims:
+        known = math.prod(d for d in dims if d != -1)
+        dims[dims.index(-1)] = math.prod(shape) // known if known else 0
+    if math.prod(dims) != math.prod(shape) or 0 in dims:
+        raise unsupported(node, f"cannot reshape {list(shape)} to {dims}")
+    return tuple(dims)
+
+
+def flag(a: dict[str, Any], name: str, default: int, node: Any) -> bool:
+    """A 0-or-1 attribute (keepdims, transB, ...): any other value is refused, not guessed at."""
+    v = a.get(name, default)
+    if v not in (0, 1):
+        raise unsupported(node, f"attribute {name} is {v}, not 0 or 1")
+    return bool(v)

@@ -1,6 +1,5 @@
-"""The import table, keyed by ONNX op type: ``RULES`` writes a node that computes on the model's tensors
-as `.swp`; ``FOLD`` evaluates one whose inputs are all constants (the shape arithmetic an exporter
-leaves: Shape, Gather, Concat, Unsqueeze, ...) with NumPy at import. docs/import.md lists both."""
+"""The import table, keyed by ONNX op type: each rule writes a node that computes on the model's tensors
+as `.swp` (a node whose inputs are all constants is folded instead: ``fold``). docs/import.md lists it."""
 
 from __future__ import annotations
 
@@ -12,18 +11,9 @@ from typing import Any
 import numpy as np
 
 from swapdsl.common.errors import SwpError
-from swapdsl.importer.context import Lowering, NanTest, Tensor, onnx_dtype, swp_dtype, unsupported
+from swapdsl.importer.context import Lowering, NanTest, Tensor, flag, onnx_dtype, reshape_target, unsupported
 
 Rule = Callable[[Lowering, Any, dict[str, Any]], None]
-Fold = Callable[[Any, list[Any], dict[str, Any]], list[np.ndarray]]
-
-
-def flag(a: dict[str, Any], name: str, default: int, node: Any) -> bool:
-    """A 0-or-1 attribute (keepdims, transB, ...): any other value is refused, not guessed at."""
-    v = a.get(name, default)
-    if v not in (0, 1):
-        raise unsupported(node, f"attribute {name} is {v}, not 0 or 1")
-    return bool(v)
 
 
 def _num(v: float) -> str:
@@ -151,14 +141,15 @@ def _inner(node: Any, a: int, b: int) -> None:
 
 
 def _gemm(lw: Lowering, node: Any, a: dict[str, Any]) -> None:
+    trans_b = flag(a, "transB", 0, node)
     if flag(a, "transA", 0, node) or a.get("alpha", 1.0) != 1.0 or a.get("beta", 1.0) != 1.0:
         raise unsupported(node, "Gemm with transA, alpha or beta other than the defaults")
     x, w = lw.tensor(node, 0), lw.tensor(node, 1)
     if len(x.shape) != 2 or len(w.shape) != 2:
         raise unsupported(node, "Gemm of other than two matrices")
-    _inner(node, x.shape[1], w.shape[1] if flag(a, "transB", 0, node) else w.shape[0])
-    out = w.shape[0] if flag(a, "transB", 0, node) else w.shape[1]
-    expr = f"matmul({x.name}, {w.name}, transpose_b = true)" if flag(a, "transB", 0, node) else f"{x.name} @ {w.name}"
+    _inner(node, x.shape[1], w.shape[1] if trans_b else w.shape[0])
+    out = w.shape[0] if trans_b else w.shape[1]
+    expr = f"matmul({x.name}, {w.name}, transpose_b = true)" if trans_b else f"{x.name} @ {w.name}"
     if lw.get(node, 2) is not None:
         expr += f" + {lw.tensor(node, 2).name}"
     lw.emit(node, expr, (x.shape[0], out), x.dtype)
@@ -216,9 +207,9 @@ def _pool(fn: str) -> Rule:
         stride, pad, dil = _spatial(node, a)
         if dil != (1, 1) or len(node.output) > 1:
             raise unsupported(node, "pooling with dilations or an indices output")
-        extra = ", count_include_pad = true" if fn == "avg_pool2d" and flag(a, "count_include_pad", 0, node) else ""
-        extra += ", count_include_pad = false" if fn == "avg_pool2d" and not flag(a, "count_include_pad", 0, node) and \
-            pad != (0, 0) else ""
+        include = flag(a, "count_include_pad", 0, node)
+        extra = "" if fn != "avg_pool2d" else ", count_include_pad = true" if include else \
+            ", count_include_pad = false" if pad != (0, 0) else ""
         hw = tuple(_out_size(x.shape[2 + i], k[i], stride[i], pad[i], 1) for i in range(2))
         text = f"{fn}({x.name}, {k}, stride = {stride}, padding = {pad}{extra})"
         lw.emit(node, _defaults_left_out(text, stride=f", stride = {k}"), x.shape[:2] + hw, x.dtype)
@@ -291,24 +282,16 @@ def _reduce(fn: str) -> Rule:
 # ---- shapes ------------------------------------------------------------------------------
 
 
-def reshape_target(shape: tuple[int, ...], target: np.ndarray, node: Any, allowzero: int = 0) -> tuple[int, ...]:
-    dims = [int(d) for d in target.reshape(-1)]
-    dims = [shape[i] if d == 0 and not allowzero and i < len(shape) else d for i, d in enumerate(dims)]
-    if dims.count(-1) > 1 or any(d < -1 for d in dims):
-        raise unsupported(node, f"reshape target {dims}")
-    if -1 in dims:
-        known = math.prod(d for d in dims if d != -1)
-        dims[dims.index(-1)] = math.prod(shape) // known if known else 0
-    if math.prod(dims) != math.prod(shape) or 0 in dims:
-        raise unsupported(node, f"cannot reshape {list(shape)} to {dims}")
-    return tuple(dims)
-
-
-def _reshape_to(lw: Lowering, node: Any, x: Tensor, shape: tuple[int, ...]) -> None:
+def _unless_same(lw: Lowering, node: Any, x: Tensor, shape: tuple[int, ...], expr: str) -> None:
+    """``expr`` as the node's value, or ``x`` itself where the shape does not change."""
     if shape == x.shape:
         lw.env[node.output[0]] = x
         return
-    lw.emit(node, f"reshape({x.name}, {list(shape)})", shape, x.dtype)
+    lw.emit(node, expr, shape, x.dtype)
+
+
+def _reshape_to(lw: Lowering, node: Any, x: Tensor, shape: tuple[int, ...]) -> None:
+    _unless_same(lw, node, x, shape, f"reshape({x.name}, {list(shape)})")
 
 
 def _reshape(lw: Lowering, node: Any, a: dict[str, Any]) -> None:
@@ -426,10 +409,7 @@ def _expand(lw: Lowering, node: Any, a: dict[str, Any]) -> None:
     """A broadcast (grouped-query attention's repeated key heads): x plus zeros of the target shape."""
     x = lw.tensor(node, 0)
     shape = np.broadcast_shapes(x.shape, tuple(int(d) for d in lw.const(node, 1).reshape(-1)))
-    if shape == x.shape:
-        lw.env[node.output[0]] = x
-        return
-    lw.emit(node, f"{x.name} + zeros({list(shape)}, {x.dtype})", shape, x.dtype)
+    _unless_same(lw, node, x, shape, f"{x.name} + zeros({list(shape)}, {x.dtype})")
 
 
 def _shape(lw: Lowering, node: Any, a: dict[str, Any]) -> None:
@@ -452,80 +432,3 @@ RULES: dict[str, Rule] = {
     "Transpose": _transpose, "Concat": _concat, "Split": _split, "Slice": _slice, "Gather": _gather,
     "Shape": _shape, "Expand": _expand,
 }
-
-
-# ---- constant folding --------------------------------------------------------------------------
-
-
-def _constant(node: Any, ins: list[Any], a: dict[str, Any]) -> list[np.ndarray]:
-    from onnx import numpy_helper
-
-    if "value" in a:
-        return [np.asarray(numpy_helper.to_array(a["value"]))]
-    for key, dtype in (("value_float", np.float32), ("value_floats", np.float32), ("value_int", np.int64),
-                       ("value_ints", np.int64)):
-        if key in a:
-            return [np.asarray(a[key], dtype)]
-    raise unsupported(node, "a Constant without a tensor, float or int value")
-
-
-def _fold_reshape(node: Any, ins: list[Any], a: dict[str, Any]) -> list[np.ndarray]:
-    return [ins[0].reshape(reshape_target(ins[0].shape, ins[1], node, flag(a, "allowzero", 0, node)))]
-
-
-def _fold_slice(node: Any, ins: list[Any], a: dict[str, Any]) -> list[np.ndarray]:
-    x, starts, ends = ins[:3]
-    axes = range(len(starts)) if len(ins) < 4 or ins[3] is None else ins[3]
-    steps = [1] * len(starts) if len(ins) < 5 or ins[4] is None else ins[4]
-    index = [slice(None)] * x.ndim
-    for axis, s, e, step in zip(axes, starts, ends, steps):
-        index[int(axis)] = slice(int(s), int(max(min(e, 2**62), -(2**62))), int(step))
-    return [x[tuple(index)]]
-
-
-def _int_div(x: np.ndarray, y: np.ndarray) -> np.ndarray:
-    if np.issubdtype(x.dtype, np.integer) and np.issubdtype(y.dtype, np.integer):
-        return (np.trunc(x / y)).astype(x.dtype)
-    return x / y
-
-
-def _f(fn: Callable[..., Any]) -> Fold:
-    return lambda node, ins, a: [np.asarray(fn(*ins))]
-
-
-FOLD: dict[str, Fold] = {
-    "Constant": _constant,
-    "Identity": _f(lambda x: x),
-    "Cast": lambda node, ins, a: [ins[0].astype(_np_dtype(onnx_dtype(a["to"], node)))],
-    "Add": _f(np.add), "Sub": _f(np.subtract), "Mul": _f(np.multiply), "Div": _f(_int_div),
-    "Neg": _f(np.negative), "Sqrt": _f(np.sqrt), "Equal": _f(np.equal), "Where": _f(np.where),
-    "Min": _f(np.minimum), "Max": _f(np.maximum),
-    "Concat": lambda node, ins, a: [np.concatenate([np.atleast_1d(x) for x in ins], axis=a["axis"])],
-    "Gather": lambda node, ins, a: [np.take(ins[0], ins[1].astype(np.int64), axis=a.get("axis", 0))],
-    "Unsqueeze": lambda node, ins, a: [np.expand_dims(ins[0], tuple(int(i) for i in ins[1].reshape(-1)))],
-    "Squeeze": lambda node, ins, a: [np.squeeze(ins[0], None if len(ins) < 2 or ins[1] is None
-                                                else tuple(int(i) for i in ins[1].reshape(-1)))],
-    "Reshape": _fold_reshape, "Slice": _fold_slice,
-    "Transpose": lambda node, ins, a: [np.transpose(ins[0], a.get("perm"))],
-    "Range": _f(lambda s, e, d: np.arange(s, e, d, dtype=np.result_type(s, e, d))),
-    "ConstantOfShape": lambda node, ins, a: [np.full(tuple(int(d) for d in ins[0]), _fill_value(a))],
-    "Expand": _f(lambda x, s: np.broadcast_to(x, np.broadcast_shapes(x.shape, tuple(int(d) for d in s))).copy()),
-    "ReduceProd": lambda node, ins, a: [np.prod(ins[0], keepdims=bool(a.get("keepdims", 1)))],
-}
-
-
-def _fill_value(a: dict[str, Any]) -> np.ndarray:
-    from onnx import numpy_helper
-
-    return np.asarray(numpy_helper.to_array(a["value"])).reshape(-1)[0] if "value" in a else np.float32(0)
-
-
-def _np_dtype(name: str) -> Any:
-    if name == "bf16":
-        import ml_dtypes
-
-        return ml_dtypes.bfloat16
-    return {"f32": np.float32, "f64": np.float64, "f16": np.float16, "i32": np.int32, "i64": np.int64}[name]
-
-
-__all__ = ["FOLD", "RULES", "swp_dtype"]

@@ -11,7 +11,8 @@ import numpy as np
 from swapdsl.common.errors import SwpError
 from swapdsl.importer.context import Lowering, unsupported
 from swapdsl.importer.onnx_read import Source
-from swapdsl.importer.rules import FOLD, RULES
+from swapdsl.importer.fold import FOLD
+from swapdsl.importer.rules import RULES
 
 
 def lower(src: Source, sizes: Mapping[str, int]) -> Lowering:

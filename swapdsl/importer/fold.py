@@ -1,0 +1,85 @@
+"""Constant folding, keyed by ONNX op type: a node whose inputs are all constants (the shape arithmetic
+an exporter leaves: Shape, Gather, Concat, Unsqueeze, ...) evaluated with NumPy at import."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+from swapdsl.importer.context import flag, onnx_dtype, reshape_target, unsupported
+
+Fold = Callable[[Any, list[Any], dict[str, Any]], list[np.ndarray]]
+
+
+def _constant(node: Any, ins: list[Any], a: dict[str, Any]) -> list[np.ndarray]:
+    from onnx import numpy_helper
+
+    if "value" in a:
+        return [np.asarray(numpy_helper.to_array(a["value"]))]
+    for key, dtype in (("value_float", np.float32), ("value_floats", np.float32), ("value_int", np.int64),
+                       ("value_ints", np.int64)):
+        if key in a:
+            return [np.asarray(a[key], dtype)]
+    raise unsupported(node, "a Constant without a tensor, float or int value")
+
+
+def _fold_reshape(node: Any, ins: list[Any], a: dict[str, Any]) -> list[np.ndarray]:
+    return [ins[0].reshape(reshape_target(ins[0].shape, ins[1], node, flag(a, "allowzero", 0, node)))]
+
+
+def _fold_slice(node: Any, ins: list[Any], a: dict[str, Any]) -> list[np.ndarray]:
+    x, starts, ends = ins[:3]
+    axes = range(len(starts)) if len(ins) < 4 or ins[3] is None else ins[3]
+    steps = [1] * len(starts) if len(ins) < 5 or ins[4] is None else ins[4]
+    index = [slice(None)] * x.ndim
+    for axis, s, e, step in zip(axes, starts, ends, steps):
+        index[int(axis)] = slice(int(s), int(max(min(e, 2**62), -(2**62))), int(step))
+    return [x[tuple(index)]]
+
+
+def _int_div(x: np.ndarray, y: np.ndarray) -> np.ndarray:
+    if np.issubdtype(x.dtype, np.integer) and np.issubdtype(y.dtype, np.integer):
+        return (np.trunc(x / y)).astype(x.dtype)
+    return x / y
+
+
+def _f(fn: Callable[..., Any]) -> Fold:
+    return lambda node, ins, a: [np.asarray(fn(*ins))]
+
+
+FOLD: dict[str, Fold] = {
+    "Constant": _constant,
+    "Identity": _f(lambda x: x),
+    "Cast": lambda node, ins, a: [ins[0].astype(_np_dtype(onnx_dtype(a["to"], node)))],
+    "Add": _f(np.add), "Sub": _f(np.subtract), "Mul": _f(np.multiply), "Div": _f(_int_div),
+    "Neg": _f(np.negative), "Sqrt": _f(np.sqrt), "Equal": _f(np.equal), "Where": _f(np.where),
+    "Min": _f(np.minimum), "Max": _f(np.maximum),
+    "Concat": lambda node, ins, a: [np.concatenate([np.atleast_1d(x) for x in ins], axis=a["axis"])],
+    "Gather": lambda node, ins, a: [np.take(ins[0], ins[1].astype(np.int64), axis=a.get("axis", 0))],
+    "Unsqueeze": lambda node, ins, a: [np.expand_dims(ins[0], tuple(int(i) for i in ins[1].reshape(-1)))],
+    "Squeeze": lambda node, ins, a: [np.squeeze(ins[0], None if len(ins) < 2 or ins[1] is None
+                                                else tuple(int(i) for i in ins[1].reshape(-1)))],
+    "Reshape": _fold_reshape, "Slice": _fold_slice,
+    "Transpose": lambda node, ins, a: [np.transpose(ins[0], a.get("perm"))],
+    "Range": _f(lambda s, e, d: np.arange(s, e, d, dtype=np.result_type(s, e, d))),
+    "ConstantOfShape": lambda node, ins, a: [np.full(tuple(int(d) for d in ins[0]), _fill_value(a))],
+    "Expand": _f(lambda x, s: np.broadcast_to(x, np.broadcast_shapes(x.shape, tuple(int(d) for d in s))).copy()),
+    "ReduceProd": lambda node, ins, a: [np.prod(ins[0], keepdims=bool(a.get("keepdims", 1)))],
+}
+
+
+def _fill_value(a: dict[str, Any]) -> np.ndarray:
+    from onnx import numpy_helper
+
+    return np.asarray(numpy_helper.to_array(a["value"])).reshape(-1)[0] if "value" in a else np.float32(0)
+
+
+def _np_dtype(name: str) -> Any:
+    if name == "bf16":
+        import ml_dtypes
+
+        return ml_dtypes.bfloat16
+    return {"f32": np.float32, "f64": np.float64, "f16": np.float16, "i32": np.int32, "i64": np.int64}[name]
+

@@ -260,12 +260,13 @@ def _cmd_import(args: argparse.Namespace) -> int:
     if args.target != "target" and args.loss is None:
         raise SwpError("--target names the loss's target input: give --loss too")
     m, r = api.import_onnx(args.file, args.output, args.weights, args.batch, dims, args.loss, args.target,
-                           args.optimizer)
+                           args.optimizer, args.freeze)
     weights = args.weights or str(Path(args.output).with_suffix(".safetensors"))
     count = sum(int(v.size) for v in r.params.values())
     print(f"{args.output}: model `{r.model}`, {len(r.text.splitlines())} lines, {len(m.graph.ops)} ops; "
           f"{weights}: {count:,} parameters in {len(r.params)} tensors"
-          + (f" and {len(r.running)} batch norms' running statistics" if r.running else ""))
+          + (f" and {len(r.running)} batch norms' running statistics" if r.running else "")
+          + (f"; {len(r.frozen)} of the tensors frozen" if r.frozen else ""))
     for note in r.notes:
         print(f"  note: {note}")
     print(f"  next: swapdsl predict {args.output} --init {weights} --data DIR -o out.npz"
@@ -549,6 +550,8 @@ def make_parser() -> argparse.ArgumentParser:
     im.add_argument("--target", default="target", metavar="NAME", help="the target input's name (target)")
     im.add_argument("--optimizer", default="sgd(lr = 0.01)", metavar="TEXT",
                     help="the `minimize` line's optimiser, as the language writes it (sgd(lr = 0.01))")
+    im.add_argument("--freeze", metavar="REGEX", help="declare `frozen` (loaded, never trained) the parameters whose "
+                    "ONNX or .swp name matches (constants the graph computes always are)")
     im.set_defaults(handler=_cmd_import)
 
     pl = sub.add_parser("plot-log", help="draw a training log (exec --log): loss and reports against the step")

@@ -59,6 +59,7 @@ OPTIONS: dict[str, list[str]] = {
     "--target": ["y", "target", "input", "1x", "logits", ""],
     "--optimizer": ["adam(lr = 1e-3)", "sgd(lr = 0.1)", "bogus(", "adam(lr = -1)", "", "sgd(lr = 1) }\nmodel x() {"],
     "--batch": ["4", "0", "x", "-1", "99999999999"],
+    "--freeze": ["features_.*", ".*", "(", "", "[a-"],
     "--weights": ["w.st", "/proc/x.st", "folder", "fifo", "ck.st"],
 }
 FLAGS = ["--json", "--check", "--ir", "--training", "--help", "--version", "--shuffle"]

@@ -161,6 +161,21 @@ def test_folded_constants_of_every_folding_rule(tmp_path: Path) -> None:
     assert "reshape(x, [2 * batch, 3])" in text
 
 
+def test_computed_constants_and_chosen_weights_import_frozen(tmp_path: Path) -> None:
+    """A constant the graph computes (here a Constant node) is no weight: `frozen`; so is a weight that
+    `freeze` names; the others train."""
+    table = nh.from_array(np.arange(6, dtype=np.float32).reshape(2, 3) / 10, "table")
+    nodes = [N("Constant", [], ["offset"], value=table), N("Add", ["x", "offset"], ["h"]),
+             N("MatMul", ["h", "fc.weight"], ["m"]), N("MatMul", ["m", "head.weight"], ["y"])]
+    path = save(tmp_path, nodes, [h.make_tensor_value_info("x", T.FLOAT, [2, 3])],
+                [h.make_tensor_value_info("y", T.FLOAT, [2, 2])], [weight("fc.weight", 3, 4), weight("head.weight", 4, 2)])
+    m, r = swapdsl.import_onnx(path, str(tmp_path / "m.swp"), loss="mse", freeze=r"fc\..*")
+    assert r.frozen == ("offset", "fc_weight") and m.graph.frozen == ("offset", "fc_weight")
+    assert [p for p, _ in m.training.grads] == ["head_weight"]
+    with pytest.raises(SwpError, match="not a regular expression"):
+        swapdsl.import_onnx(path, str(tmp_path / "n.swp"), freeze="(")
+
+
 def test_the_tests_cover_the_whole_table() -> None:
     seeds = [build(np.random.default_rng(0))[0] for build in (cnn_graph, attention_graph)]
     covered = {n.op_type for nodes in seeds for n in nodes} | {

@@ -555,3 +555,39 @@ def test_evaluation_covers_every_held_out_example(cli, setup: dict[str, Path], t
     loss = ref.step(7)
     assert last["loss"] == pytest.approx(loss, rel=1e-5)
     assert last["metrics"]["accuracy"] == pytest.approx(ref.metrics()["accuracy"], abs=1e-6)
+
+
+FROZEN = """import layers
+model fz(batch = 8) {
+    input x: f32[batch, 6]
+    input y: i32[batch]
+    param w0: [6, 16] = xavier frozen
+    h = relu(x @ w0)
+    logits = dense(h, 3) as head
+    loss = softmax_cross_entropy(logits, y)
+    minimize loss with adam(lr = 1e-2)
+}
+"""
+
+
+def test_a_frozen_parameter_is_loaded_and_saved_but_never_trained(tmp_path: Path) -> None:
+    """No gradient, no optimiser state, no update for `frozen`; the others train as before, and a plan of
+    the model runs exactly like the reference."""
+    import swapdsl
+    from swapdsl.runtime.data import init_persistent
+
+    (tmp_path / "fz.swp").write_text(FROZEN)
+    m = swapdsl.load(tmp_path / "fz.swp")
+    t = m.training
+    assert t.frozen == ("w0",) and "w0" in t.params
+    assert [p for p, _ in t.grads] == ["head.b", "head.w"] and not any(s.startswith("w0") for s in t.state)
+    from swapdsl.graph.printer import print_graph
+
+    assert "w0: f32[6,16] = xavier_uniform frozen" in print_graph(m.graph)
+    plan = swapdsl.optimize(m, memory="4KiB", method="belady")
+    run = swapdsl.execute(plan, check=True, options=swapdsl.Options(steps=5, save=str(tmp_path / "ck.st")))
+    assert run.max_rel_diff == 0.0 and run.losses[-1] < run.losses[0]
+    from safetensors.numpy import load_file
+
+    after, before = load_file(str(tmp_path / "ck.st")), init_persistent(t, 0, np)
+    assert np.array_equal(after["w0"], before["w0"]) and not np.array_equal(after["head.w"], before["head.w"])

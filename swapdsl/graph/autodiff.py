@@ -93,7 +93,7 @@ def live_forward_ops(fwd: Graph, targets: set[str] | None = None) -> list[Op]:
 
 
 def _depends_on_params(fwd: Graph, forward: list[Op]) -> set[str]:
-    reached = set(fwd.params)
+    reached = set(fwd.params) - set(fwd.frozen)
     for op in forward:
         if reached.intersection(op.inputs):
             reached.update(op.outputs)
@@ -112,7 +112,7 @@ def training_graph(fwd: Graph) -> Graph:
     _trainable(fwd)
     forward = live_forward_ops(fwd)
     needs_grad = _depends_on_params(fwd, forward)
-    params = set(fwd.params)
+    params = set(fwd.params) - set(fwd.frozen)
     b = _Builder(fwd)
     first_use = {}
     for i, op in enumerate(forward):

@@ -146,6 +146,7 @@ class Graph:
     guard: str = "none"  # none, skip (updates gated on finite gradients) or scale (and dynamic loss scaling)
     reports: tuple[tuple[str, str], ...] = ()  # (name, the tensor holding it): figures beside the loss
     outputs: tuple[tuple[str, str], ...] = ()  # (name, the tensor holding it): what `predict` writes, per example
+    frozen: tuple[str, ...] = ()  # params the model declares `frozen`: no gradient, no optimiser state, no update
     # training graphs only (see autodiff.py):
     state: tuple[str, ...] = ()  # optimiser state: persistent like the params
     updates: tuple[tuple[str, str], ...] = ()  # (persistent tensor, the value that replaces it after a step)

@@ -57,7 +57,8 @@ def print_graph(g: Graph) -> str:
     lines.append("  inputs:")
     lines += ["    " + _with_comment(_decl(g.tensors[n]), g.tensors[n].span) for n in g.inputs]
     lines.append("  params:")
-    lines += ["    " + _with_comment(_decl(g.tensors[n]), g.tensors[n].span) for n in g.params]
+    lines += ["    " + _with_comment(_decl(g.tensors[n]) + (" frozen" if n in g.frozen else ""), g.tensors[n].span)
+              for n in g.params]
     if g.state:
         lines.append("  state:")
         lines += ["    " + _decl(g.tensors[n]) for n in g.state]

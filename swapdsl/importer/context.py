@@ -51,8 +51,10 @@ def swp_dtype(a: np.ndarray) -> str:
 class Lowering:
     """The state of one walk: values by ONNX name, the lines written, the parameters declared."""
 
-    def __init__(self, src: Source, sizes: Mapping[str, int]) -> None:
+    def __init__(self, src: Source, sizes: Mapping[str, int], freeze: str | None = None) -> None:
         self.src = src
+        self.freeze = re.compile(freeze) if freeze else None
+        self.frozen: list[str] = []
         self.env: dict[str, Value] = dict(src.weights)
         self.lines: list[str] = []
         self.params: dict[str, np.ndarray] = {}  # swp name -> value
@@ -109,8 +111,13 @@ class Lowering:
             name = self.fresh(onnx_name)
             self.param_of[onnx_name] = name
             self.params[name] = value
+            # a value the graph computes (a Constant node, folded arithmetic) is no weight: frozen
+            frozen = onnx_name not in self.src.weights or bool(
+                self.freeze and (self.freeze.fullmatch(onnx_name) or self.freeze.fullmatch(name)))
+            if frozen:
+                self.frozen.append(name)
             self.lines.append(f"param {name}: {swp_dtype(value) if value.dtype != np.float32 else ''}"
-                              f"{list(value.shape)} = {initialiser(value)}")
+                              f"{list(value.shape)} = {initialiser(value)}{' frozen' if frozen else ''}")
         name = self.param_of[onnx_name]
         return Tensor(name, tuple(self.params[name].shape), swp_dtype(self.params[name]))
 

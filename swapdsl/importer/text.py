@@ -27,21 +27,27 @@ class Imported:
     params: dict[str, np.ndarray] = attrs.field(repr=False)  # `.swp` parameter -> its ONNX weight
     running: dict[str, tuple[np.ndarray, np.ndarray]] = attrs.field(repr=False)  # batch-norm scale -> stats
     notes: tuple[str, ...] = ()
+    frozen: tuple[str, ...] = ()  # parameters declared `frozen`
 
 
 def convert(path: str, batch: int | None = None, dims: Mapping[str, int] | None = None, loss: str | None = None,
-            target: str = "target", optimizer: str = "sgd(lr = 0.01)") -> Imported:
+            target: str = "target", optimizer: str = "sgd(lr = 0.01)", freeze: str | None = None) -> Imported:
     """The ONNX file at ``path`` as `.swp` text and the parameters it starts from. Every input's first axis
     is the batch (``batch``, else its size in the file, else 1); ``dims`` gives the file's other symbolic
-    sizes; ``loss`` adds a target input and a `minimize` line."""
+    sizes; ``loss`` adds a target input and a `minimize` line; ``freeze`` (a regular expression over ONNX or
+    `.swp` names) declares the parameters it matches `frozen`, as every constant the graph computes is."""
     src = read_onnx(path)
+    try:
+        re.compile(freeze or "")
+    except re.error as exc:
+        raise SwpError(f"--freeze `{freeze}` is not a regular expression: {exc}") from None
     if loss is not None and loss not in LOSSES:
         raise SwpError(f"unknown loss `{loss}`", hints=[f"losses: {', '.join(LOSSES)}"])
     if not re.fullmatch(r"[a-z]\w*\([^\n\r{}#]*\)", optimizer):
         raise SwpError(f"--optimizer `{optimizer[:80]}` is not one optimiser call",
                        hints=["e.g. --optimizer \"adamw(lr = 1e-4, warmup = 100, cosine = 10000)\""])
     sizes = _sizes(src, batch, dict(dims or {}))
-    base = lower(src, sizes)
+    base = lower(src, sizes, freeze)
 
     def render(lw: Lowering) -> list[str]:
         return _declarations(lw) + _outputs(src, lw, loss, target, optimizer)
@@ -55,7 +61,7 @@ def convert(path: str, batch: int | None = None, dims: Mapping[str, int] | None 
             f"{src.opset}) by `swapdsl import`.",
             f"model {model}({', '.join(f'{k} = {v}' for k, v in args.items())}) {{"]
     text = "\n".join(head + [f"    {line}" for line in body] + ["}", ""])
-    return Imported(text, model, base.params, base.running, tuple(notes))
+    return Imported(text, model, base.params, base.running, tuple(notes), tuple(base.frozen))
 
 
 def _sizes(src: Source, batch: int | None, dims: dict[str, int]) -> dict[str, int]:
@@ -88,7 +94,7 @@ def _symbolic(src: Source, base: Lowering, sizes: dict[str, int],
     bumped = {}
     for s in sizes:
         try:
-            bumped[s] = render(lower(src, {**sizes, s: sizes[s] + 1}))
+            bumped[s] = render(lower(src, {**sizes, s: sizes[s] + 1}, base.freeze and base.freeze.pattern))
         except SwpError:
             notes.append(f"`{s}` is fixed at {sizes[s]}: the file's shape arithmetic does not follow it")
             continue

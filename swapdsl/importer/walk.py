@@ -15,9 +15,9 @@ from swapdsl.importer.fold import FOLD
 from swapdsl.importer.rules import RULES
 
 
-def lower(src: Source, sizes: Mapping[str, int]) -> Lowering:
+def lower(src: Source, sizes: Mapping[str, int], freeze: str | None = None) -> Lowering:
     """Every node of ``src`` at these sizes (``batch`` and the other symbolic sizes)."""
-    lw = Lowering(src, sizes)
+    lw = Lowering(src, sizes, freeze)
     for node in src.nodes:
         if node.domain not in ("", "ai.onnx"):
             raise unsupported(node, f"operator domain `{node.domain}` is not the standard one")

@@ -117,6 +117,7 @@ class ParamStmt:
     type: TensorTypeExpr
     init: Expr
     span: Span
+    frozen: bool = False  # loaded and saved like any parameter, never trained
 
 
 @attrs.frozen

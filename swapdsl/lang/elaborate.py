@@ -227,6 +227,7 @@ class _Elaborator:
         self.ops: list[Op] = []
         self.inputs: list[str] = []
         self.params: list[str] = []
+        self.frozen: list[str] = []
         self.scope: list[str] = []
         self.scope_names: list[dict[str, int]] = [{}]
         self.call_depth = 0
@@ -250,7 +251,7 @@ class _Elaborator:
         return Graph(model.name, tuple(args.items()), self.tensors, tuple(self.ops), tuple(self.inputs),
                      tuple(self.params), loss.name if loss else "", opt, self.program.sha256,
                      reports=tuple((k, v.name) for k, v in self.reports.items()),
-                     outputs=tuple((k, v.name) for k, v in self.outputs.items()))
+                     outputs=tuple((k, v.name) for k, v in self.outputs.items()), frozen=tuple(self.frozen))
 
     # -- functions visible from a module
 
@@ -299,6 +300,8 @@ class _Elaborator:
         init = self.initializer(s.init, frame)
         t = self.new_tensor(".".join(self.scope + [s.name]), typ, Kind.param, s.span, init)
         self.params.append(t.name)
+        if s.frozen:
+            self.frozen.append(t.name)
         frame.env[s.name] = t
 
     def stmt_AssignStmt(self, s: ast.AssignStmt, frame: _Frame) -> None:

@@ -218,7 +218,7 @@ class _ToAst(Transformer_NonRecursive):  # without recursion: a sum of 10,000 te
         return ast.InputStmt(str(c[0]), c[1], self._span(meta))
 
     def param_stmt(self, meta: Any, c: list[Any]) -> ast.ParamStmt:
-        return ast.ParamStmt(str(c[0]), c[1], c[2], self._span(meta))
+        return ast.ParamStmt(str(c[0]), c[1], c[2], self._span(meta), frozen=c[3] is not None)
 
     def tensor_type(self, meta: Any, c: list[Any]) -> ast.TensorTypeExpr:
         dtype, dims = c[0], tuple(d for d in c[1:] if d is not None)

@@ -2,7 +2,7 @@
 under 24 GiB and 48 GiB on `h100-80gb`, per method, with the updates on the device or on the host.
 
 Usage: python bench/llama.py [--caps 24GiB,48GiB] [--methods belady,capuchin,ga] [--host-updates none,all]
-                             [--budget 120] [--precision bf16] [--device h100-80gb] [--json]
+                             [--budget 120] [--precision bf16] [--device h100-80gb] [--lora RANK] [--json]
 
 Runs `swapdsl optimize` as a user would, once per (cap, method, host-updates), and prints one row per
 run: the simulated step, the ideal (infinite memory) step, their fraction, bytes over the bus each way
@@ -26,7 +26,8 @@ GIB = 2**30
 def plan(cap: str, method: str, host: str, args: argparse.Namespace, folder: Path) -> dict:
     cmd = [sys.executable, "-m", "swapdsl", "optimize", str(Path(STDLIB_DIR) / "models" / "llama.swp"),
            "--memory", cap, "--device", args.device, "--precision", args.precision, "--method", method,
-           "--host-updates", host, "--json", "-o", str(folder / f"{method}-{host}-{cap}.plan")]
+           "--host-updates", host, "-D", f"lora={args.lora}", "--json",
+           "-o", str(folder / f"{method}-{host}-{cap}.plan")]
     if method == "ga":
         cmd += ["--budget", str(args.budget), "--workers", "1", "--seed", "1"]
     run = subprocess.run(cmd, capture_output=True, text=True)
@@ -44,6 +45,7 @@ def main() -> None:
     ap.add_argument("--budget", type=float, default=120.0)
     ap.add_argument("--precision", default="bf16")
     ap.add_argument("--device", default="h100-80gb")
+    ap.add_argument("--lora", type=int, default=0, help="LoRA rank (0: full fine-tuning)")
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args()
     rows = []

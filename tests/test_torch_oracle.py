@@ -170,40 +170,51 @@ def _hf_llama(w: dict, tokens, targets, cfg: dict):  # noqa: ANN001, ANN202
     def rms(x, scale):  # noqa: ANN001, ANN202
         return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-5) * scale
 
+    def proj(x, name):  # noqa: ANN001, ANN202  (PEFT's LoRA where the model has adapters)
+        y = x @ w[name + ".w"]
+        return y + (x @ w[name + ".a"]) @ w[name + ".b"] * (16.0 / cfg["lora"]) if name + ".a" in w else y
+
     h = w["embed_tokens"][tokens.long()]
     for i in range(cfg["layers"]):
         p = f"layer{i}.block."
         x = rms(h, w[p + "input_layernorm.scale"])
-        q = (x @ w[p + "self_attn.q_proj.w"]).view(b, t, n, hd).transpose(1, 2)
-        k = (x @ w[p + "self_attn.k_proj.w"]).view(b, t, kv, hd).transpose(1, 2)
-        v = (x @ w[p + "self_attn.v_proj.w"]).view(b, t, kv, hd).transpose(1, 2)
+        q = proj(x, p + "self_attn.q_proj").view(b, t, n, hd).transpose(1, 2)
+        k = proj(x, p + "self_attn.k_proj").view(b, t, kv, hd).transpose(1, 2)
+        v = proj(x, p + "self_attn.v_proj").view(b, t, kv, hd).transpose(1, 2)
         q, k = _rope(q, 10000.0), _rope(k, 10000.0)
         k, v = (z.repeat_interleave(n // kv, dim=1) for z in (k, v))  # repeat_kv
         a = torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)
-        h = h + a.transpose(1, 2).reshape(b, t, d) @ w[p + "self_attn.o_proj.w"]
+        h = h + proj(a.transpose(1, 2).reshape(b, t, d), p + "self_attn.o_proj")
         x = rms(h, w[p + "post_attention_layernorm.scale"])
-        f = torch.nn.functional.silu(x @ w[p + "mlp.gate_proj.w"]) * (x @ w[p + "mlp.up_proj.w"])
-        h = h + f @ w[p + "mlp.down_proj.w"]
+        f = torch.nn.functional.silu(proj(x, p + "mlp.gate_proj")) * proj(x, p + "mlp.up_proj")
+        h = h + proj(f, p + "mlp.down_proj")
     logits = rms(h, w["norm.scale"]) @ w["lm_head.w"]
     return torch.nn.functional.cross_entropy(logits.reshape(-1, cfg["vocab"]), targets.reshape(-1).long())
 
 
-def test_llama_matches_hugging_faces_formulation() -> None:
-    """stdlib/models/llama.swp (rotary, grouped-query, SwiGLU, RMS norm) against an independent PyTorch
-    LLaMA written as Hugging Face's: the first step's loss and every gradient (f32, 1e-5)."""
+@pytest.mark.parametrize("lora", [0, 2])
+def test_llama_matches_hugging_faces_formulation(lora: int) -> None:
+    """stdlib/models/llama.swp (rotary, grouped-query, SwiGLU, RMS norm; with LoRA adapters as PEFT adds
+    them, the rest frozen) against an independent PyTorch LLaMA written as Hugging Face's: the first
+    step's loss and every gradient (f32, 1e-5)."""
     import swapdsl
     from conftest import MODELS
     from swapdsl.runtime.data import init_persistent, synthetic_inputs
     from swapdsl.runtime.reference import run_ops
 
-    t = swapdsl.load(MODELS / "llama.swp", **LLAMA).training
+    cfg = {**LLAMA, "lora": lora}
+    t = swapdsl.load(MODELS / "llama.swp", **cfg).training
     values = {**init_persistent(t, 0, np), **synthetic_inputs(t, 0, np)}
+    if lora:  # adapters' b away from its zero start, so that every gradient is exercised
+        values.update({p: np.full_like(values[p], 0.05) for p in t.params if p.endswith(".b")})
     env = run_ops(t, dict(values), np, 1, keep=[grad for _, grad in t.grads])
-    w = {p: torch.from_numpy(np.array(values[p])).requires_grad_(True) for p, _ in t.grads}
-    loss = _hf_llama(w, torch.from_numpy(values["tokens"]), torch.from_numpy(values["targets"]), LLAMA)
+    trained = {p for p, _ in t.grads}
+    assert trained == ({p for p in t.params if p.endswith((".a", ".b", ".scale"))} if lora else set(t.params))
+    w = {p: torch.from_numpy(np.array(values[p])).requires_grad_(p in trained) for p in t.params}
+    loss = _hf_llama(w, torch.from_numpy(values["tokens"]), torch.from_numpy(values["targets"]), cfg)
     loss.backward()
     assert float(env[t.loss]) == pytest.approx(float(loss.detach()), rel=1e-5)
-    theirs = {p: v.grad.double().numpy() for p, v in w.items()}
+    theirs = {p: v.grad.double().numpy() for p, v in w.items() if p in trained}
     assert _relative({p: np.asarray(env[g], np.float64) for p, g in t.grads}, theirs) < 1e-5
 
 

@@ -19,7 +19,7 @@ pass saves of them, are half; the loss is f32.
 
 Parameters keep their f32 master copy (the optimiser updates it, with f32 state); the forward reads a
 half copy made by one ``cast`` per step (``NAME/bf16``), an activation the planner places, swaps or
-recomputes like any other. A tensor is cast to a type at most once. Only f32 tensors take part: a model
+recomputes like any other. A ``frozen`` parameter, never updated, is stored half itself. A tensor is cast to a type at most once. Only f32 tensors take part: a model
 that declares other dtypes keeps them, and explicit ``cast`` and ``fill`` ops keep the type they ask
 for. Autodiff then differentiates the casts as it does any op, so a parameter's gradient arrives in f32.
 """
@@ -59,6 +59,10 @@ class _Pass:
         self.ops: list[Op] = []
         self.casts: dict[tuple[str, DType], str] = {}
         self.counter = 1 + max((int(n[1:]) for n in fwd.tensors if n.startswith("%")), default=-1)
+        for name in fwd.frozen:  # never updated, so no f32 master: stored half, read without a cast
+            if self.dtype(name) is DType.f32:
+                t = self.tensors[name]
+                self.tensors[name] = attrs.evolve(t, type=TensorType(t.type.shape, half))
 
     def run(self) -> Graph:
         for op in self.fwd.ops:

@@ -598,3 +598,16 @@ def test_a_frozen_parameter_is_loaded_and_saved_but_never_trained(tmp_path: Path
         swapdsl.execute(f32, options=swapdsl.Options(steps=1, save=str(tmp_path / "f32.st")))
         run = swapdsl.execute(m, options=swapdsl.Options(steps=1, init=str(tmp_path / "f32.st")))
         assert np.isfinite(run.losses[0])
+
+
+def test_schedules_and_clipping_are_set_from_the_command_line_through_model_arguments(cli) -> None:
+    """examples/digits.swp takes its warmup and clipping as arguments: -D changes them for exec and
+    optimize alike (clip = 0: no global norm, no `grad_norm` report)."""
+    import swapdsl
+
+    digits = REPO / "examples" / "digits.swp"
+    ops = {c: {o.op for o in swapdsl.load(digits, clip=c).training.ops} for c in (1.0, 0.0)}
+    assert "global_norm" in ops[1.0] and "global_norm" not in ops[0.0]
+    code, out, err = cli("exec", digits, "-D", "clip=0", "-D", "warmup=2", "--steps", "2", "--json")
+    assert code == 0, err
+    assert "grad_norm" not in json.loads(out)["metrics"][0]

@@ -257,15 +257,16 @@ def _cmd_import(args: argparse.Namespace) -> int:
         if not eq or not value.isdigit() or int(value) < 1 or len(value) > 9:
             raise SwpError(f"--dim {d}: expected NAME=N with N a positive integer", hints=["e.g. --dim seq=128"])
         dims[name] = int(value)
-    if args.target != "target" and args.loss is None:
-        raise SwpError("--target names the loss's target input: give --loss too")
+    if args.loss is None and (args.target != "target" or args.optimizer != "sgd(lr = 0.01)"):
+        raise SwpError("--target and --optimizer shape the loss and its `minimize` line: give --loss too")
     m, r = api.import_onnx(args.file, args.output, args.weights, args.batch, dims, args.loss, args.target,
                            args.optimizer, args.freeze)
     weights = args.weights or str(Path(args.output).with_suffix(".safetensors"))
     count = sum(int(v.size) for v in r.params.values())
     print(f"{args.output}: model `{r.model}`, {len(r.text.splitlines())} lines, {len(m.graph.ops)} ops; "
           f"{weights}: {count:,} parameters in {len(r.params)} tensors"
-          + (f" and {len(r.running)} batch norms' running statistics" if r.running else "")
+          + (f" and the running statistics of {len(r.running)} batch norm{'s' if len(r.running) > 1 else ''}"
+             if r.running else "")
           + (f"; {len(r.frozen)} of the tensors frozen" if r.frozen else ""))
     for note in r.notes:
         print(f"  note: {note}")

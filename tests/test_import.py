@@ -227,3 +227,27 @@ def test_what_cannot_be_imported_is_named(tmp_path: Path, case: str, message: st
     if case == "erf":
         assert "/mlp/act/Erf" in info.value.message
     assert not (tmp_path / "out.swp").exists() and not (tmp_path / "out.safetensors").exists()
+
+
+@pytest.mark.parametrize("extra, message", [
+    (["--loss", "mse", "--optimizer", "bogus(lr = 1)"], "no optimiser `bogus`"),
+    (["--optimizer", "adam(lr = 1e-3)"], "give --loss too"),
+    (["--dim", "batch=4"], "give it with --batch"),
+    (["--dim", "sequence=4"], "no symbolic size of that name"),
+    (["--loss", "mse", "--optimizer", "sgd(lr = 1)\nreport x = 1"], "not one optimiser call"),
+    (["--freeze", "("], "not a regular expression"),
+])
+def test_a_bad_import_command_line_is_refused_with_nothing_written(tmp_path: Path, extra: list[str],
+                                                                  message: str) -> None:
+    from swapdsl.fuzz import run_cli
+
+    out = tmp_path / "m.swp"
+    run = run_cli(["import", str(Path(__file__).parents[1] / "examples" / "digits_cnn.onnx"), "-o", str(out), *extra])
+    assert run.code == 2 and run.err.startswith("error: ") and message in run.err, run.err or run.crash
+    assert not out.exists() and not out.with_suffix(".safetensors").exists()
+
+
+def test_a_freeze_pattern_that_matches_nothing_is_said(tmp_path: Path) -> None:
+    _, r = swapdsl.import_onnx(str(Path(__file__).parents[1] / "examples" / "digits_cnn.onnx"),
+                               str(tmp_path / "m.swp"), freeze="nomatch")
+    assert "--freeze `nomatch` matched no parameter" in r.notes and not r.frozen

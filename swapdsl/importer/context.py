@@ -55,6 +55,7 @@ class Lowering:
         self.src = src
         self.freeze = re.compile(freeze) if freeze else None
         self.frozen: list[str] = []
+        self.frozen_by_pattern = 0
         self.env: dict[str, Value] = dict(src.weights)
         self.lines: list[str] = []
         self.params: dict[str, np.ndarray] = {}  # swp name -> value
@@ -112,8 +113,9 @@ class Lowering:
             self.param_of[onnx_name] = name
             self.params[name] = value
             # a value the graph computes (a Constant node, folded arithmetic) is no weight: frozen
-            frozen = onnx_name not in self.src.weights or bool(
-                self.freeze and (self.freeze.fullmatch(onnx_name) or self.freeze.fullmatch(name)))
+            named = bool(self.freeze and (self.freeze.fullmatch(onnx_name) or self.freeze.fullmatch(name)))
+            self.frozen_by_pattern += named
+            frozen = onnx_name not in self.src.weights or named
             if frozen:
                 self.frozen.append(name)
             self.lines.append(f"param {name}: {swp_dtype(value) if value.dtype != np.float32 else ''}"

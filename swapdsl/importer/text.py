@@ -14,6 +14,7 @@ import numpy as np
 from swapdsl.common.errors import SwpError
 from swapdsl.importer.context import RESERVED, Lowering, readable
 from swapdsl.importer.walk import lower
+from swapdsl.lang.elaborate import OPTIMIZERS
 from swapdsl.importer.onnx_read import Source, read_onnx
 
 LOSSES = ("cross_entropy", "mse")
@@ -46,6 +47,9 @@ def convert(path: str, batch: int | None = None, dims: Mapping[str, int] | None 
     if not re.fullmatch(r"[a-z]\w*\([^\n\r{}#]*\)", optimizer):
         raise SwpError(f"--optimizer `{optimizer[:80]}` is not one optimiser call",
                        hints=["e.g. --optimizer \"adamw(lr = 1e-4, warmup = 100, cosine = 10000)\""])
+    if optimizer.split("(")[0] not in OPTIMIZERS:
+        raise SwpError(f"--optimizer `{optimizer[:80]}`: no optimiser `{optimizer.split('(')[0]}`",
+                       hints=[f"optimisers: {', '.join(OPTIMIZERS)}"])
     sizes = _sizes(src, batch, dict(dims or {}))
     base = lower(src, sizes, freeze)
 
@@ -54,6 +58,8 @@ def convert(path: str, batch: int | None = None, dims: Mapping[str, int] | None 
 
     body, notes = _symbolic(src, base, sizes, render)
     notes = base.notes + notes
+    if freeze and not base.frozen_by_pattern:
+        notes.append(f"--freeze `{freeze}` matched no parameter")
     args = {("batch" if s == "batch" else _arg(s)): v for s, v in sizes.items()}
     stem = readable(src.path.rsplit("/", 1)[-1].rsplit(".", 1)[0])  # exporters name every graph alike
     model = stem if stem not in RESERVED else f"{stem}_model"
@@ -75,6 +81,8 @@ def _sizes(src: Source, batch: int | None, dims: dict[str, int]) -> dict[str, in
                                    hints=[f"swapdsl import ... --dim {d}=N"])
                 sizes[d] = dims.pop(d)
     for name in dims:
+        if name == "batch":
+            raise SwpError("--dim batch: the batch is every input's first axis; give it with --batch")
         raise SwpError(f"--dim {name}: the file has no symbolic size of that name",
                        hints=[f"its sizes: {', '.join(sorted(set(sizes) - {'batch'})) or '(only the batch)'}"])
     if any(v < 1 for v in sizes.values()):

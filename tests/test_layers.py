@@ -112,3 +112,13 @@ def test_benchmarks_import_only_the_package() -> None:
             outside += [f"{path.name}: imports {n}" for n in names
                         if n.split(".")[0] in local or (isinstance(node, ast.ImportFrom) and node.level)]
     assert not outside, outside
+
+
+def test_the_wheel_ships_every_package() -> None:
+    """pyproject.toml lists packages by hand: a new one left off installs from a checkout and fails from
+    the wheel (as `swapdsl.importer` once did, caught by `.ci/run`'s wheel install)."""
+    import tomllib
+
+    listed = set(tomllib.loads((PACKAGE.parent / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"])
+    found = {".".join(("swapdsl", *p.parent.relative_to(PACKAGE).parts)) for p in PACKAGE.rglob("__init__.py")}
+    assert found <= listed, f"add to pyproject.toml's packages: {sorted(found - listed)}"

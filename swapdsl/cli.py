@@ -344,7 +344,9 @@ def _print_figures(f: dict) -> None:
     print(f"  iteration        {f['iteration_ms']:.3f} ms   (ideal {f['ideal_ms']:.3f} ms, "
           f"bound {f['bound_ms']:.3f} ms{swap_only})")
     print(f"  fraction         {f['fraction']:.3f} of the infinite-memory speed")
-    print(f"  memory ratio     {f['ratio']:.2f} (no-swap arena {format_bytes(f['no_swap_bytes'])} / cap)")
+    k = int(f.get("microbatches", 1))
+    passes = f" in {k} micro-batches" if k > 1 else ""  # (`--memory 1/3` is a share of one pass's)
+    print(f"  memory ratio     {f['ratio']:.2f} (no-swap arena{passes} {format_bytes(f['no_swap_bytes'])} / cap)")
     print(f"  swapped          {format_bytes(f['h2d_bytes'])} in, {format_bytes(f['d2h_bytes'])} out")
     print(f"  device peak      {format_bytes(f['peak_device_bytes'])} of tensors + "
           f"{format_bytes(f['scratch_bytes'])} of kernel scratch; host {format_bytes(f['host_bytes'])}")
@@ -357,7 +359,7 @@ def _print_figures(f: dict) -> None:
 def _cmd_simulate(args: argparse.Namespace) -> int:
     plan = api.read(args.file)
     info = {"method": plan.method, "device": plan.device.name, "memory_bytes": plan.cap, **api.simulate(plan),
-            "plan": args.file}
+            "plan": args.file, "microbatches": plan.microbatches}
     if args.json:
         print(json.dumps(info, indent=2))
         return 0

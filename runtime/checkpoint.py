@@ -149,12 +149,14 @@ def parameters(ck: Checkpoint, g: Graph) -> dict[str, np.ndarray]:
     """The checkpoint's values of ``g``'s parameters (for --init), each checked for name, shape and dtype,
     and of batch norm's running statistics where it has them (`swapdsl import` writes them)."""
     running = tuple(n for n in g.state if n.endswith(RUNNING) and n in ck.values)
+    values = dict(ck.values)
     for name in g.frozen:  # stored half under a half precision: an f32 checkpoint's value is rounded to it
-        have, want = ck.values.get(name), np.dtype(np_dtype(np, g.type_of(name).dtype))
+        have, want = values.get(name), np.dtype(np_dtype(np, g.type_of(name).dtype))
         if have is not None and have.dtype == np.float32 and want != have.dtype:
-            ck.values[name] = have.astype(want)
+            values[name] = have.astype(want)
+    ck = attrs.evolve(ck, values=values)
     _check_tensors(ck, g, g.params + running, "--init")
-    return {name: ck.values[name] for name in g.params + running}
+    return {name: values[name] for name in g.params + running}
 
 
 def _check_tensors(ck: Checkpoint, g: Graph, names: tuple[str, ...], flag: str) -> None:

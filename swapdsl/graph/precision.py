@@ -19,9 +19,9 @@ pass saves of them, are half; the loss is f32.
 
 Parameters keep their f32 master copy (the optimiser updates it, with f32 state); the forward reads a
 half copy made by one ``cast`` per step (``NAME/bf16``), an activation the planner places, swaps or
-recomputes like any other. A ``frozen`` parameter, never updated, is stored half itself. A tensor is cast to a type at most once. Only f32 tensors take part: a model
-that declares other dtypes keeps them, and explicit ``cast`` and ``fill`` ops keep the type they ask
-for. Autodiff then differentiates the casts as it does any op, so a parameter's gradient arrives in f32.
+recomputes like any other. A ``frozen`` parameter, never updated, is stored half itself. A tensor is
+cast to a type at most once. Only f32 tensors take part: a model that declares other dtypes keeps them,
+and explicit ``cast`` and ``fill`` ops keep the type they ask for. Autodiff then differentiates the casts as it does any op, so a parameter's gradient arrives in f32.
 """
 
 from __future__ import annotations

@@ -15,6 +15,10 @@ from swapdsl.importer.fold import FOLD
 from swapdsl.importer.rules import RULES
 
 
+# what NumPy and the rules raise on a node whose inputs or attributes an adversary chose
+MALFORMED = (ValueError, IndexError, TypeError, KeyError, OverflowError, ZeroDivisionError)
+
+
 def lower(src: Source, sizes: Mapping[str, int], freeze: str | None = None) -> Lowering:
     """Every node of ``src`` at these sizes (``batch`` and the other symbolic sizes)."""
     lw = Lowering(src, sizes, freeze)
@@ -26,13 +30,13 @@ def lower(src: Source, sizes: Mapping[str, int], freeze: str | None = None) -> L
                 ins or node.op_type == "Constant"):
             try:
                 outs = FOLD[node.op_type](node, ins, attributes(node))
-            except (ValueError, IndexError, TypeError, KeyError, ZeroDivisionError, OverflowError) as exc:
+            except MALFORMED as exc:
                 raise unsupported(node, f"its constant inputs do not fold: {str(exc)[:200]}") from None
             lw.env.update(zip(node.output, (np.asarray(o) for o in outs)))
         elif node.op_type in RULES:
             try:
                 RULES[node.op_type](lw, node, attributes(node))
-            except (ValueError, IndexError, TypeError, KeyError, OverflowError, ZeroDivisionError) as exc:
+            except MALFORMED as exc:
                 raise unsupported(node, f"its inputs or attributes are not of a form swapdsl imports "
                                   f"({type(exc).__name__}: {str(exc)[:160]})") from None
         else:

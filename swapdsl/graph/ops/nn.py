@@ -180,7 +180,8 @@ def _norm_grad_kernel(kind: str):  # noqa: ANN202
             gs, m1, m2 = c.scratch.take(xc.shape, xhat.dtype), c.scratch.take(invstd.shape, xhat.dtype), \
                 c.scratch.take(invstd.shape, xhat.dtype)
             xp.multiply(gc, sc, out=gs)
-            xp.mean(gs, axis=f.axes, keepdims=True, out=m1)
+            if kind != "rms":  # (RMS norm took no mean out, so its gradient has none to put back)
+                xp.mean(gs, axis=f.axes, keepdims=True, out=m1)
             square = c.scratch.take(xc.shape, xhat.dtype)
             xp.multiply(gs, xhat, out=square)
             xp.mean(square, axis=f.axes, keepdims=True, out=m2)

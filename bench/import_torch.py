@@ -65,7 +65,7 @@ def export_hf(name: str, path: Path, seq: int):  # noqa: ANN201
             return self.m(input_ids=ids, use_cache=False).logits
 
     ids = torch.randint(0, model.config.vocab_size, (2, seq))
-    torch.onnx.export(Logits(), (ids,), str(path), input_names=["ids"], output_names=["logits"], dynamo=True)
+    torch.onnx.export(Logits(), (ids,), str(path), input_names=["ids"], output_names=["logits"], dynamo=True, optimize=False)
     return model
 
 

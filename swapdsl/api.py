@@ -396,7 +396,7 @@ def import_onnx(path: str, out: str, weights: str | None = None, batch: int | No
     g = attrs.evolve(pred, params=m.graph.params, tensors={**m.graph.tensors, **pred.tensors},
                      state=tuple(s for s in pred.state if not s.startswith("output/")))
     values = {k: np.asarray(v) for k, v in init_persistent(g, 0, np).items() if k in g.persistent}
-    values.update({k: np.ascontiguousarray(v).astype(np_dtype(np, g.type_of(k).dtype))
+    values.update({k: np.array(v, order="C").astype(np_dtype(np, g.type_of(k).dtype))  # 0-d stays 0-d
                    for k, v in r.params.items()})
     running = running_names(m.graph)
     for op in m.graph.ops:

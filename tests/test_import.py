@@ -16,7 +16,7 @@ from onnx import numpy_helper as nh  # noqa: E402
 
 import swapdsl  # noqa: E402
 from swapdsl.common.errors import SwpError  # noqa: E402
-from swapdsl.fuzz.onnx_files import attention_graph, cnn_graph, model_bytes  # noqa: E402
+from swapdsl.fuzz.onnx_files import attention_graph, cnn_graph, decoder_graph, model_bytes  # noqa: E402
 from swapdsl.importer.fold import FOLD  # noqa: E402
 from swapdsl.importer.rules import RULES  # noqa: E402
 
@@ -176,8 +176,38 @@ def test_computed_constants_and_chosen_weights_import_frozen(tmp_path: Path) -> 
         swapdsl.import_onnx(path, str(tmp_path / "n.swp"), freeze="(")
 
 
+def test_the_dynamo_exporters_unoptimised_forms(tmp_path: Path) -> None:
+    """The fuzzer's decoder seed (what `torch.onnx.export(dynamo=True, optimize=False)` writes): the tied
+    token table is one parameter, the position table and the transposed weight train under their own
+    names, and what the graph folds from the buffer (rotary factor, mask) is frozen."""
+    path = seed_file(tmp_path, decoder_graph, "net")
+    ids = RNG.integers(0, 10, (2, 5)).astype(np.int64)
+    text = imported_matches_onnxruntime(tmp_path, path, {"ids": ids})
+    m, r = swapdsl.import_onnx(path, str(tmp_path / "t.swp"), loss="cross_entropy")
+    trained = [p for p, _ in m.training.grads]
+    assert sorted(trained) == ["emb", "q_weight", "table"], trained  # one token table; inv_freq folded away
+    assert "permute(q_weight, [1, 0])" in text and "reshape(table[:5], [1, 5, 4])" in text
+    assert len(r.frozen) == 2, r.frozen  # the rotary factor and the mask: constants the graph computes
+
+
+def test_equal_weights_an_exporter_shares_stay_apart_and_equal_constants_become_one(tmp_path: Path) -> None:
+    """The TorchScript exporter stores equal initialisers once and names the others through Identity (every
+    fresh batch norm's ones): each is still its own trained parameter. Equal constants the graph computes
+    (each layer's causal mask) are one frozen parameter."""
+    mask = nh.from_array(np.full((2, 3), 0.25, np.float32))
+    nodes = [N("Identity", ["a.weight"], ["b.weight"]), N("MatMul", ["x", "a.weight"], ["h"]),
+             N("MatMul", ["h", "b.weight"], ["k"]), N("Constant", [], ["m1"], value=mask),
+             N("Constant", [], ["m2"], value=mask), N("Add", ["k", "m1"], ["k1"]), N("Add", ["k1", "m2"], ["y"])]
+    path = save(tmp_path, nodes, [h.make_tensor_value_info("x", T.FLOAT, [2, 3])],
+                [h.make_tensor_value_info("y", T.FLOAT, [2, 3])], [weight("a.weight", 3, 3)])
+    imported_matches_onnxruntime(tmp_path, path, {"x": RNG.standard_normal((2, 3)).astype(np.float32)})
+    m, r = swapdsl.import_onnx(path, str(tmp_path / "t.swp"), loss="mse")
+    assert sorted(p for p, _ in m.training.grads) == ["a_weight", "b_weight"]
+    assert r.frozen == ("m1",) and "k1 + m1" in r.text
+
+
 def test_the_tests_cover_the_whole_table() -> None:
-    seeds = [build(np.random.default_rng(0))[0] for build in (cnn_graph, attention_graph)]
+    seeds = [build(np.random.default_rng(0))[0] for build in (cnn_graph, attention_graph, decoder_graph)]
     covered = {n.op_type for nodes in seeds for n in nodes} | {
         "Conv", "BatchNormalization", "Relu", "MaxPool", "Shape", "Gather", "Unsqueeze", "Concat", "Reshape",
         "Gemm", "LeakyRelu", "Sigmoid", "AveragePool", "Tanh", "HardSwish", "HardSigmoid", "Reciprocal", "IsNaN", "GlobalAveragePool", "Flatten", "Constant",

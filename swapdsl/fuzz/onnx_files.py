@@ -27,7 +27,8 @@ _ODD_INTS = [-1, 0, 1, 2, 3, 7, 2**31, 2**62, -(2**62)]
 _ODD_FLOATS = [float("nan"), float("inf"), -1.0, 0.0, 1e30]
 _ODD_STRINGS = ["SAME_UPPER", "VALID", "none", "tanh", "bogus", ""]
 _OPS = ["Relu", "Conv", "Gemm", "MatMul", "Reshape", "Softmax", "Erf", "If", "Bogus", "Add", "Slice", "Gather",
-        "BatchNormalization", "LayerNormalization", "Transpose", "Concat", "Split", "MaxPool", "Shape", "Cast"]
+        "BatchNormalization", "LayerNormalization", "Transpose", "Concat", "Split", "MaxPool", "Shape", "Cast",
+        "CastLike", "SplitToSequence", "SequenceAt", "CumSum", "GatherND", "Not", "Cos"]
 
 
 @attrs.frozen
@@ -123,17 +124,63 @@ def attention_graph(rng: np.random.Generator) -> tuple[list, list, list, list]:
              h.make_tensor_value_info("heads_sum", T.FLOAT, ["batch_size", 5, 5])], inits)
 
 
+def decoder_graph(rng: np.random.Generator) -> tuple[list, list, list, list, dict[str, str]]:
+    """What `torch.onnx.export(dynamo=True, optimize=False)` writes for a decoder: a token table used again,
+    transposed, by the head (tied); a position table read at Range's rows; a weight transposed for its
+    MatMul; rotary tables and a mask folded from a buffer (so named by the graph signature) through CastLike,
+    Cos, Sin, Pow, Reciprocal, CumSum, comparisons, And, Or, Not, IsNaN and GatherND; torch.split as
+    SplitToSequence and SequenceAt."""
+    from onnx import TensorProto as T
+    from onnx import helper as h
+    from onnx import numpy_helper as nh
+
+    n, f = h.make_node, np.float32
+    nodes = [n("Gather", ["emb", "ids"], ["e"]), n("Range", ["z0", "z5", "z1"], ["pos"]),
+             n("Unsqueeze", ["pos", "ax0"], ["pos2"]), n("Gather", ["table", "pos2"], ["p"]), n("Add", ["e", "p"], ["x"]),
+             n("Transpose", ["q.weight"], ["qt"], perm=[1, 0]), n("MatMul", ["x", "qt"], ["hq"]),
+             n("CastLike", ["pos", "inv_freq"], ["posf"]), n("Unsqueeze", ["posf", "ax1"], ["col"]),
+             n("Unsqueeze", ["inv_freq", "ax0"], ["row"]), n("MatMul", ["col", "row"], ["ang"]),
+             n("Cos", ["ang"], ["cos"]), n("Sin", ["ang"], ["sin"]), n("Concat", ["cos", "sin"], ["rot"], axis=-1),
+             n("Pow", ["rot", "two"], ["rot2"]), n("Add", ["rot2", "one"], ["rot3"]),
+             n("Reciprocal", ["rot3"], ["rot4"]), n("Mul", ["hq", "rot4"], ["hr"]),
+             n("SplitToSequence", ["hr", "two_i"], ["seq"], axis=-1), n("SequenceAt", ["seq", "z0"], ["a"]),
+             n("SequenceAt", ["seq", "z1"], ["b"]), n("Concat", ["b", "a"], ["swapped"], axis=-1),
+             n("CumSum", ["ones55", "z1"], ["cols"]), n("CumSum", ["ones55", "z0"], ["rows"]),
+             n("LessOrEqual", ["cols", "rows"], ["le"]), n("Less", ["cols", "rows"], ["lt"]),
+             n("GreaterOrEqual", ["cols", "rows"], ["ge"]), n("Greater", ["cols", "rows"], ["gt"]),
+             n("And", ["le", "ge"], ["diag"]), n("Or", ["lt", "diag"], ["low"]), n("Not", ["gt"], ["low2"]),
+             n("IsNaN", ["ones55"], ["nan"]), n("Not", ["nan"], ["fine"]), n("And", ["low", "low2"], ["m1"]),
+             n("And", ["m1", "fine"], ["m2"]), n("Cast", ["m2"], ["maskf"], to=T.FLOAT),
+             n("GatherND", ["maskf", "rev"], ["maskr"]), n("MatMul", ["maskr", "swapped"], ["y0"]),
+             n("Constant", [], ["half"], value=nh.from_array(np.array(0.5, np.float64))),
+             n("CastLike", ["half", "y0"], ["halff"]), n("Mul", ["y0", "halff"], ["y1"]),
+             n("Transpose", ["emb"], ["embt"], perm=[1, 0]), n("MatMul", ["y1", "embt"], ["logits"])]
+    inits = [_weight(rng, "emb", 10, 4), _weight(rng, "table", 8, 4), _weight(rng, "q.weight", 4, 4),
+             nh.from_array(np.array([1.0, 0.1], f), "inv_freq"), nh.from_array(np.ones((5, 5), f), "ones55"),
+             *[_ints(f"z{v}", v, scalar=True) for v in (0, 1, 5)], _ints("ax0", 0), _ints("ax1", 1),
+             _float("two", 2.0), _float("one", 1.0), _ints("two_i", 2, scalar=True),
+             nh.from_array(np.arange(4, -1, -1, dtype=np.int64).reshape(5, 1), "rev")]
+    signature = "b_inv_freq: BUFFER target='inv_freq' persistent=False\nids: USER_INPUT"
+    return (nodes, [h.make_tensor_value_info("ids", T.INT64, [2, 5])],
+            [h.make_tensor_value_info("logits", T.FLOAT, [2, 5, 10])], inits,
+            {"pkg.torch.export.ExportedProgram.graph_signature": signature})
+
+
 def _float(name: str, v: float) -> Any:
     from onnx import numpy_helper
 
     return numpy_helper.from_array(np.array(v, np.float32), name)
 
 
-def model_bytes(parts: tuple[list, list, list, list], name: str, opset: int = 20) -> bytes:
+def model_bytes(parts: tuple, name: str, opset: int = 20) -> bytes:
+    """A seed's (nodes, inputs, outputs, initialisers[, graph metadata]) as an ONNX file's bytes."""
     from onnx import helper as h
 
-    nodes, inputs, outputs, inits = parts
+    nodes, inputs, outputs, inits, *meta = parts
     g = h.make_graph(nodes, name, inputs, outputs, inits)
+    for key, value in (meta[0] if meta else {}).items():
+        entry = g.metadata_props.add()
+        entry.key, entry.value = key, value
     return h.make_model(g, opset_imports=[h.make_opsetid("", opset)], producer_name="swapdsl fuzz",
                         ir_version=9).SerializeToString()
 
@@ -141,7 +188,8 @@ def model_bytes(parts: tuple[list, list, list, list], name: str, opset: int = 20
 # (the attention seed predicts one whole batch: a mutated softmax or sum over axis 0 mixes the examples of a
 # batch, and so depends on how they are batched)
 SEEDS = {"cnn": (cnn_graph, {"x": (10, 3, 8, 8)}, ["--batch", "4"]),
-         "attention": (attention_graph, {"ids": (2, 5)}, ["--batch", "2", "--dim", "sequence=5"])}
+         "attention": (attention_graph, {"ids": (2, 5)}, ["--batch", "2", "--dim", "sequence=5"]),
+         "decoder": (decoder_graph, {"ids": (2, 5)}, [])}
 
 
 def make_seeds(folder: Path) -> dict[str, Path]:

@@ -37,7 +37,14 @@ class NanTest:
     of: Tensor
 
 
-Value = Tensor | NanTest | np.ndarray  # an array: a constant, folded at import
+@attrs.frozen
+class TensorList:
+    """SplitToSequence's pieces, which SequenceAt reads one at a time."""
+
+    items: tuple[Tensor, ...]
+
+
+Value = Tensor | NanTest | TensorList | np.ndarray  # an array: a constant, folded at import
 
 
 def swp_dtype(a: np.ndarray) -> str:
@@ -46,6 +53,14 @@ def swp_dtype(a: np.ndarray) -> str:
     if a.dtype.name not in kinds:
         raise SwpError(f"a constant of type {a.dtype.name} has no swapdsl dtype")
     return kinds[a.dtype.name]
+
+
+def np_dtype(name: str) -> Any:
+    if name == "bf16":
+        import ml_dtypes
+
+        return ml_dtypes.bfloat16
+    return {"f32": np.float32, "f64": np.float64, "f16": np.float16, "i32": np.int32, "i64": np.int64}[name]
 
 
 class Lowering:
@@ -57,9 +72,13 @@ class Lowering:
         self.frozen: list[str] = []
         self.frozen_by_pattern = 0
         self.env: dict[str, Value] = dict(src.weights)
+        # what training changes: the initialisers besides torch.export's buffers, and the aliases exporters
+        # give equal ones through Identity
+        self.weights = set(src.weights) - src.buffers
         self.lines: list[str] = []
         self.params: dict[str, np.ndarray] = {}  # swp name -> value
         self.param_of: dict[str, str] = {}  # ONNX weight name -> swp name
+        self.computed: dict[tuple[Any, ...], str] = {}  # a computed constant's value -> its parameter
         self.running: dict[str, tuple[np.ndarray, np.ndarray]] = {}  # batch norm scale param -> (mean, var)
         self.taken: set[str] = set(RESERVED)
         self.inputs: list[tuple[str, Tensor]] = []
@@ -103,19 +122,26 @@ class Lowering:
             return v
         if isinstance(v, NanTest):
             raise unsupported(node, f"input {i} is an IsNaN test, which swapdsl imports only as Where's condition")
+        if isinstance(v, TensorList):
+            raise unsupported(node, f"input {i} is a sequence, which swapdsl imports only as SequenceAt's input")
         if not np.issubdtype(v.dtype, np.floating) and v.dtype.name != "bfloat16":
             raise unsupported(node, f"input {i} is an integer constant where a tensor is expected")
         return self.param(node.input[i], v if shape is None else v.reshape(shape))
 
     def param(self, onnx_name: str, value: np.ndarray) -> Tensor:
+        computed = (value.dtype.str, value.shape, value.tobytes()) if onnx_name not in self.weights else None
+        if onnx_name not in self.param_of and computed in self.computed:
+            self.param_of[onnx_name] = self.computed[computed]  # equal constants (each layer's mask): one
         if onnx_name not in self.param_of:
             name = self.fresh(onnx_name)
+            if computed is not None:
+                self.computed[computed] = name
             self.param_of[onnx_name] = name
             self.params[name] = value
             # a value the graph computes (a Constant node, folded arithmetic) is no weight: frozen
             named = bool(self.freeze and (self.freeze.fullmatch(onnx_name) or self.freeze.fullmatch(name)))
             self.frozen_by_pattern += named
-            frozen = onnx_name not in self.src.weights or named
+            frozen = onnx_name not in self.weights or named
             if frozen:
                 self.frozen.append(name)
             self.lines.append(f"param {name}: {swp_dtype(value) if value.dtype != np.float32 else ''}"

@@ -8,8 +8,9 @@ from typing import Any
 
 import numpy as np
 
-from swapdsl.importer.context import flag, onnx_dtype, reshape_target, unsupported
+from swapdsl.importer.context import flag, np_dtype, onnx_dtype, reshape_target, unsupported
 
+_BOOL = 9  # ONNX's bool: a mask's type, which constants may have and tensors may not
 Fold = Callable[[Any, list[Any], dict[str, Any]], list[np.ndarray]]
 
 
@@ -52,7 +53,7 @@ def _f(fn: Callable[..., Any]) -> Fold:
 FOLD: dict[str, Fold] = {
     "Constant": _constant,
     "Identity": _f(lambda x: x),
-    "Cast": lambda node, ins, a: [ins[0].astype(_np_dtype(onnx_dtype(a["to"], node)))],
+    "Cast": lambda node, ins, a: [ins[0].astype(np.bool_ if a["to"] == _BOOL else np_dtype(onnx_dtype(a["to"], node)))],
     "Add": _f(np.add), "Sub": _f(np.subtract), "Mul": _f(np.multiply), "Div": _f(_int_div),
     "Neg": _f(np.negative), "Sqrt": _f(np.sqrt), "Equal": _f(np.equal), "Where": _f(np.where),
     "Min": _f(np.minimum), "Max": _f(np.maximum),
@@ -67,19 +68,35 @@ FOLD: dict[str, Fold] = {
     "ConstantOfShape": lambda node, ins, a: [np.full(tuple(int(d) for d in ins[0]), _fill_value(a))],
     "Expand": _f(lambda x, s: np.broadcast_to(x, np.broadcast_shapes(x.shape, tuple(int(d) for d in s))).copy()),
     "ReduceProd": lambda node, ins, a: [np.prod(ins[0], keepdims=bool(a.get("keepdims", 1)))],
+    # what the dynamo exporter (optimize=False) leaves: masks and rotary tables from positions
+    "Shape": lambda node, ins, a: [np.array(ins[0].shape[a.get("start", 0):a.get("end", ins[0].ndim)], np.int64)],
+    "CastLike": lambda node, ins, a: [ins[0].astype(ins[1].dtype)],
+    "Less": _f(np.less), "LessOrEqual": _f(np.less_equal), "Greater": _f(np.greater),
+    "GreaterOrEqual": _f(np.greater_equal), "And": _f(np.logical_and), "Or": _f(np.logical_or),
+    "Not": _f(np.logical_not), "IsNaN": _f(np.isnan), "Cos": _f(np.cos), "Sin": _f(np.sin),
+    "Pow": _f(lambda x, p: np.power(x, p.astype(x.dtype))), "Reciprocal": _f(np.reciprocal),
+    "MatMul": _f(np.matmul), "CumSum": lambda node, ins, a: [_cumsum(ins[0], ins[1], a)],
+    "GatherND": lambda node, ins, a: [_gather_nd(ins[0], ins[1].astype(np.int64), int(a.get("batch_dims", 0)))],
 }
+
+
+def _cumsum(x: np.ndarray, axis: np.ndarray, a: dict[str, Any]) -> np.ndarray:
+    ax = int(axis.reshape(()))
+    y = np.flip(x, ax) if a.get("reverse", 0) else x
+    out = np.cumsum(y, axis=ax, dtype=x.dtype)
+    if a.get("exclusive", 0):
+        out = out - y
+    return np.flip(out, ax) if a.get("reverse", 0) else out
+
+
+def _gather_nd(data: np.ndarray, indices: np.ndarray, batch_dims: int) -> np.ndarray:
+    """ONNX GatherND: the last axis of ``indices`` indexes ``data`` after its first ``batch_dims`` axes."""
+    if batch_dims:
+        return np.stack([_gather_nd(d, i, batch_dims - 1) for d, i in zip(data, indices, strict=True)])
+    return data[tuple(np.moveaxis(indices, -1, 0))]
 
 
 def _fill_value(a: dict[str, Any]) -> np.ndarray:
     from onnx import numpy_helper
 
     return np.asarray(numpy_helper.to_array(a["value"])).reshape(-1)[0] if "value" in a else np.float32(0)
-
-
-def _np_dtype(name: str) -> Any:
-    if name == "bf16":
-        import ml_dtypes
-
-        return ml_dtypes.bfloat16
-    return {"f32": np.float32, "f64": np.float64, "f16": np.float16, "i32": np.int32, "i64": np.int64}[name]
-

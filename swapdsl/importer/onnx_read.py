@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Any
 
@@ -34,6 +35,7 @@ class Source:
     weights: dict[str, np.ndarray] = attrs.field(repr=False)
     nodes: tuple[Any, ...] = attrs.field(repr=False)  # onnx NodeProto, in the file's (topological) order
     outputs: tuple[str, ...]
+    buffers: frozenset[str] = frozenset()  # initialisers torch.export calls buffers or constants: not trained
 
 
 def read_onnx(path: str) -> Source:
@@ -60,7 +62,16 @@ def read_onnx(path: str) -> Source:
     if not inputs:
         raise SwpError(f"`{path}` has no inputs besides its weights")
     return Source(str(p), g.name or p.stem, opset, f"{model.producer_name} {model.producer_version}".strip(),
-                  inputs, weights, tuple(g.node), tuple(o.name for o in g.output))
+                  inputs, weights, tuple(g.node), tuple(o.name for o in g.output), _buffers(g))
+
+
+def _buffers(graph: Any) -> frozenset[str]:
+    """The initialisers the dynamo exporter's graph signature names as buffers (rotary frequencies, masks)."""
+    signature = next((p.value for p in graph.metadata_props
+                      if p.key == "pkg.torch.export.ExportedProgram.graph_signature"), "")
+    if isinstance(signature, bytes):  # protobuf hands back a string that is not UTF-8 as bytes
+        signature = signature.decode("utf-8", "replace")
+    return frozenset(re.findall(r": (?:BUFFER|CONSTANT_TENSOR) target='([^']+)'", signature))
 
 
 def _onnx() -> Any:

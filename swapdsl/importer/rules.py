@@ -11,7 +11,8 @@ from typing import Any
 import numpy as np
 
 from swapdsl.common.errors import SwpError
-from swapdsl.importer.context import Lowering, NanTest, Tensor, flag, onnx_dtype, reshape_target, unsupported
+from swapdsl.importer.context import (Lowering, NanTest, Tensor, TensorList, flag, np_dtype, onnx_dtype,
+                                      reshape_target, swp_dtype, unsupported)
 
 Rule = Callable[[Lowering, Any, dict[str, Any]], None]
 
@@ -114,6 +115,21 @@ def _cast(lw: Lowering, node: Any, a: dict[str, Any]) -> None:
     x = lw.tensor(node, 0)
     to = onnx_dtype(a["to"], node)
     lw.emit(node, f"cast({x.name}, {to})", x.shape, to)
+
+
+def _cast_like(lw: Lowering, node: Any, a: dict[str, Any]) -> None:
+    like = lw.get(node, 1)
+    to = like.dtype if isinstance(like, Tensor) else swp_dtype(np.asarray(like)) if like is not None else None
+    if to is None:
+        raise unsupported(node, "input 1 is missing")
+    if isinstance(lw.get(node, 0), np.ndarray) and node.input[0] not in lw.weights:
+        lw.env[node.output[0]] = lw.const(node, 0).astype(np_dtype(to))  # a constant made the tensor's type
+        return
+    x = lw.tensor(node, 0)
+    if to == x.dtype:
+        lw.env[node.output[0]] = x
+    else:
+        lw.emit(node, f"cast({x.name}, {to})", x.shape, to)
 
 
 def _alias(lw: Lowering, node: Any, a: dict[str, Any]) -> None:
@@ -348,16 +364,45 @@ def _split(lw: Lowering, node: Any, a: dict[str, Any]) -> None:
     n = len(node.output)
     sizes = [int(s) for s in given.reshape(-1)] if given is not None else \
         [-(-x.shape[axis] // n)] * (n - 1) + [x.shape[axis] - -(-x.shape[axis] // n) * (n - 1)]
-    if len(sizes) != n or sum(sizes) != x.shape[axis] or min(sizes) < 1:
+    lw.env.update(zip(node.output, _pieces(lw, node, x, axis, sizes, list(node.output))))
+
+
+def _pieces(lw: Lowering, node: Any, x: Tensor, axis: int, sizes: list[int], names: list[str]) -> list[Tensor]:
+    """One `split` line: ``x`` cut along ``axis`` into pieces of these sizes."""
+    if len(sizes) != len(names) or sum(sizes) != x.shape[axis] or min(sizes, default=0) < 1:
         raise unsupported(node, f"split sizes {sizes} of a dimension of size {x.shape[axis]}")
     outs = []
-    for k, size in enumerate(sizes):
+    for name, size in zip(names, sizes):
         shape = list(x.shape)
         shape[axis] = size
-        outs.append(Tensor(lw.fresh(node.output[k]), tuple(shape), x.dtype))
-        lw.env[node.output[k]] = outs[-1]
-    lw.lines.append(f"{', '.join(t.name for t in outs)}{',' if n == 1 else ''} = "
+        outs.append(Tensor(lw.fresh(name), tuple(shape), x.dtype))
+    lw.lines.append(f"{', '.join(t.name for t in outs)}{',' if len(outs) == 1 else ''} = "
                     f"split({x.name}, {sizes}, axis = {axis})")
+    return outs
+
+
+def _split_to_sequence(lw: Lowering, node: Any, a: dict[str, Any]) -> None:
+    """torch.split as the dynamo exporter writes it: pieces of a constant size (the last one shorter)."""
+    x = lw.tensor(node, 0)
+    axis = _axis(a.get("axis", 0), len(x.shape), node)
+    given = lw.const(node, 1)
+    if given is None or not flag(a, "keepdims", 1, node):
+        raise unsupported(node, "SplitToSequence without split sizes (pieces of size 1 with keepdims=0)")
+    dim = x.shape[axis]
+    sizes = [int(s) for s in given.reshape(-1)] if given.ndim else \
+        [min(int(given), dim - k) for k in range(0, dim, max(int(given), 1))]
+    lw.env[node.output[0]] = TensorList(tuple(_pieces(lw, node, x, axis, sizes,
+                                                      [f"{node.output[0]}_{k}" for k in range(len(sizes))])))
+
+
+def _sequence_at(lw: Lowering, node: Any, a: dict[str, Any]) -> None:
+    seq, at = lw.get(node, 0), lw.const(node, 1)
+    if not isinstance(seq, TensorList) or at is None or at.size != 1:
+        raise unsupported(node, "SequenceAt reads a SplitToSequence's pieces at a constant position")
+    k = int(at.reshape(()))
+    if not -len(seq.items) <= k < len(seq.items):
+        raise unsupported(node, f"position {k} of {len(seq.items)} pieces")
+    lw.env[node.output[0]] = seq.items[k]
 
 
 def _slice(lw: Lowering, node: Any, a: dict[str, Any]) -> None:
@@ -395,6 +440,15 @@ def _gather(lw: Lowering, node: Any, a: dict[str, Any]) -> None:
         table = lw.tensor(node, 0)
         lw.emit(node, f"embedding({ids.name}, {table.name})", ids.shape + (data.shape[1],), table.dtype)
         return
+    if isinstance(data, np.ndarray) and _is_range(ids) and axis == 0 and data.ndim == 2:
+        first, n = int(ids.reshape(-1)[0]), ids.size  # positions: rows first .. first + n of a weight table
+        table = lw.tensor(node, 0)
+        if first < 0 or first + n > data.shape[0]:
+            raise unsupported(node, f"rows {first}..{first + n - 1} of a table of {data.shape[0]}")
+        shape = ids.shape + (data.shape[1],)
+        rows = f"{table.name}[{first or ''}:{first + n}]"
+        lw.emit(node, rows if len(shape) == 2 else f"reshape({rows}, {list(shape)})", shape, table.dtype)
+        return
     if isinstance(data, Tensor) and isinstance(ids, np.ndarray) and ids.size == 1 and ids.ndim == 0:
         axis = _axis(axis, len(data.shape), node)
         if not -data.shape[axis] <= int(ids) < data.shape[axis]:
@@ -402,7 +456,16 @@ def _gather(lw: Lowering, node: Any, a: dict[str, Any]) -> None:
         index = [":"] * axis + [str(int(ids))]
         lw.emit(node, f"{data.name}[{', '.join(index)}]", data.shape[:axis] + data.shape[axis + 1:], data.dtype)
         return
-    raise unsupported(node, "Gather other than an embedding lookup (a weight table, axis 0) or one index")
+    raise unsupported(node, "Gather other than an embedding lookup (a weight table, axis 0: token ids or "
+                      "consecutive positions) or one index")
+
+
+def _is_range(ids: object) -> bool:
+    """Integer constants counting up by one (the positions of a learned position embedding)."""
+    if not isinstance(ids, np.ndarray) or not np.issubdtype(ids.dtype, np.integer) or not ids.size:
+        return False
+    flat = ids.reshape(-1).astype(np.int64)
+    return bool(np.all(np.diff(flat) == 1))
 
 
 def _expand(lw: Lowering, node: Any, a: dict[str, Any]) -> None:
@@ -421,7 +484,7 @@ RULES: dict[str, Rule] = {
     **{op: _unary(fn) for op, fn in (("Relu", "relu"), ("Sigmoid", "sigmoid"), ("Tanh", "tanh"), ("Exp", "exp"),
                                      ("Log", "log"), ("Sqrt", "sqrt"), ("Neg", "neg"))},
     "Reciprocal": _reciprocal, "IsNaN": _isnan, "Where": _where,
-    "LeakyRelu": _leaky_relu, "HardSigmoid": _hard, "HardSwish": _hard, "Gelu": _gelu, "Pow": _pow, "Cast": _cast, "Identity": _alias, "Dropout": _alias,
+    "LeakyRelu": _leaky_relu, "HardSigmoid": _hard, "HardSwish": _hard, "Gelu": _gelu, "Pow": _pow, "Cast": _cast, "CastLike": _cast_like, "Identity": _alias, "Dropout": _alias,
     **{op: _binary for op in _SYMBOL},
     "MatMul": _matmul, "Gemm": _gemm, "Conv": _conv,
     "MaxPool": _pool("max_pool2d"), "AveragePool": _pool("avg_pool2d"), "GlobalAveragePool": _global_avg_pool,
@@ -429,6 +492,7 @@ RULES: dict[str, Rule] = {
     "BatchNormalization": _batch_norm, "LayerNormalization": _layer_norm,
     "ReduceMean": _reduce("mean"), "ReduceSum": _reduce("sum"),
     "Reshape": _reshape, "Flatten": _flatten, "Squeeze": _squeeze, "Unsqueeze": _unsqueeze,
-    "Transpose": _transpose, "Concat": _concat, "Split": _split, "Slice": _slice, "Gather": _gather,
+    "Transpose": _transpose, "Concat": _concat, "Split": _split, "SplitToSequence": _split_to_sequence,
+    "SequenceAt": _sequence_at, "Slice": _slice, "Gather": _gather,
     "Shape": _shape, "Expand": _expand,
 }

@@ -27,12 +27,14 @@ def lower(src: Source, sizes: Mapping[str, int], freeze: str | None = None) -> L
             raise unsupported(node, f"operator domain `{node.domain}` is not the standard one")
         ins = [lw.get(node, i) for i in range(len(node.input))]
         if node.op_type in FOLD and all(v is None or isinstance(v, np.ndarray) for v in ins) and (
-                ins or node.op_type == "Constant"):
+                ins or node.op_type == "Constant") and not _trained_layout(lw, node):
             try:
                 outs = FOLD[node.op_type](node, ins, attributes(node))
             except MALFORMED as exc:
                 raise unsupported(node, f"its constant inputs do not fold: {str(exc)[:200]}") from None
             lw.env.update(zip(node.output, (np.asarray(o) for o in outs)))
+            if node.op_type == "Identity" and node.input[0] in lw.weights:
+                lw.weights.update(node.output)  # one of several equal weights the exporter stored once
         elif node.op_type in RULES:
             try:
                 RULES[node.op_type](lw, node, attributes(node))
@@ -45,6 +47,19 @@ def lower(src: Source, sizes: Mapping[str, int], freeze: str | None = None) -> L
         if name not in lw.env:
             raise SwpError(f"the graph's output `{name}` is made by no node")
     return lw
+
+
+# a weight laid out anew (transposed for a MatMul, cast) or read at constant rows (position embeddings) stays
+# the weight training changes: a line of the model, not a folded copy, so that it keeps its name, learns, and a
+# weight used twice (tied embeddings) stays one
+_KEEPS_WEIGHT = frozenset({"Transpose", "Reshape", "Squeeze", "Unsqueeze", "Cast", "CastLike", "Gather"})
+
+
+def _trained_layout(lw: Lowering, node: Any) -> bool:
+    if node.op_type not in _KEEPS_WEIGHT or not node.input or node.input[0] not in lw.weights:
+        return False
+    v = lw.env[node.input[0]]
+    return isinstance(v, np.ndarray) and (np.issubdtype(v.dtype, np.floating) or v.dtype.name == "bfloat16")
 
 
 def attributes(node: Any) -> dict[str, Any]:

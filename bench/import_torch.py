@@ -5,15 +5,14 @@ same weights.
 Usage: python bench/import_torch.py [--models resnet50,mobilenet_v3_small] [--image 96] [--batch 4]
                                    [--hf gpt2,llama] [--seq 64]
 
-Needs torch, torchvision, transformers, onnx, onnxscript and onnxruntime (outside CI; with a CPU build of
-torch: `pip install torch torchvision transformers onnx onnxscript onnxruntime`). The Hugging Face models
-(GPT-2 small; a two-layer LLaMA with grouped-query heads) go through the dynamo exporter and are checked
-forward only: their masks import as parameters, which training would change. Per model it prints the import's size, the largest
-relative difference of the outputs from onnxruntime's on the same file, the parameters (swapdsl's and
-PyTorch's), and the losses of three SGD steps (lr 0.01) in swapdsl, in PyTorch (`model.train()`, dropout
-off) and in PyTorch in f64, with the largest relative difference of each f32 run from f64. (Batch norm
-over a few images of a few pixels is ill-conditioned: there f32 runs drift apart within steps, both
-from f64.)
+Needs torch, torchvision, transformers, onnx, onnxscript and onnxruntime (outside CI; on these machines
+`pip install torch==2.14.1 torchvision==0.29.1 transformers onnxscript` beside the `import` extra). The
+Hugging Face models (GPT-2 small; a two-layer LLaMA with grouped-query heads) go through the dynamo exporter
+unoptimised, the torchvision ones through the TorchScript exporter. Per model it prints the import's size,
+the largest relative difference of the outputs from onnxruntime's on the same file, the parameters
+(swapdsl's, of which frozen constants, and PyTorch's), and the losses of three SGD steps (lr 0.01) in
+swapdsl, in PyTorch (`model.train()`, dropout off) and in PyTorch in f64, with the largest relative
+difference of each f32 run from f64 and of ours from PyTorch's.
 """
 
 from __future__ import annotations
@@ -45,13 +44,13 @@ def export(name: str, image: int, path: Path):  # noqa: ANN201
 
 def export_hf(name: str, path: Path, seq: int):  # noqa: ANN201
     """Hugging Face's GPT-2 small, or a two-layer LLaMA with grouped-query heads, through the dynamo exporter
-    (static shapes: batch 2, `seq` tokens)."""
+    unoptimised (static shapes: batch 2, `seq` tokens), dropout off."""
     import torch
     from transformers import GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM
 
     torch.manual_seed(0)
     if name == "gpt2":
-        model = GPT2LMHeadModel(GPT2Config()).eval()
+        model = GPT2LMHeadModel(GPT2Config(resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0)).eval()
     else:
         model = LlamaForCausalLM(LlamaConfig(num_hidden_layers=2, hidden_size=256, num_attention_heads=8,
                                              num_key_value_heads=2, intermediate_size=688, vocab_size=1000)).eval()
@@ -65,11 +64,13 @@ def export_hf(name: str, path: Path, seq: int):  # noqa: ANN201
             return self.m(input_ids=ids, use_cache=False).logits
 
     ids = torch.randint(0, model.config.vocab_size, (2, seq))
-    torch.onnx.export(Logits(), (ids,), str(path), input_names=["ids"], output_names=["logits"], dynamo=True, optimize=False)
-    return model
+    # unoptimised: the optimiser folds transposed weights into unnamed copies and shares equal ones
+    torch.onnx.export(Logits(), (ids,), str(path), input_names=["ids"], output_names=["logits"], dynamo=True,
+                      optimize=False)
+    return Logits()
 
 
-def hf(name: str, seq: int) -> None:
+def hf(name: str, seq: int, steps: int) -> None:
     import onnxruntime as ort
 
     with tempfile.TemporaryDirectory() as tmp:
@@ -77,17 +78,35 @@ def hf(name: str, seq: int) -> None:
         path, swp = folder / f"{name}.onnx", folder / f"{name}.swp"
         model = export_hf(name, path, seq)
         started = time.perf_counter()
-        m, r = swapdsl.import_onnx(str(path), str(swp))
+        m, r = swapdsl.import_onnx(str(path), str(swp), loss="cross_entropy")
         took = time.perf_counter() - started
-        ids = np.random.default_rng(0).integers(0, model.config.vocab_size, (2, seq)).astype(np.int64)
+        vocab = model.m.config.vocab_size
+        rng = np.random.default_rng(0)
+        ids, y = (rng.integers(0, vocab, (2, seq)).astype(np.int64) for _ in range(2))
         theirs = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"]).run(None, {"ids": ids})[0]
         np.savez(folder / "ids.npz", ids=ids)
         ours = swapdsl.predict(str(swp), str(folder / "ids.npz"), init=str(swp.with_suffix(".safetensors")))["logits"]
         gap = float(np.abs(ours - theirs).max() / np.abs(theirs).max())
         print(f"{name}: {len(r.text.splitlines())} lines, {len(m.graph.ops)} ops, imported in {took:.1f} s; "
-              f"parameters {sum(v.size for v in r.params.values()):,} (PyTorch "
-              f"{sum(p.numel() for p in model.parameters()):,}; constants the model computes with count too); "
-              f"forward vs onnxruntime {gap:.1e}; notes: {'; '.join(r.notes) or 'none'}", flush=True)
+              f"parameters {sum(v.size for v in r.params.values() if v.size):,} of which frozen "
+              f"{sum(r.params[k].size for k in r.frozen):,} (PyTorch {sum(p.numel() for p in model.parameters()):,});"
+              f" forward vs onnxruntime {gap:.1e}; notes: {'; '.join(r.notes) or 'none'}", flush=True)
+        report(name, m, swp, folder, {"ids": ids, "target": y.astype(np.int32)}, model, (ids, y), steps)
+
+
+def report(name: str, m, swp: Path, folder: Path, data: dict, model, xy: tuple, steps: int) -> None:  # noqa: ANN001
+    """Three SGD steps in swapdsl, in PyTorch and in PyTorch f64, from the same weights and data."""
+    np.savez(folder / "train.npz", **data)
+    run = swapdsl.execute(m, options=swapdsl.Options(steps=steps, data=str(folder / "train.npz"),
+                                                     init=str(swp.with_suffix(".safetensors"))))
+    ours, theirs, exact = list(run.losses), torch_losses(model, *xy, steps), torch_losses(model, *xy, steps, True)
+
+    def gap(losses: list[float]) -> float:
+        return max(abs(a - b) / abs(b) for a, b in zip(losses, exact))
+    print(f"{name}: losses {', '.join(f'{v:.6f}' for v in ours)}, PyTorch {', '.join(f'{v:.6f}' for v in theirs)}, "
+          f"PyTorch in f64 {', '.join(f'{v:.6f}' for v in exact)}; largest relative difference from f64: "
+          f"ours {gap(ours):.1e}, PyTorch's f32 {gap(theirs):.1e}; ours from PyTorch's f32 "
+          f"{max(abs(a - b) / abs(b) for a, b in zip(ours, theirs)):.1e}", flush=True)
 
 
 def forward_gap(path: Path, swp: Path, x: np.ndarray, folder: Path) -> float:
@@ -106,13 +125,14 @@ def torch_losses(model, x: np.ndarray, y: np.ndarray, steps: int, f64: bool = Fa
 
     model = copy.deepcopy(model)
     if f64:
-        model, x = model.double(), x.astype(np.float64)
+        model, x = model.double(), x.astype(np.float64) if x.dtype.kind == "f" else x
     model.train()
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
     out = []
     for _ in range(steps):
         opt.zero_grad()
-        loss = torch.nn.functional.cross_entropy(model(torch.from_numpy(x)), torch.from_numpy(y).long())
+        logits = model(torch.from_numpy(x))
+        loss = torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), torch.from_numpy(y).long().reshape(-1))
         out.append(float(loss.detach()))
         loss.backward()
         opt.step()
@@ -129,7 +149,7 @@ def main() -> None:
     ap.add_argument("--seq", type=int, default=64)
     args = ap.parse_args()
     for name in filter(None, args.hf.split(",")):
-        hf(name, args.seq)
+        hf(name, args.seq, args.steps)
     rng = np.random.default_rng(0)
     x = rng.standard_normal((args.batch, 3, args.image, args.image)).astype(np.float32)
     y = rng.integers(0, 1000, args.batch).astype(np.int32)
@@ -142,20 +162,10 @@ def main() -> None:
             m, r = swapdsl.import_onnx(str(path), str(swp), batch=args.batch, loss="cross_entropy")
             took = time.perf_counter() - started
             gap = forward_gap(path, swp, x, folder)
-            np.savez(folder / "train.npz", x=x, target=y)
-            run = swapdsl.execute(m, options=swapdsl.Options(steps=args.steps, data=str(folder / "train.npz"),
-                                                             init=str(swp.with_suffix(".safetensors"))))
-            theirs, exact = torch_losses(model, x, y, args.steps), torch_losses(model, x, y, args.steps, f64=True)
-            ours = list(run.losses)
-
-            def gap_to_exact(losses: list[float]) -> float:
-                return max(abs(a - b) / abs(b) for a, b in zip(losses, exact))
             print(f"{name}: {len(r.text.splitlines())} lines, {len(m.graph.ops)} ops, imported in {took:.1f} s; "
                   f"parameters {sum(v.size for v in r.params.values()):,} (PyTorch "
-                  f"{sum(p.numel() for p in model.parameters()):,}); forward vs onnxruntime {gap:.1e}; "
-                  f"losses {', '.join(f'{v:.6f}' for v in ours)}, PyTorch {', '.join(f'{v:.6f}' for v in theirs)}, "
-                  f"PyTorch in f64 {', '.join(f'{v:.6f}' for v in exact)}; largest relative difference from f64: "
-                  f"ours {gap_to_exact(ours):.1e}, PyTorch's f32 {gap_to_exact(theirs):.1e}", flush=True)
+                  f"{sum(p.numel() for p in model.parameters()):,}); forward vs onnxruntime {gap:.1e}", flush=True)
+            report(name, m, swp, folder, {"x": x, "target": y}, model, (x, y), args.steps)
 
 
 if __name__ == "__main__":

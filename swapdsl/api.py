@@ -373,17 +373,18 @@ def predict(target: Plan | Model | str | Path, data: str, init: str | None = Non
 
 def import_onnx(path: str, out: str, weights: str | None = None, batch: int | None = None,
                 dims: Mapping[str, int] | None = None, loss: str | None = None, target: str = "target",
-                optimizer: str = "sgd(lr = 0.01)", freeze: str | None = None) -> tuple[Model, Imported]:
-    """Write the ONNX model at ``path`` as the `.swp` file ``out`` and its weights as the checkpoint
-    ``weights`` (default: ``out`` with suffix ``.safetensors``) that `--init` reads: parameters and batch
-    norm's running statistics. Both are checked (the text loads, every weight fits its parameter) before
+                optimizer: str = "sgd(lr = 0.01)", freeze: str | None = None,
+                flat: bool = False) -> tuple[Model, Imported]:
+    """Write the ONNX model at ``path`` as the `.swp` file ``out`` (repeated modules as `def`s unless
+    ``flat``) and its weights as the checkpoint ``weights`` (default: ``out`` with suffix ``.safetensors``)
+    that `--init` reads: parameters and batch norm's running statistics. Both are checked (the text loads, every weight fits its parameter) before
     either is written; each is written whole or not at all."""
     import tempfile
 
     weights = weights or str(Path(out).with_suffix(".safetensors"))
     for target_path, what in ((out, "model"), (weights, "weights")):
         check_writable(target_path, what)
-    r = convert(path, batch, dims, loss, target, optimizer, freeze)
+    r = convert(path, batch, dims, loss, target, optimizer, freeze, flat)
     with tempfile.TemporaryDirectory() as tmp:
         (Path(tmp) / "imported.swp").write_text(r.text)
         try:

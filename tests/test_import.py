@@ -16,7 +16,7 @@ from onnx import numpy_helper as nh  # noqa: E402
 
 import swapdsl  # noqa: E402
 from swapdsl.common.errors import SwpError  # noqa: E402
-from swapdsl.fuzz.onnx_files import attention_graph, cnn_graph, decoder_graph, model_bytes  # noqa: E402
+from swapdsl.fuzz.onnx_files import attention_graph, blocks_graph, cnn_graph, decoder_graph, model_bytes  # noqa: E402
 from swapdsl.importer.fold import FOLD  # noqa: E402
 from swapdsl.importer.rules import RULES  # noqa: E402
 
@@ -204,6 +204,32 @@ def test_equal_weights_an_exporter_shares_stay_apart_and_equal_constants_become_
     m, r = swapdsl.import_onnx(path, str(tmp_path / "t.swp"), loss="mse")
     assert sorted(p for p, _ in m.training.grads) == ["a_weight", "b_weight"]
     assert r.frozen == ("m1",) and "k1 + m1" in r.text
+
+
+@pytest.mark.parametrize("dynamo", [False, True])
+def test_repeated_modules_fold_into_a_def_named_by_their_class(tmp_path: Path, dynamo: bool) -> None:
+    """Three residual blocks of hidden widths 16, 16, 32, as either exporter names them: one def with the
+    width as an argument, a call per block whose parameters are named by its module; it predicts as
+    onnxruntime does, trains exactly as the flat import, and `flat` keeps one line per op."""
+    path = tmp_path / "net.onnx"
+    path.write_bytes(model_bytes(blocks_graph(np.random.default_rng(0), dynamo), "net"))
+    x = RNG.standard_normal((6, 8)).astype(np.float32)
+    text = imported_matches_onnxruntime(tmp_path, str(path), {"x": x}, batch=6)
+    name = "residual" if dynamo else "block"
+    assert f"def {name}(x, n1) {{" in text and f"layers_2 = {name}(layers_1, 32) as layers_2" in text
+    flat = imported_matches_onnxruntime(tmp_path, str(path), {"x": x}, batch=6, flat=True)
+    assert "def " not in flat
+    np.savez(tmp_path / "train.npz", x=x, target=np.zeros((6, 3), np.float32))
+    losses = []
+    for kind in ("folded", "flat"):
+        out = tmp_path / f"{kind}.swp"
+        m, r = swapdsl.import_onnx(str(path), str(out), batch=6, loss="mse", flat=kind == "flat")
+        if kind == "folded":
+            assert "layers_1.fc2_weight" in r.params and "layers_1_fc2_weight" not in r.params
+        run = swapdsl.execute(m, options=swapdsl.Options(steps=3, data=str(tmp_path / "train.npz"),
+                                                         init=str(out.with_suffix(".safetensors"))))
+        losses.append(list(run.losses))
+    assert losses[0] == losses[1]
 
 
 def test_the_tests_cover_the_whole_table() -> None:

@@ -166,6 +166,48 @@ def decoder_graph(rng: np.random.Generator) -> tuple[list, list, list, list, dic
             {"pkg.torch.export.ExportedProgram.graph_signature": signature})
 
 
+def blocks_graph(rng: np.random.Generator, dynamo: bool = False) -> tuple[list, list, list, list]:
+    """Three residual MLP blocks (hidden widths 16, 16, 32) and a head, each node named by its module as the
+    TorchScript exporter names them (`/layers/layers.1/fc1/MatMul`), or, ``dynamo``, with the dynamo
+    exporter's name scopes and module classes: what `swapdsl import` folds into a `def`."""
+    from onnx import TensorProto as T
+    from onnx import helper as h
+
+    nodes, inits, x = [], [], "x"
+    for i, width in enumerate((16, 16, 32)):
+        where = ["layers", f"layers.{i}"]
+        for op, ins, module in (("MatMul", [x, f"layers.{i}.fc1.weight"], "fc1"), ("Relu", ["a"], "act"),
+                                ("MatMul", ["b"], "fc2"), ("Add", ["c", x], None)):
+            ins = ins if op != "MatMul" or module == "fc1" else [*ins, f"layers.{i}.fc2.weight"]
+            ins = [f"/{'/'.join(where)}/{t}" if t in "abc" else t for t in ins]
+            out = f"/{'/'.join(where)}/{ {'fc1': 'a', 'act': 'b', 'fc2': 'c'}.get(module, 'y')}"
+            nodes.append(_scoped(h.make_node(op, ins, [out]), where + ([module] if module else []), op, dynamo))
+        x = out
+        inits += [_weight(rng, f"layers.{i}.fc1.weight", 8, width), _weight(rng, f"layers.{i}.fc2.weight", width, 8)]
+    nodes.append(_scoped(h.make_node("MatMul", [x, "head.weight"], ["logits"]), ["head"], "MatMul", dynamo))
+    inits.append(_weight(rng, "head.weight", 8, 3))
+    return (nodes, [h.make_tensor_value_info("x", T.FLOAT, ["N", 8])],
+            [h.make_tensor_value_info("logits", T.FLOAT, ["N", 3])], inits)
+
+
+def _scoped(node: Any, where: list[str], op: str, dynamo: bool) -> Any:
+    """``node`` named as the TorchScript exporter names it, or given the dynamo exporter's scopes."""
+    if not dynamo:
+        node.name = "/" + "/".join(where + [op])
+        return node
+    dotted = [".".join(where[1:k + 1]) if where[0] == "layers" and k else where[k] for k in range(len(where))]
+    kinds = {"layers": "torch.nn.modules.container.ModuleList", "fc1": "torch.nn.modules.linear.Linear",
+             "fc2": "torch.nn.modules.linear.Linear", "act": "torch.nn.modules.activation.ReLU",
+             "head": "torch.nn.modules.linear.Linear"}
+    classes = ["net.Net"] + [kinds.get(w.rsplit(".", 1)[-1], "net.Residual") for w in where] + [f"aten.{op.lower()}"]
+    node.name = f"node_{op}_{'_'.join(where)}"
+    for key, value in (("pkg.torch.onnx.name_scopes", repr([""] + dotted + [op.lower()])),
+                       ("pkg.torch.onnx.class_hierarchy", repr(classes))):
+        entry = node.metadata_props.add()
+        entry.key, entry.value = key, value
+    return node
+
+
 def _float(name: str, v: float) -> Any:
     from onnx import numpy_helper
 
@@ -189,7 +231,8 @@ def model_bytes(parts: tuple, name: str, opset: int = 20) -> bytes:
 # batch, and so depends on how they are batched)
 SEEDS = {"cnn": (cnn_graph, {"x": (10, 3, 8, 8)}, ["--batch", "4"]),
          "attention": (attention_graph, {"ids": (2, 5)}, ["--batch", "2", "--dim", "sequence=5"]),
-         "decoder": (decoder_graph, {"ids": (2, 5)}, [])}
+         "decoder": (decoder_graph, {"ids": (2, 5)}, []),
+         "blocks": (blocks_graph, {"x": (6, 8)}, ["--batch", "6"])}
 
 
 def make_seeds(folder: Path) -> dict[str, Path]:

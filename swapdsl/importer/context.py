@@ -76,6 +76,8 @@ class Lowering:
         # give equal ones through Identity
         self.weights = set(src.weights) - src.buffers
         self.lines: list[str] = []
+        self.scopes: list[tuple[str, ...]] = []  # the module each line came from (`blocks`)
+        self.classes: dict[tuple[str, ...], str] = {}  # a module's class, where the exporter says
         self.params: dict[str, np.ndarray] = {}  # swp name -> value
         self.param_of: dict[str, str] = {}  # ONNX weight name -> swp name
         self.computed: dict[tuple[Any, ...], str] = {}  # a computed constant's value -> its parameter
@@ -150,7 +152,8 @@ class Lowering:
         return Tensor(name, tuple(self.params[name].shape), swp_dtype(self.params[name]))
 
     def emit(self, node: Any, expr: str, shape: tuple[int, ...], dtype: str, out: int = 0) -> Tensor:
-        t = Tensor(self.fresh(node.output[out] if out < len(node.output) else node.name), tuple(shape), dtype)
+        t = Tensor(self.fresh(module_name(node) or (node.output[out] if out < len(node.output) else node.name)),
+                   tuple(shape), dtype)
         self.lines.append(f"{t.name} = {expr}")
         self.env[node.output[out]] = t
         return t
@@ -161,6 +164,28 @@ class Lowering:
             raise unsupported(node, f"input {i} must be a constant (shape arithmetic swapdsl folds), but it is "
                               "computed from the model's inputs")
         return v
+
+
+def module_name(node: Any) -> str | None:
+    """A dynamo export's value named by its module (`layer1.1.conv1`), and by its op inside a module of
+    many ops (`layers.0.self_attn` + `view`); None where the exporter says nothing of modules."""
+    meta = {p.key: p.value for p in node.metadata_props}
+    if "pkg.torch.onnx.name_scopes" not in meta:
+        return None
+    scopes = strings(meta["pkg.torch.onnx.name_scopes"])
+    kinds = strings(meta.get("pkg.torch.onnx.class_hierarchy", ""))
+    if len(scopes) < 3:  # the exported module's own op: the op's name
+        return None
+    leaf = len(kinds) >= len(scopes) - 1 and kinds[len(scopes) - 2].startswith("torch.nn.modules.")
+    op = re.sub(r"_\d+$", "", scopes[-1])
+    return scopes[-2] if leaf else f"{scopes[-2]}.{op}"
+
+
+def strings(text: str | bytes) -> list[str]:
+    """The strings of a Python list literal as the exporter writes it (`['', 'm', 'm.layers.0']`)."""
+    if isinstance(text, bytes):  # protobuf hands back a string that is not UTF-8 as bytes
+        text = text.decode("utf-8", "replace")
+    return re.findall(r"'([^']*)'", text)
 
 
 def readable(onnx_name: str) -> str:

@@ -206,7 +206,8 @@ def _conv(lw: Lowering, node: Any, a: dict[str, Any]) -> None:
     expr = _defaults_left_out(f"conv2d({x.name}, {w.name}, stride = {stride}, padding = {pad}, dilation = {dil}, "
                               f"groups = {groups})")
     b = lw.get(node, 2)
-    if b is not None:
+    zero = isinstance(b, np.ndarray) and node.input[2] not in lw.weights and not np.any(b)  # the exporter's
+    if b is not None and not zero:
         expr += f" + {lw.tensor(node, 2, shape=(w.shape[0], 1, 1)).name}"
     hw = tuple(_out_size(x.shape[2 + i], w.shape[2 + i], stride[i], pad[i], dil[i]) for i in range(2))
     lw.emit(node, expr, (x.shape[0], w.shape[0]) + hw, x.dtype)

@@ -12,6 +12,7 @@ import attrs
 import numpy as np
 
 from swapdsl.common.errors import SwpError
+from swapdsl.importer import blocks
 from swapdsl.importer.context import RESERVED, Lowering, readable
 from swapdsl.importer.walk import lower
 from swapdsl.lang.elaborate import OPTIMIZERS
@@ -32,11 +33,13 @@ class Imported:
 
 
 def convert(path: str, batch: int | None = None, dims: Mapping[str, int] | None = None, loss: str | None = None,
-            target: str = "target", optimizer: str = "sgd(lr = 0.01)", freeze: str | None = None) -> Imported:
+            target: str = "target", optimizer: str = "sgd(lr = 0.01)", freeze: str | None = None,
+            flat: bool = False) -> Imported:
     """The ONNX file at ``path`` as `.swp` text and the parameters it starts from. Every input's first axis
     is the batch (``batch``, else its size in the file, else 1); ``dims`` gives the file's other symbolic
     sizes; ``loss`` adds a target input and a `minimize` line; ``freeze`` (a regular expression over ONNX or
-    `.swp` names) declares the parameters it matches `frozen`, as every constant the graph computes is."""
+    `.swp` names) declares the parameters it matches `frozen`, as every constant the graph computes is.
+    Repeated modules become `def`s (``blocks``) unless ``flat``."""
     src = read_onnx(path)
     try:
         re.compile(freeze or "")
@@ -58,6 +61,12 @@ def convert(path: str, batch: int | None = None, dims: Mapping[str, int] | None 
 
     body, notes = _symbolic(src, base, sizes, render)
     notes = base.notes + notes
+    names = [("batch" if s == "batch" else _arg(s)) for s in sizes]
+    n_in, n_ops = len(base.inputs), len(base.lines)
+    folded = blocks.fold(body[n_in:n_in + n_ops], base.scopes, base.classes,
+                         body[n_in + n_ops:], names, [t.name for _, t in base.inputs], enabled=not flat)
+    body = body[:n_in] + list(folded.body) + list(folded.after)
+    name_of = folded.renamed
     if freeze and not base.frozen_by_pattern:
         notes.append(f"--freeze `{freeze}` matched no parameter")
     args = {("batch" if s == "batch" else _arg(s)): v for s, v in sizes.items()}
@@ -66,8 +75,10 @@ def convert(path: str, batch: int | None = None, dims: Mapping[str, int] | None 
     head = [f"# Imported from {src.path.rsplit('/', 1)[-1]} ({src.producer or 'unknown producer'}, opset "
             f"{src.opset}) by `swapdsl import`.",
             f"model {model}({', '.join(f'{k} = {v}' for k, v in args.items())}) {{"]
-    text = "\n".join(head + [f"    {line}" for line in body] + ["}", ""])
-    return Imported(text, model, base.params, base.running, tuple(notes), tuple(base.frozen))
+    text = "\n".join(head[:1] + list(folded.defs) + head[1:] + [f"    {line}" for line in body] + ["}", ""])
+    return Imported(text, model, {name_of.get(k, k): v for k, v in base.params.items()},
+                    {name_of.get(k, k): v for k, v in base.running.items()}, tuple(notes),
+                    tuple(name_of.get(k, k) for k in base.frozen))
 
 
 def _sizes(src: Source, batch: int | None, dims: dict[str, int]) -> dict[str, int]:

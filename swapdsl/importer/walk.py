@@ -9,7 +9,7 @@ from typing import Any
 import numpy as np
 
 from swapdsl.common.errors import SwpError
-from swapdsl.importer.context import Lowering, unsupported
+from swapdsl.importer.context import Lowering, strings, unsupported
 from swapdsl.importer.onnx_read import Source
 from swapdsl.importer.fold import FOLD
 from swapdsl.importer.rules import RULES
@@ -43,6 +43,8 @@ def lower(src: Source, sizes: Mapping[str, int], freeze: str | None = None) -> L
                                   f"({type(exc).__name__}: {str(exc)[:160]})") from None
         else:
             raise unsupported(node, "this op is not in swapdsl's import table")
+        scope = _scope(node, lw.classes)
+        lw.scopes.extend([scope] * (len(lw.lines) - len(lw.scopes)))
     for name in src.outputs:
         if name not in lw.env:
             raise SwpError(f"the graph's output `{name}` is made by no node")
@@ -60,6 +62,19 @@ def _trained_layout(lw: Lowering, node: Any) -> bool:
         return False
     v = lw.env[node.input[0]]
     return isinstance(v, np.ndarray) and (np.issubdtype(v.dtype, np.floating) or v.dtype.name == "bfloat16")
+
+
+def _scope(node: Any, classes: dict[tuple[str, ...], str]) -> tuple[str, ...]:
+    """The module a node belongs to, outermost first: from the dynamo exporter's name scopes (and the
+    modules' classes, into ``classes``), or the TorchScript exporter's node name `/layer1/layer1.0/conv1/Conv`."""
+    meta = {p.key: p.value for p in node.metadata_props}
+    if "pkg.torch.onnx.name_scopes" in meta:
+        scopes = strings(meta["pkg.torch.onnx.name_scopes"])[1:-1]
+        kinds = strings(meta.get("pkg.torch.onnx.class_hierarchy", ""))[1:len(scopes) + 1]
+        for k, kind in enumerate(kinds):
+            classes.setdefault(tuple(scopes[:k + 1]), kind)
+        return tuple(scopes)
+    return tuple(node.name.split("/")[1:-1]) if node.name.startswith("/") else ()
 
 
 def attributes(node: Any) -> dict[str, Any]:

@@ -8,7 +8,7 @@ Usage: python bench/import_torch.py [--models resnet50,mobilenet_v3_small] [--im
 Needs torch, torchvision, transformers, onnx, onnxscript and onnxruntime (outside CI; on these machines
 `pip install torch==2.14.1 torchvision==0.29.1 transformers onnxscript` beside the `import` extra). The
 Hugging Face models (GPT-2 small; a two-layer LLaMA with grouped-query heads) go through the dynamo exporter
-unoptimised, the torchvision ones through the TorchScript exporter. Per model it prints the import's size,
+unoptimised, as do the torchvision ones (with a symbolic batch). Per model it prints the import's size,
 the largest relative difference of the outputs from onnxruntime's on the same file, the parameters
 (swapdsl's, of which frozen constants, and PyTorch's), and the losses of three SGD steps (lr 0.01) in
 swapdsl, in PyTorch (`model.train()`, dropout off) and in PyTorch in f64, with the largest relative
@@ -37,8 +37,8 @@ def export(name: str, image: int, path: Path):  # noqa: ANN201
         if isinstance(m, torch.nn.Dropout):
             m.p = 0.0  # so that training steps compare
     torch.onnx.export(model, (torch.randn(2, 3, image, image),), str(path), input_names=["x"],
-                      output_names=["logits"], opset_version=17, dynamic_axes={"x": {0: "batch"}, "logits": {0: "batch"}},
-                      do_constant_folding=False, dynamo=False)
+                      output_names=["logits"], dynamo=True, optimize=False,
+                      dynamic_shapes=({0: torch.export.Dim("batch")},))
     return model
 
 
@@ -147,6 +147,7 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=3)
     ap.add_argument("--hf", default="gpt2,llama", help="Hugging Face models (transformers installed), or ''")
     ap.add_argument("--seq", type=int, default=64)
+    ap.add_argument("--keep", metavar="DIR", help="write each imported .swp there too (docs/resnet50.swp came so)")
     args = ap.parse_args()
     for name in filter(None, args.hf.split(",")):
         hf(name, args.seq, args.steps)
@@ -160,6 +161,8 @@ def main() -> None:
             model = export(name, args.image, path)
             started = time.perf_counter()
             m, r = swapdsl.import_onnx(str(path), str(swp), batch=args.batch, loss="cross_entropy")
+            if args.keep:
+                swapdsl.import_onnx(str(path), str(Path(args.keep) / swp.name), weights=str(folder / "kept.st"))
             took = time.perf_counter() - started
             gap = forward_gap(path, swp, x, folder)
             print(f"{name}: {len(r.text.splitlines())} lines, {len(m.graph.ops)} ops, imported in {took:.1f} s; "

@@ -85,6 +85,7 @@ def fold(lines: Sequence[str], scopes: Sequence[tuple[str, ...]], classes: Mappi
     module class, where the exporter says (the def's name). Not ``enabled``: the lines as they are."""
     if not enabled:
         return Folded((), tuple(lines), {}, tuple(after))
+    lines, scopes = _hoist([parse(line) for line in lines], lines, scopes, set(known))
     stmts = [parse(line) for line in lines]
     names = set(known) | {n for s in stmts for n in s.defines}
     last_read: dict[str, int] = {}
@@ -95,6 +96,20 @@ def fold(lines: Sequence[str], scopes: Sequence[tuple[str, ...]], classes: Mappi
     blocks = [_block(stmts, scope, span, names, last_read) for scope, span in _runs(scopes).items()]
     chosen = _choose([b for b in blocks if b is not None])
     return _emit(lines, stmts, chosen, classes, list(sizes), names, after)
+
+
+def _hoist(stmts: Sequence[Stmt], lines: Sequence[str], scopes: Sequence[tuple[str, ...]],
+           known: set[str]) -> tuple[list[str], list[tuple[str, ...]]]:
+    """Parameters that modules share (rotary tables, a mask, a tied table) declared first, outside them,
+    so that the modules that read them read alike."""
+    names = known | {n for s in stmts for n in s.defines}
+    readers: dict[str, set[tuple[str, ...]]] = {}
+    for s, scope in zip(stmts, scopes):
+        for n in refs(s, names):
+            readers.setdefault(n, set()).add(scope)
+    shared = [k for k, s in enumerate(stmts) if s.is_param and len(readers.get(s.defines[0], ())) > 1]
+    order = shared + [k for k in range(len(stmts)) if k not in set(shared)]
+    return [lines[k] for k in order], [() if k in shared else scopes[k] for k in order]
 
 
 def _runs(scopes: Sequence[tuple[str, ...]]) -> dict[tuple[str, ...], tuple[int, int]]:

@@ -183,14 +183,17 @@ def module_name(node: Any) -> str | None:
 
 def strings(text: str | bytes) -> list[str]:
     """The strings of a Python list literal as the exporter writes it (`['', 'm', 'm.layers.0']`)."""
-    if isinstance(text, bytes):  # protobuf hands back a string that is not UTF-8 as bytes
-        text = text.decode("utf-8", "replace")
-    return re.findall(r"'([^']*)'", text)
+    return re.findall(r"'([^']*)'", utf8(text))
+
+
+def utf8(text: str | bytes) -> str:
+    """A protobuf string field: protobuf hands back one that is not UTF-8 as bytes."""
+    return text.decode("utf-8", "replace") if isinstance(text, bytes) else text
 
 
 def readable(onnx_name: str) -> str:
     """`/layer1/layer1.0/conv1/Conv_output_0` -> `layer1_0_conv1`; `fc.weight` -> `fc_weight`."""
-    parts = [p for p in re.sub(r"_output_\d+$", "", onnx_name).split("/") if p]
+    parts = [p for p in re.sub(r"_output_\d+$", "", utf8(onnx_name)).split("/") if p]
     parts = [p for k, p in enumerate(parts) if not (k + 1 < len(parts) and parts[k + 1].startswith(p + "."))]
     if len(parts) > 1 and re.fullmatch(r"[A-Z][A-Za-z]*(_\d+)?", parts[-1]):  # the op's name in its module
         parts.pop()

@@ -9,7 +9,7 @@ from typing import Any
 import numpy as np
 
 from swapdsl.common.errors import SwpError
-from swapdsl.importer.context import Lowering, strings, unsupported
+from swapdsl.importer.context import Lowering, strings, unsupported, utf8
 from swapdsl.importer.onnx_read import Source
 from swapdsl.importer.fold import FOLD
 from swapdsl.importer.rules import RULES
@@ -74,7 +74,8 @@ def _scope(node: Any, classes: dict[tuple[str, ...], str]) -> tuple[str, ...]:
         for k, kind in enumerate(kinds):
             classes.setdefault(tuple(scopes[:k + 1]), kind)
         return tuple(scopes)
-    return tuple(node.name.split("/")[1:-1]) if node.name.startswith("/") else ()
+    name = utf8(node.name)
+    return tuple(name.split("/")[1:-1]) if name.startswith("/") else ()
 
 
 def attributes(node: Any) -> dict[str, Any]:

@@ -223,7 +223,7 @@ class PlanRunner:
 
     def _put(self, dst: Any, src: np.ndarray) -> None:
         if self.backend == "cupy":
-            dst.set(np.ascontiguousarray(src))
+            dst.set(np.asarray(src, order="C"))  # (ascontiguousarray makes a 0-d array 1-d)
         else:
             dst[...] = src
 

@@ -108,8 +108,9 @@ def _hoist(stmts: Sequence[Stmt], lines: Sequence[str], scopes: Sequence[tuple[s
         for n in refs(s, names):
             readers.setdefault(n, set()).add(scope)
     shared = [k for k, s in enumerate(stmts) if s.is_param and len(readers.get(s.defines[0], ())) > 1]
-    order = shared + [k for k in range(len(stmts)) if k not in set(shared)]
-    return [lines[k] for k in order], [() if k in shared else scopes[k] for k in order]
+    hoisted = set(shared)
+    rest = [k for k in range(len(stmts)) if k not in hoisted]
+    return [lines[k] for k in shared + rest], [()] * len(shared) + [scopes[k] for k in rest]
 
 
 def _runs(scopes: Sequence[tuple[str, ...]]) -> dict[tuple[str, ...], tuple[int, int]]:

@@ -43,14 +43,17 @@ def export(name: str, image: int, path: Path):  # noqa: ANN201
 
 
 def export_hf(name: str, path: Path, seq: int):  # noqa: ANN201
-    """Hugging Face's GPT-2 small, or a two-layer LLaMA with grouped-query heads, through the dynamo exporter
+    """Hugging Face's GPT-2 small, BERT-base (masked LM), or a two-layer LLaMA with grouped-query heads, through the dynamo exporter
     unoptimised (static shapes: batch 2, `seq` tokens), dropout off."""
     import torch
-    from transformers import GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM
+    from transformers import (BertConfig, BertForMaskedLM, GPT2Config, GPT2LMHeadModel, LlamaConfig,
+                              LlamaForCausalLM)
 
     torch.manual_seed(0)
     if name == "gpt2":
         model = GPT2LMHeadModel(GPT2Config(resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0)).eval()
+    elif name == "bert":
+        model = BertForMaskedLM(BertConfig(hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)).eval()
     else:
         model = LlamaForCausalLM(LlamaConfig(num_hidden_layers=2, hidden_size=256, num_attention_heads=8,
                                              num_key_value_heads=2, intermediate_size=688, vocab_size=1000)).eval()
@@ -145,7 +148,7 @@ def main() -> None:
     ap.add_argument("--image", type=int, default=96)
     ap.add_argument("--batch", type=int, default=4)
     ap.add_argument("--steps", type=int, default=3)
-    ap.add_argument("--hf", default="gpt2,llama", help="Hugging Face models (transformers installed), or ''")
+    ap.add_argument("--hf", default="gpt2,bert,llama", help="Hugging Face models (transformers installed), or ''")
     ap.add_argument("--seq", type=int, default=64)
     ap.add_argument("--keep", metavar="DIR", help="write each imported .swp there too (docs/resnet50.swp came so)")
     args = ap.parse_args()

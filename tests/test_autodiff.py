@@ -109,6 +109,7 @@ CASES: list[tuple[str, str, list[np.ndarray], dict[str, Any]]] = [
     ("tanh", "tanh", [rnd(5)], {}),
     ("sigmoid", "sigmoid", [rnd(5, low=-4, high=4)], {}),
     ("silu", "silu", [rnd(3, 5, low=-6, high=6)], {}),
+    ("erf", "erf", [rnd(3, 5, low=-3, high=3)], {}),
     ("leaky_relu", "leaky_relu", [away_from_zero(3, 4)], {"slope": 0.2}),
     ("exp", "exp", [rnd(5)], {}),
     ("log", "log", [rnd(5, low=0.5, high=2.0)], {}),

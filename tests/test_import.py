@@ -176,6 +176,20 @@ def test_computed_constants_and_chosen_weights_import_frozen(tmp_path: Path) -> 
         swapdsl.import_onnx(path, str(tmp_path / "n.swp"), freeze="(")
 
 
+def test_exact_gelu_as_an_op_and_as_the_erf_formula(tmp_path: Path) -> None:
+    """PyTorch's default GELU, exported as one Gelu node (opset 20) and as the Erf formula BERT's older
+    exports write: both through `erf`, against onnxruntime."""
+    nodes = [N("Gelu", ["x"], ["g"]), N("Div", ["g", "sqrt2"], ["s"]), N("Erf", ["s"], ["e"]),
+             N("Add", ["e", "one"], ["e1"]), N("Mul", ["g", "e1"], ["m"]), N("Mul", ["m", "half"], ["y"])]
+    inits = [nh.from_array(np.array(2 ** 0.5, np.float32), "sqrt2"), nh.from_array(np.array(1.0, np.float32), "one"),
+             nh.from_array(np.array(0.5, np.float32), "half")]
+    path = save(tmp_path, nodes, [h.make_tensor_value_info("x", T.FLOAT, ["N", 7])],
+                [h.make_tensor_value_info("y", T.FLOAT, ["N", 7])], inits)
+    x = (RNG.standard_normal((5, 7)) * 3).astype(np.float32)
+    text = imported_matches_onnxruntime(tmp_path, path, {"x": x}, batch=5)
+    assert "erf(x * 0.70710677)" in text and "erf(s)" in text
+
+
 def test_the_dynamo_exporters_unoptimised_forms(tmp_path: Path) -> None:
     """The fuzzer's decoder seed (what `torch.onnx.export(dynamo=True, optimize=False)` writes): the tied
     token table is one parameter, the position table and the transposed weight train under their own
@@ -185,7 +199,7 @@ def test_the_dynamo_exporters_unoptimised_forms(tmp_path: Path) -> None:
     text = imported_matches_onnxruntime(tmp_path, path, {"ids": ids})
     m, r = swapdsl.import_onnx(path, str(tmp_path / "t.swp"), loss="cross_entropy")
     trained = [p for p, _ in m.training.grads]
-    assert sorted(trained) == ["emb", "q_weight", "table"], trained  # one token table; inv_freq folded away
+    assert sorted(trained) == ["emb", "q_weight", "table", "types"], trained  # one token table; inv_freq folded
     assert "permute(q_weight, [1, 0])" in text and "reshape(table[:5], [1, 5, 4])" in text
     assert len(r.frozen) == 2, r.frozen  # the rotary factor and the mask: constants the graph computes
 
@@ -238,7 +252,7 @@ def test_the_tests_cover_the_whole_table() -> None:
         "Conv", "BatchNormalization", "Relu", "MaxPool", "Shape", "Gather", "Unsqueeze", "Concat", "Reshape",
         "Gemm", "LeakyRelu", "Sigmoid", "AveragePool", "Tanh", "HardSwish", "HardSigmoid", "Reciprocal", "IsNaN", "GlobalAveragePool", "Flatten", "Constant",
         "ConstantOfShape", "Range", "Expand", "Where", "Equal", "Cast", "ReduceProd", "Min", "Max", "Transpose",
-        "Slice", "Squeeze", "Sub", "Mul", "Div", "Neg", "Sqrt", "Identity"}
+        "Slice", "Squeeze", "Sub", "Mul", "Div", "Neg", "Sqrt", "Identity", "Erf", "Gelu"}  # (and the seeds')
     assert set(RULES) | set(FOLD) <= covered
 
 
@@ -261,8 +275,8 @@ def test_an_imported_model_trains_from_its_weights(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize("case, message", [
-    ("erf", "not in swapdsl's import table"),
-    ("gelu_exact", "exact (erf) GELU"),
+    ("einsum", "not in swapdsl's import table"),
+    ("gelu_other", "GELU is exact (none) or tanh"),
     ("asymmetric", "same padding on both sides"),
     ("symbol", "give it a value"),
     ("opset", "opset 11"),
@@ -270,8 +284,8 @@ def test_an_imported_model_trains_from_its_weights(tmp_path: Path) -> None:
 def test_what_cannot_be_imported_is_named(tmp_path: Path, case: str, message: str) -> None:
     x = h.make_tensor_value_info("x", T.FLOAT, [2, 3, 4, 4] if case == "asymmetric" else [2, 3])
     y = h.make_tensor_value_info("y", T.FLOAT, ["a", "b", "c", "d"][:4 if case == "asymmetric" else 2])
-    node = {"erf": N("Erf", ["x"], ["y"], name="/mlp/act/Erf"),
-            "gelu_exact": N("Gelu", ["x"], ["y"]),
+    node = {"einsum": N("Einsum", ["x"], ["y"], equation="ij->ij", name="/mlp/act/Einsum"),
+            "gelu_other": N("Gelu", ["x"], ["y"], approximate="fast"),
             "asymmetric": N("MaxPool", ["x"], ["y"], kernel_shape=[2, 2], pads=[0, 0, 1, 1]),
             "symbol": N("Relu", ["x"], ["y"]),
             "opset": N("Relu", ["x"], ["y"])}[case]
@@ -280,8 +294,8 @@ def test_what_cannot_be_imported_is_named(tmp_path: Path, case: str, message: st
     path = save(tmp_path, [node], [x], [y], [], opset=11 if case == "opset" else 20)
     with pytest.raises(SwpError, match=message.replace("(", r"\(").replace(")", r"\)")) as info:
         swapdsl.import_onnx(path, str(tmp_path / "out.swp"))
-    if case == "erf":
-        assert "/mlp/act/Erf" in info.value.message
+    if case == "einsum":
+        assert "/mlp/act/Einsum" in info.value.message
     assert not (tmp_path / "out.swp").exists() and not (tmp_path / "out.safetensors").exists()
 
 

@@ -165,6 +165,8 @@ def test_losses(xp: Any) -> None:
 def test_elementwise(xp: Any) -> None:
     np.testing.assert_allclose(run(xp, "gelu", [0.0, 1.0, -0.5]), [0.0, 0.8411919906082768, -0.15428599017485606])
     np.testing.assert_allclose(run(xp, "sigmoid", [0.0, -1000.0, 1000.0]), [0.5, 0.0, 1.0])
+    np.testing.assert_allclose(run(xp, "erf", [0.0, 0.5, -2.0]), [0.0, math.erf(0.5), math.erf(-2.0)], rtol=1e-15)
+    np.testing.assert_allclose(run(xp, "erf_grad", [0.5], [3.0]), [3.0 * 2 / math.sqrt(math.pi) * math.exp(-0.25)])
     np.testing.assert_array_equal(run(xp, "relu", [-1.0, 0.0, 2.0]), [0, 0, 2])
     np.testing.assert_array_equal(run(xp, "relu_grad", [0.0, 0.0, 2.0], [5.0, 5.0, 5.0]), [0, 0, 5])
     np.testing.assert_allclose(run(xp, "tanh_grad", [0.5], [2.0]), [1.5])

@@ -142,6 +142,7 @@ def test_micro_batches_sum_to_one_pytorch_step_over_the_whole_batch(model: str, 
     ("silu", {}, lambda x: torch.nn.functional.silu(x)),
     ("leaky_relu", {"slope": 0.01}, lambda x: torch.nn.functional.leaky_relu(x, 0.01)),
     ("leaky_relu", {"slope": 0.3}, lambda x: torch.nn.functional.leaky_relu(x, 0.3)),
+    ("erf", {}, lambda x: torch.erf(x)),
 ])
 def test_activations_and_their_gradients_match_pytorch(op: str, attrs: dict, theirs) -> None:  # noqa: ANN001
     x = np.concatenate([np.random.default_rng(2).standard_normal(4096) * 4, [0.0, -1e4, 1e4, -88.0, 88.0]])

@@ -54,6 +54,7 @@ OPS: dict[str, Callable[..., torch.Tensor]] = {
     "tanh": lambda a, x: torch.tanh(x),
     "sigmoid": lambda a, x: torch.sigmoid(x),
     "silu": lambda a, x: F.silu(x),
+    "erf": lambda a, x: torch.erf(x),
     "leaky_relu": lambda a, x: F.leaky_relu(x, a["slope"]),
     "exp": lambda a, x: torch.exp(x),
     "log": lambda a, x: torch.log(x),

@@ -126,17 +126,19 @@ def attention_graph(rng: np.random.Generator) -> tuple[list, list, list, list]:
 
 def decoder_graph(rng: np.random.Generator) -> tuple[list, list, list, list, dict[str, str]]:
     """What `torch.onnx.export(dynamo=True, optimize=False)` writes for a decoder: a token table used again,
-    transposed, by the head (tied); a position table read at Range's rows; a weight transposed for its
-    MatMul; rotary tables and a mask folded from a buffer (so named by the graph signature) through CastLike,
-    Cos, Sin, Pow, Reciprocal, CumSum, comparisons, And, Or, Not, IsNaN and GatherND; torch.split as
-    SplitToSequence and SequenceAt."""
+    transposed, by the head (tied); a position table read at Range's rows; a token-type table read at one
+    row for all (BERT's); a weight transposed for its MatMul; rotary tables and a mask folded from a
+    buffer (so named by the graph signature) through CastLike, Cos, Sin, Pow, Reciprocal, CumSum,
+    comparisons, And, Or, Not, IsNaN, GatherElements and GatherND; torch.split as SplitToSequence and
+    SequenceAt."""
     from onnx import TensorProto as T
     from onnx import helper as h
     from onnx import numpy_helper as nh
 
     n, f = h.make_node, np.float32
     nodes = [n("Gather", ["emb", "ids"], ["e"]), n("Range", ["z0", "z5", "z1"], ["pos"]),
-             n("Unsqueeze", ["pos", "ax0"], ["pos2"]), n("Gather", ["table", "pos2"], ["p"]), n("Add", ["e", "p"], ["x"]),
+             n("Unsqueeze", ["pos", "ax0"], ["pos2"]), n("Gather", ["table", "pos2"], ["p"]), n("Add", ["e", "p"], ["x0"]),
+             n("Gather", ["types", "zeros25"], ["tt"]), n("Add", ["x0", "tt"], ["x"]),
              n("Transpose", ["q.weight"], ["qt"], perm=[1, 0]), n("MatMul", ["x", "qt"], ["hq"]),
              n("CastLike", ["pos", "inv_freq"], ["posf"]), n("Unsqueeze", ["posf", "ax1"], ["col"]),
              n("Unsqueeze", ["inv_freq", "ax0"], ["row"]), n("MatMul", ["col", "row"], ["ang"]),
@@ -151,7 +153,7 @@ def decoder_graph(rng: np.random.Generator) -> tuple[list, list, list, list, dic
              n("And", ["le", "ge"], ["diag"]), n("Or", ["lt", "diag"], ["low"]), n("Not", ["gt"], ["low2"]),
              n("IsNaN", ["ones55"], ["nan"]), n("Not", ["nan"], ["fine"]), n("And", ["low", "low2"], ["m1"]),
              n("And", ["m1", "fine"], ["m2"]), n("Cast", ["m2"], ["maskf"], to=T.FLOAT),
-             n("GatherND", ["maskf", "rev"], ["maskr"]), n("MatMul", ["maskr", "swapped"], ["y0"]),
+             n("GatherElements", ["maskf", "cols_rev"], ["maskg"], axis=1), n("GatherND", ["maskg", "rev"], ["maskr"]), n("MatMul", ["maskr", "swapped"], ["y0"]),
              n("Constant", [], ["half"], value=nh.from_array(np.array(0.5, np.float64))),
              n("CastLike", ["half", "y0"], ["halff"]), n("Mul", ["y0", "halff"], ["y1"]),
              n("Transpose", ["emb"], ["embt"], perm=[1, 0]), n("MatMul", ["y1", "embt"], ["logits"])]
@@ -159,7 +161,9 @@ def decoder_graph(rng: np.random.Generator) -> tuple[list, list, list, list, dic
              nh.from_array(np.array([1.0, 0.1], f), "inv_freq"), nh.from_array(np.ones((5, 5), f), "ones55"),
              *[_ints(f"z{v}", v, scalar=True) for v in (0, 1, 5)], _ints("ax0", 0), _ints("ax1", 1),
              _float("two", 2.0), _float("one", 1.0), _ints("two_i", 2, scalar=True),
-             nh.from_array(np.arange(4, -1, -1, dtype=np.int64).reshape(5, 1), "rev")]
+             nh.from_array(np.arange(4, -1, -1, dtype=np.int64).reshape(5, 1), "rev"), _weight(rng, "types", 2, 4),
+             nh.from_array(np.zeros((2, 5), np.int64), "zeros25"),
+             nh.from_array(np.tile(np.arange(4, -1, -1, dtype=np.int64), (5, 1)), "cols_rev")]
     signature = "b_inv_freq: BUFFER target='inv_freq' persistent=False\nids: USER_INPUT"
     return (nodes, [h.make_tensor_value_info("ids", T.INT64, [2, 5])],
             [h.make_tensor_value_info("logits", T.FLOAT, [2, 5, 10])], inits,

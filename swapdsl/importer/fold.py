@@ -76,6 +76,7 @@ FOLD: dict[str, Fold] = {
     "Not": _f(np.logical_not), "IsNaN": _f(np.isnan), "Cos": _f(np.cos), "Sin": _f(np.sin),
     "Pow": _f(lambda x, p: np.power(x, p.astype(x.dtype))), "Reciprocal": _f(np.reciprocal),
     "MatMul": _f(np.matmul), "CumSum": lambda node, ins, a: [_cumsum(ins[0], ins[1], a)],
+    "GatherElements": lambda node, ins, a: [np.take_along_axis(ins[0], ins[1].astype(np.int64), a.get("axis", 0))],
     "GatherND": lambda node, ins, a: [_gather_nd(ins[0], ins[1].astype(np.int64), int(a.get("batch_dims", 0)))],
 }
 

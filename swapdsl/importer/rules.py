@@ -81,9 +81,15 @@ def _where(lw: Lowering, node: Any, a: dict[str, Any]) -> None:
 
 
 def _gelu(lw: Lowering, node: Any, a: dict[str, Any]) -> None:
-    if a.get("approximate", "none") != "tanh":
-        raise unsupported(node, "exact (erf) GELU; swapdsl's `gelu` is the tanh approximation",)
-    _unary("gelu")(lw, node, a)
+    """`gelu` is the tanh form; the exact one (PyTorch's default) is written with `erf`."""
+    form = a.get("approximate", "none")
+    if form == "tanh":
+        _unary("gelu")(lw, node, a)
+    elif form == "none":
+        x = lw.tensor(node, 0)
+        lw.emit(node, f"0.5 * {x.name} * (1.0 + erf({x.name} * {_num(np.float32(0.5 ** 0.5))}))", x.shape, x.dtype)
+    else:
+        raise unsupported(node, f"approximate = {str(form)[:40]!r}: GELU is exact (none) or tanh")
 
 
 _SYMBOL = {"Add": "+", "Sub": "-", "Mul": "*", "Div": "/"}
@@ -441,6 +447,15 @@ def _gather(lw: Lowering, node: Any, a: dict[str, Any]) -> None:
         table = lw.tensor(node, 0)
         lw.emit(node, f"embedding({ids.name}, {table.name})", ids.shape + (data.shape[1],), table.dtype)
         return
+    if isinstance(data, np.ndarray) and _all_one_row(ids) and axis == 0 and data.ndim == 2:
+        row = int(ids.reshape(-1)[0])  # BERT's token types, all 0: one row of a trained table, broadcast
+        table = lw.tensor(node, 0)
+        if not 0 <= row < data.shape[0]:
+            raise unsupported(node, f"row {row} of a table of {data.shape[0]}")
+        shape = ids.shape + (data.shape[1],)
+        one = f"reshape({table.name}[{row or ''}:{row + 1}], {[1] * ids.ndim + [data.shape[1]]})"
+        lw.emit(node, f"{one} + zeros({list(shape)}, {table.dtype})", shape, table.dtype)
+        return
     if isinstance(data, np.ndarray) and _is_range(ids) and axis == 0 and data.ndim == 2:
         first, n = int(ids.reshape(-1)[0]), ids.size  # positions: rows first .. first + n of a weight table
         table = lw.tensor(node, 0)
@@ -457,8 +472,14 @@ def _gather(lw: Lowering, node: Any, a: dict[str, Any]) -> None:
         index = [":"] * axis + [str(int(ids))]
         lw.emit(node, f"{data.name}[{', '.join(index)}]", data.shape[:axis] + data.shape[axis + 1:], data.dtype)
         return
-    raise unsupported(node, "Gather other than an embedding lookup (a weight table, axis 0: token ids or "
-                      "consecutive positions) or one index")
+    raise unsupported(node, "Gather other than an embedding lookup (a weight table, axis 0: token ids, "
+                      "consecutive positions or one row for all) or one index")
+
+
+def _all_one_row(ids: object) -> bool:
+    """Integer constants, more than one, all the same."""
+    return isinstance(ids, np.ndarray) and np.issubdtype(ids.dtype, np.integer) and ids.size > 1 and \
+        bool(np.all(ids == ids.reshape(-1)[0]))
 
 
 def _is_range(ids: object) -> bool:
@@ -483,7 +504,8 @@ def _shape(lw: Lowering, node: Any, a: dict[str, Any]) -> None:
 
 RULES: dict[str, Rule] = {
     **{op: _unary(fn) for op, fn in (("Relu", "relu"), ("Sigmoid", "sigmoid"), ("Tanh", "tanh"), ("Exp", "exp"),
-                                     ("Log", "log"), ("Sqrt", "sqrt"), ("Neg", "neg"))},
+                                     ("Log", "log"), ("Sqrt", "sqrt"), ("Neg", "neg"),
+                                     ("Erf", "erf"))},
     "Reciprocal": _reciprocal, "IsNaN": _isnan, "Where": _where,
     "LeakyRelu": _leaky_relu, "HardSigmoid": _hard, "HardSwish": _hard, "Gelu": _gelu, "Pow": _pow, "Cast": _cast, "CastLike": _cast_like, "Identity": _alias, "Dropout": _alias,
     **{op: _binary for op in _SYMBOL},

@@ -305,6 +305,7 @@ def _table() -> dict[str, Builtin]:
         _unary("tanh", math.tanh),
         _unary("sigmoid"),
         _unary("silu"),
+        _unary("erf", math.erf),
         Builtin("leaky_relu", (X, ("slope", "float", 0.01)), _leaky),
         _unary("exp", math.exp),
         _unary("log", _static_log),

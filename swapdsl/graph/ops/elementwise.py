@@ -149,6 +149,30 @@ def _silu_grad(c: KernelContext, ins: list[Array], out: Array, a: Attrs, start: 
     xp.multiply(g, t, out=out)
 
 
+def _erf_function(xp: Any) -> Any:
+    """SciPy's erf on NumPy (exact in f64), CuPy's own on a GPU: NumPy has none."""
+    if xp.__name__ == "numpy":
+        from scipy.special import erf
+    else:
+        from cupyx.scipy.special import erf
+    return erf
+
+
+def _erf(c: KernelContext, ins: list[Array], out: Array, a: Attrs) -> None:
+    _erf_function(c.xp)(ins[0], out=out)
+
+
+def _erf_grad(c: KernelContext, ins: list[Array], out: Array, a: Attrs, start: int = 0) -> None:
+    """g * 2 / sqrt(pi) * exp(-x^2)."""
+    x, g = ins
+    xp = c.xp
+    xp.multiply(x, x, out=out)
+    xp.negative(out, out=out)
+    xp.exp(out, out=out)
+    xp.multiply(out, x.dtype.type(2.0 / math.sqrt(math.pi)), out=out)
+    xp.multiply(out, g, out=out)
+
+
 def _leaky_relu(c: KernelContext, ins: list[Array], out: Array, a: Attrs) -> None:
     """max(x, slope * x): x where positive, slope * x elsewhere (0 <= slope < 1)."""
     (x,) = ins
@@ -436,6 +460,8 @@ register(
     _unary("sigmoid", 4, _SIGMOID[0], _grad_via("sigmoid_grad", True), _SIGMOID[1]),
     _backward("sigmoid_grad", 3, _sigmoid_grad),
     _unary("silu", 6, _SILU[0], _grad_via("silu_grad", False), _SILU[1]),
+    _unary("erf", 10, _erf, _grad_via("erf_grad", False)),
+    _backward("erf_grad", 5, _erf_grad),
     _backward("silu_grad", 10, *_SILU_GRAD),
     _unary("leaky_relu", 2, _leaky_relu, _grad_via("leaky_relu_grad", False)),
     _backward("leaky_relu_grad", 2, *_LEAKY_GRAD),

@@ -179,7 +179,7 @@ NATIVE = frozenset({"softmax_cross_entropy", "softmax_cross_entropy_grad"})
 # Each op's cut on half tensors (see ``staged``); an op not here runs on whole f32 copies.
 _ELEMENTWISE = ("add", "sub", "mul", "div", "add_scalar", "mul_scalar", "pow_scalar", "neg", "relu", "gelu", "tanh",
                 "sigmoid", "exp", "log", "sqrt", "cast", "relu_grad", "gelu_grad", "tanh_grad", "sigmoid_grad",
-                "pow_scalar_grad", "silu", "silu_grad", "leaky_relu", "leaky_relu_grad")
+                "pow_scalar_grad", "silu", "silu_grad", "leaky_relu", "leaky_relu_grad", "erf", "erf_grad")
 CUTS: dict[str, CutRule] = {
     **{op: _elementwise() for op in _ELEMENTWISE},
     "dropout": _elementwise(offset=True),

@@ -2,17 +2,17 @@
 the parameter count against PyTorch's, and three training steps beside PyTorch (f32 and f64) from the
 same weights.
 
-Usage: python bench/import_torch.py [--models resnet50,mobilenet_v3_small] [--image 96] [--batch 4]
-                                   [--hf gpt2,llama] [--seq 64]
+Usage: python bench/import_torch.py [--models resnet50,...,vgg11@224] [--image 96] [--batch 4]
+                                   [--hf gpt2,bert,llama] [--seq 64] [--lr 0.01] [--keep DIR]
 
 Needs torch, torchvision, transformers, onnx, onnxscript and onnxruntime (outside CI; on these machines
-`pip install torch==2.14.1 torchvision==0.29.1 transformers onnxscript` beside the `import` extra). The
-Hugging Face models (GPT-2 small; a two-layer LLaMA with grouped-query heads) go through the dynamo exporter
-unoptimised, as do the torchvision ones (with a symbolic batch). Per model it prints the import's size,
-the largest relative difference of the outputs from onnxruntime's on the same file, the parameters
-(swapdsl's, of which frozen constants, and PyTorch's), and the losses of three SGD steps (lr 0.01) in
-swapdsl, in PyTorch (`model.train()`, dropout off) and in PyTorch in f64, with the largest relative
-difference of each f32 run from f64 and of ours from PyTorch's.
+`pip install torch==2.14.1 torchvision==0.29.1 transformers onnxscript` beside the `import` extra). Every
+model goes through the dynamo exporter unoptimised: the Hugging Face ones (GPT-2 small, BERT-base as a
+masked LM, a two-layer LLaMA with grouped-query heads) at batch 2, the torchvision ones with a symbolic
+batch. Per model it prints the import's size, the largest relative difference of the outputs from
+onnxruntime's on the same file, the parameters (swapdsl's, of which frozen constants, and PyTorch's),
+and the losses of three SGD steps in swapdsl, in PyTorch (`model.train()`, dropout off) and in PyTorch
+in f64, with the largest relative difference of each f32 run from f64 and of ours from PyTorch's.
 """
 
 from __future__ import annotations
@@ -73,19 +73,19 @@ def export_hf(name: str, path: Path, seq: int):  # noqa: ANN201
     return Logits()
 
 
-def hf(name: str, seq: int, steps: int) -> None:
+def hf(name: str, args: argparse.Namespace) -> None:
     import onnxruntime as ort
 
     with tempfile.TemporaryDirectory() as tmp:
         folder = Path(tmp)
         path, swp = folder / f"{name}.onnx", folder / f"{name}.swp"
-        model = export_hf(name, path, seq)
+        model = export_hf(name, path, args.seq)
         started = time.perf_counter()
-        m, r = swapdsl.import_onnx(str(path), str(swp), loss="cross_entropy")
+        m, r = swapdsl.import_onnx(str(path), str(swp), loss="cross_entropy", optimizer=f"sgd(lr = {args.lr})")
         took = time.perf_counter() - started
         vocab = model.m.config.vocab_size
         rng = np.random.default_rng(0)
-        ids, y = (rng.integers(0, vocab, (2, seq)).astype(np.int64) for _ in range(2))
+        ids, y = (rng.integers(0, vocab, (2, args.seq)).astype(np.int64) for _ in range(2))
         theirs = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"]).run(None, {"ids": ids})[0]
         np.savez(folder / "ids.npz", ids=ids)
         ours = swapdsl.predict(str(swp), str(folder / "ids.npz"), init=str(swp.with_suffix(".safetensors")))["logits"]
@@ -94,15 +94,17 @@ def hf(name: str, seq: int, steps: int) -> None:
               f"parameters {sum(v.size for v in r.params.values() if v.size):,} of which frozen "
               f"{sum(r.params[k].size for k in r.frozen):,} (PyTorch {sum(p.numel() for p in model.parameters()):,});"
               f" forward vs onnxruntime {gap:.1e}; notes: {'; '.join(r.notes) or 'none'}", flush=True)
-        report(name, m, swp, folder, {"ids": ids, "target": y.astype(np.int32)}, model, (ids, y), steps)
+        report(name, m, swp, folder, {"ids": ids, "target": y.astype(np.int32)}, model, (ids, y), args)
 
 
-def report(name: str, m, swp: Path, folder: Path, data: dict, model, xy: tuple, steps: int) -> None:  # noqa: ANN001
+def report(name: str, m, swp: Path, folder: Path, data: dict, model, xy: tuple,  # noqa: ANN001
+           args: argparse.Namespace) -> None:
     """Three SGD steps in swapdsl, in PyTorch and in PyTorch f64, from the same weights and data."""
     np.savez(folder / "train.npz", **data)
-    run = swapdsl.execute(m, options=swapdsl.Options(steps=steps, data=str(folder / "train.npz"),
+    run = swapdsl.execute(m, options=swapdsl.Options(steps=args.steps, data=str(folder / "train.npz"),
                                                      init=str(swp.with_suffix(".safetensors"))))
-    ours, theirs, exact = list(run.losses), torch_losses(model, *xy, steps), torch_losses(model, *xy, steps, True)
+    ours = list(run.losses)
+    theirs, exact = (torch_losses(model, *xy, args.steps, args.lr, f64) for f64 in (False, True))
 
     def gap(losses: list[float]) -> float:
         return max(abs(a - b) / abs(b) for a, b in zip(losses, exact))
@@ -121,7 +123,8 @@ def forward_gap(path: Path, swp: Path, x: np.ndarray, folder: Path) -> float:
     return float(np.abs(ours - theirs).max() / np.abs(theirs).max())
 
 
-def torch_losses(model, x: np.ndarray, y: np.ndarray, steps: int, f64: bool = False) -> list[float]:  # noqa: ANN001
+def torch_losses(model, x: np.ndarray, y: np.ndarray, steps: int, lr: float,  # noqa: ANN001
+                 f64: bool = False) -> list[float]:
     import copy
 
     import torch
@@ -130,48 +133,59 @@ def torch_losses(model, x: np.ndarray, y: np.ndarray, steps: int, f64: bool = Fa
     if f64:
         model, x = model.double(), x.astype(np.float64) if x.dtype.kind == "f" else x
     model.train()
-    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    opt = torch.optim.SGD(model.parameters(), lr=lr)
     out = []
     for _ in range(steps):
         opt.zero_grad()
         logits = model(torch.from_numpy(x))
-        loss = torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), torch.from_numpy(y).long().reshape(-1))
+        loss = torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]),
+                                                 torch.from_numpy(y).long().reshape(-1))
         out.append(float(loss.detach()))
         loss.backward()
         opt.step()
     return out
 
 
+def vision(spec: str, args: argparse.Namespace) -> None:
+    """A torchvision model (`vgg11@224`: at its own image size) exported, imported, compared, trained."""
+    name, _, size = spec.partition("@")
+    image = int(size or args.image)
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((args.batch, 3, image, image)).astype(np.float32)
+    y = rng.integers(0, 1000, args.batch).astype(np.int32)
+    with tempfile.TemporaryDirectory() as tmp:
+        folder = Path(tmp)
+        path, swp = folder / f"{name}.onnx", folder / f"{name}.swp"
+        model = export(name, image, path)
+        started = time.perf_counter()
+        m, r = swapdsl.import_onnx(str(path), str(swp), batch=args.batch, loss="cross_entropy",
+                                   optimizer=f"sgd(lr = {args.lr})")
+        if args.keep:
+            swapdsl.import_onnx(str(path), str(Path(args.keep) / swp.name), weights=str(folder / "kept.st"))
+        took = time.perf_counter() - started
+        gap = forward_gap(path, swp, x, folder)
+        print(f"{spec}: {len(r.text.splitlines())} lines, {len(m.graph.ops)} ops, imported in {took:.1f} s; "
+              f"parameters {sum(v.size for v in r.params.values()):,} (PyTorch "
+              f"{sum(p.numel() for p in model.parameters()):,}); forward vs onnxruntime {gap:.1e}", flush=True)
+        report(spec, m, swp, folder, {"x": x, "target": y}, model, (x, y), args)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--models", default="resnet50,mobilenet_v3_small")
+    ap.add_argument("--models", default="resnet50,mobilenet_v3_small,mobilenet_v2,efficientnet_b0,vgg11@224",
+                    help="torchvision models, NAME or NAME@IMAGE")
     ap.add_argument("--image", type=int, default=96)
     ap.add_argument("--batch", type=int, default=4)
     ap.add_argument("--steps", type=int, default=3)
+    ap.add_argument("--lr", type=float, default=0.01, help="SGD's learning rate, both sides")
     ap.add_argument("--hf", default="gpt2,bert,llama", help="Hugging Face models (transformers installed), or ''")
     ap.add_argument("--seq", type=int, default=64)
     ap.add_argument("--keep", metavar="DIR", help="write each imported .swp there too (docs/resnet50.swp came so)")
     args = ap.parse_args()
     for name in filter(None, args.hf.split(",")):
-        hf(name, args.seq, args.steps)
-    rng = np.random.default_rng(0)
-    x = rng.standard_normal((args.batch, 3, args.image, args.image)).astype(np.float32)
-    y = rng.integers(0, 1000, args.batch).astype(np.int32)
-    for name in filter(None, args.models.split(",")):
-        with tempfile.TemporaryDirectory() as tmp:
-            folder = Path(tmp)
-            path, swp = folder / f"{name}.onnx", folder / f"{name}.swp"
-            model = export(name, args.image, path)
-            started = time.perf_counter()
-            m, r = swapdsl.import_onnx(str(path), str(swp), batch=args.batch, loss="cross_entropy")
-            if args.keep:
-                swapdsl.import_onnx(str(path), str(Path(args.keep) / swp.name), weights=str(folder / "kept.st"))
-            took = time.perf_counter() - started
-            gap = forward_gap(path, swp, x, folder)
-            print(f"{name}: {len(r.text.splitlines())} lines, {len(m.graph.ops)} ops, imported in {took:.1f} s; "
-                  f"parameters {sum(v.size for v in r.params.values()):,} (PyTorch "
-                  f"{sum(p.numel() for p in model.parameters()):,}); forward vs onnxruntime {gap:.1e}", flush=True)
-            report(name, m, swp, folder, {"x": x, "target": y}, model, (x, y), args.steps)
+        hf(name, args)
+    for spec in filter(None, args.models.split(",")):
+        vision(spec, args)
 
 
 if __name__ == "__main__":

@@ -176,6 +176,17 @@ def test_computed_constants_and_chosen_weights_import_frozen(tmp_path: Path) -> 
         swapdsl.import_onnx(path, str(tmp_path / "n.swp"), freeze="(")
 
 
+def test_clip_as_relu6_and_with_either_bound(tmp_path: Path) -> None:
+    """MobileNetV2's ReLU6 (Clip to [0, 6]), and Clip with only a lower or only an upper bound."""
+    nodes = [N("Clip", ["x", "zero", "six"], ["a"]), N("Clip", ["x", "lo"], ["b"]), N("Clip", ["x", "", "hi"], ["c"]),
+             N("Add", ["a", "b"], ["ab"]), N("Add", ["ab", "c"], ["y"])]
+    inits = [nh.from_array(np.array(v, np.float32), n) for n, v in (("zero", 0), ("six", 6), ("lo", -1.5), ("hi", 2))]
+    path = save(tmp_path, nodes, [h.make_tensor_value_info("x", T.FLOAT, ["N", 9])],
+                [h.make_tensor_value_info("y", T.FLOAT, ["N", 9])], inits)
+    x = (RNG.standard_normal((4, 9)) * 5).astype(np.float32)
+    imported_matches_onnxruntime(tmp_path, path, {"x": x}, batch=4)
+
+
 def test_exact_gelu_as_an_op_and_as_the_erf_formula(tmp_path: Path) -> None:
     """PyTorch's default GELU, exported as one Gelu node (opset 20) and as the Erf formula BERT's older
     exports write: both through `erf`, against onnxruntime."""
@@ -252,7 +263,7 @@ def test_the_tests_cover_the_whole_table() -> None:
         "Conv", "BatchNormalization", "Relu", "MaxPool", "Shape", "Gather", "Unsqueeze", "Concat", "Reshape",
         "Gemm", "LeakyRelu", "Sigmoid", "AveragePool", "Tanh", "HardSwish", "HardSigmoid", "Reciprocal", "IsNaN", "GlobalAveragePool", "Flatten", "Constant",
         "ConstantOfShape", "Range", "Expand", "Where", "Equal", "Cast", "ReduceProd", "Min", "Max", "Transpose",
-        "Slice", "Squeeze", "Sub", "Mul", "Div", "Neg", "Sqrt", "Identity", "Erf", "Gelu"}  # (and the seeds')
+        "Slice", "Squeeze", "Sub", "Mul", "Div", "Neg", "Sqrt", "Identity", "Erf", "Gelu", "Clip"}  # (and the seeds')
     assert set(RULES) | set(FOLD) <= covered
 
 

@@ -58,6 +58,23 @@ def _hard(lw: Lowering, node: Any, a: dict[str, Any]) -> None:
     lw.emit(node, gate if node.op_type == "HardSigmoid" else f"{x.name} * ({gate})", x.shape, x.dtype)
 
 
+def _clip(lw: Lowering, node: Any, a: dict[str, Any]) -> None:
+    """Clip to [lo, hi] (ReLU6: [0, 6]) as lo + relu(x - lo) - relu(x - hi): no op of its own."""
+    x = lw.tensor(node, 0)
+    lo, hi = (lw.const(node, i) for i in (1, 2))
+    bounds = [None if v is None else float(np.asarray(v).reshape(-1)[0]) for v in (lo, hi)]
+    if any(v is not None and np.asarray(v).size != 1 for v in (lo, hi)) or any(
+            b is not None and not np.isfinite(b) for b in bounds):
+        raise unsupported(node, "bounds other than constant finite scalars")
+    lo_f, hi_f = bounds
+    if lo_f is not None and hi_f is not None and lo_f > hi_f:
+        raise unsupported(node, f"an empty range [{lo_f}, {hi_f}]")
+    low = x.name if lo_f is None else f"relu({x.name})" if lo_f == 0 else \
+        f"relu({x.name} - {_num(np.float32(lo_f))}) + {_num(np.float32(lo_f))}"
+    expr = low if hi_f is None else f"{low} - relu({x.name} - {_num(np.float32(hi_f))})"
+    lw.emit(node, expr, x.shape, x.dtype)
+
+
 def _reciprocal(lw: Lowering, node: Any, a: dict[str, Any]) -> None:
     x = lw.tensor(node, 0)
     lw.emit(node, f"1.0 / {x.name}", x.shape, x.dtype)
@@ -506,7 +523,7 @@ RULES: dict[str, Rule] = {
     **{op: _unary(fn) for op, fn in (("Relu", "relu"), ("Sigmoid", "sigmoid"), ("Tanh", "tanh"), ("Exp", "exp"),
                                      ("Log", "log"), ("Sqrt", "sqrt"), ("Neg", "neg"),
                                      ("Erf", "erf"))},
-    "Reciprocal": _reciprocal, "IsNaN": _isnan, "Where": _where,
+    "Reciprocal": _reciprocal, "Clip": _clip, "IsNaN": _isnan, "Where": _where,
     "LeakyRelu": _leaky_relu, "HardSigmoid": _hard, "HardSwish": _hard, "Gelu": _gelu, "Pow": _pow, "Cast": _cast, "CastLike": _cast_like, "Identity": _alias, "Dropout": _alias,
     **{op: _binary for op in _SYMBOL},
     "MatMul": _matmul, "Gemm": _gemm, "Conv": _conv,

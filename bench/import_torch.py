@@ -34,8 +34,8 @@ def export(name: str, image: int, path: Path):  # noqa: ANN201
     torch.manual_seed(0)
     model = getattr(torchvision.models, name)().eval()
     for m in model.modules():
-        if isinstance(m, torch.nn.Dropout):
-            m.p = 0.0  # so that training steps compare
+        if isinstance(m, (torch.nn.Dropout, torchvision.ops.StochasticDepth)):
+            m.p = 0.0  # so that training steps compare (EfficientNet drops whole blocks at random)
     torch.onnx.export(model, (torch.randn(2, 3, image, image),), str(path), input_names=["x"],
                       output_names=["logits"], dynamo=True, optimize=False,
                       dynamic_shapes=({0: torch.export.Dim("batch")},))

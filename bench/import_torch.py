@@ -3,7 +3,7 @@ the parameter count against PyTorch's, and three training steps beside PyTorch (
 same weights.
 
 Usage: python bench/import_torch.py [--models resnet50,...,vgg11@224] [--image 96] [--batch 4]
-                                   [--hf gpt2,bert,llama] [--seq 64] [--lr 0.01] [--keep DIR]
+                                   [--hf gpt2,bert,llama] [--seq 64] [--lr 0.01] [--grads] [--keep DIR]
 
 Needs torch, torchvision, transformers, onnx, onnxscript and onnxruntime (outside CI; on these machines
 `pip install torch==2.14.1 torchvision==0.29.1 transformers onnxscript` beside the `import` extra). Every
@@ -95,6 +95,9 @@ def hf(name: str, args: argparse.Namespace) -> None:
               f"{sum(r.params[k].size for k in r.frozen):,} (PyTorch {sum(p.numel() for p in model.parameters()):,});"
               f" forward vs onnxruntime {gap:.1e}; notes: {'; '.join(r.notes) or 'none'}", flush=True)
         report(name, m, swp, folder, {"ids": ids, "target": y.astype(np.int32)}, model, (ids, y), args)
+        if args.grads:
+            data = {"ids": ids, "target": y.astype(np.int32)}
+            print(f"{name}: {gradient_gaps(path, folder, data, model, (ids, y), None)}", flush=True)
 
 
 def report(name: str, m, swp: Path, folder: Path, data: dict, model, xy: tuple,  # noqa: ANN001
@@ -112,6 +115,41 @@ def report(name: str, m, swp: Path, folder: Path, data: dict, model, xy: tuple, 
           f"PyTorch in f64 {', '.join(f'{v:.6f}' for v in exact)}; largest relative difference from f64: "
           f"ours {gap(ours):.1e}, PyTorch's f32 {gap(theirs):.1e}; ours from PyTorch's f32 "
           f"{max(abs(a - b) / abs(b) for a, b in zip(ours, theirs)):.1e}", flush=True)
+
+
+_LR = 2.0 ** 20
+
+
+def gradient_gaps(path: Path, folder: Path, data: dict, model, xy: tuple, batch: int | None) -> str:  # noqa: ANN001
+    """The first step's gradients (one SGD step of lr 2^20 from the checkpoint: (w0 - w1) / 2^20, so that the
+    step, not the weight, sets w1's rounding), swapdsl's and PyTorch's f32 ones, each against PyTorch's f64:
+    the largest relative L2 difference over the parameters."""
+    import copy
+
+    import torch
+    from safetensors.numpy import load_file
+
+    m, _ = swapdsl.import_onnx(str(path), str(folder / "g.swp"), batch=batch, loss="cross_entropy",
+                               optimizer=f"sgd(lr = {float(_LR)})", flat=True)
+    np.savez(folder / "g.npz", **data)
+    swapdsl.execute(m, options=swapdsl.Options(steps=1, data=str(folder / "g.npz"), save=str(folder / "g1.st"),
+                                               init=str(folder / "g.safetensors")))
+    w0, w1 = load_file(str(folder / "g.safetensors")), load_file(str(folder / "g1.st"))
+    grads = {}
+    for dtype in (torch.float64, torch.float32):
+        mm = copy.deepcopy(model).to(dtype).train()
+        x, y = (torch.from_numpy(v) for v in xy)
+        logits = mm(x.to(dtype) if x.dtype.is_floating_point else x)
+        torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), y.long().reshape(-1)).backward()
+        grads[dtype] = {n.replace(".", "_"): p.grad.double().numpy() for n, p in mm.named_parameters()}
+    ours = {n: (w0[n].astype(np.float64) - w1[n].astype(np.float64)) / _LR for n in grads[torch.float64] if n in w0}
+    exact = grads[torch.float64]
+
+    def worst(g: dict) -> float:
+        return max(float(np.linalg.norm(g[n].reshape(-1) - exact[n].reshape(-1)) / max(np.linalg.norm(exact[n]), 1e-30))
+                   for n in ours)
+    return (f"first step's gradients of {len(ours)} of {len(exact)} parameters against PyTorch f64, the largest "
+            f"relative L2 difference: ours {worst(ours):.1e}, PyTorch's f32 {worst(grads[torch.float32]):.1e}")
 
 
 def forward_gap(path: Path, swp: Path, x: np.ndarray, folder: Path) -> float:
@@ -168,6 +206,8 @@ def vision(spec: str, args: argparse.Namespace) -> None:
               f"parameters {sum(v.size for v in r.params.values()):,} (PyTorch "
               f"{sum(p.numel() for p in model.parameters()):,}); forward vs onnxruntime {gap:.1e}", flush=True)
         report(spec, m, swp, folder, {"x": x, "target": y}, model, (x, y), args)
+        if args.grads:
+            print(f"{spec}: {gradient_gaps(path, folder, {'x': x, 'target': y}, model, (x, y), args.batch)}", flush=True)
 
 
 def main() -> None:
@@ -180,6 +220,7 @@ def main() -> None:
     ap.add_argument("--lr", type=float, default=0.01, help="SGD's learning rate, both sides")
     ap.add_argument("--hf", default="gpt2,bert,llama", help="Hugging Face models (transformers installed), or ''")
     ap.add_argument("--seq", type=int, default=64)
+    ap.add_argument("--grads", action="store_true", help="also compare the first step's gradients with f64")
     ap.add_argument("--keep", metavar="DIR", help="write each imported .swp there too (docs/resnet50.swp came so)")
     args = ap.parse_args()
     for name in filter(None, args.hf.split(",")):

@@ -176,6 +176,26 @@ def test_computed_constants_and_chosen_weights_import_frozen(tmp_path: Path) -> 
         swapdsl.import_onnx(path, str(tmp_path / "n.swp"), freeze="(")
 
 
+@pytest.mark.parametrize("kind", ["min", "inf", "zeros", "other"])
+def test_an_added_mask_constant_becomes_causal_mask_or_nothing(tmp_path: Path, kind: str) -> None:
+    """Hugging Face's additive masks: finfo.min (or -inf) above the diagonal is `causal_mask`, all zeros is
+    nothing, bit for bit before the softmax; any other constant stays a frozen parameter."""
+    above = np.triu(np.ones((5, 5), bool), 1)
+    fill = {"min": np.finfo(np.float32).min, "inf": -np.inf, "zeros": 0.0, "other": -1.0}[kind]
+    mask = np.where(above, fill, 0.0).astype(np.float32)[None, None]
+    if kind == "other":
+        mask[0, 0, 0, 0] = 0.5
+    nodes = [N("Constant", [], ["mask"], value=nh.from_array(mask)), N("Add", ["x", "mask"], ["s"]),
+             N("Softmax", ["s"], ["y"], axis=-1)]
+    path = save(tmp_path, nodes, [h.make_tensor_value_info("x", T.FLOAT, ["N", 2, 5, 5])],
+                [h.make_tensor_value_info("y", T.FLOAT, ["N", 2, 5, 5])], [])
+    x = RNG.standard_normal((3, 2, 5, 5)).astype(np.float32)
+    text = imported_matches_onnxruntime(tmp_path, path, {"x": x}, batch=3)
+    expected = {"min": "causal_mask(x, fill = (-3.4028235e+38))", "inf": "causal_mask(x)", "zeros": "softmax(x)",
+                "other": "param mask"}[kind]
+    assert expected in text
+
+
 def test_clip_as_relu6_and_with_either_bound(tmp_path: Path) -> None:
     """MobileNetV2's ReLU6 (Clip to [0, 6]), and Clip with only a lower or only an upper bound."""
     nodes = [N("Clip", ["x", "zero", "six"], ["a"]), N("Clip", ["x", "lo"], ["b"]), N("Clip", ["x", "", "hi"], ["c"]),

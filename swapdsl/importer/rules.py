@@ -115,6 +115,8 @@ _SYMBOL = {"Add": "+", "Sub": "-", "Mul": "*", "Div": "/"}
 def _binary(lw: Lowering, node: Any, a: dict[str, Any]) -> None:
     op = _SYMBOL[node.op_type]
     x, y = lw.get(node, 0), lw.get(node, 1)
+    if node.op_type == "Add" and _adds_a_mask(lw, node, x, y):
+        return
     scalar = next((i for i, v in enumerate((x, y)) if isinstance(v, np.ndarray) and v.size == 1), None)
     if scalar is not None:
         t = lw.tensor(node, 1 - scalar)
@@ -124,6 +126,29 @@ def _binary(lw: Lowering, node: Any, a: dict[str, Any]) -> None:
         return
     tx, ty = lw.tensor(node, 0), lw.tensor(node, 1)
     lw.emit(node, f"{tx.name} {op} {ty.name}", np.broadcast_shapes(tx.shape, ty.shape), tx.dtype)
+
+
+def _adds_a_mask(lw: Lowering, node: Any, x: Any, y: Any) -> bool:
+    """Scores plus the exporter's mask constant: all zeros (BERT without padding) is the scores themselves;
+    0 on and below the diagonal and one very negative value above it is `causal_mask(x, fill = that)`
+    (bit for bit: x + min is min), which needs no weight and follows the batch."""
+    (t, i), c = ((x, 0), y) if isinstance(x, Tensor) else ((y, 1), x)
+    if not isinstance(t, Tensor) or not isinstance(c, np.ndarray) or c.dtype != np.float32 or c.size < 2 \
+            or node.input[1 - i] in lw.weights or np.broadcast_shapes(t.shape, c.shape) != t.shape:
+        return False
+    if not np.any(c):
+        lw.env[node.output[0]] = t
+        return True
+    n = t.shape[-1]
+    if len(t.shape) < 2 or t.shape[-2] != n or c.ndim < 2 or c.shape[-2:] != (n, n):
+        return False
+    above = np.triu(np.ones((n, n), bool), 1)
+    fill = c.reshape(-1, n, n)[0][0, 1] if n > 1 else 0.0
+    if not (fill <= -1e30 and np.all(c[..., above] == fill) and not np.any(c[..., ~above])):
+        return False
+    fill_text = "" if np.isinf(fill) else f", fill = {_num(fill)}"  # (-inf is the default)
+    lw.emit(node, f"causal_mask({t.name}{fill_text})", t.shape, t.dtype)
+    return True
 
 
 def _pow(lw: Lowering, node: Any, a: dict[str, Any]) -> None:

@@ -9,8 +9,8 @@ Usage: python bench/import_torch.py [--models resnet50,...,vgg11@224] [--image 9
 Needs torch, torchvision, transformers, onnx, onnxscript and onnxruntime (outside CI; on these machines
 `pip install torch==2.14.1 torchvision==0.29.1 transformers onnxscript` beside the `import` extra). Every
 model goes through the dynamo exporter unoptimised: the Hugging Face ones (GPT-2 small, BERT-base as a
-masked LM, a two-layer LLaMA with grouped-query heads) at batch 2, the torchvision ones with a symbolic
-batch. Per model it prints the import's size, the largest relative difference of the outputs from
+masked LM, a two-layer LLaMA with grouped-query heads) with a symbolic batch and sequence, imported at
+batch 2, the torchvision ones with a symbolic batch. Per model it prints the import's size, the largest relative difference of the outputs from
 onnxruntime's on the same file, the parameters (swapdsl's, of which frozen constants, and PyTorch's),
 and the losses of three SGD steps in swapdsl, in PyTorch (`model.train()`, dropout off) and in PyTorch
 in f64, with the largest relative difference of each f32 run from f64 and of ours from PyTorch's.
@@ -45,8 +45,8 @@ def export(name: str, image: int, path: Path, zero_init_residual: bool = False):
 
 
 def export_hf(name: str, path: Path, seq: int):  # noqa: ANN201
-    """Hugging Face's GPT-2 small, BERT-base (masked LM), or a two-layer LLaMA with grouped-query heads, through the dynamo exporter
-    unoptimised (static shapes: batch 2, `seq` tokens), dropout off."""
+    """Hugging Face's GPT-2 small, BERT-base (masked LM), or a two-layer LLaMA with grouped-query heads,
+    through the dynamo exporter unoptimised, the batch and the sequence symbolic, dropout off."""
     import torch
     from transformers import (BertConfig, BertForMaskedLM, GPT2Config, GPT2LMHeadModel, LlamaConfig,
                               LlamaForCausalLM)
@@ -70,8 +70,9 @@ def export_hf(name: str, path: Path, seq: int):  # noqa: ANN201
 
     ids = torch.randint(0, model.config.vocab_size, (2, seq))
     # unoptimised: the optimiser folds transposed weights into unnamed copies and shares equal ones
+    sizes = {0: torch.export.Dim("batch"), 1: torch.export.Dim("sequence", max=model.config.max_position_embeddings)}
     torch.onnx.export(Logits(), (ids,), str(path), input_names=["ids"], output_names=["logits"], dynamo=True,
-                      optimize=False)
+                      optimize=False, dynamic_shapes=(sizes,))
     return Logits()
 
 
@@ -83,7 +84,8 @@ def hf(name: str, args: argparse.Namespace) -> None:
         path, swp = folder / f"{name}.onnx", folder / f"{name}.swp"
         model = export_hf(name, path, args.seq)
         started = time.perf_counter()
-        m, r = swapdsl.import_onnx(str(path), str(swp), loss="cross_entropy", optimizer=f"sgd(lr = {args.lr})")
+        m, r = swapdsl.import_onnx(str(path), str(swp), batch=2, dims={"sequence": args.seq}, loss="cross_entropy",
+                                   optimizer=f"sgd(lr = {args.lr})")
         took = time.perf_counter() - started
         vocab = model.m.config.vocab_size
         rng = np.random.default_rng(0)
@@ -99,7 +101,7 @@ def hf(name: str, args: argparse.Namespace) -> None:
         report(name, m, swp, folder, {"ids": ids, "target": y.astype(np.int32)}, model, (ids, y), args)
         if args.grads:
             data = {"ids": ids, "target": y.astype(np.int32)}
-            print(f"{name}: {gradient_gaps(path, folder, data, model, (ids, y), None)}", flush=True)
+            print(f"{name}: {gradient_gaps(path, folder, data, model, (ids, y), 2, {'sequence': args.seq})}", flush=True)
 
 
 def report(name: str, m, swp: Path, folder: Path, data: dict, model, xy: tuple,  # noqa: ANN001
@@ -122,7 +124,8 @@ def report(name: str, m, swp: Path, folder: Path, data: dict, model, xy: tuple, 
 _LR = 2.0 ** 20
 
 
-def gradient_gaps(path: Path, folder: Path, data: dict, model, xy: tuple, batch: int | None) -> str:  # noqa: ANN001
+def gradient_gaps(path: Path, folder: Path, data: dict, model, xy: tuple, batch: int,  # noqa: ANN001
+                  dims: dict | None = None) -> str:
     """The first step's gradients (one SGD step of lr 2^20 from the checkpoint: (w0 - w1) / 2^20, so that the
     step, not the weight, sets w1's rounding), swapdsl's and PyTorch's f32 ones, each against PyTorch's f64."""
     import copy
@@ -130,7 +133,7 @@ def gradient_gaps(path: Path, folder: Path, data: dict, model, xy: tuple, batch:
     import torch
     from safetensors.numpy import load_file
 
-    m, _ = swapdsl.import_onnx(str(path), str(folder / "g.swp"), batch=batch, loss="cross_entropy",
+    m, _ = swapdsl.import_onnx(str(path), str(folder / "g.swp"), batch=batch, dims=dims, loss="cross_entropy",
                                optimizer=f"sgd(lr = {float(_LR)})", flat=True)
     np.savez(folder / "g.npz", **data)
     swapdsl.execute(m, options=swapdsl.Options(steps=1, data=str(folder / "g.npz"), save=str(folder / "g1.st"),

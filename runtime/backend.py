@@ -14,6 +14,7 @@ import numpy as np
 from swapdsl.common.errors import SwpError
 
 BACKENDS = ("auto", "numpy", "cupy")
+os.environ.setdefault("CUPY_ACCELERATORS", "")  # before anything imports CuPy (see without_accelerators)
 
 
 def cupy_available() -> bool:
@@ -36,7 +37,18 @@ def array_module(name: str) -> tuple[str, ModuleType]:
                        hints=["install the gpu extra (pip install 'swapdsl[gpu]') or use --backend numpy"])
     import cupy
 
+    without_accelerators(cupy)
     return "cupy", cupy
+
+
+def without_accelerators(cupy: Any) -> None:
+    """CuPy 14 sends reductions (sum, max, mean with ``out=``) and some routines through CUB and cuTENSOR,
+    which take temporaries and workspaces from CuPy's own pool, outside the arena: off for the runtime,
+    both as CuPy reads them at import (``CUPY_ACCELERATORS``) and in a process that imported it before."""
+    core = getattr(cupy, "_core", None)
+    for setter in ("set_routine_accelerators", "set_reduction_accelerators"):
+        if hasattr(core, setter):
+            getattr(core, setter)([])
 
 
 def host_memory_available() -> int | None:

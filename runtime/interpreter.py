@@ -196,6 +196,8 @@ class PlanRunner:
             home = self.homes.get(name)
             if isinstance(home, Region) and name not in self.inputs:
                 self._put(self.dview(name, home), value)
+        if self.backend == "cupy":  # written on the current stream; the step's streams do not wait for it
+            self.xp.cuda.runtime.deviceSynchronize()
 
     # -- a training run's view (runtime/training.py): batches in, state in and out
 
@@ -218,8 +220,6 @@ class PlanRunner:
         self.ctx.step.fill(step)
         self.host_ctx.step.fill(step)
         self.steps_run = step
-        if self.backend == "cupy":  # written on the current stream; the step's streams do not wait for it
-            self.xp.cuda.runtime.deviceSynchronize()
 
     def _put(self, dst: Any, src: np.ndarray) -> None:
         if self.backend == "cupy":

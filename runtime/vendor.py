@@ -146,7 +146,12 @@ class VendorKernels:
                 found.notes.append(f"cuDNN Frontend unavailable ({type(exc).__name__}: {exc}); convolutions use "
                                    "swapdsl's own kernels")
                 return found
-        handle = cudnn.create_handle()
+        try:
+            handle = cudnn.create_handle()
+        except Exception as exc:  # the frontend imports, but no libcudnn (or no device) stands behind it
+            found.notes.append(f"cuDNN handle unavailable ({type(exc).__name__}: {exc}); convolutions use "
+                               "swapdsl's own kernels")
+            return found
         built: dict[ConvKey, Built | None] = {}
         for i, key in keys.items():
             if key not in built:

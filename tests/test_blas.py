@@ -89,3 +89,66 @@ def test_a_layout_without_a_contiguous_axis_is_refused() -> None:
     assert plan_gemm(x.shape, _elements(x), y.shape, _elements(y), out.shape, _elements(out)) is None
     with pytest.raises(ValueError):
         plan_gemm((2, 3), (3, 1), (4, 2), (2, 1), (2, 2), (2, 1))
+
+
+class _FakeCublas:
+    """A stand-in for libcublas: records the C calls as OwnCublas makes them through ctypes."""
+
+    def __init__(self) -> None:
+        self.calls: list[tuple] = []
+
+    def cublasCreate_v2(self, handle_ref) -> int:  # noqa: ANN001, N802
+        handle_ref._obj.value = 4242
+        return 0
+
+    def cublasSetStream_v2(self, handle, stream) -> int:  # noqa: ANN001, N802
+        self.calls.append(("stream", handle.value, stream.value))
+        return 0
+
+    def cublasGemmStridedBatchedEx(self, *args) -> int:  # noqa: ANN002, N802
+        self.calls.append(("gemm", *(getattr(a, "value", a) for a in args)))
+        return 0
+
+
+def test_products_call_cublas_on_a_handle_of_our_own_bound_to_the_current_stream(monkeypatch) -> None:  # noqa: ANN001
+    """CuPy's cuBLAS wrappers refuse to run while a stream is capturing, so a CUDA graph could not hold a
+    product: each GEMM goes through the C API on our handle, bound to the current stream first, with the
+    operands' pointers at their offsets and 64-bit strides (a stand-in library records the calls)."""
+    from types import SimpleNamespace
+
+    from swapdsl.graph.ops import blas
+
+    lib = _FakeCublas()
+    monkeypatch.setattr(blas, "own_cublas", lambda xp: blas.OwnCublas(lib))
+    one, zero = np.ones((), np.float32), np.zeros((), np.float32)
+    monkeypatch.setattr(blas, "_cublas_types", lambda xp, dtype, tf32: (0, 68, one, zero))
+    xp = SimpleNamespace(cuda=SimpleNamespace(get_current_stream=lambda: SimpleNamespace(ptr=77)))
+
+    def array(ptr: int) -> SimpleNamespace:
+        return SimpleNamespace(data=SimpleNamespace(ptr=ptr), dtype=np.dtype(np.float32))
+
+    calls = plan_gemm((3, 4, 5), (20, 5, 1), (5, 6), (6, 1), (3, 4, 6), (24, 6, 1))
+    blas._cublas(xp, calls, array(1000), array(2000), array(3000), False)
+    assert lib.calls[0] == ("stream", 4242, 77) and len(lib.calls) == 2 * len(calls)
+    g, got = calls[0], lib.calls[1]
+    assert got[1:7] == (4242, int(g.transa), int(g.transb), g.m, g.n, g.k)
+    assert got[8] == 1000 + 4 * g.a_offset and got[12] == 2000 + 4 * g.b_offset and got[17] == 3000 + 4 * g.c_offset
+    assert (got[11], got[15], got[20], got[21], got[22]) == (g.stride_a, g.stride_b, g.stride_c, g.batch, 68)
+
+
+def test_without_a_cublas_library_of_its_own_it_says_none(monkeypatch) -> None:  # noqa: ANN001
+    import ctypes
+    from types import SimpleNamespace
+
+    from swapdsl.graph.ops import blas
+
+    def refuse(name: str) -> None:
+        raise OSError(f"{name}: cannot open shared object file")
+
+    monkeypatch.setattr(ctypes, "CDLL", refuse)
+    blas.own_cublas.cache_clear()
+    class CudaModule:  # hashable, as a module is (own_cublas is cached per array module)
+        cuda = SimpleNamespace(runtime=SimpleNamespace(runtimeGetVersion=lambda: 12040))
+
+    assert blas.own_cublas(CudaModule()) is None
+    blas.own_cublas.cache_clear()

@@ -267,3 +267,15 @@ def test_f32_adam_first_step_is_unbiased(xp: Any, beta2: float) -> None:
     # the moments themselves, to f32 rounding
     np.testing.assert_allclose(to_host(v), (1 - beta2) * g.astype(np.float64) ** 2, rtol=3e-7)
     np.testing.assert_allclose(to_host(m), 0.1 * g.astype(np.float64), rtol=3e-7)
+
+
+def test_concat_of_many_inputs_copies_into_slices() -> None:
+    """CuPy's concatenate of more than 8 arrays copies a pointer table from the host on every call, which a
+    CUDA graph cannot capture (the LSTM's unrolled outputs): the kernel copies each input into its slice,
+    here on an array module without `concatenate`."""
+    import types
+
+    xp = types.SimpleNamespace(**{k: getattr(np, k) for k in dir(np) if not k.startswith("__") and k != "concatenate"})
+    xp.__name__ = "numpy"
+    parts = [np.full((2, i + 1, 3), i, np.float32) for i in range(12)]
+    np.testing.assert_array_equal(run_kernel(xp, "concat", parts, {"axis": 1}), np.concatenate(parts, axis=1))

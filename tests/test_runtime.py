@@ -19,6 +19,7 @@ from swapdsl.graph.ir import Graph
 from swapdsl.plan.program import Plan, Run, SwapIn
 from swapdsl.plan.validate import PlanInvalid, validate
 from swapdsl.planning.policy import METHODS
+from swapdsl.runtime import backend
 from swapdsl.runtime.backend import to_host
 from swapdsl.runtime.interpreter import PlanRunner
 from swapdsl.runtime.reference import Trainer
@@ -81,6 +82,36 @@ def run_against_reference(plan: Plan, t: Graph, steps: int, drop_wait: tuple[int
 @functools.cache
 def small_training_graph(name: str) -> Graph:
     return training_graph(build_graph(str(MODELS / f"{name}.swp"), SMALL[name])[1])
+
+
+def test_a_0d_value_reaches_the_device_as_0d() -> None:
+    """A report's state is a 0-d tensor: on CuPy its initial value is copied with ``ndarray.set``, which
+    refuses a (1,) array for a () one (``np.ascontiguousarray`` made that). A stand-in records the shape."""
+    import types
+
+    got = []
+    dst = types.SimpleNamespace(set=lambda a: got.append(a.shape))
+    PlanRunner._put(types.SimpleNamespace(backend="cupy"), dst, np.array(2.5, np.float32))
+    PlanRunner._put(types.SimpleNamespace(backend="cupy"), dst, np.ones((2, 3), np.float32)[:, 1])
+    assert got == [(), (2,)]
+
+
+def test_the_cupy_backend_turns_off_cupys_reduction_accelerators(monkeypatch: pytest.MonkeyPatch) -> None:
+    """CuPy 14's CUB and cuTENSOR reductions take temporaries from CuPy's pool, outside the arena: the cupy
+    backend turns them off, before CuPy is imported (the environment) and after (a stand-in records it)."""
+    import os
+    import sys
+    import types
+
+    calls = []
+    core = types.SimpleNamespace(set_routine_accelerators=lambda v: calls.append(("routine", v)),
+                                 set_reduction_accelerators=lambda v: calls.append(("reduction", v)))
+    fake = types.SimpleNamespace(_core=core)
+    monkeypatch.setitem(sys.modules, "cupy", fake)
+    monkeypatch.setattr(backend, "cupy_available", lambda: True)
+    assert backend.array_module("cupy") == ("cupy", fake)
+    assert calls == [("routine", []), ("reduction", [])]
+    assert "CUPY_ACCELERATORS" in os.environ
 
 
 @pytest.mark.parametrize("name", list(SMALL))

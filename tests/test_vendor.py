@@ -178,6 +178,17 @@ def test_without_the_package_every_convolution_keeps_its_own_kernel(monkeypatch:
     assert not vendor.kernels and len(vendor.notes) == 1 and "cuDNN Frontend unavailable" in vendor.notes[0]
 
 
+def test_a_frontend_without_its_library_falls_back_with_a_note() -> None:
+    """The frontend package imports, but creating a handle fails (no libcudnn behind it): every convolution
+    keeps its own kernel and the run says why, instead of failing to start."""
+    class NoLibrary(FakeCudnn):
+        def create_handle(self) -> str:
+            raise RuntimeError("libcudnn.so.9: cannot open shared object file")
+
+    vendor = VendorKernels.load(resnet_training(), lambda: 0, cudnn=NoLibrary())
+    assert not vendor.kernels and len(vendor.notes) == 1 and "libcudnn.so.9" in vendor.notes[0]
+
+
 def test_a_model_without_convolutions_needs_nothing() -> None:
     t = training_graph(build_graph(str(MODELS / "mlp.swp"), ["batch=8", "features=32", "hidden=16"])[1])
     vendor = VendorKernels.load(t, lambda: 0, cudnn=FakeCudnn(refuse="conv_fprop"))

@@ -5,7 +5,9 @@ does not: it copies an operand that is not C-contiguous (every transposed
 view) and allocates arrays of matrix pointers for a broadcast batch. So on
 CuPy every product (2-d ones too) is planned here as cuBLAS strided-batched
 GEMMs over the operands' own memory (``plan_gemm``, pure and tested on the CPU against
-NumPy), and each is one cuBLAS call with the stream and the output given.
+NumPy), and each is one cuBLAS call with the stream and the output given, through the C
+API on a handle of swapdsl's own (``OwnCublas``): CuPy's wrappers refuse to run while a
+stream is being captured into a CUDA graph.
 
 cuBLAS is column-major: a row-major matrix with row stride ``s`` is, read
 column-major, its transpose with leading dimension ``s``. So out = x @ y
@@ -150,17 +152,70 @@ def _cublas_types(xp: Any, dtype: str, tf32: bool) -> tuple[int, int, np.ndarray
 
 
 def _cublas(xp: Any, calls: list[Gemm], a: Array, b: Array, c: Array, tf32: bool) -> None:
-    from cupy_backends.cuda.libs import cublas
-
-    handle = xp.cuda.device.get_cublas_handle()
-    cublas.setStream(handle, xp.cuda.get_current_stream().ptr)
     data, compute, one, zero = _cublas_types(xp, str(c.dtype), tf32)
-    item = c.dtype.itemsize
-    for g in calls:
-        cublas.gemmStridedBatchedEx(
-            handle, int(g.transa), int(g.transb), g.m, g.n, g.k, one.ctypes.data,
-            a.data.ptr + g.a_offset * item, data, g.lda, g.stride_a,
-            b.data.ptr + g.b_offset * item, data, g.ldb, g.stride_b,
-            zero.ctypes.data, c.data.ptr + g.c_offset * item, data, g.ldc, g.stride_c,
-            g.batch, compute, cublas.CUBLAS_GEMM_DEFAULT)
+    item, stream = c.dtype.itemsize, xp.cuda.get_current_stream().ptr
+    own = own_cublas(xp)
+    if own is None:  # no library of our own: CuPy's wrappers, which refuse to run in a capture
+        from cupy_backends.cuda.libs import cublas
 
+        handle = xp.cuda.device.get_cublas_handle()
+        cublas.setStream(handle, stream)
+        for g in calls:
+            cublas.gemmStridedBatchedEx(
+                handle, int(g.transa), int(g.transb), g.m, g.n, g.k, one.ctypes.data,
+                a.data.ptr + g.a_offset * item, data, g.lda, g.stride_a,
+                b.data.ptr + g.b_offset * item, data, g.ldb, g.stride_b,
+                zero.ctypes.data, c.data.ptr + g.c_offset * item, data, g.ldc, g.stride_c,
+                g.batch, compute, cublas.CUBLAS_GEMM_DEFAULT)
+        return
+    for g in calls:
+        own.gemm(stream, g, (a.data.ptr + g.a_offset * item, b.data.ptr + g.b_offset * item,
+                             c.data.ptr + g.c_offset * item), data, compute, one, zero)
+
+
+_GEMM_DEFAULT = -1  # cublasGemmAlgo_t CUBLAS_GEMM_DEFAULT
+
+
+class OwnCublas:
+    """cuBLAS through ctypes, on a handle swapdsl owns. CuPy's wrappers bind their handle to the current
+    stream before every call and refuse to while a stream is capturing (CuPy 14), so no CUDA graph could
+    hold a matrix product; the C API binds and runs under capture, and this handle is bound before each call."""
+
+    def __init__(self, lib: Any) -> None:
+        import ctypes
+
+        self.lib, self.c = lib, ctypes
+        handle = ctypes.c_void_p()
+        self._check(lib.cublasCreate_v2(ctypes.byref(handle)), "cublasCreate")
+        self.handle = handle
+
+    def _check(self, status: int, what: str) -> None:
+        if status != 0:
+            raise RuntimeError(f"{what} failed with cuBLAS status {status}")
+
+    def gemm(self, stream: int, g: Gemm, pointers: tuple[int, int, int], data: int, compute: int,
+             one: np.ndarray, zero: np.ndarray) -> None:
+        c = self.c
+        a_ptr, b_ptr, c_ptr = (c.c_void_p(p) for p in pointers)
+        self._check(self.lib.cublasSetStream_v2(self.handle, c.c_void_p(stream)), "cublasSetStream")
+        self._check(self.lib.cublasGemmStridedBatchedEx(
+            self.handle, c.c_int(int(g.transa)), c.c_int(int(g.transb)), c.c_int(g.m), c.c_int(g.n), c.c_int(g.k),
+            c.c_void_p(one.ctypes.data), a_ptr, c.c_int(data), c.c_int(g.lda), c.c_longlong(g.stride_a),
+            b_ptr, c.c_int(data), c.c_int(g.ldb), c.c_longlong(g.stride_b),
+            c.c_void_p(zero.ctypes.data), c_ptr, c.c_int(data), c.c_int(g.ldc), c.c_longlong(g.stride_c),
+            c.c_int(g.batch), c.c_int(compute), c.c_int(_GEMM_DEFAULT)), "cublasGemmStridedBatchedEx")
+
+
+@functools.cache
+def own_cublas(xp: Any) -> OwnCublas | None:
+    """The cuBLAS library CuPy loaded (by its soname, for this CUDA major version), on a handle of ours;
+    None where it cannot be opened (then CuPy's wrappers run, and a capture falls back to eager steps)."""
+    import ctypes
+
+    major = xp.cuda.runtime.runtimeGetVersion() // 1000
+    for name in (f"libcublas.so.{major}", "libcublas.so"):
+        try:
+            return OwnCublas(ctypes.CDLL(name))
+        except (OSError, AttributeError, RuntimeError):
+            continue
+    return None

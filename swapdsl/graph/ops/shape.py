@@ -53,6 +53,16 @@ def _concat_infer(ins: Types, a: Attrs) -> TensorType:
     return TensorType(first.shape[:axis] + (size,) + first.shape[axis + 1 :], dtype)
 
 
+def _concat(c: KernelContext, ins: list[Array], out: Array, a: Attrs) -> None:
+    """Each input copied into its slice of the output: CuPy's ``concatenate`` of more than 8 arrays copies
+    a table of their pointers from the host every call, which a CUDA graph cannot capture."""
+    axis, start = a["axis"], 0
+    for x in ins:
+        index = (slice(None),) * axis + (slice(start, start + x.shape[axis]),)
+        c.xp.copyto(out[index], x)
+        start += x.shape[axis]
+
+
 def _concat_grad(b: GradBuilder, ins: tuple[str, ...], out: str, g: str, a: Attrs) -> tuple[str | None, ...]:
     axis, start, grads = a["axis"], 0, []
     for name in ins:
@@ -149,7 +159,7 @@ register(
     OpDef("permute", (1, 1), _permute_infer, no_flops,
           lambda c, ins, out, a: c.xp.copyto(out, ins[0].transpose(tuple(a["perm"]))), _permute_grad),
     OpDef("concat", (1, None), _concat_infer, no_flops,
-          lambda c, ins, out, a: c.xp.concatenate(ins, axis=a["axis"], out=out), _concat_grad),
+          _concat, _concat_grad),
     OpDef("slice", (1, 1), _slice_infer, no_flops, _slice, _slice_grad, bytes_read=_moved),
     OpDef("slice_grad", (1, 1), _slice_grad_infer, no_flops, _slice_grad_kernel),
     OpDef("sum", (1, 1), _reduce_infer("sum"), per_input_element(1), _reduce_kernel("sum"), _reduce_grad("sum")),

@@ -1,26 +1,33 @@
 #!/usr/bin/env bash
-# The checks that need a CUDA GPU. GPU_CHECK_STEPS picks which (default: all; one call of the device tool
-# has 10 minutes, so run "tests exec resnet152 train", "bench" and "half" as separate calls):
-#   1. tests: the gpu-marked tests (a CuPy step under an allocator that raises, graph on and off; kernels on CuPy);
-#   2. exec: bench/gpu_exec.py: ResNet-50 (batch 64) and GPT-2 small (12 layers, 768 wide, seq 1024, batch 8)
-#      planned at 1/2 and 1/4 of their no-swap memory, each run with `exec --check`, CUDA graph on and off:
-#      step ms, host ms per step, device bytes held against the cap, max rel diff, simulated step;
-#   3. resnet152: the README's first GPU plan (ResNet-152, batch 8, ga under 512 MiB), graph on and off,
-#      against the 468.6 ms a step that plan took eagerly before exact memory and prepared lanes;
-#   4. train: bench/training.py on CuPy: examples per second with synthetic data and with --data, a resume
-#      compared bit for bit with a straight run (evaluation inside the cap included), checkpoint cost;
-#   5. bench: bench/gpu_bench.py, the measured fraction and PyTorch beside it (eager, save_on_cpu,
-#      checkpointing) for ResNet-50, Wide ResNet-50-2, BERT-base and GPT-2 small at 1/2, 1/4 and 1/8;
-#   6. half: bench/gpu_exec.py with --precision f16: ResNet-50 and GPT-2 small at 1/2 of their f16
-#      no-swap memory, `exec --check` (half kernels computing in f32 on CuPy, never run on a GPU yet).
+# The checks that need a CUDA GPU, in three calls of the device tool (about 15 minutes of device time in
+# all, start-up included): GPU_CHECK_CALL=A, B or C picks one; GPU_CHECK_STEPS names steps instead.
+#   A (the first call, at most 6 minutes by its steps' limits: the riskiest questions first):
+#      light 90 s, tests 120 s, exec_tiny 50 s, exec_r2 100 s
+#   B (5 minutes): bench 240 s (PyTorch beside it), profile 60 s
+#   C (what is left, 5 minutes; or GPU_CHECK_STEPS= what failed, after a fix): exec_gpt2 150 s, half 150 s
+#   (not in a call; by name only: exec_r4, resnet152, train)
+# The steps' limits say what each may take: a step of ResNet-50 (batch 64) or GPT-2 small (batch 8, seq
+# 1024) simulates at 0.1-0.3 s on an H100, but `exec --check` also runs the NumPy reference beside it,
+# about 10-20 s a step on 16 cores (200-800 GFLOP a step at 30-50 GFLOP/s a core), which sets the time.
+#   light: bench/gpu_first_light.py: CuPy and its accelerators off, cuBLAS under capture, cuDNN Frontend
+#      graphs, `exec --check` of mlp and tiny_transformer on CuPy (a minute);
+#   tests: the gpu-marked tests (a CuPy step under an allocator that raises, graph on and off; kernels on CuPy);
+#   exec_tiny, exec_r2, exec_gpt2, exec_r4: bench/gpu_exec.py: tiny_resnet and tiny_transformer, ResNet-50
+#      (batch 64), GPT-2 small (12 layers, 768 wide, seq 1024, batch 8) at 1/2 (or 1/4) of their no-swap
+#      memory, each run with `exec --check`, CUDA graph on and off: step ms, host ms per step, device bytes
+#      held against the cap, max rel diff, simulated step;
+#   bench: bench/gpu_bench.py, the measured fraction and PyTorch beside it (eager, save_on_cpu,
+#      checkpointing) for ResNet-50 and GPT-2 small at 1/2 and 1/4;   profile: `swapdsl profile` on CuPy;
+#   half: bench/gpu_exec.py with --precision f16 (half kernels computing in f32 on CuPy, never run yet);
+#   resnet152: the README's first GPU plan (ResNet-152, batch 8, ga under 512 MiB), against the 468.6 ms a
+#      step it took eagerly long ago;   train: bench/training.py on CuPy (throughput, resume, checkpoints).
 #
-# Usage: bash bench/gpu_check.sh [OUTDIR]     (results go to OUTDIR, default $OUT or /tmp/gpu_check)
+# Usage: GPU_CHECK_CALL=A bash bench/gpu_check.sh [OUTDIR]   (results go to OUTDIR, default $OUT or /tmp/gpu_check)
 #        GPU_CHECK_ON_CPU=1 PYTHON=/path/to/venv/python bash bench/gpu_check.sh OUTDIR   (the script on a CPU)
-# Wheels of packages the machine lacks (lark, safetensors and ml_dtypes, which the tests import; nvidia-cudnn-frontend
-# for cuDNN convolutions, without which
-# they run swapdsl's own kernels and the run says so) may wait in .whl/; they are installed first. The
-# project is installed (no dependencies, no index) into the Python it runs with; its C extension is
-# built with that Python's setuptools and the machine's C compiler.
+# The wheels the machine lacks (lark; nvidia-cudnn-frontend, without which convolutions run swapdsl's own
+# kernels and the run says so) are staged here by bench/stage_wheels.sh into .whl/, carried by name, and
+# installed first. The project is installed (no dependencies, no index) into the Python it runs with; its
+# C extension is built with that Python's setuptools and the machine's C compiler.
 set -uo pipefail
 out=${1:-${OUT:-/tmp/gpu_check}}
 mkdir -p "$out"
@@ -41,12 +48,21 @@ step() {  # step NAME SECONDS COMMAND...: run it from /tmp (so the installed pac
 }
 { date -u; nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader; } | tee "$out/gpu.txt"
 $py -c 'import cupy, numpy; print("cupy", cupy.__version__, "numpy", numpy.__version__)' | tee -a "$out/gpu.txt"
-wanted=" ${GPU_CHECK_STEPS:-tests exec resnet152 train bench half} "
+case "${GPU_CHECK_CALL:-}" in
+    A) calls="light tests exec_tiny exec_r2" ;;
+    B) calls="bench profile" ;;
+    C) calls="exec_gpt2 half" ;;
+    *) calls="light tests exec_tiny exec_r2 exec_gpt2 bench profile half" ;;
+esac
+wanted=" ${GPU_CHECK_STEPS:-$calls} "
 want() { [[ "$wanted" == *" $1 "* ]]; }
-want tests && step gpu_tests 150 $py -m pytest -q -m gpu -p no:cacheprovider "$repo/tests"
+want light && step light 90 $py "$repo/bench/gpu_first_light.py" --json "$out/light.json"
+want tests && step gpu_tests 120 $py -m pytest -q -m gpu -p no:cacheprovider "$repo/tests"
 if [ -n "${GPU_CHECK_ON_CPU:-}" ]; then  # try the script itself on a machine without a GPU: tiny models, NumPy
-    want exec && step exec 300 $py "$repo/bench/gpu_exec.py" --configs tiny_resnet tiny_transformer \
+    want exec_tiny && step exec_tiny 300 $py "$repo/bench/gpu_exec.py" --configs tiny_resnet tiny_transformer \
         --backend numpy --steps 3 --json "$out/exec.json"
+    want profile && step profile 120 $py -m swapdsl profile "$repo/stdlib/models/tiny_resnet.swp" -D batch=8 \
+        --backend numpy -o "$out/profile.json"
     want train && step train 300 $py "$repo/bench/training.py" --steps 20 --repeats 1 --checkpoint-models mlp
     want bench && step bench 300 $py "$repo/bench/gpu_bench.py" --small --ratios 2 4 --steps 3 --budget 3 \
         --json "$out/bench.json"
@@ -54,14 +70,22 @@ if [ -n "${GPU_CHECK_ON_CPU:-}" ]; then  # try the script itself on a machine wi
         --backend numpy --precision f16 --ratios 2 --steps 3 --json "$out/half.json"
     exit 0
 fi
-want exec && step exec 300 $py "$repo/bench/gpu_exec.py" --configs resnet50_b64 gpt2_small --ratios 2 4 \
-    --steps 4 --json "$out/exec.json"
+want exec_tiny && step exec_tiny 50 $py "$repo/bench/gpu_exec.py" --configs tiny_resnet tiny_transformer \
+    --steps 3 --json "$out/exec_tiny.json"
+want exec_r2 && step exec_r2 100 $py "$repo/bench/gpu_exec.py" --configs resnet50_b64 --ratios 2 \
+    --steps 3 --json "$out/exec_r2.json"
+want exec_gpt2 && step exec_gpt2 150 $py "$repo/bench/gpu_exec.py" --configs gpt2_small --ratios 2 \
+    --steps 3 --json "$out/exec_gpt2.json"
+want exec_r4 && step exec_r4 300 $py "$repo/bench/gpu_exec.py" --configs gpt2_small resnet50_b64 --ratios 4 \
+    --steps 3 --json "$out/exec_r4.json"
 want resnet152 && step resnet152 120 $py "$repo/bench/gpu_exec.py" --configs resnet152_b8 --method ga \
     --budget 20 --steps 4 --json "$out/resnet152.json"
 want train && step train 240 $py "$repo/bench/training.py" --backend cupy --steps 100 --repeats 3 \
     --checkpoint-models resnet gpt
-want bench && step bench 560 $py "$repo/bench/gpu_bench.py" --ratios 2 4 8 --steps 4 --budget 8 \
-    --json "$out/bench.json"
-want half && step half 300 $py "$repo/bench/gpu_exec.py" --configs resnet50_b64 gpt2_small --ratios 2 \
-    --precision f16 --steps 4 --json "$out/half.json"
+want bench && step bench 240 $py "$repo/bench/gpu_bench.py" --models resnet50 gpt2_small --ratios 2 4 \
+    --steps 4 --budget 8 --json "$out/bench.json"
+want profile && step profile 60 $py -m swapdsl profile "$repo/stdlib/models/resnet.swp" -D depth=50 -D batch=64 \
+    --backend cupy -o "$out/profile.json"
+want half && step half 150 $py "$repo/bench/gpu_exec.py" --configs resnet50_b64 gpt2_small --ratios 2 \
+    --precision f16 --steps 2 --json "$out/half.json"
 exit 0

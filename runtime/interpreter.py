@@ -220,6 +220,8 @@ class PlanRunner:
         self.ctx.step.fill(step)
         self.host_ctx.step.fill(step)
         self.steps_run = step
+        if self.backend == "cupy":  # the fill ran on the current stream; the step's streams do not wait for it
+            self.xp.cuda.runtime.deviceSynchronize()
 
     def _put(self, dst: Any, src: np.ndarray) -> None:
         if self.backend == "cupy":

@@ -277,6 +277,47 @@ def test_repeated_modules_fold_into_a_def_named_by_their_class(tmp_path: Path, d
     assert losses[0] == losses[1]
 
 
+@pytest.mark.parametrize("ids, trained", [
+    ([[0, 1, 2], [0, 1, 2]], True),  # positions, for a batch of 2
+    ([[-1, -1, -1]], True),  # one row for all, counted from the end
+    ([[2, 0, 1]], False),  # any other rows: a frozen copy, with a note
+])
+def test_a_weight_table_read_at_constant_rows(tmp_path: Path, ids: list, trained: bool) -> None:
+    nodes = [N("Gather", ["table", "ids"], ["rows"]), N("Add", ["x", "rows"], ["y"])]
+    ids_a = np.array(ids, np.int64)
+    path = save(tmp_path, nodes, [h.make_tensor_value_info("x", T.FLOAT, list(ids_a.shape) + [4])],
+                [h.make_tensor_value_info("y", T.FLOAT, list(ids_a.shape) + [4])],
+                [weight("table", 3, 4), nh.from_array(ids_a, "ids")])
+    x = RNG.standard_normal(ids_a.shape + (4,)).astype(np.float32)
+    imported_matches_onnxruntime(tmp_path, path, {"x": x})
+    m, r = swapdsl.import_onnx(path, str(tmp_path / "t.swp"), loss="mse")
+    assert ([p for p, _ in m.training.grads] == ["table"]) == trained
+    assert any("frozen copy" in n for n in r.notes) == (not trained)
+
+
+def test_a_size_whose_name_starts_with_v_folds(tmp_path: Path) -> None:
+    """A token of the text such as a size `vlen` is no local name of a def (it crashed the folding)."""
+    nodes = []
+    for i in range(2):
+        where = f"/layers/layers.{i}"
+        x = "x" if i == 0 else "/layers/layers.0/y"
+        nodes += [N("MatMul", [x, f"w{i}"], [f"{where}/a"], name=f"{where}/fc/MatMul"),
+                  N("Relu", [f"{where}/a"], [f"{where}/b"], name=f"{where}/act/Relu"),
+                  N("Shape", [x], [f"{where}/s"], name=f"{where}/Shape"),
+                  N("Gather", [f"{where}/s", "zero"], [f"{where}/n"], name=f"{where}/Gather"),
+                  N("Unsqueeze", [f"{where}/n", "axes0"], [f"{where}/n1"], name=f"{where}/Unsqueeze"),
+                  N("Concat", [f"{where}/n1", "minus1"], [f"{where}/t"], name=f"{where}/Concat", axis=0),
+                  N("Reshape", [f"{where}/b", f"{where}/t"], [f"{where}/f"], name=f"{where}/Reshape"),
+                  N("Reshape", [f"{where}/f", f"{where}/s"], [f"{where}/y"], name=f"{where}/Reshape_1")]
+    path = save(tmp_path, nodes, [h.make_tensor_value_info("x", T.FLOAT, ["N", "vlen", 8])],
+                [h.make_tensor_value_info("/layers/layers.1/y", T.FLOAT, ["N", "vlen", 8])],
+                [weight("w0", 8, 8), weight("w1", 8, 8), nh.from_array(np.array(0, np.int64), "zero"),
+                 ints("axes0", 0), ints("minus1", -1)])
+    x = RNG.standard_normal((2, 3, 8)).astype(np.float32)
+    text = imported_matches_onnxruntime(tmp_path, path, {"x": x}, batch=2, dims={"vlen": 3})
+    assert "def block(x, batch, vlen)" in text
+
+
 def test_the_tests_cover_the_whole_table() -> None:
     seeds = [build(np.random.default_rng(0))[0] for build in (cnn_graph, attention_graph, decoder_graph)]
     covered = {n.op_type for nodes in seeds for n in nodes} | {

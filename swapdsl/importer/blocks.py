@@ -149,7 +149,8 @@ def _block(stmts: Sequence[Stmt], scope: tuple[str, ...], span: tuple[int, int],
             else:
                 toks.append(t)
         local.update((d, len(local)) for d in s.defines)
-        key.append((s.is_param, s.init.endswith(" frozen"), len(s.defines), tuple(toks)))
+        # a frozen parameter's initialiser (a constant the graph computes) must be every call's
+        key.append((s.is_param, s.init if s.init.endswith(" frozen") else "", len(s.defines), tuple(toks)))
     outputs = tuple(d for s in run for d in s.defines if last_read.get(d, -1) >= stop)
     if not outputs:
         return None
@@ -221,9 +222,9 @@ def _define(name: str, bs: Sequence[Block], stmts: Sequence[Stmt], sizes: Sequen
     local = [_fresh(_strip(d, prefix), taken) for s in run for d in s.defines]
     ints = iter(e.format(*n_args) for e in exprs)
     out, k = [f"def {name}({', '.join(args + size_args + n_args)}) {{"], 0
-    for s, (_, _, _, toks) in zip(run, first.key[0]):  # type: ignore[misc]
-        rhs = "".join(next(ints) if t == "#" else local[t[1]] if t[0] == "v" else args[t[1]] if isinstance(t, tuple)
-                      else t for t in toks)
+    for s, (*_, toks) in zip(run, first.key[0]):  # type: ignore[misc]
+        rhs = "".join(next(ints) if t == "#" else t if not isinstance(t, tuple) else
+                      local[t[1]] if t[0] == "v" else args[t[1]] for t in toks)
         mine = local[k:k + len(s.defines)]
         k += len(s.defines)
         out.append(f"    param {mine[0]}: {rhs} = {s.init}" if s.is_param else

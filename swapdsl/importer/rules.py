@@ -489,23 +489,17 @@ def _gather(lw: Lowering, node: Any, a: dict[str, Any]) -> None:
         table = lw.tensor(node, 0)
         lw.emit(node, f"embedding({ids.name}, {table.name})", ids.shape + (data.shape[1],), table.dtype)
         return
-    if isinstance(data, np.ndarray) and _all_one_row(ids) and axis == 0 and data.ndim == 2:
-        row = int(ids.reshape(-1)[0])  # BERT's token types, all 0: one row of a trained table, broadcast
+    rows = table_rows(data, ids) if axis == 0 else None
+    if rows is not None:  # positions, or BERT's token types (all 0): rows of a trained table, broadcast
+        first, n = rows
         table = lw.tensor(node, 0)
-        if not 0 <= row < data.shape[0]:
-            raise unsupported(node, f"row {row} of a table of {data.shape[0]}")
         shape = ids.shape + (data.shape[1],)
-        one = f"reshape({table.name}[{row or ''}:{row + 1}], {[1] * ids.ndim + [data.shape[1]]})"
-        lw.emit(node, f"{one} + zeros({list(shape)}, {table.dtype})", shape, table.dtype)
-        return
-    if isinstance(data, np.ndarray) and _is_range(ids) and axis == 0 and data.ndim == 2:
-        first, n = int(ids.reshape(-1)[0]), ids.size  # positions: rows first .. first + n of a weight table
-        table = lw.tensor(node, 0)
-        if first < 0 or first + n > data.shape[0]:
-            raise unsupported(node, f"rows {first}..{first + n - 1} of a table of {data.shape[0]}")
-        shape = ids.shape + (data.shape[1],)
-        rows = f"{table.name}[{first or ''}:{first + n}]"
-        lw.emit(node, rows if len(shape) == 2 else f"reshape({rows}, {list(shape)})", shape, table.dtype)
+        read = f"{table.name}[{first or ''}:{first + n}]"
+        if shape[:-2] != (1,) * (len(shape) - 2) or shape[-2] != n:
+            read = f"reshape({read}, {[1] * (ids.ndim - 1) + [n, data.shape[1]]}) + zeros({list(shape)}, {table.dtype})"
+        elif len(shape) > 2:
+            read = f"reshape({read}, {list(shape)})"
+        lw.emit(node, read, shape, table.dtype)
         return
     if isinstance(data, Tensor) and isinstance(ids, np.ndarray) and ids.size == 1 and ids.ndim == 0:
         axis = _axis(axis, len(data.shape), node)
@@ -518,18 +512,22 @@ def _gather(lw: Lowering, node: Any, a: dict[str, Any]) -> None:
                       "consecutive positions or one row for all) or one index")
 
 
-def _all_one_row(ids: object) -> bool:
-    """Integer constants, more than one, all the same."""
-    return isinstance(ids, np.ndarray) and np.issubdtype(ids.dtype, np.integer) and ids.size > 1 and \
-        bool(np.all(ids == ids.reshape(-1)[0]))
-
-
-def _is_range(ids: object) -> bool:
-    """Integer constants counting up by one (the positions of a learned position embedding)."""
-    if not isinstance(ids, np.ndarray) or not np.issubdtype(ids.dtype, np.integer) or not ids.size:
-        return False
-    flat = ids.reshape(-1).astype(np.int64)
-    return bool(np.all(np.diff(flat) == 1))
+def table_rows(data: object, ids: object) -> tuple[int, int] | None:
+    """(first, n) where constant integer ``ids`` read a 2-d constant table at rows first .. first + n - 1
+    along their last axis, the same at every leading position (a position embedding, batched or not), or
+    one row everywhere (n = 1); negative indices count from the end, as ONNX's do. None otherwise."""
+    if not (isinstance(data, np.ndarray) and data.ndim == 2 and isinstance(ids, np.ndarray)
+            and np.issubdtype(ids.dtype, np.integer) and ids.size and ids.ndim):
+        return None
+    flat = ids.astype(np.int64).reshape(-1, ids.shape[-1])
+    flat = np.where(flat < 0, flat + data.shape[0], flat)
+    if flat.min() < 0 or flat.max() >= data.shape[0]:
+        return None
+    if np.all(flat == flat[0, 0]):
+        return int(flat[0, 0]), 1
+    if np.all(flat == flat[0]) and np.all(np.diff(flat[0]) == 1):
+        return int(flat[0, 0]), flat.shape[1]
+    return None
 
 
 def _expand(lw: Lowering, node: Any, a: dict[str, Any]) -> None:

@@ -12,7 +12,7 @@ from swapdsl.common.errors import SwpError
 from swapdsl.importer.context import Lowering, strings, unsupported, utf8
 from swapdsl.importer.onnx_read import Source
 from swapdsl.importer.fold import FOLD
-from swapdsl.importer.rules import RULES
+from swapdsl.importer.rules import RULES, table_rows
 
 
 # what NumPy and the rules raise on a node whose inputs or attributes an adversary chose
@@ -61,7 +61,16 @@ def _trained_layout(lw: Lowering, node: Any) -> bool:
     if node.op_type not in _KEEPS_WEIGHT or not node.input or node.input[0] not in lw.weights:
         return False
     v = lw.env[node.input[0]]
-    return isinstance(v, np.ndarray) and (np.issubdtype(v.dtype, np.floating) or v.dtype.name == "bfloat16")
+    if not (isinstance(v, np.ndarray) and (np.issubdtype(v.dtype, np.floating) or v.dtype.name == "bfloat16")):
+        return False
+    if node.op_type == "Gather" and (attributes(node).get("axis", 0) != 0 or table_rows(
+            v, lw.get(node, 1) if len(node.input) > 1 else None) is None):
+        note = (f"`{node.input[0]}` read at constant rows other than consecutive positions or one row for all "
+                "is imported as a frozen copy (not trained)")
+        if note not in lw.notes:
+            lw.notes.append(note)
+        return False  # rows the rule cannot write as a slice: folded, as before
+    return True
 
 
 def _scope(node: Any, classes: dict[tuple[str, ...], str]) -> tuple[str, ...]:

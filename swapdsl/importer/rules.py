@@ -435,8 +435,9 @@ def _split_to_sequence(lw: Lowering, node: Any, a: dict[str, Any]) -> None:
     x = lw.tensor(node, 0)
     axis = _axis(a.get("axis", 0), len(x.shape), node)
     given = lw.const(node, 1)
-    if given is None or not flag(a, "keepdims", 1, node):
-        raise unsupported(node, "SplitToSequence without split sizes (pieces of size 1 with keepdims=0)")
+    flag(a, "keepdims", 1, node)  # (with split sizes given, as here, ONNX ignores it)
+    if given is None:
+        raise unsupported(node, "SplitToSequence without split sizes (pieces of size 1)")
     dim = x.shape[axis]
     sizes = [int(s) for s in given.reshape(-1)] if given.ndim else \
         [min(int(given), dim - k) for k in range(0, dim, max(int(given), 1))]

@@ -196,6 +196,26 @@ def test_an_added_mask_constant_becomes_causal_mask_or_nothing(tmp_path: Path, k
     assert expected in text
 
 
+@pytest.mark.parametrize("scale", [1.0, 2.0])
+def test_hugging_faces_rotary_pattern_becomes_rope(tmp_path: Path, scale: float) -> None:
+    """q * cos + rotate_half(q) * sin with the constant tables of base 10000 is `rope(x, base = 10000.0)`,
+    its tables and slices left out; tables that are not rope's (scaled) keep the pattern as it is."""
+    t, d = 5, 8
+    angle = np.arange(t)[:, None] * 10000.0 ** (-2.0 * np.arange(d // 2) / d)
+    cos, sin = (np.concatenate([f(angle)] * 2, axis=1).astype(np.float32)[None, None] * scale for f in (np.cos, np.sin))
+    nodes = [N("Mul", ["x", "cos"], ["a"]), N("Slice", ["x", "h", "end", "last"], ["hi"]),
+             N("Slice", ["x", "zero", "h", "last"], ["lo"]), N("Neg", ["hi"], ["nhi"]),
+             N("Concat", ["nhi", "lo"], ["r"], axis=-1), N("Mul", ["r", "sin"], ["b"]), N("Add", ["a", "b"], ["y"])]
+    inits = [nh.from_array(cos, "cos"), nh.from_array(sin, "sin"), ints("h", d // 2), ints("end", 2**62),
+             ints("zero", 0), ints("last", -1)]
+    nodes = [N("Constant", [], [i.name], value=i) for i in inits[:2]] + nodes
+    path = save(tmp_path, nodes, [h.make_tensor_value_info("x", T.FLOAT, ["N", 2, t, d])],
+                [h.make_tensor_value_info("y", T.FLOAT, ["N", 2, t, d])], inits[2:])
+    x = RNG.standard_normal((3, 2, t, d)).astype(np.float32)
+    text = imported_matches_onnxruntime(tmp_path, path, {"x": x}, batch=3)
+    assert ("y = rope(x, base = 10000.0)" in text and "param" not in text) == (scale == 1.0)
+
+
 def test_clip_as_relu6_and_with_either_bound(tmp_path: Path) -> None:
     """MobileNetV2's ReLU6 (Clip to [0, 6]), and Clip with only a lower or only an upper bound."""
     nodes = [N("Clip", ["x", "zero", "six"], ["a"]), N("Clip", ["x", "lo"], ["b"]), N("Clip", ["x", "", "hi"], ["c"]),

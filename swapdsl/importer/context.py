@@ -77,6 +77,8 @@ class Lowering:
         self.weights = set(src.weights) - src.buffers
         self.lines: list[str] = []
         self.scopes: list[tuple[str, ...]] = []  # the module each line came from (`blocks`)
+        self.producer: dict[str, Any] = {}  # ONNX value name -> the node that made it
+        self.slices: dict[str, tuple[str, int, int, int]] = {}  # a one-axis slice: (of, axis, start, stop)
         self.classes: dict[tuple[str, ...], str] = {}  # a module's class, where the exporter says
         self.params: dict[str, np.ndarray] = {}  # swp name -> value
         self.param_of: dict[str, str] = {}  # ONNX weight name -> swp name
@@ -241,3 +243,13 @@ def flag(a: dict[str, Any], name: str, default: int, node: Any) -> bool:
     if v not in (0, 1):
         raise unsupported(node, f"attribute {name} is {v}, not 0 or 1")
     return bool(v)
+
+
+def attributes(node: Any) -> dict[str, Any]:
+    from onnx import helper
+
+    out = {}
+    for a in node.attribute:
+        v = helper.get_attribute_value(a)
+        out[a.name] = v.decode() if isinstance(v, bytes) else v
+    return out

@@ -11,8 +11,8 @@ from typing import Any
 import numpy as np
 
 from swapdsl.common.errors import SwpError
-from swapdsl.importer.context import (Lowering, NanTest, Tensor, TensorList, flag, np_dtype, onnx_dtype,
-                                      reshape_target, swp_dtype, unsupported)
+from swapdsl.importer.context import (Lowering, NanTest, Tensor, TensorList, attributes, flag, np_dtype,
+                                      onnx_dtype, reshape_target, swp_dtype, unsupported)
 
 Rule = Callable[[Lowering, Any, dict[str, Any]], None]
 
@@ -115,7 +115,7 @@ _SYMBOL = {"Add": "+", "Sub": "-", "Mul": "*", "Div": "/"}
 def _binary(lw: Lowering, node: Any, a: dict[str, Any]) -> None:
     op = _SYMBOL[node.op_type]
     x, y = lw.get(node, 0), lw.get(node, 1)
-    if node.op_type == "Add" and _adds_a_mask(lw, node, x, y):
+    if node.op_type == "Add" and (_adds_a_mask(lw, node, x, y) or _adds_rotary(lw, node)):
         return
     scalar = next((i for i, v in enumerate((x, y)) if isinstance(v, np.ndarray) and v.size == 1), None)
     if scalar is not None:
@@ -149,6 +149,65 @@ def _adds_a_mask(lw: Lowering, node: Any, x: Any, y: Any) -> bool:
     fill_text = "" if np.isinf(fill) else f", fill = {_num(fill)}"  # (-inf is the default)
     lw.emit(node, f"causal_mask({t.name}{fill_text})", t.shape, t.dtype)
     return True
+
+
+def _adds_rotary(lw: Lowering, node: Any) -> bool:
+    """q * cos + rotate_half(q) * sin with the exporter's constant tables (Hugging Face's rotary positions,
+    rotate_half(q) = concat(-q[..., h:], q[..., :h])) is `rope(q, base = b)`, b read off the tables and
+    checked against them: no frozen tables, and the sequence may change."""
+    muls = [lw.producer.get(n) for n in node.input[:2]]
+    if len(muls) != 2 or any(m is None or m.op_type != "Mul" for m in muls):
+        return False
+    parts = [_tensor_times_constant(lw, m) for m in muls]
+    if None in parts:
+        return False
+    for (q_name, cos), (r_name, sin) in (parts, parts[::-1]):  # type: ignore[misc]
+        q = lw.env.get(q_name)
+        if isinstance(q, Tensor) and _rotated_half(lw, r_name, q_name, q):
+            base = _rope_base(cos, sin, q.shape)
+            if base is not None:
+                lw.emit(node, f"rope({q.name}, base = {_num(base)})", q.shape, q.dtype)
+                return True
+    return False
+
+
+def _tensor_times_constant(lw: Lowering, mul: Any) -> tuple[str, np.ndarray] | None:
+    a, b = lw.get(mul, 0), lw.get(mul, 1)
+    if isinstance(a, Tensor) and isinstance(b, np.ndarray) and mul.input[1] not in lw.weights:
+        return mul.input[0], b
+    if isinstance(b, Tensor) and isinstance(a, np.ndarray) and mul.input[0] not in lw.weights:
+        return mul.input[1], a
+    return None
+
+
+def _rotated_half(lw: Lowering, r_name: str, q_name: str, q: Tensor) -> bool:
+    concat, last, d = lw.producer.get(r_name), len(q.shape) - 1, q.shape[-1]
+    if concat is None or concat.op_type != "Concat" or len(concat.input) != 2 or d % 2:
+        return False
+    if _axis(attributes(concat).get("axis", 0), len(q.shape), concat) != last:
+        return False
+    neg = lw.producer.get(concat.input[0])
+    return neg is not None and neg.op_type == "Neg" and lw.slices.get(neg.input[0]) == (q_name, last, d // 2, d) \
+        and lw.slices.get(concat.input[1]) == (q_name, last, 0, d // 2)
+
+
+def _rope_base(cos: np.ndarray, sin: np.ndarray, shape: tuple[int, ...]) -> float | None:
+    """The base whose rotary tables ``cos`` and ``sin`` are (to 1e-4), or None."""
+    t, d = shape[-2:]
+    if t < 2 or d < 4 or cos.shape != sin.shape or cos.shape[-2:] != (t, d) or \
+            np.broadcast_shapes(cos.shape, shape) != tuple(shape):
+        return None
+    c, s = (a.astype(np.float64).reshape(-1, t, d) for a in (cos, sin))
+    if not (np.all(c == c[0]) and np.all(s == s[0])):
+        return None
+    step = np.arctan2(s[0, 1, 1], c[0, 1, 1])  # position 1, pair 1: base^(-2/d)
+    if not 0 < step < 1:
+        return None
+    base = float(f"{step ** (-d / 2):.6g}")
+    angle = np.arange(t)[:, None] * base ** (-2.0 * np.arange(d // 2) / d)
+    want_c, want_s = (np.concatenate([f(angle)] * 2, axis=1) for f in (np.cos, np.sin))
+    ok = np.abs(c[0] - want_c).max() <= 1e-4 and np.abs(s[0] - want_s).max() <= 1e-4
+    return base if ok else None
 
 
 def _pow(lw: Lowering, node: Any, a: dict[str, Any]) -> None:
@@ -475,6 +534,10 @@ def _slice(lw: Lowering, node: Any, a: dict[str, Any]) -> None:
         start = "" if lo == 0 else str(int(s)) if -size <= s < 0 else str(lo)
         stop = "" if hi == size else str(int(e)) if -size <= e < 0 else str(hi)
         index[axis] = f"{start}:{stop}" + (f":{step}" if step != 1 else "")
+    if len(starts) == 1 and steps[0] == 1:
+        axis = _axis(int(list(axes)[0]), len(x.shape), node)
+        lw.slices[node.output[0]] = (node.input[0], axis, *slice(int(starts[0]), int(min(ends[0], x.shape[axis])),
+                                                                   1).indices(x.shape[axis])[:2])
     while index and index[-1] == ":":
         index.pop()
     if not index:

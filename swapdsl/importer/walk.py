@@ -9,7 +9,8 @@ from typing import Any
 import numpy as np
 
 from swapdsl.common.errors import SwpError
-from swapdsl.importer.context import Lowering, strings, unsupported, utf8
+from swapdsl.importer.blocks import parse, refs
+from swapdsl.importer.context import Lowering, Tensor, attributes, strings, unsupported, utf8
 from swapdsl.importer.onnx_read import Source
 from swapdsl.importer.fold import FOLD
 from swapdsl.importer.rules import RULES, table_rows
@@ -43,12 +44,35 @@ def lower(src: Source, sizes: Mapping[str, int], freeze: str | None = None) -> L
                                   f"({type(exc).__name__}: {str(exc)[:160]})") from None
         else:
             raise unsupported(node, "this op is not in swapdsl's import table")
+        lw.producer.update((o, node) for o in node.output)
         scope = _scope(node, lw.classes)
         lw.scopes.extend([scope] * (len(lw.lines) - len(lw.scopes)))
     for name in src.outputs:
         if name not in lw.env:
             raise SwpError(f"the graph's output `{name}` is made by no node")
+    _prune(lw, {v.name for n in src.outputs if isinstance(v := lw.env[n], Tensor)})
     return lw
+
+
+def _prune(lw: Lowering, needed: set[str]) -> None:
+    """Lines nothing needed reads any more (what a rule replaced: a rotary pattern become `rope`), and
+    the parameters only they read, left out."""
+    stmts = [parse(line) for line in lw.lines]
+    names = {n for s in stmts for n in s.defines} | {t.name for _, t in lw.inputs}
+    live, keep = set(needed), [False] * len(stmts)
+    for i in range(len(stmts) - 1, -1, -1):
+        if any(d in live for d in stmts[i].defines):
+            keep[i] = True
+            live.update(refs(stmts[i], names))
+    if all(keep):
+        return
+    dead = {d for s, k in zip(stmts, keep) if not k for d in s.defines}
+    lw.lines = [line for line, k in zip(lw.lines, keep) if k]
+    lw.scopes = [scope for scope, k in zip(lw.scopes, keep) if k]
+    for name in dead & set(lw.params):
+        del lw.params[name]
+        lw.running.pop(name, None)
+    lw.frozen = [f for f in lw.frozen if f not in dead]
 
 
 # a weight laid out anew (transposed for a MatMul, cast) or read at constant rows (position embeddings) stays
@@ -85,13 +109,3 @@ def _scope(node: Any, classes: dict[tuple[str, ...], str]) -> tuple[str, ...]:
         return tuple(scopes)
     name = utf8(node.name)
     return tuple(name.split("/")[1:-1]) if name.startswith("/") else ()
-
-
-def attributes(node: Any) -> dict[str, Any]:
-    from onnx import helper
-
-    out = {}
-    for a in node.attribute:
-        v = helper.get_attribute_value(a)
-        out[a.name] = v.decode() if isinstance(v, bytes) else v
-    return out

@@ -187,6 +187,12 @@ class PlanRunner:
 
     def _load_initial(self, seed: int) -> None:
         self._load({**init_persistent(self.g, seed, np), **synthetic_inputs(self.g, seed, np)})
+        self._settle()
+
+    def _settle(self) -> None:
+        """Values written on the current stream, which the step's streams do not wait for, made to land."""
+        if self.backend == "cupy":
+            self.xp.cuda.runtime.deviceSynchronize()
 
     def _load(self, values: Mapping[str, np.ndarray]) -> None:
         """Values of persistent tensors or inputs, into their host slots and device homes."""
@@ -196,8 +202,6 @@ class PlanRunner:
             home = self.homes.get(name)
             if isinstance(home, Region) and name not in self.inputs:
                 self._put(self.dview(name, home), value)
-        if self.backend == "cupy":  # written on the current stream; the step's streams do not wait for it
-            self.xp.cuda.runtime.deviceSynchronize()
 
     # -- a training run's view (runtime/training.py): batches in, state in and out
 
@@ -220,8 +224,7 @@ class PlanRunner:
         self.ctx.step.fill(step)
         self.host_ctx.step.fill(step)
         self.steps_run = step
-        if self.backend == "cupy":  # the fill ran on the current stream; the step's streams do not wait for it
-            self.xp.cuda.runtime.deviceSynchronize()
+        self._settle()
 
     def _put(self, dst: Any, src: np.ndarray) -> None:
         if self.backend == "cupy":

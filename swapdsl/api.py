@@ -377,8 +377,8 @@ def import_onnx(path: str, out: str, weights: str | None = None, batch: int | No
                 flat: bool = False) -> tuple[Model, Imported]:
     """Write the ONNX model at ``path`` as the `.swp` file ``out`` (repeated modules as `def`s unless
     ``flat``) and its weights as the checkpoint ``weights`` (default: ``out`` with suffix ``.safetensors``)
-    that `--init` reads: parameters and batch norm's running statistics. Both are checked (the text loads, every weight fits its parameter) before
-    either is written; each is written whole or not at all."""
+    that `--init` reads: parameters and batch norm's running statistics. Both are checked (the text loads,
+    every weight fits its parameter) before either is written; each is written whole or not at all."""
     import tempfile
 
     weights = weights or str(Path(out).with_suffix(".safetensors"))

@@ -171,16 +171,22 @@ class Lowering:
 def module_name(node: Any) -> str | None:
     """A dynamo export's value named by its module (`layer1.1.conv1`), and by its op inside a module of
     many ops (`layers.0.self_attn` + `view`); None where the exporter says nothing of modules."""
-    meta = {p.key: p.value for p in node.metadata_props}
-    if "pkg.torch.onnx.name_scopes" not in meta:
+    found = torch_scopes(node)
+    if found is None or len(found[0]) < 3:  # none, or the exported module's own op: the op's name
         return None
-    scopes = strings(meta["pkg.torch.onnx.name_scopes"])
-    kinds = strings(meta.get("pkg.torch.onnx.class_hierarchy", ""))
-    if len(scopes) < 3:  # the exported module's own op: the op's name
-        return None
+    scopes, kinds = found
     leaf = len(kinds) >= len(scopes) - 1 and kinds[len(scopes) - 2].startswith("torch.nn.modules.")
     op = re.sub(r"_\d+$", "", scopes[-1])
     return scopes[-2] if leaf else f"{scopes[-2]}.{op}"
+
+
+def torch_scopes(node: Any) -> tuple[list[str], list[str]] | None:
+    """The dynamo exporter's metadata: the node's module paths (`['', 'm', 'm.layers.0', ..., op]`) and
+    their classes, or None where it wrote none."""
+    meta = {p.key: p.value for p in node.metadata_props}
+    if "pkg.torch.onnx.name_scopes" not in meta:
+        return None
+    return strings(meta["pkg.torch.onnx.name_scopes"]), strings(meta.get("pkg.torch.onnx.class_hierarchy", ""))
 
 
 def strings(text: str | bytes) -> list[str]:

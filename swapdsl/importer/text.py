@@ -61,15 +61,16 @@ def convert(path: str, batch: int | None = None, dims: Mapping[str, int] | None 
 
     body, notes = _symbolic(src, base, sizes, render)
     notes = base.notes + notes
-    names = [("batch" if s == "batch" else _arg(s)) for s in sizes]
+    names = _size_names(sizes)
     n_in, n_ops = len(base.inputs), len(base.lines)
     folded = blocks.fold(body[n_in:n_in + n_ops], base.scopes, base.classes,
-                         body[n_in + n_ops:], names, [t.name for _, t in base.inputs], enabled=not flat)
+                         body[n_in + n_ops:], list(names.values()), [t.name for _, t in base.inputs],
+                         enabled=not flat)
     body = body[:n_in] + list(folded.body) + list(folded.after)
     name_of = folded.renamed
     if freeze and not base.frozen_by_pattern:
         notes.append(f"--freeze `{freeze}` matched no parameter")
-    args = {("batch" if s == "batch" else _arg(s)): v for s, v in sizes.items()}
+    args = {names[s]: v for s, v in sizes.items()}
     stem = readable(src.path.rsplit("/", 1)[-1].rsplit(".", 1)[0])  # exporters name every graph alike
     model = stem if stem not in RESERVED else f"{stem}_model"
     head = [f"# Imported from {src.path.rsplit('/', 1)[-1]} ({src.producer or 'unknown producer'}, opset "
@@ -101,6 +102,11 @@ def _sizes(src: Source, batch: int | None, dims: dict[str, int]) -> dict[str, in
     return sizes
 
 
+def _size_names(sizes: Mapping[str, int]) -> dict[str, str]:
+    """Each size's model argument: `batch`, and the file's symbolic sizes made readable."""
+    return {s: "batch" if s == "batch" else _arg(s) for s in sizes}
+
+
 def _arg(symbol: str) -> str:
     name = readable(symbol)
     return name if name not in RESERVED else f"{name}_size"
@@ -120,7 +126,7 @@ def _symbolic(src: Source, base: Lowering, sizes: dict[str, int],
         if len(bumped[s]) != len(lines):
             del bumped[s]
             notes.append(f"`{s}` is fixed at {sizes[s]}: the graph changes with it")
-    names = {s: ("batch" if s == "batch" else _arg(s)) for s in sizes}
+    names = _size_names(sizes)
     return [_line(k, line, bumped, sizes, names) for k, line in enumerate(lines)], notes
 
 

@@ -10,7 +10,7 @@ import numpy as np
 
 from swapdsl.common.errors import SwpError
 from swapdsl.importer.blocks import parse, refs
-from swapdsl.importer.context import Lowering, Tensor, attributes, strings, unsupported, utf8
+from swapdsl.importer.context import Lowering, Tensor, attributes, torch_scopes, unsupported, utf8
 from swapdsl.importer.onnx_read import Source
 from swapdsl.importer.fold import FOLD
 from swapdsl.importer.rules import RULES, table_rows
@@ -100,10 +100,9 @@ def _trained_layout(lw: Lowering, node: Any) -> bool:
 def _scope(node: Any, classes: dict[tuple[str, ...], str]) -> tuple[str, ...]:
     """The module a node belongs to, outermost first: from the dynamo exporter's name scopes (and the
     modules' classes, into ``classes``), or the TorchScript exporter's node name `/layer1/layer1.0/conv1/Conv`."""
-    meta = {p.key: p.value for p in node.metadata_props}
-    if "pkg.torch.onnx.name_scopes" in meta:
-        scopes = strings(meta["pkg.torch.onnx.name_scopes"])[1:-1]
-        kinds = strings(meta.get("pkg.torch.onnx.class_hierarchy", ""))[1:len(scopes) + 1]
+    found = torch_scopes(node)
+    if found is not None:
+        scopes, kinds = found[0][1:-1], found[1][1:len(found[0]) - 1]
         for k, kind in enumerate(kinds):
             classes.setdefault(tuple(scopes[:k + 1]), kind)
         return tuple(scopes)

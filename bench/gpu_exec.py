@@ -42,6 +42,9 @@ def run_config(name: str, ratio: float, args: argparse.Namespace) -> list[dict]:
     planned_s = time.perf_counter() - t0
     rows = []
     for graph in (True, False):
+        if args.backend == "cupy":  # what the last run's arena left in CuPy's pool is not this run's
+            import cupy
+            cupy.get_default_memory_pool().free_all_blocks()
         run = api.execute_plan(plan, model.training, args.steps, 0, args.backend, check=True, graph=graph)
         f = run.figures
         rows.append({

@@ -275,7 +275,11 @@ class PlanRunner:
         assert isinstance(instr, Run)
         op = self.g.ops[instr.op]
         ins = [self.dview(n, region) for n, region in zip(op.inputs, s.regions)]
-        out = self.dview(op.outputs[0], dict(instr.outs)[op.outputs[0]])
+        region = dict(instr.outs)[op.outputs[0]]
+        if instr.in_place and region == s.regions[0] and self._type(op.outputs[0]) == self._type(op.inputs[0]):
+            out = ins[0]  # one object: CuPy copies (allocates) an input overlapping an output that is another
+        else:
+            out = self.dview(op.outputs[0], region)
         kernel = (self.vendor.kernels.get(instr.op) or self.fused.kernels.get(instr.op)
                   or kernel_of(op.op, tuple(map(self.g.type_of, op.inputs)), self.g.type_of(op.outputs[0]),
                                op.attr_dict))

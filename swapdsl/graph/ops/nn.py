@@ -121,7 +121,10 @@ def _tiles(f: _Frame, arrays: list[Array], full: int) -> list[tuple[slice, list[
     out = []
     for k in chunks(shape[f.tile_axis], per_item, f.x.nbytes):
         index = (slice(None),) * f.tile_axis + (k,)
-        out.append((k, [a[index] if a.ndim == 3 else _vector(a, k, f.tile_axis) for a in arrays]))
+        parts: dict[int, Array] = {}  # one part per array object: an in-place output stays its input (CuPy
+        for a in arrays:              # copies an input that overlaps the output unless they are one object)
+            parts.setdefault(id(a), a[index] if a.ndim == 3 else _vector(a, k, f.tile_axis))
+        out.append((k, [parts[id(a)] for a in arrays]))
     return out
 
 

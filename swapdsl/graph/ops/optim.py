@@ -86,19 +86,21 @@ def _sgd(c: KernelContext, ins: list[Array], out: Array, a: Attrs) -> None:
     lr = learning_rate(c, a, w.dtype)
     mark = c.scratch.used
     for k in flat_chunks(out):
-        t = c.scratch.take(out[k].shape, out.dtype)
-        c.xp.multiply(lr, _decayed(c, g[k], w[k], a, t), out=t)
-        c.xp.subtract(w[k], t, out=out[k])
+        wk, o = _parts(w, out, k)
+        t = c.scratch.take(o.shape, out.dtype)
+        c.xp.multiply(lr, _decayed(c, g[k], wk, a, t), out=t)
+        c.xp.subtract(wk, t, out=o)
         c.scratch.used = mark
 
 
 def _momentum(c: KernelContext, ins: list[Array], out: Array, a: Attrs) -> None:
     m, g, w = ins
     for k in flat_chunks(out):
-        t = c.scratch.take(out[k].shape, out.dtype)
+        mk, o = _parts(m, out, k)
+        t = c.scratch.take(o.shape, out.dtype)
         d = _decayed(c, g[k], w[k], a, t)
-        c.xp.multiply(m[k], m.dtype.type(a["momentum"]), out=out[k])
-        c.xp.add(out[k], d, out=out[k])
+        c.xp.multiply(mk, m.dtype.type(a["momentum"]), out=o)
+        c.xp.add(o, d, out=o)
         c.scratch.reset()
 
 
@@ -107,9 +109,10 @@ def _sgd_apply(c: KernelContext, ins: list[Array], out: Array, a: Attrs) -> None
     lr = learning_rate(c, a, w.dtype)
     mark = c.scratch.used
     for k in flat_chunks(out):
-        t = c.scratch.take(out[k].shape, out.dtype)
+        wk, o = _parts(w, out, k)
+        t = c.scratch.take(o.shape, out.dtype)
         c.xp.multiply(lr, m[k], out=t)
-        c.xp.subtract(w[k], t, out=out[k])
+        c.xp.subtract(wk, t, out=o)
         c.scratch.used = mark
 
 
@@ -119,12 +122,13 @@ def _nesterov_apply(c: KernelContext, ins: list[Array], out: Array, a: Attrs) ->
     lr = learning_rate(c, a, w.dtype)
     mark = c.scratch.used
     for k in flat_chunks(out):
-        t, u = c.scratch.take(out[k].shape, out.dtype), c.scratch.take(out[k].shape, out.dtype)
-        d = _decayed(c, g[k], w[k], a, t)
+        wk, o = _parts(w, out, k)
+        t, u = c.scratch.take(o.shape, out.dtype), c.scratch.take(o.shape, out.dtype)
+        d = _decayed(c, g[k], wk, a, t)
         c.xp.multiply(m[k], w.dtype.type(a["momentum"]), out=u)
         c.xp.add(d, u, out=u)
         c.xp.multiply(lr, u, out=u)
-        c.xp.subtract(w[k], u, out=out[k])
+        c.xp.subtract(wk, u, out=o)
         c.scratch.used = mark
 
 
@@ -140,17 +144,18 @@ def _lion_apply(c: KernelContext, ins: list[Array], out: Array, a: Attrs) -> Non
         xp.subtract(w.dtype.type(1), keep, out=keep)
     mark = c.scratch.used
     for k in flat_chunks(out):
-        t, u = c.scratch.take(out[k].shape, out.dtype), c.scratch.take(out[k].shape, out.dtype)
+        wk, o = _parts(w, out, k)
+        t, u = c.scratch.take(o.shape, out.dtype), c.scratch.take(o.shape, out.dtype)
         xp.multiply(g[k], w.dtype.type(1.0 - a["beta1"]), out=t)
         xp.multiply(m[k], w.dtype.type(a["beta1"]), out=u)
         xp.add(t, u, out=t)
         xp.sign(t, out=t)
         xp.multiply(lr, t, out=t)
         if wd:
-            xp.multiply(w[k], keep, out=u)
-            xp.subtract(u, t, out=out[k])
+            xp.multiply(wk, keep, out=u)
+            xp.subtract(u, t, out=o)
         else:
-            xp.subtract(w[k], t, out=out[k])
+            xp.subtract(wk, t, out=o)
         c.scratch.used = mark
 
 
@@ -158,33 +163,36 @@ def _lion_m(c: KernelContext, ins: list[Array], out: Array, a: Attrs) -> None:
     """beta2 * m + (1 - beta2) * g: Lion's momentum, updated after the weight read the old one."""
     m, g = ins
     for k in flat_chunks(out):
-        t = c.scratch.take(out[k].shape, out.dtype)
+        mk, o = _parts(m, out, k)
+        t = c.scratch.take(o.shape, out.dtype)
         c.xp.multiply(g[k], m.dtype.type(1.0 - a["beta2"]), out=t)
-        c.xp.multiply(m[k], m.dtype.type(a["beta2"]), out=out[k])
-        c.xp.add(out[k], t, out=out[k])
+        c.xp.multiply(mk, m.dtype.type(a["beta2"]), out=o)
+        c.xp.add(o, t, out=o)
         c.scratch.reset()
 
 
 def _adam_m(c: KernelContext, ins: list[Array], out: Array, a: Attrs) -> None:
     m, g, w = ins
     for k in flat_chunks(out):
-        t = c.scratch.take(out[k].shape, out.dtype)
+        mk, o = _parts(m, out, k)
+        t = c.scratch.take(o.shape, out.dtype)
         d = _decayed(c, g[k], w[k], a, t)
         c.xp.multiply(m.dtype.type(1.0 - a["beta1"]), d, out=t)
-        c.xp.multiply(m.dtype.type(a["beta1"]), m[k], out=out[k])
-        c.xp.add(out[k], t, out=out[k])
+        c.xp.multiply(m.dtype.type(a["beta1"]), mk, out=o)
+        c.xp.add(o, t, out=o)
         c.scratch.reset()
 
 
 def _adam_v(c: KernelContext, ins: list[Array], out: Array, a: Attrs) -> None:
     v, g, w = ins
     for k in flat_chunks(out):
-        t, u = c.scratch.take(out[k].shape, out.dtype), c.scratch.take(out[k].shape, out.dtype)
+        vk, o = _parts(v, out, k)
+        t, u = c.scratch.take(o.shape, out.dtype), c.scratch.take(o.shape, out.dtype)
         d = _decayed(c, g[k], w[k], a, t)
         c.xp.multiply(v.dtype.type(1.0 - a["beta2"]), d, out=u)
         c.xp.multiply(u, d, out=u)
-        c.xp.multiply(v.dtype.type(a["beta2"]), v[k], out=out[k])
-        c.xp.add(out[k], u, out=out[k])
+        c.xp.multiply(v.dtype.type(a["beta2"]), vk, out=o)
+        c.xp.add(o, u, out=o)
         c.scratch.reset()
 
 
@@ -213,7 +221,8 @@ def _adam_apply(c: KernelContext, ins: list[Array], out: Array, a: Attrs) -> Non
         xp.subtract(w.dtype.type(1), keep, out=keep)
     mark = c.scratch.used
     for k in flat_chunks(out):
-        t, u = c.scratch.take(out[k].shape, out.dtype), c.scratch.take(out[k].shape, out.dtype)
+        wk, o = _parts(w, out, k)
+        t, u = c.scratch.take(o.shape, out.dtype), c.scratch.take(o.shape, out.dtype)
         xp.multiply(v[k], c2, out=t)
         xp.sqrt(t, out=t)
         xp.add(t, w.dtype.type(a["eps"]), out=t)
@@ -221,10 +230,10 @@ def _adam_apply(c: KernelContext, ins: list[Array], out: Array, a: Attrs) -> Non
         xp.multiply(lr, u, out=u)
         xp.divide(u, t, out=u)
         if wd:
-            xp.multiply(w[k], keep, out=t)
-            xp.subtract(t, u, out=out[k])
+            xp.multiply(wk, keep, out=t)
+            xp.subtract(t, u, out=o)
         else:
-            xp.subtract(w[k], u, out=out[k])
+            xp.subtract(wk, u, out=o)
         c.scratch.used = mark
 
 
@@ -257,8 +266,20 @@ def _update(name: str, arity: int, flops: int, kernel, temporaries: int = 1, sca
 
 
 def _flat(kernel):  # noqa: ANN001, ANN202
-    """Updates are element-wise over same-shaped tensors: run them on flat views, in chunks."""
-    return lambda c, ins, out, a: kernel(c, [x.reshape(-1) for x in ins], out.reshape(-1), a)
+    """Updates are element-wise over same-shaped tensors: run them on flat views, in chunks. An update in
+    place (its output the first input's object) keeps that identity in the flat views."""
+    def run(c: KernelContext, ins: list[Array], out: Array, a: Attrs) -> None:
+        flat = [x.reshape(-1) for x in ins]
+        kernel(c, flat, flat[0] if out is ins[0] else out.reshape(-1), a)
+
+    return run
+
+
+def _parts(x: Array, out: Array, k: slice) -> tuple[Array, Array]:
+    """``x[k]`` and ``out[k]``, one object when ``x`` is ``out`` (CuPy copies an input that overlaps the
+    output unless the two are one object: an allocation inside the step)."""
+    o = out[k]
+    return (o if x is out else x[k]), o
 
 
 # ---- a guarded step: the updates apply only when every gradient is finite; dynamic loss scaling ----------

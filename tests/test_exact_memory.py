@@ -11,6 +11,7 @@ its output would allocate the whole tensor (the teeth test below).
 from __future__ import annotations
 
 import functools
+import traceback
 import tracemalloc
 
 import attrs
@@ -24,7 +25,7 @@ from swapdsl.graph.ir import Graph
 from swapdsl.graph.ops import REGISTRY
 from swapdsl.graph.ops.registry import KernelContext, ScratchOverflow
 from swapdsl.plan.file import format_plan, parse_plan
-from swapdsl.plan.program import Plan
+from swapdsl.plan.program import Plan, Run
 from swapdsl.plan.validate import PlanError, validate
 from swapdsl.runtime.interpreter import PlanRunner
 from test_planners import caps, plan_for
@@ -156,3 +157,53 @@ def test_a_cupy_step_allocates_no_device_memory(name: str, graph: bool) -> None:
         assert runner.graph_note
     finally:
         runner.close()
+
+
+def overlapping_inputs(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """Every NumPy ufunc and ``copyto`` made to record a call whose input overlaps its output without being
+    that same array object: CuPy copies such an input into memory it allocates (``_copy_in_args_if_needed``
+    in CuPy 14), which a step on the device must never do. This finds them without a GPU."""
+    found: list[str] = []
+
+    class Watched:
+        def __init__(self, name: str, fn) -> None:  # noqa: ANN001
+            self.name, self.fn = name, fn
+
+        def __getattr__(self, attr: str):  # noqa: ANN204
+            return getattr(self.fn, attr)  # a ufunc's reduce, nin, ...
+
+        def __call__(self, *args, **kwargs):  # noqa: ANN002, ANN003, ANN204
+            out = kwargs.get("out")
+            outs = out if isinstance(out, tuple) else (out,) if out is not None else ()
+            copy = self.name == "copyto"
+            targets = [o for o in (*outs, args[0] if copy else None) if isinstance(o, np.ndarray)]
+            for o in targets:
+                for x in args[1:] if copy else args:
+                    if isinstance(x, np.ndarray) and x is not o and np.may_share_memory(x, o):
+                        where = traceback.extract_stack()[-2]
+                        found.append(f"{self.name}: input {x.shape} overlaps output {o.shape} at "
+                                     f"{where.filename.rsplit('/', 1)[-1]}:{where.lineno}")
+            return self.fn(*args, **kwargs)
+
+    for name in dir(np):
+        fn = getattr(np, name)
+        if isinstance(fn, np.ufunc) or name == "copyto":
+            monkeypatch.setattr(np, name, Watched(name, fn))
+    return found
+
+
+@pytest.mark.parametrize("name", ["tiny_resnet", "tiny_transformer", "lstm_lm", "mlp"])
+def test_no_step_hands_a_kernel_an_input_overlapping_its_output(name: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """In-place ops (optimiser updates, gradient sums, running statistics) pass their output as the very
+    object of their first input, down to each chunk and tile, so CuPy has nothing to copy."""
+    t, plan = third_of_no_swap(name)
+    assert any(i.in_place for i in plan.program if isinstance(i, Run))
+    runner = PlanRunner(plan, t, "numpy", np, seed=3)
+    try:
+        runner.step(1)
+        found = overlapping_inputs(monkeypatch)
+        runner.step(2)
+        monkeypatch.undo()
+    finally:
+        runner.close()
+    assert found == []

@@ -99,7 +99,7 @@ def _padded(c: KernelContext, x: Array, cv: _Conv, fill: float) -> Array:
 
 
 def _unpad(c: KernelContext, padded: Array, out: Array, cv: _Conv) -> None:
-    if padded is not out:
+    if any(cv.padding):  # else ``padded`` is ``out`` (``_padded_target``)
         (ph, pw), (h, w) = cv.padding, cv.hw
         c.xp.copyto(out, padded[:, :, ph:ph + h, pw:pw + w])
 

@@ -8,7 +8,7 @@ from swapdsl.graph.ops.elementwise import unbroadcast
 from swapdsl.graph.ops.blas import matmul_into
 from swapdsl.graph.ops.registry import (
     Array, Attrs, GradBuilder, KernelContext, OpDef, Types, broadcast_shapes, buffers, chunk_len, chunks, floating,
-    register,
+    parts, register,
 )
 
 
@@ -105,7 +105,8 @@ def _fold_acc(c: KernelContext, ins: list[Array], out: Array, a: Attrs) -> None:
     for k in chunks(out.shape[1], out.shape[0] * out.dtype.itemsize, out.nbytes):
         product = c.scratch.take((out.shape[0], k.stop - k.start), out.dtype)
         matmul_into(c.xp, x2.T, g2[:, k], product, c.tf32)
-        c.xp.add(acc[:, k], product, out=out[:, k])
+        acc_k, out_k = parts(acc, out, (slice(None), k))
+        c.xp.add(acc_k, product, out=out_k)
         c.scratch.reset()
 
 

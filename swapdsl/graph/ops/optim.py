@@ -21,7 +21,7 @@ from typing import Any
 from swapdsl.common.errors import SwpError
 from swapdsl.graph.ir import DType, TensorType
 from swapdsl.graph.ops.registry import (
-    Array, Attrs, KernelContext, OpDef, Types, buffers, chunk_len, chunks, per_element, register,
+    Array, Attrs, KernelContext, OpDef, Types, buffers, chunk_len, chunks, parts, per_element, register,
 )
 
 
@@ -86,7 +86,7 @@ def _sgd(c: KernelContext, ins: list[Array], out: Array, a: Attrs) -> None:
     lr = learning_rate(c, a, w.dtype)
     mark = c.scratch.used
     for k in flat_chunks(out):
-        wk, o = _parts(w, out, k)
+        wk, o = parts(w, out, k)
         t = c.scratch.take(o.shape, out.dtype)
         c.xp.multiply(lr, _decayed(c, g[k], wk, a, t), out=t)
         c.xp.subtract(wk, t, out=o)
@@ -96,7 +96,7 @@ def _sgd(c: KernelContext, ins: list[Array], out: Array, a: Attrs) -> None:
 def _momentum(c: KernelContext, ins: list[Array], out: Array, a: Attrs) -> None:
     m, g, w = ins
     for k in flat_chunks(out):
-        mk, o = _parts(m, out, k)
+        mk, o = parts(m, out, k)
         t = c.scratch.take(o.shape, out.dtype)
         d = _decayed(c, g[k], w[k], a, t)
         c.xp.multiply(mk, m.dtype.type(a["momentum"]), out=o)
@@ -109,7 +109,7 @@ def _sgd_apply(c: KernelContext, ins: list[Array], out: Array, a: Attrs) -> None
     lr = learning_rate(c, a, w.dtype)
     mark = c.scratch.used
     for k in flat_chunks(out):
-        wk, o = _parts(w, out, k)
+        wk, o = parts(w, out, k)
         t = c.scratch.take(o.shape, out.dtype)
         c.xp.multiply(lr, m[k], out=t)
         c.xp.subtract(wk, t, out=o)
@@ -122,7 +122,7 @@ def _nesterov_apply(c: KernelContext, ins: list[Array], out: Array, a: Attrs) ->
     lr = learning_rate(c, a, w.dtype)
     mark = c.scratch.used
     for k in flat_chunks(out):
-        wk, o = _parts(w, out, k)
+        wk, o = parts(w, out, k)
         t, u = c.scratch.take(o.shape, out.dtype), c.scratch.take(o.shape, out.dtype)
         d = _decayed(c, g[k], wk, a, t)
         c.xp.multiply(m[k], w.dtype.type(a["momentum"]), out=u)
@@ -144,7 +144,7 @@ def _lion_apply(c: KernelContext, ins: list[Array], out: Array, a: Attrs) -> Non
         xp.subtract(w.dtype.type(1), keep, out=keep)
     mark = c.scratch.used
     for k in flat_chunks(out):
-        wk, o = _parts(w, out, k)
+        wk, o = parts(w, out, k)
         t, u = c.scratch.take(o.shape, out.dtype), c.scratch.take(o.shape, out.dtype)
         xp.multiply(g[k], w.dtype.type(1.0 - a["beta1"]), out=t)
         xp.multiply(m[k], w.dtype.type(a["beta1"]), out=u)
@@ -163,7 +163,7 @@ def _lion_m(c: KernelContext, ins: list[Array], out: Array, a: Attrs) -> None:
     """beta2 * m + (1 - beta2) * g: Lion's momentum, updated after the weight read the old one."""
     m, g = ins
     for k in flat_chunks(out):
-        mk, o = _parts(m, out, k)
+        mk, o = parts(m, out, k)
         t = c.scratch.take(o.shape, out.dtype)
         c.xp.multiply(g[k], m.dtype.type(1.0 - a["beta2"]), out=t)
         c.xp.multiply(mk, m.dtype.type(a["beta2"]), out=o)
@@ -174,7 +174,7 @@ def _lion_m(c: KernelContext, ins: list[Array], out: Array, a: Attrs) -> None:
 def _adam_m(c: KernelContext, ins: list[Array], out: Array, a: Attrs) -> None:
     m, g, w = ins
     for k in flat_chunks(out):
-        mk, o = _parts(m, out, k)
+        mk, o = parts(m, out, k)
         t = c.scratch.take(o.shape, out.dtype)
         d = _decayed(c, g[k], w[k], a, t)
         c.xp.multiply(m.dtype.type(1.0 - a["beta1"]), d, out=t)
@@ -186,7 +186,7 @@ def _adam_m(c: KernelContext, ins: list[Array], out: Array, a: Attrs) -> None:
 def _adam_v(c: KernelContext, ins: list[Array], out: Array, a: Attrs) -> None:
     v, g, w = ins
     for k in flat_chunks(out):
-        vk, o = _parts(v, out, k)
+        vk, o = parts(v, out, k)
         t, u = c.scratch.take(o.shape, out.dtype), c.scratch.take(o.shape, out.dtype)
         d = _decayed(c, g[k], w[k], a, t)
         c.xp.multiply(v.dtype.type(1.0 - a["beta2"]), d, out=u)
@@ -221,7 +221,7 @@ def _adam_apply(c: KernelContext, ins: list[Array], out: Array, a: Attrs) -> Non
         xp.subtract(w.dtype.type(1), keep, out=keep)
     mark = c.scratch.used
     for k in flat_chunks(out):
-        wk, o = _parts(w, out, k)
+        wk, o = parts(w, out, k)
         t, u = c.scratch.take(o.shape, out.dtype), c.scratch.take(o.shape, out.dtype)
         xp.multiply(v[k], c2, out=t)
         xp.sqrt(t, out=t)
@@ -273,13 +273,6 @@ def _flat(kernel):  # noqa: ANN001, ANN202
         kernel(c, flat, flat[0] if out is ins[0] else out.reshape(-1), a)
 
     return run
-
-
-def _parts(x: Array, out: Array, k: slice) -> tuple[Array, Array]:
-    """``x[k]`` and ``out[k]``, one object when ``x`` is ``out`` (CuPy copies an input that overlaps the
-    output unless the two are one object: an allocation inside the step)."""
-    o = out[k]
-    return (o if x is out else x[k]), o
 
 
 # ---- a guarded step: the updates apply only when every gradient is finite; dynamic loss scaling ----------

@@ -255,6 +255,13 @@ def chunks(total: int, item_bytes: int, largest: int) -> list[slice]:
     return [slice(i, min(i + step, total)) for i in range(0, total, step)]
 
 
+def parts(x: Array, out: Array, index: Any) -> tuple[Array, Array]:
+    """``x[index]`` and ``out[index]``, one object when ``x`` is ``out`` (an op in place): CuPy copies an
+    input that overlaps the output unless the two are one object, allocating inside the step."""
+    o = out[index]
+    return (o if x is out else x[index]), o
+
+
 def type_of(array: Array) -> TensorType:
     """The IR type of an array."""
     return TensorType(tuple(array.shape), DType[_LABELS[str(array.dtype)]])

@@ -94,6 +94,8 @@ def torch_run(name: str, mode: str, cap: int, steps: int, device: str) -> None:
     torch.backends.cuda.matmul.allow_tf32 = False
     torch.backends.cudnn.allow_tf32 = False
     dev = torch.device(device)
+    if dev.type == "cuda" and dev.index is None:  # the memory fraction wants a device with its index
+        dev = torch.device("cuda", torch.cuda.current_device())
     if cap and dev.type == "cuda":
         torch.cuda.set_per_process_memory_fraction(cap / torch.cuda.get_device_properties(dev).total_memory, dev)
     model, batch, optimizer = _torch_model(torch, MODELS[name][2], dev)

@@ -54,7 +54,8 @@ def run_config(name: str, ratio: float, args: argparse.Namespace) -> list[dict]:
             "step_ms": statistics.median(run.step_ms[1:] or run.step_ms),
             "host_ms": statistics.median(f["host_ms_per_step"][1:] or f["host_ms_per_step"]),
             "device_bytes_allocated": f["device_bytes_allocated"], "scratch_bytes": f["scratch_bytes"],
-            "max_rel_diff": run.max_rel_diff, "simulated_ms": f["simulated_ms"], "plan_s": planned_s,
+            "max_rel_diff": run.max_rel_diff, "max_rel_diff_at": run.max_rel_diff_at,
+            "simulated_ms": f["simulated_ms"], "plan_s": planned_s,
         })
     return rows
 

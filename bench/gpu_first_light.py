@@ -109,12 +109,20 @@ def exec_checked(model_name: str, defines: list[str]) -> Callable[[], str]:
                 break
             except SwpError:
                 continue
+        # the reference's own kernels: the plan alone is measured, and must agree to rounding
+        own = api.execute(plan, steps=3, backend="cupy", check=True, vendor_kernels=False)
+        # cuDNN and fused kernels round differently; a model with a tie at its start (a ReLU over a batch
+        # norm's exact zeros, an attention key bias whose gradient is zero) turns that into O(1) differences
+        # in a few tensors, so only the losses are held to 1e-4 there
         run = api.execute(plan, steps=3, backend="cupy", check=True)
-        found: dict[str, Any] = {"graph": run.figures.get("graph"), "max_rel_diff": run.max_rel_diff,
+        losses = max(abs(a - b) / abs(b) for a, b in zip(run.losses, own.losses))
+        found: dict[str, Any] = {"graph": run.figures.get("graph"), "own_kernels_max_rel_diff": own.max_rel_diff,
+                                 "own_at": own.max_rel_diff_at, "vendor_max_rel_diff": run.max_rel_diff,
+                                 "vendor_at": run.max_rel_diff_at, "vendor_losses_rel_diff": losses,
                                  "vendor_notes": run.figures.get("vendor_notes"), "loss": run.losses}
-        if run.max_rel_diff is None or run.max_rel_diff > 1e-4:
-            raise AssertionError(f"differs from the reference: {json.dumps(found, default=str)[:300]}")
-        return json.dumps(found, default=str)[:300]
+        if own.max_rel_diff is None or own.max_rel_diff > 1e-5 or losses > 1e-4:
+            raise AssertionError(f"differs from the reference: {json.dumps(found, default=str)[:400]}")
+        return json.dumps(found, default=str)[:400]
 
     return run
 

@@ -39,7 +39,7 @@ class Progress:
         eta = (self.last - r.step) * elapsed / done
         epoch = f"  epoch {r.epoch}/{-(-self.last // self.per_epoch)}" if r.epoch and self.per_epoch else ""
         figures = "".join(f"  {k} {v:.4f}" for k, v in r.metrics.items())
-        diff = f"  max rel diff {r.diff:.2e}" if r.diff is not None else ""
+        diff = f"  max rel diff {r.diff:.2e} ({r.diff_at})" if r.diff is not None else ""
         line = (f"  step {r.step:>{self.width}}/{self.last}{epoch}  loss {r.loss:.6f}{figures}  "
                 f"{r.step_ms:8.1f} ms  {rate:,.0f} ex/s")
         if self.live:

@@ -76,6 +76,7 @@ class StepRecord:
     h2d_bytes: int  # the plan's copies each way (0 with no plan)
     d2h_bytes: int
     diff: float | None = None  # --check: largest relative difference from the reference
+    diff_at: str | None = None  # --check: where it is: "loss", or a persistent tensor's name
 
 
 @attrs.frozen
@@ -131,14 +132,18 @@ class Beside:
         with self.context():
             self.ref.load_state(values, step)
 
-    def __call__(self, batch: Batch | None, step: int, loss: float, stepper: Stepper) -> float:
-        """The largest relative difference of the loss and every persistent tensor after ``step``."""
+    def __call__(self, batch: Batch | None, step: int, loss: float, stepper: Stepper) -> tuple[float, str]:
+        """The largest relative difference of the loss and every persistent tensor after ``step``, and
+        where it is ("loss" or the tensor's name)."""
         with self.context():
             if batch is not None:
                 self.ref.set_batch(batch)
             ref_loss = self.ref.run_step(step)[0]
             ref_state = self.ref.state()
-        return max(relative_diff(loss, ref_loss), *(relative_diff(v, ref_state[k]) for k, v in stepper.state().items()))
+        diffs = {k: relative_diff(v, ref_state[k]) for k, v in stepper.state().items()}
+        diffs["loss"] = relative_diff(loss, ref_loss)
+        at = max(diffs, key=lambda k: (diffs[k], k == "loss"))  # a tie (all equal): the loss
+        return diffs[at], at
 
 
 def relative_diff(a: object, b: object) -> float:
@@ -239,12 +244,12 @@ def train(g: Graph, stepper: Stepper, opts: Options, hooks: Hooks = Hooks(), eva
                 loss, ms = stepper.run_step(step)
                 if not math.isfinite(loss) and opts.on_nonfinite == "stop":
                     raise _nonfinite(g, opts, start, step, f"the loss of step {step} is {loss}", ds, order)
-                diff = check(batch, step, loss, stepper) if check is not None else None
+                diff, diff_at = check(batch, step, loss, stepper) if check is not None else (None, None)
                 epoch = order.epoch_of(step - 1) + 1 if order is not None else None
                 metrics = stepper.metrics()
                 if opts.on_nonfinite == "stop" and _gave_up(g, metrics):
                     raise _nonfinite(g, opts, start, step, _why_skipped(step, metrics), ds, order)
-                steps.append(StepRecord(step, epoch, loss, metrics, ms, examples, *moved, diff))
+                steps.append(StepRecord(step, epoch, loss, metrics, ms, examples, *moved, diff, diff_at))
                 _emit(hooks.on_step, steps[-1], log, "step")
                 if opts.eval_every and step % opts.eval_every == 0:
                     evaluation(step)

@@ -247,6 +247,7 @@ class Execution:
     figures: dict[str, object] = attrs.field(factory=dict)  # a plan's: bytes moved, arenas, simulated step
     max_rel_diff: float | None = None
     outcome: Outcome | None = attrs.field(default=None, repr=False)
+    max_rel_diff_at: str | None = None  # "loss" or the persistent tensor where max_rel_diff is
 
     @property
     def metrics(self) -> list[dict[str, float]]:
@@ -262,30 +263,32 @@ class Execution:
             if o.dataset is not None:
                 out |= {"data": o.dataset.path, "examples": o.dataset.examples,
                         "dropped_per_epoch": o.dataset.dropped}
-        return out | ({"max_rel_diff": self.max_rel_diff} if self.max_rel_diff is not None else {})
+        return out | ({"max_rel_diff": self.max_rel_diff, "max_rel_diff_at": self.max_rel_diff_at}
+                      if self.max_rel_diff is not None else {})
 
 
 def execute(target: Plan | Model | str | Path, steps: int | None = None, seed: int | None = None, backend: str = "auto",
             check: bool = False, on_step: OnStep | None = None, graph: bool = True, tf32: bool = False,
-            options: Options = Options(), hooks: Hooks = Hooks()) -> Execution:
+            options: Options = Options(), hooks: Hooks = Hooks(), vendor_kernels: bool = True) -> Execution:
     """Train: a plan under its cap (a Plan, or a plan file), or a model with the reference executor and
     no cap (a Model, or a `.swp` file). ``options``: data, evaluation, checkpoints, log (``steps`` and
     ``seed`` override its own). ``check`` (plans) runs the reference beside it and compares every loss and
     parameter; ``on_step`` hears of every step as it ends (``hooks``: of steps, evaluations and saves);
     ``graph`` (plans on CuPy) replays each step as one captured CUDA graph; ``tf32`` (plans on CuPy) lets
-    FP32 products use TF32 tensor cores."""
+    FP32 products use TF32 tensor cores; ``vendor_kernels`` False (plans on CuPy): swapdsl's own kernels
+    only, the reference's, so that ``check`` measures what the plan changes and nothing else."""
     if isinstance(target, (str, Path)):
         if is_plan_file(target):
             plan, train = read_checked(str(target), need_model=True)
             return execute_plan(plan, train, steps, seed, backend, check, on_step, graph=graph, tf32=tf32,
-                                options=options, hooks=hooks)
+                                options=options, hooks=hooks, vendor_kernels=vendor_kernels)
         target = load(target)
     if isinstance(target, Model):
         if check:
             raise SwpError("check compares a plan's execution with the reference executor; give a plan")
         return _train_reference(target, _options(options, steps, seed), backend, _hooks(hooks, on_step))
     return execute_plan(target, _graph_of(target), steps, seed, backend, check, on_step, graph=graph, tf32=tf32,
-                        options=options, hooks=hooks)
+                        options=options, hooks=hooks, vendor_kernels=vendor_kernels)
 
 
 def is_plan_file(path: str | Path) -> bool:
@@ -437,15 +440,16 @@ def _at_batch(m: Model, rows: int) -> Model | None:
 def _execution(model: str, backend: str, opts: Options, outcome: Outcome, figures: dict | None = None,
                check: bool = False) -> Execution:
     steps = outcome.steps
-    worst = max((r.diff for r in steps if r.diff is not None), default=0.0) if check else None
+    worst = max((r for r in steps if r.diff is not None), key=lambda r: r.diff, default=None) if check else None
     return Execution(model, backend, len(steps), opts.seed or 0, [r.loss for r in steps], [r.step_ms for r in steps],
-                     figures or {}, worst, outcome)
+                     figures or {}, (worst.diff if worst else 0.0) if check else None, outcome,
+                     worst.diff_at if worst else None)
 
 
 def execute_plan(plan: Plan, train: Graph | None, steps: int | None = None, seed: int | None = None, backend: str = "auto",
                  check: bool = False, on_step: OnStep | None = None, *, copy_delay_s: float = 0.0,
                  kernel_delay_s: float = 0.0, graph: bool = True, tf32: bool = False,
-                 options: Options = Options(), hooks: Hooks = Hooks()) -> Execution:
+                 options: Options = Options(), hooks: Hooks = Hooks(), vendor_kernels: bool = True) -> Execution:
     """``execute`` for a plan already validated against its training graph ``train`` (``read_checked``).
     ``copy_delay_s``, ``kernel_delay_s`` (NumPy, for fuzzers): every copy or kernel starts that much later."""
     assert train is not None
@@ -453,7 +457,7 @@ def execute_plan(plan: Plan, train: Graph | None, steps: int | None = None, seed
     name, xp = array_module(backend)
     seed = opts.seed or 0
     runner = PlanRunner(plan, train, name, xp, seed, check_plan=False, copy_delay_s=copy_delay_s,
-                        kernel_delay_s=kernel_delay_s, graph=graph, tf32=tf32)
+                        kernel_delay_s=kernel_delay_s, graph=graph, tf32=tf32, vendor_kernels=vendor_kernels)
     f = simulate(plan)
     moved = (int(f["h2d_bytes"]), int(f["d2h_bytes"]))
     forward: list[PlanRunner] = []

@@ -200,7 +200,7 @@ def _execute(args: argparse.Namespace, backend: str, options: training.Options, 
                                hints=[f"a plan runs with the {flag} it was planned for; leave --{flag} out"])
         header.append(f"executing {args.file} ({train.name}, {plan.method} under {format_bytes(plan.cap)}) on {backend}")
         run = api.execute_plan(plan, train, backend=backend, check=args.check, graph=args.graph == "on",
-                               tf32=args.tf32, options=options, hooks=hooks)
+                               tf32=args.tf32, options=options, hooks=hooks, vendor_kernels=not args.own_kernels)
         if not args.json and backend == "cupy":
             print(f"  CUDA graph: {run.figures['graph']}")
         return run
@@ -226,7 +226,8 @@ def _print_run(run: api.Execution, check: bool) -> None:
         print(f"simulated step {f['simulated_ms']:.3g} ms on {f['simulated_device']}; moved {format_bytes(f['h2d_bytes'])} in and "
               f"{format_bytes(f['d2h_bytes'])} out per step in a {format_bytes(f['device_arena_bytes'])} arena "
               f"({format_bytes(f['scratch_bytes'])} of it scratch); {format_bytes(f['device_bytes_allocated'])} "
-              f"held on the device" + (f"; max rel diff against the reference {run.max_rel_diff:.2e}" if check else ""))
+              f"held on the device" + (f"; max rel diff against the reference {run.max_rel_diff:.2e}"
+                                                f" (in `{run.max_rel_diff_at}`)" if check else ""))
         if run.backend == "numpy" and f["simulated_device"] in BUILTIN:
             print(f"  note: the simulated step is for a {f['simulated_device']} GPU, the device the plan was made "
                   f"for, not this CPU; `swapdsl profile MODEL.swp -o cpu.json` measures this machine and "
@@ -521,6 +522,9 @@ def make_parser() -> argparse.ArgumentParser:
     ex.add_argument("--tf32", action="store_true",
                     help="(plans, CuPy) let FP32 matrix products and convolutions use TF32 tensor cores: faster, "
                          "about 1e-3 relative from the FP32 reference instead of 1e-6")
+    ex.add_argument("--own-kernels", action="store_true",
+                    help="(plans, CuPy) swapdsl's own kernels only, no cuDNN graphs or fused kernels: the "
+                         "reference's, so that --check measures the plan alone")
     ex.add_argument("--json", action="store_true", help="print one JSON object instead of a line per step")
     ex.set_defaults(handler=_cmd_exec)
 

@@ -611,3 +611,30 @@ def test_schedules_and_clipping_are_set_from_the_command_line_through_model_argu
     code, out, err = cli("exec", digits, "-D", "clip=0", "-D", "warmup=2", "--steps", "2", "--json")
     assert code == 0, err
     assert "grad_norm" not in json.loads(out)["metrics"][0]
+
+
+class _Fixed:
+    """A stepper whose loss and state are given (for ``training.Beside``)."""
+
+    def __init__(self, loss: float, state: dict[str, np.ndarray]) -> None:
+        self.loss, self._state = loss, state
+
+    def set_batch(self, batch: object) -> None:
+        pass
+
+    def run_step(self, step: int) -> tuple[float, float]:
+        return self.loss, 0.0
+
+    def state(self) -> dict[str, np.ndarray]:
+        return self._state
+
+
+def test_the_check_says_where_the_largest_difference_is() -> None:
+    import contextlib
+
+    ref = _Fixed(2.0, {"w": np.array([1.0, 4.0]), "b": np.array([0.5])})
+    beside = training.Beside(ref, contextlib.nullcontext)
+    mine = _Fixed(2.0, {"w": np.array([1.0, 3.0]), "b": np.array([0.5])})
+    assert beside(None, 1, 2.0, mine) == (0.25, "w")
+    assert beside(None, 2, 2.2, _Fixed(2.2, ref.state())) == (pytest.approx(0.1), "loss")
+    assert beside(None, 3, 2.0, _Fixed(2.0, ref.state())) == (0.0, "loss")

@@ -20,25 +20,16 @@ import statistics
 
 from swapdsl.devices.profiles import BUILTIN
 from swapdsl.fuzz.graphs import seeded_training_graph
-from swapdsl.plan.program import Run
 from swapdsl.plan.simulate import simulate
 from swapdsl.planning.bound import recompute_bound_ms
 from swapdsl.planning.compiled import no_swap_bytes
-from swapdsl.planning.exact import exact_bound
+from swapdsl.planning.exact import exact_bound, first_runs
 from swapdsl.planning.ga import SearchOptions
 from swapdsl.planning.optimize import optimize
 from swapdsl.planning.problem import Problem, Request
 from swapdsl.planning.sizing import need_bytes
 
 METHODS = ("belady", "capuchin", "ga")
-
-
-def first_runs(plan) -> list[int]:  # noqa: ANN001
-    seen: dict[int, None] = {}
-    for instr in plan.program:
-        if isinstance(instr, Run):
-            seen.setdefault(instr.op)
-    return list(seen)
 
 
 def rows_for(seed: int, ratios: list[float], args: argparse.Namespace) -> list[dict]:

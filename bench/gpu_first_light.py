@@ -30,6 +30,7 @@ from swapdsl import api
 from swapdsl.cli import parse_defines
 from swapdsl.common.errors import SwpError
 from swapdsl.common.paths import STDLIB_DIR
+from swapdsl.runtime.training import relative_diff
 
 
 def check(results: list[dict], name: str, fn: Callable[[], str]) -> bool:
@@ -115,7 +116,7 @@ def exec_checked(model_name: str, defines: list[str]) -> Callable[[], str]:
         # norm's exact zeros, an attention key bias whose gradient is zero) turns that into O(1) differences
         # in a few tensors, so only the losses are held to 1e-4 there
         run = api.execute(plan, steps=3, backend="cupy", check=True)
-        losses = max(abs(a - b) / abs(b) for a, b in zip(run.losses, own.losses))
+        losses = relative_diff(run.losses, own.losses)
         found: dict[str, Any] = {"graph": run.figures.get("graph"), "own_kernels_max_rel_diff": own.max_rel_diff,
                                  "own_at": own.max_rel_diff_at, "vendor_max_rel_diff": run.max_rel_diff,
                                  "vendor_at": run.max_rel_diff_at, "vendor_losses_rel_diff": losses,

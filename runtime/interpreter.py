@@ -102,6 +102,7 @@ class PlanRunner:
         check_runnable(g, backend)
         check_lanes(plan, backend)
         self.plan, self.g, self.backend, self.xp = plan, g, backend, xp
+        self.vendor_kernels = vendor_kernels
         self.copy_delay_s, self.kernel_delay_s = copy_delay_s, kernel_delay_s
         self.slots = self._host_slots()
         host_bytes = max((off + nbytes for off, nbytes in self.slots.values()), default=0)
@@ -274,7 +275,11 @@ class PlanRunner:
             return self._host_work(instr)
         assert isinstance(instr, Run)
         op = self.g.ops[instr.op]
-        ins = [self.dview(n, region) for n, region in zip(op.inputs, s.regions)]
+        views: dict[tuple[str, Region], Any] = {}  # one object per tensor (`add(x, x)` in place over x)
+        for n, region in zip(op.inputs, s.regions):
+            if (n, region) not in views:
+                views[n, region] = self.dview(n, region)
+        ins = [views[n, region] for n, region in zip(op.inputs, s.regions)]
         region = dict(instr.outs)[op.outputs[0]]
         if instr.in_place and region == s.regions[0] and self._type(op.outputs[0]) == self._type(op.inputs[0]):
             out = ins[0]  # one object: CuPy copies (allocates) an input overlapping an output that is another

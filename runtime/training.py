@@ -147,9 +147,16 @@ class Beside:
 
 
 def relative_diff(a: object, b: object) -> float:
+    """max |a - b| / max |b| over the finite elements of b (equal elements, NaNs too, differ by 0); infinite
+    where a NaN or an infinity is not matched."""
     x, y = np.asarray(a, dtype=np.float64), np.asarray(b, dtype=np.float64)
-    scale = max(float(np.max(np.abs(y))) if y.size else 0.0, 1e-12)
-    return float(np.max(np.abs(x - y))) / scale if x.size else 0.0
+    if not x.size:
+        return 0.0
+    with np.errstate(invalid="ignore"):
+        apart = np.where((x == y) | (np.isnan(x) & np.isnan(y)), 0.0, np.abs(x - y))
+    finite = np.abs(y[np.isfinite(y)])
+    diff = float(np.max(apart)) / max(float(np.max(finite)) if finite.size else 0.0, 1e-12)
+    return math.inf if math.isnan(diff) else diff
 
 
 class Interrupted(KeyboardInterrupt):

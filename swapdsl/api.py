@@ -500,7 +500,8 @@ def _plan_evaluator(plan: Plan, runner: PlanRunner, backend: str, xp: ModuleType
     def forward_at(g: Graph, args: tuple[tuple[str, int | float | bool], ...]) -> PlanRunner:
         forward_plan = plan_with(Request(g, plan.device, plan.cap, plan.model_path, args), "belady")
         state = runner.state()
-        made.append(PlanRunner(forward_plan, g, backend, xp, seed, graph=False, arena=runner.arena))
+        made.append(PlanRunner(forward_plan, g, backend, xp, seed, graph=False, arena=runner.arena,
+                               vendor_kernels=runner.vendor_kernels))
         runner.load_state(state, runner.steps_run)  # the forward runner's start wrote over the shared arena
         return made[-1]
 

@@ -7,11 +7,10 @@ import pytest
 from swapdsl.common.errors import SwpError
 from swapdsl.devices.profiles import BUILTIN
 from swapdsl.fuzz.graphs import seeded_training_graph
-from swapdsl.plan.program import Run
 from swapdsl.plan.simulate import simulate
 from swapdsl.planning.bound import ideal_ms
 from swapdsl.planning.compiled import no_swap_bytes
-from swapdsl.planning.exact import exact_bound, precedences
+from swapdsl.planning.exact import exact_bound, first_runs, precedences
 from swapdsl.planning.ga import SearchOptions
 from swapdsl.planning.optimize import optimize
 from swapdsl.planning.problem import Problem, Request
@@ -22,10 +21,6 @@ DEVICE = BUILTIN["v100-16gb"]
 
 def problem(seed: int) -> Problem:
     return Problem.build(seeded_training_graph(seed, max_depth=2), DEVICE)
-
-
-def first_runs(plan) -> list[int]:  # noqa: ANN001
-    return list(dict.fromkeys(i.op for i in plan.program if isinstance(i, Run)))
 
 
 def cap_at(p: Problem, ratio: float) -> int:

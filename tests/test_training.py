@@ -638,3 +638,4 @@ def test_the_check_says_where_the_largest_difference_is() -> None:
     assert beside(None, 1, 2.0, mine) == (0.25, "w")
     assert beside(None, 2, 2.2, _Fixed(2.2, ref.state())) == (pytest.approx(0.1), "loss")
     assert beside(None, 3, 2.0, _Fixed(2.0, ref.state())) == (0.0, "loss")
+    assert beside(None, 4, float("nan"), _Fixed(2.0, ref.state())) == (float("inf"), "loss")  # never hidden

@@ -288,6 +288,8 @@ def _blocks(kernel: Kernel, cut: Cut, out: TensorType) -> Kernel:
             part = slice(i, min(i + cut.block, cut.rows))
             wide = _block_of(c, cut, src, part)
             target = dest[_index(cut.out_axis, part)]
+            if direct:  # an input in place is the output's block itself (CuPy copies an overlapping other)
+                wide = [target if x is out_ and w.shape == target.shape else w for x, w in zip(ins_, wide)]
             result = target if direct else c.scratch.take(target.shape, _np_wide(xp, out_))
             _run(c, kernel, wide, result, cut.attrs(a, out, i))
             if not direct:

@@ -5,6 +5,9 @@
 #      light 90 s, tests 120 s, exec_tiny 50 s, exec_r2 100 s
 #   B (5 minutes): bench 240 s (PyTorch beside it), profile 60 s
 #   C (what is left, 5 minutes; or GPU_CHECK_STEPS= what failed, after a fix): exec_gpt2 150 s, half 150 s
+#   AB: A and B in one call, since each start costs device time (on the H200, 2026-12-04, A's steps took
+#      80 s of their 360; docs/benchmarks.md). Their limits add to 660 s: give the call 600 s, so that only
+#      a step hung at the end is cut, and what it wrote to OUTDIR still comes back.
 #   (not in a call; by name only: exec_r4, resnet152, train)
 # The steps' limits say what each may take: a step of ResNet-50 (batch 64) or GPT-2 small (batch 8, seq
 # 1024) simulates at 0.1-0.3 s on an H100, but `exec --check` also runs the NumPy reference beside it,
@@ -22,7 +25,7 @@
 #   resnet152: the README's first GPU plan (ResNet-152, batch 8, ga under 512 MiB), against the 468.6 ms a
 #      step it took eagerly long ago;   train: bench/training.py on CuPy (throughput, resume, checkpoints).
 #
-# Usage: GPU_CHECK_CALL=A bash bench/gpu_check.sh [OUTDIR]   (results go to OUTDIR, default $OUT or /tmp/gpu_check)
+# Usage: GPU_CHECK_CALL=A|AB|B|C bash bench/gpu_check.sh [OUTDIR]   (results go to OUTDIR, default $OUT or /tmp/gpu_check)
 #        GPU_CHECK_ON_CPU=1 PYTHON=/path/to/venv/python bash bench/gpu_check.sh OUTDIR   (the script on a CPU)
 # The wheels the machine lacks (lark; nvidia-cudnn-frontend, without which convolutions run swapdsl's own
 # kernels and the run says so) are staged here by bench/stage_wheels.sh into .whl/, carried by name, and
@@ -50,6 +53,7 @@ step() {  # step NAME SECONDS COMMAND...: run it from /tmp (so the installed pac
 $py -c 'import cupy, numpy; print("cupy", cupy.__version__, "numpy", numpy.__version__)' | tee -a "$out/gpu.txt"
 case "${GPU_CHECK_CALL:-}" in
     A) calls="light tests exec_tiny exec_r2" ;;
+    AB) calls="light tests exec_tiny exec_r2 bench profile" ;;
     B) calls="bench profile" ;;
     C) calls="exec_gpt2 half" ;;
     *) calls="light tests exec_tiny exec_r2 exec_gpt2 bench profile half" ;;

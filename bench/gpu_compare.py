@@ -29,8 +29,7 @@ from swapdsl.runtime.interpreter import PlanRunner
 from swapdsl.runtime.reference import Trainer
 from swapdsl.runtime.training import relative_diff
 
-CONFIGS = {"tiny_resnet": ("tiny_resnet", ["batch=8"]), "tiny_transformer": ("tiny_transformer", ["batch=4", "seq=32"]),
-           "mlp": ("mlp", []), "lstm_lm": ("lstm_lm", [])}
+from gpu_exec import CONFIGS  # (bench/, the script's own folder, is on the path)
 
 
 def worst(a: dict, b: dict, n: int = 5) -> str:
@@ -38,7 +37,8 @@ def worst(a: dict, b: dict, n: int = 5) -> str:
     return ", ".join(f"{k} {d:.1e}" for d, k in diffs)
 
 
-def allocation_sites(runner: PlanRunner, step: int, cupy) -> None:  # noqa: ANN001
+def allocation_sites(runner: PlanRunner, step: int, cupy) -> float:  # noqa: ANN001
+    """Step ``step`` under an allocator that records where each allocation came from; its loss."""
     sites: collections.Counter[str] = collections.Counter()
     pool = cupy.cuda.MemoryPool()
 
@@ -49,12 +49,13 @@ def allocation_sites(runner: PlanRunner, step: int, cupy) -> None:  # noqa: ANN0
 
     cupy.cuda.set_allocator(record)
     try:
-        runner.step(step)
+        loss = runner.step(step)[0]
     finally:
         cupy.cuda.set_allocator(cupy.get_default_memory_pool().malloc)
     for site, nbytes in sites.most_common(12):
         print(f"    alloc {nbytes} B at {site}")
     print(f"    {len(sites)} allocation sites, {sum(sites.values())} bytes")
+    return loss
 
 
 def op_by_op(t, cupy, top: int = 12) -> None:  # noqa: ANN001
@@ -84,7 +85,7 @@ def main() -> None:
     args = ap.parse_args()
     _, cupy = array_module("cupy")
     for name in args.configs:
-        model_name, defines = CONFIGS[name]
+        model_name, defines, _ = CONFIGS[name]
         model = api.load(STDLIB_DIR / "models" / f"{model_name}.swp", parse_defines(defines))
         no_swap = int(api.optimize(model, 1 << 50, "lru").figure("no_swap_bytes"))
         plan = api.optimize(model, int(no_swap / args.ratio), "belady", seed=0)
@@ -101,8 +102,7 @@ def main() -> None:
             for k, r in runners.items():
                 if step == 2:
                     print(f"  {name} {k}: allocations in step 2")
-                    allocation_sites(r, step, cupy)
-                    losses[k] = r._read(t.loss, r.final_loc)
+                    losses[k] = allocation_sites(r, step, cupy)
                 else:
                     losses[k] = r.step(step)[0]
             print(f"{name} step {step}: losses " + ", ".join(f"{k} {v:.7g}" for k, v in losses.items()))

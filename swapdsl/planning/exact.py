@@ -121,6 +121,7 @@ class _Vars:
     prog: _Program
     order: list[int]
     tensor_cap: int
+    slot: dict[int, int] = attrs.Factory(dict)  # op -> its first run's slot
     made: dict[int, int] = attrs.Factory(dict)  # tensor made in the step -> its maker's slot
     r: dict[int, list[int]] = attrs.Factory(dict)  # tensor -> held at each slot's start
     pin: dict[int, int] = attrs.Factory(dict)  # persistent tensor -> pinned
@@ -195,7 +196,7 @@ def _respects(p: Problem, order: Sequence[int]) -> bool:
 
 
 def _build(p: Problem, tensor_cap: int, order: list[int]) -> tuple[_Program, _Vars]:
-    v = _Vars(p, edges(p), _Program(), order, tensor_cap)
+    v = _Vars(p, edges(p), _Program(), order, tensor_cap, {op: s for s, op in enumerate(order)})
     _holding(v)
     _takes(v)
     _rerun_inputs(v)
@@ -210,9 +211,8 @@ def _holding(v: _Vars) -> None:
     """``r`` and ``pin``: regions held at each slot's start, under the cap less the scratch (an op in place
     counted once); an op's inputs and outputs are held; a tensor made in the step is not before its slot."""
     p, prog, n = v.p, v.prog, v.n
-    slot = {op: s for s, op in enumerate(v.order)}
     used = sorted({t for i in range(n) for t in (*p.op_inputs[i], *p.op_outputs[i])})
-    v.made = {t: slot[v.e.producer[t]] for t in used if t in v.e.producer}
+    v.made = {t: v.slot[v.e.producer[t]] for t in used if t in v.e.producer}
     v.r = {t: [prog.var(integer=True, ub=float(s >= v.made.get(t, 0))) for s in range(n)] for t in used}
     v.pin = {t: prog.var(integer=True) for t in used if t in p.persistent}
     for s, op in enumerate(v.order):
@@ -229,8 +229,7 @@ def _takes(v: _Vars) -> None:
     """``inn`` and ``rc``: a region held at s and not at s-1 was taken in gap s-1, by a copy in beside op
     s-1 or after it, or by a rerun of its maker (held before slot 0: inputs, and pinned tensors)."""
     p, prog, n = v.p, v.prog, v.n
-    slot = {op: s for s, op in enumerate(v.order)}
-    v.rc = {i: {s: prog.var() for s in range(slot[i] + 1, n + 1)} for i in range(n) if p.op_outputs[i]}
+    v.rc = {i: {s: prog.var() for s in range(v.slot[i] + 1, n + 1)} for i in range(n) if p.op_outputs[i]}
     for t, rs in v.r.items():
         maker = v.e.producer.get(t)
         v.inn[t] = {s: (prog.var(), prog.var()) for s in range(v.made[t] + 1 if t in v.made else 0, n)}

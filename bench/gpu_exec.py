@@ -29,8 +29,6 @@ CONFIGS: dict[str, tuple[str, list[str], int | None]] = {  # name: (model, argum
     "resnet152_b8": ("resnet", ["depth=152", "batch=8"], 512 * 2**20),
     "tiny_resnet": ("tiny_resnet", ["batch=8"], None),
     "tiny_transformer": ("tiny_transformer", ["batch=4", "seq=32"], None),
-    "mlp": ("mlp", [], None),
-    "lstm_lm": ("lstm_lm", [], None),
 }
 
 

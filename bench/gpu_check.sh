@@ -8,6 +8,7 @@
 #   AB: A and B in one call, since each start costs device time (on the H200, 2026-12-04, A's steps took
 #      80 s of their 360; docs/benchmarks.md). Their limits add to 660 s: give the call 600 s, so that only
 #      a step hung at the end is cut, and what it wrote to OUTDIR still comes back.
+#   profile_gpt2: `swapdsl profile` of GPT-2 small on CuPy (in C)
 #   (not in a call; by name only: exec_r4, resnet152, train)
 # The steps' limits say what each may take: a step of ResNet-50 (batch 64) or GPT-2 small (batch 8, seq
 # 1024) simulates at 0.1-0.3 s on an H100, but `exec --check` also runs the NumPy reference beside it,
@@ -55,7 +56,7 @@ case "${GPU_CHECK_CALL:-}" in
     A) calls="light tests exec_tiny exec_r2" ;;
     AB) calls="light tests exec_tiny exec_r2 bench profile" ;;
     B) calls="bench profile" ;;
-    C) calls="exec_gpt2 half" ;;
+    C) calls="exec_gpt2 profile_gpt2 half" ;;
     *) calls="light tests exec_tiny exec_r2 exec_gpt2 bench profile half" ;;
 esac
 wanted=" ${GPU_CHECK_STEPS:-$calls} "
@@ -70,7 +71,9 @@ if [ -n "${GPU_CHECK_ON_CPU:-}" ]; then  # try the script itself on a machine wi
     want train && step train 300 $py "$repo/bench/training.py" --steps 20 --repeats 1 --checkpoint-models mlp
     want bench && step bench 300 $py "$repo/bench/gpu_bench.py" --small --ratios 2 4 --steps 3 --budget 3 \
         --json "$out/bench.json"
-    want half && step half 300 $py "$repo/bench/gpu_exec.py" --configs tiny_resnet tiny_transformer \
+    want profile_gpt2 && step profile_gpt2 60 $py -m swapdsl profile "$repo/stdlib/models/gpt.swp" -D layers=12 \
+    -D hidden=768 -D heads=12 -D seq=1024 -D batch=8 --backend cupy -o "$out/profile_gpt2.json"
+want half && step half 300 $py "$repo/bench/gpu_exec.py" --configs tiny_resnet tiny_transformer \
         --backend numpy --precision f16 --ratios 2 --steps 3 --json "$out/half.json"
     exit 0
 fi

@@ -54,16 +54,19 @@ def _timed(xp: ModuleType, fn: Any, repeat: int) -> float:
     return statistics.median(times)
 
 
-def op_times(g: Graph, xp: ModuleType, repeat: int, seed: int = 0) -> dict[str, float]:
+def op_times(g: Graph, xp: ModuleType, repeat: int, seed: int = 0,
+             notes: list[str] | None = None) -> dict[str, float]:
     """Each distinct op signature of the training graph, timed on real inputs, as the interpreter runs it:
     into a preallocated output, with the op's own scratch, through cuDNN and fused kernels where the
-    interpreter would."""
+    interpreter would (``notes`` gets what fell back to the op's own kernel, and why)."""
     env = {**init_persistent(g, seed, xp), **synthetic_inputs(g, seed, xp)}
     last = last_uses(g)
     persistent = set(g.persistent)
     measured: dict[str, float] = {}
     vendor = VendorKernels.load(g, lambda: xp.cuda.get_current_stream().ptr) if xp is not np else VendorKernels()
     fused = FusedKernels.load(g, xp) if xp is not np else FusedKernels()
+    if notes is not None:
+        notes.extend(vendor.notes + fused.notes)
     for i, op in enumerate(g.ops):
         t = g.type_of(op.outputs[0])
         kernel = (vendor.kernels.get(i) or fused.kernels.get(i)
@@ -233,12 +236,24 @@ def host_update_bw(repeat: int, elements: int = HOST_UPDATE_ELEMENTS) -> float:
     return moved / _timed(np, update, repeat)
 
 
+def op_kind_totals(g: Graph, times: dict[str, float]) -> list[tuple[str, int, float]]:
+    """(op name, ops, seconds) over one training step, costliest first: where a step's kernel time goes."""
+    count: dict[str, int] = {}
+    total: dict[str, float] = {}
+    for op in g.ops:
+        t = times.get(op_key(g, op))
+        if t is not None:
+            count[op.op] = count.get(op.op, 0) + 1
+            total[op.op] = total.get(op.op, 0.0) + t
+    return sorted(((name, count[name], total[name]) for name in total), key=lambda r: (-r[2], r[0]))
+
+
 def profile(g: Graph, xp: ModuleType, backend: str, base: Device, repeat: int = 5,
-            copy_sizes: tuple[int, ...] = COPY_SIZES) -> Device:
+            copy_sizes: tuple[int, ...] = COPY_SIZES, notes: list[str] | None = None) -> Device:
     c = copy_profile(xp, backend, copy_sizes, repeat)
     return attrs.evolve(
         base, name=f"measured-{backend}", mem_bw=c.mem_bw, h2d_bw=c.h2d_bw, d2h_bw=c.d2h_bw,
         launch_s=launch_seconds(backend), copy_latency_s=c.latency_s, compute_efficiency=1.0, memory_efficiency=1.0,
         host_bw=host_update_bw(repeat),
         source=f"measured by swapdsl profile on {backend} ({len(g.ops)} ops of {g.name})",
-        op_times=tuple(sorted(op_times(g, xp, repeat).items())))
+        op_times=tuple(sorted(op_times(g, xp, repeat, notes=notes).items())))

@@ -35,7 +35,7 @@ from swapdsl.runtime.predict import npz_bytes
 from swapdsl.runtime.dataset import Dataset
 from swapdsl.runtime.log import plot_log, read_log
 from swapdsl.runtime.interpreter import check_runnable
-from swapdsl.runtime.profile import profile
+from swapdsl.runtime.profile import op_kind_totals, profile
 
 EXIT_USER_ERROR = 2
 MAX_SEED = 2**63
@@ -387,8 +387,15 @@ def _cmd_profile(args: argparse.Namespace) -> int:
     backend, xp = array_module(args.backend)
     check_runnable(model.training, backend)
     base = load_device(args.base)
-    measured = profile(model.training, xp, backend, base, args.repeat)
+    notes: list[str] = []
+    measured = profile(model.training, xp, backend, base, args.repeat, notes=notes)
     write_text_atomically(args.output, json.dumps(measured.to_json(), indent=2) + "\n", "profile")
+    kinds = op_kind_totals(model.training, dict(measured.op_times))
+    step = sum(t for _, _, t in kinds)
+    print(f"kernel time of one step: {1e3 * step:.1f} ms; costliest ops: " + ", ".join(
+        f"{name} {1e3 * t:.1f} ms ({100 * t / step:.0f}%, {n} ops)" for name, n, t in kinds[:6]))
+    for note in notes:
+        print(f"note: {note}")
     print(f"profiled {len(model.training.ops)} ops ({len(measured.op_times)} distinct) of {model.graph.name} on "
           f"{backend}: host->device {measured.h2d_bw / 1e9:.1f} GB/s, device->host {measured.d2h_bw / 1e9:.1f} GB/s, "
           f"memory {measured.mem_bw / 1e9:.1f} GB/s, launch {1e6 * measured.launch_s:.1f} us; "

@@ -216,6 +216,13 @@ def test_profile_feeds_the_planner(cli, in_tmp: Path) -> None:
     profile = json.loads((in_tmp / "p.json").read_text())
     assert profile["name"] == "measured-numpy" and profile["op_times"]
     assert all(v > 0 for v in profile["op_times"].values())
+    # the step's kernel time by op name, costliest first, from the same measured times
+    counts = _op_counts(in_tmp)
+    line = next(x for x in out.splitlines() if x.startswith("kernel time of one step: "))
+    step_ms = 1e3 * sum(profile["op_times"][k] * n for k, n in counts)
+    assert float(line.split(": ")[1].split(" ms")[0]) == pytest.approx(step_ms, abs=0.06)
+    shares = [float(part.split(" ms (")[1].split("%")[0]) for part in line.split("costliest ops: ")[1].split("), ")]
+    assert shares == sorted(shares, reverse=True) and len(shares) == min(6, len({k.split("[")[0] for k, _ in counts}))
     code, out, err = cli("optimize", "m.swp", "-D", "batch=8", "--memory", "8MiB", "--device", "p.json",
                          "--method", "belady", "--json")
     assert code == 0, err

@@ -8,6 +8,9 @@
 #   AB: A and B in one call, since each start costs device time (on the H200, 2026-12-04, A's steps took
 #      80 s of their 360; docs/benchmarks.md). Their limits add to 660 s: give the call 600 s, so that only
 #      a step hung at the end is cut, and what it wrote to OUTDIR still comes back.
+#   D (4.5 minutes, after a round of kernel fixes): tests, both profiles, exec_r1 (ResNet-50 and GPT-2 with no
+#      swaps, graph on, no reference: the no-cap step), exec_on (the same at 1/2, graph on, checked),
+#      bench_r50 (ResNet-50 at 1/2 beside PyTorch)
 #   profile_gpt2: `swapdsl profile` of GPT-2 small on CuPy (in C)
 #   (not in a call; by name only: exec_r4, resnet152, train)
 # The steps' limits say what each may take: a step of ResNet-50 (batch 64) or GPT-2 small (batch 8, seq
@@ -57,6 +60,7 @@ case "${GPU_CHECK_CALL:-}" in
     AB) calls="light tests exec_tiny exec_r2 bench profile" ;;
     B) calls="bench profile" ;;
     C) calls="exec_gpt2 profile_gpt2 half" ;;
+    D) calls="tests profile profile_gpt2 exec_r1 exec_on bench_r50" ;;
     *) calls="light tests exec_tiny exec_r2 exec_gpt2 bench profile half" ;;
 esac
 wanted=" ${GPU_CHECK_STEPS:-$calls} "
@@ -71,9 +75,7 @@ if [ -n "${GPU_CHECK_ON_CPU:-}" ]; then  # try the script itself on a machine wi
     want train && step train 300 $py "$repo/bench/training.py" --steps 20 --repeats 1 --checkpoint-models mlp
     want bench && step bench 300 $py "$repo/bench/gpu_bench.py" --small --ratios 2 4 --steps 3 --budget 3 \
         --json "$out/bench.json"
-    want profile_gpt2 && step profile_gpt2 60 $py -m swapdsl profile "$repo/stdlib/models/gpt.swp" -D layers=12 \
-    -D hidden=768 -D heads=12 -D seq=1024 -D batch=8 --backend cupy -o "$out/profile_gpt2.json"
-want half && step half 300 $py "$repo/bench/gpu_exec.py" --configs tiny_resnet tiny_transformer \
+    want half && step half 300 $py "$repo/bench/gpu_exec.py" --configs tiny_resnet tiny_transformer \
         --backend numpy --precision f16 --ratios 2 --steps 3 --json "$out/half.json"
     exit 0
 fi
@@ -93,6 +95,14 @@ want bench && step bench 240 $py "$repo/bench/gpu_bench.py" --models resnet50 gp
     --steps 4 --budget 8 --json "$out/bench.json"
 want profile && step profile 60 $py -m swapdsl profile "$repo/stdlib/models/resnet.swp" -D depth=50 -D batch=64 \
     --backend cupy -o "$out/profile.json"
+want profile_gpt2 && step profile_gpt2 60 $py -m swapdsl profile "$repo/stdlib/models/gpt.swp" -D layers=12 \
+    -D hidden=768 -D heads=12 -D seq=1024 -D batch=8 --backend cupy -o "$out/profile_gpt2.json"
+want exec_r1 && step exec_r1 90 $py "$repo/bench/gpu_exec.py" --configs resnet50_b64 gpt2_small --ratios 1 \
+    --graphs on --no-check --steps 4 --json "$out/exec_r1.json"
+want exec_on && step exec_on 120 $py "$repo/bench/gpu_exec.py" --configs resnet50_b64 gpt2_small --ratios 2 \
+    --graphs on --steps 3 --json "$out/exec_on.json"
+want bench_r50 && step bench_r50 90 $py "$repo/bench/gpu_bench.py" --models resnet50 --ratios 2 --steps 4 \
+    --budget 8 --json "$out/bench_r50.json"
 want half && step half 150 $py "$repo/bench/gpu_exec.py" --configs resnet50_b64 gpt2_small --ratios 2 \
     --precision f16 --steps 2 --json "$out/half.json"
 exit 0

@@ -18,7 +18,7 @@ from typing import Any
 import attrs
 import numpy as np
 
-from swapdsl.graph.ir import Graph
+from swapdsl.graph.ir import Graph, TensorType
 from swapdsl.graph.ops import REGISTRY
 from swapdsl.graph.ops.elementwise import dropout_constants, step_key
 from swapdsl.graph.ops.optim import bias_correction
@@ -44,11 +44,13 @@ def _none(c: KernelContext, ins: list[Array], a: Attrs) -> tuple[Any, ...]:
 @attrs.frozen
 class Fused:
     """An op as one element-wise kernel: its parameters (inputs, then scalars), its body writing ``y``, and
-    the scalars' values for a call."""
+    the scalars' values for a call. ``shaped``: the kernel reads its inputs whole (``raw``), one thread per
+    output element, and is checked on the op's own shapes (the batch cut to 2) rather than on vectors."""
 
     params: str
     body: str
     scalars: Scalars = _none
+    shaped: bool = False
 
 
 def _typed(ins: list[Array], *values: float) -> tuple[Any, ...]:
@@ -69,6 +71,46 @@ def _adam_apply_scalars(c: KernelContext, ins: list[Array], a: Attrs) -> tuple[A
             *_typed(ins, a["lr"], a["eps"]))
 
 
+def _pool_scalars(c: KernelContext, ins: list[Array], a: Attrs) -> tuple[Any, ...]:
+    x, g = ins
+    return tuple(np.int32(v) for v in (*a["kernel"], *a["stride"], *a["padding"], *x.shape[2:], *g.shape[2:]))
+
+
+# max_pool2d's gradient, gathered: each input pixel sums the gradients of the windows whose first maximum
+# (NumPy's max, a NaN winning; taps in row-major order) it is, in the order the op's own kernel adds its
+# taps. No atomics, so the result is the same bits every run.
+_MAX_POOL_GRAD = """
+    const long long w_ = W, h_ = H;
+    long long t = i / w_;
+    const int iw = (int)(i % w_), ih = (int)(t % h_);
+    t /= h_;
+    const long long xb = t * h_ * w_, gb = t * (long long)OH * OW;
+    const T lowest = (T)__int_as_float(0xff800000);
+    T acc = (T)0;
+    for (int a = 0; a < KH; ++a) {
+        const int r0 = ih + PH - a;
+        if (r0 < 0 || r0 % SH || r0 / SH >= OH) continue;
+        for (int b = 0; b < KW; ++b) {
+            const int c0 = iw + PW - b;
+            if (c0 < 0 || c0 % SW || c0 / SW >= OW) continue;
+            const int oh = r0 / SH, ow = c0 / SW;
+            T m = lowest;
+            for (int u = 0; u < KH; ++u) for (int v = 0; v < KW; ++v) {
+                const int r = oh * SH + u - PH, q = ow * SW + v - PW;
+                const T val = (r >= 0 && r < H && q >= 0 && q < W) ? x[xb + r * w_ + q] : lowest;
+                if (val > m || val != val) m = val;
+            }
+            int first = -1;
+            for (int u = 0; u < KH && first < 0; ++u) for (int v = 0; v < KW; ++v) {
+                const int r = oh * SH + u - PH, q = ow * SW + v - PW;
+                const T val = (r >= 0 && r < H && q >= 0 && q < W) ? x[xb + r * w_ + q] : lowest;
+                if (val == m) { first = u * KW + v; break; }
+            }
+            if (first == a * KW + b) acc += g[gb + (long long)oh * OW + ow];
+        }
+    }
+    y = acc;"""
+
 # Each body follows the op's own kernel's order of operations, so results agree to rounding.
 FUSED: dict[str, Fused] = {
     "gelu": Fused("T x", "T t = tanh(((x + x * (T)GELU_C * x * x)) * (T)GELU_K); y = (t + (T)1) * x * (T)0.5;"),
@@ -80,7 +122,7 @@ FUSED: dict[str, Fused] = {
     "sigmoid_grad": Fused("T s, T g", "y = ((T)1 - s) * s * g;"),
     "tanh_grad": Fused("T t, T g", "y = g * ((T)1 - t * t);"),
     "relu_grad": Fused("T r, T g", "y = g * (T)(r > (T)0);"),
-    "dropout": Fused("T x, uint32 key, uint32 thr, S scale", """
+    "dropout": Fused("T x, uint32 key, uint32 thr, T scale", """
         unsigned int h = fmix32(((unsigned int)i + 1u) * 0x9E3779B1u ^ key);
         y = h >= thr ? (T)(x * scale) : (T)0;""", _dropout_scalars),
     "sgd": Fused("T w, T g, T lr, T wd", "y = w - lr * (g + w * wd);",
@@ -94,6 +136,8 @@ FUSED: dict[str, Fused] = {
                     lambda c, ins, a: _typed(ins, a["beta2"], 1.0 - a["beta2"], _decay(a))),
     "adam_apply": Fused("T w, T m, T v, T c1, T c2, T lr, T eps",
                         "y = w - lr * (m * c1) / (sqrt(v * c2) + eps);", _adam_apply_scalars),
+    "max_pool2d_grad": Fused("raw T x, raw T g, int32 KH, int32 KW, int32 SH, int32 SW, int32 PH, int32 PW, "
+                             "int32 H, int32 W, int32 OH, int32 OW", _MAX_POOL_GRAD, _pool_scalars, shaped=True),
 }
 
 
@@ -103,6 +147,9 @@ def fused_kernel(xp: Any, name: str) -> Kernel:
     ek = xp.ElementwiseKernel(f.params, "T y", f.body, f"swapdsl_{name}", preamble=_PREAMBLE)
 
     def run(c: KernelContext, ins: list[Array], out: Array, a: Attrs) -> None:
+        if f.shaped and not all(x.flags.c_contiguous for x in (*ins, out)):
+            REGISTRY[name].kernel(c, ins, out, a)  # raw reads index the memory as C-ordered
+            return
         ek(*ins, *f.scalars(c, ins, a), out)
 
     return run
@@ -125,26 +172,35 @@ class FusedKernels:
             if (op.op not in FUSED or op.attr_dict.get("gated")
                     or any(is_half(g.type_of(n)) for n in (*op.inputs, *op.outputs))):
                 continue  # half tensors or a gated update: kernels.kernel_of's wrapping of the op's own kernel
-            dtype = g.type_of(op.outputs[0]).dtype.label
-            key = (op.op, dtype, repr(sorted(op.attr_dict.items())))
+            types = tuple(_example(g.type_of(n), FUSED[op.op].shaped) for n in op.inputs)
+            key = (op.op, repr(types), repr(sorted(op.attr_dict.items())))
             if key not in checked:
                 with own_pool():
-                    checked[key] = _checked(xp, op.op, dtype, op.attr_dict, found.notes)
+                    checked[key] = _checked(xp, op.op, types, op.attr_dict, found.notes)
             if checked[key] is not None:
                 found.kernels[i] = checked[key]
         return found
 
 
-def _checked(xp: Any, name: str, dtype: str, a: Attrs, notes: list[str]) -> Kernel | None:
+def _example(t: TensorType, shaped: bool) -> TensorType:
+    """What a fused kernel is checked on for an input of type ``t``: 4096 elements, or (``shaped``) ``t``
+    with at most 2 in its first dimension."""
+    if not shaped:
+        return TensorType((4096,), t.dtype)
+    return TensorType((min(t.shape[0], 2), *t.shape[1:]), t.dtype) if t.rank > 1 else t
+
+
+def _checked(xp: Any, name: str, types: tuple[TensorType, ...], a: Attrs, notes: list[str]) -> Kernel | None:
     """The fused kernel, if it matches the op's own kernel on random inputs (to 1e-5 relative)."""
     rng = np.random.default_rng(0)
-    arity = REGISTRY[name].arity[0]
-    ins = [xp.asarray(rng.uniform(0.1, 0.9, 4096).astype(np_dtype(np, dtype))) for _ in range(arity)]
-    want, got = xp.empty_like(ins[0]), xp.empty_like(ins[0])
+    dtype = types[0].dtype.label
+    ins = [xp.asarray(rng.uniform(0.1, 0.9, t.shape).astype(np_dtype(np, t.dtype.label))) for t in types]
     try:
+        out_type = REGISTRY[name].infer(types, a)
+        want, got = (xp.empty(out_type.shape, dtype=ins[0].dtype) for _ in range(2))
         kernel = fused_kernel(xp, name)
         for k, out in ((REGISTRY[name].kernel, want), (kernel, got)):
-            ctx = KernelContext.standalone(xp, 1 << 20, step=3)
+            ctx = KernelContext.standalone(xp, max(1 << 20, REGISTRY[name].scratch(types, out_type, a)), step=3)
             k(ctx, ins, out, a)
         w, h = (np.asarray(x.get() if hasattr(x, "get") else x, dtype=np.float64) for x in (want, got))
         worst = float(np.max(np.abs(w - h)) / max(float(np.max(np.abs(w))), 1e-30))

@@ -33,10 +33,17 @@ from swapdsl.runtime.fused import FusedKernels
 from swapdsl.runtime.vendor import VendorKernels
 
 
-def _timed(xp: ModuleType, fn: Any, repeat: int) -> float:
+def _timed(xp: ModuleType, fn: Any, repeat: int, capture: bool = False) -> float:
     """Median seconds of ``fn`` over ``repeat`` runs, after one warm-up: device time between CUDA events
-    on CuPy (what the op costs the stream, not the host's time to launch it), wall time on NumPy."""
+    on CuPy, and with ``capture`` of ``fn`` captured as a CUDA graph where it can be (as a captured step
+    runs an op: one of many small kernels timed eagerly waits on the host's launches, some 10 us each,
+    between them); wall time on NumPy."""
     fn()
+    if capture and xp is not np:
+        synchronize(xp)
+        captured = _timed_captured(xp, fn, repeat)
+        if captured is not None:
+            return captured
     times = []
     for _ in range(repeat):
         synchronize(xp)
@@ -51,6 +58,30 @@ def _timed(xp: ModuleType, fn: Any, repeat: int) -> float:
         end.record()
         end.synchronize()
         times.append(xp.cuda.get_elapsed_time(start, end) / 1e3)
+    return statistics.median(times)
+
+
+def _timed_captured(xp: ModuleType, fn: Any, repeat: int) -> float | None:
+    """Median seconds of a replay of ``fn`` captured as one CUDA graph; None if it cannot be captured."""
+    stream = xp.cuda.Stream(non_blocking=True)
+    with stream:
+        try:
+            stream.begin_capture()
+            try:
+                fn()
+            finally:
+                graph = stream.end_capture()
+        except Exception:  # an op that refuses capture is timed eagerly
+            return None
+        graph.launch(stream)
+        times = []
+        for _ in range(repeat):
+            start, end = xp.cuda.Event(), xp.cuda.Event()
+            start.record(stream)
+            graph.launch(stream)
+            end.record(stream)
+            end.synchronize()
+            times.append(xp.cuda.get_elapsed_time(start, end) / 1e3)
     return statistics.median(times)
 
 
@@ -83,7 +114,7 @@ def op_times(g: Graph, xp: ModuleType, repeat: int, seed: int = 0,
         run()
         key = op_key(g, op)
         if key not in measured:
-            measured[key] = _timed(xp, run, repeat)
+            measured[key] = _timed(xp, run, repeat, capture=True)
         env[op.outputs[0]] = out
         for n in op.inputs:
             if last.get(n) == i and n not in persistent:

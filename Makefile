@@ -13,7 +13,7 @@ $(BIN)/python:
 
 # Editable installs, so the tree you edit is the tree you run.
 $(VENV)/.installed-test: $(BIN)/python pyproject.toml setup.py swapdsl/planning/_fastplan.c
-	$(BIN)/python -m pip install -q -e '.[test,import]'
+	$(BIN)/python -m pip install -q -e '.[test,import,dist]'
 	@touch $@ $(VENV)/.installed
 
 $(VENV)/.installed: $(BIN)/python pyproject.toml setup.py swapdsl/planning/_fastplan.c

@@ -16,6 +16,7 @@ import numpy as np
 
 from swapdsl.graph.ir import Graph, Init, TensorType
 from swapdsl.graph.ops.registry import np_dtype
+from swapdsl.runtime.dist import shard
 
 
 def rng_for(seed: int, name: str) -> np.random.Generator:
@@ -89,9 +90,10 @@ def synthetic_inputs(g: Graph, seed: int, xp: ModuleType) -> dict[str, Any]:
     for name in g.inputs:
         t = g.tensors[name].type
         rng = rng_for(seed, "input:" + name)
+        shape = (t.shape[0] * g.ranks, *t.shape[1:]) if t.shape else t.shape  # data-parallel: the whole batch
         if t.dtype.is_float:
-            value = rng.standard_normal(t.shape)
+            value = rng.standard_normal(shape)
         else:
-            value = rng.integers(0, ranges.get(name, 2), t.shape)
-        out[name] = xp.asarray(value.astype(np_dtype(np, t.dtype)))
-    return out
+            value = rng.integers(0, ranges.get(name, 2), shape)
+        out[name] = value.astype(np_dtype(np, t.dtype))
+    return {name: xp.asarray(value) for name, value in shard(g, out).items()}

@@ -49,6 +49,7 @@ from swapdsl.plan.replay import START, STREAM, Replay, Step
 from swapdsl.plan.validate import check_describes, validate
 from swapdsl.runtime.backend import copy_fn, require_memory, to_host
 from swapdsl.runtime.data import init_persistent, synthetic_inputs
+from swapdsl.runtime.dist import comm_for
 from swapdsl.runtime.fused import FusedKernels
 from swapdsl.runtime.streams import STREAMS, CudaItem, Item, ThreadLanes, cuda_streams, issue_cuda
 from swapdsl.runtime.vendor import VendorKernels
@@ -72,6 +73,9 @@ def check_runnable(g: Graph, backend: str) -> None:
     if backend == "cupy" and any(t.type.dtype is DType.bf16 for t in g.tensors.values()):
         raise SwpError("the CuPy runtime cannot execute bf16 tensors yet (CuPy has no bf16 array type)",
                        hints=["plan with --precision f16, or run on NumPy (--backend numpy)"])
+    if g.ranks > 1 and backend == "cupy":
+        raise SwpError("data-parallel steps run on NumPy for now (NCCL on CuPy is not written yet)",
+                       hints=["run with --backend numpy"])
 
 
 def check_lanes(plan: Plan, backend: str) -> None:
@@ -163,7 +167,8 @@ class PlanRunner:
         base = self.plan.tensor_cap
         counter = self.arena[base:base + 8].view(np.int64).reshape(())
         counter.fill(0)
-        return KernelContext(self.xp, Scratch(self.arena[base + STATE_BYTES:self.plan.cap]), counter)
+        return KernelContext(self.xp, Scratch(self.arena[base + STATE_BYTES:self.plan.cap]), counter,
+                             comm=comm_for(self.g))
 
     def _host_context(self) -> KernelContext:
         """The host lane's context: NumPy, scratch for its largest kernel, a step counter of its own."""

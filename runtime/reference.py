@@ -22,6 +22,7 @@ from swapdsl.graph.ops.kernels import kernel_of
 from swapdsl.graph.ops.registry import np_dtype
 from swapdsl.runtime.backend import synchronize, to_host
 from swapdsl.runtime.data import init_persistent, synthetic_inputs
+from swapdsl.runtime.dist import comm_for
 
 
 def last_uses(g: Graph) -> dict[str, int]:
@@ -45,7 +46,7 @@ def run_ops(g: Graph, env: dict[str, Any], xp: ModuleType, step: int, keep: Iter
         out = xp.empty(t.shape, dtype=np_dtype(xp, t.dtype))
         kernel = kernel_of(op.op, tuple(map(g.type_of, op.inputs)), t, op.attr_dict)
         ins = [env[n] for n in op.inputs]
-        kernel(KernelContext.standalone(xp, op_scratch(g, i), step), ins, out, op.attr_dict)
+        kernel(KernelContext.standalone(xp, op_scratch(g, i), step, comm_for(g)), ins, out, op.attr_dict)
         env[op.outputs[0]] = out
         if watch is not None:
             watch(i, out, ins)

@@ -22,7 +22,7 @@ import numpy as np
 
 from swapdsl.common.errors import SwpError
 from swapdsl.graph.ir import Graph
-from swapdsl.runtime import checkpoint, nonfinite
+from swapdsl.runtime import checkpoint, dist, nonfinite
 from swapdsl.runtime.dataset import Batch, Dataset, Loader, Order, batch_size, gather, open_dataset
 
 SYNTHETIC = "synthetic"
@@ -138,7 +138,7 @@ class Beside:
         with self.context():
             if batch is not None:
                 self.ref.set_batch(batch)
-            ref_loss = self.ref.run_step(step)[0]
+            ref_loss = dist.mean(self.ref.run_step(step)[0], self.ref.g)
             ref_state = self.ref.state()
         diffs = {k: relative_diff(v, ref_state[k]) for k, v in stepper.state().items()}
         diffs["loss"] = relative_diff(loss, ref_loss)
@@ -206,6 +206,10 @@ def train(g: Graph, stepper: Stepper, opts: Options, hooks: Hooks = Hooks(), eva
     """Run the training ``opts`` (``resolve``d) describes on ``stepper`` (``g``: its training graph;
     ``moved``: the bytes its plan copies in and out each step)."""
     ds, order, last = plan_run(g, opts)
+    if g.ranks > 1 and ds is not None:
+        raise SwpError("data-parallel runs train on synthetic data for now", hints=["leave out --data"])
+    if dist.rank() > 0:  # rank 0 speaks for the run: it alone reports, logs and checkpoints
+        hooks, opts = Hooks(), attrs.evolve(opts, save=None, save_every=0, log=None)
     if opts.on_nonfinite == "skip" and g.guard == "none":
         raise SwpError("--on-nonfinite skip needs a guarded step: its updates wait for every gradient to be "
                        "finite", hints=["plan (or train) with --guard skip or --guard scale"])
@@ -220,7 +224,7 @@ def train(g: Graph, stepper: Stepper, opts: Options, hooks: Hooks = Hooks(), eva
                        f"nothing left to do", hints=["ask for more with --steps or --epochs"])
     log = _open_log(opts.log)
     loader = Loader(ds, order, start) if ds is not None and order is not None else None
-    examples = ds.batch if ds is not None else _batch_of(g)
+    examples = (ds.batch if ds is not None else _batch_of(g)) * g.ranks  # data-parallel: every rank's
     steps: list[StepRecord] = []
     evals: list[EvalRecord] = []
     saves: list[SaveRecord] = []
@@ -249,6 +253,7 @@ def train(g: Graph, stepper: Stepper, opts: Options, hooks: Hooks = Hooks(), eva
                     _, batch = loader.next()
                     stepper.set_batch(batch)
                 loss, ms = stepper.run_step(step)
+                loss = dist.mean(loss, g)
                 if not math.isfinite(loss) and opts.on_nonfinite == "stop":
                     raise _nonfinite(g, opts, start, step, f"the loss of step {step} is {loss}", ds, order)
                 diff, diff_at = check(batch, step, loss, stepper) if check is not None else (None, None)

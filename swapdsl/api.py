@@ -30,6 +30,7 @@ from swapdsl.graph.checker import check_graph
 from swapdsl.graph.ir import Graph
 from swapdsl.graph.ops.registry import np_dtype
 from swapdsl.graph.precision import GUARDS, PRECISIONS, autocast, default_guard
+from swapdsl.graph.dataparallel import DEFAULT_LINK_GBPS, check_ranks, data_parallel
 from swapdsl.graph.microbatch import check_microbatches, divisors, microbatched
 from swapdsl.importer import Imported, convert
 from swapdsl.lang.elaborate import Override, elaborate, model_arguments, model_of
@@ -48,6 +49,7 @@ from swapdsl.planning.problem import Problem, Request
 from swapdsl.planning.sizing import BelowSmallestCap, least_cap
 from swapdsl.runtime import checkpoint, reference, training
 from swapdsl.runtime.data import init_persistent
+from swapdsl.runtime.dist import join
 from swapdsl.runtime.dataset import open_dataset
 from swapdsl.runtime.predict import predict as run_predict
 from swapdsl.runtime.backend import array_module, device_bytes_held, require_memory, separate_pool
@@ -66,11 +68,13 @@ class Model:
     graph: Graph = attrs.field(repr=False)
 
     microbatches: int = 1  # ``graph`` is one micro-batch's forward pass; the step runs this many
+    ranks: int = 1  # data-parallel ranks, each running the step on its shard of a batch this many times larger
+    link_gbps: float = DEFAULT_LINK_GBPS  # their network link
 
     @functools.cached_property
     def training(self) -> Graph:
         """Forward, backward and optimiser update: the graph a plan schedules."""
-        t = microbatched(training_graph(self.graph), self.microbatches)
+        t = data_parallel(microbatched(training_graph(self.graph), self.microbatches), self.ranks, self.link_gbps)
         check_graph(t)
         return t
 
@@ -89,9 +93,14 @@ class Model:
         """The figures `swapdsl check [--training] --json` prints."""
         if not training:
             return summary(self.graph)
-        whole = self if self.microbatches == 1 else load(self.path, dict(self.graph.args), self.graph.precision,
-                                                         self.graph.guard)
+        whole = self if self.microbatches == 1 else _again(self, 1)
         return summary(self.graph) | training_summary(self.training) | {"no_swap_bytes": no_swap_arena(whole.training)}
+
+
+def _again(m: Model, microbatches: int) -> Model:
+    """``m`` loaded again, run as ``microbatches`` passes a step (its ranks as they were)."""
+    return load(m.path, dict(m.graph.args), m.graph.precision, m.graph.guard, microbatches, m.ranks,
+                m.link_gbps or DEFAULT_LINK_GBPS)
 
 
 def no_swap_arena(t: Graph) -> int:
@@ -102,13 +111,17 @@ def no_swap_arena(t: Graph) -> int:
 
 
 def load(path: str | Path, overrides: Mapping[str, Override] | None = None, precision: str = "f32",
-         guard: str | None = None, microbatches: int = 1, **args: int | float | bool) -> Model:
+         guard: str | None = None, microbatches: int = 1, ranks: int = 1, link_gbps: float = DEFAULT_LINK_GBPS,
+         **args: int | float | bool) -> Model:
     """Parse, resolve imports, elaborate and check a `.swp` model. Model arguments come as keywords
     (``batch=8``) or, as text the way ``-D`` gives them, in ``overrides``. ``precision``: "f32" (as
     written), or "bf16" / "f16": the mixed-precision policy of ``graph/precision.py``. ``guard``: "none",
     "skip" (a step with a non-finite gradient leaves the state as it was) or "scale" (and dynamic loss
     scaling); default "scale" for f16, else "none". ``microbatches``: the step runs its batch (the model
-    argument ``batch``) as this many forward and backward passes and one update (``graph/microbatch.py``)."""
+    argument ``batch``) as this many forward and backward passes and one update (``graph/microbatch.py``).
+    ``ranks``: the step runs data-parallel on this many processes (``mpiexec -n``) over a network of
+    ``link_gbps`` Gb/s, each on ``batch`` rows of a batch ``ranks`` times larger (``graph/dataparallel.py``)."""
+    check_ranks(ranks, link_gbps)
     if precision not in PRECISIONS:
         raise SwpError(f"unknown precision `{precision}`", hints=[f"precisions: {', '.join(PRECISIONS)}"])
     guard = default_guard(precision) if guard is None else guard
@@ -126,7 +139,8 @@ def load(path: str | Path, overrides: Mapping[str, Override] | None = None, prec
     if precision != "f32":
         graph = autocast(graph, precision)
         check_graph(graph)
-    return Model(str(path), program, attrs.evolve(graph, guard=guard), microbatches)
+    return Model(str(path), program, attrs.evolve(graph, guard=guard), microbatches, ranks,
+                 float(link_gbps) if ranks > 1 else 0.0)
 
 
 def _check_batched_inputs(g: Graph, rows: int) -> None:
@@ -154,7 +168,7 @@ def optimize(model: Model | str | Path, memory: int | str, method: str = "ga", d
     m = model if isinstance(model, Model) else load(model)
     share = parse_share(memory) if isinstance(memory, str) else None
     if share is not None:
-        whole = m if m.microbatches == 1 else load(m.path, dict(m.graph.args), m.graph.precision, m.graph.guard)
+        whole = m if m.microbatches == 1 else _again(m, 1)
         cap = int(share * no_swap_arena(whole.training))
     else:
         cap = parse_size(memory) if isinstance(memory, str) else memory
@@ -166,7 +180,7 @@ def optimize(model: Model | str | Path, memory: int | str, method: str = "ga", d
         raise SwpError(f"unknown search option among {', '.join(knobs)}",
                        hints=[f"options: {', '.join(f.name for f in attrs.fields(SearchOptions))}"]) from None
     def request_at(k: int) -> Request:
-        mk = m if k == m.microbatches else load(m.path, dict(m.graph.args), m.graph.precision, m.graph.guard, k)
+        mk = m if k == m.microbatches else _again(m, k)
         return Request(mk.training, dev, cap, m.path, m.graph.args, host)
 
     if microbatches == "auto":
@@ -218,7 +232,7 @@ def read_checked(path: str, need_model: bool = False) -> tuple[Plan, Graph | Non
     model = planfile.find_model(plan, path) if need_model else planfile.locate_model(plan, path)
     try:
         train = None if model is None else _training_graph(str(model), plan.model_sha256, plan.args, plan.precision,
-                                                           plan.guard, plan.microbatches)
+                                                           plan.guard, plan.microbatches, plan.ranks, plan.link_gbps)
     except SwpError as err:  # the model built before, so the plan's arguments are at fault
         raise _at_plan_arg(err, plan) from None
     validate(plan, train)
@@ -316,6 +330,7 @@ def _hooks(hooks: Hooks, on_step: OnStep | None) -> Hooks:
 def _train_reference(m: Model, opts: Options, backend: str, hooks: Hooks) -> Execution:
     name, xp = array_module(backend)
     check_runnable(m.training, name)
+    join(m.training)
     require_memory(xp, peak_bytes(m.training), 0, f"training `{m.graph.name}` with no cap")
     seed = opts.seed or 0
     trainer = reference.Trainer(m.training, seed, xp)
@@ -456,6 +471,8 @@ def execute_plan(plan: Plan, train: Graph | None, steps: int | None = None, seed
     opts = _options(options, steps, seed)
     name, xp = array_module(backend)
     seed = opts.seed or 0
+    check_runnable(train, name)
+    join(train)
     runner = PlanRunner(plan, train, name, xp, seed, check_plan=False, copy_delay_s=copy_delay_s,
                         kernel_delay_s=kernel_delay_s, graph=graph, tf32=tf32, vendor_kernels=vendor_kernels)
     f = simulate(plan)
@@ -528,29 +545,30 @@ def _beside(train: Graph, seed: int, xp: ModuleType) -> training.Beside:
 def _model_of(plan: Plan) -> Model:
     where = plan.origin.file if plan.origin is not None else "."
     return _model(str(planfile.find_model(plan, where)), plan.model_sha256, plan.args, plan.precision, plan.guard,
-                  plan.microbatches)
+                  plan.microbatches, plan.ranks, plan.link_gbps)
 
 
 def _graph_of(plan: Plan) -> Graph:
     """The training graph a plan object describes, from its model file (validated against it)."""
     where = plan.origin.file if plan.origin is not None else "."
     model = planfile.find_model(plan, where)
-    train = _training_graph(str(model), plan.model_sha256, plan.args, plan.precision, plan.guard, plan.microbatches)
+    train = _training_graph(str(model), plan.model_sha256, plan.args, plan.precision, plan.guard, plan.microbatches,
+                            plan.ranks, plan.link_gbps)
     validate(plan, train)
     return train
 
 
 @functools.lru_cache(maxsize=4)
 def _model(model: str, sha256: str, args: tuple[tuple[str, int | float | bool], ...], precision: str,
-           guard: str, microbatches: int) -> Model:
-    """A model file with these arguments, precision, guard and micro-batches (its hash in the key: a file
-    may change)."""
-    return load(model, dict(args), precision, guard, microbatches)
+           guard: str, microbatches: int, ranks: int = 1, link_gbps: float = 0.0) -> Model:
+    """A model file with these arguments, precision, guard, micro-batches and ranks (its hash in the key: a
+    file may change)."""
+    return load(model, dict(args), precision, guard, microbatches, ranks, link_gbps or DEFAULT_LINK_GBPS)
 
 
 def _training_graph(model: str, sha256: str, args: tuple[tuple[str, int | float | bool], ...],
-                    precision: str, guard: str, microbatches: int) -> Graph:
-    return _model(model, sha256, args, precision, guard, microbatches).training
+                    precision: str, guard: str, microbatches: int, ranks: int = 1, link_gbps: float = 0.0) -> Graph:
+    return _model(model, sha256, args, precision, guard, microbatches, ranks, link_gbps).training
 
 
 def _at_plan_arg(err: SwpError, plan: Plan) -> SwpError:

@@ -19,6 +19,7 @@ from swapdsl.common.atomic import check_writable, write_bytes_atomically, write_
 from swapdsl.common.errors import SwpError
 from swapdsl.common.units import format_bytes, format_count, parse_share, parse_size
 from swapdsl.devices.profiles import BUILTIN, DEFAULT_DEVICE, detect_device, load_device
+from swapdsl.graph.dataparallel import DEFAULT_LINK_GBPS, MAX_RANKS
 from swapdsl.graph.microbatch import MAX_MICROBATCHES
 from swapdsl.graph.precision import GUARDS, PRECISIONS
 from swapdsl.graph.printer import print_graph
@@ -27,6 +28,7 @@ from swapdsl.plan.simulate import simulate
 from swapdsl.planning import bench
 from swapdsl.planning.ga import SearchOptions, SearchProgress
 from swapdsl.planning.optimize import HOST_UPDATES, METHOD_NAMES
+from swapdsl.runtime import dist
 from swapdsl.runtime.backend import BACKENDS, array_module
 from swapdsl.runtime.progress import Progress
 from swapdsl.runtime import training
@@ -108,7 +110,8 @@ def _load(args: argparse.Namespace) -> api.Model:
     """The model a command names, with its -D arguments, precision, guard and micro-batches."""
     k = getattr(args, "microbatches", None)
     return api.load(args.file, parse_defines(args.define), args.precision or "f32", args.guard,
-                    1 if k in (None, "auto") else k)
+                    1 if k in (None, "auto") else k, getattr(args, "ranks", None) or 1,
+                    getattr(args, "network", None) or DEFAULT_LINK_GBPS)
 
 
 def _cmd_check(args: argparse.Namespace) -> int:
@@ -459,6 +462,23 @@ def _precision_options(parser: argparse.ArgumentParser, auto: bool = False) -> N
                         help="run each step's batch as K forward and backward passes and one update (gradient "
                              "accumulation; default 1)" + ("; auto: the count among the batch's divisors whose "
                                                           "plan is fastest" if auto else ""))
+    parser.add_argument("--ranks", type=_whole(1, MAX_RANKS), metavar="N",
+                        help="train data-parallel on N processes (`mpiexec -n N swapdsl exec`), each on the model's "
+                             "batch of a batch N times larger, gradients averaged over them (default 1)")
+    parser.add_argument("--network", type=float, metavar="GBPS",
+                        help=f"the ranks' network link in Gb/s, for planning (default {DEFAULT_LINK_GBPS:g})")
+
+
+def _whole(low: int, high: int) -> Callable[[str], int]:
+    def parse(text: str) -> int:
+        try:
+            n = int(text)
+        except ValueError:
+            n = low - 1
+        if not low <= n <= high:
+            raise argparse.ArgumentTypeError(f"expected a whole number from {low} to {high}, got `{text}`")
+        return n
+    return parse
 
 
 def _microbatches(auto: bool) -> Callable[[str], int | str]:
@@ -656,13 +676,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     warnings.filterwarnings("ignore", r"(overflow|invalid value|divide by zero) encountered", RuntimeWarning)
     try:
         args = make_parser().parse_args(argv)
+        if dist.rank() > 0:  # one of several ranks: rank 0 speaks for the run (errors are each rank's own)
+            sys.stdout = open(os.devnull, "w", encoding="utf-8")  # noqa: SIM115 (for the process's life)
         code = args.handler(args)
         if received:  # the search kept its best plan and the command finished: still report the signal
             print(f"swapdsl: stopped by {signal.Signals(received[0]).name}", file=sys.stderr)
             return 128 + received[0]
         return code
     except SwpError as err:
-        print(err.render(), file=sys.stderr)
+        if not (isinstance(err, dist.EveryRank) and dist.rank() > 0):
+            print(err.render(), file=sys.stderr)
         return EXIT_USER_ERROR
     except MemoryError:
         print("error: ran out of memory", file=sys.stderr)

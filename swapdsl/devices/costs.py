@@ -5,6 +5,7 @@ from __future__ import annotations
 from swapdsl.devices.profiles import Device
 from swapdsl.graph import ops
 from swapdsl.graph.ir import Graph, Op
+from swapdsl.graph.ops.collective import ring_seconds
 from swapdsl.graph.printer import format_attr
 
 
@@ -12,6 +13,9 @@ def op_key(g: Graph, op: Op) -> str:
     """Identifies an op's work independently of tensor names: op, attrs, input types."""
     attrs = ",".join(f"{k}={format_attr(v)}" for k, v in op.attrs)
     return f"{op.op}[{attrs}]({','.join(str(g.type_of(n)) for n in op.inputs)})"
+
+
+COLLECTIVES = {"allreduce_mean": ring_seconds}  # ops whose time is the network's, not the device's
 
 
 def op_seconds(dev: Device, g: Graph, op: Op, measured: dict[str, float] | None = None) -> float:
@@ -22,6 +26,8 @@ def op_seconds(dev: Device, g: Graph, op: Op, measured: dict[str, float] | None 
             return dev.launch_s + measured[key]
     d = ops.REGISTRY[op.op]
     ins = tuple(g.type_of(n) for n in op.inputs)
+    if op.op in COLLECTIVES:
+        return dev.launch_s + COLLECTIVES[op.op](ins, op.attr_dict)
     out = g.type_of(op.outputs[0])
     flops = d.flops(ins, out, op.attr_dict)
     moved = d.bytes_read(ins, out, op.attr_dict) + d.bytes_written(ins, out, op.attr_dict)

@@ -153,6 +153,8 @@ class Graph:
     grads: tuple[tuple[str, str], ...] = ()  # (param, its gradient as backprop makes it: times the loss scale if any)
     seed: str = ""  # the loss's gradient, where the backward pass starts (1, or the loss scale)
     microbatches: int = 1  # the step runs its batch as this many forward/backward passes (graph/microbatch.py)
+    ranks: int = 1  # data-parallel ranks, each running this step on its shard (graph/dataparallel.py)
+    link_gbps: float = 0.0  # their network link, Gb/s (ranks > 1)
 
     @property
     def training(self) -> bool:

@@ -17,6 +17,7 @@ from swapdsl.common.atomic import write_text_atomically
 from swapdsl.common.errors import Span, SwpError
 from swapdsl.common.paths import GRAMMAR_DIR
 from swapdsl.devices.profiles import Device
+from swapdsl.graph.dataparallel import check_ranks
 from swapdsl.graph.microbatch import MAX_MICROBATCHES
 from swapdsl.graph.precision import GUARDS, PRECISIONS
 from swapdsl.lang.loader import load, read_source
@@ -75,6 +76,8 @@ def format_plan(plan: Plan) -> str:
         lines.append(f"guard {plan.guard}")
     if plan.microbatches != 1:
         lines.append(f"microbatches {plan.microbatches}")
+    if plan.ranks != 1:
+        lines.append(f"ranks {plan.ranks} link {_v(plan.link_gbps)}")
     dev = " ".join(f"{k} {_v(getattr(plan.device, k))}" for k in _DEVICE_SCALARS)
     lines.append(f"device {_q(plan.device.name)} {dev}")
     lines += [f"flops {k} {_v(v)}" for k, v in plan.device.flops]
@@ -190,7 +193,7 @@ class _Build(Transformer):
         return Plan(f["model"][0], f["model"][1], tuple(f["args"]), f["method"], device, f["cap"], f["scratch"],
                     tuple(f["tensors"]), tuple(f["ops"]), f["loss"], tuple(f["updates"]),
                     tuple(f["program"]), tuple(f["figures"]), f.get("precision", "f32"), f.get("guard", "none"),
-                    f.get("microbatches", 1), origin)
+                    f.get("microbatches", 1), *f.get("ranks", (1, 0.0)), origin)
 
     def _err(self, meta: Any, message: str) -> SwpError:
         return SwpError(message, Span.point(self.file, meta.line, meta.column))
@@ -234,6 +237,16 @@ class _Build(Transformer):
             raise self._err(meta, f"`microbatches {c[0]}`: a plan runs 2 to {MAX_MICROBATCHES} micro-batches "
                                   "(1 has no line)")
         self.f["microbatches"] = int(c[0])
+
+    def ranks(self, meta: Any, c: list[Any]) -> None:
+        self._at(meta, "ranks", "")
+        try:
+            link = float(_number(c[1]))
+            self.f["ranks"] = check_ranks(int(c[0]), link)[0], link
+        except SwpError as exc:
+            raise self._err(meta, f"`ranks {c[0]} link {c[1]}`: {exc.message} (1 rank has no line)") from None
+        if int(c[0]) == 1:
+            raise self._err(meta, "`ranks 1`: one rank has no line")
 
     def device(self, meta: Any, c: list[Any]) -> None:
         self._at(meta, "device", "")

@@ -184,6 +184,8 @@ class Plan:
     precision: str = "f32"  # the training graph's mixed-precision policy (a `precision` line when not f32)
     guard: str = "none"  # the training graph's guarded step (a `guard` line when not none)
     microbatches: int = 1  # the step's forward and backward passes (a `microbatches` line when not 1)
+    ranks: int = 1  # data-parallel ranks running the plan (a `ranks` line, with their link, when not 1)
+    link_gbps: float = 0.0
     origin: Origin | None = attrs.field(default=None, eq=False, repr=False)  # set when read from a file
 
     @property

@@ -73,13 +73,14 @@ class KernelContext:
     scratch: Scratch
     step: Array  # 0-d int64 on the device: the 1-based training step (Adam's bias correction, dropout masks)
     tf32: bool = False  # FP32 matrix products may use TF32 tensor cores (CuPy; an opt-in: `exec --tf32`)
+    comm: Any = None  # the data-parallel ranks' MPI communicator (ops/collective.py), or None: one process
 
     @staticmethod
-    def standalone(xp: Any, scratch_bytes: int, step: int = 1) -> KernelContext:
+    def standalone(xp: Any, scratch_bytes: int, step: int = 1, comm: Any = None) -> KernelContext:
         """A context with its own scratch and step counter (tests, the reference executor, profiling)."""
         counter = xp.zeros((), dtype=xp.int64)
         counter[...] = step
-        return KernelContext(xp, Scratch(xp.zeros(max(scratch_bytes, 1), dtype=xp.uint8)), counter)
+        return KernelContext(xp, Scratch(xp.zeros(max(scratch_bytes, 1), dtype=xp.uint8)), counter, comm=comm)
 
 
 class GradBuilder(Protocol):

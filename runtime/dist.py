@@ -1,0 +1,89 @@
+"""Data-parallel ranks: the MPI world a run was started in (``mpiexec -n N swapdsl exec ...``).
+
+Only a process an MPI launcher started imports mpi4py (the ``dist`` extra); every other run is one
+rank, as before. Rank 0 prints, logs and checkpoints; every rank reads its own rows of each batch.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import os
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+
+from swapdsl.common.errors import SwpError
+from swapdsl.graph.ir import Graph
+
+# what MPICH's Hydra, Open MPI and PMIx set in the processes they start
+_LAUNCHED = ("PMI_RANK", "PMI_SIZE", "OMPI_COMM_WORLD_SIZE", "PMIX_RANK")
+
+
+@functools.cache
+def world() -> Any | None:
+    """mpi4py's COMM_WORLD when this process is one of two or more MPI ranks, else None."""
+    if not any(k in os.environ for k in _LAUNCHED):
+        return None
+    try:
+        from mpi4py import MPI
+    except ImportError:
+        raise SwpError("this process was started by an MPI launcher, and mpi4py is not installed",
+                       hints=["pip install 'swapdsl[dist]' (mpi4py and MPICH)"]) from None
+    return MPI.COMM_WORLD if MPI.COMM_WORLD.Get_size() > 1 else None
+
+
+def rank() -> int:
+    comm = world()
+    return 0 if comm is None else comm.Get_rank()
+
+
+def comm_for(g: Graph) -> Any | None:
+    """The communicator a step of ``g`` averages its gradients over (None for one rank)."""
+    return world() if g.ranks > 1 else None
+
+
+class EveryRank(SwpError):
+    """An error every rank raises alike: rank 0 alone prints it."""
+
+
+def join(g: Graph) -> None:
+    """Refuse, on every rank alike, a run whose ranks are not the plan's or whose ranks run different steps."""
+    comm = world()
+    size = 1 if comm is None else comm.Get_size()
+    if g.ranks != size:
+        how = f"`mpiexec -n {g.ranks} swapdsl exec ...`" if g.ranks > 1 else "without mpiexec"
+        raise EveryRank(f"the plan runs on {g.ranks} rank{'s' * (g.ranks > 1)} and this run has {size}",
+                       hints=[f"run it {how}", "or plan again with --ranks " + str(size)])
+    if comm is None:
+        return
+    mine = _digest(g)
+    digests = comm.allgather(mine)
+    odd = [r for r, d in enumerate(digests) if d != digests[0]]
+    if odd:
+        raise EveryRank(f"rank {odd[0]} runs a different training step from rank 0 (another plan, model or "
+                       f"arguments)", hints=["give every rank the same plan file"])
+
+
+def _digest(g: Graph) -> str:
+    text = repr((g.name, g.args, g.source_sha256, [(op.op, op.inputs, op.outputs, op.attrs) for op in g.ops]))
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+def shard(g: Graph, batch: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """This rank's rows of a batch ``g.ranks`` times the step's (all of it for one rank)."""
+    if g.ranks == 1:
+        return dict(batch)
+    r = rank()
+    out = {}
+    for name, value in batch.items():
+        rows = g.type_of(name).shape[0]
+        out[name] = value[r * rows:(r + 1) * rows]
+    return out
+
+
+def mean(value: float, g: Graph) -> float:
+    """``value`` averaged over the ranks (a loss: each rank's is over its shard)."""
+    comm = comm_for(g)
+    return value if comm is None else comm.allreduce(value) / comm.Get_size()

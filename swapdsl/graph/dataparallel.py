@@ -1,0 +1,61 @@
+"""Data parallelism as a graph pass: a training step -> the same step on each of N ranks, every parameter's
+gradient averaged over the ranks before anything reads it.
+
+Each rank runs the step on its own shard of the batch (the model's ``batch`` rows of a global batch N
+times larger). An ``allreduce_mean`` follows the op that finishes each parameter's gradient (after the
+micro-batches' sum, when there are micro-batches), and every reader of the gradient (the optimiser
+update, the guard's unscaling and finiteness flag, clipping's norm) reads the average instead. Since
+the loss is a mean over the batch, the average of the ranks' gradients is the gradient of the mean
+loss over the global batch: N ranks train as one process would on the whole batch, to rounding.
+
+What stays per rank: batch norm's statistics (each rank normalises over its shard, as PyTorch's DDP
+does without SyncBatchNorm), its running statistics (rank 0's are the ones saved), and dropout's mask
+(drawn from each rank's own element indices). The all-reduce runs where the pass puts it, on the
+compute stream: the planner places, swaps and times it as an op, and it does not yet overlap compute.
+"""
+
+from __future__ import annotations
+
+import attrs
+
+from swapdsl.common.errors import SwpError
+from swapdsl.graph.ir import Graph, Kind, Op, Tensor
+from swapdsl.graph.ops.collective import REDUCIBLE
+
+MAX_RANKS = 4096
+DEFAULT_LINK_GBPS = 100.0  # gigabits per second between ranks (a 100 Gb/s network), when none is given
+
+
+def check_ranks(ranks: object, link_gbps: object) -> tuple[int, float]:
+    """(ranks, link bytes/s), or a clear error."""
+    if not isinstance(ranks, int) or isinstance(ranks, bool) or not 1 <= ranks <= MAX_RANKS:
+        raise SwpError(f"ranks: expected a whole number from 1 to {MAX_RANKS}, not {ranks!r}")
+    if isinstance(link_gbps, bool) or not isinstance(link_gbps, (int, float)) or not 0.001 <= link_gbps <= 1e6:
+        raise SwpError(f"network: expected a link speed from 0.001 to 1000000 Gb/s, not {link_gbps!r}")
+    return ranks, float(link_gbps) * 1e9 / 8
+
+
+def data_parallel(t: Graph, ranks: int, link_gbps: float = DEFAULT_LINK_GBPS) -> Graph:
+    """``t`` (a training graph) as run by each of ``ranks`` ranks (1: ``t`` itself)."""
+    if ranks == 1:
+        return t
+    ranks, link_bw = check_ranks(ranks, link_gbps)
+    if not t.grads:
+        raise SwpError("data-parallel training needs a training graph with gradients")
+    for _, grad in t.grads:
+        if t.type_of(grad).dtype.label not in REDUCIBLE:
+            raise SwpError(f"data-parallel gradients are averaged in f32 or f64; `{grad}` is "
+                           f"{t.type_of(grad).dtype.label}", hints=["plan without --ranks, or in --precision f32"])
+    mean = {grad: f"{grad}/allreduced" for _, grad in t.grads}
+    tensors = dict(t.tensors)
+    ops: list[Op] = []
+    for op in t.ops:
+        ops.append(attrs.evolve(op, inputs=tuple(mean.get(n, n) for n in op.inputs)))
+        for out in op.outputs:
+            if out in mean:
+                tensors[mean[out]] = Tensor(mean[out], t.type_of(out), Kind.gradient,
+                                            label=f"{t.tensors[out].title}, averaged over the ranks")
+                ops.append(Op("allreduce_mean", (out,), (mean[out],),
+                              (("link_bw", link_bw), ("ranks", ranks)), op.span))
+    return attrs.evolve(t, tensors=tensors, ops=tuple(ops), ranks=ranks, link_gbps=float(link_gbps),
+                        grads=tuple((p, mean[g]) for p, g in t.grads))

@@ -1,0 +1,53 @@
+"""Collectives across data-parallel ranks (``graph/dataparallel.py`` places them): every rank runs the same
+step on its own shard of the batch, and each gradient is averaged over the ranks before its update.
+
+A kernel reaches the other ranks through ``KernelContext.comm`` (an MPI communicator, mpi4py's
+interface): MPI sums in the same order on every rank, so the ranks' parameters stay bit-identical.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from swapdsl.common.errors import SwpError
+from swapdsl.graph.ir import TensorType
+from swapdsl.graph.ops.registry import Array, Attrs, KernelContext, OpDef, Types, register
+
+REDUCIBLE = frozenset({"f32", "f64"})  # the dtypes MPI sums (a half gradient has no MPI type)
+
+
+def _allreduce_infer(ins: Types, a: Attrs) -> TensorType:
+    (x,) = ins
+    if x.dtype.label not in REDUCIBLE:
+        raise SwpError(f"data-parallel gradients are averaged in f32 or f64, not {x.dtype.label}")
+    if not (isinstance(a["ranks"], int) and a["ranks"] >= 2 and a["link_bw"] > 0):
+        raise SwpError(f"`allreduce_mean` needs ranks >= 2 and a positive link bandwidth, got {a}")
+    return x
+
+
+def _allreduce_mean(c: KernelContext, ins: list[Array], out: Array, a: Attrs) -> None:
+    """out = the mean of ``x`` over the ranks."""
+    (x,) = ins
+    comm = c.comm
+    if comm is None or comm.Get_size() != a["ranks"]:
+        have = 1 if comm is None else comm.Get_size()
+        raise SwpError(f"this step averages gradients over {a['ranks']} ranks, and it runs in {have}",
+                       hints=[f"run it with `mpiexec -n {a['ranks']} swapdsl exec ...`"])
+    if c.xp is not np:
+        raise SwpError("data-parallel steps run on NumPy for now", hints=["run with --backend numpy"])
+    comm.Allreduce(x, out)
+    np.divide(out, out.dtype.type(a["ranks"]), out=out)
+
+
+def ring_seconds(ins: Types, a: Attrs) -> float:
+    """A ring all-reduce's time: each rank sends and receives 2 (N - 1) / N of the bytes over its link, in
+    2 (N - 1) steps of a fixed latency."""
+    n = a["ranks"]
+    return 2 * (n - 1) / n * ins[0].nbytes / a["link_bw"] + 2 * (n - 1) * LINK_LATENCY_S
+
+
+LINK_LATENCY_S = 5e-6  # one message between ranks (an MPI or NCCL hop on a fast network)
+
+register(
+    OpDef("allreduce_mean", (1, 1), _allreduce_infer, lambda ins, o, a: 0, _allreduce_mean),
+)

@@ -1,0 +1,159 @@
+"""Data-parallel training (issue 40, first part): the graph pass, the plan's `ranks` line, the all-reduce's
+simulated time, and `mpiexec -n 2` runs held to one process on the doubled batch (f64, 1e-12)."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from swapdsl import api
+from swapdsl.common.errors import SwpError
+from swapdsl.devices.costs import op_seconds
+from swapdsl.devices.profiles import BUILTIN
+from swapdsl.graph.checker import check_graph
+from swapdsl.graph.dataparallel import data_parallel
+from swapdsl.graph.ops.collective import LINK_LATENCY_S
+
+MODEL = """model net(batch = 4, features = 6, hidden = 16, classes = 3, lr = 0.1) {
+    input x: f64[batch, features]
+    input y: i32[batch]
+    param w1: f64[features, hidden] = normal(0.5)
+    param b1: f64[hidden] = zeros
+    param w2: f64[hidden, hidden] = normal(0.3)
+    param w3: f64[hidden, classes] = normal(0.5)
+    h = relu(x @ w1 + b1)
+    h = tanh(h @ w2)
+    loss = softmax_cross_entropy(h @ w3, y)
+    minimize loss with OPTIMIZER
+}
+"""
+SGD, ADAM = "sgd(lr = lr, momentum = 0.9)", "adam(lr = 0.01)"
+
+
+def _model(folder: Path, optimizer: str = SGD) -> Path:
+    path = folder / "net.swp"
+    path.write_text(MODEL.replace("OPTIMIZER", optimizer))
+    return path
+
+
+def test_every_gradient_is_averaged_before_anything_reads_it(tmp_path: Path) -> None:
+    m = api.load(_model(tmp_path, ADAM), ranks=2)
+    one = api.load(_model(tmp_path, ADAM)).training
+    t = m.training
+    check_graph(t)
+    reduced = [op for op in t.ops if op.op == "allreduce_mean"]
+    assert len(reduced) == len(one.grads) == 4 and t.ranks == 2
+    assert {p: g for p, g in t.grads} == {p: f"{g}/allreduced" for p, g in one.grads}
+    for (_, raw), (_, mean) in zip(one.grads, t.grads):
+        made = next(i for i, op in enumerate(t.ops) if raw in op.outputs)
+        assert t.ops[made + 1].outputs == (mean,)  # right after backprop finishes it
+        assert not any(raw in op.inputs for op in t.ops[made + 2:])  # nothing reads the rank's own
+    assert data_parallel(one, 1) is one
+
+
+def test_the_simulator_charges_a_ring_all_reduce(tmp_path: Path) -> None:
+    for ranks, gbps in ((2, 100.0), (8, 25.0)):
+        t = api.load(_model(tmp_path), ranks=ranks, link_gbps=gbps).training
+        op = next(op for op in t.ops if op.op == "allreduce_mean")
+        nbytes = t.type_of(op.inputs[0]).nbytes
+        dev = BUILTIN["h100-80gb"]
+        want = 2 * (ranks - 1) / ranks * nbytes / (gbps * 1e9 / 8) + 2 * (ranks - 1) * LINK_LATENCY_S
+        assert op_seconds(dev, t, op) == pytest.approx(dev.launch_s + want, rel=1e-12)
+
+
+def test_a_plan_records_its_ranks_and_refuses_another_graph(tmp_path: Path) -> None:
+    plan = api.optimize(api.load(_model(tmp_path), ranks=2, link_gbps=25), "80%", "belady")
+    api.save(plan, tmp_path / "dp.plan")
+    text = (tmp_path / "dp.plan").read_text()
+    assert "ranks 2 link 25.0\n" in text
+    back, train = api.read_checked(str(tmp_path / "dp.plan"), need_model=True)
+    assert (back.ranks, back.link_gbps, train.ranks) == (2, 25.0, 2)
+    # the schedule does not depend on the count: edited to 3 ranks, the plan runs on 3 (its timings were 2's)
+    (tmp_path / "three.plan").write_text(text.replace("ranks 2 link", "ranks 3 link"))
+    assert api.read_checked(str(tmp_path / "three.plan"), need_model=True)[1].ranks == 3
+    for bad, says in (("ranks 2 link 25.0", "ranks 1 link 25.0"), ("ranks 2 link 25.0", "ranks 2 link 0"),
+                      ("ranks 2 link 25.0", "ranks 5000 link 25.0"), ("ranks 2 link 25.0\n", "")):
+        (tmp_path / "bad.plan").write_text(text.replace(bad, says))
+        with pytest.raises(SwpError):
+            api.read_checked(str(tmp_path / "bad.plan"), need_model=True)
+
+
+@pytest.mark.parametrize("argv", [["--ranks", "0"], ["--ranks", "two"], ["--network", "-1", "--ranks", "2"],
+                                  ["--network", "nan", "--ranks", "2"]])
+def test_bad_ranks_and_links_are_refused(cli, in_tmp: Path, argv: list[str]) -> None:
+    _model(in_tmp)
+    code, _, err = cli("optimize", "net.swp", "--memory", "80%", "--method", "belady", *argv)
+    assert code == 2 and "Traceback" not in err and err.strip()
+
+
+# ---- real ranks: mpiexec -n 2 -------------------------------------------------------------------------
+
+
+def _mpiexec() -> str:
+    found = shutil.which("mpiexec", path=str(Path(sys.executable).parent)) or shutil.which("mpiexec")
+    if found is None:
+        pytest.skip("no mpiexec (pip install 'swapdsl[dist]')")
+    pytest.importorskip("mpi4py")
+    return found
+
+
+def _swapdsl(folder: Path, *argv: str, ranks: int = 1) -> subprocess.CompletedProcess:
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1"}
+    env = {k: v for k, v in env.items() if not k.startswith(("PMI_", "PMIX_", "OMPI_"))}
+    prefix = [_mpiexec(), "-n", str(ranks)] if ranks > 1 else []
+    return subprocess.run([*prefix, sys.executable, "-m", "swapdsl", *argv], cwd=folder, env=env,
+                          capture_output=True, text=True, timeout=240)
+
+
+def _state(path: Path) -> dict[str, np.ndarray]:
+    from safetensors.numpy import load_file
+
+    return load_file(str(path))
+
+
+@pytest.mark.parametrize("method,memory", [("belady", "75%"), ("capuchin", "70%")])
+def test_two_ranks_train_as_one_process_on_the_doubled_batch(tmp_path: Path, method: str, memory: str) -> None:
+    _mpiexec()
+    _model(tmp_path, ADAM)
+    done = _swapdsl(tmp_path, "optimize", "net.swp", "--ranks", "2", "--memory", memory, "--method", method,
+                    "-o", "dp.plan", "--json")
+    assert done.returncode == 0, done.stderr
+    plan, _ = api.read_checked(str(tmp_path / "dp.plan"), need_model=True)
+    kinds = [type(i).__name__ for i in plan.program]
+    assert "SwapIn" in kinds and "SwapOut" in kinds  # a plan that swaps ...
+    assert method != "capuchin" or kinds.count("Run") > len(plan.ops)  # ... and recomputes
+    two = _swapdsl(tmp_path, "exec", "dp.plan", "--steps", "5", "--backend", "numpy", "--check", "--save",
+                   "two.safetensors", "--json", ranks=2)
+    assert two.returncode == 0, two.stderr
+    one = _swapdsl(tmp_path, "exec", "net.swp", "-D", "batch=8", "--steps", "5", "--backend", "numpy",
+                   "--save", "one.safetensors", "--json")
+    assert one.returncode == 0, one.stderr
+    a, b = _state(tmp_path / "two.safetensors"), _state(tmp_path / "one.safetensors")
+    assert sorted(a) == sorted(b)
+    for name in b:
+        if b[name].dtype.kind == "f":
+            np.testing.assert_allclose(a[name], b[name], rtol=1e-12, atol=1e-15)
+    import json
+
+    ran, alone = json.loads(two.stdout), json.loads(one.stdout)  # rank 0 alone printed
+    np.testing.assert_allclose(ran["loss"], alone["loss"], rtol=1e-12)
+    assert ran["max_rel_diff"] == 0.0  # the plan beside the reference, both averaged over the ranks
+
+
+def test_a_run_with_other_ranks_than_its_plan_stops_with_one_error(tmp_path: Path) -> None:
+    _mpiexec()
+    _model(tmp_path)
+    assert _swapdsl(tmp_path, "optimize", "net.swp", "--ranks", "2", "--memory", "80%", "--method", "belady",
+                    "-o", "dp.plan").returncode == 0
+    for ranks in (1, 3):
+        done = _swapdsl(tmp_path, "exec", "dp.plan", "--steps", "1", "--backend", "numpy", ranks=ranks)
+        assert done.returncode == 2 and "Traceback" not in done.stderr
+        assert done.stderr.count("error: the plan runs on 2 ranks") == 1, done.stderr
+    one = _swapdsl(tmp_path, "exec", "net.swp", "--ranks", "2", "--steps", "1", "--backend", "numpy", ranks=2)
+    assert one.returncode == 0, one.stderr  # a model trained data-parallel with the reference executor

@@ -46,7 +46,7 @@ class Checkpoint:
 def identity(g: Graph) -> dict[str, str]:
     """What makes two runs the same training: the model source, its arguments and its optimiser."""
     return {"model": g.name, "model_sha256": g.source_sha256, "args": json.dumps(dict(g.args), sort_keys=True),
-            "optimizer": str(g.optimizer), "precision": g.precision, "guard": g.guard}
+            "optimizer": str(g.optimizer), "precision": g.precision, "guard": g.guard, "ranks": str(g.ranks)}
 
 
 def save(path: str, g: Graph, values: Mapping[str, np.ndarray], step: int, position: int, seed: int,
@@ -131,13 +131,14 @@ def _check_digests(path: str, flag: str, meta: Mapping[str, str], values: Mappin
 def check_same_run(ck: Checkpoint, g: Graph) -> None:
     """Refuse to resume a checkpoint of another model, other arguments or another optimiser."""
     mine = identity(g)
-    theirs = {**ck.meta, "precision": ck.meta.get("precision", "f32"), "guard": ck.meta.get("guard", "none")}
+    theirs = {**ck.meta, "precision": ck.meta.get("precision", "f32"), "guard": ck.meta.get("guard", "none"),
+              "ranks": ck.meta.get("ranks", "1")}
     for key, label in (("model_sha256", "model source"), ("args", "model arguments"), ("optimizer", "optimiser"),
-                       ("precision", "precision"), ("guard", "guard")):
+                       ("precision", "precision"), ("guard", "guard"), ("ranks", "data-parallel ranks")):
         if theirs.get(key) != mine[key]:
             hint = (f"resume with --{key} {theirs[key]}, or start from its parameters alone with --init"
-                    if key in ("precision", "guard") else "resume with the model file and arguments that wrote it, "
-                    "or start from its parameters alone with --init")
+                    if key in ("precision", "guard", "ranks") else "resume with the model file and arguments that "
+                    "wrote it, or start from its parameters alone with --init")
             raise SwpError(f"--resume `{ck.path}` was written by another run: its {label} differ"
                            + ("s" if key in ("precision", "guard") else ""),
                            notes=[f"checkpoint: model `{ck.meta.get('model')}`, {label} {theirs.get(key)}",

@@ -59,10 +59,11 @@ def batch_size(g: Graph) -> int:
     return next(iter(sizes.values()))
 
 
-def open_dataset(path: str, g: Graph, flag: str = "--data") -> Dataset:
-    """The arrays at ``path`` for ``g``'s inputs, checked: names, dtypes, shapes, example counts, label ranges."""
+def open_dataset(path: str, g: Graph, flag: str = "--data", ranks: int = 1) -> Dataset:
+    """The arrays at ``path`` for ``g``'s inputs, checked: names, dtypes, shapes, example counts, label ranges.
+    Its batches are ``ranks`` times ``g``'s: each data-parallel rank reads its own rows of each."""
     where = Path(path)
-    batch = batch_size(g)
+    batch = batch_size(g) * ranks
     if where.is_dir():
         found = {p.stem: p for p in sorted(where.glob("*.npy"))}
         arrays = {name: _load_npy(found[name], flag) for name in g.inputs if name in found}

@@ -48,8 +48,9 @@ class EveryRank(SwpError):
     """An error every rank raises alike: rank 0 alone prints it."""
 
 
-def join(g: Graph) -> None:
-    """Refuse, on every rank alike, a run whose ranks are not the plan's or whose ranks run different steps."""
+def join(g: Graph, plan: str = "") -> None:
+    """Refuse, on every rank alike, a run whose ranks are not the plan's or whose ranks run different steps
+    (``plan``: the plan's text, when a plan runs: every rank must run its collectives in the same order)."""
     comm = world()
     size = 1 if comm is None else comm.Get_size()
     if g.ranks != size:
@@ -58,7 +59,7 @@ def join(g: Graph) -> None:
                        hints=[f"run it {how}", "or plan again with --ranks " + str(size)])
     if comm is None:
         return
-    mine = _digest(g)
+    mine = _digest(g, plan)
     digests = comm.allgather(mine)
     odd = [r for r, d in enumerate(digests) if d != digests[0]]
     if odd:
@@ -66,8 +67,8 @@ def join(g: Graph) -> None:
                        f"arguments)", hints=["give every rank the same plan file"])
 
 
-def _digest(g: Graph) -> str:
-    text = repr((g.name, g.args, g.source_sha256, [(op.op, op.inputs, op.outputs, op.attrs) for op in g.ops]))
+def _digest(g: Graph, plan: str) -> str:
+    text = repr((g.name, g.args, g.source_sha256, [(op.op, op.inputs, op.outputs, op.attrs) for op in g.ops], plan))
     return hashlib.sha256(text.encode()).hexdigest()
 
 

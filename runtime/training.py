@@ -137,7 +137,7 @@ class Beside:
         where it is ("loss" or the tensor's name)."""
         with self.context():
             if batch is not None:
-                self.ref.set_batch(batch)
+                self.ref.set_batch(dist.shard(self.ref.g, batch))
             ref_loss = dist.mean(self.ref.run_step(step)[0], self.ref.g)
             ref_state = self.ref.state()
         diffs = {k: relative_diff(v, ref_state[k]) for k, v in stepper.state().items()}
@@ -190,7 +190,7 @@ def plan_run(g: Graph, opts: Options) -> tuple[Dataset | None, Order | None, int
     for every, needs in (("eval_every", "eval"), ("save_every", "save")):
         if getattr(opts, every) and not getattr(opts, needs):
             raise SwpError(f"--{every.replace('_', '-')} needs --{needs} PATH")
-    ds = None if opts.data == SYNTHETIC else open_dataset(opts.data, g)
+    ds = None if opts.data == SYNTHETIC else open_dataset(opts.data, g, ranks=g.ranks)
     if ds is None:
         if opts.epochs is not None or opts.shuffle:
             raise SwpError(f"--{'epochs' if opts.epochs is not None else 'shuffle'} needs --data PATH",
@@ -206,8 +206,6 @@ def train(g: Graph, stepper: Stepper, opts: Options, hooks: Hooks = Hooks(), eva
     """Run the training ``opts`` (``resolve``d) describes on ``stepper`` (``g``: its training graph;
     ``moved``: the bytes its plan copies in and out each step)."""
     ds, order, last = plan_run(g, opts)
-    if g.ranks > 1 and ds is not None:
-        raise SwpError("data-parallel runs train on synthetic data for now", hints=["leave out --data"])
     if dist.rank() > 0:  # rank 0 speaks for the run: it alone reports, logs and checkpoints
         hooks, opts = Hooks(), attrs.evolve(opts, save=None, save_every=0, log=None)
     if opts.on_nonfinite == "skip" and g.guard == "none":
@@ -224,7 +222,7 @@ def train(g: Graph, stepper: Stepper, opts: Options, hooks: Hooks = Hooks(), eva
                        f"nothing left to do", hints=["ask for more with --steps or --epochs"])
     log = _open_log(opts.log)
     loader = Loader(ds, order, start) if ds is not None and order is not None else None
-    examples = (ds.batch if ds is not None else _batch_of(g)) * g.ranks  # data-parallel: every rank's
+    examples = ds.batch if ds is not None else _batch_of(g) * g.ranks  # data-parallel: every rank's rows
     steps: list[StepRecord] = []
     evals: list[EvalRecord] = []
     saves: list[SaveRecord] = []
@@ -251,7 +249,7 @@ def train(g: Graph, stepper: Stepper, opts: Options, hooks: Hooks = Hooks(), eva
                 batch = None
                 if loader is not None:
                     _, batch = loader.next()
-                    stepper.set_batch(batch)
+                    stepper.set_batch(dist.shard(g, batch))
                 loss, ms = stepper.run_step(step)
                 loss = dist.mean(loss, g)
                 if not math.isfinite(loss) and opts.on_nonfinite == "stop":

@@ -472,7 +472,7 @@ def execute_plan(plan: Plan, train: Graph | None, steps: int | None = None, seed
     name, xp = array_module(backend)
     seed = opts.seed or 0
     check_runnable(train, name)
-    join(train)
+    join(train, planfile.format_plan(plan) if train.ranks > 1 else "")
     runner = PlanRunner(plan, train, name, xp, seed, check_plan=False, copy_delay_s=copy_delay_s,
                         kernel_delay_s=kernel_delay_s, graph=graph, tf32=tf32, vendor_kernels=vendor_kernels)
     f = simulate(plan)

@@ -157,3 +157,68 @@ def test_a_run_with_other_ranks_than_its_plan_stops_with_one_error(tmp_path: Pat
         assert done.stderr.count("error: the plan runs on 2 ranks") == 1, done.stderr
     one = _swapdsl(tmp_path, "exec", "net.swp", "--ranks", "2", "--steps", "1", "--backend", "numpy", ranks=2)
     assert one.returncode == 0, one.stderr  # a model trained data-parallel with the reference executor
+
+
+def test_two_ranks_read_their_own_rows_of_each_shuffled_batch(tmp_path: Path) -> None:
+    """--data: each step's batch is the ranks' together, and each rank trains on its own rows of it; two
+    shuffled epochs, a checkpoint half-way and a resumed run end where one process on the doubled batch does."""
+    _mpiexec()
+    _model(tmp_path, ADAM)
+    rng = np.random.default_rng(3)
+    (tmp_path / "data").mkdir()
+    np.save(tmp_path / "data" / "x.npy", rng.standard_normal((44, 6)))
+    np.save(tmp_path / "data" / "y.npy", rng.integers(0, 3, 44).astype(np.int32))
+    assert _swapdsl(tmp_path, "optimize", "net.swp", "--ranks", "2", "--memory", "75%", "--method", "belady",
+                    "-o", "dp.plan").returncode == 0
+    common = ["--data", "data", "--shuffle", "--backend", "numpy", "--seed", "4"]
+    half = _swapdsl(tmp_path, "exec", "dp.plan", *common, "--steps", "5", "--save", "half.safetensors", ranks=2)
+    assert half.returncode == 0, half.stderr
+    two = _swapdsl(tmp_path, "exec", "dp.plan", *common, "--epochs", "2", "--resume", "half.safetensors",
+                   "--save", "two.safetensors", ranks=2)
+    assert two.returncode == 0, two.stderr
+    one = _swapdsl(tmp_path, "exec", "net.swp", "-D", "batch=8", *common, "--epochs", "2", "--save",
+                   "one.safetensors")
+    assert one.returncode == 0, one.stderr
+    a, b = _state(tmp_path / "two.safetensors"), _state(tmp_path / "one.safetensors")
+    for name in b:
+        if b[name].dtype.kind == "f":
+            np.testing.assert_allclose(a[name], b[name], rtol=1e-12, atol=1e-15)
+    assert "step 10/10" in two.stdout and "step 10/10" in one.stdout  # 44 examples: 5 batches of 8 an epoch
+
+
+def test_ranks_running_different_plans_are_refused_at_start(tmp_path: Path) -> None:
+    """An MPI peer that runs another plan would call its collectives in another order: refused, by name."""
+    launcher = _mpiexec()
+    _model(tmp_path)
+    for method, out in (("belady", "a.plan"), ("capuchin", "b.plan")):
+        assert _swapdsl(tmp_path, "optimize", "net.swp", "--ranks", "2", "--memory", "70%", "--method", method,
+                        "-o", out).returncode == 0
+    run = [sys.executable, "-m", "swapdsl", "exec"]
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("PMI_", "PMIX_", "OMPI_"))}
+    done = subprocess.run([launcher, "-n", "1", *run, "a.plan", "--steps", "1", ":", "-n", "1", *run, "b.plan",
+                           "--steps", "1"], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2 and "Traceback" not in done.stderr
+    assert done.stderr.count("error: rank 1 runs a different training step from rank 0") == 1, done.stderr
+
+
+def test_a_checkpoint_resumes_only_with_its_ranks(tmp_path: Path) -> None:
+    _mpiexec()
+    _model(tmp_path)
+    assert _swapdsl(tmp_path, "exec", "net.swp", "--ranks", "2", "--steps", "2", "--backend", "numpy", "--save",
+                    "two.safetensors", ranks=2).returncode == 0
+    done = _swapdsl(tmp_path, "exec", "net.swp", "--steps", "4", "--backend", "numpy", "--resume", "two.safetensors")
+    assert done.returncode == 2 and "its data-parallel ranks differ" in done.stderr, done.stderr
+
+
+@pytest.mark.parametrize("line", ["ranks -1 link 25.0", "ranks 2.5 link 25.0", "ranks 2 link -3", "ranks 2 link nan",
+                                  "ranks 2 link 1e999", "ranks 2", "ranks link 25.0", "ranks 99999999999999999999 link 1",
+                                  "ranks 2 link 25.0\nranks 2 link 25.0", "ranks 2 link 25.0 extra", "ranks 0 link 1"])
+def test_a_damaged_ranks_line_is_refused_at_its_line(tmp_path: Path, line: str) -> None:
+    plan = api.optimize(api.load(_model(tmp_path), ranks=2, link_gbps=25), "80%", "belady")
+    api.save(plan, tmp_path / "dp.plan")
+    text = (tmp_path / "dp.plan").read_text()
+    (tmp_path / "bad.plan").write_text(text.replace("ranks 2 link 25.0", line))
+    at = text.splitlines().index("ranks 2 link 25.0") + 1
+    with pytest.raises(SwpError) as caught:
+        api.read_checked(str(tmp_path / "bad.plan"), need_model=True)
+    assert caught.value.span is not None and caught.value.span.line in (at, at + 1), caught.value.render()

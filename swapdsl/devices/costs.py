@@ -20,14 +20,14 @@ COLLECTIVES = {"allreduce_mean": ring_seconds}  # ops whose time is the network'
 
 def op_seconds(dev: Device, g: Graph, op: Op, measured: dict[str, float] | None = None) -> float:
     """Measured kernel time plus launch overhead if the profile has the op, else the roofline estimate."""
+    ins = tuple(g.type_of(n) for n in op.inputs)
+    if op.op in COLLECTIVES:  # the network's time, whatever a profile measured on one process
+        return dev.launch_s + COLLECTIVES[op.op](ins, op.attr_dict)
     if measured:
         key = op_key(g, op)
         if key in measured:
             return dev.launch_s + measured[key]
     d = ops.REGISTRY[op.op]
-    ins = tuple(g.type_of(n) for n in op.inputs)
-    if op.op in COLLECTIVES:
-        return dev.launch_s + COLLECTIVES[op.op](ins, op.attr_dict)
     out = g.type_of(op.outputs[0])
     flops = d.flops(ins, out, op.attr_dict)
     moved = d.bytes_read(ins, out, op.attr_dict) + d.bytes_written(ins, out, op.attr_dict)

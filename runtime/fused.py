@@ -1,9 +1,11 @@
-"""Fused element-wise kernels on CuPy: one CUDA kernel per op instead of a chain of ufuncs.
+"""Fused kernels on CuPy: one CUDA kernel per op, or per chain of element-wise work, instead of ufuncs.
 
 The op's own kernel (graph/ops) is a sequence of NumPy-style ufuncs, each a
 kernel launch and a pass over memory. On CuPy the element-wise ops in
 ``FUSED`` run as one ``cupy.ElementwiseKernel`` each, reading their inputs
-once and writing their output once, with no temporaries. Each is checked once
+once and writing their output once, with no temporaries (``max_pool2d_grad``
+reads its inputs whole, one thread per output element); the batch-norm ops
+in ``COMPOSITE`` keep their own statistics and fuse the passes around them. Each is checked once
 when a plan is loaded, on small random inputs against the op's own kernel on
 the same device; one that differs or fails to compile is not used, and the
 run says so. NumPy keeps the ufunc kernels: they are the reference.
@@ -23,6 +25,7 @@ from swapdsl.graph.ops import REGISTRY
 from swapdsl.graph.ops.elementwise import dropout_constants, step_key
 from swapdsl.graph.ops.optim import bias_correction
 from swapdsl.graph.ops.kernels import is_half
+from swapdsl.graph.ops.nn import channel_sum, channel_tiles
 from swapdsl.graph.ops.registry import Array, Attrs, Kernel, KernelContext, np_dtype
 from swapdsl.runtime.backend import separate_pool
 
@@ -141,8 +144,103 @@ FUSED: dict[str, Fused] = {
 }
 
 
-def fused_kernel(xp: Any, name: str) -> Kernel:
-    """The op's fused kernel (compiled on first use)."""
+# ---- batch norm: the op's own statistics around fused element-wise passes ----------------------------
+#
+# batch_norm, its gradient and its scale's gradient as their own kernels compute them (channel tiles,
+# two-pass statistics, graph/ops/nn.py's two-stage sums), each chain of element-wise ufuncs made one
+# kernel: the forward pass reads its input 3 times and writes once where the ufuncs made 12 passes; the
+# gradient reads 7 and writes 2 where they made about 22. The gradient's means are taken of g and of
+# g (x - mean), the scale and 1/std multiplied in after, which rounds differently from the op's own
+# kernel (within the load-time check's 1e-5).
+
+PIECES: dict[str, tuple[str, str]] = {  # name: (parameters, body writing y), all of one element each
+    "sqdev": ("T x, T m", "T d = x - m; y = d * d;"),
+    "bn_out": ("T x, T m, T s, T k, T b", "y = (x - m) * s * k + b;"),
+    "gdev": ("T x, T m, T g", "y = g * (x - m);"),
+    "bn_dx": ("T x, T g, T m, T s, T k, T m1, T m2", "y = s * ((g * k - m1) - (x - m) * s * m2);"),
+}
+Elementwise = Callable[[str, str, str], Callable[..., Any]]  # (parameters, body, name) -> kernel(*ins, out)
+
+
+def _cupy_elementwise(xp: Any) -> Elementwise:
+    return lambda params, body, name: xp.ElementwiseKernel(params, "T y", body, f"swapdsl_{name}",
+                                                           preamble=_PREAMBLE)
+
+
+def _stats(c: KernelContext, xc: Array, t: Array, sqdev: Any, eps: float) -> tuple[Array, Array]:
+    """A tile's per-channel mean and 1 / sqrt(var + eps) ([1, B, 1] each), two-pass, ``t`` its scratch."""
+    xp = c.xp
+    m, s = (c.scratch.take((1, xc.shape[1], 1), xc.dtype) for _ in range(2))
+    channel_sum(c, xc, m, mean=True)
+    sqdev(xc, m, t)
+    channel_sum(c, t, s, mean=True)
+    xp.add(s, s.dtype.type(eps), out=s)
+    xp.sqrt(s, out=s)
+    xp.divide(s.dtype.type(1.0), s, out=s)
+    return m, s
+
+
+def _bn_forward(xp: Any, ew: Elementwise) -> Kernel:
+    sqdev, affine = ew(*PIECES["sqdev"], "sqdev"), ew(*PIECES["bn_out"], "bn_out")
+
+    def kernel(c: KernelContext, ins: list[Array], out: Array, a: Attrs) -> None:
+        x, scale, shift = ins
+        for _, (xc, oc, kc, bc) in channel_tiles(x, [out, scale, shift], 2):
+            m, s = _stats(c, xc, c.scratch.take(xc.shape, xc.dtype), sqdev, a["eps"])
+            affine(xc, m, s, kc, bc, oc)
+            c.scratch.reset()
+
+    return kernel
+
+
+def _bn_grad(xp: Any, ew: Elementwise) -> Kernel:
+    sqdev, gdev, dx = ew(*PIECES["sqdev"], "sqdev"), ew(*PIECES["gdev"], "gdev"), ew(*PIECES["bn_dx"], "bn_dx")
+
+    def kernel(c: KernelContext, ins: list[Array], out: Array, a: Attrs) -> None:
+        x, scale, g = ins
+        for _, (xc, gc, oc, kc) in channel_tiles(x, [g, out, scale], 4):
+            t = c.scratch.take(xc.shape, xc.dtype)
+            m, s = _stats(c, xc, t, sqdev, a["eps"])
+            m1, m2 = (c.scratch.take(m.shape, m.dtype) for _ in range(2))
+            channel_sum(c, gc, m1, mean=True)
+            xp.multiply(m1, kc, out=m1)  # mean(g * scale)
+            gdev(xc, m, gc, t)
+            channel_sum(c, t, m2, mean=True)
+            xp.multiply(m2, kc, out=m2)
+            xp.multiply(m2, s, out=m2)  # mean(g * scale * xhat)
+            dx(xc, gc, m, s, kc, m1, m2, oc)
+            c.scratch.reset()
+
+    return kernel
+
+
+def _bn_dscale(xp: Any, ew: Elementwise) -> Kernel:
+    sqdev, gdev = ew(*PIECES["sqdev"], "sqdev"), ew(*PIECES["gdev"], "gdev")
+
+    def kernel(c: KernelContext, ins: list[Array], out: Array, a: Attrs) -> None:
+        x, g = ins
+        for k, (xc, gc) in channel_tiles(x, [g], 2):
+            t = c.scratch.take(xc.shape, xc.dtype)
+            m, s = _stats(c, xc, t, sqdev, a["eps"])
+            gdev(xc, m, gc, t)
+            part = out.reshape(1, -1, 1)[:, k]
+            channel_sum(c, t, part)
+            xp.multiply(part, s, out=part)  # sum(g * xhat) = sum(g (x - mean)) / std
+            c.scratch.reset()
+
+    return kernel
+
+
+COMPOSITE: dict[str, Callable[[Any, Elementwise], Kernel]] = {
+    "batch_norm": _bn_forward, "batch_norm_grad": _bn_grad, "batch_norm_dscale": _bn_dscale,
+}
+
+
+def fused_kernel(xp: Any, name: str, elementwise: Elementwise | None = None) -> Kernel:
+    """The op's fused kernel (compiled on first use; ``elementwise`` builds the element-wise pieces of a
+    composite one, CuPy's ``ElementwiseKernel`` unless given)."""
+    if name in COMPOSITE:
+        return COMPOSITE[name](xp, elementwise or _cupy_elementwise(xp))
     f = FUSED[name]
     ek = xp.ElementwiseKernel(f.params, "T y", f.body, f"swapdsl_{name}", preamble=_PREAMBLE)
 
@@ -169,10 +267,10 @@ class FusedKernels:
         checked: dict[tuple[str, str, str], Kernel | None] = {}
         own_pool = separate_pool(xp)  # the checks' arrays stay out of the memory a run reports holding
         for i, op in enumerate(g.ops):
-            if (op.op not in FUSED or op.attr_dict.get("gated")
+            if ((op.op not in FUSED and op.op not in COMPOSITE) or op.attr_dict.get("gated")
                     or any(is_half(g.type_of(n)) for n in (*op.inputs, *op.outputs))):
                 continue  # half tensors or a gated update: kernels.kernel_of's wrapping of the op's own kernel
-            types = tuple(_example(g.type_of(n), FUSED[op.op].shaped) for n in op.inputs)
+            types = tuple(_example(g.type_of(n), op.op in COMPOSITE or FUSED[op.op].shaped) for n in op.inputs)
             key = (op.op, repr(types), repr(sorted(op.attr_dict.items())))
             if key not in checked:
                 with own_pool():

@@ -125,8 +125,9 @@ class Beside:
     """``exec --check``: the reference executor run beside the stepper on the same batches from the same
     state, compared after every step (``context``: where the reference allocates)."""
 
-    def __init__(self, ref: Stepper, context: Callable[[], contextlib.AbstractContextManager[object]]) -> None:
-        self.ref, self.context = ref, context
+    def __init__(self, ref: Stepper, context: Callable[[], contextlib.AbstractContextManager[object]],
+                 g: Graph | None = None) -> None:
+        self.ref, self.context, self.g = ref, context, g  # ``g``: the training graph, if data-parallel
 
     def load_state(self, values: Mapping[str, np.ndarray], step: int) -> None:
         with self.context():
@@ -137,8 +138,10 @@ class Beside:
         where it is ("loss" or the tensor's name)."""
         with self.context():
             if batch is not None:
-                self.ref.set_batch(dist.shard(self.ref.g, batch))
-            ref_loss = dist.mean(self.ref.run_step(step)[0], self.ref.g)
+                self.ref.set_batch(batch if self.g is None else dist.shard(self.g, batch))
+            ref_loss = self.ref.run_step(step)[0]
+            if self.g is not None:
+                ref_loss = dist.mean(ref_loss, self.g)
             ref_state = self.ref.state()
         diffs = {k: relative_diff(v, ref_state[k]) for k, v in stepper.state().items()}
         diffs["loss"] = relative_diff(loss, ref_loss)

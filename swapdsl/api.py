@@ -539,7 +539,7 @@ def _beside(train: Graph, seed: int, xp: ModuleType) -> training.Beside:
     separate = separate_pool(xp)
     with separate():
         ref = reference.Trainer(train, seed, xp)
-    return training.Beside(ref, separate)
+    return training.Beside(ref, separate, train)
 
 
 def _model_of(plan: Plan) -> Model:

@@ -90,12 +90,15 @@ _C_TYPES = {"uint32": "unsigned int", "int32": "int"}
 
 
 def _c_source(name: str, ctype: str) -> str:
+    f = FUSED[name]
+    return _c_function(f.params, f.body, REGISTRY[name].arity[0], ctype)
+
+
+def _c_function(params: str, body: str, arity: int, ctype: str) -> str:
     from swapdsl.runtime.fused import _PREAMBLE
 
-    f = FUSED[name]
-    arity = REGISTRY[name].arity[0]
     unpack = []
-    for k, p in enumerate(f.params.split(",")):
+    for k, p in enumerate(params.split(",")):
         *kind, t, var = p.split()
         c = ctype if len(t) == 1 else _C_TYPES[t]
         if k >= arity:
@@ -106,11 +109,11 @@ def _c_source(name: str, ctype: str) -> str:
             unpack.append(f"const {c} {var} = ((const {c} *)in[{k}])[i];")
     return (f"{_C_PRELUDE}typedef {ctype} T;\n{_PREAMBLE}\n"
             f"void run(const void *const *in, const double *sc, T *out, long long n) {{\n"
-            f"  for (long long i = 0; i < n; ++i) {{\n    {' '.join(unpack)}\n    T y;\n    {f.body}\n"
+            f"  for (long long i = 0; i < n; ++i) {{\n    {' '.join(unpack)}\n    T y;\n    {body}\n"
             f"    out[i] = y;\n  }}\n}}\n")
 
 
-def _compiled(tmp: Any, name: str, ctype: str) -> Any:
+def _compiled(tmp: Any, name: str, ctype: str, source: str | None = None) -> Any:
     import ctypes
     import shutil
     import subprocess
@@ -120,7 +123,7 @@ def _compiled(tmp: Any, name: str, ctype: str) -> Any:
     if cc is None:
         pytest.skip("no C compiler")
     src, lib = tmp / f"{name}_{ctype}.c", tmp / f"{name}_{ctype}.so"
-    src.write_text(_c_source(name, ctype))
+    src.write_text(source or _c_source(name, ctype))
     subprocess.run([cc, "-O1", "-shared", "-fPIC", "-o", str(lib), str(src), "-lm"], check=True,
                    capture_output=True)
     return ctypes.CDLL(str(lib)).run
@@ -175,4 +178,59 @@ def test_every_fused_kernel_passes_its_check_on_the_gpu() -> None:
         found = FusedKernels.load(t, cupy)
         assert found.notes == []
         used |= {t.ops[i].op for i in found.kernels}
-    assert {"dropout", "gelu", "max_pool2d_grad", "adam_apply"} <= used
+    assert {"dropout", "gelu", "max_pool2d_grad", "adam_apply", "batch_norm", "batch_norm_grad",
+            "batch_norm_dscale"} <= used
+
+
+class _CElementwise:
+    """Composite kernels' element-wise pieces compiled as C: each call broadcasts its inputs to the output's
+    shape, as CuPy's kernels do, and runs every element."""
+
+    def __init__(self, tmp: Any) -> None:
+        self.tmp = tmp
+
+    def __call__(self, params: str, body: str, name: str) -> Any:
+        import ctypes
+
+        runs = {}
+
+        def kernel(*args: np.ndarray) -> None:
+            *ins, out = args
+            ctype = "float" if out.dtype == np.float32 else "double"
+            if ctype not in runs:
+                arity = len(params.split(","))
+                runs[ctype] = _compiled(self.tmp, f"piece_{name}", ctype, _c_function(params, body, arity, ctype))
+            full = [np.ascontiguousarray(np.broadcast_to(x, out.shape)) for x in ins]
+            got = np.empty(out.shape, out.dtype)
+            pointers = (ctypes.c_void_p * len(full))(*[x.ctypes.data for x in full])
+            runs[ctype](pointers, (ctypes.c_double * 1)(0.0), ctypes.c_void_p(got.ctypes.data),
+                        ctypes.c_longlong(got.size))
+            np.copyto(out, got)
+
+        return kernel
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("name", ["batch_norm", "batch_norm_grad", "batch_norm_dscale"])
+@pytest.mark.parametrize("shape", [(3, 5, 4, 6), (8, 16, 32, 32)])  # the second splits into channel tiles
+def test_each_composite_computes_its_op(tmp_path: Any, name: str, dtype: Any, shape: tuple[int, ...]) -> None:
+    """Batch norm's fused passes, their CUDA bodies compiled as C, around the op's own statistics: the op's
+    results on NumPy, tiles and all, within the load-time check's tolerance."""
+    from swapdsl.graph.ops.registry import KernelContext, type_of
+    from swapdsl.runtime.fused import COMPOSITE, fused_kernel
+
+    assert set(COMPOSITE) == {"batch_norm", "batch_norm_grad", "batch_norm_dscale"}
+    rng = np.random.default_rng(2)
+    x = (rng.standard_normal(shape) * 3 + 1).astype(dtype)
+    channels = rng.uniform(0.5, 2.0, shape[1]).astype(dtype)
+    g = rng.standard_normal(shape).astype(dtype)
+    ins = {"batch_norm": [x, channels, channels - 1], "batch_norm_grad": [x, channels, g],
+           "batch_norm_dscale": [x, g]}[name]
+    a = {"eps": 1e-5}
+    out_type = REGISTRY[name].infer(tuple(map(type_of, ins)), a)
+    want, got = np.empty(out_type.shape, dtype), np.empty(out_type.shape, dtype)
+    scratch = REGISTRY[name].scratch(tuple(map(type_of, ins)), out_type, a)
+    REGISTRY[name].kernel(KernelContext.standalone(np, scratch), ins, want, a)
+    fused_kernel(np, name, _CElementwise(tmp_path))(KernelContext.standalone(np, scratch), ins, got, a)
+    tolerance = 1e-5 if dtype == np.float32 else 1e-12
+    assert np.max(np.abs(got - want)) <= tolerance * np.max(np.abs(want))

@@ -156,6 +156,19 @@ def _frame_sum(c: KernelContext, x: Array, axes: tuple[int, ...], out: Array, me
     c.scratch.used = mark
 
 
+def channel_tiles(x: Array, others: list[Array], full: int) -> list[tuple[slice, list[Array]]]:
+    """Batch norm's channel tiles of ``x`` ([N, C, ...]) and of ``others`` (arrays shaped like ``x``, or vectors
+    over its channels), each tile an [N, B, pixels] part, sized as the batch-norm ops' scratch rules size them
+    for ``full`` temporaries: for kernels that stand in for those ops (``runtime/fused.py``)."""
+    f = _frame("batch", x, 1)
+    return _tiles(f, [f.x, *(a if a.ndim == 1 else a.reshape(f.x.shape) for a in others)], full)
+
+
+def channel_sum(c: KernelContext, x: Array, out: Array, mean: bool = False) -> None:
+    """Sum (or mean) of a channel tile [N, B, pixels] over all but its channels, into ``out`` [1, B, 1]."""
+    _frame_sum(c, x, (0, 2), out, mean)
+
+
 def _normalized(c: KernelContext, x: Array, axes: tuple[int, ...], eps: float,
                 centered: bool = True) -> tuple[Array, Array]:
     """(x - mean) / sqrt(var + eps) and 1 / sqrt(var + eps), two-pass, in f32 for f16 inputs; both in scratch.

@@ -136,6 +136,13 @@ def load(path: str | Path, overrides: Mapping[str, Override] | None = None, prec
     check_graph(graph)
     if microbatches != 1:
         _check_batched_inputs(graph, int(given["batch"]))
+    if ranks > 1:
+        batch = given["batch"] if microbatches != 1 else full.get("batch")  # (the micro-batch's, when split)
+        if not isinstance(batch, int) or isinstance(batch, bool):
+            raise SwpError("data-parallel ranks each take the model argument `batch` rows of every batch, and "
+                           "this model has no `batch`", hints=["give the model a `batch` argument that sizes its "
+                                                              "inputs' first axis"])
+        _check_batched_inputs(graph, batch, "data-parallel ranks", "--ranks")
     if precision != "f32":
         graph = autocast(graph, precision)
         check_graph(graph)
@@ -143,14 +150,14 @@ def load(path: str | Path, overrides: Mapping[str, Override] | None = None, prec
                  float(link_gbps) if ranks > 1 else 0.0)
 
 
-def _check_batched_inputs(g: Graph, rows: int) -> None:
-    """Micro-batches slice every input along its first axis: each must be the batch's."""
+def _check_batched_inputs(g: Graph, rows: int, who: str = "micro-batches", flag: str = "--microbatches") -> None:
+    """Micro-batches (or data-parallel ranks) slice every input along its first axis: each must be the batch's."""
     for name in g.inputs:
         shape = g.type_of(name).shape
         if not shape or shape[0] != rows:
-            raise SwpError(f"micro-batches split every input along its first axis, but input `{name}` is "
-                           f"{g.type_of(name)} at a micro-batch of {rows}", g.tensors[name].span,
-                           hints=["inputs that are not per example cannot be split; run without --microbatches"])
+            raise SwpError(f"{who} split every input along its first axis, but input `{name}` is "
+                           f"{g.type_of(name)} at a batch of {rows}", g.tensors[name].span,
+                           hints=[f"inputs that are not per example cannot be split; run without {flag}"])
 
 
 def optimize(model: Model | str | Path, memory: int | str, method: str = "ga", device: str | Device | None = None,

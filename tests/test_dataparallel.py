@@ -222,3 +222,19 @@ def test_a_damaged_ranks_line_is_refused_at_its_line(tmp_path: Path, line: str) 
     with pytest.raises(SwpError) as caught:
         api.read_checked(str(tmp_path / "bad.plan"), need_model=True)
     assert caught.value.span is not None and caught.value.span.line in (at, at + 1), caught.value.render()
+
+
+def test_a_model_whose_inputs_are_not_per_example_is_refused(tmp_path: Path) -> None:
+    path = tmp_path / "m.swp"  # a mask over the hidden units: one for the whole batch, not per example
+    path.write_text(MODEL.replace("OPTIMIZER", SGD).replace("    input y: i32[batch]\n",
+                                                            "    input y: i32[batch]\n    input mask: f64[hidden]\n")
+                    .replace("h = relu(x @ w1 + b1)", "h = relu(x @ w1 + b1) * mask"))
+    api.load(path)
+    with pytest.raises(SwpError, match="data-parallel ranks split every input"):
+        api.load(path, ranks=2)
+    (tmp_path / "n.swp").write_text(MODEL.replace("OPTIMIZER", SGD).replace("batch = 4, ", "")
+                                    .replace("[batch", "[4"))
+    with pytest.raises(SwpError, match="no `batch`"):
+        api.load(tmp_path / "n.swp", ranks=2)
+    m = api.load(_model(tmp_path), microbatches=2, ranks=2)  # micro-batches and ranks together
+    assert m.training.ranks == 2 and m.training.microbatches == 2

@@ -4,9 +4,10 @@ Usage: python bench/gpu_bench.py [--models resnet50 wide_resnet50_2 bert_base gp
                                  [--steps 5] [--budget 10] [--json FILE] [--small]
 
 For each model: swapdsl profiles the GPU (`swapdsl profile`: each distinct op's time, the copy
-bandwidths), trains one step with no cap (the reference executor: the infinite-memory step), then for
-each ratio plans `ga` under cap = no-swap memory / ratio with that profile and runs the plan. Measured
-fraction = no-cap step / capped step; simulated fraction = the plan's ideal / simulated step. PyTorch
+bandwidths), runs a plan with room for everything (cap = the no-swap arena, nothing swapped: the
+infinite-memory step on the same runtime, one CUDA graph a step), then for each ratio plans `ga` under
+cap = no-swap memory / ratio with that profile and runs the plan. Measured fraction = no-swap step /
+capped step (the reference executor's step, op by op with its own allocations, is shown beside it); simulated fraction = the plan's ideal / simulated step. PyTorch
 (when installed) trains the same architecture, batch and FP32 setting (TF32 off) in a process of its
 own: eager with no cap, then under the same cap (`set_per_process_memory_fraction`) with
 `save_on_cpu(pin_memory=True)` and with activation checkpointing per block: its median step, or "out
@@ -56,12 +57,15 @@ def swapdsl_rows(name: str, args: argparse.Namespace) -> list[dict[str, Any]]:
     model = api.load(STDLIB_DIR / "models" / f"{model_name}.swp", parse_defines(defines))
     backend, xp = array_module(args.backend)
     device = profile(model.training, xp, backend, load_device(None), repeat=3)
-    free_ms = statistics.median(reference.train(model.training, args.steps, 0, xp).step_ms[1:])
-    no_swap = int(api.optimize(model, 1 << 50, "lru", device=device).figure("no_swap_bytes"))
+    reference_ms = statistics.median(reference.train(model.training, args.steps, 0, xp).step_ms[1:])
+    room = api.optimize(model, api.no_swap_arena(model.training), "belady", device=device)
+    free_ms = statistics.median(api.execute_plan(room, model.training, args.steps, 0, backend).step_ms[1:])
+    no_swap = int(room.figure("no_swap_bytes"))
     rows = []
     for ratio in args.ratios:
         cap = int(no_swap / ratio)
-        row: dict[str, Any] = {"model": name, "ratio": ratio, "cap_bytes": cap, "no_cap_ms": free_ms}
+        row: dict[str, Any] = {"model": name, "ratio": ratio, "cap_bytes": cap, "no_cap_ms": free_ms,
+                               "reference_ms": reference_ms}
         try:
             plan = api.optimize(model, cap, "ga", device=device, budget_s=args.budget, seed=0)
         except Exception as exc:  # below the smallest feasible cap
@@ -190,13 +194,14 @@ def _LanguageModel(torch: Any, spec: dict[str, Any]) -> Any:  # noqa: N802  (bui
 
 
 def table(rows: list[dict[str, Any]]) -> str:
-    lines = ["| model | ratio | cap | swapdsl no-cap ms | swapdsl ms | measured fraction | simulated fraction | "
-             "device held | PyTorch eager ms | save_on_cpu ms | checkpoint ms |",
-             "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    lines = ["| model | ratio | cap | reference ms | swapdsl no-swap ms | swapdsl ms | measured fraction | "
+             "simulated fraction | device held | PyTorch eager ms | save_on_cpu ms | checkpoint ms |",
+             "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for r in rows:
         ours = (f"{r['swapdsl_ms']:.1f} | {r['measured_fraction']:.3f} | {r['simulated_fraction']:.3f} | "
                 f"{format_bytes(r['device_bytes_allocated'])}") if "swapdsl_ms" in r else f"{r['swapdsl']} | | |"
-        lines.append(f"| {r['model']} | {r['ratio']:g} | {format_bytes(r['cap_bytes'])} | {r['no_cap_ms']:.1f} | "
+        lines.append(f"| {r['model']} | {r['ratio']:g} | {format_bytes(r['cap_bytes'])} | {r['reference_ms']:.1f} | "
+                     f"{r['no_cap_ms']:.1f} | "
                      f"{ours} | {r.get('torch_eager', '-')} | {r.get('torch_save_on_cpu', '-')} | "
                      f"{r.get('torch_checkpoint', '-')} |")
     return "\n".join(lines)

@@ -67,6 +67,36 @@ def join(g: Graph, plan: str = "") -> None:
                        f"arguments)", hints=["give every rank the same plan file"])
 
 
+def any_rank(flag: bool, g: Graph) -> bool:
+    """Whether ``flag`` holds on any rank (a stop asked for on one: every rank stops after the same step)."""
+    comm = comm_for(g)
+    return flag if comm is None else bool(comm.allreduce(int(flag)))
+
+
+def abort_others(code: int) -> None:
+    """End every rank now, after this one's error: a rank that stopped alone would leave the others waiting
+    in an all-reduce for ever. (An ``EveryRank`` error needs none: every rank stops at it.)"""
+    comm = world()
+    if comm is not None:
+        import sys
+
+        sys.stderr.flush()
+        comm.Abort(code)
+
+
+def agree(g: Graph, what: str, mine: str) -> None:
+    """Refuse, on every rank alike, a run whose ranks were given different ``what`` (steps, data, seed): a
+    rank that stopped early would leave the others waiting in an all-reduce for ever."""
+    comm = comm_for(g)
+    if comm is None:
+        return
+    theirs = comm.allgather(mine)
+    odd = next((r for r, t in enumerate(theirs) if t != theirs[0]), None)
+    if odd is not None:
+        raise EveryRank(f"rank {odd} runs {what} {theirs[odd]}, rank 0 {theirs[0]}",
+                        hints=["give every rank the same command line"])
+
+
 def _digest(g: Graph, plan: str) -> str:
     text = repr((g.name, g.args, g.source_sha256, [(op.op, op.inputs, op.outputs, op.attrs) for op in g.ops], plan))
     return hashlib.sha256(text.encode()).hexdigest()

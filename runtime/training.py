@@ -218,6 +218,9 @@ def train(g: Graph, stepper: Stepper, opts: Options, hooks: Hooks = Hooks(), eva
     if held_out is not None and evaluate is None:
         raise SwpError("--eval is not available for this executor")
     start = _restore(g, stepper, opts)
+    dist.agree(g, "steps", f"{start + 1} to {last}")
+    dist.agree(g, "data", f"{opts.data} ({ds.examples if ds else 0} examples, shuffle {opts.shuffle}, "
+                          f"seed {opts.seed or 0})")
     if check is not None and (opts.resume or opts.init):
         check.load_state(stepper.state(), start)
     if start >= last:
@@ -268,7 +271,7 @@ def train(g: Graph, stepper: Stepper, opts: Options, hooks: Hooks = Hooks(), eva
                     evaluation(step)
                 if opts.save_every and step % opts.save_every == 0:
                     save(step)
-                if stop.is_set():
+                if dist.any_rank(stop.is_set(), g):
                     save(step)
                     raise Interrupted(step, saves[-1].path if saves and saves[-1].step == step else None,
                                       stop.signum)

@@ -686,6 +686,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     except SwpError as err:
         if not (isinstance(err, dist.EveryRank) and dist.rank() > 0):
             print(err.render(), file=sys.stderr)
+        if not isinstance(err, dist.EveryRank):
+            dist.abort_others(EXIT_USER_ERROR)
         return EXIT_USER_ERROR
     except MemoryError:
         print("error: ran out of memory", file=sys.stderr)
@@ -693,7 +695,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return EXIT_USER_ERROR
     except training.Interrupted as stop:
         saved = f"; checkpoint of step {stop.step} in {stop.saved}" if stop.saved else ""
-        print(f"swapdsl: interrupted after step {stop.step}{saved}", file=sys.stderr)
+        if dist.rank() == 0:  # (every rank stopped after the same step)
+            print(f"swapdsl: interrupted after step {stop.step}{saved}", file=sys.stderr)
         return 128 + stop.signum
     except KeyboardInterrupt as stop:
         print("swapdsl: interrupted", file=sys.stderr)

@@ -238,3 +238,20 @@ def test_a_model_whose_inputs_are_not_per_example_is_refused(tmp_path: Path) -> 
         api.load(tmp_path / "n.swp", ranks=2)
     m = api.load(_model(tmp_path), microbatches=2, ranks=2)  # micro-batches and ranks together
     assert m.training.ranks == 2 and m.training.microbatches == 2
+
+
+def test_ranks_given_different_runs_or_failing_alone_end_together(tmp_path: Path) -> None:
+    """A rank that stopped early or failed alone would leave the others in an all-reduce for ever: other
+    steps are refused on every rank, a rank's own error ends them all (exit 2, its error printed)."""
+    launcher = _mpiexec()
+    _model(tmp_path)
+    assert _swapdsl(tmp_path, "optimize", "net.swp", "--ranks", "2", "--memory", "80%", "--method", "belady",
+                    "-o", "dp.plan").returncode == 0
+    run = [sys.executable, "-m", "swapdsl", "exec", "dp.plan", "--backend", "numpy"]
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("PMI_", "PMIX_", "OMPI_"))}
+    for mine, theirs, says in ((["--steps", "3"], ["--steps", "4"], "error: rank 1 runs steps 1 to 4, rank 0 1 to 3"),
+                               (["--steps", "3"], ["--steps", "3", "--data", "nowhere"], "error: --data `nowhere`")):
+        done = subprocess.run([launcher, "-n", "1", *run, *mine, ":", "-n", "1", *run, *theirs], cwd=tmp_path,
+                              env=env, capture_output=True, text=True, timeout=60)
+        assert done.returncode == 2 and "Traceback" not in done.stderr
+        assert done.stderr.count(says) == 1, done.stderr

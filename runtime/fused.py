@@ -25,7 +25,7 @@ from swapdsl.graph.ops import REGISTRY
 from swapdsl.graph.ops.elementwise import dropout_constants, step_key
 from swapdsl.graph.ops.optim import bias_correction
 from swapdsl.graph.ops.kernels import is_half
-from swapdsl.graph.ops.nn import channel_sum, channel_tiles
+from swapdsl.graph.ops.nn import norm_sum, norm_tiles
 from swapdsl.graph.ops.registry import Array, Attrs, Kernel, KernelContext, np_dtype
 from swapdsl.runtime.backend import separate_pool
 
@@ -144,20 +144,23 @@ FUSED: dict[str, Fused] = {
 }
 
 
-# ---- batch norm: the op's own statistics around fused element-wise passes ----------------------------
+# ---- normalisation: the op's own statistics around fused element-wise passes --------------------------
 #
-# batch_norm, its gradient and its scale's gradient as their own kernels compute them (channel tiles,
-# two-pass statistics, graph/ops/nn.py's two-stage sums), each chain of element-wise ufuncs made one
-# kernel: 6 passes over a tile forward where the ufuncs made 12, 12 for the gradient where they made
-# about 22 (each read or write of a tile-sized array counted once). The gradient's means are taken of g
-# and of g (x - mean), the scale and 1/std multiplied in after, which rounds differently from the op's
-# own kernel (within the load-time check's 1e-5).
+# batch_norm, layer_norm and rms_norm, their gradients and batch norm's scale gradient, as their own kernels
+# compute them (tiles, two-pass statistics, graph/ops/nn.py's sums), each chain of element-wise ufuncs made
+# one kernel. Batch norm forward: 6 passes over a tile where the ufuncs made 12; its gradient 12 where
+# they made about 22 (each read or write of a tile-sized array counted once). The gradients' means are
+# taken of g k and of g k (x - mean), 1/std multiplied in after (for batch norm, whose scale k is constant
+# over what it reduces, of g and k after), which rounds differently from the op's own kernel (within the
+# load-time check's 1e-5). RMS norm is the same with no mean taken out.
 
 PIECES: dict[str, tuple[str, str]] = {  # name: (parameters, body writing y), all of one element each
     "sqdev": ("T x, T m", "T d = x - m; y = d * d;"),
-    "bn_out": ("T x, T m, T s, T k, T b", "y = (x - m) * s * k + b;"),
+    "norm_out": ("T x, T m, T s, T k, T b", "y = (x - m) * s * k + b;"),
+    "gk": ("T g, T k", "y = g * k;"),
+    "gkdev": ("T x, T m, T g, T k", "y = g * k * (x - m);"),
     "gdev": ("T x, T m, T g", "y = g * (x - m);"),
-    "bn_dx": ("T x, T g, T m, T s, T k, T m1, T m2", "y = s * ((g * k - m1) - (x - m) * s * m2);"),
+    "norm_dx": ("T x, T g, T m, T s, T k, T m1, T m2", "y = s * ((g * k - m1) - (x - m) * s * m2);"),
 }
 Elementwise = Callable[[str, str, str], Callable[..., Any]]  # (parameters, body, name) -> kernel(*ins, out)
 
@@ -167,64 +170,91 @@ def _cupy_elementwise(xp: Any) -> Elementwise:
                                                            preamble=_PREAMBLE)
 
 
-def _stats(c: KernelContext, xc: Array, t: Array, sqdev: Any, eps: float) -> tuple[Array, Array]:
-    """A tile's per-channel mean and 1 / sqrt(var + eps) ([1, B, 1] each), two-pass, ``t`` its scratch."""
+def _pieces(ew: Elementwise, *names: str) -> list[Any]:
+    return [ew(*PIECES[n], n) for n in names]
+
+
+def _stats(c: KernelContext, xc: Array, axes: tuple[int, ...], t: Array, sqdev: Any, eps: float,
+           centered: bool) -> tuple[Array, Array]:
+    """A tile's mean (zeros when not ``centered``) and 1 / sqrt(var + eps), kept dims, two-pass, ``t`` its
+    scratch."""
     xp = c.xp
-    m, s = (c.scratch.take((1, xc.shape[1], 1), xc.dtype) for _ in range(2))
-    channel_sum(c, xc, m, mean=True)
+    red = tuple(1 if i in axes else d for i, d in enumerate(xc.shape))
+    m, s = (c.scratch.take(red, xc.dtype) for _ in range(2))
+    if centered:
+        norm_sum(c, xc, axes, m, mean=True)
+    else:
+        m.fill(0)
     sqdev(xc, m, t)
-    channel_sum(c, t, s, mean=True)
+    norm_sum(c, t, axes, s, mean=True)
     xp.add(s, s.dtype.type(eps), out=s)
     xp.sqrt(s, out=s)
     xp.divide(s.dtype.type(1.0), s, out=s)
     return m, s
 
 
-def _bn_forward(xp: Any, ew: Elementwise) -> Kernel:
-    sqdev, affine = ew(*PIECES["sqdev"], "sqdev"), ew(*PIECES["bn_out"], "bn_out")
+def _norm_forward(kind: str) -> Callable[[Any, Elementwise], Kernel]:
+    def build(xp: Any, ew: Elementwise) -> Kernel:
+        sqdev, affine = _pieces(ew, "sqdev", "norm_out")
 
-    def kernel(c: KernelContext, ins: list[Array], out: Array, a: Attrs) -> None:
-        x, scale, shift = ins
-        for _, (xc, oc, kc, bc) in channel_tiles(x, [out, scale, shift], 2):
-            m, s = _stats(c, xc, c.scratch.take(xc.shape, xc.dtype), sqdev, a["eps"])
-            affine(xc, m, s, kc, bc, oc)
-            c.scratch.reset()
+        def kernel(c: KernelContext, ins: list[Array], out: Array, a: Attrs) -> None:
+            x, scale, *shift = ins
+            axes, tiles = norm_tiles(kind, x, [out, scale, *shift], 2, scale.ndim)
+            for _, (xc, oc, kc, *bc) in tiles:
+                m, s = _stats(c, xc, axes, c.scratch.take(xc.shape, xc.dtype), sqdev, a["eps"], kind != "rms")
+                if not bc:  # RMS norm: no shift
+                    bc = [c.scratch.take((1, 1, 1), xc.dtype)]
+                    bc[0].fill(0)
+                affine(xc, m, s, kc, bc[0], oc)
+                c.scratch.reset()
 
-    return kernel
+        return kernel
+
+    return build
 
 
-def _bn_grad(xp: Any, ew: Elementwise) -> Kernel:
-    sqdev, gdev, dx = ew(*PIECES["sqdev"], "sqdev"), ew(*PIECES["gdev"], "gdev"), ew(*PIECES["bn_dx"], "bn_dx")
+def _norm_grad(kind: str) -> Callable[[Any, Elementwise], Kernel]:
+    def build(xp: Any, ew: Elementwise) -> Kernel:
+        sqdev, gk, gkdev, dx = _pieces(ew, "sqdev", "gk", "gkdev", "norm_dx")
 
-    def kernel(c: KernelContext, ins: list[Array], out: Array, a: Attrs) -> None:
-        x, scale, g = ins
-        for _, (xc, gc, oc, kc) in channel_tiles(x, [g, out, scale], 4):
-            t = c.scratch.take(xc.shape, xc.dtype)
-            m, s = _stats(c, xc, t, sqdev, a["eps"])
-            m1, m2 = (c.scratch.take(m.shape, m.dtype) for _ in range(2))
-            channel_sum(c, gc, m1, mean=True)
-            xp.multiply(m1, kc, out=m1)  # mean(g * scale)
-            gdev(xc, m, gc, t)
-            channel_sum(c, t, m2, mean=True)
-            xp.multiply(m2, kc, out=m2)
-            xp.multiply(m2, s, out=m2)  # mean(g * scale * xhat)
-            dx(xc, gc, m, s, kc, m1, m2, oc)
-            c.scratch.reset()
+        def kernel(c: KernelContext, ins: list[Array], out: Array, a: Attrs) -> None:
+            x, scale, g = ins
+            axes, tiles = norm_tiles(kind, x, [g, out, scale], 4, scale.ndim)
+            for _, (xc, gc, oc, kc) in tiles:
+                t = c.scratch.take(xc.shape, xc.dtype)
+                m, s = _stats(c, xc, axes, t, sqdev, a["eps"], kind != "rms")
+                m1, m2 = (c.scratch.take(m.shape, m.dtype) for _ in range(2))
+                if kind == "rms":
+                    m1.fill(0)  # (no mean was taken out, so none comes back)
+                elif kind == "batch":  # the scale is one number per statistic: mean(g) k
+                    norm_sum(c, gc, axes, m1, mean=True)
+                    xp.multiply(m1, kc, out=m1)
+                else:
+                    gk(gc, kc, t)
+                    norm_sum(c, t, axes, m1, mean=True)
+                gkdev(xc, m, gc, kc, t)
+                norm_sum(c, t, axes, m2, mean=True)
+                xp.multiply(m2, s, out=m2)  # mean(g k xhat)
+                dx(xc, gc, m, s, kc, m1, m2, oc)
+                c.scratch.reset()
 
-    return kernel
+        return kernel
+
+    return build
 
 
 def _bn_dscale(xp: Any, ew: Elementwise) -> Kernel:
-    sqdev, gdev = ew(*PIECES["sqdev"], "sqdev"), ew(*PIECES["gdev"], "gdev")
+    sqdev, gdev = _pieces(ew, "sqdev", "gdev")
 
     def kernel(c: KernelContext, ins: list[Array], out: Array, a: Attrs) -> None:
         x, g = ins
-        for k, (xc, gc) in channel_tiles(x, [g], 2):
+        axes, tiles = norm_tiles("batch", x, [g], 2)
+        for k, (xc, gc) in tiles:
             t = c.scratch.take(xc.shape, xc.dtype)
-            m, s = _stats(c, xc, t, sqdev, a["eps"])
+            m, s = _stats(c, xc, axes, t, sqdev, a["eps"], True)
             gdev(xc, m, gc, t)
             part = out.reshape(1, -1, 1)[:, k]
-            channel_sum(c, t, part)
+            norm_sum(c, t, axes, part)
             xp.multiply(part, s, out=part)  # sum(g * xhat) = sum(g (x - mean)) / std
             c.scratch.reset()
 
@@ -232,7 +262,9 @@ def _bn_dscale(xp: Any, ew: Elementwise) -> Kernel:
 
 
 COMPOSITE: dict[str, Callable[[Any, Elementwise], Kernel]] = {
-    "batch_norm": _bn_forward, "batch_norm_grad": _bn_grad, "batch_norm_dscale": _bn_dscale,
+    "batch_norm": _norm_forward("batch"), "batch_norm_grad": _norm_grad("batch"), "batch_norm_dscale": _bn_dscale,
+    "layer_norm": _norm_forward("layer"), "layer_norm_grad": _norm_grad("layer"),
+    "rms_norm": _norm_forward("rms"), "rms_norm_grad": _norm_grad("rms"),
 }
 
 

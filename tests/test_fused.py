@@ -179,7 +179,7 @@ def test_every_fused_kernel_passes_its_check_on_the_gpu() -> None:
         assert found.notes == []
         used |= {t.ops[i].op for i in found.kernels}
     assert {"dropout", "gelu", "max_pool2d_grad", "adam_apply", "batch_norm", "batch_norm_grad",
-            "batch_norm_dscale"} <= used
+            "batch_norm_dscale", "layer_norm", "layer_norm_grad"} <= used
 
 
 class _CElementwise:
@@ -210,22 +210,29 @@ class _CElementwise:
         return kernel
 
 
+_NORMS = ["batch_norm", "batch_norm_grad", "batch_norm_dscale", "layer_norm", "layer_norm_grad", "rms_norm",
+          "rms_norm_grad"]
+
+
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
-@pytest.mark.parametrize("name", ["batch_norm", "batch_norm_grad", "batch_norm_dscale"])
-@pytest.mark.parametrize("shape", [(3, 5, 4, 6), (8, 16, 32, 32)])  # the second splits into channel tiles
+@pytest.mark.parametrize("name", _NORMS)
+@pytest.mark.parametrize("shape", [(3, 5, 4, 6), (8, 16, 32, 32)])  # the second splits into tiles
 def test_each_composite_computes_its_op(tmp_path: Any, name: str, dtype: Any, shape: tuple[int, ...]) -> None:
-    """Batch norm's fused passes, their CUDA bodies compiled as C, around the op's own statistics: the op's
-    results on NumPy, tiles and all, within the load-time check's tolerance."""
+    """Normalisation's fused passes, their CUDA bodies compiled as C, around the op's own statistics: the
+    op's results on NumPy, tiles and all, within the load-time check's tolerance (scale over the channels
+    for batch norm, over the last two axes for layer and RMS norm)."""
     from swapdsl.graph.ops.registry import KernelContext, type_of
     from swapdsl.runtime.fused import COMPOSITE, fused_kernel
 
-    assert set(COMPOSITE) == {"batch_norm", "batch_norm_grad", "batch_norm_dscale"}
+    assert set(COMPOSITE) == set(_NORMS)
     rng = np.random.default_rng(2)
     x = (rng.standard_normal(shape) * 3 + 1).astype(dtype)
-    channels = rng.uniform(0.5, 2.0, shape[1]).astype(dtype)
+    scale_shape = (shape[1],) if name.startswith("batch") else shape[2:]
+    k = rng.uniform(0.5, 2.0, scale_shape).astype(dtype)
     g = rng.standard_normal(shape).astype(dtype)
-    ins = {"batch_norm": [x, channels, channels - 1], "batch_norm_grad": [x, channels, g],
-           "batch_norm_dscale": [x, g]}[name]
+    ins = {"batch_norm": [x, k, k - 1], "batch_norm_grad": [x, k, g], "batch_norm_dscale": [x, g],
+           "layer_norm": [x, k, k - 1], "layer_norm_grad": [x, k, g], "rms_norm": [x, k],
+           "rms_norm_grad": [x, k, g]}[name]
     a = {"eps": 1e-5}
     out_type = REGISTRY[name].infer(tuple(map(type_of, ins)), a)
     want, got = np.empty(out_type.shape, dtype), np.empty(out_type.shape, dtype)

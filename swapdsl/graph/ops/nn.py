@@ -156,17 +156,22 @@ def _frame_sum(c: KernelContext, x: Array, axes: tuple[int, ...], out: Array, me
     c.scratch.used = mark
 
 
-def channel_tiles(x: Array, others: list[Array], full: int) -> list[tuple[slice, list[Array]]]:
-    """Batch norm's channel tiles of ``x`` ([N, C, ...]) and of ``others`` (arrays shaped like ``x``, or vectors
-    over its channels), each tile an [N, B, pixels] part, sized as the batch-norm ops' scratch rules size them
-    for ``full`` temporaries: for kernels that stand in for those ops (``runtime/fused.py``)."""
-    f = _frame("batch", x, 1)
-    return _tiles(f, [f.x, *(a if a.ndim == 1 else a.reshape(f.x.shape) for a in others)], full)
+def norm_tiles(kind: str, x: Array, others: list[Array], full: int,
+               scale_rank: int = 1) -> tuple[tuple[int, ...], list[tuple[slice, list[Array]]]]:
+    """A normalisation's view of ``x`` as its own kernels tile it, for kernels that stand in for them
+    (``runtime/fused.py``): the axes its statistics reduce, and the tiles of ``x`` and of ``others`` (arrays
+    shaped like ``x``, or its scale's shape), sized as the op's scratch rule sizes them for ``full``
+    temporaries. Batch norm: [N, B, pixels] tiles of B channels; layer and RMS norm: [R, features, 1] tiles
+    of R rows. A scale's part is [1, B, 1] or [1, features, 1]."""
+    f = _frame(kind, x, scale_rank)
+    return f.axes, _tiles(f, [f.x, *(a.reshape(f.x.shape) if a.shape == x.shape else a.reshape(-1)
+                                    for a in others)], full)
 
 
-def channel_sum(c: KernelContext, x: Array, out: Array, mean: bool = False) -> None:
-    """Sum (or mean) of a channel tile [N, B, pixels] over all but its channels, into ``out`` [1, B, 1]."""
-    _frame_sum(c, x, (0, 2), out, mean)
+def norm_sum(c: KernelContext, x: Array, axes: tuple[int, ...], out: Array, mean: bool = False) -> None:
+    """Sum (or mean) of a tile over a normalisation's ``axes``, into ``out`` (keepdims), as its own kernels
+    take it."""
+    _frame_sum(c, x, axes, out, mean)
 
 
 def _normalized(c: KernelContext, x: Array, axes: tuple[int, ...], eps: float,

@@ -9,6 +9,7 @@ from __future__ import annotations
 import functools
 import hashlib
 import os
+import sys
 from collections.abc import Mapping
 from typing import Any
 
@@ -28,9 +29,8 @@ def world() -> Any | None:
         return None
     try:
         from mpi4py import MPI
-    except ImportError:
-        raise SwpError("this process was started by an MPI launcher, and mpi4py is not installed",
-                       hints=["pip install 'swapdsl[dist]' (mpi4py and MPICH)"]) from None
+    except ImportError:  # one process, as far as swapdsl can tell: a data-parallel plan is refused (``join``)
+        return None
     return MPI.COMM_WORLD if MPI.COMM_WORLD.Get_size() > 1 else None
 
 
@@ -55,8 +55,11 @@ def join(g: Graph, plan: str = "") -> None:
     size = 1 if comm is None else comm.Get_size()
     if g.ranks != size:
         how = f"`mpiexec -n {g.ranks} swapdsl exec ...`" if g.ranks > 1 else "without mpiexec"
+        hints = [f"run it {how}", "or plan again with --ranks " + str(size)]
+        if comm is None and any(k in os.environ for k in _LAUNCHED):
+            hints.append("started by an MPI launcher? ranks need mpi4py: pip install 'swapdsl[dist]'")
         raise EveryRank(f"the plan runs on {g.ranks} rank{'s' * (g.ranks > 1)} and this run has {size}",
-                       hints=[f"run it {how}", "or plan again with --ranks " + str(size)])
+                        hints=hints)
     if comm is None:
         return
     mine = _digest(g, plan)
@@ -67,19 +70,11 @@ def join(g: Graph, plan: str = "") -> None:
                        f"arguments)", hints=["give every rank the same plan file"])
 
 
-def any_rank(flag: bool, g: Graph) -> bool:
-    """Whether ``flag`` holds on any rank (a stop asked for on one: every rank stops after the same step)."""
-    comm = comm_for(g)
-    return flag if comm is None else bool(comm.allreduce(int(flag)))
-
-
 def abort_others(code: int) -> None:
     """End every rank now, after this one's error: a rank that stopped alone would leave the others waiting
     in an all-reduce for ever. (An ``EveryRank`` error needs none: every rank stops at it.)"""
     comm = world()
     if comm is not None:
-        import sys
-
         sys.stderr.flush()
         comm.Abort(code)
 
@@ -114,7 +109,26 @@ def shard(g: Graph, batch: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
     return out
 
 
+def state_digest(values: Mapping[str, np.ndarray]) -> str:
+    """A digest of a run's parameters and state (ranks must start from the same)."""
+    h = hashlib.sha256()
+    for name in sorted(values):
+        h.update(name.encode())
+        h.update(np.ascontiguousarray(values[name]).view(np.uint8).reshape(-1).data)
+    return h.hexdigest()
+
+
 def mean(value: float, g: Graph) -> float:
     """``value`` averaged over the ranks (a loss: each rank's is over its shard)."""
+    return step_sync(value, False, g)[0]
+
+
+def step_sync(loss: float, stop: bool, g: Graph) -> tuple[float, bool]:
+    """After a step, in one all-reduce: the ranks' mean loss, and whether any rank was asked to stop (so that
+    every rank stops after the same step)."""
     comm = comm_for(g)
-    return value if comm is None else comm.allreduce(value) / comm.Get_size()
+    if comm is None:
+        return loss, stop
+    both = np.array([loss, float(stop)])
+    comm.Allreduce(both.copy(), both)
+    return float(both[0]) / comm.Get_size(), bool(both[1])

@@ -65,7 +65,8 @@ def _decay(a: Attrs) -> float:
 
 
 def _dropout_scalars(c: KernelContext, ins: list[Array], a: Attrs) -> tuple[Any, ...]:
-    return (step_key(c, a["seed"]), *dropout_constants(a["p"], ins[0].dtype))
+    # (offset: where a micro-batch's elements start in the whole batch's, as the op's own kernel counts)
+    return (step_key(c, a["seed"]), *dropout_constants(a["p"], ins[0].dtype), np.int64(a.get("offset", 0)))
 
 
 def _adam_apply_scalars(c: KernelContext, ins: list[Array], a: Attrs) -> tuple[Any, ...]:
@@ -125,8 +126,8 @@ FUSED: dict[str, Fused] = {
     "sigmoid_grad": Fused("T s, T g", "y = ((T)1 - s) * s * g;"),
     "tanh_grad": Fused("T t, T g", "y = g * ((T)1 - t * t);"),
     "relu_grad": Fused("T r, T g", "y = g * (T)(r > (T)0);"),
-    "dropout": Fused("T x, uint32 key, uint32 thr, T scale", """
-        unsigned int h = fmix32(((unsigned int)i + 1u) * 0x9E3779B1u ^ key);
+    "dropout": Fused("T x, uint32 key, uint32 thr, T scale, int64 offset", """
+        unsigned int h = fmix32(((unsigned int)(i + offset) + 1u) * 0x9E3779B1u ^ key);
         y = h >= thr ? (T)(x * scale) : (T)0;""", _dropout_scalars),
     "sgd": Fused("T w, T g, T lr, T wd", "y = w - lr * (g + w * wd);",
                  lambda c, ins, a: _typed(ins, a["lr"], _decay(a))),
@@ -157,6 +158,7 @@ FUSED: dict[str, Fused] = {
 PIECES: dict[str, tuple[str, str]] = {  # name: (parameters, body writing y), all of one element each
     "sqdev": ("T x, T m", "T d = x - m; y = d * d;"),
     "norm_out": ("T x, T m, T s, T k, T b", "y = (x - m) * s * k + b;"),
+    "rms_out": ("T x, T s, T k", "y = x * s * k;"),
     "gk": ("T g, T k", "y = g * k;"),
     "gkdev": ("T x, T m, T g, T k", "y = g * k * (x - m);"),
     "gdev": ("T x, T m, T g", "y = g * (x - m);"),
@@ -195,17 +197,17 @@ def _stats(c: KernelContext, xc: Array, axes: tuple[int, ...], t: Array, sqdev: 
 
 def _norm_forward(kind: str) -> Callable[[Any, Elementwise], Kernel]:
     def build(xp: Any, ew: Elementwise) -> Kernel:
-        sqdev, affine = _pieces(ew, "sqdev", "norm_out")
+        sqdev, affine, scaled = _pieces(ew, "sqdev", "norm_out", "rms_out")
 
         def kernel(c: KernelContext, ins: list[Array], out: Array, a: Attrs) -> None:
-            x, scale, *shift = ins
+            x, scale, *shift = ins  # RMS norm has no shift
             axes, tiles = norm_tiles(kind, x, [out, scale, *shift], 2, scale.ndim)
             for _, (xc, oc, kc, *bc) in tiles:
                 m, s = _stats(c, xc, axes, c.scratch.take(xc.shape, xc.dtype), sqdev, a["eps"], kind != "rms")
-                if not bc:  # RMS norm: no shift
-                    bc = [c.scratch.take((1, 1, 1), xc.dtype)]
-                    bc[0].fill(0)
-                affine(xc, m, s, kc, bc[0], oc)
+                if bc:
+                    affine(xc, m, s, kc, bc[0], oc)
+                else:
+                    scaled(xc, s, kc, oc)
                 c.scratch.reset()
 
         return kernel
@@ -302,7 +304,9 @@ class FusedKernels:
             if ((op.op not in FUSED and op.op not in COMPOSITE) or op.attr_dict.get("gated")
                     or any(is_half(g.type_of(n)) for n in (*op.inputs, *op.outputs))):
                 continue  # half tensors or a gated update: kernels.kernel_of's wrapping of the op's own kernel
-            types = tuple(_example(g.type_of(n), op.op in COMPOSITE or FUSED[op.op].shaped) for n in op.inputs)
+            shaped = op.op in COMPOSITE or FUSED[op.op].shaped
+            first = g.type_of(op.inputs[0]).shape
+            types = tuple(_example(g.type_of(n), shaped, g.type_of(n).shape == first) for n in op.inputs)
             key = (op.op, repr(types), repr(sorted(op.attr_dict.items())))
             if key not in checked:
                 with own_pool():
@@ -312,12 +316,12 @@ class FusedKernels:
         return found
 
 
-def _example(t: TensorType, shaped: bool) -> TensorType:
+def _example(t: TensorType, shaped: bool, batched: bool) -> TensorType:
     """What a fused kernel is checked on for an input of type ``t``: 4096 elements, or (``shaped``) ``t``
-    with at most 2 in its first dimension."""
+    with at most 2 in its first dimension where it is shaped like the op's first input (the batch's)."""
     if not shaped:
         return TensorType((4096,), t.dtype)
-    return TensorType((min(t.shape[0], 2), *t.shape[1:]), t.dtype) if t.rank > 1 else t
+    return TensorType((min(t.shape[0], 2), *t.shape[1:]), t.dtype) if batched and t.rank > 1 else t
 
 
 def _checked(xp: Any, name: str, types: tuple[TensorType, ...], a: Attrs, notes: list[str]) -> Kernel | None:

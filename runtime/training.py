@@ -127,7 +127,7 @@ class Beside:
 
     def __init__(self, ref: Stepper, context: Callable[[], contextlib.AbstractContextManager[object]],
                  g: Graph | None = None) -> None:
-        self.ref, self.context, self.g = ref, context, g  # ``g``: the training graph, if data-parallel
+        self.ref, self.context, self.g = ref, context, g  # ``g``: the training graph (its ranks)
 
     def load_state(self, values: Mapping[str, np.ndarray], step: int) -> None:
         with self.context():
@@ -219,6 +219,7 @@ def train(g: Graph, stepper: Stepper, opts: Options, hooks: Hooks = Hooks(), eva
         raise SwpError("--eval is not available for this executor")
     start = _restore(g, stepper, opts)
     dist.agree(g, "steps", f"{start + 1} to {last}")
+    dist.agree(g, "a start", f"from {dist.state_digest(stepper.state())}, {'with' if check else 'without'} --check")
     dist.agree(g, "data", f"{opts.data} ({ds.examples if ds else 0} examples, shuffle {opts.shuffle}, "
                           f"seed {opts.seed or 0})")
     if check is not None and (opts.resume or opts.init):
@@ -257,7 +258,7 @@ def train(g: Graph, stepper: Stepper, opts: Options, hooks: Hooks = Hooks(), eva
                     _, batch = loader.next()
                     stepper.set_batch(dist.shard(g, batch))
                 loss, ms = stepper.run_step(step)
-                loss = dist.mean(loss, g)
+                loss, stopping = dist.step_sync(loss, stop.is_set(), g)
                 if not math.isfinite(loss) and opts.on_nonfinite == "stop":
                     raise _nonfinite(g, opts, start, step, f"the loss of step {step} is {loss}", ds, order)
                 diff, diff_at = check(batch, step, loss, stepper) if check is not None else (None, None)
@@ -271,7 +272,7 @@ def train(g: Graph, stepper: Stepper, opts: Options, hooks: Hooks = Hooks(), eva
                     evaluation(step)
                 if opts.save_every and step % opts.save_every == 0:
                     save(step)
-                if dist.any_rank(stop.is_set(), g):
+                if stopping or stop.is_set():
                     save(step)
                     raise Interrupted(step, saves[-1].path if saves and saves[-1].step == step else None,
                                       stop.signum)
@@ -340,6 +341,10 @@ def _nonfinite(g: Graph, opts: Options, start: int, step: int, what: str, ds: Da
                order: Order | None) -> SwpError:
     """The error a non-finite step stops with, naming the op that made the first NaN or infinity (found by
     replaying this run's steps on the reference executor, where that is cheap enough)."""
+    if g.ranks > 1:  # every rank stops at the same step (the loss is their mean): said once, not replayed
+        err = nonfinite.nonfinite_error(what, None, True)
+        return dist.EveryRank(err.message, notes=["data-parallel runs do not replay to find the op; replay one "
+                                                  "rank's configuration with `exec MODEL.swp`"], hints=err.hints)
     culprit, replayed = None, nonfinite.replayable(g, start + 1, step)
     if replayed:
         origin = _origin(g, opts)

@@ -9,6 +9,7 @@ import os
 import signal
 import sys
 import time
+import traceback
 import warnings
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -111,7 +112,11 @@ def _load(args: argparse.Namespace) -> api.Model:
     k = getattr(args, "microbatches", None)
     return api.load(args.file, parse_defines(args.define), args.precision or "f32", args.guard,
                     1 if k in (None, "auto") else k, getattr(args, "ranks", None) or 1,
-                    getattr(args, "network", None) or DEFAULT_LINK_GBPS)
+                    _given(getattr(args, "network", None), DEFAULT_LINK_GBPS))
+
+
+def _given(value: float | None, default: float) -> float:
+    return default if value is None else value
 
 
 def _cmd_check(args: argparse.Namespace) -> int:
@@ -197,7 +202,8 @@ def _execute(args: argparse.Namespace, backend: str, options: training.Options, 
         plan, train = api.read_checked(args.file, need_model=True)
         assert train is not None
         for flag, given, planned in (("precision", args.precision, plan.precision), ("guard", args.guard, plan.guard),
-                                     ("microbatches", args.microbatches, plan.microbatches)):
+                                     ("microbatches", args.microbatches, plan.microbatches),
+                                     ("ranks", args.ranks, plan.ranks)):
             if given is not None and given != planned:
                 raise SwpError(f"--{flag} {given}: the plan was made for {planned}",
                                hints=[f"a plan runs with the {flag} it was planned for; leave --{flag} out"])
@@ -692,6 +698,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except MemoryError:
         print("error: ran out of memory", file=sys.stderr)
         print("  = hint: a smaller model, batch or --memory cap needs less", file=sys.stderr)
+        dist.abort_others(EXIT_USER_ERROR)
         return EXIT_USER_ERROR
     except training.Interrupted as stop:
         saved = f"; checkpoint of step {stop.step} in {stop.saved}" if stop.saved else ""
@@ -700,9 +707,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 128 + stop.signum
     except KeyboardInterrupt as stop:
         print("swapdsl: interrupted", file=sys.stderr)
+        dist.abort_others(128 + _signal_of(stop, received))
         return 128 + _signal_of(stop, received)
     except BrokenPipeError:
         return 0
+    except Exception:  # a bug: its traceback, and no rank left waiting for this one
+        if dist.world() is not None:
+            traceback.print_exc()
+            dist.abort_others(1)
+        raise
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)

@@ -29,8 +29,10 @@ MODEL = """model net(batch = 4, features = 6, hidden = 16, classes = 3, lr = 0.1
     param w3: f64[hidden, classes] = normal(0.5)
     h = relu(x @ w1 + b1)
     h = tanh(h @ w2)
-    loss = softmax_cross_entropy(h @ w3, y)
+    logits = h @ w3
+    loss = softmax_cross_entropy(logits, y)
     minimize loss with OPTIMIZER
+    report accuracy = mean(cast(argmax(logits) == y, f64))
 }
 """
 SGD, ADAM = "sgd(lr = lr, momentum = 0.9)", "adam(lr = 0.01)"
@@ -48,7 +50,8 @@ def test_every_gradient_is_averaged_before_anything_reads_it(tmp_path: Path) -> 
     t = m.training
     check_graph(t)
     reduced = [op for op in t.ops if op.op == "allreduce_mean"]
-    assert len(reduced) == len(one.grads) == 4 and t.ranks == 2
+    assert len(one.grads) == 4 and len(reduced) == 5 and t.ranks == 2  # and the accuracy report
+    assert dict(t.reports)["accuracy"] == f"{dict(one.reports)['accuracy']}/allreduced"
     assert {p: g for p, g in t.grads} == {p: f"{g}/allreduced" for p, g in one.grads}
     for (_, raw), (_, mean) in zip(one.grads, t.grads):
         made = next(i for i, op in enumerate(t.ops) if raw in op.outputs)
@@ -85,7 +88,7 @@ def test_a_plan_records_its_ranks_and_refuses_another_graph(tmp_path: Path) -> N
 
 
 @pytest.mark.parametrize("argv", [["--ranks", "0"], ["--ranks", "two"], ["--network", "-1", "--ranks", "2"],
-                                  ["--network", "nan", "--ranks", "2"]])
+                                  ["--network", "nan", "--ranks", "2"], ["--network", "0", "--ranks", "2"]])
 def test_bad_ranks_and_links_are_refused(cli, in_tmp: Path, argv: list[str]) -> None:
     _model(in_tmp)
     code, _, err = cli("optimize", "net.swp", "--memory", "80%", "--method", "belady", *argv)
@@ -143,6 +146,7 @@ def test_two_ranks_train_as_one_process_on_the_doubled_batch(tmp_path: Path, met
 
     ran, alone = json.loads(two.stdout), json.loads(one.stdout)  # rank 0 alone printed
     np.testing.assert_allclose(ran["loss"], alone["loss"], rtol=1e-12)
+    assert [m["accuracy"] for m in ran["metrics"]] == pytest.approx([m["accuracy"] for m in alone["metrics"]])
     assert ran["max_rel_diff"] == 0.0  # the plan beside the reference, both averaged over the ranks
 
 
@@ -155,6 +159,8 @@ def test_a_run_with_other_ranks_than_its_plan_stops_with_one_error(tmp_path: Pat
         done = _swapdsl(tmp_path, "exec", "dp.plan", "--steps", "1", "--backend", "numpy", ranks=ranks)
         assert done.returncode == 2 and "Traceback" not in done.stderr
         assert done.stderr.count("error: the plan runs on 2 ranks") == 1, done.stderr
+    done = _swapdsl(tmp_path, "exec", "dp.plan", "--ranks", "3", "--steps", "1", "--backend", "numpy", ranks=2)
+    assert done.returncode == 2 and "--ranks 3: the plan was made for 2" in done.stderr, done.stderr
     one = _swapdsl(tmp_path, "exec", "net.swp", "--ranks", "2", "--steps", "1", "--backend", "numpy", ranks=2)
     assert one.returncode == 0, one.stderr  # a model trained data-parallel with the reference executor
 
@@ -249,8 +255,14 @@ def test_ranks_given_different_runs_or_failing_alone_end_together(tmp_path: Path
                     "-o", "dp.plan").returncode == 0
     run = [sys.executable, "-m", "swapdsl", "exec", "dp.plan", "--backend", "numpy"]
     env = {k: v for k, v in os.environ.items() if not k.startswith(("PMI_", "PMIX_", "OMPI_"))}
+    for steps in (1, 2):
+        assert _swapdsl(tmp_path, "exec", "dp.plan", "--steps", str(steps), "--backend", "numpy", "--save",
+                        f"ck{steps}.safetensors", ranks=2).returncode == 0
     for mine, theirs, says in ((["--steps", "3"], ["--steps", "4"], "error: rank 1 runs steps 1 to 4, rank 0 1 to 3"),
-                               (["--steps", "3"], ["--steps", "3", "--data", "nowhere"], "error: --data `nowhere`")):
+                               (["--steps", "3"], ["--steps", "3", "--data", "nowhere"], "error: --data `nowhere`"),
+                               (["--steps", "3", "--init", "ck1.safetensors"], ["--steps", "3", "--init",
+                                "ck2.safetensors"], "error: rank 1 runs a start from"),
+                               (["--steps", "3", "--check"], ["--steps", "3"], "error: rank 1 runs a start from")):
         done = subprocess.run([launcher, "-n", "1", *run, *mine, ":", "-n", "1", *run, *theirs], cwd=tmp_path,
                               env=env, capture_output=True, text=True, timeout=60)
         assert done.returncode == 2 and "Traceback" not in done.stderr

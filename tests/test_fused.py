@@ -13,7 +13,7 @@ import pytest
 from conftest import MODELS, build_graph
 from swapdsl.graph.autodiff import training_graph
 from swapdsl.graph.ops import REGISTRY
-from swapdsl.runtime.fused import FUSED, FusedKernels
+from swapdsl.runtime.fused import COMPOSITE, FUSED, FusedKernels
 
 
 def test_every_fused_kernel_is_a_registered_element_wise_op_with_its_inputs() -> None:
@@ -61,7 +61,7 @@ def _graph() -> Any:
 def test_a_fused_kernel_that_differs_from_its_op_is_not_used() -> None:
     t = _graph()
     found = FusedKernels.load(t, _CopyingKernels())
-    fusable = {op.op for op in t.ops if op.op in FUSED}
+    fusable = {op.op for op in t.ops if op.op in FUSED or op.op in COMPOSITE}
     assert fusable and not found.kernels  # copying the input matches no op
     assert {n.split("`")[1] for n in found.notes} == fusable
     assert all("differs by" in n for n in found.notes)
@@ -86,7 +86,7 @@ _C_PRELUDE = """
 #define abs(v) fabs(v)
 static float __int_as_float(unsigned int u) { float f; memcpy(&f, &u, 4); return f; }
 """
-_C_TYPES = {"uint32": "unsigned int", "int32": "int"}
+_C_TYPES = {"uint32": "unsigned int", "int32": "int", "int64": "long long"}
 
 
 def _c_source(name: str, ctype: str) -> str:
@@ -136,7 +136,7 @@ def _inputs(name: str, dtype: Any, rng: np.random.Generator) -> tuple[list[np.nd
         x[0, 0, 0, 0] = np.nan
         return [x, rng.standard_normal((2, 3, 5, 4)).astype(dtype)], a
     a = {"lr": 0.1, "momentum": 0.9, "weight_decay": 0.01, "beta1": 0.9, "beta2": 0.999, "eps": 1e-8,
-         "p": 0.3, "seed": 5}
+         "p": 0.3, "seed": 5, "offset": 12345}  # (offset: where a micro-batch's dropout mask starts)
     return [rng.uniform(0.1, 0.9, 4096).astype(dtype) for _ in range(REGISTRY[name].arity[0])], a
 
 
@@ -216,7 +216,7 @@ _NORMS = ["batch_norm", "batch_norm_grad", "batch_norm_dscale", "layer_norm", "l
 
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
 @pytest.mark.parametrize("name", _NORMS)
-@pytest.mark.parametrize("shape", [(3, 5, 4, 6), (8, 16, 32, 32)])  # the second splits into tiles
+@pytest.mark.parametrize("shape", [(3, 5, 4, 6), (8, 16, 32, 32), (4, 1, 2, 8)])  # tiles; a tiny tile
 def test_each_composite_computes_its_op(tmp_path: Any, name: str, dtype: Any, shape: tuple[int, ...]) -> None:
     """Normalisation's fused passes, their CUDA bodies compiled as C, around the op's own statistics: the
     op's results on NumPy, tiles and all, within the load-time check's tolerance (scale over the channels

@@ -4,13 +4,15 @@ gradient averaged over the ranks before anything reads it.
 Each rank runs the step on its own shard of the batch (the model's ``batch`` rows of a global batch N
 times larger). An ``allreduce_mean`` follows the op that finishes each parameter's gradient (after the
 micro-batches' sum, when there are micro-batches), and every reader of the gradient (the optimiser
-update, the guard's unscaling and finiteness flag, clipping's norm) reads the average instead. Since
+update, the guard's unscaling and finiteness flag, clipping's norm) reads the average instead; so does
+each float report (a mean over the rank's rows, such as an accuracy), which then is the whole batch's. Since
 the loss is a mean over the batch, the average of the ranks' gradients is the gradient of the mean
 loss over the global batch: N ranks train as one process would on the whole batch, to rounding.
 
 What stays per rank: batch norm's statistics (each rank normalises over its shard, as PyTorch's DDP
-does without SyncBatchNorm), its running statistics (rank 0's are the ones saved), and dropout's mask
-(drawn from each rank's own element indices). The all-reduce runs where the pass puts it, on the
+does without SyncBatchNorm), its running statistics (rank 0's are the ones saved), and dropout's mask,
+which hashes element indices counted within the rank's rows, so every rank draws the same one (not the
+whole batch's). The all-reduce runs where the pass puts it, on the
 compute stream: the planner places, swaps and times it as an op, and it does not yet overlap compute.
 """
 
@@ -47,6 +49,8 @@ def data_parallel(t: Graph, ranks: int, link_gbps: float = DEFAULT_LINK_GBPS) ->
             raise SwpError(f"data-parallel gradients are averaged in f32 or f64; `{grad}` is "
                            f"{t.type_of(grad).dtype.label}", hints=["plan without --ranks, or in --precision f32"])
     mean = {grad: f"{grad}/allreduced" for _, grad in t.grads}
+    # and each report a rank makes of its own rows (an accuracy): the step's reports are the whole batch's
+    mean |= {r: f"{r}/allreduced" for _, r in t.reports if t.type_of(r).dtype.label in REDUCIBLE and r not in mean}
     tensors = dict(t.tensors)
     ops: list[Op] = []
     for op in t.ops:
@@ -58,4 +62,5 @@ def data_parallel(t: Graph, ranks: int, link_gbps: float = DEFAULT_LINK_GBPS) ->
                 ops.append(Op("allreduce_mean", (out,), (mean[out],),
                               (("link_bw", link_bw), ("ranks", ranks)), op.span))
     return attrs.evolve(t, tensors=tensors, ops=tuple(ops), ranks=ranks, link_gbps=float(link_gbps),
-                        grads=tuple((p, mean[g]) for p, g in t.grads))
+                        grads=tuple((p, mean[g]) for p, g in t.grads),
+                        reports=tuple((n, mean.get(r, r)) for n, r in t.reports))

@@ -244,7 +244,7 @@ class _Build(Transformer):
             link = float(_number(c[1]))
             self.f["ranks"] = check_ranks(int(c[0]), link)[0], link
         except SwpError as exc:
-            raise self._err(meta, f"`ranks {c[0]} link {c[1]}`: {exc.message} (1 rank has no line)") from None
+            raise self._err(meta, f"`ranks {c[0]} link {c[1]}`: {exc.message}") from None
         if int(c[0]) == 1:
             raise self._err(meta, "`ranks 1`: one rank has no line")
 

@@ -284,6 +284,26 @@ def test_rms_norm_and_its_gradients_match_pytorch(shape: tuple[int, ...], scale_
     np.testing.assert_allclose(dw, tw.grad.numpy(), rtol=1e-4, atol=1e-4)
 
 
+@pytest.mark.parametrize("shape, scale_rank", [((6, 5, 32), 1), ((3, 4, 8), 2), ((2, 3, 4, 5), 3)])
+def test_layer_norm_and_its_gradients_match_pytorch(shape: tuple[int, ...], scale_rank: int) -> None:
+    """Scales of one to three axes (three axes were once taken for a tile of the input)."""
+    rng = np.random.default_rng(6)
+    x = (rng.standard_normal(shape) * 3 + 0.5).astype(np.float32)
+    w = rng.uniform(0.5, 1.5, shape[-scale_rank:]).astype(np.float32)
+    b = rng.standard_normal(shape[-scale_rank:]).astype(np.float32)
+    g = rng.standard_normal(shape).astype(np.float32)
+    tx, tw = torch.from_numpy(x.copy()).requires_grad_(True), torch.from_numpy(w.copy()).requires_grad_(True)
+    ty = torch.nn.functional.layer_norm(tx, w.shape, tw, torch.from_numpy(b), 1e-5)
+    ty.backward(torch.from_numpy(g))
+    a = {"eps": 1e-5}
+    ours = run_kernel(np, "layer_norm", [x, w, b], a, 1)
+    dx = run_kernel(np, "layer_norm_grad", [x, w, g], a, 1)
+    dw = run_kernel(np, "layer_norm_dscale", [x, g], {**a, "scale_rank": scale_rank}, 1)
+    np.testing.assert_allclose(ours, ty.detach().numpy(), rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(dx, tx.grad.numpy(), rtol=1e-4, atol=1e-4)
+    np.testing.assert_allclose(dw, tw.grad.numpy(), rtol=1e-4, atol=1e-4)
+
+
 def test_batch_norm_running_statistics_and_evaluation_match_pytorch() -> None:
     """Three training batches through torch.nn.BatchNorm2d (momentum 0.1, unbiased running variance), then
     eval(): our running-statistic updates and batch_norm_eval give the same statistics and outputs."""

@@ -123,8 +123,8 @@ def _tiles(f: _Frame, arrays: list[Array], full: int) -> list[tuple[slice, list[
         index = (slice(None),) * f.tile_axis + (k,)
         parts: dict[int, Array] = {}  # one part per array object: an in-place output stays its input (CuPy
         for a in arrays:              # copies an input that overlaps the output unless they are one object)
-            if id(a) not in parts:
-                parts[id(a)] = a[index] if a.ndim == 3 else _vector(a, k, f.tile_axis)
+            if id(a) not in parts:  # (a scale of three axes is a vector too: compare shapes, not ranks)
+                parts[id(a)] = a[index] if a.shape == shape else _vector(a, k, f.tile_axis)
         out.append((k, [parts[id(a)] for a in arrays]))
     return out
 

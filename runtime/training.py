@@ -218,10 +218,8 @@ def train(g: Graph, stepper: Stepper, opts: Options, hooks: Hooks = Hooks(), eva
     if held_out is not None and evaluate is None:
         raise SwpError("--eval is not available for this executor")
     start = _restore(g, stepper, opts)
-    dist.agree(g, "steps", f"{start + 1} to {last}")
-    dist.agree(g, "a start", f"from {dist.state_digest(stepper.state())}, {'with' if check else 'without'} --check")
-    dist.agree(g, "data", f"{opts.data} ({ds.examples if ds else 0} examples, shuffle {opts.shuffle}, "
-                          f"seed {opts.seed or 0})")
+    if g.ranks > 1:
+        _agree(g, opts, ds, start, last, stepper, check is not None)
     if check is not None and (opts.resume or opts.init):
         check.load_state(stepper.state(), start)
     if start >= last:
@@ -284,6 +282,16 @@ def train(g: Graph, stepper: Stepper, opts: Options, hooks: Hooks = Hooks(), eva
         if log is not None:
             log.close()
     return Outcome(steps, evals, saves, start + 1, ds)
+
+
+def _agree(g: Graph, opts: Options, ds: Dataset | None, start: int, last: int, stepper: Stepper,
+           checked: bool) -> None:
+    """Data-parallel ranks start the same run: the same steps, data and state, all checked or none."""
+    dist.agree(g, "steps", f"{start + 1} to {last}")
+    dist.agree(g, "data", f"{opts.data} ({ds.examples if ds else 0} examples, shuffle {opts.shuffle}, "
+                          f"seed {opts.seed or 0})")
+    dist.agree(g, "a start", f"from {dist.state_digest(stepper.state())}, {'with' if checked else 'without'} "
+                             "--check")
 
 
 def _batch_of(g: Graph) -> int:

@@ -4,6 +4,12 @@ with a note instead of being used."""
 
 from __future__ import annotations
 
+import ctypes
+import functools
+import shutil
+import subprocess
+import tempfile
+from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
@@ -113,20 +119,22 @@ def _c_function(params: str, body: str, arity: int, ctype: str) -> str:
             f"    out[i] = y;\n  }}\n}}\n")
 
 
-def _compiled(tmp: Any, name: str, ctype: str, source: str | None = None) -> Any:
-    import ctypes
-    import shutil
-    import subprocess
-
-
+@functools.cache
+def _compiled_source(source: str) -> Any:
+    """The C function ``run`` of ``source``, compiled once per test process."""
     cc = shutil.which("cc") or shutil.which("gcc")
     if cc is None:
         pytest.skip("no C compiler")
-    src, lib = tmp / f"{name}_{ctype}.c", tmp / f"{name}_{ctype}.so"
-    src.write_text(source or _c_source(name, ctype))
+    folder = Path(tempfile.mkdtemp(prefix="swapdsl-fused-"))
+    src, lib = folder / "kernel.c", folder / "kernel.so"
+    src.write_text(source)
     subprocess.run([cc, "-O1", "-shared", "-fPIC", "-o", str(lib), str(src), "-lm"], check=True,
                    capture_output=True)
     return ctypes.CDLL(str(lib)).run
+
+
+def _compiled(tmp: Any, name: str, ctype: str, source: str | None = None) -> Any:
+    return _compiled_source(source or _c_source(name, ctype))
 
 
 def _inputs(name: str, dtype: Any, rng: np.random.Generator) -> tuple[list[np.ndarray], dict[str, Any]]:
@@ -143,8 +151,6 @@ def _inputs(name: str, dtype: Any, rng: np.random.Generator) -> tuple[list[np.nd
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
 @pytest.mark.parametrize("name", sorted(FUSED))
 def test_each_fused_source_computes_its_op(tmp_path: Any, name: str, dtype: Any) -> None:
-    import ctypes
-
     from swapdsl.graph.ops.registry import KernelContext, type_of
 
     run = _compiled(tmp_path, name, "float" if dtype == np.float32 else "double")
@@ -190,8 +196,6 @@ class _CElementwise:
         self.tmp = tmp
 
     def __call__(self, params: str, body: str, name: str) -> Any:
-        import ctypes
-
         runs = {}
 
         def kernel(*args: np.ndarray) -> None:

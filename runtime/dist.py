@@ -34,6 +34,15 @@ def world() -> Any | None:
     return MPI.COMM_WORLD if MPI.COMM_WORLD.Get_size() > 1 else None
 
 
+def _launched_size() -> int:
+    """How many processes the launcher says it started (1 when none did or it does not say)."""
+    for key in ("PMI_SIZE", "OMPI_COMM_WORLD_SIZE"):
+        text = os.environ.get(key, "")
+        if text.isdigit():
+            return max(int(text), 1)
+    return 1
+
+
 def rank() -> int:
     comm = world()
     return 0 if comm is None else comm.Get_rank()
@@ -52,14 +61,14 @@ def join(g: Graph, plan: str = "") -> None:
     """Refuse, on every rank alike, a run whose ranks are not the plan's or whose ranks run different steps
     (``plan``: the plan's text, when a plan runs: every rank must run its collectives in the same order)."""
     comm = world()
-    size = 1 if comm is None else comm.Get_size()
+    size = comm.Get_size() if comm is not None else _launched_size()
+    if comm is None and size > 1:  # N copies of one run, each writing the same files: refused
+        raise EveryRank(f"this process is one of {size} processes an MPI launcher started, and mpi4py is not installed",
+                        hints=["pip install 'swapdsl[dist]' (mpi4py and MPICH)", "or run without mpiexec"])
     if g.ranks != size:
         how = f"`mpiexec -n {g.ranks} swapdsl exec ...`" if g.ranks > 1 else "without mpiexec"
-        hints = [f"run it {how}", "or plan again with --ranks " + str(size)]
-        if comm is None and any(k in os.environ for k in _LAUNCHED):
-            hints.append("started by an MPI launcher? ranks need mpi4py: pip install 'swapdsl[dist]'")
         raise EveryRank(f"the plan runs on {g.ranks} rank{'s' * (g.ranks > 1)} and this run has {size}",
-                        hints=hints)
+                        hints=[f"run it {how}", "or plan again with --ranks " + str(size)])
     if comm is None:
         return
     mine = _digest(g, plan)
@@ -67,7 +76,7 @@ def join(g: Graph, plan: str = "") -> None:
     odd = [r for r, d in enumerate(digests) if d != digests[0]]
     if odd:
         raise EveryRank(f"rank {odd[0]} runs a different training step from rank 0 (another plan, model or "
-                       f"arguments)", hints=["give every rank the same plan file"])
+                        f"arguments)", hints=["give every rank the same plan file"])
 
 
 def abort_others(code: int) -> None:

@@ -305,8 +305,9 @@ class FusedKernels:
                     or any(is_half(g.type_of(n)) for n in (*op.inputs, *op.outputs))):
                 continue  # half tensors or a gated update: kernels.kernel_of's wrapping of the op's own kernel
             shaped = op.op in COMPOSITE or FUSED[op.op].shaped
-            first = g.type_of(op.inputs[0]).shape
-            types = tuple(_example(g.type_of(n), shaped, g.type_of(n).shape == first) for n in op.inputs)
+            first = g.type_of(op.inputs[0])
+            types = tuple(_example(t, shaped, t.rank == first.rank and t.shape[:1] == first.shape[:1])
+                          for t in map(g.type_of, op.inputs))
             key = (op.op, repr(types), repr(sorted(op.attr_dict.items())))
             if key not in checked:
                 with own_pool():
@@ -318,7 +319,7 @@ class FusedKernels:
 
 def _example(t: TensorType, shaped: bool, batched: bool) -> TensorType:
     """What a fused kernel is checked on for an input of type ``t``: 4096 elements, or (``shaped``) ``t``
-    with at most 2 in its first dimension where it is shaped like the op's first input (the batch's)."""
+    with at most 2 in its first dimension where that is the batch's (``batched``: as the op's first input's)."""
     if not shaped:
         return TensorType((4096,), t.dtype)
     return TensorType((min(t.shape[0], 2), *t.shape[1:]), t.dtype) if batched and t.rank > 1 else t

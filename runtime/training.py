@@ -209,8 +209,9 @@ def train(g: Graph, stepper: Stepper, opts: Options, hooks: Hooks = Hooks(), eva
     """Run the training ``opts`` (``resolve``d) describes on ``stepper`` (``g``: its training graph;
     ``moved``: the bytes its plan copies in and out each step)."""
     ds, order, last = plan_run(g, opts)
-    if dist.rank() > 0:  # rank 0 speaks for the run: it alone reports, logs and checkpoints
-        hooks, opts = Hooks(), attrs.evolve(opts, save=None, save_every=0, log=None)
+    lead = dist.rank() == 0  # rank 0 speaks for the run: it alone reports, logs and writes checkpoints
+    if not lead:  # (every rank still checks the state it would save: a stop must be every rank's)
+        hooks, opts = Hooks(), attrs.evolve(opts, log=None)
     if opts.on_nonfinite == "skip" and g.guard == "none":
         raise SwpError("--on-nonfinite skip needs a guarded step: its updates wait for every gradient to be "
                        "finite", hints=["plan (or train) with --guard skip or --guard scale"])
@@ -238,7 +239,7 @@ def train(g: Graph, stepper: Stepper, opts: Options, hooks: Hooks = Hooks(), eva
             if opts.on_nonfinite == "stop" and not nonfinite.all_finite(values.values()):
                 raise _nonfinite(g, opts, start, step, f"the state to checkpoint after step {step} is not finite",
                                  ds, order)
-            saves.append(_save(g, values, opts, step))
+            saves.append(_save(g, values, opts, step) if lead else SaveRecord(step, opts.save, 0, 0.0))
             _emit(hooks.on_save, saves[-1], log, "save")
 
     def evaluation(step: int) -> None:
@@ -270,7 +271,7 @@ def train(g: Graph, stepper: Stepper, opts: Options, hooks: Hooks = Hooks(), eva
                     evaluation(step)
                 if opts.save_every and step % opts.save_every == 0:
                     save(step)
-                if stopping or stop.is_set():
+                if stopping or (g.ranks == 1 and stop.is_set()):  # (ranks: only the stop all agreed on)
                     save(step)
                     raise Interrupted(step, saves[-1].path if saves and saves[-1].step == step else None,
                                       stop.signum)

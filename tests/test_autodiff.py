@@ -218,6 +218,24 @@ def test_multiple_uses_sum_their_gradients(in_tmp) -> None:
     np.testing.assert_allclose(analytic_grads(t, env)["w"], 2 * env["w"] + 1)
 
 
+def test_reporting_a_parameter_the_step_updates_is_refused_at_it(in_tmp) -> None:  # noqa: ANN001
+    from swapdsl.common.errors import SwpError
+
+    write(in_tmp / "m.swp", """model m() {
+    param w: [] = ones
+    loss = w * w
+    minimize loss with sgd(lr = 0.1)
+    report norm = w
+}
+""")
+    _, g = build_graph("m.swp", [])
+    with pytest.raises(SwpError, match="reports the parameter `w` itself") as caught:
+        training_graph(g)
+    assert caught.value.span is not None and caught.value.span.line == 2
+    write(in_tmp / "n.swp", (in_tmp / "m.swp").read_text().replace("report norm = w", "report norm = w * 1"))
+    check_graph(training_graph(build_graph("n.swp", [])[1]))
+
+
 SLICES = """model m() {{
     param w: [2, 6] = xavier
     loss = {expr}

@@ -267,3 +267,21 @@ def test_ranks_given_different_runs_or_failing_alone_end_together(tmp_path: Path
                               env=env, capture_output=True, text=True, timeout=60)
         assert done.returncode == 2 and "Traceback" not in done.stderr
         assert done.stderr.count(says) == 1, done.stderr
+
+
+def test_only_the_report_reads_a_report_s_average(tmp_path: Path) -> None:
+    """A report that also feeds the loss keeps the rank's own value there (each rank's gradient is its own
+    loss's); a reported parameter and the guard's reports (from the averaged gradients) need no average."""
+    path = tmp_path / "r.swp"
+    path.write_text(MODEL.replace("OPTIMIZER", SGD)
+                    .replace("    param w3", "    param s: f64[] = zeros\n    param w3")
+                    .replace("    loss = softmax_cross_entropy(logits, y)",
+                             "    aux = mean(h * h)\n    loss = softmax_cross_entropy(logits, y) + aux * aux * s")
+                    .replace("    report accuracy", "    report aux = aux\n    report accuracy"))
+    t = api.load(path, ranks=2, guard="skip").training
+    check_graph(t)
+    reports = dict(t.reports)
+    assert reports["aux"].endswith("/allreduced") and reports["accuracy"].endswith("/allreduced")
+    assert not reports["finite"].endswith("/allreduced")  # made from the averaged gradients
+    readers = [op.op for op in t.ops if reports["aux"] in op.inputs]
+    assert readers == ["report"]

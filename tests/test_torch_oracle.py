@@ -266,7 +266,7 @@ def test_rope_and_its_gradient_match_llamas_reference_code(shape: tuple[int, ...
     np.testing.assert_allclose(dx, tx.grad.numpy(), rtol=1e-5, atol=1e-6)
 
 
-@pytest.mark.parametrize("shape, scale_rank", [((6, 5, 32), 1), ((3, 4, 8), 2)])
+@pytest.mark.parametrize("shape, scale_rank", [((6, 5, 32), 1), ((3, 4, 8), 2), ((1, 64, 512), 2)])
 def test_rms_norm_and_its_gradients_match_pytorch(shape: tuple[int, ...], scale_rank: int) -> None:
     rng = np.random.default_rng(4)
     x = (rng.standard_normal(shape) * 3 + 0.5).astype(np.float32)

@@ -143,6 +143,10 @@ def training_graph(fwd: Graph) -> Graph:
                 if not deferred:
                     updates += _labelled_updates(b, _update(b, fwd, name, grads[name], state))
     reports = list(fwd.reports)
+    for name, tensor in reports:
+        if tensor in fwd.params and tensor not in fwd.frozen:  # its update replaces it before reports are kept
+            raise SwpError(f"`report {name}` reports the parameter `{tensor}` itself, which the step updates",
+                           fwd.tensors[tensor].span, hints=[f"report a value made from it, such as `{tensor} * 1`"])
     if deferred:  # (on a copy: the graph's ``grads`` are the gradients backprop made, which micro-batches sum)
         reports += _deferred_updates(b, fwd, list(param_grads), scale, updates, state)
     _report_state(b, fwd, updates, state, reports)

@@ -48,19 +48,32 @@ def data_parallel(t: Graph, ranks: int, link_gbps: float = DEFAULT_LINK_GBPS) ->
         if t.type_of(grad).dtype.label not in REDUCIBLE:
             raise SwpError(f"data-parallel gradients are averaged in f32 or f64; `{grad}` is "
                            f"{t.type_of(grad).dtype.label}", hints=["plan without --ranks, or in --precision f32"])
-    mean = {grad: f"{grad}/allreduced" for _, grad in t.grads}
-    # and each report a rank makes of its own rows (an accuracy): the step's reports are the whole batch's
-    mean |= {r: f"{r}/allreduced" for _, r in t.reports if t.type_of(r).dtype.label in REDUCIBLE and r not in mean}
+    grads = {grad: f"{grad}/allreduced" for _, grad in t.grads}
+    reports = _rank_reports(t, set(grads))
     tensors = dict(t.tensors)
     ops: list[Op] = []
     for op in t.ops:
-        ops.append(attrs.evolve(op, inputs=tuple(mean.get(n, n) for n in op.inputs)))
+        rename = reports if op.op == "report" else grads  # (a report's other readers keep the rank's value)
+        ops.append(attrs.evolve(op, inputs=tuple(rename.get(n, n) for n in op.inputs)))
         for out in op.outputs:
-            if out in mean:
-                tensors[mean[out]] = Tensor(mean[out], t.type_of(out), Kind.gradient,
-                                            label=f"{t.tensors[out].title}, averaged over the ranks")
-                ops.append(Op("allreduce_mean", (out,), (mean[out],),
-                              (("link_bw", link_bw), ("ranks", ranks)), op.span))
+            mean = grads.get(out) or reports.get(out)
+            if mean is not None:
+                tensors[mean] = Tensor(mean, t.type_of(out), t.tensors[out].kind,
+                                       label=f"{t.tensors[out].title}, averaged over the ranks")
+                ops.append(Op("allreduce_mean", (out,), (mean,), (("link_bw", link_bw), ("ranks", ranks)), op.span))
     return attrs.evolve(t, tensors=tensors, ops=tuple(ops), ranks=ranks, link_gbps=float(link_gbps),
-                        grads=tuple((p, mean[g]) for p, g in t.grads),
-                        reports=tuple((n, mean.get(r, r)) for n, r in t.reports))
+                        grads=tuple((p, grads[g]) for p, g in t.grads),
+                        reports=tuple((n, reports.get(r, r)) for n, r in t.reports))
+
+
+def _rank_reports(t: Graph, grads: set[str]) -> dict[str, str]:
+    """The float reports an op makes from a rank's own rows (an accuracy): each averaged for the ``report``
+    op alone. Reports made from the averaged gradients (the guard's flag, the gradients' norm, the loss
+    scale) are already the same on every rank, and a parameter reported is too."""
+    made, from_grads = set(), set(grads)
+    for op in t.ops:
+        made.update(op.outputs)
+        if any(n in from_grads for n in op.inputs):
+            from_grads.update(op.outputs)
+    return {r: f"{r}/allreduced" for _, r in t.reports
+            if r in made and r not in from_grads and t.type_of(r).dtype.label in REDUCIBLE}

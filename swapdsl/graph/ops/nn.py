@@ -262,7 +262,8 @@ def _norm_dscale_kernel(kind: str):  # noqa: ANN202
 def _norm_scratch(kind: str, full: int, reduced: int, acc: bool = False):  # noqa: ANN202
     """``full`` temporaries of a tile of the input and ``reduced`` of its statistics, in the compute dtype."""
     def rule(ins: Types, out: TensorType, a: Attrs) -> int:
-        scale_rank = a.get("scale_rank", 1) if len(ins) == 2 else ins[1].rank
+        # the dscale ops say their scale's rank; the others read their scale (x and g alike: batch norm's)
+        scale_rank = a["scale_rank"] if "scale_rank" in a else ins[1].rank if ins[1].shape != ins[0].shape else 1
         shape = _frame_shape(kind, ins[0], scale_rank)
         tile = 0 if kind != "batch" else 1
         others = math.prod(d for i, d in enumerate(shape) if i != tile)

@@ -285,3 +285,17 @@ def test_only_the_report_reads_a_report_s_average(tmp_path: Path) -> None:
     assert not reports["finite"].endswith("/allreduced")  # made from the averaged gradients
     readers = [op.op for op in t.ops if reports["aux"] in op.inputs]
     assert readers == ["report"]
+
+
+def test_ranks_take_one_blas_thread_each_unless_told(tmp_path: Path) -> None:
+    launcher = _mpiexec()
+    env = {k: v for k, v in os.environ.items()
+           if not k.startswith(("PMI_", "PMIX_", "OMPI_")) and k not in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS",
+                                                                        "MKL_NUM_THREADS")}
+    show = "import os, swapdsl; print(os.environ.get('OPENBLAS_NUM_THREADS'))"
+    for given, want in (({}, "1"), ({"OMP_NUM_THREADS": "2"}, "None")):
+        done = subprocess.run([launcher, "-n", "2", sys.executable, "-c", show], env={**env, **given},
+                              capture_output=True, text=True, timeout=60)
+        assert done.stdout.split() == [want, want], done.stderr
+    alone = subprocess.run([sys.executable, "-c", show], env=env, capture_output=True, text=True, timeout=60)
+    assert alone.stdout.split() == ["None"]

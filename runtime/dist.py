@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import functools
 import hashlib
-import os
 import sys
 from collections.abc import Mapping
 from typing import Any
@@ -16,31 +15,19 @@ from typing import Any
 import numpy as np
 
 from swapdsl.common.errors import SwpError
+from swapdsl.common.launcher import launched, launched_size
 from swapdsl.graph.ir import Graph
-
-# what MPICH's Hydra, Open MPI and PMIx set in the processes they start
-_LAUNCHED = ("PMI_RANK", "PMI_SIZE", "OMPI_COMM_WORLD_SIZE", "PMIX_RANK")
-
 
 @functools.cache
 def world() -> Any | None:
     """mpi4py's COMM_WORLD when this process is one of two or more MPI ranks, else None."""
-    if not any(k in os.environ for k in _LAUNCHED):
+    if not launched():
         return None
     try:
         from mpi4py import MPI
     except ImportError:  # one process, as far as swapdsl can tell: a data-parallel plan is refused (``join``)
         return None
     return MPI.COMM_WORLD if MPI.COMM_WORLD.Get_size() > 1 else None
-
-
-def _launched_size() -> int:
-    """How many processes the launcher says it started (1 when none did or it does not say)."""
-    for key in ("PMI_SIZE", "OMPI_COMM_WORLD_SIZE"):
-        text = os.environ.get(key, "")
-        if text.isdigit():
-            return max(int(text), 1)
-    return 1
 
 
 def rank() -> int:
@@ -61,7 +48,7 @@ def join(g: Graph, plan: str = "") -> None:
     """Refuse, on every rank alike, a run whose ranks are not the plan's or whose ranks run different steps
     (``plan``: the plan's text, when a plan runs: every rank must run its collectives in the same order)."""
     comm = world()
-    size = comm.Get_size() if comm is not None else _launched_size()
+    size = comm.Get_size() if comm is not None else launched_size()
     if comm is None and size > 1:  # N copies of one run, each writing the same files: refused
         raise EveryRank(f"this process is one of {size} processes an MPI launcher started, and mpi4py is not installed",
                         hints=["pip install 'swapdsl[dist]' (mpi4py and MPICH)", "or run without mpiexec"])
@@ -71,11 +58,9 @@ def join(g: Graph, plan: str = "") -> None:
                         hints=[f"run it {how}", "or plan again with --ranks " + str(size)])
     if comm is None:
         return
-    mine = _digest(g, plan)
-    digests = comm.allgather(mine)
-    odd = [r for r, d in enumerate(digests) if d != digests[0]]
-    if odd:
-        raise EveryRank(f"rank {odd[0]} runs a different training step from rank 0 (another plan, model or "
+    odd, _ = _first_odd(comm, _digest(g, plan))
+    if odd is not None:
+        raise EveryRank(f"rank {odd} runs a different training step from rank 0 (another plan, model or "
                         f"arguments)", hints=["give every rank the same plan file"])
 
 
@@ -94,11 +79,16 @@ def agree(g: Graph, what: str, mine: str) -> None:
     comm = comm_for(g)
     if comm is None:
         return
-    theirs = comm.allgather(mine)
-    odd = next((r for r, t in enumerate(theirs) if t != theirs[0]), None)
+    odd, theirs = _first_odd(comm, mine)
     if odd is not None:
         raise EveryRank(f"rank {odd} runs {what} {theirs[odd]}, rank 0 {theirs[0]}",
                         hints=["give every rank the same command line"])
+
+
+def _first_odd(comm: Any, mine: str) -> tuple[int | None, list[str]]:
+    """Every rank's ``mine``, gathered, and the first rank whose differs from rank 0's (None: all agree)."""
+    theirs = comm.allgather(mine)
+    return next((r for r, t in enumerate(theirs) if t != theirs[0]), None), theirs
 
 
 def _digest(g: Graph, plan: str) -> str:

@@ -17,12 +17,13 @@ from __future__ import annotations
 import os
 from typing import Any
 
+from swapdsl.common.launcher import launched_size
+
 # One of several MPI ranks on a machine: one BLAS thread each unless the user says otherwise, set before
 # NumPy loads its BLAS (as torchrun does). Ranks with a BLAS thread per core each, on top of their lanes'
 # threads and MPI's busy polling, ran a 2-rank MLP step at 84 ms instead of 2.8 ms on 2 cores.
 _THREADS = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS")
-_SIZES = [os.environ.get(k, "1") for k in ("PMI_SIZE", "OMPI_COMM_WORLD_SIZE")]
-if any(n.isdigit() and int(n) > 1 for n in _SIZES) and not any(v in os.environ for v in _THREADS):
+if launched_size() > 1 and not any(v in os.environ for v in _THREADS):
     os.environ.update(dict.fromkeys(_THREADS, "1"))
 
 __version__ = "0.1.0"

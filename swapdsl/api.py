@@ -99,8 +99,7 @@ class Model:
 
 def _again(m: Model, microbatches: int) -> Model:
     """``m`` loaded again, run as ``microbatches`` passes a step (its ranks as they were)."""
-    return load(m.path, dict(m.graph.args), m.graph.precision, m.graph.guard, microbatches, m.ranks,
-                m.link_gbps or DEFAULT_LINK_GBPS)
+    return load(m.path, dict(m.graph.args), m.graph.precision, m.graph.guard, microbatches, m.ranks, m.link_gbps)
 
 
 def no_swap_arena(t: Graph) -> int:
@@ -570,7 +569,7 @@ def _model(model: str, sha256: str, args: tuple[tuple[str, int | float | bool], 
            guard: str, microbatches: int, ranks: int = 1, link_gbps: float = 0.0) -> Model:
     """A model file with these arguments, precision, guard, micro-batches and ranks (its hash in the key: a
     file may change)."""
-    return load(model, dict(args), precision, guard, microbatches, ranks, link_gbps or DEFAULT_LINK_GBPS)
+    return load(model, dict(args), precision, guard, microbatches, ranks, link_gbps)
 
 
 def _training_graph(model: str, sha256: str, args: tuple[tuple[str, int | float | bool], ...],

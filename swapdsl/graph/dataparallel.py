@@ -29,12 +29,13 @@ DEFAULT_LINK_GBPS = 100.0  # gigabits per second between ranks (a 100 Gb/s netwo
 
 
 def check_ranks(ranks: object, link_gbps: object) -> tuple[int, float]:
-    """(ranks, link bytes/s), or a clear error."""
+    """(ranks, link bytes/s), or a clear error (one rank has no link to check)."""
     if not isinstance(ranks, int) or isinstance(ranks, bool) or not 1 <= ranks <= MAX_RANKS:
         raise SwpError(f"ranks: expected a whole number from 1 to {MAX_RANKS}, not {ranks!r}")
-    if isinstance(link_gbps, bool) or not isinstance(link_gbps, (int, float)) or not 0.001 <= link_gbps <= 1e6:
+    bad = isinstance(link_gbps, bool) or not isinstance(link_gbps, (int, float)) or not 0.001 <= link_gbps <= 1e6
+    if ranks > 1 and bad:
         raise SwpError(f"network: expected a link speed from 0.001 to 1000000 Gb/s, not {link_gbps!r}")
-    return ranks, float(link_gbps) * 1e9 / 8
+    return ranks, 0.0 if bad else float(link_gbps) * 1e9 / 8
 
 
 def data_parallel(t: Graph, ranks: int, link_gbps: float = DEFAULT_LINK_GBPS) -> Graph:

@@ -137,7 +137,7 @@ def _compute_dtype(xp: Any, x: Array) -> Any:
     return xp.float32 if x.dtype == xp.float16 else x.dtype
 
 
-def _frame_sum(c: KernelContext, x: Array, axes: tuple[int, ...], out: Array, mean: bool = False) -> None:
+def norm_sum(c: KernelContext, x: Array, axes: tuple[int, ...], out: Array, mean: bool = False) -> None:
     """Sum (or mean) of a frame ``x`` [A, B, C] over ``axes`` into ``out`` (keepdims), in ``out``'s dtype.
     Over (0, 2) (batch norm's channels) it sums the contiguous axis first, then across A: a reduction
     across both strided axes at once gets one CUDA thread block per channel on CuPy, and a tile of a few
@@ -168,12 +168,6 @@ def norm_tiles(kind: str, x: Array, others: list[Array], full: int,
                                     for a in others)], full)
 
 
-def norm_sum(c: KernelContext, x: Array, axes: tuple[int, ...], out: Array, mean: bool = False) -> None:
-    """Sum (or mean) of a tile over a normalisation's ``axes``, into ``out`` (keepdims), as its own kernels
-    take it."""
-    _frame_sum(c, x, axes, out, mean)
-
-
 def _normalized(c: KernelContext, x: Array, axes: tuple[int, ...], eps: float,
                 centered: bool = True) -> tuple[Array, Array]:
     """(x - mean) / sqrt(var + eps) and 1 / sqrt(var + eps), two-pass, in f32 for f16 inputs; both in scratch.
@@ -182,12 +176,12 @@ def _normalized(c: KernelContext, x: Array, axes: tuple[int, ...], eps: float,
     red = tuple(1 if i in axes else d for i, d in enumerate(x.shape))
     xhat, square, invstd = c.scratch.take(x.shape, dt), c.scratch.take(x.shape, dt), c.scratch.take(red, dt)
     if centered:
-        _frame_sum(c, x, axes, invstd, mean=True)
+        norm_sum(c, x, axes, invstd, mean=True)
         xp.subtract(x, invstd, out=xhat)
     else:
         xp.copyto(xhat, x, casting="unsafe")
     xp.multiply(xhat, xhat, out=square)
-    _frame_sum(c, square, axes, invstd, mean=True)
+    norm_sum(c, square, axes, invstd, mean=True)
     xp.add(invstd, eps, out=invstd)
     xp.sqrt(invstd, out=invstd)
     xp.divide(1.0, invstd, out=invstd)
@@ -222,10 +216,10 @@ def _norm_grad_kernel(kind: str):  # noqa: ANN202
                 c.scratch.take(invstd.shape, xhat.dtype)
             xp.multiply(gc, sc, out=gs)
             if kind != "rms":  # (RMS norm took no mean out, so its gradient has none to put back)
-                _frame_sum(c, gs, f.axes, m1, mean=True)
+                norm_sum(c, gs, f.axes, m1, mean=True)
             square = c.scratch.take(xc.shape, xhat.dtype)
             xp.multiply(gs, xhat, out=square)
-            _frame_sum(c, square, f.axes, m2, mean=True)
+            norm_sum(c, square, f.axes, m2, mean=True)
             xp.multiply(xhat, m2, out=xhat)
             if kind != "rms":
                 xp.subtract(gs, m1, out=gs)
@@ -248,7 +242,7 @@ def _norm_dscale_kernel(kind: str):  # noqa: ANN202
             xhat, _ = _normalized(c, xc, f.axes, a["eps"], centered=kind != "rms")
             xp.multiply(xhat, gc, out=xhat)
             if kind == "batch":
-                _frame_sum(c, xhat, summed, out.reshape(1, -1, 1)[:, k])
+                norm_sum(c, xhat, summed, out.reshape(1, -1, 1)[:, k])
             elif k.start == 0:
                 xp.sum(xhat, axis=summed, out=out.reshape(-1))
             else:
@@ -296,12 +290,12 @@ def _running(statistic: str):  # noqa: ANN202
         for _, (xc, rc, oc) in _tiles(f, [f.x, r, out], 2):
             dt = _compute_dtype(xp, xc)
             s = c.scratch.take((1, xc.shape[1], 1), dt)
-            _frame_sum(c, xc, (0, 2), s, mean=True)
+            norm_sum(c, xc, (0, 2), s, mean=True)
             if statistic == "var":
                 d = c.scratch.take(xc.shape, dt)
                 xp.subtract(xc, s, out=d)
                 xp.multiply(d, d, out=d)
-                _frame_sum(c, d, (0, 2), s)
+                norm_sum(c, d, (0, 2), s)
                 xp.divide(s, s.dtype.type(max(xc.shape[0] * xc.shape[2] - 1, 1)), out=s)
             xp.multiply(rc, rc.dtype.type(1.0 - m), out=oc)
             xp.multiply(s, s.dtype.type(m), out=s)

@@ -6,6 +6,7 @@ rank, as before. Rank 0 prints, logs and checkpoints; every rank reads its own r
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import hashlib
 import sys
@@ -17,6 +18,9 @@ import numpy as np
 from swapdsl.common.errors import SwpError
 from swapdsl.common.launcher import launched, launched_size
 from swapdsl.graph.ir import Graph
+from swapdsl.runtime.watchdog import DEFAULT_TIMEOUT_S, Watchdog
+
+_timeout_s = [DEFAULT_TIMEOUT_S]
 
 @functools.cache
 def world() -> Any | None:
@@ -35,9 +39,42 @@ def rank() -> int:
     return 0 if comm is None else comm.Get_rank()
 
 
-def comm_for(g: Graph) -> Any | None:
+def set_timeout(seconds: float) -> None:
+    """How long a rank waits in a collective for the others before the run is stopped (before the first)."""
+    _timeout_s[0] = seconds
+
+
+@functools.cache
+def watchdog() -> Watchdog | None:
+    comm = world()
+    return None if comm is None else Watchdog(comm, _timeout_s[0])
+
+
+def at_step(step: int) -> None:
+    """The step the next collectives belong to (for the watchdog's error)."""
+    dog = watchdog()
+    if dog is not None:
+        dog.at_step(step)
+
+
+class Watched:
+    """The communicator the kernels see (``KernelContext.comm``): mpi4py's, each all-reduce watched."""
+
+    def __init__(self, comm: Any, dog: Watchdog) -> None:
+        self.comm, self.dog = comm, dog
+
+    def Get_size(self) -> int:  # noqa: N802 (mpi4py's names)
+        return int(self.comm.Get_size())
+
+    def Allreduce(self, x: np.ndarray, out: np.ndarray) -> None:  # noqa: N802
+        with self.dog.collective("gradient all-reduce " + str(self.dog.index + 1)):
+            self.comm.Allreduce(x, out)
+
+
+def comm_for(g: Graph) -> Watched | None:
     """The communicator a step of ``g`` averages its gradients over (None for one rank)."""
-    return world() if g.ranks > 1 else None
+    comm, dog = world(), watchdog()
+    return Watched(comm, dog) if g.ranks > 1 and comm is not None and dog is not None else None
 
 
 class EveryRank(SwpError):
@@ -79,7 +116,7 @@ def agree(g: Graph, what: str, mine: str) -> None:
     comm = comm_for(g)
     if comm is None:
         return
-    odd, theirs = _first_odd(comm, mine)
+    odd, theirs = _first_odd(comm.comm, mine)
     if odd is not None:
         raise EveryRank(f"rank {odd} runs {what} {theirs[odd]}, rank 0 {theirs[0]}",
                         hints=["give every rank the same command line"])
@@ -87,7 +124,8 @@ def agree(g: Graph, what: str, mine: str) -> None:
 
 def _first_odd(comm: Any, mine: str) -> tuple[int | None, list[str]]:
     """Every rank's ``mine``, gathered, and the first rank whose differs from rank 0's (None: all agree)."""
-    theirs = comm.allgather(mine)
+    with _watched("start check"):
+        theirs = comm.allgather(mine)
     return next((r for r, t in enumerate(theirs) if t != theirs[0]), None), theirs
 
 
@@ -129,5 +167,11 @@ def step_sync(loss: float, stop: bool, g: Graph) -> tuple[float, bool]:
     if comm is None:
         return loss, stop
     both = np.array([loss, float(stop)])
-    comm.Allreduce(both.copy(), both)
+    with comm.dog.collective("end"):
+        comm.comm.Allreduce(both.copy(), both)
     return float(both[0]) / comm.Get_size(), bool(both[1])
+
+
+def _watched(what: str) -> contextlib.AbstractContextManager[None]:
+    dog = watchdog()
+    return contextlib.nullcontext() if dog is None else dog.collective(what)

@@ -224,7 +224,7 @@ def train(g: Graph, stepper: Stepper, opts: Options, hooks: Hooks = Hooks(), eva
     if check is not None and (opts.resume or opts.init):
         check.load_state(stepper.state(), start)
     if start >= last:
-        raise SwpError(f"--resume `{opts.resume}` is at step {start}; the run ends at step {last}, so there is "
+        raise dist.EveryRank(f"--resume `{opts.resume}` is at step {start}; the run ends at step {last}, so there is "
                        f"nothing left to do", hints=["ask for more with --steps or --epochs"])
     log = _open_log(opts.log)
     loader = Loader(ds, order, start) if ds is not None and order is not None else None
@@ -256,6 +256,7 @@ def train(g: Graph, stepper: Stepper, opts: Options, hooks: Hooks = Hooks(), eva
                 if loader is not None:
                     _, batch = loader.next()
                     stepper.set_batch(dist.shard(g, batch))
+                dist.at_step(step)
                 loss, ms = stepper.run_step(step)
                 loss, stopping = dist.step_sync(loss, stop.is_set(), g)
                 if not math.isfinite(loss) and opts.on_nonfinite == "stop":

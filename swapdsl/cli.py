@@ -35,6 +35,7 @@ from swapdsl.runtime.progress import Progress
 from swapdsl.runtime import training
 from swapdsl.importer.text import LOSSES
 from swapdsl.runtime.predict import npz_bytes
+from swapdsl.runtime.watchdog import DEFAULT_TIMEOUT_S
 from swapdsl.runtime.dataset import Dataset
 from swapdsl.runtime.log import plot_log, read_log
 from swapdsl.runtime.interpreter import check_runnable
@@ -156,6 +157,7 @@ def _cmd_check(args: argparse.Namespace) -> int:
 
 
 def _cmd_exec(args: argparse.Namespace) -> int:
+    dist.set_timeout(args.rank_timeout)
     backend, _ = array_module(args.backend)
     options = training.Options(steps=args.steps, epochs=args.epochs, seed=args.seed, data=args.data,
                                shuffle=args.shuffle, eval=args.eval, eval_every=args.eval_every, save=args.save,
@@ -558,6 +560,9 @@ def make_parser() -> argparse.ArgumentParser:
     ex.add_argument("--own-kernels", action="store_true",
                     help="(plans, CuPy) swapdsl's own kernels only, no cuDNN graphs or fused kernels: the "
                          "reference's, so that --check measures the plan alone")
+    ex.add_argument("--rank-timeout", type=_seconds, default=DEFAULT_TIMEOUT_S, metavar="SECONDS",
+                    help="(data-parallel) how long a rank waits for the others in an all-reduce before the run "
+                         f"stops with exit 2, naming the rank that did not come (default {DEFAULT_TIMEOUT_S:g})")
     ex.add_argument("--json", action="store_true", help="print one JSON object instead of a line per step")
     ex.set_defaults(handler=_cmd_exec)
 

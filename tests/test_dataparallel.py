@@ -4,9 +4,12 @@ simulated time, and `mpiexec -n 2` runs held to one process on the doubled batch
 from __future__ import annotations
 
 import os
+import re
+import signal
 import shutil
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import numpy as np
@@ -299,3 +302,75 @@ def test_ranks_take_one_blas_thread_each_unless_told(tmp_path: Path) -> None:
         assert done.stdout.split() == [want, want], done.stderr
     alone = subprocess.run([sys.executable, "-c", show], env=env, capture_output=True, text=True, timeout=60)
     assert alone.stdout.split() == ["None"]
+
+
+# ---- faults: a rank that hangs or is killed ----------------------------------------------------------
+
+
+def _start_ranks(folder: Path, *argv: str, mark: str) -> subprocess.Popen:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("PMI_", "PMIX_", "OMPI_"))}
+    env |= {"OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1", "SWAPDSL_TEST_MARK": mark}
+    return subprocess.Popen([_mpiexec(), "-n", "2", sys.executable, "-m", "swapdsl", *argv], cwd=folder, env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def _rank_pid(mark: str, rank: int) -> int:
+    """The process of one rank, found by the mark in its environment (Linux's /proc)."""
+    want = {f"SWAPDSL_TEST_MARK={mark}".encode(), f"PMI_RANK={rank}".encode()}
+    for entry in Path("/proc").iterdir():
+        try:
+            if entry.name.isdigit() and want <= set((entry / "environ").read_bytes().split(b"\0")):
+                return int(entry.name)
+        except OSError:
+            continue
+    raise AssertionError(f"no rank {rank} running")
+
+
+def _when_saved(run: subprocess.Popen, path: Path) -> None:
+    """Wait for the run's first checkpoint, so that the fault comes mid-run."""
+    deadline = time.monotonic() + 120
+    while not path.exists():
+        assert run.poll() is None, run.communicate()
+        assert time.monotonic() < deadline
+        time.sleep(0.05)
+
+
+@pytest.mark.skipif(not Path("/proc/self/environ").exists(), reason="finds ranks through /proc")
+@pytest.mark.parametrize("fault", ["hang", "kill"])
+def test_a_rank_that_hangs_or_dies_ends_the_run_and_keeps_the_last_checkpoint(tmp_path: Path, fault: str) -> None:
+    """A hung rank (SIGSTOP): the other stops after --rank-timeout with one error naming it and the step, exit
+    2. A killed one: the launcher ends the other at once. Either way the last checkpoint resumes."""
+    _mpiexec()
+    _model(tmp_path)
+    assert _swapdsl(tmp_path, "optimize", "net.swp", "--ranks", "2", "--memory", "80%", "--method", "belady",
+                    "-o", "dp.plan").returncode == 0
+    mark = f"{fault}-{os.getpid()}"
+    run = _start_ranks(tmp_path, "exec", "dp.plan", "--steps", "100000000", "--backend", "numpy", "--save",
+                       "ck.safetensors", "--save-every", "50", "--rank-timeout", "2", mark=mark)
+    try:
+        _when_saved(run, tmp_path / "ck.safetensors")
+        victim = _rank_pid(mark, 1)
+        faulted = time.monotonic()
+        os.kill(victim, signal.SIGSTOP if fault == "hang" else signal.SIGKILL)
+        _, err = run.communicate(timeout=60)
+    finally:
+        if run.poll() is None:
+            run.kill()
+            run.communicate()
+    took = time.monotonic() - faulted
+    assert "Traceback" not in err
+    if fault == "hang":
+        assert run.returncode == 2 and 2 <= took < 2 + 1 + 15, (took, err)  # timeout, last news, grace
+        assert err.count("error: rank 1 did not reach the ") == 1 and "within 2 s, where rank 0 waited" in err, err
+        assert re.search(r"of step \d+ within", err), err
+    else:
+        assert run.returncode != 0 and took < 30, (took, err)
+    assert not [p for p in tmp_path.iterdir() if p.name.endswith(".tmp")]
+    from safetensors import safe_open
+
+    with safe_open(str(tmp_path / "ck.safetensors"), "numpy") as f:
+        step = int(f.metadata()["step"])
+    assert step % 50 == 0
+    again = _swapdsl(tmp_path, "exec", "dp.plan", "--resume", "ck.safetensors", "--steps", str(step + 2), "--backend",
+                     "numpy", ranks=2)
+    assert again.returncode == 0, again.stderr

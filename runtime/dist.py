@@ -18,6 +18,7 @@ import numpy as np
 from swapdsl.common.errors import SwpError
 from swapdsl.common.launcher import launched, launched_size
 from swapdsl.graph.ir import Graph
+from swapdsl.runtime.streams import WAIT_TIMEOUT_S
 from swapdsl.runtime.watchdog import DEFAULT_TIMEOUT_S, Watchdog
 
 _timeout_s = [DEFAULT_TIMEOUT_S]
@@ -42,6 +43,12 @@ def rank() -> int:
 def set_timeout(seconds: float) -> None:
     """How long a rank waits in a collective for the others before the run is stopped (before the first)."""
     _timeout_s[0] = seconds
+
+
+def lane_timeout_s(g: Graph) -> float:
+    """How long a stream lane may wait for another's event: past the ranks' timeout where a lane may wait
+    behind an all-reduce (the watchdog, not the lane, then says which rank is missing)."""
+    return max(WAIT_TIMEOUT_S, _timeout_s[0] + 60.0) if g.ranks > 1 else WAIT_TIMEOUT_S
 
 
 @functools.cache

@@ -49,7 +49,7 @@ from swapdsl.plan.replay import START, STREAM, Replay, Step
 from swapdsl.plan.validate import check_describes, validate
 from swapdsl.runtime.backend import copy_fn, require_memory, to_host
 from swapdsl.runtime.data import init_persistent, synthetic_inputs
-from swapdsl.runtime.dist import comm_for
+from swapdsl.runtime.dist import comm_for, lane_timeout_s
 from swapdsl.runtime.fused import FusedKernels
 from swapdsl.runtime.streams import STREAMS, CudaItem, Item, ThreadLanes, cuda_streams, issue_cuda
 from swapdsl.runtime.vendor import VendorKernels
@@ -135,7 +135,7 @@ class PlanRunner:
         if backend == "cupy":
             self.streams = cuda_streams()
         else:
-            self.threads = ThreadLanes()
+            self.threads = ThreadLanes(lane_timeout_s(g))
 
     # -- memory
 

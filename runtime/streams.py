@@ -34,7 +34,10 @@ class Item(NamedTuple):
 class ThreadLanes:
     """One worker thread per stream; ``run`` hands each its list for a step and waits for all of them."""
 
-    def __init__(self) -> None:
+    def __init__(self, wait_timeout_s: float = WAIT_TIMEOUT_S) -> None:
+        """``wait_timeout_s``: how long a lane waits for another's event before calling the plan deadlocked
+        (longer under data-parallel ranks, where a lane may wait for another rank's all-reduce)."""
+        self.wait_timeout_s = wait_timeout_s
         self._inbox: dict[str, queue.SimpleQueue[tuple[list[Item], list[threading.Lock]] | None]] = {}
         self._done: queue.SimpleQueue[BaseException | None] = queue.SimpleQueue()
         self._threads = []
@@ -51,7 +54,7 @@ class ThreadLanes:
             try:
                 for waits, run, signal in items:
                     for event in waits:
-                        if not event.acquire(timeout=WAIT_TIMEOUT_S):
+                        if not event.acquire(timeout=self.wait_timeout_s):
                             raise RuntimeError("an event never fired: the plan's streams deadlocked")
                         event.release()
                     run()

@@ -374,3 +374,38 @@ def test_a_rank_that_hangs_or_dies_ends_the_run_and_keeps_the_last_checkpoint(tm
     again = _swapdsl(tmp_path, "exec", "dp.plan", "--resume", "ck.safetensors", "--steps", str(step + 2), "--backend",
                      "numpy", ranks=2)
     assert again.returncode == 0, again.stderr
+
+
+SLOW_RANK = """
+import sys, time
+import swapdsl.runtime.streams as streams
+streams.WAIT_TIMEOUT_S = 0.3  # a lane's patience, made short
+from swapdsl import cli
+from swapdsl.runtime import dist
+
+at_step = dist.at_step
+
+
+def slow(step):
+    if dist.rank() == 1 and step == 2:
+        time.sleep(2.0)  # rank 0's step 2 waits in its first all-reduce
+    at_step(step)
+
+
+dist.at_step = slow
+sys.exit(cli.main(sys.argv[1:]))
+"""
+
+
+def test_a_lane_waits_behind_a_slow_rank_without_calling_the_plan_deadlocked(tmp_path: Path) -> None:
+    """Rank 0's copy lanes wait for its compute lane, which waits in an all-reduce for a slower rank 1:
+    past the lanes' own timeout, within the ranks' (the watchdog's business, not theirs)."""
+    launcher = _mpiexec()
+    _model(tmp_path)
+    assert _swapdsl(tmp_path, "optimize", "net.swp", "--ranks", "2", "--memory", "80%", "--method", "belady",
+                    "-o", "dp.plan").returncode == 0
+    (tmp_path / "slow.py").write_text(SLOW_RANK)
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("PMI_", "PMIX_", "OMPI_"))}
+    done = subprocess.run([launcher, "-n", "2", sys.executable, "slow.py", "exec", "dp.plan", "--steps", "3",
+                           "--backend", "numpy"], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0 and "deadlocked" not in done.stderr, done.stderr

@@ -4,7 +4,8 @@ Usage: python bench/mutate_plans.py [--cases 1000] [--seed 0] [--keep DIR]
 
 Makes seven plans (belady, capuchin and ga, on small tiny_resnet and tiny_transformer configurations, each
 under about a third of its no-swap need, or near its smallest feasible cap where that is more; and a bf16
-belady plan of tiny_transformer with every update on the host), then
+belady plan of tiny_transformer with every update on the host, and a capuchin plan of tiny_resnet for two
+data-parallel ranks, run in a loopback world: swapdsl/fuzz/loopback.py), then
 runs CASES mutants spread over the plans and the mutation kinds (delete, duplicate or swap lines;
 change a number, a name, a figure; swap the new values of two updates). Each is judged as `swapdsl exec MUTANT --check` judges it, in process, and
 an accepted mutant once more on a slow bus. Prints the counts per kind and every case that was
@@ -48,6 +49,14 @@ def make_plans(folder: Path, seed: int) -> dict[str, str]:
                    "--precision", "bf16", "--host-updates", "all", "-o", str(out)])
     if run.code != 0:
         sys.exit(f"could not plan {model} with updates on the host: {run.err or run.crash}")
+    texts[out.stem] = out.read_text()
+    # a plan for two data-parallel ranks: all-reduces on the network lane (run in a loopback world)
+    model, (cap, args) = "tiny_resnet", MODELS["tiny_resnet"]
+    out = folder / f"{model}-ranks.plan"
+    run = run_cli(["optimize", str(folder / f"{model}.swp"), "--memory", cap, "--method", "capuchin", *args,
+                   "--ranks", "2", "--network", "1", "-o", str(out)])
+    if run.code != 0:
+        sys.exit(f"could not plan {model} for two ranks: {run.err or run.crash}")
     texts[out.stem] = out.read_text()
     return texts
 

@@ -5,7 +5,7 @@ plan's offsets, and the top of it the scratch region: the step counter,
 then every kernel's temporaries (kernels write their results straight into
 their outputs' regions, so a step allocates nothing); one host arena with a
 slot for every tensor that ever has a host copy (pinned memory on CuPy);
-three streams. When a plan is
+the streams. When a plan is
 loaded, its replay (swapdsl/plan/replay.py) turns the instruction list into
 stream work with the waits between streams, views and kernel arguments
 built once; a step enqueues that list in order on the calling thread:
@@ -21,7 +21,9 @@ built once; a step enqueues that list in order on the calling thread:
 - ``host``: the host lane (a fourth thread, on NumPy) waits for the copies
   that wrote the op's inputs to the host, and for the swap-ins reading host
   memory it writes over, then runs the kernel on host memory, with scratch
-  and a step counter of its own.
+  and a step counter of its own;
+- a ``run`` of an all-reduce (data-parallel ranks) goes on the network lane (a
+  fifth thread), so that it overlaps the compute stream; the same waits.
 
 Nothing else synchronises, so a plan that breaks its promises corrupts
 numbers instead of quietly using more memory.
@@ -45,7 +47,7 @@ from swapdsl.graph.analysis import STATE_BYTES
 from swapdsl.graph.ops.kernels import kernel_of, scratch_need
 from swapdsl.graph.ops.registry import Scratch, np_dtype
 from swapdsl.plan.program import HostRun, InstrKind, Plan, Region, Run, SwapIn, SwapOut, arena_bytes
-from swapdsl.plan.replay import START, STREAM, Replay, Step
+from swapdsl.plan.replay import START, Replay, Step
 from swapdsl.plan.validate import check_describes, validate
 from swapdsl.runtime.backend import copy_fn, require_memory, to_host
 from swapdsl.runtime.data import init_persistent, synthetic_inputs
@@ -256,7 +258,7 @@ class PlanRunner:
         r = Replay(self.plan)
         steps = [s for s in r.steps() if s.kind is not InstrKind.FREE]
         self.final_loc = dict(r.loc)
-        stream_of = {s.index: STREAM[s.kind] for s in steps}
+        stream_of = {s.index: s.stream for s in steps}
         waits = {s.index: tuple(dict.fromkeys(w for w in s.waits if stream_of[w] != stream_of[s.index]))
                  for s in steps}
         awaited = {w for ws in waits.values() for w in ws}
@@ -328,7 +330,7 @@ class PlanRunner:
         np.add(self.host_ctx.step, 1, out=self.host_ctx.step)
 
     def _thread_lanes(self) -> tuple[dict[str, list[Item]], list[threading.Lock]]:
-        """The work as three lists of items with their events (built at the first step, so a test may edit
+        """The work as a list of items per stream with their events (built at the first step, so a test may edit
         ``work`` before it)."""
         events = {w.index: threading.Lock() for w in self.work if w.awaited}
         lanes: dict[str, list[Item]] = {name: [] for name in STREAMS}

@@ -20,7 +20,8 @@ from collections.abc import Callable, Sequence
 from typing import Any, NamedTuple
 
 WAIT_TIMEOUT_S = 120.0
-STREAMS = ("compute", "h2d", "d2h", "host")  # host: ops a plan runs on the host (NumPy only, for now)
+# host: ops a plan runs on the host (NumPy only, for now); net: data-parallel all-reduces (NumPy only, for now)
+STREAMS = ("compute", "h2d", "d2h", "host", "net")
 
 
 class Item(NamedTuple):

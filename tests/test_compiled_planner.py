@@ -15,6 +15,7 @@ from conftest import MODELS, build_graph
 from strategies import training_graphs
 from swapdsl.devices.profiles import BUILTIN
 from swapdsl.graph.autodiff import training_graph
+from swapdsl.graph.dataparallel import data_parallel
 from swapdsl.graph.ir import Graph
 from swapdsl.graph.offload import offloadable
 from swapdsl.plan.simulate import simulate
@@ -52,11 +53,14 @@ def _agree(req: Request, p: Problem, schedule: list[int], policy: Policy, pinned
 
 
 @settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(training_graphs(), st.floats(0.0, 1.0), st.sampled_from(POLICIES), st.integers(0, 2**31 - 1), st.booleans())
+@given(training_graphs(), st.floats(0.0, 1.0), st.sampled_from(POLICIES), st.integers(0, 2**31 - 1), st.booleans(),
+       st.sampled_from([1, 1, 2]))
 def test_compiled_planner_and_simulator_agree_with_the_reference(t: Graph, where: float, policy: Policy,
-                                                                  seed: int, on_host: bool) -> None:
-    """Any schedule, cap and pinning the search can produce, with updates on the device or on the host:
-    the same program, bit-identical time (the host lane's included)."""
+                                                                  seed: int, on_host: bool, ranks: int) -> None:
+    """Any schedule, cap and pinning the search can produce, with updates on the device or on the host, on
+    one rank or two (all-reduces on the network lane, over a slow link): the same program, bit-identical
+    time (the host lane's and the network lane's included)."""
+    t = data_parallel(t, ranks, 0.5)
     host = offloadable(t) if on_host else ()
     p = Problem.build(t, V100, host)
     need, no_swap = _need_and_no_swap(p)

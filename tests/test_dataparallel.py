@@ -12,6 +12,7 @@ import sys
 import time
 from pathlib import Path
 
+import attrs
 import numpy as np
 import pytest
 
@@ -22,6 +23,10 @@ from swapdsl.devices.profiles import BUILTIN
 from swapdsl.graph.checker import check_graph
 from swapdsl.graph.dataparallel import data_parallel
 from swapdsl.graph.ops.collective import LINK_LATENCY_S
+from swapdsl.plan.program import Free, Run
+from swapdsl.plan.replay import walk
+from swapdsl.plan.simulate import simulate
+from swapdsl.plan.validate import validate
 
 MODEL = """model net(batch = 4, features = 6, hidden = 16, classes = 3, lr = 0.1) {
     input x: f64[batch, features]
@@ -71,6 +76,51 @@ def test_the_simulator_charges_a_ring_all_reduce(tmp_path: Path) -> None:
         dev = BUILTIN["h100-80gb"]
         want = 2 * (ranks - 1) / ranks * nbytes / (gbps * 1e9 / 8) + 2 * (ranks - 1) * LINK_LATENCY_S
         assert op_seconds(dev, t, op) == pytest.approx(dev.launch_s + want, rel=1e-12)
+
+
+def test_all_reduces_run_on_the_network_lane_beside_compute(tmp_path: Path) -> None:
+    """Over a slow link the all-reduces take longer than the ops after them: on a lane of their own they
+    overlap compute, the step is shorter than every op back to back, and the ideal is the longer lane.
+    (Each update waits for the next all-reduce to be issued: `dataparallel._ordered`.)"""
+    plan = api.optimize(api.load(_model(tmp_path), ranks=2, link_gbps=0.5), "100%", "belady")
+    sim = simulate(plan, timeline=True)
+    net = [s for s in sim.timeline if s[0] == "net"]
+    compute = [s for s in sim.timeline if s[0] == "compute"]
+    reduces = [o for o in plan.ops if o.op == "allreduce_mean"]
+    assert len(net) == len(reduces) == 5 and all(s[1] == "allreduce_mean" for s in net)
+    assert not any(s[1] == "allreduce_mean" for s in compute)
+    assert any(a[2] < b[3] and b[2] < a[3] for a in net for b in compute)  # at once
+    on_net = sum(o.ms for o in reduces)
+    on_compute = sum(o.ms for o in plan.ops) - on_net
+    assert sim.compute_ms == pytest.approx(max(on_net, on_compute), rel=1e-12)
+    assert sim.iteration_ms < on_net + on_compute
+
+
+def test_a_late_free_of_a_gradient_waits_for_its_all_reduce(tmp_path: Path) -> None:
+    """The compute stream's order says nothing of the network lane's: a gradient freed after a later compute
+    op still waits for the all-reduce that reads it (and so does the next tenant of its bytes)."""
+    plan = api.optimize(api.load(_model(tmp_path), ranks=2, link_gbps=0.5), "80%", "belady")
+    reduce_at = {plan.ops[i.op].inputs[0]: k for k, i in enumerate(plan.program)
+                 if isinstance(i, Run) and plan.ops[i.op].op == "allreduce_mean"}
+    valid = []
+    for k, free in enumerate(plan.program):  # each gradient's free, moved past the next compute op
+        if not (isinstance(free, Free) and free.tensor in reduce_at):
+            continue
+        program = list(plan.program)
+        later = next(j for j in range(k + 1, len(program)) if isinstance(program[j], Run)
+                     and plan.ops[program[j].op].op != "allreduce_mean")
+        program[k:later + 1] = [*program[k + 1:later + 1], attrs.evolve(free, after=program[later].op)]
+        try:
+            validate(late := attrs.evolve(plan, program=tuple(program)))
+        except SwpError:
+            continue  # (another tenant moves into its bytes before then)
+        valid.append((free, later, late))
+    assert valid
+    free, later, late = valid[0]
+    program, steps = late.program, list(walk(late))
+    moved = next(s for s in steps if isinstance(s.instr, Free) and s.instr.tensor == free.tensor)
+    assert moved.index == later and steps[reduce_at[free.tensor]].stream == "net"
+    assert reduce_at[free.tensor] in moved.waits and program[later].after != program[reduce_at[free.tensor]].op
 
 
 def test_a_plan_records_its_ranks_and_refuses_another_graph(tmp_path: Path) -> None:

@@ -41,6 +41,8 @@ PLANS = [
                                               "--host-updates", "all"], "2.6MiB", "belady"),
     ("transformer-micro", "tiny_transformer", ["-D", "batch=2", "-D", "seq=8", "--microbatches", "2"], "1.6MiB",
      "capuchin"),
+    ("resnet-ranks", "tiny_resnet", ["-D", "batch=4", "-D", "width=4", "-D", "blocks=1", "--ranks", "2",
+                                     "--network", "1"], "430KiB", "capuchin"),
 ]
 CASES = int(os.environ.get("SWAPDSL_PLAN_MUTANTS", "210"))
 

@@ -20,6 +20,7 @@ from pathlib import Path
 import attrs
 
 from swapdsl.fuzz import run_cli
+from swapdsl.fuzz.loopback import loopback_world
 
 
 KINDS = ("delete", "duplicate", "swap", "number", "name", "figure", "update", "recompute")
@@ -151,6 +152,11 @@ def judge(mutant: Mutant, folder: Path, slow_s: float = 0.002) -> Verdict:
     """Run ``swapdsl exec --check`` on the mutant (written into ``folder``, beside its model)."""
     path = folder / "mutant.plan"
     path.write_text(mutant.text, encoding="utf-8")
+    with loopback_world(mutant.text):  # (a data-parallel plan's ranks, all this process)
+        return _judged(path, slow_s)
+
+
+def _judged(path: Path, slow_s: float) -> Verdict:
     run = run_cli(["exec", str(path), "--steps", "2", "--check", "--json", "--backend", "numpy"])
     if run.code is None:
         return Verdict("crash", run.crash)

@@ -12,15 +12,18 @@ loss over the global batch: N ranks train as one process would on the whole batc
 What stays per rank: batch norm's statistics (each rank normalises over its shard, as PyTorch's DDP
 does without SyncBatchNorm), its running statistics (rank 0's are the ones saved), and dropout's mask,
 which hashes element indices counted within the rank's rows, so every rank draws the same one (not the
-whole batch's). The all-reduce runs where the pass puts it, on the
-compute stream: the planner places, swaps and times it as an op, and it does not yet overlap compute.
+whole batch's). The planner places, swaps and times the all-reduce as an op; a plan runs it on the
+network lane (plan/replay.py), beside the compute stream, so it overlaps the ops after it.
 """
 
 from __future__ import annotations
 
+import heapq
+
 import attrs
 
 from swapdsl.common.errors import SwpError
+from swapdsl.graph.analysis import in_place_ops
 from swapdsl.graph.ir import Graph, Kind, Op, Tensor
 from swapdsl.graph.ops.collective import REDUCIBLE
 
@@ -38,8 +41,10 @@ def check_ranks(ranks: object, link_gbps: object) -> tuple[int, float]:
     return ranks, 0.0 if bad else float(link_gbps) * 1e9 / 8
 
 
-def data_parallel(t: Graph, ranks: int, link_gbps: float = DEFAULT_LINK_GBPS) -> Graph:
-    """``t`` (a training graph) as run by each of ``ranks`` ranks (1: ``t`` itself)."""
+def data_parallel(t: Graph, ranks: int, link_gbps: float = DEFAULT_LINK_GBPS, overlap: bool = True) -> Graph:
+    """``t`` (a training graph) as run by each of ``ranks`` ranks (1: ``t`` itself). ``overlap``: the order
+    starts each all-reduce while the backward pass goes on (``_ordered``); else every all-reduce comes
+    after the backward pass and every update after them (DDP without overlap, for comparison)."""
     if ranks == 1:
         return t
     ranks, link_bw = check_ranks(ranks, link_gbps)
@@ -62,9 +67,51 @@ def data_parallel(t: Graph, ranks: int, link_gbps: float = DEFAULT_LINK_GBPS) ->
                 tensors[mean] = Tensor(mean, t.type_of(out), t.tensors[out].kind,
                                        label=f"{t.tensors[out].title}, averaged over the ranks")
                 ops.append(Op("allreduce_mean", (out,), (mean,), (("link_bw", link_bw), ("ranks", ranks)), op.span))
+    ops = _ordered(attrs.evolve(t, tensors=tensors, ops=tuple(ops)), overlap)
     return attrs.evolve(t, tensors=tensors, ops=tuple(ops), ranks=ranks, link_gbps=float(link_gbps),
                         grads=tuple((p, grads[g]) for p, g in t.grads),
                         reports=tuple((n, reports.get(r, r)) for n, r in t.reports))
+
+
+def _ordered(g: Graph, overlap: bool) -> list[Op]:
+    """``g``'s ops in the order a plan starts from: the graph's, except that what reads an all-reduce's mean
+    (the update, and what it feeds) waits until the next all-reduce is issued, so that on the network lane
+    each all-reduce overlaps the backward ops that make the next gradient rather than holding up the compute
+    stream at once (DDP's overlap, one gradient at a time: one more gradient is held). Without ``overlap``:
+    the all-reduces after every other op that does not read one, and what reads them after those. A
+    topological sort by those keys: producers before consumers, and an op in place after its input's other
+    readers."""
+    ops, n = g.ops, len(g.ops)
+    made = {out: i for i, op in enumerate(ops) for out in op.outputs}
+    reduces = [i for i, op in enumerate(ops) if op.op == "allreduce_mean"]
+    following = dict(zip(reduces, reduces[1:]))
+    key, waits_for = [float(i) for i in range(n)], [-1] * n  # the latest all-reduce each op depends on
+    preds: list[set[int]] = [set() for _ in range(n)]
+    for i, op in enumerate(ops):
+        preds[i] = {made[x] for x in op.inputs if x in made}
+        waits_for[i] = max([p if ops[p].op == "allreduce_mean" else waits_for[p] for p in preds[i]], default=-1)
+        if not overlap:
+            key[i] = i + (n if op.op == "allreduce_mean" else 2 * n if waits_for[i] >= 0 else 0)
+        elif waits_for[i] in following:
+            key[i] = following[waits_for[i]] + 0.5 + i / (2 * n)  # right after the next one, in the graph's order
+    for i in in_place_ops(g):
+        preds[i] |= {j for j, op in enumerate(ops) if j != i and ops[i].inputs[0] in op.inputs}
+    succs: list[list[int]] = [[] for _ in range(n)]
+    for i, ps in enumerate(preds):
+        for p in ps:
+            succs[p].append(i)
+    left = [len(ps) for ps in preds]
+    ready = [(key[i], i) for i in range(n) if not left[i]]
+    heapq.heapify(ready)
+    order = []
+    while ready:
+        _, i = heapq.heappop(ready)
+        order.append(ops[i])
+        for s in succs[i]:
+            left[s] -= 1
+            if not left[s]:
+                heapq.heappush(ready, (key[s], s))
+    return order
 
 
 def _rank_reports(t: Graph, grads: set[str]) -> dict[str, str]:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from swapdsl.plan.program import Plan, ideal_ms
+from swapdsl.plan.program import Plan
 from swapdsl.plan.simulate import Result
 
 
@@ -10,7 +10,7 @@ def plan_figures(plan: Plan, r: Result, bound_ms: float | None, no_swap_bytes: f
                  graph_peak_bytes: float | None, extra: dict[str, float] | None = None) -> dict[str, float]:
     """The figures of ``plan`` simulated as ``r``, in the order a plan file lists them. The planner's
     figures (the bound, the no-swap arena, the graph's peak) come from the planner; None leaves one out."""
-    ideal = ideal_ms(o.ms for o in plan.ops)
+    ideal = plan.ideal_ms()
     figures = {
         "ideal_ms": ideal,
         "bound_ms": bound_ms,

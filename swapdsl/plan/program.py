@@ -10,6 +10,10 @@ offset and its size rounded up to 256 bytes.
 - ``Run(op, outs)``: the compute stream runs op ``op``; each output goes to a
   region. An ``in_place`` output reuses the region of the op's first input,
   whose last use this is (optimiser updates).
+- A run of a collective op (``NET_OPS``: a data-parallel gradient's
+  all-reduce) goes on the network lane, a stream of its own beside compute,
+  so it overlaps the ops after it; what reads its output waits for it, and
+  its input's region is not freed or written over before it is done.
 - ``Run(op, outs, recompute=True)`` (``recompute`` in the file): op ``op`` runs
   again, after its first run, to rebuild outputs that were dropped from the
   device; its inputs must be on the device then (resident, swapped in or
@@ -42,6 +46,7 @@ the runtime all drive).
 from __future__ import annotations
 
 import enum
+import itertools
 from collections.abc import Iterable
 from typing import Union
 
@@ -144,9 +149,16 @@ def scratch_offset(cap: int, scratch: int) -> int:
     return (cap - scratch) // ALIGN * ALIGN
 
 
-def ideal_ms(op_ms: Iterable[float]) -> float:
-    """The iteration time with infinite memory: every op back to back on the one compute stream."""
-    return sum(op_ms)
+NET_OPS = frozenset({"allreduce_mean"})  # ops the network lane runs beside the compute stream (replay.py)
+
+
+def ideal_ms(op_ms: Iterable[float], on_net: Iterable[bool] = ()) -> float:
+    """The iteration time with infinite memory: the compute stream's ops back to back, or the network lane's
+    (``on_net``: per op, whether it runs there; none when left out), whichever takes longer."""
+    lanes = [0.0, 0.0]
+    for ms, net in itertools.zip_longest(op_ms, on_net, fillvalue=False):
+        lanes[bool(net)] += float(ms)
+    return max(lanes)
 
 
 @attrs.frozen
@@ -192,6 +204,9 @@ class Plan:
     def tensor_cap(self) -> int:
         """Where the scratch region starts: every tensor's region ends at or below it."""
         return scratch_offset(self.cap, self.scratch)
+
+    def ideal_ms(self) -> float:
+        return ideal_ms((o.ms for o in self.ops), (o.op in NET_OPS for o in self.ops))
 
     def tensor_map(self) -> dict[str, PlanTensor]:
         return {t.name: t for t in self.tensors}

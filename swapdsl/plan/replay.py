@@ -6,16 +6,19 @@ order. Each instruction's ``waits`` are the program indices of the earlier instr
 (``START``, the iteration's start, is never listed):
 
 - ``run``: whatever made its inputs complete (the op or swap-in that wrote them) and the frees of the
-  bytes its outputs take;
+  bytes its outputs take; working in place, the network lane's runs that read the input it overwrites;
 - ``swapin``: the run of op ``after``, the frees of its region, and the swap-out that wrote its host copy;
-- ``swapout``: the run of op ``after``, whatever made the tensor complete, and the host runs that read
-  or wrote its host memory since a copy last wrote it;
-- ``free``: the run of op ``after``, any swap-out of the tensor since it came onto the device, and whatever
-  made it complete. A new tenant of its bytes waits for all of these.
+- ``swapout``: the run of op ``after``, whatever made the tensor complete, the host runs that read
+  or wrote its host memory since a copy last wrote it, and the swap-ins that read that memory since;
+- ``free``: the run of op ``after``, any swap-out of the tensor since it came onto the device, whatever
+  made it complete, and the network lane's runs that read it. A new tenant of its bytes waits for all of
+  these.
 - ``host``: what wrote each input's host memory (a swap-out or another host run), and every swap-in that
   read host memory it writes over since that memory was last written.
 
-Waits on the instruction's own stream are kept: the stream's order already implies them (the simulator
+A run of a collective op (``program.NET_OPS``) is on the network lane (``Step.stream``), every other run
+on the compute stream: the runs the compute stream's order implies are done are not the network lane's,
+so what must wait for those is listed (above). Waits on the instruction's own stream are kept: the stream's order already implies them (the simulator
 takes them in its maximum, the interpreter skips them). An index may be listed twice.
 """
 
@@ -25,13 +28,13 @@ import bisect
 from collections.abc import Iterator
 from typing import NamedTuple
 
-from swapdsl.plan.program import (Free, HOST, HostRun, Instr, InstrKind, KIND_OF, Plan, PlanTensor, Region, Run, SwapIn,
-                                  SwapOut)
+from swapdsl.plan.program import (Free, HOST, HostRun, Instr, InstrKind, KIND_OF, NET_OPS, Plan, PlanTensor, Region,
+                                  Run, SwapIn, SwapOut)
 from swapdsl.plan.segments import Segments
 
 START = -1  # the iteration's start (an op index of -1 means the same)
 STREAM = {InstrKind.LAUNCH: "compute", InstrKind.SWAP_IN: "h2d", InstrKind.SWAP_OUT: "d2h",
-          InstrKind.HOST: "host"}  # frees: none
+          InstrKind.HOST: "host"}  # frees: none; runs of NET_OPS: "net"
 Waits = tuple[int, ...]
 
 
@@ -44,6 +47,7 @@ class Step(NamedTuple):  # (a NamedTuple: a long plan makes one per instruction,
     kind: InstrKind
     waits: Waits
     regions: tuple[Region, ...]
+    stream: str  # the stream or lane that runs it ("" for a free)
 
 
 class Replay:
@@ -68,6 +72,8 @@ class Replay:
         self.copied_out: dict[str, int] = {}  # tensor -> its swap-out since it last came onto the device
         # per byte: the run after which it fell free, and what its next tenant waits for
         self.freed: Segments[tuple[int, Waits]] = Segments()
+        self.net_reads: dict[str, list[int]] = {}  # tensor -> the network lane's runs that read it
+        self.net = {o.index for o in plan.ops if o.op in NET_OPS}
         self._handlers = {InstrKind.LAUNCH: self.launch, InstrKind.SWAP_IN: self.swap_in,
                           InstrKind.SWAP_OUT: self.swap_out, InstrKind.FREE: self.free, InstrKind.HOST: self.host_run}
 
@@ -118,7 +124,9 @@ class Replay:
         """Apply instruction ``k`` of the program."""
         kind = KIND_OF[type(instr)]
         waits, regions = self._handlers[kind](k, instr)
-        return Step(k, instr, kind, waits, regions)
+        stream = "" if kind is InstrKind.FREE else "net" if kind is InstrKind.LAUNCH and instr.op in self.net else \
+            STREAM[kind]
+        return Step(k, instr, kind, waits, regions, stream)
 
     def launch(self, k: int, instr: Run) -> tuple[Waits, tuple[Region, ...]]:
         op = self.plan.ops[instr.op]
@@ -131,10 +139,14 @@ class Replay:
         for name, region in instr.outs:
             waits += self.free_waits(region)
             if instr.in_place and name == op.outputs[0]:
+                waits += self.net_reads.pop(op.inputs[0], [])
                 self.occupy(name, self.vacate(op.inputs[0]))
             else:
                 self.occupy(name, region)
             ready[name] = k
+        if instr.op in self.net:
+            for name in op.inputs:
+                self.net_reads.setdefault(name, []).append(k)
         self.ran[instr.op] = k
         return tuple(waits), regions
 
@@ -153,8 +165,8 @@ class Replay:
         slot = self.slot[name]
         self.host[slot] = name
         self.host_written[slot] = self.copied_out[name] = k
-        self.host_read.pop(slot, None)
-        return _known(self.ran[instr.after], self.ready[name], *self.host_used.pop(slot, ())), (self.loc[name],)
+        reading = self.host_read.pop(slot, ())  # done before a run that ran by then, unless that was the network's
+        return _known(self.ran[instr.after], self.ready[name], *self.host_used.pop(slot, ()), *reading), (self.loc[name],)
 
     def host_run(self, k: int, instr: HostRun) -> tuple[Waits, tuple[Region, ...]]:
         op = self.plan.ops[instr.op]
@@ -173,7 +185,7 @@ class Replay:
     def free(self, k: int, instr: Free) -> tuple[Waits, tuple[Region, ...]]:
         name = instr.tensor
         after = self.ran[instr.after]
-        waits = _known(after, self.copied_out.pop(name, START), self.ready[name])
+        waits = _known(after, self.copied_out.pop(name, START), self.ready[name], *self.net_reads.pop(name, ()))
         region = self.vacate(name)
         self.freed.assign(region.offset, region.end, (after, waits))
         return waits, (region,)

@@ -8,7 +8,8 @@ region; a swap-out for op ``after`` and the tensor itself; a free releases
 its region when op ``after`` and any swap-out of the tensor are done. A
 region falls free when the latest free of every byte in it has happened.
 Ops a plan runs on the host (``host``) take a fourth FIFO lane, the host's,
-for their ``host_ms``, once the copies to the host they read are done.
+for their ``host_ms``, once the copies to the host they read are done; the
+all-reduces of data-parallel ranks a fifth, the network's (``NET_OPS``).
 One pass, in plan order, driving the plan's replay (``replay.py``) for what
 each instruction waits for.
 """
@@ -18,16 +19,16 @@ from __future__ import annotations
 import attrs
 
 from swapdsl.devices.costs import copy_ms
-from swapdsl.plan.program import Free, HostRun, Plan, Region, Run, ideal_ms
-from swapdsl.plan.replay import STREAM, walk
+from swapdsl.plan.program import Free, HostRun, Plan, Region, Run
+from swapdsl.plan.replay import walk
 
-STREAMS = ("compute", "h2d", "d2h", "host")
+STREAMS = ("compute", "h2d", "d2h", "host", "net")
 
 
 @attrs.frozen
 class Result:
     iteration_ms: float
-    compute_ms: float  # sum of op times
+    compute_ms: float  # the ideal step: the op times of the longer of the compute stream and the network lane
     h2d_bytes: int
     d2h_bytes: int
     peak_device_bytes: int  # most tensor bytes on the device at once (in-flight copies included)
@@ -54,7 +55,7 @@ def simulate(plan: Plan, timeline: bool = False) -> Result:
         if isinstance(instr, Free):
             events.append((after, -tensors[instr.tensor].bytes))
             continue
-        stream = STREAM[step.kind]
+        stream = step.stream
         start = max(clock[stream], after)
         if isinstance(instr, Run):
             op = plan.ops[instr.op]
@@ -74,7 +75,7 @@ def simulate(plan: Plan, timeline: bool = False) -> Result:
         if timeline:
             spans.append((stream, what, start, start + took))
     memory = _memory_curve(events)
-    return Result(max(clock.values()), ideal_ms(o.ms for o in plan.ops), moved["h2d"], moved["d2h"],
+    return Result(max(clock.values()), plan.ideal_ms(), moved["h2d"], moved["d2h"],
                   max((b for _, b in memory), default=0), sum(tensors[n].bytes for n in plan.host_copies()),
                   tuple(spans) if timeline else (), memory if timeline else ())
 

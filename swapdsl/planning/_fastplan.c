@@ -1068,6 +1068,7 @@ static i64 *program_order(const i64 *recs, i64 n_rec, i64 n_ops, i64 *n_out, i64
 typedef struct {
     const i64 *schedule, *recs, *out_off, *size, *in_ptr, *in_idx, *out_ptr, *out_idx, *nbytes;
     const double *op_ms, *copy, *host_start;  /* host_start: when each tensor's host copy exists (ms) */
+    const uint8_t *net;  /* per op: the network lane runs it (a data-parallel all-reduce), not compute */
     double *copy_done;  /* out: when each tensor's swap-out, or if none its last swap-in, is done (ms; 0: none) */
     i64 n_ops, n_rec, n_t, top;
 } SimInputs;
@@ -1075,17 +1076,18 @@ typedef struct {
 static int simulate(const SimInputs *in, double *ms, i64 *h2d_out, i64 *d2h_out) {
     i64 n_ord = 0, n_t = in->n_t, n_free = 0;
     i64 *order = program_order(in->recs, in->n_rec, in->n_ops, &n_ord, &n_free), *where = malloc(sizeof(i64) * n_t);
-    double *times = calloc(3 * n_t + in->n_ops, sizeof(double));
+    double *times = calloc(4 * n_t + in->n_ops, sizeof(double));
     char *out_ever = calloc(n_t + 1, 1);
     Segs g = {0};
     int status = -1;
     if (!order || !where || !times || !out_ever || segs_init(&g, in->top, 2 * n_free + 2, 0.0) < 0) goto done;
-    double *ready = times, *host_ready = times + n_t, *copied_out = times + 2 * n_t, *op_end = times + 3 * n_t;
+    double *ready = times, *host_ready = times + n_t, *copied_out = times + 2 * n_t, *net_read = times + 3 * n_t,
+           *op_end = times + 4 * n_t;  /* net_read: when the network lane's last read of a tensor ends */
     memcpy(where, in->out_off, sizeof(i64) * n_t);
     memcpy(host_ready, in->host_start, sizeof(double) * n_t);
     memset(in->copy_done, 0, sizeof(double) * n_t);
     double latency = in->copy[0], h2d_bw = in->copy[1], d2h_bw = in->copy[2];
-    double compute = 0.0, h2d_clock = 0.0, d2h_clock = 0.0;
+    double compute = 0.0, net = 0.0, h2d_clock = 0.0, d2h_clock = 0.0;
     i64 h2d = 0, d2h = 0;
     for (i64 i = 0; i < n_ord; i++) {
         const i64 *rec = in->recs + 5 * order[i];
@@ -1093,14 +1095,21 @@ static int simulate(const SimInputs *in, double *ms, i64 *h2d_out, i64 *d2h_out)
         double after = bucket > 0 ? op_end[bucket - 1] : 0.0;
         if (kind == LAUNCH) {
             i64 op = t;
-            double start = compute;
+            double start = in->net[op] ? net : compute;
             for (i64 j = in->in_ptr[op]; j < in->in_ptr[op + 1]; j++) start = dmax(start, ready[in->in_idx[j]]);
             for (i64 j = in->out_ptr[op]; j < in->out_ptr[op + 1]; j++) {
                 i64 u = in->out_idx[j];
                 start = dmax(start, seg_max(&g, in->out_off[u], in->out_off[u] + in->size[u]));
             }
             double end = start + in->op_ms[op];
-            compute = op_end[bucket - 1] = end;
+            op_end[bucket - 1] = end;
+            if (in->net[op]) {  /* (the compute stream's order implies its own reads are done by a free) */
+                net = end;
+                for (i64 j = in->in_ptr[op]; j < in->in_ptr[op + 1]; j++)
+                    net_read[in->in_idx[j]] = dmax(net_read[in->in_idx[j]], end);
+            } else {
+                compute = end;
+            }
             for (i64 j = in->out_ptr[op]; j < in->out_ptr[op + 1]; j++) {
                 i64 u = in->out_idx[j];
                 where[u] = in->out_off[u], ready[u] = end;
@@ -1119,13 +1128,13 @@ static int simulate(const SimInputs *in, double *ms, i64 *h2d_out, i64 *d2h_out)
             out_ever[t] = 1;
             d2h += in->nbytes[t];
         } else {
-            double when = dmax(dmax(after, copied_out[t]), ready[t]);
+            double when = dmax(dmax(after, copied_out[t]), dmax(ready[t], net_read[t]));
             seg_assign(&g, where[t], where[t] + in->size[t], when);
             copied_out[t] = 0.0;
             where[t] = -1;
         }
     }
-    *ms = dmax(compute, dmax(h2d_clock, d2h_clock)), *h2d_out = h2d, *d2h_out = d2h;
+    *ms = dmax(dmax(compute, net), dmax(h2d_clock, d2h_clock)), *h2d_out = h2d, *d2h_out = d2h;
     status = 0;
 done:
     free(order), free(where), free(times), free(out_ever);
@@ -1211,16 +1220,21 @@ static PyObject *py_plan(PyObject *self, PyObject *tuple) {
 static PyObject *py_simulate(PyObject *self, PyObject *tuple) {
     (void)self;
     Args a;
-    if (args_parse(tuple, "qqnqnqqqqqdqddw", &a) < 0) return NULL;
+    if (args_parse(tuple, "qqnqnqqqqqdqddwb", &a) < 0) return NULL;
     SimInputs in = {
         .schedule = a.ptr[0], .n_ops = a.len[0], .recs = a.ptr[1], .n_rec = a.num[2], .out_off = a.ptr[3],
         .n_t = a.len[3], .top = a.num[4], .size = a.ptr[5], .in_ptr = a.ptr[6], .in_idx = a.ptr[7],
         .out_ptr = a.ptr[8], .out_idx = a.ptr[9], .op_ms = a.ptr[10], .nbytes = a.ptr[11], .copy = a.ptr[12],
-        .host_start = a.ptr[13], .copy_done = a.ptr[14],
+        .host_start = a.ptr[13], .copy_done = a.ptr[14], .net = a.ptr[15],
     };
     double ms = 0.0;
     i64 h2d = 0, d2h = 0;
     int status;
+    if (a.len[15] < in.n_ops) {
+        args_release(&a);
+        PyErr_SetString(PyExc_ValueError, "simulate: net needs a flag per op");
+        return NULL;
+    }
     if (a.len[13] < in.n_t || a.len[14] < in.n_t) {
         args_release(&a);
         PyErr_SetString(PyExc_ValueError, "simulate: host_start and copy_done need a value per tensor");
@@ -1369,7 +1383,7 @@ static PyMethodDef methods[] = {
      "fwd_act, upd_old, upd_new, by_name, loss, width, rank_gaps, room, recs, out_off) -> (records, peak, status)"},
     {"simulate", py_simulate, METH_VARARGS,
      "simulate(schedule, recs, n_rec, out_off, top, size, in_ptr, in_idx, out_ptr, out_idx, op_ms, nbytes, copy, "
-     "host_start, copy_done) "
+     "host_start, copy_done, net) "
      "-> (iteration_ms, h2d_bytes, d2h_bytes)"},
     {NULL, NULL, 0, NULL},
 };

@@ -1,7 +1,9 @@
 """Lower bounds on any plan's iteration time under a memory cap.
 
 ``ideal_ms`` is the sum of op times: every op runs on the one compute stream,
-so no plan is faster, with any amount of memory.
+so no plan is faster, with any amount of memory. (Data-parallel all-reduces run
+on the network lane beside it: the ideal is the longer lane's sum, and F and B
+below count the compute stream's ops alone.)
 
 ``bound_ms`` adds what the bus must carry. Let C be the ops that read the
 gradient seed (the `fill` that starts the backward pass), A the ops that are
@@ -47,7 +49,14 @@ from swapdsl.planning.problem import Problem, edges
 
 
 def ideal_ms(p: Problem) -> float:
-    return program.ideal_ms(p.op_ms)
+    net = p.net
+    return program.ideal_ms(p.op_ms, (i in net for i in range(p.n_ops)))
+
+
+def compute_ms(p: Problem) -> float:
+    """The compute stream's op times (all but the network lane's all-reduces)."""
+    net = p.net
+    return sum(ms for i, ms in enumerate(p.op_ms) if i not in net)
 
 
 def _closure(start: set[int], links: list[list[int]]) -> set[int]:
@@ -89,7 +98,8 @@ def _cut(p: Problem) -> _Cut | None:
     crossing = {t for op in before for t in p.op_outputs[op]} & read_after
     read_before = {t for op in before for t in p.op_inputs[op]}
     rebuilds = [(p.op_ms[op], sum(p.nbytes[t] for t in p.op_outputs[op] if t in crossing)) for op in sorted(before)]
-    return _Cut(sum(p.op_ms[op] for op in before), sum(p.op_ms[op] for op in backward),
+    net = p.net  # (the network lane's all-reduces: not compute time on either side of T)
+    return _Cut(sum(p.op_ms[op] for op in before if op not in net), sum(p.op_ms[op] for op in backward if op not in net),
                 [p.nbytes[t] for t in crossing], [p.nbytes[t] for t in read_after - producer.keys()],
                 [p.nbytes[t] for t in p.persistent if t in read_before], [p.nbytes[old] for old, new in p.updates if new in producer],
                 sum(p.nbytes[t] for t in p.persistent if t in consumers), [r for r in rebuilds if r[1] > 0])
@@ -120,7 +130,7 @@ def recompute_bound_ms(p: Problem, cap: int) -> float:
 
         T       >= max(F, (|S_a| - cap - y) / d2h, (P_A - cap) / h2d)
         end - T >= max(B + c, (|S| - cap - y) / h2d, (P_upd - cap) / d2h)
-        end     >= max(ideal + c, (|S_a| - cap - y + P_read - cap) / h2d, (|S_a| - cap - y + P_upd - cap) / d2h)
+        end     >= max(compute + c, (|S_a| - cap - y + P_read - cap) / h2d, (|S_a| - cap - y + P_upd - cap) / d2h)
 
     (excesses floored at zero, as before; the rebuilt tensors' recomputations run on the one compute
     stream after T, and each op's run rebuilds at most the bytes of its outputs in S_a). Let y*(c) be the
@@ -143,7 +153,8 @@ def recompute_bound_ms(p: Problem, cap: int) -> float:
     g2 = [lambda cc, _y: c.b + cc, lambda _c, y: ms * (x - y) / dev.h2d_bw,
           lambda _c, _y: ms * max(0, sum(c.updated) - cap) / dev.d2h_bw]
     read, upd = max(0, c.read - cap), max(0, sum(c.updated) - cap)
-    g3 = [lambda cc, _y: ideal + cc, lambda _c, _y: ms * read / dev.h2d_bw, lambda _c, y: ms * (xa - y + read) / dev.h2d_bw,
+    compute = compute_ms(p)
+    g3 = [lambda cc, _y: compute + cc, lambda _c, _y: ms * read / dev.h2d_bw, lambda _c, y: ms * (xa - y + read) / dev.h2d_bw,
           lambda _c, _y: ms * upd / dev.d2h_bw, lambda _c, y: ms * (xa - y + upd) / dev.d2h_bw]
 
     def g(cost: float, y: float) -> float:

@@ -86,6 +86,8 @@ class Evaluator:
         self.out_ptr, self.out_idx = _csr(p.op_outputs)
         self.in_place = np.array(p.in_place, np.bool_)
         self.op_ms = np.array(p.op_ms, np.float64)
+        self.net = np.zeros(len(p.op_ms), np.bool_)  # the network lane's ops (clones, past the graph's, never)
+        self.net[list(p.net)] = True
         self.is_input = np.zeros(n, np.bool_)
         self.is_input[list(p.inputs)] = True
         # what may start on the host: unpinned persistent tensors, and what host ops make for the device
@@ -145,7 +147,7 @@ class Evaluator:
         done = np.empty(len(self.size), np.float64)
         ms, h2d, d2h = _fastplan.simulate(sched, recs, len(recs), out_off, peak, self.size, self.in_ptr,
                                           self.in_idx, self.out_ptr, self.out_idx, self.op_ms, self.nbytes, self.copy,
-                                          self.host_start, done)
+                                          self.host_start, done, self.net)
         if self.lane is not None:
             order = _program_order(recs)
             last = last_copies(recs[order, 1], recs[order, 2], len(self.size))

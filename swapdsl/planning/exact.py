@@ -143,6 +143,8 @@ def exact_bound(p: Problem, cap: int, order: Sequence[int], time_limit_s: float 
     ops first run in ``order``."""
     if p.host.ops:
         raise SwpError("the exact bound covers plans without updates on the host (--host-updates none)")
+    if p.net:
+        raise SwpError("the exact bound covers one rank's plans (its program has no network lane)")
     if sorted(order) != list(range(p.n_ops)) or not _respects(p, order):
         raise SwpError("the order must run every op once, after the ops it depends on")
     started = time.perf_counter()

@@ -14,7 +14,7 @@ from swapdsl.devices.costs import host_op_ms
 from swapdsl.graph.analysis import in_place_ops, scratch_bytes
 from swapdsl.graph.ir import Graph, Kind
 from swapdsl.graph.offload import HostSplit, host_split, touched
-from swapdsl.plan.program import arena_bytes, scratch_offset
+from swapdsl.plan.program import NET_OPS, arena_bytes, scratch_offset
 
 PAST_BUDGET = 1e15  # a score past the host budget: more than any step's milliseconds
 
@@ -107,6 +107,11 @@ class Problem:
     @staticmethod
     def of(req: Request) -> Problem:
         return Problem.build(req.graph, req.device, req.host_updates)
+
+    @property
+    def net(self) -> frozenset[int]:
+        """The ops the network lane runs (data-parallel all-reduces), not the compute stream."""
+        return frozenset(i for i, op in enumerate(self.graph.ops) if op.op in NET_OPS)
 
     def hollow(self, op: int) -> bool:
         """An op that runs on the host: the device planners see no tensors and no time in it."""

@@ -6,8 +6,11 @@ Usage: python bench/dataparallel.py [--models gpt2_xl llama2_7b] [--memory 16GiB
 
 Each rank runs the model's batch (weak scaling: the global batch grows with the ranks), in bf16 with
 Adam. The efficiency is the one-rank step over the N-rank step (examples per second per GPU, against
-one GPU alone). The all-reduce runs on the compute stream (this first part does not overlap it with
-compute), so its time adds to the step in full.
+one GPU alone). The all-reduces run on the network lane beside the compute stream; "hidden" is the
+share of their time that does not lengthen the step: 1 - (N-rank step - one-rank step) / all-reduce time. Each row is planned twice: in the
+order the data-parallel pass gives (each update after the next all-reduce is issued) and, for
+comparison, with every all-reduce after the backward pass and every update after them (DDP without
+overlap).
 """
 
 from __future__ import annotations
@@ -19,6 +22,11 @@ from swapdsl import api
 from swapdsl.common.errors import SwpError
 from swapdsl.common.paths import STDLIB_DIR
 from swapdsl.common.units import format_bytes, parse_size
+from swapdsl.graph.checker import check_graph
+from swapdsl.graph.dataparallel import data_parallel
+from swapdsl.plan.simulate import simulate
+from swapdsl.planning.optimize import optimize
+from swapdsl.planning.problem import Request
 
 MODELS = {  # name: (stdlib model, arguments)
     "gpt2_xl": ("gpt", {"layers": 48, "hidden": 1600, "heads": 25, "seq": 1024, "batch": 8}),
@@ -27,18 +35,20 @@ MODELS = {  # name: (stdlib model, arguments)
 }
 
 
-def row(name: str, cap: int, ranks: int, link: float, args: argparse.Namespace) -> dict:
+def row(name: str, cap: int, ranks: int, link: float, overlap: bool, args: argparse.Namespace) -> dict:
     model_name, defines = MODELS[name]
-    m = api.load(STDLIB_DIR / "models" / f"{model_name}.swp", precision="bf16", ranks=ranks, link_gbps=link,
-                 **defines)
+    m = api.load(STDLIB_DIR / "models" / f"{model_name}.swp", precision="bf16", **defines)
+    t = data_parallel(m.training, ranks, link, overlap)
+    check_graph(t)
+    key = {"model": name, "cap": cap, "ranks": ranks, "link_gbps": link, "overlap": overlap}
     try:
-        plan = api.optimize(m, cap, args.method, args.device)
+        plan = optimize(Request(t, api.load_device(args.device), cap, m.path, m.graph.args), args.method)
     except SwpError as err:
-        return {"model": name, "cap": cap, "ranks": ranks, "link_gbps": link, "error": err.message}
-    f = dict(plan.figures)
+        return key | {"error": err.message}
+    sim = simulate(plan)
     reduce_ms = sum(op.ms for op in plan.ops if op.op == "allreduce_mean")
-    return {"model": name, "cap": cap, "ranks": ranks, "link_gbps": link, "step_ms": f["iteration_ms"],
-            "ideal_ms": f["ideal_ms"], "allreduce_ms": reduce_ms, "h2d_gb": f["h2d_bytes"] / 1e9}
+    return key | {"step_ms": sim.iteration_ms, "ideal_ms": sim.compute_ms, "allreduce_ms": reduce_ms,
+                  "h2d_gb": sim.h2d_bytes / 1e9}
 
 
 def main() -> None:
@@ -52,22 +62,28 @@ def main() -> None:
     ap.add_argument("--json", metavar="FILE")
     args = ap.parse_args()
     rows = []
-    print("| model | cap | ranks | link Gb/s | step ms | all-reduce ms | efficiency | GB in per step |")
-    print("|---|---:|---:|---:|---:|---:|---:|---:|")
+    print("| model | cap | ranks | link Gb/s | all-reduce ms | step ms | efficiency | hidden | GB in | "
+          "after backward: step ms | efficiency | hidden | GB in |")
+    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
     for name in args.models:
         for memory in args.memory:
             cap = parse_size(memory)
-            alone = row(name, cap, 1, args.links[0], args)
+            alone = row(name, cap, 1, args.links[0], True, args)
             for ranks in args.ranks:
                 for link in (args.links if ranks > 1 else args.links[:1]):
-                    r = alone if ranks == 1 else row(name, cap, ranks, link, args)
-                    rows.append(r)
-                    if "error" in r:
-                        print(f"| {name} | {format_bytes(cap)} | {ranks} | {link:g} | {r['error']} | | | |")
-                        continue
-                    eff = alone.get("step_ms", float("nan")) / r["step_ms"]
-                    print(f"| {name} | {format_bytes(cap)} | {ranks} | {link:g} | {r['step_ms']:.1f} | "
-                          f"{r['allreduce_ms']:.1f} | {eff:.3f} | {r['h2d_gb']:.1f} |", flush=True)
+                    pair = [alone, alone] if ranks == 1 else [row(name, cap, ranks, link, o, args) for o in (True, False)]
+                    rows += pair
+                    cells = []
+                    for r in pair:
+                        if "error" in r:
+                            cells.append(f"{r['error']} | | | ")
+                            continue
+                        one = alone.get("step_ms", float("nan"))
+                        hid = 1 - (r["step_ms"] - one) / r["allreduce_ms"] if r["allreduce_ms"] else float("nan")
+                        cells.append(f"{r['step_ms']:.1f} | {one / r['step_ms']:.3f} | {hid:.2f} | {r['h2d_gb']:.1f}")
+                    reduce_ms = pair[0].get("allreduce_ms", float("nan"))
+                    print(f"| {name} | {format_bytes(cap)} | {ranks} | {link:g} | {reduce_ms:.1f} | "
+                          f"{cells[0]} | {cells[1]} |", flush=True)
     if args.json:
         with open(args.json, "w", encoding="utf-8") as f:
             json.dump(rows, f, indent=1)

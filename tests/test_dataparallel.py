@@ -203,6 +203,48 @@ def test_two_ranks_train_as_one_process_on_the_doubled_batch(tmp_path: Path, met
     assert ran["max_rel_diff"] == 0.0  # the plan beside the reference, both averaged over the ranks
 
 
+CONVNET = """model convnet(batch = 4, classes = 3, width = 4, lr = 0.05) {
+    input images: f64[batch, 3, 8, 8]
+    input labels: i32[batch]
+    param w0: f64[width, 3, 3, 3] = normal(0.3)
+    param w1: f64[width, width, 3, 3] = normal(0.2)
+    param w2: f64[width, width, 3, 3] = normal(0.2)
+    param w3: f64[2 * width, width, 1, 1] = normal(0.3)
+    param fc: f64[2 * width, classes] = normal(0.5)
+    param fb: f64[classes] = zeros
+    h = relu(conv2d(images, w0, padding = (1, 1)))
+    r = relu(conv2d(h, w1, padding = (1, 1)))
+    h = relu(h + conv2d(r, w2, padding = (1, 1)))
+    h = relu(conv2d(h, w3, stride = 2))
+    logits = global_avg_pool(h) @ fc + fb
+    loss = softmax_cross_entropy(logits, labels)
+    minimize loss with sgd(lr = lr, momentum = 0.9, weight_decay = 5e-4)
+}
+"""
+
+
+def test_a_residual_convnet_on_two_ranks_trains_as_one_process(tmp_path: Path) -> None:
+    """tiny_resnet's shape without batch norm (whose statistics are each rank's own), f64, under a plan that
+    swaps and recomputes: two ranks end 5 steps where one process on the doubled batch does."""
+    _mpiexec()
+    (tmp_path / "convnet.swp").write_text(CONVNET)
+    done = _swapdsl(tmp_path, "optimize", "convnet.swp", "--ranks", "2", "--memory", "80%", "--method", "capuchin",
+                    "-o", "dp.plan")
+    assert done.returncode == 0, done.stderr
+    plan, _ = api.read_checked(str(tmp_path / "dp.plan"), need_model=True)
+    kinds = [type(i).__name__ for i in plan.program]
+    assert "SwapIn" in kinds and kinds.count("Run") > len(plan.ops)
+    two = _swapdsl(tmp_path, "exec", "dp.plan", "--steps", "5", "--backend", "numpy", "--check", "--save",
+                   "two.safetensors", ranks=2)
+    assert two.returncode == 0, two.stderr
+    one = _swapdsl(tmp_path, "exec", "convnet.swp", "-D", "batch=8", "--steps", "5", "--backend", "numpy", "--save",
+                   "one.safetensors")
+    assert one.returncode == 0, one.stderr
+    a, b = _state(tmp_path / "two.safetensors"), _state(tmp_path / "one.safetensors")
+    for name in b:
+        np.testing.assert_allclose(a[name], b[name], rtol=1e-12, atol=1e-15)
+
+
 def test_a_run_with_other_ranks_than_its_plan_stops_with_one_error(tmp_path: Path) -> None:
     _mpiexec()
     _model(tmp_path)

@@ -73,6 +73,9 @@ class Watched:
     def Get_size(self) -> int:  # noqa: N802 (mpi4py's names)
         return int(self.comm.Get_size())
 
+    def Get_rank(self) -> int:  # noqa: N802
+        return int(self.comm.Get_rank())
+
     def Allreduce(self, x: np.ndarray, out: np.ndarray) -> None:  # noqa: N802
         with self.dog.collective("gradient all-reduce " + str(self.dog.index + 1)):
             self.comm.Allreduce(x, out)

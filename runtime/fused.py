@@ -22,7 +22,7 @@ import numpy as np
 
 from swapdsl.graph.ir import Graph, TensorType
 from swapdsl.graph.ops import REGISTRY
-from swapdsl.graph.ops.elementwise import dropout_constants, step_key
+from swapdsl.graph.ops.elementwise import dropout_constants, element_offset, step_key
 from swapdsl.graph.ops.optim import bias_correction
 from swapdsl.graph.ops.kernels import is_half
 from swapdsl.graph.ops.nn import norm_sum, norm_tiles
@@ -66,7 +66,7 @@ def _decay(a: Attrs) -> float:
 
 def _dropout_scalars(c: KernelContext, ins: list[Array], a: Attrs) -> tuple[Any, ...]:
     # (offset: where a micro-batch's elements start in the whole batch's, as the op's own kernel counts)
-    return (step_key(c, a["seed"]), *dropout_constants(a["p"], ins[0].dtype), np.int64(a.get("offset", 0)))
+    return (step_key(c, a["seed"]), *dropout_constants(a["p"], ins[0].dtype), np.int64(element_offset(c, a)))
 
 
 def _adam_apply_scalars(c: KernelContext, ins: list[Array], a: Attrs) -> tuple[Any, ...]:

@@ -173,10 +173,16 @@ def _state(path: Path) -> dict[str, np.ndarray]:
     return load_file(str(path))
 
 
-@pytest.mark.parametrize("method,memory", [("belady", "75%"), ("capuchin", "70%")])
-def test_two_ranks_train_as_one_process_on_the_doubled_batch(tmp_path: Path, method: str, memory: str) -> None:
+@pytest.mark.parametrize("method,memory,dropout", [("belady", "75%", False), ("capuchin", "70%", False),
+                                                  ("capuchin", "60%", True)])
+def test_two_ranks_train_as_one_process_on_the_doubled_batch(tmp_path: Path, method: str, memory: str,
+                                                             dropout: bool) -> None:
+    """(With dropout too: each rank hashes its rows' element indices where the doubled batch has them.)"""
     _mpiexec()
     _model(tmp_path, ADAM)
+    if dropout:
+        text = (tmp_path / "net.swp").read_text()
+        (tmp_path / "net.swp").write_text(text.replace("h = tanh(h @ w2)", "h = dropout(tanh(h @ w2), 0.4)"))
     done = _swapdsl(tmp_path, "optimize", "net.swp", "--ranks", "2", "--memory", memory, "--method", method,
                     "-o", "dp.plan", "--json")
     assert done.returncode == 0, done.stderr

@@ -214,6 +214,37 @@ def test_dropout_masks(xp: Any) -> None:
     assert not np.array_equal(a, run(xp, "dropout", x, p=0.5, seed=4, train_step=1))
 
 
+@pytest.mark.parametrize("shape", [(8, 16, 16), (64, 512, 256)])  # the second large enough to stage in blocks
+def test_a_later_micro_batch_or_rank_draws_the_whole_batch_s_mask(shape: tuple[int, int, int]) -> None:
+    """Dropout over the second half of a batch, told where it starts (a micro-batch's ``offset``, a rank's
+    ``rank_stride``), keeps the elements the whole batch's mask keeps, in bf16 too (a staged block's own
+    offset replaced the micro-batch's before)."""
+    import ml_dtypes
+
+    from swapdsl.graph.ir import DType, TensorType
+    from swapdsl.graph.ops.kernels import kernel_of, staged
+    from swapdsl.graph.ops.registry import KernelContext
+
+    class Rank1:
+        def Get_rank(self) -> int:  # noqa: N802
+            return 1
+
+    rows, half = shape[0], (shape[0] // 2, *shape[1:])
+    x = np.ones(shape, ml_dtypes.bfloat16)
+    a = {"p": 0.5, "seed": 3}
+    whole = np.empty_like(x)
+    kernel_of("dropout", (TensorType(shape, DType.bf16),), TensorType(shape, DType.bf16), a)(
+        KernelContext.standalone(np, 1 << 27), [x], whole, a)
+    part_type = TensorType(half, DType.bf16)
+    assert (staged("dropout", (part_type,), part_type, a) is not None) == (rows == 64)  # both ways tried
+    n = int(np.prod(half))
+    for context, told in ((KernelContext.standalone(np, 1 << 27), {"offset": n}),
+                          (KernelContext.standalone(np, 1 << 27, comm=Rank1()), {"rank_stride": n})):
+        part = np.empty(half, ml_dtypes.bfloat16)
+        kernel_of("dropout", (part_type,), part_type, a | told)(context, [x[rows // 2:]], part, a | told)
+        np.testing.assert_array_equal(part.astype(np.float32), whole[rows // 2:].astype(np.float32))
+
+
 @pytest.mark.parametrize("p", [0.1, 0.3, 0.7])
 def test_dropout_scales_in_the_tensors_float_type(xp: Any, p: float) -> None:
     """f64: kept elements are x / (1 - p) to f64 rounding (a float32 scale was 5e-8 off at p = 0.1)."""

@@ -10,9 +10,9 @@ the loss is a mean over the batch, the average of the ranks' gradients is the gr
 loss over the global batch: N ranks train as one process would on the whole batch, to rounding.
 
 What stays per rank: batch norm's statistics (each rank normalises over its shard, as PyTorch's DDP
-does without SyncBatchNorm), its running statistics (rank 0's are the ones saved), and dropout's mask,
-which hashes element indices counted within the rank's rows, so every rank draws the same one (not the
-whole batch's). The planner places, swaps and times the all-reduce as an op; a plan runs it on the
+does without SyncBatchNorm) and its running statistics (rank 0's are the ones saved). Dropout's mask
+hashes element indices counted in the whole batch: each rank's start after the ranks before it
+(``rank_stride``), so N ranks draw one process's masks. The planner places, swaps and times the all-reduce as an op; a plan runs it on the
 network lane (plan/replay.py), beside the compute stream, so it overlaps the ops after it.
 """
 
@@ -60,7 +60,7 @@ def data_parallel(t: Graph, ranks: int, link_gbps: float = DEFAULT_LINK_GBPS, ov
     ops: list[Op] = []
     for op in t.ops:
         rename = reports if op.op == "report" else grads  # (a report's other readers keep the rank's value)
-        ops.append(attrs.evolve(op, inputs=tuple(rename.get(n, n) for n in op.inputs)))
+        ops.append(attrs.evolve(op, inputs=tuple(rename.get(n, n) for n in op.inputs), attrs=_rank_attrs(t, op)))
         for out in op.outputs:
             mean = grads.get(out) or reports.get(out)
             if mean is not None:
@@ -71,6 +71,16 @@ def data_parallel(t: Graph, ranks: int, link_gbps: float = DEFAULT_LINK_GBPS, ov
     return attrs.evolve(t, tensors=tensors, ops=tuple(ops), ranks=ranks, link_gbps=float(link_gbps),
                         grads=tuple((p, grads[g]) for p, g in t.grads),
                         reports=tuple((n, reports.get(r, r)) for n, r in t.reports))
+
+
+def _rank_attrs(t: Graph, op: Op) -> tuple:
+    """Dropout hashes element indices: each rank's start after the rows of the ranks before it (the rank's
+    whole batch, every micro-batch of it), so that N ranks draw the masks of one process on the N-fold
+    batch (``elementwise.element_offset``)."""
+    if op.op != "dropout":
+        return op.attrs
+    stride = t.type_of(op.outputs[0]).numel * t.microbatches
+    return tuple(sorted({**op.attr_dict, "rank_stride": stride}.items()))
 
 
 def _ordered(g: Graph, overlap: bool) -> list[Op]:

@@ -198,7 +198,7 @@ def _in_flat_chunks(kernel, *itemsizes: int) -> tuple[Any, Cost]:  # noqa: ANN00
     def tiled(c: KernelContext, ins: list[Array], out: Array, a: Attrs) -> None:
         flat, dest = [x.reshape(-1) for x in ins], out.reshape(-1)
         mark = c.scratch.used
-        first = a.get("offset", 0)  # where a staged half kernel's block starts (``kernels.Cut.offset``)
+        first = element_offset(c, a)  # where this block, micro-batch or rank's rows start (a hashing kernel)
         for k in chunks(dest.size, per_element(out.dtype.itemsize), out.nbytes):
             kernel(c, [x[k] for x in flat], dest[k], a, first + k.start)
             c.scratch.used = mark
@@ -293,6 +293,14 @@ def dropout_constants(p: float, dtype: Any) -> tuple[np.uint32, np.floating]:
     the tensor's float type as PyTorch forms it: f64 for f64 tensors, else f32)."""
     t = np.float64 if np.dtype(dtype) == np.float64 else np.float32
     return np.uint32(min(round(p * 2.0**32), 2**32 - 1)), t(1.0) / t(1.0 - p)
+
+
+def element_offset(c: KernelContext, a: Attrs) -> int:
+    """Where a hashing kernel's elements start among the global batch's: its micro-batch's or staged block's
+    ``offset``, after the rows of the data-parallel ranks before this one (``rank_stride`` elements each:
+    graph/dataparallel.py), so that N ranks draw the masks one process would on the whole batch."""
+    rank = c.comm.Get_rank() if c.comm is not None and "rank_stride" in a else 0
+    return int(a.get("offset", 0)) + rank * int(a.get("rank_stride", 0))
 
 
 def uniform_bits(c: KernelContext, n: int, start: int, seed: int) -> Array:

@@ -72,8 +72,8 @@ class Cut:
         """A block's attributes: an ``axis`` past the merged axes renumbered; a hashing kernel's offset."""
         if "axis" in a and self.merged > 1:
             a = {**a, "axis": a["axis"] - (self.merged - 1)}
-        if self.offset:
-            a = {**a, "offset": start * (out.numel // self.rows)}
+        if self.offset:  # (after the micro-batch's own offset, if any)
+            a = {**a, "offset": a.get("offset", 0) + start * (out.numel // self.rows)}
         return a
 
 

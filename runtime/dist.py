@@ -22,6 +22,7 @@ from swapdsl.runtime.streams import WAIT_TIMEOUT_S
 from swapdsl.runtime.watchdog import DEFAULT_TIMEOUT_S, Watchdog
 
 _timeout_s = [DEFAULT_TIMEOUT_S]
+_starting = [False]  # this command's ranks meet at start checks that have not all passed yet
 
 @functools.cache
 def world() -> Any | None:
@@ -40,9 +41,29 @@ def rank() -> int:
     return 0 if comm is None else comm.Get_rank()
 
 
-def set_timeout(seconds: float) -> None:
-    """How long a rank waits in a collective for the others before the run is stopped (before the first)."""
-    _timeout_s[0] = seconds
+def begin(timeout_s: float) -> None:
+    """A command that runs steps on every rank (``exec``) begins: its ranks will meet at the start checks
+    (``join``, ``agree``), and wait ``timeout_s`` in a collective for the others before the run is stopped."""
+    _timeout_s[0] = timeout_s
+    _starting[0] = world() is not None
+
+
+def started() -> None:
+    """Every start check passed: from here a rank's own error aborts the others (``abort_others``)."""
+    _starting[0] = False
+
+
+def failed_at_start(text: str) -> bool:
+    """A rank's own error before the start checks passed: the others wait at the next one, so meet them
+    there with the error instead of aborting them. True when this rank prints it: the lowest rank that
+    has this error (an error every rank hits, such as a missing file, is printed once)."""
+    comm = world()
+    theirs = _start_gather(comm, ("error", text))
+    return next(r for r, (kind, t) in enumerate(theirs) if kind == "error" and t == text) == comm.Get_rank()
+
+
+def starting() -> bool:
+    return _starting[0]
 
 
 def lane_timeout_s(g: Graph) -> float:
@@ -91,6 +112,10 @@ class EveryRank(SwpError):
     """An error every rank raises alike: rank 0 alone prints it."""
 
 
+class Silent(EveryRank):
+    """This rank stops because another stopped at the start, and printed why."""
+
+
 def join(g: Graph, plan: str = "") -> None:
     """Refuse, on every rank alike, a run whose ranks are not the plan's or whose ranks run different steps
     (``plan``: the plan's text, when a plan runs: every rank must run its collectives in the same order)."""
@@ -105,7 +130,7 @@ def join(g: Graph, plan: str = "") -> None:
                         hints=[f"run it {how}", "or plan again with --ranks " + str(size)])
     if comm is None:
         return
-    odd, _ = _first_odd(comm, _digest(g, plan))
+    odd, _ = _first_odd(comm, _digest(g, plan), "plan")
     if odd is not None:
         raise EveryRank(f"rank {odd} runs a different training step from rank 0 (another plan, model or "
                         f"arguments)", hints=["give every rank the same plan file"])
@@ -126,17 +151,26 @@ def agree(g: Graph, what: str, mine: str) -> None:
     comm = comm_for(g)
     if comm is None:
         return
-    odd, theirs = _first_odd(comm.comm, mine)
+    odd, theirs = _first_odd(comm.comm, mine, what)
     if odd is not None:
         raise EveryRank(f"rank {odd} runs {what} {theirs[odd]}, rank 0 {theirs[0]}",
                         hints=["give every rank the same command line"])
 
 
-def _first_odd(comm: Any, mine: str) -> tuple[int | None, list[str]]:
-    """Every rank's ``mine``, gathered, and the first rank whose differs from rank 0's (None: all agree)."""
+def _first_odd(comm: Any, mine: str, what: str) -> tuple[int | None, list[str]]:
+    """Every rank's ``mine``, gathered, and the first rank whose differs from rank 0's (None: all agree).
+    A rank that failed before this check sends its error instead (``failed_at_start``): every other rank
+    then stops quietly."""
+    theirs = _start_gather(comm, ("ok", mine))
+    if any(kind == "error" for kind, _ in theirs):
+        raise Silent(f"another rank stopped before the {what} check")
+    texts = [t for _, t in theirs]
+    return next((r for r, t in enumerate(texts) if t != texts[0]), None), texts
+
+
+def _start_gather(comm: Any, mine: tuple[str, str]) -> list[tuple[str, str]]:
     with _watched("start check"):
-        theirs = comm.allgather(mine)
-    return next((r for r, t in enumerate(theirs) if t != theirs[0]), None), theirs
+        return list(comm.allgather(mine))
 
 
 def _digest(g: Graph, plan: str) -> str:

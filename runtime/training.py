@@ -221,6 +221,7 @@ def train(g: Graph, stepper: Stepper, opts: Options, hooks: Hooks = Hooks(), eva
     start = _restore(g, stepper, opts)
     if g.ranks > 1:
         _agree(g, opts, ds, start, last, stepper, check is not None)
+    dist.started()
     if check is not None and (opts.resume or opts.init):
         check.load_state(stepper.state(), start)
     if start >= last:

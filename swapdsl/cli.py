@@ -157,7 +157,7 @@ def _cmd_check(args: argparse.Namespace) -> int:
 
 
 def _cmd_exec(args: argparse.Namespace) -> int:
-    dist.set_timeout(args.rank_timeout)
+    dist.begin(args.rank_timeout)
     backend, _ = array_module(args.backend)
     options = training.Options(steps=args.steps, epochs=args.epochs, seed=args.seed, data=args.data,
                                shuffle=args.shuffle, eval=args.eval, eval_every=args.eval_every, save=args.save,
@@ -695,6 +695,12 @@ def main(argv: Sequence[str] | None = None) -> int:
             return 128 + received[0]
         return code
     except SwpError as err:
+        if isinstance(err, dist.Silent):  # (the rank that stopped printed why)
+            return EXIT_USER_ERROR
+        if not isinstance(err, dist.EveryRank) and dist.starting():  # the others wait at a start check
+            if dist.failed_at_start(err.render()):
+                print(err.render(), file=sys.stderr)
+            return EXIT_USER_ERROR
         if not (isinstance(err, dist.EveryRank) and dist.rank() > 0):
             print(err.render(), file=sys.stderr)
         if not isinstance(err, dist.EveryRank):

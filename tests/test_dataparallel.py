@@ -368,6 +368,13 @@ def test_ranks_given_different_runs_or_failing_alone_end_together(tmp_path: Path
                               env=env, capture_output=True, text=True, timeout=60)
         assert done.returncode == 2 and "Traceback" not in done.stderr
         assert done.stderr.count(says) == 1, done.stderr
+        assert "Abort(" not in done.stderr  # stopped at a start check together: no rank aborted
+    for argv, says in ((["--data", "nowhere"], "error: --data `nowhere`"),
+                       (["--resume", "missing.safetensors"], "error: --resume `missing.safetensors`"),
+                       (["--save", "missing/ck.safetensors"], "error: cannot write `missing/ck.safetensors`")):
+        done = _swapdsl(tmp_path, "exec", "dp.plan", "--backend", "numpy", *argv, ranks=2)
+        assert done.returncode == 2 and "Traceback" not in done.stderr and "Abort(" not in done.stderr
+        assert done.stderr.count(says) == 1, done.stderr  # every rank's error, printed once
 
 
 def test_only_the_report_reads_a_report_s_average(tmp_path: Path) -> None:

@@ -130,6 +130,12 @@ def join(g: Graph, plan: str = "") -> None:
                         hints=[f"run it {how}", "or plan again with --ranks " + str(size)])
     if comm is None:
         return
+    from mpi4py import MPI
+
+    if MPI.Query_thread() != MPI.THREAD_MULTIPLE:  # the network lane, the watchdog and the main thread call it
+        raise EveryRank("this MPI library runs without MPI_THREAD_MULTIPLE, which data-parallel runs need",
+                        hints=["use the MPICH that `pip install 'swapdsl[dist]'` installs, or an MPI built "
+                               "with thread support"])
     odd, _ = _first_odd(comm, _digest(g, plan), "plan")
     if odd is not None:
         raise EveryRank(f"rank {odd} runs a different training step from rank 0 (another plan, model or "

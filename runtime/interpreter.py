@@ -46,7 +46,7 @@ from swapdsl.graph.ops import KernelContext
 from swapdsl.graph.analysis import STATE_BYTES
 from swapdsl.graph.ops.kernels import kernel_of, scratch_need
 from swapdsl.graph.ops.registry import Scratch, np_dtype
-from swapdsl.plan.program import HostRun, InstrKind, Plan, Region, Run, SwapIn, SwapOut, arena_bytes
+from swapdsl.plan.program import NET_OPS, HostRun, InstrKind, Plan, Region, Run, SwapIn, SwapOut, arena_bytes
 from swapdsl.plan.replay import START, Replay, Step
 from swapdsl.plan.validate import check_describes, validate
 from swapdsl.runtime.backend import copy_fn, require_memory, to_host
@@ -120,6 +120,8 @@ class PlanRunner:
         self.inputs = set(g.inputs)
         self._load_initial(seed)
         self.ctx = attrs.evolve(self._context(), tf32=tf32 and backend == "cupy")
+        # the network lane's own scratch: its kernels run beside compute's, and must not reset compute's
+        self.net_ctx = attrs.evolve(self.ctx, scratch=Scratch(xp.zeros(max(self._lane_scratch(NET_OPS), 1), np.uint8)))
         self.host_ctx = self._host_context()
         self.vendor = (VendorKernels.load(g, lambda: xp.cuda.get_current_stream().ptr, tf32=self.ctx.tf32)
                        if backend == "cupy" and vendor_kernels else VendorKernels())
@@ -174,11 +176,16 @@ class PlanRunner:
 
     def _host_context(self) -> KernelContext:
         """The host lane's context: NumPy, scratch for its largest kernel, a step counter of its own."""
-        g = self.g
-        need = max((scratch_need(g.ops[i.op].op, tuple(map(g.type_of, g.ops[i.op].inputs)),
-                                 g.type_of(g.ops[i.op].outputs[0]), g.ops[i.op].attr_dict)
-                    for i in self.plan.program if isinstance(i, HostRun)), default=0)
+        need = self._lane_scratch(frozenset(), host=True)
         return KernelContext(np, Scratch(np.zeros(max(need, 1), np.uint8)), np.zeros((), np.int64))
+
+    def _lane_scratch(self, ops: frozenset[str], host: bool = False) -> int:
+        """The most scratch one kernel needs among the host lane's runs, or the runs of these ops."""
+        g = self.g
+        return max((scratch_need(g.ops[i.op].op, tuple(map(g.type_of, g.ops[i.op].inputs)),
+                                 g.type_of(g.ops[i.op].outputs[0]), g.ops[i.op].attr_dict)
+                    for i in self.plan.program if (isinstance(i, HostRun) if host else
+                                                   isinstance(i, Run) and g.ops[i.op].op in ops)), default=0)
 
     def _type(self, name: str) -> TensorType:
         return self.g.type_of(name)
@@ -295,7 +302,7 @@ class PlanRunner:
         kernel = (self.vendor.kernels.get(instr.op) or self.fused.kernels.get(instr.op)
                   or kernel_of(op.op, tuple(map(self.g.type_of, op.inputs)), self.g.type_of(op.outputs[0]),
                                op.attr_dict))
-        return self._launch(kernel, self.ctx, ins, out, op.attr_dict)
+        return self._launch(kernel, self.net_ctx if s.stream == "net" else self.ctx, ins, out, op.attr_dict)
 
     def _launch(self, kernel: Any, ctx: KernelContext, ins: list[Any], out: Any, attrs: Any) -> Callable[[], None]:
         """A kernel as stream work: its scratch reset, then the kernel (after ``kernel_delay_s``, in tests)."""

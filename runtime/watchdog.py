@@ -5,9 +5,11 @@ collective a rank enters is the n-th of every rank. A rank that hangs, or dies u
 the others running, would leave them waiting in the next one for ever. So each collective is entered
 through ``Watchdog.collective``; a thread of its own notices a wait longer than ``ANNOUNCE_S`` and tells
 the other ranks which collective it waits in (a message on a communicator of its own, sent and received
-by these threads alone), and one longer than the timeout ends the run: the lowest waiting rank prints one
-error naming the ranks that did not come and the step, then every rank is aborted with exit 2. (A rank
-killed by a signal is the launcher's business: MPICH's and Open MPI's end the others at once.)
+by these threads alone), and one longer than the timeout ends the run: the lowest waiting rank prints an
+error naming the ranks that did not come and the step, then every rank is aborted with exit 2 (a waiting
+rank whose lowest fellow said nothing in ``GRACE_S`` says it itself; a collective that completes meanwhile
+ends nothing). (A rank killed by a signal is the launcher's business: MPICH's and Open MPI's end the others
+at once.)
 """
 
 from __future__ import annotations
@@ -75,18 +77,17 @@ class Watchdog:
         announce_after = min(ANNOUNCE_S, self.timeout_s / 4)
         while True:
             time.sleep(POLL_S)
+            self._receive()  # (every poll: a rank that never waits long keeps no backlog)
             wait = self.current
             if wait is None or time.monotonic() - wait.since < announce_after:
                 continue
-            self._receive()
             if self.announced < wait.seq:
                 self._announce(wait.seq)
             if time.monotonic() - wait.since >= self.timeout_s:
-                self._expire(wait)
+                self._expire(wait, announce_after)
 
     def _announce(self, seq: int) -> None:
         self.announced = seq
-        self.sends = [(r, b) for r, b in self.sends if not r.Test()]
         for peer in range(self.size):
             if peer != self.rank:
                 buf = np.array([seq], dtype=np.int64)
@@ -95,20 +96,26 @@ class Watchdog:
     def _receive(self) -> None:
         from mpi4py import MPI
 
+        self.sends = [(r, b) for r, b in self.sends if not r.Test()]
         status = MPI.Status()
         while self.comm.Iprobe(source=MPI.ANY_SOURCE, tag=TAG, status=status):
             buf = np.empty(1, dtype=np.int64)
             self.comm.Recv(buf, source=status.Get_source(), tag=TAG)
             self.seen[status.Get_source()] = int(buf[0])
 
-    def _expire(self, wait: Wait) -> None:
-        time.sleep(min(ANNOUNCE_S, self.timeout_s / 4))  # the last announcements in flight
+    def _expire(self, wait: Wait, settle_s: float) -> None:
+        """End the run, unless the collective completes meanwhile: the lowest waiting rank says why; the
+        others give it ``GRACE_S`` to, then say it themselves."""
+        time.sleep(settle_s)  # the last announcements in flight
         self._receive()
         waiting = sorted({self.rank} | {r for r, seq in self.seen.items() if seq == wait.seq})
-        if self.rank == waiting[0]:
-            print(timed_out(wait, waiting, self.size, self.timeout_s).render(), file=sys.stderr, flush=True)
-        else:
+        if self.current is not wait:
+            return
+        if self.rank != waiting[0]:
             time.sleep(GRACE_S)
+            if self.current is not wait:
+                return
+        print(timed_out(wait, waiting, self.size, self.timeout_s).render(), file=sys.stderr, flush=True)
         sys.stdout.flush()
         self.comm.Abort(EXIT_CODE)
 

@@ -23,7 +23,7 @@ from swapdsl.devices.profiles import BUILTIN
 from swapdsl.graph.checker import check_graph
 from swapdsl.graph.dataparallel import data_parallel
 from swapdsl.graph.ops.collective import LINK_LATENCY_S
-from swapdsl.plan.program import Free, Run
+from swapdsl.plan.program import Free, Plan, Run, SwapIn, SwapOut
 from swapdsl.plan.replay import walk
 from swapdsl.plan.simulate import simulate
 from swapdsl.plan.validate import validate
@@ -121,6 +121,58 @@ def test_a_late_free_of_a_gradient_waits_for_its_all_reduce(tmp_path: Path) -> N
     moved = next(s for s in steps if isinstance(s.instr, Free) and s.instr.tensor == free.tensor)
     assert moved.index == later and steps[reduce_at[free.tensor]].stream == "net"
     assert reduce_at[free.tensor] in moved.waits and program[later].after != program[reduce_at[free.tensor]].op
+
+
+def test_after_an_all_reduce_means_after_the_compute_before_it_too(tmp_path: Path) -> None:
+    """A free (or copy) "after" an all-reduce comes, in the program, after every run before it: it waits for
+    the compute stream's latest run too, which the network lane's order does not imply (a swap-in into those
+    bytes overwrote a tensor a compute op was still reading: found by a review, with a plan the validator
+    accepted)."""
+    base = api.optimize(api.load(_model(tmp_path), ranks=2, link_gbps=0.5), "100%", "belady")
+    checked = 0
+    for plan in [base, *_compute_moved_before_an_all_reduce(base)]:  # (so that nothing else orders it)
+        steps = list(walk(plan))
+        for s in steps:
+            if isinstance(s.instr, (Free, SwapIn, SwapOut)) and plan.ops[s.instr.after].op == "allreduce_mean":
+                net = next(x.index for x in steps if isinstance(x.instr, Run) and x.instr.op == s.instr.after)
+                compute = max(x.index for x in steps[:net] if x.stream == "compute")
+                assert net in s.waits and compute in s.waits, s
+                checked += 1
+    assert checked > 1
+
+
+def _compute_moved_before_an_all_reduce(plan: Plan) -> list[Plan]:
+    """Valid plans with a later compute run moved in front of an all-reduce."""
+    out, program = [], list(plan.program)
+    for k, run in enumerate(program):
+        if not (isinstance(run, Run) and plan.ops[run.op].op == "allreduce_mean"):
+            continue
+        for j in range(k + 1, len(program)):
+            if isinstance(program[j], Run) and plan.ops[program[j].op].op != "allreduce_mean":
+                moved = program[:k] + [program[j]] + program[k:j] + program[j + 1:]
+                try:
+                    validate(candidate := attrs.evolve(plan, program=tuple(moved)))
+                except SwpError:
+                    continue
+                out.append(candidate)
+                break
+    return out
+
+
+def test_an_all_reduce_is_never_recomputed(tmp_path: Path) -> None:
+    """Another collective every step: recompute candidates leave all-reduces out, and the validator refuses a
+    plan that reruns one."""
+    from swapdsl.planning.clones import Candidates
+    from swapdsl.planning.problem import Problem
+
+    t = api.load(_model(tmp_path), ranks=2).training
+    p = Problem.build(t, BUILTIN["v100-16gb"])
+    assert not set(Candidates.of(p).ops) & p.net and p.net
+    plan = api.optimize(api.load(_model(tmp_path), ranks=2), "100%", "belady")
+    k, run = next((k, i) for k, i in enumerate(plan.program) if isinstance(i, Run) and i.op in p.net)
+    again = attrs.evolve(run, recompute=True)
+    with pytest.raises(SwpError, match="an all-reduce runs once a step"):
+        validate(attrs.evolve(plan, program=(*plan.program[:k + 1], again, *plan.program[k + 1:])))
 
 
 def test_a_plan_records_its_ranks_and_refuses_another_graph(tmp_path: Path) -> None:
@@ -400,7 +452,8 @@ def test_ranks_take_one_blas_thread_each_unless_told(tmp_path: Path) -> None:
     env = {k: v for k, v in os.environ.items()
            if not k.startswith(("PMI_", "PMIX_", "OMPI_")) and k not in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS",
                                                                         "MKL_NUM_THREADS")}
-    show = "import os, swapdsl; print(os.environ.get('OPENBLAS_NUM_THREADS'))"
+    # (one write a rank: two ranks' lines never interleave)
+    show = "import os, swapdsl; os.write(1, (str(os.environ.get('OPENBLAS_NUM_THREADS')) + '\\n').encode())"
     for given, want in (({}, "1"), ({"OMP_NUM_THREADS": "2"}, "None")):
         done = subprocess.run([launcher, "-n", "2", sys.executable, "-c", show], env={**env, **given},
                               capture_output=True, text=True, timeout=60)

@@ -6,7 +6,8 @@ through ``swapdsl exec --check`` (in process), each must be either refused with 
 error that names a line of the plan, or accepted and train exactly like the reference executor; an
 accepted mutant is run a second time with a slow simulated bus, so that a missing wait shows up as a
 wrong number rather than as luck, and once with every kernel slowed down (a copy that does not wait for the
-kernel writing its source).
+kernel writing its source); and its replay must order every two conflicting accesses (``races.py``: a
+missing wait no timing showed).
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ import attrs
 
 from swapdsl.fuzz import run_cli
 from swapdsl.fuzz.loopback import loopback_world
+from swapdsl.fuzz.races import unordered
 
 
 KINDS = ("delete", "duplicate", "swap", "number", "name", "figure", "update", "recompute")
@@ -172,7 +174,10 @@ def _judged(path: Path, slow_s: float) -> Verdict:
         slow = _delayed_diff(path, copy_s, kernel_s)
         if slow > EXACT:
             return Verdict("wrong", f"max rel diff {slow:.3g} on {what}")
-    return Verdict("exact")
+    from swapdsl import api
+
+    races = unordered(api.read_checked(str(path), need_model=True)[0])  # (what no timing showed, if any)
+    return Verdict("wrong", f"unordered accesses: {races[0]}") if races else Verdict("exact")
 
 
 def _delayed_diff(path: Path, copy_delay_s: float, kernel_delay_s: float) -> float:

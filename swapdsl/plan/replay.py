@@ -74,6 +74,8 @@ class Replay:
         self.freed: Segments[tuple[int, Waits]] = Segments()
         self.net_reads: dict[str, list[int]] = {}  # tensor -> the network lane's runs that read it
         self.net = {o.index for o in plan.ops if o.op in NET_OPS}
+        self.last_compute = START  # the compute stream's latest run
+        self.compute_before: dict[int, int] = {}  # network-lane op -> the compute stream's latest run before it
         self._handlers = {InstrKind.LAUNCH: self.launch, InstrKind.SWAP_IN: self.swap_in,
                           InstrKind.SWAP_OUT: self.swap_out, InstrKind.FREE: self.free, InstrKind.HOST: self.host_run}
 
@@ -147,13 +149,16 @@ class Replay:
         if instr.op in self.net:
             for name in op.inputs:
                 self.net_reads.setdefault(name, []).append(k)
+            self.compute_before[instr.op] = self.last_compute
+        else:
+            self.last_compute = k
         self.ran[instr.op] = k
         return tuple(waits), regions
 
     def swap_in(self, k: int, instr: SwapIn) -> tuple[Waits, tuple[Region, ...]]:
         slot = self.slot[instr.tensor]
         self.host_read.setdefault(slot, []).append(k)
-        waits = _known(self.ran[instr.after], self.host_written[slot])
+        waits = _known(*self.after(instr.after), self.host_written[slot])
         waits += tuple(self.free_waits(instr.region))
         self.occupy(instr.tensor, instr.region)
         self.due[instr.tensor] = (instr.before, k)
@@ -166,7 +171,8 @@ class Replay:
         self.host[slot] = name
         self.host_written[slot] = self.copied_out[name] = k
         reading = self.host_read.pop(slot, ())  # done before a run that ran by then, unless that was the network's
-        return _known(self.ran[instr.after], self.ready[name], *self.host_used.pop(slot, ()), *reading), (self.loc[name],)
+        return _known(*self.after(instr.after), self.ready[name], *self.host_used.pop(slot, ()), *reading), \
+            (self.loc[name],)
 
     def host_run(self, k: int, instr: HostRun) -> tuple[Waits, tuple[Region, ...]]:
         op = self.plan.ops[instr.op]
@@ -185,10 +191,18 @@ class Replay:
     def free(self, k: int, instr: Free) -> tuple[Waits, tuple[Region, ...]]:
         name = instr.tensor
         after = self.ran[instr.after]
-        waits = _known(after, self.copied_out.pop(name, START), self.ready[name], *self.net_reads.pop(name, ()))
+        waits = _known(*self.after(instr.after), self.copied_out.pop(name, START), self.ready[name],
+                       *self.net_reads.pop(name, ()))
         region = self.vacate(name)
         self.freed.assign(region.offset, region.end, (after, waits))
         return waits, (region,)
+
+    def after(self, op: int) -> tuple[int, int]:
+        """What "once op ``op`` has finished" waits for: its run, and where that run is the network lane's,
+        the compute stream's latest run before it too (the validator reads ``after`` as a point in the
+        program: every run before it done)."""
+        k = self.ran[op]
+        return k, self.compute_before.get(op, START) if op in self.net else START
 
     # -- residency
 

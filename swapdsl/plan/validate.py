@@ -24,7 +24,7 @@ from swapdsl.common.units import MAX_BYTES
 from swapdsl.graph.analysis import scratch_bytes
 from swapdsl.graph.ir import Graph, Kind
 from swapdsl.graph.ops import REGISTRY
-from swapdsl.plan.program import ALIGN, Free, HOST, HostRun, Plan, PlanOp, Region, Run, SwapIn, SwapOut
+from swapdsl.plan.program import ALIGN, Free, HOST, HostRun, NET_OPS, Plan, PlanOp, Region, Run, SwapIn, SwapOut
 from swapdsl.plan.replay import Replay, START
 
 INVARIANTS = {
@@ -367,6 +367,9 @@ class _Checks:
             self.readers_left[name] -= 1
 
     def check_recompute(self, op: PlanOp, instr: Run) -> None:
+        if op.op in NET_OPS:
+            raise self.error(f"{self.what(op)} is recomputed: an all-reduce runs once a step (every rank's "
+                             "collectives must come in the same order, once each)")
         if instr.op not in self.r.ran:
             raise self.invalid(1, f"{self.what(op)} is recomputed before its first run")
         for name, _ in instr.outs:

@@ -1041,7 +1041,8 @@ done:
     return status;
 }
 
-/* -- the simulator: three FIFO streams, one pass over the records in program order (by bucket, then
+/* -- the simulator: the compute stream, the two copy streams and the network lane (data-parallel
+   all-reduces), FIFO each, one pass over the records in program order (by bucket, then
    kind; stable), as simulate.simulate replays a plan. */
 
 /* The records' indices in program order, *n_out of them (the frees among them: *n_free). */
@@ -1097,12 +1098,14 @@ static int simulate(const SimInputs *in, double *ms, i64 *h2d_out, i64 *d2h_out)
             i64 op = t;
             double start = in->net[op] ? net : compute;
             for (i64 j = in->in_ptr[op]; j < in->in_ptr[op + 1]; j++) start = dmax(start, ready[in->in_idx[j]]);
+            /* (no op works in place over what an all-reduce reads: a raw gradient's one reader is its all-reduce) */
             for (i64 j = in->out_ptr[op]; j < in->out_ptr[op + 1]; j++) {
                 i64 u = in->out_idx[j];
                 start = dmax(start, seg_max(&g, in->out_off[u], in->out_off[u] + in->size[u]));
             }
             double end = start + in->op_ms[op];
-            op_end[bucket - 1] = end;
+            /* what waits for "after this op" waits for the compute stream up to here too (replay.py) */
+            op_end[bucket - 1] = in->net[op] ? dmax(end, compute) : end;
             if (in->net[op]) {  /* (the compute stream's order implies its own reads are done by a free) */
                 net = end;
                 for (i64 j = in->in_ptr[op]; j < in->in_ptr[op + 1]; j++)
@@ -1130,7 +1133,7 @@ static int simulate(const SimInputs *in, double *ms, i64 *h2d_out, i64 *d2h_out)
         } else {
             double when = dmax(dmax(after, copied_out[t]), dmax(ready[t], net_read[t]));
             seg_assign(&g, where[t], where[t] + in->size[t], when);
-            copied_out[t] = 0.0;
+            copied_out[t] = net_read[t] = 0.0;
             where[t] = -1;
         }
     }

@@ -92,6 +92,7 @@ class _Checkpointing:
             if held >= segment and t in cuts:
                 kept.add(t)
                 held = 0
+        kept |= {t for i in p.net if i < turn for t in p.op_outputs[i]}  # (an all-reduce never runs again)
         updated_at = {p.op_inputs[op][0]: op for op in self.schedule if p.in_place[op] and p.op_inputs[op]
                       and p.op_inputs[op][0] in p.persistent}
         dropped: set[int] = set()

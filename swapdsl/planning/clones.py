@@ -48,8 +48,11 @@ class Candidates:
         readers = edges(p).readers
         finals = {new for _, new in p.updates} | {p.loss}
 
+        net = p.net  # (an all-reduce runs once a step: a rerun would be another collective)
+
         def may_rerun(m: int) -> bool:
-            return forward[m] and not p.in_place[m] and not any(t in consumer or t in finals for t in p.op_outputs[m])
+            return (forward[m] and not p.in_place[m] and m not in net
+                    and not any(t in consumer or t in finals for t in p.op_outputs[m]))
 
         direct = tuple(m for m in range(p.n_ops) if may_rerun(m)
                        and any(not forward[r] for t in p.op_outputs[m] for r in readers.get(t, ())))

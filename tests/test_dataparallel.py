@@ -159,6 +159,28 @@ def _compute_moved_before_an_all_reduce(plan: Plan) -> list[Plan]:
     return out
 
 
+def test_the_network_lane_keeps_its_own_scratch(tmp_path: Path) -> None:
+    """An all-reduce starts while a compute kernel runs: resetting compute's scratch then made that kernel's
+    temporaries overlap (wrong numbers in 2 of 4 runs of a convnet, found by a review); in a loopback world
+    the lanes' runs of a swapping convnet plan stay exact, step after step."""
+    import json
+
+    from swapdsl.fuzz import run_cli
+    from swapdsl.fuzz.loopback import loopback_world
+    from swapdsl.runtime.interpreter import PlanRunner
+
+    (tmp_path / "convnet.swp").write_text(CONVNET.replace("batch = 4", "batch = 16").replace("width = 4", "width = 16"))
+    plan = api.optimize(api.load(tmp_path / "convnet.swp", ranks=2, link_gbps=0.5), "70%", "belady")
+    api.save(plan, tmp_path / "dp.plan")
+    with loopback_world((tmp_path / "dp.plan").read_text()):
+        train = api.read_checked(str(tmp_path / "dp.plan"), need_model=True)[1]
+        runner = PlanRunner(plan, train, "numpy", np, 0)
+        assert runner.net_ctx.scratch is not runner.ctx.scratch and runner.net_ctx.step is runner.ctx.step
+        run = run_cli(["exec", str(tmp_path / "dp.plan"), "--steps", "12", "--backend", "numpy", "--check", "--json"])
+    assert run.code == 0, run.err
+    assert json.loads(run.out)["max_rel_diff"] == 0.0
+
+
 def test_an_all_reduce_is_never_recomputed(tmp_path: Path) -> None:
     """Another collective every step: recompute candidates leave all-reduces out, and the validator refuses a
     plan that reruns one."""

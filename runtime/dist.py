@@ -23,6 +23,7 @@ from swapdsl.runtime.watchdog import DEFAULT_TIMEOUT_S, Watchdog
 
 _timeout_s = [DEFAULT_TIMEOUT_S]
 _starting = [False]  # this command's ranks meet at start checks that have not all passed yet
+_threads_ok = [True]  # the MPI library lets several threads call it at once
 
 @functools.cache
 def world() -> Any | None:
@@ -33,6 +34,7 @@ def world() -> Any | None:
         from mpi4py import MPI
     except ImportError:  # one process, as far as swapdsl can tell: a data-parallel plan is refused (``join``)
         return None
+    _threads_ok[0] = MPI.Query_thread() == MPI.THREAD_MULTIPLE  # (the lanes, the watchdog and the main thread)
     return MPI.COMM_WORLD if MPI.COMM_WORLD.Get_size() > 1 else None
 
 
@@ -43,13 +45,22 @@ def rank() -> int:
 
 def begin(timeout_s: float) -> None:
     """A command that runs steps on every rank (``exec``) begins: its ranks will meet at the start checks
-    (``join``, ``agree``), and wait ``timeout_s`` in a collective for the others before the run is stopped."""
+    (``join``, ``agree``), and wait ``timeout_s`` in a collective for the others before the run is stopped.
+    The watchdog starts here, on every rank (it makes a communicator: a collective)."""
     _timeout_s[0] = timeout_s
-    _starting[0] = world() is not None
+    if world() is None:
+        return
+    if not _threads_ok[0]:
+        raise EveryRank("this MPI library runs without MPI_THREAD_MULTIPLE, which data-parallel runs need",
+                        hints=["use the MPICH that `pip install 'swapdsl[dist]'` installs, or an MPI built "
+                               "with thread support"])
+    watchdog()
+    _starting[0] = True
 
 
 def started() -> None:
-    """Every start check passed: from here a rank's own error aborts the others (``abort_others``)."""
+    """Every start check passed, or the command ended: from here a rank's own error aborts the others
+    (``abort_others``)."""
     _starting[0] = False
 
 
@@ -58,6 +69,8 @@ def failed_at_start(text: str) -> bool:
     there with the error instead of aborting them. True when this rank prints it: the lowest rank that
     has this error (an error every rank hits, such as a missing file, is printed once)."""
     comm = world()
+    if comm is None:
+        return True
     theirs = _start_gather(comm, ("error", text))
     return next(r for r, (kind, t) in enumerate(theirs) if kind == "error" and t == text) == comm.Get_rank()
 
@@ -124,19 +137,12 @@ def join(g: Graph, plan: str = "") -> None:
     if comm is None and size > 1:  # N copies of one run, each writing the same files: refused
         raise EveryRank(f"this process is one of {size} processes an MPI launcher started, and mpi4py is not installed",
                         hints=["pip install 'swapdsl[dist]' (mpi4py and MPICH)", "or run without mpiexec"])
+    # every rank meets here before any refusal (one that failed on its own meets them here too)
+    odd = _first_odd(comm, _digest(g, plan), "plan")[0] if comm is not None else None
     if g.ranks != size:
         how = f"`mpiexec -n {g.ranks} swapdsl exec ...`" if g.ranks > 1 else "without mpiexec"
         raise EveryRank(f"the plan runs on {g.ranks} rank{'s' * (g.ranks > 1)} and this run has {size}",
                         hints=[f"run it {how}", "or plan again with --ranks " + str(size)])
-    if comm is None:
-        return
-    from mpi4py import MPI
-
-    if MPI.Query_thread() != MPI.THREAD_MULTIPLE:  # the network lane, the watchdog and the main thread call it
-        raise EveryRank("this MPI library runs without MPI_THREAD_MULTIPLE, which data-parallel runs need",
-                        hints=["use the MPICH that `pip install 'swapdsl[dist]'` installs, or an MPI built "
-                               "with thread support"])
-    odd, _ = _first_odd(comm, _digest(g, plan), "plan")
     if odd is not None:
         raise EveryRank(f"rank {odd} runs a different training step from rank 0 (another plan, model or "
                         f"arguments)", hints=["give every rank the same plan file"])

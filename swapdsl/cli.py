@@ -728,6 +728,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             dist.abort_others(1)
         raise
     finally:
+        dist.started()  # (a command that stopped before its start checks leaves nothing for the next one)
         for sig, handler in previous.items():
             signal.signal(sig, handler)
 

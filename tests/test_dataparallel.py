@@ -247,18 +247,23 @@ def _state(path: Path) -> dict[str, np.ndarray]:
     return load_file(str(path))
 
 
-@pytest.mark.parametrize("method,memory,dropout", [("belady", "75%", False), ("capuchin", "70%", False),
-                                                  ("capuchin", "60%", True)])
+DROPOUTS = {"rows": "h = dropout(tanh(h @ w2), 0.4)", "weights": "h = tanh(h @ dropout(w2, 0.4))"}
+
+
+@pytest.mark.parametrize("method,memory,dropout,micro", [("belady", "75%", "", 1), ("capuchin", "70%", "", 1),
+                                                        ("capuchin", "60%", "rows", 1), ("belady", "90%", "rows", 2),
+                                                        ("belady", "90%", "weights", 2)])
 def test_two_ranks_train_as_one_process_on_the_doubled_batch(tmp_path: Path, method: str, memory: str,
-                                                             dropout: bool) -> None:
-    """(With dropout too: each rank hashes its rows' element indices where the doubled batch has them.)"""
+                                                             dropout: str, micro: int) -> None:
+    """(With dropout too: each rank hashes its rows' element indices where the doubled batch has them, in
+    micro-batches too; a dropout over a weight draws the one mask one process draws.)"""
     _mpiexec()
     _model(tmp_path, ADAM)
     if dropout:
         text = (tmp_path / "net.swp").read_text()
-        (tmp_path / "net.swp").write_text(text.replace("h = tanh(h @ w2)", "h = dropout(tanh(h @ w2), 0.4)"))
+        (tmp_path / "net.swp").write_text(text.replace("h = tanh(h @ w2)", DROPOUTS[dropout]))
     done = _swapdsl(tmp_path, "optimize", "net.swp", "--ranks", "2", "--memory", memory, "--method", method,
-                    "-o", "dp.plan", "--json")
+                    "--microbatches", str(micro), "-o", "dp.plan", "--json")
     assert done.returncode == 0, done.stderr
     plan, _ = api.read_checked(str(tmp_path / "dp.plan"), need_model=True)
     kinds = [type(i).__name__ for i in plan.program]
@@ -449,6 +454,14 @@ def test_ranks_given_different_runs_or_failing_alone_end_together(tmp_path: Path
         done = _swapdsl(tmp_path, "exec", "dp.plan", "--backend", "numpy", *argv, ranks=2)
         assert done.returncode == 2 and "Traceback" not in done.stderr and "Abort(" not in done.stderr
         assert done.stderr.count(says) == 1, done.stderr  # every rank's error, printed once
+    # a one-rank plan on two ranks, one of them also failing on its own: both stop at once (one waited for
+    # ever in the watchdog's set-up before)
+    assert _swapdsl(tmp_path, "optimize", "net.swp", "--memory", "80%", "--method", "belady",
+                    "-o", "one.plan").returncode == 0
+    one = [sys.executable, "-m", "swapdsl", "exec", "one.plan", "--backend", "numpy", "--steps", "2"]
+    done = subprocess.run([launcher, "-n", "1", *one, ":", "-n", "1", *one, "--save", "missing/x.safetensors"],
+                          cwd=tmp_path, env=env, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 2 and done.stderr.count("error: ") == 1, done.stderr
 
 
 def test_only_the_report_reads_a_report_s_average(tmp_path: Path) -> None:

@@ -58,12 +58,17 @@ def _rel(a: dict[str, np.ndarray], b: dict[str, np.ndarray]) -> float:
 
 
 @pytest.mark.parametrize("k", [2, 4])
-@pytest.mark.parametrize("model", ["mlp", "tiny_transformer", "dropout", "clipped"])
+@pytest.mark.parametrize("model", ["mlp", "tiny_transformer", "dropout", "clipped", "weight_dropout"])
 def test_micro_batches_train_like_one_pass_over_the_batch(model: str, k: int, tmp_path: Path) -> None:
+    """(weight_dropout: a dropout over a parameter draws one mask for the whole batch; its gradient's, per
+    micro-batch, drew other masks than the forward's before)."""
     clipped = DROPOUT_MLP.replace("adam(lr = 0.01)", "adamw(lr = 0.01, clip = 0.3, warmup = 2, cosine = 6)")
+    weights = DROPOUT_MLP.replace("    h = dropout(relu(dense(x, 16)), 0.3)\n",
+                                  "    param w: f32[features, 16] = normal(0.5)\n    h = relu(x @ dropout(w, 0.3))\n")
     path, args = {"mlp": (MODELS / "mlp.swp", MLP), "tiny_transformer": (MODELS / "tiny_transformer.swp", TRANSFORMER),
                   "dropout": (write(tmp_path / "drop.swp", DROPOUT_MLP), {}),
-                  "clipped": (write(tmp_path / "clip.swp", clipped), {})}[model]
+                  "clipped": (write(tmp_path / "clip.swp", clipped), {}),
+                  "weight_dropout": (write(tmp_path / "wdrop.swp", weights), {})}[model]
     whole, split = _train_f64(path, 1, **args), _train_f64(path, k, **args)
     assert max(abs(a - b) / abs(b) for a, b in zip(split.losses, whole.losses)) < 1e-12
     # (1e-10: Adam divides by the root of the gradient's square, so the round-off of a gradient that is

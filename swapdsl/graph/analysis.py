@@ -126,3 +126,23 @@ def training_summary(t: Graph) -> dict[str, Any]:
         "flops": sum(op_flops(t, i) for i in range(len(t.ops))),
         "peak_bytes": peak_bytes(t),
     }
+
+
+def rowwise_dropout_seeds(g: Graph) -> frozenset[int]:
+    """The seeds of the dropouts whose mask is drawn over the batch's rows: the forward dropout (the first
+    with its seed; its gradient reuses the seed) reads a tensor made from the inputs, and its output's first
+    axis is the inputs' rows (or a micro-batch's, in a graph already cut into them). A part of the batch (a
+    micro-batch, a rank's rows) starts such a mask where the whole batch has those rows; any other dropout
+    (over a parameter, say) draws one mask for the whole batch."""
+    firsts = {g.type_of(n).shape[0] for n in g.inputs if g.type_of(n).shape}
+    rows = {r // k for r in firsts for k in (1, g.microbatches)} if len(firsts) == 1 else set()
+    from_batch, seen, seeds = set(g.inputs), set(), set()
+    for op in g.ops:
+        if op.op == "dropout" and op.attr_dict["seed"] not in seen:
+            seen.add(op.attr_dict["seed"])
+            shape = g.type_of(op.outputs[0]).shape
+            if op.inputs[0] in from_batch and shape and shape[0] in rows:
+                seeds.add(op.attr_dict["seed"])
+        if any(n in from_batch for n in op.inputs):
+            from_batch.update(op.outputs)
+    return frozenset(seeds)

@@ -23,7 +23,7 @@ import heapq
 import attrs
 
 from swapdsl.common.errors import SwpError
-from swapdsl.graph.analysis import in_place_ops
+from swapdsl.graph.analysis import in_place_ops, rowwise_dropout_seeds
 from swapdsl.graph.ir import Graph, Kind, Op, Tensor
 from swapdsl.graph.ops.collective import REDUCIBLE
 
@@ -58,9 +58,11 @@ def data_parallel(t: Graph, ranks: int, link_gbps: float = DEFAULT_LINK_GBPS, ov
     reports = _rank_reports(t, set(grads))
     tensors = dict(t.tensors)
     ops: list[Op] = []
+    rowwise = rowwise_dropout_seeds(t)
     for op in t.ops:
         rename = reports if op.op == "report" else grads  # (a report's other readers keep the rank's value)
-        ops.append(attrs.evolve(op, inputs=tuple(rename.get(n, n) for n in op.inputs), attrs=_rank_attrs(t, op)))
+        ops.append(attrs.evolve(op, inputs=tuple(rename.get(n, n) for n in op.inputs),
+                                attrs=_rank_attrs(t, op, rowwise)))
         for out in op.outputs:
             mean = grads.get(out) or reports.get(out)
             if mean is not None:
@@ -73,11 +75,12 @@ def data_parallel(t: Graph, ranks: int, link_gbps: float = DEFAULT_LINK_GBPS, ov
                         reports=tuple((n, reports.get(r, r)) for n, r in t.reports))
 
 
-def _rank_attrs(t: Graph, op: Op) -> tuple:
-    """Dropout hashes element indices: each rank's start after the rows of the ranks before it (the rank's
-    whole batch, every micro-batch of it), so that N ranks draw the masks of one process on the N-fold
-    batch (``elementwise.element_offset``)."""
-    if op.op != "dropout":
+def _rank_attrs(t: Graph, op: Op, rowwise: frozenset[int]) -> tuple:
+    """Dropout over the batch's rows hashes element indices: each rank's start after the rows of the ranks
+    before it (the rank's whole batch, every micro-batch of it), so that N ranks draw the masks of one
+    process on the N-fold batch (``elementwise.element_offset``). Any other dropout (over a parameter)
+    draws the same mask on every rank, as one process does."""
+    if op.op != "dropout" or op.attr_dict["seed"] not in rowwise:
         return op.attrs
     stride = t.type_of(op.outputs[0]).numel * t.microbatches
     return tuple(sorted({**op.attr_dict, "rank_stride": stride}.items()))

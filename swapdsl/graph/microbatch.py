@@ -35,6 +35,7 @@ import attrs
 
 from swapdsl.common.errors import SwpError
 from swapdsl.graph import ops
+from swapdsl.graph.analysis import rowwise_dropout_seeds
 from swapdsl.graph.ir import Graph, Kind, Op, Tensor, TensorType
 
 
@@ -94,6 +95,7 @@ def _once_ops(g: Graph) -> tuple[set[int], set[int]]:
 class _Pass:
     def __init__(self, g: Graph, k: int) -> None:
         self.g, self.k = g, k
+        self.rowwise = rowwise_dropout_seeds(g)
         self.after, self.before = _once_ops(g)
         # tensors with one name in every micro-batch: made once, before or after them, or kept across steps
         self.once = set(g.persistent) | {n for j in self.before | self.after for n in g.ops[j].outputs}
@@ -210,8 +212,9 @@ class _Pass:
         return f"%{self.counter - 1}"
 
     def _attrs(self, op: Op, i: int) -> tuple:
-        """Dropout in micro-batch ``i`` hashes the element indices the whole batch's tensor gives them."""
-        if op.op != "dropout" or i == 0:
+        """Dropout over the rows in micro-batch ``i`` hashes the element indices the whole batch's tensor
+        gives them (``analysis.rowwise_dropout_seeds``; any other draws one mask for the whole batch)."""
+        if op.op != "dropout" or i == 0 or op.attr_dict["seed"] not in self.rowwise:
             return op.attrs
         a = op.attr_dict
         a["offset"] = a.get("offset", 0) + i * self.g.tensors[op.outputs[0]].type.numel

@@ -33,7 +33,7 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from types import ModuleType
 from typing import Any, NamedTuple
 
@@ -121,7 +121,8 @@ class PlanRunner:
         self._load_initial(seed)
         self.ctx = attrs.evolve(self._context(), tf32=tf32 and backend == "cupy")
         # the network lane's own scratch: its kernels run beside compute's, and must not reset compute's
-        self.net_ctx = attrs.evolve(self.ctx, scratch=Scratch(xp.zeros(max(self._lane_scratch(NET_OPS), 1), np.uint8)))
+        net = self._scratch_for(i.op for i in plan.program if isinstance(i, Run) and g.ops[i.op].op in NET_OPS)
+        self.net_ctx = attrs.evolve(self.ctx, scratch=Scratch(xp.zeros(max(net, 1), np.uint8)))
         self.host_ctx = self._host_context()
         self.vendor = (VendorKernels.load(g, lambda: xp.cuda.get_current_stream().ptr, tf32=self.ctx.tf32)
                        if backend == "cupy" and vendor_kernels else VendorKernels())
@@ -176,16 +177,14 @@ class PlanRunner:
 
     def _host_context(self) -> KernelContext:
         """The host lane's context: NumPy, scratch for its largest kernel, a step counter of its own."""
-        need = self._lane_scratch(frozenset(), host=True)
+        need = self._scratch_for(i.op for i in self.plan.program if isinstance(i, HostRun))
         return KernelContext(np, Scratch(np.zeros(max(need, 1), np.uint8)), np.zeros((), np.int64))
 
-    def _lane_scratch(self, ops: frozenset[str], host: bool = False) -> int:
-        """The most scratch one kernel needs among the host lane's runs, or the runs of these ops."""
+    def _scratch_for(self, ops: Iterable[int]) -> int:
+        """The most scratch one kernel among these ops needs (a lane's own scratch)."""
         g = self.g
-        return max((scratch_need(g.ops[i.op].op, tuple(map(g.type_of, g.ops[i.op].inputs)),
-                                 g.type_of(g.ops[i.op].outputs[0]), g.ops[i.op].attr_dict)
-                    for i in self.plan.program if (isinstance(i, HostRun) if host else
-                                                   isinstance(i, Run) and g.ops[i.op].op in ops)), default=0)
+        return max((scratch_need(g.ops[i].op, tuple(map(g.type_of, g.ops[i].inputs)), g.type_of(g.ops[i].outputs[0]),
+                                 g.ops[i].attr_dict) for i in ops), default=0)
 
     def _type(self, name: str) -> TensorType:
         return self.g.type_of(name)

@@ -225,8 +225,8 @@ def train(g: Graph, stepper: Stepper, opts: Options, hooks: Hooks = Hooks(), eva
     if check is not None and (opts.resume or opts.init):
         check.load_state(stepper.state(), start)
     if start >= last:
-        raise dist.EveryRank(f"--resume `{opts.resume}` is at step {start}; the run ends at step {last}, so there is "
-                       f"nothing left to do", hints=["ask for more with --steps or --epochs"])
+        raise dist.EveryRank(f"--resume `{opts.resume}` is at step {start}; the run ends at step {last}, so there "
+                             "is nothing left to do", hints=["ask for more with --steps or --epochs"])
     log = _open_log(opts.log)
     loader = Loader(ds, order, start) if ds is not None and order is not None else None
     examples = ds.batch if ds is not None else _batch_of(g) * g.ranks  # data-parallel: every rank's rows

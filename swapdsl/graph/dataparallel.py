@@ -5,15 +5,16 @@ Each rank runs the step on its own shard of the batch (the model's ``batch`` row
 times larger). An ``allreduce_mean`` follows the op that finishes each parameter's gradient (after the
 micro-batches' sum, when there are micro-batches), and every reader of the gradient (the optimiser
 update, the guard's unscaling and finiteness flag, clipping's norm) reads the average instead; so does
-each float report (a mean over the rank's rows, such as an accuracy), which then is the whole batch's. Since
+each float report (a mean over the rank's rows, such as an accuracy), which is then the whole batch's. Since
 the loss is a mean over the batch, the average of the ranks' gradients is the gradient of the mean
 loss over the global batch: N ranks train as one process would on the whole batch, to rounding.
 
 What stays per rank: batch norm's statistics (each rank normalises over its shard, as PyTorch's DDP
-does without SyncBatchNorm) and its running statistics (rank 0's are the ones saved). Dropout's mask
-hashes element indices counted in the whole batch: each rank's start after the ranks before it
-(``rank_stride``), so N ranks draw one process's masks. The planner places, swaps and times the all-reduce as an op; a plan runs it on the
-network lane (plan/replay.py), beside the compute stream, so it overlaps the ops after it.
+does without SyncBatchNorm) and its running statistics (rank 0's are the ones saved). A dropout over the
+batch's rows hashes element indices counted in the whole batch: each rank's start after the ranks before
+it (``rank_stride``), so N ranks draw one process's masks; any other draws one mask on every rank. The
+planner places, swaps and times the all-reduce as an op; a plan runs it on the network lane
+(plan/replay.py), beside the compute stream, so it overlaps the ops after it.
 """
 
 from __future__ import annotations

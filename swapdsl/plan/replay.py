@@ -18,8 +18,10 @@ order. Each instruction's ``waits`` are the program indices of the earlier instr
 
 A run of a collective op (``program.NET_OPS``) is on the network lane (``Step.stream``), every other run
 on the compute stream: the runs the compute stream's order implies are done are not the network lane's,
-so what must wait for those is listed (above). Waits on the instruction's own stream are kept: the stream's order already implies them (the simulator
-takes them in its maximum, the interpreter skips them). An index may be listed twice.
+so what must wait for those is listed (above), and an instruction "after" an all-reduce also waits for
+the compute stream's latest run before it (``Replay.after``). Waits on the instruction's own stream are
+kept: the stream's order already implies them (the simulator takes them in its maximum, the interpreter
+skips them). An index may be listed twice.
 """
 
 from __future__ import annotations

@@ -98,9 +98,9 @@ def _cut(p: Problem) -> _Cut | None:
     crossing = {t for op in before for t in p.op_outputs[op]} & read_after
     read_before = {t for op in before for t in p.op_inputs[op]}
     net = p.net  # (the network lane's all-reduces: not compute time on either side of T, and never rerun)
-    rebuilds = [(p.op_ms[op], sum(p.nbytes[t] for t in p.op_outputs[op] if t in crossing)) for op in sorted(before)
-                if op not in net]
-    return _Cut(sum(p.op_ms[op] for op in before if op not in net), sum(p.op_ms[op] for op in backward if op not in net),
+    before, backward = before - net, backward - net
+    rebuilds = [(p.op_ms[op], sum(p.nbytes[t] for t in p.op_outputs[op] if t in crossing)) for op in sorted(before)]
+    return _Cut(sum(p.op_ms[op] for op in before), sum(p.op_ms[op] for op in backward),
                 [p.nbytes[t] for t in crossing], [p.nbytes[t] for t in read_after - producer.keys()],
                 [p.nbytes[t] for t in p.persistent if t in read_before], [p.nbytes[old] for old, new in p.updates if new in producer],
                 sum(p.nbytes[t] for t in p.persistent if t in consumers), [r for r in rebuilds if r[1] > 0])

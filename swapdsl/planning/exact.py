@@ -53,6 +53,7 @@ import numpy as np
 from swapdsl.common.errors import SwpError
 from swapdsl.devices.costs import copy_ms
 from swapdsl.plan.program import Plan, Run, scratch_offset
+from swapdsl.planning.milp import MIP_GAP, Milp
 from swapdsl.planning.problem import Edges, Problem, edges
 
 
@@ -72,53 +73,13 @@ class ExactBound:
     recompute_ms: float | None
 
 
-MIP_GAP = 1e-6  # the relative gap at which HiGHS may call a solution optimal
-
-
-class _Program:
-    """Variables and rows for ``scipy.optimize.milp``, added by name."""
-
-    def __init__(self) -> None:
-        self.lb: list[float] = []
-        self.ub: list[float] = []
-        self.cost: list[float] = []
-        self.integer: list[int] = []
-        self.rows: list[tuple[dict[int, float], float, float]] = []
-
-    def var(self, lb: float = 0.0, ub: float = 1.0, integer: bool = False, cost: float = 0.0) -> int:
-        self.lb.append(lb)
-        self.ub.append(ub)
-        self.cost.append(cost)
-        self.integer.append(int(integer))
-        return len(self.lb) - 1
-
-    def row(self, coeffs: dict[int, float], lb: float = -np.inf, ub: float = np.inf) -> None:
-        self.rows.append((coeffs, lb, ub))
-
-    def solve(self, time_limit_s: float) -> Any:  # scipy.optimize.OptimizeResult
-        from scipy.optimize import Bounds, LinearConstraint, milp
-        from scipy.sparse import coo_matrix
-
-        rows, cols, vals = [], [], []
-        for k, (coeffs, _, _) in enumerate(self.rows):
-            for j, v in coeffs.items():
-                rows.append(k)
-                cols.append(j)
-                vals.append(v)
-        a = coo_matrix((vals, (rows, cols)), shape=(len(self.rows), len(self.lb))).tocsr()
-        constraint = LinearConstraint(a, [r[1] for r in self.rows], [r[2] for r in self.rows])
-        return milp(np.array(self.cost), integrality=np.array(self.integer), bounds=Bounds(self.lb, self.ub),
-                    constraints=constraint,
-                    options={"time_limit": time_limit_s, "disp": False, "mip_rel_gap": MIP_GAP})
-
-
 @attrs.define
 class _Vars:
-    """The program's variables as it is built (module docstring): indices into ``_Program``'s columns."""
+    """The program's variables as it is built (module docstring): indices into ``Milp``'s columns."""
 
     p: Problem
     e: Edges
-    prog: _Program
+    prog: Milp
     order: list[int]
     tensor_cap: int
     slot: dict[int, int] = attrs.Factory(dict)  # op -> its first run's slot
@@ -197,8 +158,8 @@ def _respects(p: Problem, order: Sequence[int]) -> bool:
     return all(pos[i] < pos[j] for i, j in precedences(p))
 
 
-def _build(p: Problem, tensor_cap: int, order: list[int]) -> tuple[_Program, _Vars]:
-    v = _Vars(p, edges(p), _Program(), order, tensor_cap, {op: s for s, op in enumerate(order)})
+def _build(p: Problem, tensor_cap: int, order: list[int]) -> tuple[Milp, _Vars]:
+    v = _Vars(p, edges(p), Milp(), order, tensor_cap, {op: s for s, op in enumerate(order)})
     _holding(v)
     _takes(v)
     _rerun_inputs(v)

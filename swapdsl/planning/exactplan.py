@@ -1,0 +1,476 @@
+"""The exact planner: for a given order of first runs, the fastest plan of the *phased* class, found by a
+mixed-integer program (HiGHS, ``milp.py``) and written out as an ordinary plan.
+
+Gap 0 is the step's prologue, gap g (1..n) runs op ``order[g-1]`` from its start ``T[g]``, gap n+1 is
+the tail; ``T[n+2]`` is the step's end, the objective. The program segment of gap g is, in this order:
+the swap-outs that start in it, the frees, the swap-ins, the op, then the reruns of gap g. Everything
+but the op "follows" the latest run before the segment, so it may start once that run is done.
+
+Variables (binary unless said), for tensors t and gaps g:
+
+- ``r[t][g]``: t holds a region during gap g. An op's inputs are held in its gap and the gap before it
+  (so nothing it reads arrives in its own gap), its outputs in its gap; inputs always; a tensor made in
+  the step not before its maker's gap; an input an op works in place over not after that gap.
+- ``pin[p]``: persistent p stays on the device from the start (its new value, made in place over it, to
+  the end); the others start on the host and their new value is copied home.
+- ``cin[t][a]``: a swap-in of t starts in gap a (at or after ``T[a]``) and lands before ``T[u]``, u the
+  first gap after a whose op reads t; t is held from a to u. A tensor made in the step is copied in only
+  after its one swap-out has ended.
+- ``co[t][b]``: t's swap-out starts in gap b, t held in b-1 and b; the gaps that drop t afterwards start
+  after it ends (``E[t]``, continuous).
+- ``rc[i][g]``: op i reruns in gap g, after op g: its outputs were not held in g-1 and are in g; its
+  inputs are held in g and were in g-1 or are rebuilt by an earlier rerun of gap g; a tensor swapped in
+  is read only once the op it is due for has run.
+- ``T[g]``, ``Fin[g]``, ``Fout[g]`` (continuous): gap g lasts at least its op and reruns; each copy
+  stream runs the copies of gap g back to back from ``max(T[g], F[g-1])``, done by ``F[g]``.
+
+Memory: the regions held in each gap fit the cap less the scratch (an op in place counted once). Within
+a segment the frees come before anything takes a region, so the tensors held in gap g are exactly those
+resident from g's frees to the next segment's; a layout (``layout``) gives each residency one region.
+
+Why its plan takes at most the objective: the solution is a schedule (every op at ``T[g]``, reruns after
+it, each stream's copies back to back from their gap's start) that meets every wait of the plan the
+solution is written as (``replay.py``: an op waits for its inputs, landed by ``T[u]``, and its regions,
+freed by ``T[g]``; a copy for the latest run before it, ``T[g]`` at the latest, its region and its host
+copy; a free for its swap-out, ``E[t] <= T[f]``) and keeps each stream's program order. The simulator
+starts each instruction as early as those waits and its stream allow, so no instruction of the plan
+starts later than in the solution, and the step is at most ``T[n+2]``.
+
+What the class leaves out (so the program's optimum bounds only phased plans; ``exact.py`` bounds them
+all): a copy starting before its gap's op, a tensor swapped out twice, reruns of ops that work in place
+or make a new value, swap-ins only a rerun reads, a pinned value leaving the device.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+
+import attrs
+import numpy as np
+
+from swapdsl.common.errors import SwpError
+from swapdsl.common.units import ALIGN
+from swapdsl.devices.costs import copy_ms
+from swapdsl.plan.program import Free, Instr, Plan, Region, Run, SwapIn, SwapOut, scratch_offset
+from swapdsl.planning.milp import MIP_GAP, Milp
+from swapdsl.planning.packing import pack
+from swapdsl.planning.problem import Edges, Problem, edges
+
+
+@attrs.frozen
+class ExactPlan:
+    """The phased program's solution for ``order``: its ``program`` and ``homes`` (``None`` when no
+    phased plan fits), ``objective_ms`` (the plan's simulated step is at most this), ``bound_ms`` (HiGHS's
+    dual bound: no phased plan with this order is faster), and whether HiGHS proved it ``optimal``."""
+
+    program: tuple[Instr, ...] | None
+    homes: dict[int, Region] | None
+    objective_ms: float
+    bound_ms: float
+    optimal: bool
+    seconds: float
+    order: tuple[int, ...]
+
+
+@attrs.define
+class _V:
+    """The program as it is built: indices into ``Milp``'s columns (module docstring)."""
+
+    p: Problem
+    e: Edges
+    prog: Milp
+    order: list[int]
+    tensor_cap: int
+    top: float  # an upper bound on the step, for the rows that hold only when a binary is set
+    gap: dict[int, int] = attrs.Factory(dict)  # op -> the gap of its first run
+    made: dict[int, int] = attrs.Factory(dict)  # tensor made in the step -> its maker's gap
+    reads: dict[int, list[int]] = attrs.Factory(dict)  # tensor -> the gaps whose op reads it
+    consumed: dict[int, int] = attrs.Factory(dict)  # tensor an op works in place over -> that op's gap
+    finals: set[int] = attrs.Factory(set)  # tensors the step must leave somewhere: the loss, new values
+    new_of: dict[int, int] = attrs.Factory(dict)  # persistent tensor -> its new value
+    r: dict[int, list[int]] = attrs.Factory(dict)
+    pin: dict[int, int] = attrs.Factory(dict)
+    cin: dict[int, dict[int, int]] = attrs.Factory(dict)
+    due: dict[int, dict[int, int]] = attrs.Factory(dict)  # tensor -> swap-in gap -> the gap it lands for
+    co: dict[int, dict[int, int]] = attrs.Factory(dict)
+    E: dict[int, int] = attrs.Factory(dict)
+    rc: dict[int, dict[int, int]] = attrs.Factory(dict)
+    T: list[int] = attrs.Factory(list)
+    R: list[int] = attrs.Factory(list)  # gap -> when its reruns start
+    S: list[int] = attrs.Factory(list)  # gap -> when its op starts
+    Fin: list[int] = attrs.Factory(list)
+    Fout: list[int] = attrs.Factory(list)
+    Bin: list[int] = attrs.Factory(list)  # gap -> when the stream starts that gap's copies
+    Bout: list[int] = attrs.Factory(list)
+
+    @property
+    def n(self) -> int:
+        return self.p.n_ops
+
+    def op_ms(self, g: int) -> float:
+        return self.p.op_ms[self.order[g - 1]] if 1 <= g <= self.n else 0.0
+
+
+def exact_plan(p: Problem, cap: int, order: Sequence[int], time_limit_s: float = 60.0) -> ExactPlan:
+    """The fastest phased plan of ``p`` under ``cap`` (scratch included) whose ops first run in ``order``,
+    as far as HiGHS gets in ``time_limit_s``; its layout from ``layout``, with the program solved again
+    under a smaller cap when the regions do not pack (at most three times)."""
+    if p.host.ops or p.net:
+        raise SwpError("the exact planner makes one rank's plans without updates on the host")
+    started = time.perf_counter()
+    tensor_cap = scratch_offset(cap, p.scratch)
+    room = tensor_cap
+    for _ in range(3):
+        v = _build(p, room, list(order))
+        res = v.prog.solve(max(1.0, time_limit_s - (time.perf_counter() - started)))
+        if res.x is None:
+            inf = float("inf") if res.status == 2 else float(getattr(res, "mip_dual_bound", None) or 0.0)
+            return ExactPlan(None, None, float("inf"), inf, res.status == 2, time.perf_counter() - started,
+                             tuple(order))
+        sol = np.round(res.x).astype(int)
+        regions, overflow = layout(v, sol, tensor_cap)
+        if not overflow:
+            program, homes = _program(v, sol, regions)
+            dual = getattr(res, "mip_dual_bound", None)
+            bound = float(dual) if dual is not None and np.isfinite(dual) else float(res.fun) * (1 - MIP_GAP)
+            return ExactPlan(tuple(program), homes, float(res.fun), bound, res.status == 0,
+                             time.perf_counter() - started, tuple(order))
+        room -= -(-overflow // ALIGN) * ALIGN
+    return ExactPlan(None, None, float("inf"), 0.0, False, time.perf_counter() - started, tuple(order))
+
+
+def _build(p: Problem, tensor_cap: int, order: list[int]) -> _V:
+    e = edges(p)
+    v = _V(p, e, Milp(), order, tensor_cap, _top(p))
+    v.gap = {op: s + 1 for s, op in enumerate(order)}
+    v.made = {t: v.gap[op] for t, op in e.producer.items()}
+    for op in order:
+        for t in dict.fromkeys(p.op_inputs[op]):
+            v.reads.setdefault(t, []).append(v.gap[op])
+        if p.in_place[op] and p.op_inputs[op] and p.op_outputs[op]:
+            v.consumed[p.op_inputs[op][0]] = v.gap[op]
+    v.new_of = dict(p.updates)
+    v.finals = {p.loss, *v.new_of.values()}
+    v.co = {t: {} for t, m in v.made.items() if _may_copy_out(v, t, m)}
+    _time(v)
+    _held(v)
+    _pins(v)
+    _copies_in(v)
+    _copies_out(v)
+    _reruns(v)
+    _arrivals(v)
+    _reads_ready(v)
+    _memory(v)
+    return v
+
+
+def _top(p: Problem) -> float:
+    """More than any step the program need consider: every op, and every tensor copied in for each read
+    and out twice, one after another, twice over."""
+    reads: dict[int, int] = {}
+    for ins in p.op_inputs:
+        for t in ins:
+            reads[t] = reads.get(t, 0) + 1
+    copies = sum(copy_ms(p.device, p.nbytes[t], True) * (k + 1) for t, k in reads.items())
+    copies += sum(2 * copy_ms(p.device, p.nbytes[t], False) for ts in p.op_outputs for t in ts)
+    return 2 * (2 * sum(p.op_ms) + copies) + 1.0
+
+
+def _time(v: _V) -> None:
+    """``T`` (the objective is the step's end) and the copy streams' ``Fin``/``Fout``, whose rows take
+    their loads once the copy variables exist (``_streams``)."""
+    prog, n = v.prog, v.n
+    v.T = [prog.var(ub=0.0 if g == 0 else v.top, cost=1.0 if g == n + 2 else 0.0) for g in range(n + 3)]
+    v.Fin = [prog.var(ub=v.top) for _ in range(n + 2)]
+    v.Fout = [prog.var(ub=v.top) for _ in range(n + 2)]
+    v.Bin = [prog.var(ub=v.top) for _ in range(n + 2)]
+    v.Bout = [prog.var(ub=v.top) for _ in range(n + 2)]
+    v.R = [prog.var(ub=v.top) for _ in range(n + 2)]
+    v.S = [prog.var(ub=v.top) for _ in range(n + 2)]
+    for g in range(n + 2):
+        prog.row({v.R[g]: 1.0, v.T[g]: -1.0}, lb=0.0)
+        prog.row({v.Fin[g]: 1.0, v.T[n + 2]: -1.0}, ub=0.0)
+        prog.row({v.Fout[g]: 1.0, v.T[n + 2]: -1.0}, ub=0.0)
+
+
+def _held(v: _V) -> None:
+    """``r``, with what the order forces: inputs always; what an op reads, in its gap and the one before;
+    what it makes, in its gap; nothing before it is made or after an op works in place over it."""
+    p, prog, n = v.p, v.prog, v.n
+    used = sorted({t for op in v.order for t in (*p.op_inputs[op], *p.op_outputs[op])} | set(p.inputs))
+    for t in used:
+        first = v.made.get(t, 0)
+        last = v.consumed.get(t, n + 1)
+        v.r[t] = [prog.var(integer=True, ub=float(first <= g <= last)) for g in range(n + 2)]
+        if t in p.inputs:  # at home from the start, until it is read for the last time
+            for g in range(max(v.reads.get(t, [0])) + 1):
+                prog.lb[v.r[t][g]] = 1.0
+    for t, gs in v.reads.items():
+        for g in gs:
+            v.prog.lb[v.r[t][g]] = 1.0
+    for t, g in v.made.items():
+        prog.lb[v.r[t][g]] = 1.0
+
+
+def _pins(v: _V) -> None:
+    """``pin``: only where the new value is made in place over the old one (or there is none); pinned, the
+    value and then its new value are held from the start to the end."""
+    p, prog, n = v.p, v.prog, v.n
+    for t in sorted(p.persistent & set(v.r)):
+        new = v.new_of.get(t)
+        if new is not None and v.consumed.get(t) != v.made.get(new):
+            continue
+        if t not in p.pinnable:
+            continue
+        j = v.pin[t] = prog.var(integer=True)
+        until = v.made[new] if new is not None else n + 1
+        for g in range(until + 1):
+            prog.row({v.r[t][g]: 1.0, j: -1.0}, lb=0.0)
+        if new is not None:
+            for g in range(until, n + 2):
+                prog.row({v.r[new][g]: 1.0, j: -1.0}, lb=0.0)
+
+
+def _copies_in(v: _V) -> None:
+    """``cin``: persistent tensors not pinned from the prologue on, tensors made in the step once they may
+    have been copied out; each for the first gap after it whose op reads the tensor, held until then."""
+    p, prog, n = v.p, v.prog, v.n
+    for t, rs in v.r.items():
+        if t in p.inputs or t in v.new_of.values() or (t in v.made and t not in v.co):
+            continue
+        start = 0 if t in p.persistent else v.made[t] + 2
+        reads = v.reads.get(t, [])
+        v.cin[t], v.due[t] = {}, {}
+        for a in range(start, n + 1):
+            u = next((g for g in reads if g >= a), None)
+            if u is None:
+                continue
+            j = v.cin[t][a] = prog.var(integer=True)
+            v.due[t][a] = u
+            if t in v.pin:
+                prog.row({j: 1.0, v.pin[t]: 1.0}, ub=1.0)
+            if a:
+                prog.row({j: 1.0, rs[a - 1]: 1.0}, ub=1.0)
+            for g in range(a, u + 1):
+                prog.row({rs[g]: 1.0, j: -1.0}, lb=0.0)
+
+
+def _copies_out(v: _V) -> None:
+    """``co`` and ``E``: one swap-out of a tensor made in the step (a final value, or one read again later),
+    while held; the gaps that drop it after start after it ends; a swap-in of it starts after that too;
+    an unpinned parameter's new value is copied home, and the loss is held at the end or copied."""
+    p, prog, n = v.p, v.prog, v.n
+    old_of = {new: old for old, new in v.new_of.items()}
+    for t in v.co:
+        m = v.made[t]
+        co = v.co[t] = {b: prog.var(integer=True) for b in range(m + 1, n + 2)}
+        e = v.E[t] = prog.var(ub=v.top)
+        for b, j in co.items():
+            prog.row({j: 1.0, v.r[t][b - 1]: -1.0}, ub=0.0)
+        for f in range(m + 1, n + 2):
+            before = {j: v.top for b, j in co.items() if b <= f}
+            for waits in (v.R[f], v.Bin[f]):  # what takes a region in gap f starts after the copy
+                prog.row({e: 1.0, waits: -1.0, v.r[t][f]: -v.top, **before}, ub=v.top)
+            if t in v.finals:
+                prog.row({v.r[t][f - 1]: 1.0, v.r[t][f]: -1.0, **{j: -1.0 for j in before}}, ub=0.0)
+        for a, j in v.cin.get(t, {}).items():
+            prog.row({j: 1.0, **{k: -1.0 for b, k in co.items() if b < a}}, ub=0.0)
+            prog.row({e: 1.0, v.Bin[a]: -1.0, j: v.top}, ub=v.top)
+        old = old_of.get(t)
+        if old is not None:
+            pinned = {v.pin[old]: 1.0} if old in v.pin else {}
+            prog.row({**{j: 1.0 for j in co.values()}, **pinned}, lb=1.0, ub=1.0)
+        else:
+            prog.row({j: 1.0 for j in co.values()}, ub=1.0)
+    if p.loss in v.r:
+        prog.row({v.r[p.loss][n + 1]: 1.0, **{j: 1.0 for j in v.co.get(p.loss, {}).values()}}, lb=1.0)
+
+
+def _may_copy_out(v: _V, t: int, m: int) -> bool:
+    """A tensor made at gap m may be swapped out if it must be left somewhere or may be copied back for a
+    later read (not one an op works in place over: its copy would race the op)."""
+    return t not in v.consumed and (t in v.finals or max(v.reads.get(t, [0])) >= m + 3)
+
+
+def _reruns(v: _V) -> None:
+    """``rc``: an op (not in place, making no new value) reruns in a gap after its first run, up to the
+    last read of what it makes, before that gap's op; its outputs were gone and are back, its inputs are
+    there (held in the gap before, or rebuilt by an earlier rerun of the gap), and none is still due."""
+    p, prog, n = v.p, v.prog, v.n
+    news = set(v.new_of.values())
+    for i in v.order:
+        outs = p.op_outputs[i]
+        if not outs or p.in_place[i] or news & set(outs):
+            continue
+        last = max(g for t in outs for g in v.reads.get(t, [0]))
+        if last >= v.gap[i] + 2:
+            v.rc[i] = {g: prog.var(integer=True) for g in range(v.gap[i] + 1, last + 1)}
+    for i, js in v.rc.items():
+        for g, j in js.items():
+            for o in p.op_outputs[i]:
+                prog.row({j: 1.0, v.r[o][g - 1]: 1.0}, ub=1.0)
+                prog.row({v.r[o][g]: 1.0, j: -1.0}, lb=0.0)
+            for t in dict.fromkeys(p.op_inputs[i]):
+                prog.row({v.r[t][g]: 1.0, j: -1.0}, lb=0.0)
+                maker = v.e.producer.get(t)
+                again = {v.rc[maker][g]: 1.0} if maker in v.rc and g in v.rc[maker] else {}
+                prog.row({v.r[t][g - 1]: 1.0, **again, j: -1.0}, lb=0.0)
+                for a, k in v.cin.get(t, {}).items():
+                    if a <= g <= v.due[t][a]:
+                        prog.row({j: 1.0, k: 1.0}, ub=1.0)
+            for o in p.op_outputs[i]:
+                if g in v.cin.get(o, {}):
+                    prog.row({j: 1.0, v.cin[o][g]: 1.0}, ub=1.0)
+    for g in range(n + 2):
+        reruns = {js[g]: -p.op_ms[i] for i, js in v.rc.items() if g in js}
+        prog.row({v.S[g]: 1.0, v.R[g]: -1.0, **reruns}, lb=0.0)
+        prog.row({v.T[g + 1]: 1.0, v.S[g]: -1.0}, lb=v.op_ms(g))
+    _streams(v)
+
+
+def _streams(v: _V) -> None:
+    """Each copy stream starts gap g's copies at ``B[g]``, once the gap has begun and the previous gap's
+    copies are done, and runs them back to back (swap-ins by the gap they land for, then by tensor): a
+    swap-in lands before its op starts, a swap-out ends by ``E``."""
+    p, prog, n = v.p, v.prog, v.n
+    for starts, ends, copies, to_device in ((v.Bin, v.Fin, v.cin, True), (v.Bout, v.Fout, v.co, False)):
+        for g in range(n + 2):
+            batch = sorted((v.due[t][g] if to_device else 0, t) for t, js in copies.items() if g in js)
+            ms = {t: copy_ms(p.device, p.nbytes[t], to_device) for _, t in batch}
+            prog.row({starts[g]: 1.0, v.T[g]: -1.0}, lb=0.0)
+            if g:
+                prog.row({starts[g]: 1.0, ends[g - 1]: -1.0}, lb=0.0)
+            prog.row({ends[g]: 1.0, starts[g]: -1.0, **{copies[t][g]: -ms[t] for _, t in batch}}, lb=0.0)
+            for k, (due, t) in enumerate(batch):
+                sofar = {copies[t2][g]: ms[t2] for _, t2 in batch[:k + 1]}
+                j = copies[t][g]
+                if to_device:  # (j's own time is in ``sofar``)
+                    prog.row({starts[g]: 1.0, **sofar, v.S[due]: -1.0, j: v.top + ms[t]}, ub=v.top)
+                else:
+                    prog.row({v.E[t]: 1.0, starts[g]: -1.0, **{c: -x for c, x in sofar.items()},
+                              j: -v.top - ms[t]}, lb=-v.top)
+
+
+def _arrivals(v: _V) -> None:
+    """A region held in gap g and not in g-1 was taken in g: by a swap-in or a rerun (a pinned tensor is
+    held from before the prologue)."""
+    prog = v.prog
+    for t, rs in v.r.items():
+        first = v.made.get(t, 0)
+        maker = v.e.producer.get(t)
+        for g in range(first + (t in v.made), v.n + 2):
+            coeffs = {rs[g]: 1.0}
+            if g > 0:
+                coeffs[rs[g - 1]] = -1.0
+            elif t in v.pin:
+                coeffs[v.pin[t]] = -1.0
+            elif t in v.p.inputs:
+                continue
+            if g in v.cin.get(t, {}):
+                coeffs[v.cin[t][g]] = -1.0
+            if maker in v.rc and g in v.rc[maker]:
+                coeffs[v.rc[maker][g]] = -1.0
+            prog.row(coeffs, ub=0.0)
+
+
+def _reads_ready(v: _V) -> None:
+    """What an op reads was held in the gap before, or arrives in its own gap's segment: copied in (the op
+    waits for it) or rebuilt."""
+    for t, gs in v.reads.items():
+        if t in v.p.inputs:
+            continue
+        maker = v.e.producer.get(t)
+        for g in gs:
+            late = {v.cin[t][g]: 1.0} if g in v.cin.get(t, {}) else {}
+            if maker in v.rc and g in v.rc[maker]:
+                late[v.rc[maker][g]] = 1.0
+            v.prog.row({v.r[t][g - 1]: 1.0, **late}, lb=1.0)
+
+
+def _memory(v: _V) -> None:
+    p = v.p
+    for g in range(v.n + 2):
+        coeffs = {rs[g]: float(p.size[t]) for t, rs in v.r.items()}
+        room = float(v.tensor_cap)
+        if 1 <= g <= v.n:
+            op = v.order[g - 1]
+            if p.in_place[op] and p.op_inputs[op] and p.op_outputs[op]:
+                room += min(p.size[p.op_inputs[op][0]], p.size[p.op_outputs[op][0]])
+        v.prog.row(coeffs, ub=room)
+
+
+def residencies(v: _V, sol: np.ndarray) -> list[tuple[list[tuple[int, int]], int]]:
+    """The regions a solution needs: each a chain of (tensor, first gap) residencies that share it (an
+    output made in place joins its input's), with the last gap it is held in."""
+    chains: dict[tuple[int, int], list[tuple[int, int]]] = {}
+    last: dict[tuple[int, int], int] = {}
+    into = {out: src for src, g in v.consumed.items() for out in v.p.op_outputs[v.order[g - 1]][:1]}
+    spans = []
+    for t, rs in v.r.items():
+        held = [g for g in range(v.n + 2) if sol[rs[g]]]
+        spans += [(g, t, _end(held, g)) for g in held if g - 1 not in held]
+    for g, t, end in sorted(spans):
+        src = into.get(t)
+        if src is not None and g == v.made[t]:
+            key = next(k for k, ch in chains.items() if ch[-1] == (src, _start(v, sol, src, g)))
+            chains[key].append((t, g))
+        else:
+            key = (t, g)
+            chains[key] = [(t, g)]
+        last[key] = max(last.get(key, end), end)
+    return [(ch, last[k]) for k, ch in chains.items()]
+
+
+def _end(held: list[int], g: int) -> int:
+    while g + 1 in held:
+        g += 1
+    return g
+
+
+def _start(v: _V, sol: np.ndarray, t: int, g: int) -> int:
+    """The first gap of t's residency that holds gap g."""
+    while g > 0 and sol[v.r[t][g - 1]]:
+        g -= 1
+    return g
+
+
+def layout(v: _V, sol: np.ndarray, tensor_cap: int) -> tuple[dict[tuple[int, int], Region], int]:
+    """A region for every residency chain (``packing.pack``): the regions and 0, or none and the least
+    overflow found."""
+    chains = residencies(v, sol)
+    items = [(chain[0][1], end, max(v.p.size[t] for t, _ in chain)) for chain, end in chains]
+    offsets, overflow = pack(items, tensor_cap)
+    if offsets is None:
+        return {}, max(overflow, ALIGN)
+    return {link: Region(o, size) for (chain, _), o, (_, _, size) in zip(chains, offsets, items)
+            for link in chain}, 0
+
+
+def _program(v: _V, sol: np.ndarray, regions: dict[tuple[int, int], Region]) -> tuple[list[Instr], dict[int, Region]]:
+    """The solution as instructions, gap by gap (module docstring), and the homes of inputs and pinned
+    tensors."""
+    p, n = v.p, v.n
+    on = {t: [g for g in range(n + 2) if sol[rs[g]]] for t, rs in v.r.items()}
+
+    def region(t: int, g: int) -> Region:
+        return regions[(t, _start(v, sol, t, g))]
+
+    homes = {t: region(t, 0) for t in v.r if t in p.inputs or (t in v.pin and sol[v.pin[t]])}
+    program: list[Instr] = []
+    anchor = -1  # the latest run so far: what the segment's copies and frees follow
+    for g in range(n + 2):
+        name = p.names.__getitem__
+        program += [SwapOut(name(t), anchor) for t, js in v.co.items() if g in js and sol[js[g]]]
+        program += [Free(name(t), anchor) for t in v.r if g - 1 in on[t] and g not in on[t]
+                    and v.consumed.get(t) != g - 1]
+        landing = sorted((v.due[t][g], t) for t, js in v.cin.items() if g in js and sol[js[g]])
+        program += [SwapIn(name(t), region(t, g), anchor, v.order[u - 1]) for u, t in landing]
+        for i in sorted((i for i, js in v.rc.items() if g in js and sol[js[g]]), key=v.gap.__getitem__):
+            program.append(Run(i, tuple((name(t), region(t, g)) for t in p.op_outputs[i]), recompute=True))
+        if 1 <= g <= n:
+            op = v.order[g - 1]
+            in_place = bool(p.in_place[op] and p.op_inputs[op] and p.op_outputs[op])
+            program.append(Run(op, tuple((name(t), region(t, g)) for t in p.op_outputs[op]), in_place))
+            anchor = op
+    return program, homes

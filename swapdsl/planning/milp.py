@@ -1,0 +1,47 @@
+"""A mixed-integer program built row by row, solved by HiGHS through SciPy's ``milp`` (SciPy is already a
+dependency): what the exact bound (``exact.py``) and the exact planner (``exactplan.py``) share."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+MIP_GAP = 1e-6  # the relative gap at which HiGHS may call a solution optimal
+
+
+class Milp:
+    """Variables and rows for ``scipy.optimize.milp``, added by name."""
+
+    def __init__(self) -> None:
+        self.lb: list[float] = []
+        self.ub: list[float] = []
+        self.cost: list[float] = []
+        self.integer: list[int] = []
+        self.rows: list[tuple[dict[int, float], float, float]] = []
+
+    def var(self, lb: float = 0.0, ub: float = 1.0, integer: bool = False, cost: float = 0.0) -> int:
+        self.lb.append(lb)
+        self.ub.append(ub)
+        self.cost.append(cost)
+        self.integer.append(int(integer))
+        return len(self.lb) - 1
+
+    def row(self, coeffs: dict[int, float], lb: float = -np.inf, ub: float = np.inf) -> None:
+        self.rows.append((coeffs, lb, ub))
+
+    def solve(self, time_limit_s: float) -> Any:  # scipy.optimize.OptimizeResult
+        from scipy.optimize import Bounds, LinearConstraint, milp
+        from scipy.sparse import coo_matrix
+
+        rows, cols, vals = [], [], []
+        for k, (coeffs, _, _) in enumerate(self.rows):
+            for j, v in coeffs.items():
+                rows.append(k)
+                cols.append(j)
+                vals.append(v)
+        a = coo_matrix((vals, (rows, cols)), shape=(len(self.rows), len(self.lb))).tocsr()
+        constraint = LinearConstraint(a, [r[1] for r in self.rows], [r[2] for r in self.rows])
+        return milp(np.array(self.cost), integrality=np.array(self.integer), bounds=Bounds(self.lb, self.ub),
+                    constraints=constraint,
+                    options={"time_limit": time_limit_s, "disp": False, "mip_rel_gap": MIP_GAP})

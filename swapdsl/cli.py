@@ -616,7 +616,8 @@ def make_parser() -> argparse.ArgumentParser:
                     help="where the optimiser updates run: none on the device (the default), all on the host "
                          "(only gradients and the forward's weights cross the bus), auto: the largest parameters' on "
                          "the host where the simulated step is faster")
-    op.add_argument("--budget", type=_seconds, default=60.0, metavar="SECONDS", help="ga: wall-clock budget (60)")
+    op.add_argument("--budget", type=_seconds, default=60.0, metavar="SECONDS", help="ga: wall-clock budget; exact: the solver's time "
+                    "limit (60)")
     op.add_argument("--generations", type=_count(1), default=100_000, help="ga: generation limit (100000)")
     op.add_argument("--population", type=_count(2, 100_000), default=64, help="ga: candidates per generation (64)")
     op.add_argument("--seed", type=_count(0, MAX_SEED - 1), default=0, help="ga: random seed (0)")

@@ -53,9 +53,12 @@ from swapdsl.common.errors import SwpError
 from swapdsl.common.units import ALIGN
 from swapdsl.devices.costs import copy_ms
 from swapdsl.plan.program import Free, Instr, Plan, Region, Run, SwapIn, SwapOut, scratch_offset
+from swapdsl.planning.baselines import assemble, with_figures
+from swapdsl.planning.compiled import no_swap_bytes
 from swapdsl.planning.milp import MIP_GAP, Milp
 from swapdsl.planning.packing import pack
-from swapdsl.planning.problem import Edges, Problem, edges
+from swapdsl.planning.problem import Edges, Problem, Request, edges
+from swapdsl.planning.sizing import below_smallest_cap, need_bytes
 
 
 @attrs.frozen
@@ -134,8 +137,8 @@ def exact_plan(p: Problem, cap: int, order: Sequence[int], time_limit_s: float =
             program, homes = _program(v, sol, regions)
             dual = getattr(res, "mip_dual_bound", None)
             bound = float(dual) if dual is not None and np.isfinite(dual) else float(res.fun) * (1 - MIP_GAP)
-            return ExactPlan(tuple(program), homes, float(res.fun), bound, res.status == 0,
-                             time.perf_counter() - started, tuple(order))
+            return ExactPlan(tuple(program), homes, schedule_ms(v, sol), min(bound, float(res.fun)),
+                             res.status == 0, time.perf_counter() - started, tuple(order))
         room -= -(-overflow // ALIGN) * ALIGN
     return ExactPlan(None, None, float("inf"), 0.0, False, time.perf_counter() - started, tuple(order))
 
@@ -400,6 +403,32 @@ def _memory(v: _V) -> None:
         v.prog.row(coeffs, ub=room)
 
 
+def schedule_ms(v: _V, sol: np.ndarray) -> float:
+    """The step of a solution's schedule, computed again from its binaries alone, each time as early as
+    the program's rows allow (HiGHS's own times may sit a feasibility tolerance past them): the value
+    the plan's simulated step is at most."""
+    p, n = v.p, v.n
+    on = lambda x: bool(sol[x])  # noqa: E731
+    T, land, done = [0.0] * (n + 3), {}, {}
+    fin = fout = 0.0
+    for g in range(n + 2):
+        out = sorted(t for t, js in v.co.items() if g in js and on(js[g]))
+        start = max(T[g], fout)
+        for t in out:
+            start = done[t] = start + copy_ms(p.device, p.nbytes[t], False)
+        fout = start
+        dropped = [done[t] for t in done if not on(v.r[t][g])]
+        arriving = sorted((v.due[t][g], t) for t, js in v.cin.items() if g in js and on(js[g]))
+        start = max([T[g], fin, *dropped, *(done[t] for _, t in arriving if t in done)])
+        for _, t in arriving:
+            start = land[t, g] = start + copy_ms(p.device, p.nbytes[t], True)
+        fin = start
+        reruns = sum(p.op_ms[i] for i, js in v.rc.items() if g in js and on(js[g]))
+        due = [at for (t, a), at in land.items() if v.due[t][a] == g]
+        T[g + 1] = max([max([T[g], *dropped]) + reruns, *due]) + v.op_ms(g)
+    return max(T[n + 2], fin, fout)
+
+
 def residencies(v: _V, sol: np.ndarray) -> list[tuple[list[tuple[int, int]], int]]:
     """The regions a solution needs: each a chain of (tensor, first gap) residencies that share it (an
     output made in place joins its input's), with the last gap it is held in."""
@@ -474,3 +503,32 @@ def _program(v: _V, sol: np.ndarray, regions: dict[tuple[int, int], Region]) -> 
             program.append(Run(op, tuple((name(t), region(t, g)) for t in p.op_outputs[op]), in_place))
             anchor = op
     return program, homes
+
+
+EXACT_MAX_OPS = 150  # the program grows with ops x gaps x tensors: past this, HiGHS rarely finishes in minutes
+
+
+def plan_exact(req: Request, time_limit_s: float = 60.0) -> Plan:
+    """``--method exact``: the fastest phased plan of ``req``'s graph in its own order (the default
+    schedule), HiGHS given ``time_limit_s``; its figures add the program's value (``exact_schedule_ms``,
+    at least the simulated step), HiGHS's dual bound for phased plans in that order (``exact_bound_ms``)
+    and whether it proved the optimum (``exact_optimal``)."""
+    p = Problem.of(req)
+    if req.host_updates:
+        raise SwpError("the exact planner keeps every update on the device", hints=["use --host-updates none"])
+    if p.net:
+        raise SwpError("the exact planner plans one rank", hints=["plan data-parallel graphs with ga or a baseline"])
+    if p.n_ops > EXACT_MAX_OPS:
+        raise SwpError(f"the exact planner takes graphs of at most {EXACT_MAX_OPS} ops; this one has {p.n_ops}",
+                       hints=["use --method ga (bench/exact_gap.py measures how close it comes on small graphs)"])
+    no_swap = no_swap_bytes(p)
+    if req.tensor_cap < need_bytes(p, frozenset()):
+        raise below_smallest_cap(p, req.cap, no_swap)
+    x = exact_plan(p, req.cap, list(range(p.n_ops)), time_limit_s)
+    if x.program is None or x.homes is None:
+        why = "no phased plan fits this cap" if x.optimal else f"HiGHS found no plan in {time_limit_s:g} s"
+        raise SwpError(f"the exact planner made no plan: {why}",
+                       hints=["give a larger --memory or --budget, or use --method ga"])
+    plan = assemble(req, p, "exact", x.homes, x.program)
+    extra = {"exact_schedule_ms": x.objective_ms, "exact_bound_ms": x.bound_ms, "exact_optimal": float(x.optimal)}
+    return with_figures(plan, p, no_swap, extra, recomputes=True)

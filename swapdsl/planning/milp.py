@@ -3,6 +3,10 @@ dependency): what the exact bound (``exact.py``) and the exact planner (``exactp
 
 from __future__ import annotations
 
+import contextlib
+import os
+import sys
+from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
@@ -42,6 +46,22 @@ class Milp:
                 vals.append(v)
         a = coo_matrix((vals, (rows, cols)), shape=(len(self.rows), len(self.lb))).tocsr()
         constraint = LinearConstraint(a, [r[1] for r in self.rows], [r[2] for r in self.rows])
-        return milp(np.array(self.cost), integrality=np.array(self.integer), bounds=Bounds(self.lb, self.ub),
-                    constraints=constraint,
-                    options={"time_limit": time_limit_s, "disp": False, "mip_rel_gap": MIP_GAP})
+        with _quiet():
+            return milp(np.array(self.cost), integrality=np.array(self.integer), bounds=Bounds(self.lb, self.ub),
+                        constraints=constraint,
+                        options={"time_limit": time_limit_s, "disp": False, "mip_rel_gap": MIP_GAP})
+
+
+@contextlib.contextmanager
+def _quiet() -> Iterator[None]:
+    """Standard output closed to the solver: HiGHS 1.x prints some of its internal checks there whatever
+    ``disp`` says, and a planner's output is the plan and its report."""
+    sys.stdout.flush()
+    saved = os.dup(1)
+    try:
+        with open(os.devnull, "w") as null:
+            os.dup2(null.fileno(), 1)
+            yield
+    finally:
+        os.dup2(saved, 1)
+        os.close(saved)

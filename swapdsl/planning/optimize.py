@@ -16,11 +16,12 @@ from swapdsl.planning.baselines import host_budget_error, plan_baseline, plan_ca
 from swapdsl.planning.ga import SearchOptions, genetic_search
 from swapdsl.planning.policy import METHODS
 from swapdsl.planning.compiled import no_swap_bytes
+from swapdsl.planning.exactplan import plan_exact
 from swapdsl.planning.problem import Problem, Request
 from swapdsl.planning.sizing import below_smallest_cap
 
 PLANNERS = {"capuchin": plan_capuchin, "checkpoint": plan_checkpoint}  # besides the policies of METHODS
-METHOD_NAMES = ("ga", *sorted([*METHODS, *PLANNERS]))
+METHOD_NAMES = ("ga", *sorted([*METHODS, *PLANNERS, "exact"]))
 HOST_UPDATES = ("none", "all", "auto")
 HOST_SHARES = (0.25, 0.5, 0.75, 1.0)  # auto: the largest parameters' updates first, this share of them
 
@@ -38,6 +39,8 @@ def with_host_updates(req: Request, method: str, host_updates: str) -> Request:
     choice among ``host_choices`` whose plan (for ``ga``: whose ``belady`` plan) is fastest."""
     if host_updates not in HOST_UPDATES:
         raise SwpError(f"unknown --host-updates `{host_updates}`", hints=[f"one of {', '.join(HOST_UPDATES)}"])
+    if host_updates != "none" and method == "exact":
+        raise SwpError("the exact planner keeps every update on the device", hints=["use --host-updates none"])
     if host_updates == "all" and method == "checkpoint":
         raise SwpError("checkpoint keeps the parameters and optimiser state on the device: it cannot update any "
                        "on the host", hints=["use --host-updates none or auto with checkpoint, or a method that swaps"])
@@ -73,9 +76,12 @@ def optimize(req: Request, method: str, search: SearchOptions | None = None, hos
         raise below_smallest_cap(p, req.cap, no_swap_bytes(p, list(range(p.n_ops))))
     if method == "ga":
         return genetic_search(req, search or SearchOptions()).plan  # (it keeps to the host budget itself)
-    if method not in PLANNERS and method not in METHODS:
+    if method == "exact":
+        plan = plan_exact(req, (search or SearchOptions()).budget_s)
+    elif method not in PLANNERS and method not in METHODS:
         raise SwpError(f"unknown method `{method}`", hints=[f"methods: {', '.join(METHOD_NAMES)}"])
-    plan = PLANNERS[method](req) if method in PLANNERS else plan_baseline(req, method)
+    else:
+        plan = PLANNERS[method](req) if method in PLANNERS else plan_baseline(req, method)
     host = dict(plan.figures)["host_bytes"]
     if req.host_excess(int(host)):
         raise host_budget_error(req, host, method)

@@ -137,8 +137,9 @@ def exact_plan(p: Problem, cap: int, order: Sequence[int], time_limit_s: float =
             program, homes = _program(v, sol, regions)
             dual = getattr(res, "mip_dual_bound", None)
             bound = float(dual) if dual is not None and np.isfinite(dual) else float(res.fun) * (1 - MIP_GAP)
-            return ExactPlan(tuple(program), homes, schedule_ms(v, sol), min(bound, float(res.fun)),
-                             res.status == 0, time.perf_counter() - started, tuple(order))
+            step = schedule_ms(v, sol)  # (HiGHS's bound may pass it by its tolerances)
+            return ExactPlan(tuple(program), homes, step, min(bound, float(res.fun), step), res.status == 0,
+                             time.perf_counter() - started, tuple(order))
         room -= -(-overflow // ALIGN) * ALIGN
     return ExactPlan(None, None, float("inf"), 0.0, False, time.perf_counter() - started, tuple(order))
 
@@ -240,7 +241,7 @@ def _copies_in(v: _V) -> None:
     have been copied out; each for the first gap after it whose op reads the tensor, held until then."""
     p, prog, n = v.p, v.prog, v.n
     for t, rs in v.r.items():
-        if t in p.inputs or t in v.new_of.values() or (t in v.made and t not in v.co):
+        if t in p.inputs or (t in v.made and t not in v.co):
             continue
         start = 0 if t in p.persistent else v.made[t] + 2
         reads = v.reads.get(t, [])
@@ -271,6 +272,9 @@ def _copies_out(v: _V) -> None:
         e = v.E[t] = prog.var(ub=v.top)
         for b, j in co.items():
             prog.row({j: 1.0, v.r[t][b - 1]: -1.0}, ub=0.0)
+            u = v.consumed.get(t)
+            if u is not None and b <= u:  # an op works in place over t only once it came back: not held since
+                prog.row({j: 1.0, **{v.r[t][f]: 1.0 for f in range(b, u)}}, ub=float(u - b))
         for f in range(m + 1, n + 2):
             before = {j: v.top for b, j in co.items() if b <= f}
             for waits in (v.R[f], v.Bin[f]):  # what takes a region in gap f starts after the copy
@@ -292,8 +296,8 @@ def _copies_out(v: _V) -> None:
 
 def _may_copy_out(v: _V, t: int, m: int) -> bool:
     """A tensor made at gap m may be swapped out if it must be left somewhere or may be copied back for a
-    later read (not one an op works in place over: its copy would race the op)."""
-    return t not in v.consumed and (t in v.finals or max(v.reads.get(t, [0])) >= m + 3)
+    later read."""
+    return t in v.finals or max(v.reads.get(t, [0])) >= m + 2
 
 
 def _reruns(v: _V) -> None:

@@ -12,6 +12,7 @@ from typing import Any
 import numpy as np
 
 MIP_GAP = 1e-6  # the relative gap at which HiGHS may call a solution optimal
+SOLVE_ERROR = 4  # scipy.optimize.milp's status for "HiGHS Status 4: Solve error"
 
 
 class Milp:
@@ -46,10 +47,14 @@ class Milp:
                 vals.append(v)
         a = coo_matrix((vals, (rows, cols)), shape=(len(self.rows), len(self.lb))).tocsr()
         constraint = LinearConstraint(a, [r[1] for r in self.rows], [r[2] for r in self.rows])
+        options = {"time_limit": time_limit_s, "disp": False, "mip_rel_gap": MIP_GAP}
         with _quiet():
-            return milp(np.array(self.cost), integrality=np.array(self.integer), bounds=Bounds(self.lb, self.ub),
-                        constraints=constraint,
-                        options={"time_limit": time_limit_s, "disp": False, "mip_rel_gap": MIP_GAP})
+            res = milp(np.array(self.cost), integrality=np.array(self.integer), bounds=Bounds(self.lb, self.ub),
+                       constraints=constraint, options=options)
+            if res.status == SOLVE_ERROR:  # HiGHS's presolve fails on a few of these programs; without it, not
+                res = milp(np.array(self.cost), integrality=np.array(self.integer),
+                           bounds=Bounds(self.lb, self.ub), constraints=constraint, options=options | {"presolve": False})
+        return res
 
 
 @contextlib.contextmanager

@@ -3,6 +3,7 @@ both solved by HiGHS, beside every method's plan, on small random graphs.
 
 Usage: python bench/exact_gap.py [--per-family 10] [--families mlp conv attention lstm] [--ratios 2 4 8 12]
                                  [--time-limit 20] [--bound-limit 10] [--shard K/N] [--json FILE]
+       python bench/exact_gap.py --explain FAMILY:SEED:RATIO   (ga's plan beside the exact plan for its order)
 
 Case k of a family is its graph of seed k at ratio ``ratios[k % len(ratios)]`` (cap: no-swap bytes /
 ratio, at least the smallest feasible cap, plus the scratch), on ``v100-16gb``. For each case: belady,
@@ -21,6 +22,7 @@ import statistics
 from swapdsl.devices.profiles import BUILTIN
 from swapdsl.fuzz.graphs import seeded_training_graph
 from swapdsl.fuzz.shaped import SHAPES
+from swapdsl.plan.program import Plan, Region, Run, SwapIn, SwapOut
 from swapdsl.plan.simulate import simulate
 from swapdsl.plan.validate import validate
 from swapdsl.planning.baselines import assemble
@@ -72,6 +74,35 @@ def case(family: str, seed: int, ratio: float, args: argparse.Namespace) -> dict
     return row
 
 
+def decisions(plan: Plan) -> str:
+    """What a plan decided: pinned tensors, swaps (count, MB each way), reruns, and its step."""
+    r = simulate(plan)
+    pinned = sum(1 for t in plan.tensors if isinstance(t.home, Region) and t.kind != "input")
+    ins = sum(isinstance(i, SwapIn) for i in plan.program)
+    outs = sum(isinstance(i, SwapOut) for i in plan.program)
+    reruns = sum(isinstance(i, Run) and i.recompute for i in plan.program)
+    return (f"step {r.iteration_ms:.4f} ms (ideal {plan.ideal_ms():.4f}); pinned {pinned}; swap-ins {ins} "
+            f"({r.h2d_bytes / 1e3:.1f} kB), swap-outs {outs} ({r.d2h_bytes / 1e3:.1f} kB); reruns {reruns}")
+
+
+def explain(what: str, limit: float) -> None:
+    """``--explain FAMILY:SEED:RATIO``: ga's 60 s plan beside the exact plan for ga's own order."""
+    family, seed, ratio = what.split(":")
+    g = FAMILIES[family](int(seed))
+    p = Problem.build(g, DEVICE)
+    cap = max(int(no_swap_bytes(p) / float(ratio)), need_bytes(p, frozenset())) + p.scratch
+    req = Request(g, DEVICE, cap, f"{family}-{seed}", ())
+    ga = optimize(req, "ga", SearchOptions(budget_s=60, workers=1, seed=0))
+    x = exact_plan(p, cap, first_runs(ga), limit)
+    print(f"ga 60 s:              {decisions(ga)}")
+    if x.program is not None and x.homes is not None:
+        print(f"exact, ga's order:    {decisions(assemble(req, p, 'exact', x.homes, x.program))}")
+    for name, plan in (("ga", ga), ("exact", assemble(req, p, "exact", x.homes or {}, x.program or ()))):
+        print(f"\n{name}'s program:")
+        for instr in plan.program:
+            print(f"  {instr}")
+
+
 def summary(rows: list[dict]) -> None:
     def stats(values: list[float]) -> str:
         return f"median {statistics.median(values):.3f}, worst {max(values):.3f}"
@@ -96,7 +127,11 @@ def main() -> None:
     ap.add_argument("--bound-limit", type=float, default=10.0)
     ap.add_argument("--shard", default="0/1", help="K/N: run the cases whose index is K modulo N")
     ap.add_argument("--json", metavar="FILE")
+    ap.add_argument("--explain", metavar="FAMILY:SEED:RATIO", help="print ga's plan and the exact plan for its order")
     args = ap.parse_args()
+    if args.explain:
+        explain(args.explain, args.time_limit)
+        return
     k, n = map(int, args.shard.split("/"))
     cases = [(f, s, args.ratios[s % len(args.ratios)]) for f in args.families for s in range(args.per_family)]
     print("| family | seed | ops | ratio | ideal | recompute_bound | belady | capuchin | ga 10 s | ga 60 s | "

@@ -2,10 +2,11 @@
 
 Usage: python bench/mutate_plans.py [--cases 1000] [--seed 0] [--keep DIR]
 
-Makes seven plans (belady, capuchin and ga, on small tiny_resnet and tiny_transformer configurations, each
-under about a third of its no-swap need, or near its smallest feasible cap where that is more; and a bf16
-belady plan of tiny_transformer with every update on the host, and a capuchin plan of tiny_resnet for two
-data-parallel ranks, run in a loopback world: swapdsl/fuzz/loopback.py), then
+Makes nine plans (belady, capuchin and ga, on small tiny_resnet and tiny_transformer configurations, each
+under about a third of its no-swap need, or near its smallest feasible cap where that is more; a bf16
+belady plan of tiny_transformer with every update on the host, a capuchin plan of tiny_resnet for two
+data-parallel ranks, run in a loopback world: swapdsl/fuzz/loopback.py, and the exact planner's plan of
+the MLP near its smallest feasible cap), then
 runs CASES mutants spread over the plans and the mutation kinds (delete, duplicate or swap lines;
 change a number, a name, a figure; swap the new values of two updates). Each is judged as `swapdsl exec MUTANT --check` judges it, in process, and
 an accepted mutant once more on a slow bus. Prints the counts per kind and every case that was
@@ -57,6 +58,14 @@ def make_plans(folder: Path, seed: int) -> dict[str, str]:
                    "--ranks", "2", "--network", "1", "-o", str(out)])
     if run.code != 0:
         sys.exit(f"could not plan {model} for two ranks: {run.err or run.crash}")
+    texts[out.stem] = out.read_text()
+    # the exact planner's plan of the MLP near its smallest feasible cap: a phased program's segments
+    shutil.copy(Path(STDLIB_DIR) / "models" / "mlp.swp", folder / "mlp.swp")
+    out = folder / "mlp-exact.plan"
+    run = run_cli(["optimize", str(folder / "mlp.swp"), "--memory", "2.7MiB", "--method", "exact", "--budget", "30",
+                   "-o", str(out)])
+    if run.code != 0:
+        sys.exit(f"could not plan mlp with exact: {run.err or run.crash}")
     texts[out.stem] = out.read_text()
     return texts
 

@@ -362,6 +362,10 @@ def _print_figures(f: dict) -> None:
     print(f"  swapped          {format_bytes(f['h2d_bytes'])} in, {format_bytes(f['d2h_bytes'])} out")
     print(f"  device peak      {format_bytes(f['peak_device_bytes'])} of tensors + "
           f"{format_bytes(f['scratch_bytes'])} of kernel scratch; host {format_bytes(f['host_bytes'])}")
+    if "exact_schedule_ms" in f:
+        proven = "the best" if f.get("exact_optimal") else "not proven best"
+        print(f"  exact            {f['exact_schedule_ms']:.3f} ms, the program's value ({proven} of the phased "
+              f"plans in this order; none of them below {f['exact_bound_ms']:.3f} ms)")
     if "search_seconds" in f:
         print(f"  search           {f['search_seconds']:.2f} s"
               + (f", {f['generations']:.0f} generations, {f['evaluations']:.0f} evaluations"

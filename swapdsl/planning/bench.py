@@ -24,6 +24,7 @@ from swapdsl.lang.loader import load
 from swapdsl.plan.program import Run
 from swapdsl.plan.validate import validate
 from swapdsl.planning.compiled import no_swap_bytes
+from swapdsl.planning.exactplan import TooLarge
 from swapdsl.planning.ga import SearchOptions
 from swapdsl.planning.bound import ideal_ms as bound_ideal_ms
 from swapdsl.planning.optimize import optimize, optimize_microbatches
@@ -83,6 +84,7 @@ def rows(models: list[str], ratios: list[float], methods: list[str], device: Dev
                     validate(plan)
                 except SwpError as exc:
                     row["error"] = exc.message
+                    row["refused"] = isinstance(exc, TooLarge)  # (not infeasible: the method takes no such graph)
                 else:
                     f = dict(plan.figures)
                     row.update({k: f[k] for k in ("iteration_ms", "bound_ms", "swap_bytes", "host_bytes")})
@@ -110,7 +112,7 @@ def _host_cap(req: Request, host: tuple[int | None, float | None]) -> int | None
 def format_row(r: dict[str, Any]) -> str:
     head = f"{r['model']:<13} {r['ratio']:>4g} {r['method']:<7}"
     if "error" in r:
-        return f"{head} infeasible: {r['error']}"
+        return f"{head} {_failed(r)}: {r['error']}"
     limit, swap_limit = r["ideal_ms"] / r["bound_ms"], r["ideal_ms"] / r["swap_bound_ms"]
     note = "  (the bus limits swapping)" if swap_limit < 0.53 else ""
     return (f"{head} fraction {r['fraction']:.3f} (bound {limit:.3f}, swap-only {swap_limit:.3f})  "
@@ -118,6 +120,10 @@ def format_row(r: dict[str, Any]) -> str:
             f"host {r['host_bytes'] / 1e9:6.1f} GB  recomputes {r['recomputes']:5d}  "
             f"search {r['search_seconds']:6.1f} s" + (f"  microbatches {r['microbatches']}" if r["microbatches"] > 1
                                                         else "") + note)
+
+
+def _failed(r: dict[str, Any]) -> str:
+    return "refused" if r.get("refused") else "infeasible"
 
 
 def markdown(rows: list[dict[str, Any]], methods: list[str]) -> str:
@@ -129,7 +135,7 @@ def markdown(rows: list[dict[str, Any]], methods: list[str]) -> str:
         vals = []
         for m in methods:
             r = cells.get(m)
-            vals.append("-" if r is None else "infeasible" if "error" in r
+            vals.append("-" if r is None else _failed(r) if "error" in r
                         else f"{r['fraction']:.3f} ({r['swap_bytes'] / 1e9:.0f} GB"
                         + (f", {r['microbatches']} micro-batches)" if r["microbatches"] > 1 else ")"))
         ok = [r for r in cells.values() if "error" not in r]

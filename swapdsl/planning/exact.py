@@ -53,7 +53,7 @@ import numpy as np
 from swapdsl.common.errors import SwpError
 from swapdsl.devices.costs import copy_ms
 from swapdsl.plan.program import Plan, Run, scratch_offset
-from swapdsl.planning.milp import MIP_GAP, Milp
+from swapdsl.planning.milp import INFEASIBLE, MIP_GAP, Milp
 from swapdsl.planning.problem import Edges, Problem, edges
 
 
@@ -112,7 +112,7 @@ def exact_bound(p: Problem, cap: int, order: Sequence[int], time_limit_s: float 
     prog, v = _build(p, scratch_offset(cap, p.scratch), list(order))
     res = prog.solve(time_limit_s)
     seconds = time.perf_counter() - started
-    if res.status == 2:  # infeasible: no plan with this order fits the cap
+    if res.status == INFEASIBLE:  # no plan with this order fits the cap
         return ExactBound(float("inf"), None, True, seconds, tuple(order), None, None, None)
     bound = _proven(res, sum(p.op_ms))
     if res.x is None:

@@ -1,50 +1,52 @@
 """The exact planner: for a given order of first runs, the fastest plan of the *phased* class, found by a
-mixed-integer program (HiGHS, ``milp.py``) and written out as an ordinary plan.
+mixed-integer program (HiGHS, ``milp.py``) and written out as an ordinary plan (docs/design.md, "Exact
+plans", states every row).
 
-Gap 0 is the step's prologue, gap g (1..n) runs op ``order[g-1]`` from its start ``T[g]``, gap n+1 is
-the tail; ``T[n+2]`` is the step's end, the objective. The program segment of gap g is, in this order:
-the swap-outs that start in it, the frees, the swap-ins, the op, then the reruns of gap g. Everything
-but the op "follows" the latest run before the segment, so it may start once that run is done.
+Gap 0 is the step's prologue, gap g (1..n) runs op ``order[g-1]``, gap n+1 is the tail. The program's
+segment for gap g is, in this order: the swap-outs that start in it, the frees, the swap-ins, the reruns,
+the op. Everything before the op follows the latest run before the segment.
 
 Variables (binary unless said), for tensors t and gaps g:
 
-- ``r[t][g]``: t holds a region during gap g. An op's inputs are held in its gap and the gap before it
-  (so nothing it reads arrives in its own gap), its outputs in its gap; inputs always; a tensor made in
-  the step not before its maker's gap; an input an op works in place over not after that gap.
-- ``pin[p]``: persistent p stays on the device from the start (its new value, made in place over it, to
-  the end); the others start on the host and their new value is copied home.
-- ``cin[t][a]``: a swap-in of t starts in gap a (at or after ``T[a]``) and lands before ``T[u]``, u the
-  first gap after a whose op reads t; t is held from a to u. A tensor made in the step is copied in only
-  after its one swap-out has ended.
-- ``co[t][b]``: t's swap-out starts in gap b, t held in b-1 and b; the gaps that drop t afterwards start
-  after it ends (``E[t]``, continuous).
-- ``rc[i][g]``: op i reruns in gap g, after op g: its outputs were not held in g-1 and are in g; its
-  inputs are held in g and were in g-1 or are rebuilt by an earlier rerun of gap g; a tensor swapped in
-  is read only once the op it is due for has run.
-- ``T[g]``, ``Fin[g]``, ``Fout[g]`` (continuous): gap g lasts at least its op and reruns; each copy
-  stream runs the copies of gap g back to back from ``max(T[g], F[g-1])``, done by ``F[g]``.
+- ``r[t][g]``: t holds a region in gap g. What an op reads is held in its gap and the one before (unless
+  copied in or rebuilt in its own segment), what it makes in its gap; inputs from the start to their last
+  read; nothing before it is made, or after an op works in place over it.
+- ``pin[p]``: persistent p stays on the device all step (its new value, made in place over it, to the
+  end); the others start on the host and their new value is copied home.
+- ``cin[t][a]``: a swap-in of t starts in gap a and lands before the op of the first gap at or after a
+  that reads t (``due``); t is held in between. A tensor made in the step comes back only after its one
+  swap-out has ended.
+- ``co[t][b]``: t's swap-out starts in gap b, t held in b-1; what takes a region in a gap that no longer
+  holds t starts after the copy ends (``E[t]``, continuous).
+- ``rc[i][g]``: op i reruns in gap g, before g's op: its outputs were gone in g-1 and are back in g; its
+  inputs are held in g and were in g-1 or are rebuilt by an earlier rerun of gap g; none is a swap-in
+  still due for an op.
+- ``T[g]``, ``R[g]``, ``S[g]`` (continuous): when gap g, its reruns and its op start; each copy stream
+  starts gap g's copies at ``B[g] >= max(T[g], F[g-1])`` and runs them back to back (swap-ins by the gap
+  they land for), done by ``F[g]``. The objective is ``T[n+2]``, the step's end.
 
-Memory: the regions held in each gap fit the cap less the scratch (an op in place counted once). Within
-a segment the frees come before anything takes a region, so the tensors held in gap g are exactly those
-resident from g's frees to the next segment's; a layout (``layout``) gives each residency one region.
+Memory: the regions held in each gap fit the cap less the scratch (an op in place counted once). Frees
+come before anything in a segment takes a region, so the tensors held in gap g are exactly those resident
+from g's frees to the next segment's; ``packing.pack`` gives each residency one region.
 
-Why its plan takes at most the objective: the solution is a schedule (every op at ``T[g]``, reruns after
-it, each stream's copies back to back from their gap's start) that meets every wait of the plan the
-solution is written as (``replay.py``: an op waits for its inputs, landed by ``T[u]``, and its regions,
-freed by ``T[g]``; a copy for the latest run before it, ``T[g]`` at the latest, its region and its host
-copy; a free for its swap-out, ``E[t] <= T[f]``) and keeps each stream's program order. The simulator
-starts each instruction as early as those waits and its stream allow, so no instruction of the plan
-starts later than in the solution, and the step is at most ``T[n+2]``.
+Why its plan takes at most the program's value: a solution is a schedule (each op at ``S[g]``, reruns
+from ``R[g]``, each stream's copies back to back from ``B[g]``) that meets every wait of the plan written
+from it (``replay.py``: an op waits for its inputs and output regions, a copy for the run it follows, its
+region and its host copy, a free for its tensor's swap-out) and keeps each stream's program order. The
+simulator starts every instruction as early as those waits and its stream allow: none starts later than
+in the solution. ``schedule_ms`` recomputes the step from the rounded binaries, since HiGHS's own times
+may pass the rows by its tolerances.
 
-What the class leaves out (so the program's optimum bounds only phased plans; ``exact.py`` bounds them
-all): a copy starting before its gap's op, a tensor swapped out twice, reruns of ops that work in place
-or make a new value, swap-ins only a rerun reads, a pinned value leaving the device.
+What the class leaves out (so its optimum is the best phased plan for the order; ``exact.py`` bounds
+every plan with that order): a copy timed before its segment, a tensor swapped out twice, reruns of ops
+that work in place or make a new value, swap-ins due only for a rerun, a pinned value leaving the device.
 """
 
 from __future__ import annotations
 
 import time
 from collections.abc import Sequence
+from typing import Any
 
 import attrs
 import numpy as np
@@ -55,7 +57,8 @@ from swapdsl.devices.costs import copy_ms
 from swapdsl.plan.program import Free, Instr, Plan, Region, Run, SwapIn, SwapOut, scratch_offset
 from swapdsl.planning.baselines import assemble, with_figures
 from swapdsl.planning.compiled import no_swap_bytes
-from swapdsl.planning.milp import MIP_GAP, Milp
+from swapdsl.planning.exact import precedences
+from swapdsl.planning.milp import INFEASIBLE, MIP_GAP, Milp
 from swapdsl.planning.packing import pack
 from swapdsl.planning.problem import Edges, Problem, Request, edges
 from swapdsl.planning.sizing import below_smallest_cap, need_bytes
@@ -117,31 +120,43 @@ class _V:
 
 def exact_plan(p: Problem, cap: int, order: Sequence[int], time_limit_s: float = 60.0) -> ExactPlan:
     """The fastest phased plan of ``p`` under ``cap`` (scratch included) whose ops first run in ``order``,
-    as far as HiGHS gets in ``time_limit_s``; its layout from ``layout``, with the program solved again
-    under a smaller cap when the regions do not pack (at most three times)."""
+    as far as HiGHS gets in ``time_limit_s``. Where the regions of its solution do not pack, the program is
+    solved again with that much less room (at most three times): the plan is then no longer proven best,
+    and the bound is the first solution's (bytes under the whole cap)."""
     if p.host.ops or p.net:
         raise SwpError("the exact planner makes one rank's plans without updates on the host")
+    pos = {op: s for s, op in enumerate(order)}
+    if sorted(order) != list(range(p.n_ops)) or any(pos[i] > pos[j] for i, j in precedences(p)):
+        raise SwpError("the order must run every op once, after the ops it depends on")
     started = time.perf_counter()
     tensor_cap = scratch_offset(cap, p.scratch)
-    room = tensor_cap
+    room, bound = tensor_cap, None
     for _ in range(3):
         v = _build(p, room, list(order))
         res = v.prog.solve(max(1.0, time_limit_s - (time.perf_counter() - started)))
+        if bound is None:
+            bound = _dual(res)
         if res.x is None:
-            inf = float("inf") if res.status == 2 else float(getattr(res, "mip_dual_bound", None) or 0.0)
-            return ExactPlan(None, None, float("inf"), inf, res.status == 2, time.perf_counter() - started,
-                             tuple(order))
+            proven = res.status == INFEASIBLE and room == tensor_cap
+            return ExactPlan(None, None, float("inf"), float("inf") if proven else bound, proven,
+                             time.perf_counter() - started, tuple(order))
         sol = np.round(res.x).astype(int)
         regions, overflow = layout(v, sol, tensor_cap)
         if not overflow:
             program, homes = _program(v, sol, regions)
-            dual = getattr(res, "mip_dual_bound", None)
-            bound = float(dual) if dual is not None and np.isfinite(dual) else float(res.fun) * (1 - MIP_GAP)
             step = schedule_ms(v, sol)  # (HiGHS's bound may pass it by its tolerances)
-            return ExactPlan(tuple(program), homes, step, min(bound, float(res.fun), step), res.status == 0,
+            return ExactPlan(tuple(program), homes, step, min(bound, step), res.status == 0 and room == tensor_cap,
                              time.perf_counter() - started, tuple(order))
         room -= -(-overflow // ALIGN) * ALIGN
-    return ExactPlan(None, None, float("inf"), 0.0, False, time.perf_counter() - started, tuple(order))
+    return ExactPlan(None, None, float("inf"), bound, False, time.perf_counter() - started, tuple(order))
+
+
+def _dual(res: Any) -> float:
+    """HiGHS's dual bound (the optimum's value less its gap when it proved one; 0 when it has none)."""
+    dual = getattr(res, "mip_dual_bound", None)
+    if dual is not None and np.isfinite(dual):
+        return float(dual)
+    return float(res.fun) * (1 - MIP_GAP) if res.status == 0 and res.fun is not None else 0.0
 
 
 def _build(p: Problem, tensor_cap: int, order: list[int]) -> _V:
@@ -182,8 +197,8 @@ def _top(p: Problem) -> float:
 
 
 def _time(v: _V) -> None:
-    """``T`` (the objective is the step's end) and the copy streams' ``Fin``/``Fout``, whose rows take
-    their loads once the copy variables exist (``_streams``)."""
+    """The times: ``T`` (the objective is ``T[n+2]``, the step's end), ``R`` and ``S``, and the copy
+    streams' ``B`` and ``F``, whose rows take their copies once those exist (``_streams``)."""
     prog, n = v.prog, v.n
     v.T = [prog.var(ub=0.0 if g == 0 else v.top, cost=1.0 if g == n + 2 else 0.0) for g in range(n + 3)]
     v.Fin = [prog.var(ub=v.top) for _ in range(n + 2)]
@@ -199,8 +214,9 @@ def _time(v: _V) -> None:
 
 
 def _held(v: _V) -> None:
-    """``r``, with what the order forces: inputs always; what an op reads, in its gap and the one before;
-    what it makes, in its gap; nothing before it is made or after an op works in place over it."""
+    """``r``, with what the order forces: inputs from the start to their last read; what an op reads, in
+    its gap; what it makes, in its gap; nothing before it is made or after an op works in place over it
+    (``_reads_ready`` adds the gap before a read)."""
     p, prog, n = v.p, v.prog, v.n
     used = sorted({t for op in v.order for t in (*p.op_inputs[op], *p.op_outputs[op])} | set(p.inputs))
     for t in used:
@@ -238,7 +254,8 @@ def _pins(v: _V) -> None:
 
 def _copies_in(v: _V) -> None:
     """``cin``: persistent tensors not pinned from the prologue on, tensors made in the step once they may
-    have been copied out; each for the first gap after it whose op reads the tensor, held until then."""
+    have been copied out; each due for the first gap at or after it whose op reads the tensor, held until
+    then; never into a region the tensor already holds."""
     p, prog, n = v.p, v.prog, v.n
     for t, rs in v.r.items():
         if t in p.inputs or (t in v.made and t not in v.co):
@@ -512,6 +529,10 @@ def _program(v: _V, sol: np.ndarray, regions: dict[tuple[int, int], Region]) -> 
 EXACT_MAX_OPS = 150  # the program grows with ops x gaps x tensors: past this, HiGHS rarely finishes in minutes
 
 
+class TooLarge(SwpError):
+    """A graph past ``EXACT_MAX_OPS``: refused by the method, not infeasible under the cap."""
+
+
 def plan_exact(req: Request, time_limit_s: float = 60.0) -> Plan:
     """``--method exact``: the fastest phased plan of ``req``'s graph in its own order (the default
     schedule), HiGHS given ``time_limit_s``; its figures add the program's value (``exact_schedule_ms``,
@@ -523,7 +544,7 @@ def plan_exact(req: Request, time_limit_s: float = 60.0) -> Plan:
     if p.net:
         raise SwpError("the exact planner plans one rank", hints=["plan data-parallel graphs with ga or a baseline"])
     if p.n_ops > EXACT_MAX_OPS:
-        raise SwpError(f"the exact planner takes graphs of at most {EXACT_MAX_OPS} ops; this one has {p.n_ops}",
+        raise TooLarge(f"the exact planner takes graphs of at most {EXACT_MAX_OPS} ops; this one has {p.n_ops}",
                        hints=["use --method ga (bench/exact_gap.py measures how close it comes on small graphs)"])
     no_swap = no_swap_bytes(p)
     if req.tensor_cap < need_bytes(p, frozenset()):

@@ -12,7 +12,8 @@ from typing import Any
 import numpy as np
 
 MIP_GAP = 1e-6  # the relative gap at which HiGHS may call a solution optimal
-SOLVE_ERROR = 4  # scipy.optimize.milp's status for "HiGHS Status 4: Solve error"
+INFEASIBLE = 2  # scipy.optimize.milp's statuses: the program has no solution
+SOLVE_ERROR = 4  # "HiGHS Status 4: Solve error"
 
 
 class Milp:

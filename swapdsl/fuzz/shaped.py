@@ -40,7 +40,7 @@ def attention_graph(seed: int) -> Graph:
     x = b.declare("x", (t, d), Kind.input)
     y = b.declare("y", (t,), Kind.input, DType.i32)
     q, k, v = (b.op("matmul", [x, b.declare(f"w{name}", (d, d), Kind.param)]) for name in "qkv")
-    attention = b.op("matmul", [b.op("softmax", [b.op("matmul_nt", [q, k])], axis=-1), v])
+    attention = b.op("matmul", [b.op("softmax", [b.op("matmul_nt", [q, k])], axis=1), v])
     h = b.op("add", [b.op("matmul", [attention, b.declare("wo", (d, d), Kind.param)]), x])
     if rng.random() < 0.5:
         h = b.op("gelu", [h])

@@ -66,6 +66,7 @@ from swapdsl.planning.sizing import below_smallest_cap, need_bytes
 # HiGHS rounds a binary within 1e-6 of an integer; rounded, the big-M rows may move the step a little past
 # the program's value. A step within this much of the dual bound is still called proven.
 PROVEN_GAP = 1e-4
+MIN_LIMIT_S = 1.0  # each solve gets at least this long
 
 
 @attrs.frozen
@@ -137,7 +138,7 @@ def exact_plan(p: Problem, cap: int, order: Sequence[int], time_limit_s: float =
     room, bound = tensor_cap, None
     for _ in range(3):
         v = _build(p, room, list(order))
-        res = v.prog.solve(max(1.0, time_limit_s - (time.perf_counter() - started)))
+        res = v.prog.solve(max(MIN_LIMIT_S, time_limit_s - (time.perf_counter() - started)))
         if bound is None:
             bound = _dual(res)
         if res.x is None:
@@ -554,6 +555,7 @@ def plan_exact(req: Request, time_limit_s: float = 60.0) -> Plan:
     no_swap = no_swap_bytes(p)
     if req.tensor_cap < need_bytes(p, frozenset()):
         raise below_smallest_cap(p, req.cap, no_swap)
+    time_limit_s = max(MIN_LIMIT_S, time_limit_s)
     x = exact_plan(p, req.cap, list(range(p.n_ops)), time_limit_s)
     if x.program is None or x.homes is None:
         why = "no phased plan fits this cap" if x.optimal else f"HiGHS found no plan in {time_limit_s:g} s"

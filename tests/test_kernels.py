@@ -310,3 +310,17 @@ def test_concat_of_many_inputs_copies_into_slices() -> None:
     xp.__name__ = "numpy"
     parts = [np.full((2, i + 1, 3), i, np.float32) for i in range(12)]
     np.testing.assert_array_equal(run_kernel(xp, "concat", parts, {"axis": 1}), np.concatenate(parts, axis=1))
+
+
+def test_an_axis_outside_the_inputs_rank_is_refused() -> None:
+    """The language and the importer normalise axes; a graph built by hand with axis -1 would otherwise
+    reach kernels that read it as no axis at all."""
+    from swapdsl.common.errors import SwpError
+    from swapdsl.graph.ir import DType, TensorType
+    from swapdsl.graph.ops.registry import infer
+
+    x = TensorType((2, 4), DType.f32)
+    assert infer("softmax", (x,), {"axis": 1}) == x
+    for axis in (-1, 2):
+        with pytest.raises(SwpError, match="not an axis"):
+            infer("softmax", (x,), {"axis": axis})

@@ -146,6 +146,9 @@ def infer(op: str, ins: Types, attrs_: Attrs) -> TensorType:
     lo, hi = d.arity
     if len(ins) < lo or (hi is not None and len(ins) > hi):
         raise SwpError(f"`{op}` takes {lo if lo == hi else f'{lo} or more'} tensor inputs, got {len(ins)}")
+    axis = attrs_.get("axis")
+    if isinstance(axis, int) and ins and not 0 <= axis < ins[0].rank:  # kernels read a negative axis as none
+        raise SwpError(f"`{op}`'s axis {axis} is not an axis of {ins[0]} (the graph takes 0 to rank - 1)")
     return d.infer(ins, attrs_)
 
 

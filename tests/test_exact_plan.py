@@ -139,3 +139,13 @@ def test_packing_finds_a_layout_wherever_one_exists(seed: int) -> None:
         assert _fits(items, offsets, cap) and overflow == 0
     else:
         assert overflow > 0
+
+
+def test_no_swap_out_after_an_op_works_in_place_over_its_tensor() -> None:
+    """Such a swap-out would copy the op's output: a review forced one and the plan failed validation."""
+    p = Problem.build(seeded_training_graph(1, max_depth=2), V100)
+    v = exactplan._build(p, need_bytes(p, frozenset()), list(range(p.n_ops)))
+    overwritten = [t for t in v.co if t in v.consumed]
+    assert overwritten
+    for t in overwritten:
+        assert max(v.co[t]) <= v.consumed[t]

@@ -45,7 +45,6 @@ from __future__ import annotations
 
 import time
 from collections.abc import Sequence
-from typing import Any
 
 import attrs
 import numpy as np
@@ -53,7 +52,7 @@ import numpy as np
 from swapdsl.common.errors import SwpError
 from swapdsl.devices.costs import copy_ms
 from swapdsl.plan.program import Plan, Run, scratch_offset
-from swapdsl.planning.milp import INFEASIBLE, MIP_GAP, Milp
+from swapdsl.planning.milp import INFEASIBLE, Milp, dual_bound
 from swapdsl.planning.problem import Edges, Problem, edges
 
 
@@ -106,7 +105,7 @@ def exact_bound(p: Problem, cap: int, order: Sequence[int], time_limit_s: float 
         raise SwpError("the exact bound covers plans without updates on the host (--host-updates none)")
     if p.net:
         raise SwpError("the exact bound covers one rank's plans (its program has no network lane)")
-    if sorted(order) != list(range(p.n_ops)) or not _respects(p, order):
+    if sorted(order) != list(range(p.n_ops)) or not respects(p, order):
         raise SwpError("the order must run every op once, after the ops it depends on")
     started = time.perf_counter()
     prog, v = _build(p, scratch_offset(cap, p.scratch), list(order))
@@ -114,7 +113,7 @@ def exact_bound(p: Problem, cap: int, order: Sequence[int], time_limit_s: float 
     seconds = time.perf_counter() - started
     if res.status == INFEASIBLE:  # no plan with this order fits the cap
         return ExactBound(float("inf"), None, True, seconds, tuple(order), None, None, None)
-    bound = _proven(res, sum(p.op_ms))
+    bound = dual_bound(res, sum(p.op_ms))
     if res.x is None:
         return ExactBound(bound, None, False, seconds, tuple(order), None, None, None)
     sol = res.x
@@ -124,17 +123,6 @@ def exact_bound(p: Problem, cap: int, order: Sequence[int], time_limit_s: float 
     rerun = sum(sol[j] * p.op_ms[i] for i, js in v.rc.items() for j in js.values())
     return ExactBound(bound, float(res.fun), res.status == 0, seconds, tuple(order), float(h2d), float(d2h),
                       float(rerun))
-
-
-def _proven(res: Any, ideal: float) -> float:
-    """What HiGHS proved: its dual bound; without one, the optimum less the gap it may stop at, or only the
-    sum of op times (an incumbent is no bound)."""
-    dual = getattr(res, "mip_dual_bound", None)
-    if dual is not None and np.isfinite(dual):
-        return max(ideal, float(dual))
-    if res.status == 0 and res.fun is not None:
-        return max(ideal, float(res.fun) * (1 - MIP_GAP))
-    return ideal
 
 
 def precedences(p: Problem) -> set[tuple[int, int]]:
@@ -153,7 +141,7 @@ def first_runs(plan: Plan) -> list[int]:
     return list(dict.fromkeys(i.op for i in plan.program if isinstance(i, Run)))
 
 
-def _respects(p: Problem, order: Sequence[int]) -> bool:
+def respects(p: Problem, order: Sequence[int]) -> bool:
     pos = {op: s for s, op in enumerate(order)}
     return all(pos[i] < pos[j] for i, j in precedences(p))
 

@@ -12,7 +12,8 @@ Variables (binary unless said), for tensors t and gaps g:
   copied in or rebuilt in its own segment), what it makes in its gap; inputs from the start to their last
   read; nothing before it is made, or after an op works in place over it.
 - ``pin[p]``: persistent p stays on the device all step (its new value, made in place over it, to the
-  end); the others start on the host and their new value is copied home.
+  end; only pinnable tensors with no new value or one made in place); the others start on the host and
+  their new value is copied home.
 - ``cin[t][a]``: a swap-in of t starts in gap a and lands before the op of the first gap at or after a
   that reads t (``due``); t is held in between. A tensor made in the step comes back only after its one
   swap-out has ended.
@@ -46,7 +47,6 @@ from __future__ import annotations
 
 import time
 from collections.abc import Sequence
-from typing import Any
 
 import attrs
 import numpy as np
@@ -57,8 +57,8 @@ from swapdsl.devices.costs import copy_ms
 from swapdsl.plan.program import Free, Instr, Plan, Region, Run, SwapIn, SwapOut, scratch_offset
 from swapdsl.planning.baselines import assemble, with_figures
 from swapdsl.planning.compiled import no_swap_bytes
-from swapdsl.planning.exact import precedences
-from swapdsl.planning.milp import INFEASIBLE, MIP_GAP, Milp
+from swapdsl.planning.exact import respects
+from swapdsl.planning.milp import INFEASIBLE, Milp, dual_bound
 from swapdsl.planning.packing import pack
 from swapdsl.planning.problem import Edges, Problem, Request, edges
 from swapdsl.planning.sizing import below_smallest_cap, need_bytes
@@ -73,7 +73,8 @@ MIN_LIMIT_S = 1.0  # each solve gets at least this long
 class ExactPlan:
     """The phased program's solution for ``order``: its ``program`` and ``homes`` (``None`` when no
     phased plan fits), ``objective_ms`` (the plan's simulated step is at most this), ``bound_ms`` (HiGHS's
-    dual bound: no phased plan with this order is faster), and whether HiGHS proved it ``optimal``."""
+    dual bound: no phased plan with this order is faster), whether HiGHS proved it ``optimal``, and
+    ``why`` there is no plan when there is none."""
 
     program: tuple[Instr, ...] | None
     homes: dict[int, Region] | None
@@ -82,6 +83,7 @@ class ExactPlan:
     optimal: bool
     seconds: float
     order: tuple[int, ...]
+    why: str = ""
 
 
 @attrs.define
@@ -126,12 +128,11 @@ class _V:
 def exact_plan(p: Problem, cap: int, order: Sequence[int], time_limit_s: float = 60.0) -> ExactPlan:
     """The fastest phased plan of ``p`` under ``cap`` (scratch included) whose ops first run in ``order``,
     as far as HiGHS gets in ``time_limit_s``. Where the regions of its solution do not pack, the program is
-    solved again with that much less room (at most three times): the plan is then no longer proven best,
+    solved again with that much less room (three solves in all): the plan is then no longer proven best,
     and the bound is the first solution's (bytes under the whole cap)."""
     if p.host.ops or p.net:
         raise SwpError("the exact planner makes one rank's plans without updates on the host")
-    pos = {op: s for s, op in enumerate(order)}
-    if sorted(order) != list(range(p.n_ops)) or any(pos[i] > pos[j] for i, j in precedences(p)):
+    if sorted(order) != list(range(p.n_ops)) or not respects(p, order):
         raise SwpError("the order must run every op once, after the ops it depends on")
     started = time.perf_counter()
     tensor_cap = scratch_offset(cap, p.scratch)
@@ -140,11 +141,12 @@ def exact_plan(p: Problem, cap: int, order: Sequence[int], time_limit_s: float =
         v = _build(p, room, list(order))
         res = v.prog.solve(max(MIN_LIMIT_S, time_limit_s - (time.perf_counter() - started)))
         if bound is None:
-            bound = _dual(res)
+            bound = dual_bound(res)
         if res.x is None:
             proven = res.status == INFEASIBLE and room == tensor_cap
+            why = "no phased plan fits this cap" if proven else f"HiGHS found no plan in {time_limit_s:g} s"
             return ExactPlan(None, None, float("inf"), float("inf") if proven else bound, proven,
-                             time.perf_counter() - started, tuple(order))
+                             time.perf_counter() - started, tuple(order), why)
         sol = np.round(res.x).astype(int)
         regions, overflow = layout(v, sol, tensor_cap)
         if not overflow:
@@ -154,15 +156,8 @@ def exact_plan(p: Problem, cap: int, order: Sequence[int], time_limit_s: float =
             return ExactPlan(tuple(program), homes, step, min(bound, step), proven,
                              time.perf_counter() - started, tuple(order))
         room -= -(-overflow // ALIGN) * ALIGN
-    return ExactPlan(None, None, float("inf"), bound, False, time.perf_counter() - started, tuple(order))
-
-
-def _dual(res: Any) -> float:
-    """HiGHS's dual bound (the optimum's value less its gap when it proved one; 0 when it has none)."""
-    dual = getattr(res, "mip_dual_bound", None)
-    if dual is not None and np.isfinite(dual):
-        return float(dual)
-    return float(res.fun) * (1 - MIP_GAP) if res.status == 0 and res.fun is not None else 0.0
+    return ExactPlan(None, None, float("inf"), bound, False, time.perf_counter() - started, tuple(order),
+                     "the regions of three solutions did not pack into the cap")
 
 
 def _build(p: Problem, tensor_cap: int, order: list[int]) -> _V:
@@ -291,12 +286,12 @@ def _copies_out(v: _V) -> None:
     old_of = {new: old for old, new in v.new_of.items()}
     for t in v.co:
         m = v.made[t]
-        co = v.co[t] = {b: prog.var(integer=True) for b in range(m + 1, n + 2)}
+        u = v.consumed.get(t)  # (a swap-out after the op that works in place over t would read its output)
+        co = v.co[t] = {b: prog.var(integer=True) for b in range(m + 1, n + 2 if u is None else u + 1)}
         e = v.E[t] = prog.var(ub=v.top)
         for b, j in co.items():
             prog.row({j: 1.0, v.r[t][b - 1]: -1.0}, ub=0.0)
-            u = v.consumed.get(t)
-            if u is not None and b <= u:  # an op works in place over t only once it came back: not held since
+            if u is not None:  # an op works in place over t only once it came back: not held since
                 prog.row({j: 1.0, **{v.r[t][f]: 1.0 for f in range(b, u)}}, ub=float(u - b))
         for f in range(m + 1, n + 2):
             before = {j: v.top for b, j in co.items() if b <= f}
@@ -515,9 +510,9 @@ def _program(v: _V, sol: np.ndarray, regions: dict[tuple[int, int], Region]) -> 
     homes = {t: region(t, 0) for t in v.r if t in p.inputs or (t in v.pin and sol[v.pin[t]])}
     program: list[Instr] = []
     anchor = -1  # the latest run so far: what the segment's copies and frees follow
-    for g in range(n + 2):
-        name = p.names.__getitem__
-        program += [SwapOut(name(t), anchor) for t, js in v.co.items() if g in js and sol[js[g]]]
+    name = p.names.__getitem__
+    for g in range(n + 2):  # (each stream's copies in the order ``_streams`` and ``schedule_ms`` time them)
+        program += [SwapOut(name(t), anchor) for t in sorted(t for t, js in v.co.items() if g in js and sol[js[g]])]
         program += [Free(name(t), anchor) for t in v.r if g - 1 in on[t] and g not in on[t]
                     and v.consumed.get(t) != g - 1]
         landing = sorted((v.due[t][g], t) for t, js in v.cin.items() if g in js and sol[js[g]])
@@ -558,8 +553,7 @@ def plan_exact(req: Request, time_limit_s: float = 60.0) -> Plan:
     time_limit_s = max(MIN_LIMIT_S, time_limit_s)
     x = exact_plan(p, req.cap, list(range(p.n_ops)), time_limit_s)
     if x.program is None or x.homes is None:
-        why = "no phased plan fits this cap" if x.optimal else f"HiGHS found no plan in {time_limit_s:g} s"
-        raise SwpError(f"the exact planner made no plan: {why}",
+        raise SwpError(f"the exact planner made no plan: {x.why}",
                        hints=["give a larger --memory or --budget, or use --method ga"])
     plan = assemble(req, p, "exact", x.homes, x.program)
     extra = {"exact_schedule_ms": x.objective_ms, "exact_bound_ms": x.bound_ms, "exact_optimal": float(x.optimal)}

@@ -71,3 +71,14 @@ def _quiet() -> Iterator[None]:
     finally:
         os.dup2(saved, 1)
         os.close(saved)
+
+
+def dual_bound(res: Any, floor: float = 0.0) -> float:
+    """What HiGHS proved of a minimum: its dual bound; without one, the optimum less the gap it may stop
+    at, or only ``floor`` (an incumbent is no bound)."""
+    dual = getattr(res, "mip_dual_bound", None)
+    if dual is not None and np.isfinite(dual):
+        return max(floor, float(dual))
+    if res.status == 0 and res.fun is not None:
+        return max(floor, float(res.fun) * (1 - MIP_GAP))
+    return floor

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-import numpy as np
 
 from swapdsl.common.units import ALIGN
 from swapdsl.planning.milp import Milp

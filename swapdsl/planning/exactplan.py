@@ -148,7 +148,7 @@ def exact_plan(p: Problem, cap: int, order: Sequence[int], time_limit_s: float =
             return ExactPlan(None, None, float("inf"), float("inf") if proven else bound, proven,
                              time.perf_counter() - started, tuple(order), why)
         sol = np.round(res.x).astype(int)
-        regions, overflow = layout(v, sol, tensor_cap)
+        regions, overflow = layout(v, sol, tensor_cap, max(MIN_LIMIT_S, time_limit_s - (time.perf_counter() - started)))
         if not overflow:
             program, homes = _program(v, sol, regions)
             step = schedule_ms(v, sol)  # (HiGHS's bound may pass it by its tolerances)
@@ -486,12 +486,13 @@ def _start(v: _V, sol: np.ndarray, t: int, g: int) -> int:
     return g
 
 
-def layout(v: _V, sol: np.ndarray, tensor_cap: int) -> tuple[dict[tuple[int, int], Region], int]:
+def layout(v: _V, sol: np.ndarray, tensor_cap: int, time_limit_s: float = 10.0
+           ) -> tuple[dict[tuple[int, int], Region], int]:
     """A region for every residency chain (``packing.pack``): the regions and 0, or none and the least
     overflow found."""
     chains = residencies(v, sol)
     items = [(chain[0][1], end, max(v.p.size[t] for t, _ in chain)) for chain, end in chains]
-    offsets, overflow = pack(items, tensor_cap)
+    offsets, overflow = pack(items, tensor_cap, time_limit_s)
     if offsets is None:
         return {}, max(overflow, ALIGN)
     return {link: Region(o, size) for (chain, _), o, (_, _, size) in zip(chains, offsets, items)

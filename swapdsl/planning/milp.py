@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 import os
 import sys
+import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -48,13 +49,17 @@ class Milp:
                 vals.append(v)
         a = coo_matrix((vals, (rows, cols)), shape=(len(self.rows), len(self.lb))).tocsr()
         constraint = LinearConstraint(a, [r[1] for r in self.rows], [r[2] for r in self.rows])
-        options = {"time_limit": time_limit_s, "disp": False, "mip_rel_gap": MIP_GAP}
+        started = time.perf_counter()
+
+        def run(limit_s: float, **extra: bool) -> Any:
+            options = {"time_limit": limit_s, "disp": False, "mip_rel_gap": MIP_GAP, **extra}
+            return milp(np.array(self.cost), integrality=np.array(self.integer), bounds=Bounds(self.lb, self.ub),
+                        constraints=constraint, options=options)
+
         with _quiet():
-            res = milp(np.array(self.cost), integrality=np.array(self.integer), bounds=Bounds(self.lb, self.ub),
-                       constraints=constraint, options=options)
+            res = run(time_limit_s)
             if res.status == SOLVE_ERROR:  # HiGHS's presolve fails on a few of these programs; without it, not
-                res = milp(np.array(self.cost), integrality=np.array(self.integer),
-                           bounds=Bounds(self.lb, self.ub), constraints=constraint, options=options | {"presolve": False})
+                res = run(max(1.0, time_limit_s - (time.perf_counter() - started)), presolve=False)
         return res
 
 

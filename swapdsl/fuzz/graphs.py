@@ -39,6 +39,11 @@ class Builder:
         self.ops.append(Op(name, tuple(inputs), (out,), tuple(sorted(attrs.items()))))
         return out
 
+    def forward(self, loss: str, optimizer: Optimizer) -> Graph:
+        """The forward graph built so far, minimising ``loss`` with ``optimizer``."""
+        return Graph("random", (), self.tensors, tuple(self.ops), tuple(self.inputs), tuple(self.params), loss,
+                     optimizer, "0" * 64)
+
 
 class Choices(Protocol):
     """Where a random graph's choices come from."""
@@ -118,7 +123,7 @@ def random_training_graph(c: Choices, max_depth: int, extras: bool = True,
         Optimizer("sgd", (("lr", 0.1), ("momentum", 0.9), ("weight_decay", 0.0))),
         Optimizer("adam", (("lr", 1e-3), ("beta1", 0.9), ("beta2", 0.999), ("eps", 1e-8), ("weight_decay", 0.0))),
     ])
-    fwd = Graph("random", (), b.tensors, tuple(b.ops), tuple(b.inputs), tuple(b.params), loss, optimizer, "0" * 64)
+    fwd = b.forward(loss, optimizer)
     precision = draw_pick(list(precisions)) if len(precisions) > 1 else precisions[0]
     guard = draw_pick(list(guards)) if len(guards) > 1 else guards[0]
     return training_graph(attrs.evolve(autocast(fwd, str(precision)), guard=guard))

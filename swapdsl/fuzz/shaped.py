@@ -69,5 +69,4 @@ SHAPES = {"conv": conv_graph, "attention": attention_graph, "lstm": lstm_graph}
 
 
 def _training(b: Builder, loss: str) -> Graph:
-    fwd = Graph("random", (), b.tensors, tuple(b.ops), tuple(b.inputs), tuple(b.params), loss, SGD, "0" * 64)
-    return training_graph(fwd)
+    return training_graph(b.forward(loss, SGD))

@@ -130,16 +130,19 @@ def exact_plan(p: Problem, cap: int, order: Sequence[int], time_limit_s: float =
     as far as HiGHS gets in ``time_limit_s``. Where the regions of its solution do not pack, the program is
     solved again with that much less room (three solves in all): the plan is then no longer proven best,
     and the bound is the first solution's (bytes under the whole cap)."""
-    if p.host.ops or p.net:
-        raise SwpError("the exact planner makes one rank's plans without updates on the host")
+    check_supported(p)
     if sorted(order) != list(range(p.n_ops)) or not respects(p, order):
         raise SwpError("the order must run every op once, after the ops it depends on")
     started = time.perf_counter()
+
+    def left() -> float:
+        return max(MIN_LIMIT_S, time_limit_s - (time.perf_counter() - started))
+
     tensor_cap = scratch_offset(cap, p.scratch)
     room, bound = tensor_cap, None
     for _ in range(3):
         v = _build(p, room, list(order))
-        res = v.prog.solve(max(MIN_LIMIT_S, time_limit_s - (time.perf_counter() - started)))
+        res = v.prog.solve(left())
         if bound is None:
             bound = dual_bound(res)
         if res.x is None:
@@ -148,7 +151,7 @@ def exact_plan(p: Problem, cap: int, order: Sequence[int], time_limit_s: float =
             return ExactPlan(None, None, float("inf"), float("inf") if proven else bound, proven,
                              time.perf_counter() - started, tuple(order), why)
         sol = np.round(res.x).astype(int)
-        regions, overflow = layout(v, sol, tensor_cap, max(MIN_LIMIT_S, time_limit_s - (time.perf_counter() - started)))
+        regions, overflow = layout(v, sol, tensor_cap, left())
         if not overflow:
             program, homes = _program(v, sol, regions)
             step = schedule_ms(v, sol)  # (HiGHS's bound may pass it by its tolerances)
@@ -158,6 +161,18 @@ def exact_plan(p: Problem, cap: int, order: Sequence[int], time_limit_s: float =
         room -= -(-overflow // ALIGN) * ALIGN
     return ExactPlan(None, None, float("inf"), bound, False, time.perf_counter() - started, tuple(order),
                      "the regions of three solutions did not pack into the cap")
+
+
+def check_supported(p: Problem) -> None:
+    """The exact planner plans one rank, with every update on the device."""
+    if p.host.ops:
+        raise host_updates_refused()
+    if p.net:
+        raise SwpError("the exact planner plans one rank", hints=["plan data-parallel graphs with ga or a baseline"])
+
+
+def host_updates_refused() -> SwpError:
+    return SwpError("the exact planner keeps every update on the device", hints=["use --host-updates none"])
 
 
 def _build(p: Problem, tensor_cap: int, order: list[int]) -> _V:
@@ -541,10 +556,7 @@ def plan_exact(req: Request, time_limit_s: float = 60.0) -> Plan:
     at least the simulated step), HiGHS's dual bound for phased plans in that order (``exact_bound_ms``)
     and whether it proved the optimum (``exact_optimal``)."""
     p = Problem.of(req)
-    if req.host_updates:
-        raise SwpError("the exact planner keeps every update on the device", hints=["use --host-updates none"])
-    if p.net:
-        raise SwpError("the exact planner plans one rank", hints=["plan data-parallel graphs with ga or a baseline"])
+    check_supported(p)
     if p.n_ops > EXACT_MAX_OPS:
         raise TooLarge(f"the exact planner takes graphs of at most {EXACT_MAX_OPS} ops; this one has {p.n_ops}",
                        hints=["use --method ga (bench/exact_gap.py measures how close it comes on small graphs)"])

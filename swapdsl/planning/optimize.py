@@ -16,7 +16,7 @@ from swapdsl.planning.baselines import host_budget_error, plan_baseline, plan_ca
 from swapdsl.planning.ga import SearchOptions, genetic_search
 from swapdsl.planning.policy import METHODS
 from swapdsl.planning.compiled import no_swap_bytes
-from swapdsl.planning.exactplan import plan_exact
+from swapdsl.planning.exactplan import host_updates_refused, plan_exact
 from swapdsl.planning.problem import Problem, Request
 from swapdsl.planning.sizing import below_smallest_cap
 
@@ -40,7 +40,7 @@ def with_host_updates(req: Request, method: str, host_updates: str) -> Request:
     if host_updates not in HOST_UPDATES:
         raise SwpError(f"unknown --host-updates `{host_updates}`", hints=[f"one of {', '.join(HOST_UPDATES)}"])
     if host_updates != "none" and method == "exact":
-        raise SwpError("the exact planner keeps every update on the device", hints=["use --host-updates none"])
+        raise host_updates_refused()
     if host_updates == "all" and method == "checkpoint":
         raise SwpError("checkpoint keeps the parameters and optimiser state on the device: it cannot update any "
                        "on the host", hints=["use --host-updates none or auto with checkpoint, or a method that swaps"])

@@ -20,7 +20,7 @@ FILES = ["m.swp", "m.plan", "missing.swp", "folder", "/proc/x.swp", "empty.swp",
 # option -> values a user might give it, good and bad
 OPTIONS: dict[str, list[str]] = {
     "--memory": ["64KiB", "8MiB", "1e30", "lots", "-1", "0", "1KiB", "nan", "1.5GB", "9" * 40, "", "1PiB"],
-    "--method": ["lru", "belady", "vdnn", "ga", "checkpoint", "capuchin", "bogus"],
+    "--method": ["lru", "belady", "vdnn", "ga", "checkpoint", "capuchin", "exact", "bogus"],
     "--host-memory": ["1KiB", "64MiB", "0", "-1", "lots", "nan", "1e30", "", "1PiB"],
     "--host-share": ["0.5", "0", "-1", "nan", "inf", "x"],
     "--budget": ["0.2", "nan", "-1", "inf", "0", "x", "1e-9"],

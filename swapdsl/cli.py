@@ -336,7 +336,8 @@ def _search_progress(out: TextIO) -> Callable[[SearchProgress], None]:
     shown = [-math.inf]
 
     def report(p: SearchProgress) -> None:
-        line = (f"ga: {p.seconds:5.1f} s of {p.budget_s:g} s, generation {p.generation}, best fraction "
+        passes = f"{p.microbatches} micro-batches, " if p.microbatches > 1 else ""
+        line = (f"ga: {p.seconds:5.1f} s of {p.budget_s:g} s, {passes}generation {p.generation}, best fraction "
                 f"{p.best_fraction:.4f}, {p.evaluations:,} plans simulated")
         if p.interrupted:
             out.write(("\n" if live else "") + f"ga: interrupted after {p.seconds:.1f} s; keeping the best plan "

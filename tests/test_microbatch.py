@@ -4,6 +4,8 @@ line, `--microbatches K|auto` on the command line, and the refusals."""
 
 from __future__ import annotations
 
+import math
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -20,7 +22,10 @@ from swapdsl.graph.checker import check_graph
 from swapdsl.graph.ir import DType, Graph, retyped
 from swapdsl.graph.microbatch import microbatched
 from swapdsl.plan.file import format_plan
-from swapdsl.planning.optimize import optimize
+from swapdsl.plan.validate import validate
+from swapdsl.planning import optimize as optimize_module
+from swapdsl.planning.ga import Search, SearchOptions
+from swapdsl.planning.optimize import PATIENCE, climb_microbatches, optimize
 from swapdsl.planning.problem import Request
 from swapdsl.runtime import reference
 from swapdsl.runtime.data import integer_ranges
@@ -259,3 +264,54 @@ def test_what_micro_batches_cannot_split_is_refused(tmp_path: Path, edit: str, m
     text = (MODELS / "mlp.swp").read_text().replace("    loss = softmax_cross_entropy", edit + "    loss = softmax_cross_entropy")
     with pytest.raises(SwpError, match=message):
         swapdsl.load(write(tmp_path / "m.swp", text), microbatches=2, **MLP).training
+
+
+def _climb_setup(batch: int = 8, share: float = 0.3) -> Callable[[int], Request]:
+    """Requests for tiny_transformer at ``batch`` in k micro-batches, at ``share`` of one pass's no-swap arena."""
+    m = swapdsl.load(MODELS / "tiny_transformer.swp", **{**TRANSFORMER, "batch": batch})
+    cap = int(share * caps(m.training)[1])
+
+    def request_at(k: int) -> Request:
+        mk = m if k == 1 else swapdsl.load(MODELS / "tiny_transformer.swp", microbatches=k,
+                                           **{**TRANSFORMER, "batch": batch})
+        return Request(mk.training, H100, cap, str(m.path), m.graph.args)
+
+    return request_at
+
+
+GA_GENERATIONS = SearchOptions(budget_s=1e6, generations=30, population=8, workers=1)
+
+
+def test_ga_auto_keeps_the_count_whose_search_did_best_and_is_fixed_by_the_seed(monkeypatch) -> None:
+    """With a generation limit, ``climb_microbatches`` is a function of the seed. It climbs while no more than
+    ``PATIENCE`` counts in a row fail to beat the best probe so far, and keeps the count whose probe did
+    best, its plan no slower than that."""
+    probed: dict[int, float] = {}
+
+    class Recorded(Search):
+        def run(self, until: float, generations: int) -> None:
+            super().run(until, generations)
+            probed.setdefault(self.req.graph.microbatches, self.best)  # (its first run is its probe)
+
+    monkeypatch.setattr(optimize_module, "Search", Recorded)
+    plan = climb_microbatches(_climb_setup(), [1, 2, 4, 8], GA_GENERATIONS)
+    tried = list(probed.values())
+    assert len(tried) >= 2, probed
+    best, misses = math.inf, 0
+    for value in tried:
+        assert misses <= PATIENCE, probed  # (a count more is probed only while the misses are within patience)
+        misses = 0 if value < best else misses + 1
+        best = min(best, value)
+    assert plan.microbatches == min(probed, key=lambda k: probed[k])
+    assert dict(plan.figures)["iteration_ms"] <= min(tried) + 1e-9
+    assert format_plan(plan) == format_plan(climb_microbatches(_climb_setup(), [1, 2, 4, 8], GA_GENERATIONS))
+    validate(plan)
+
+
+def test_ga_auto_chooses_a_count_under_a_cap_one_pass_cannot_meet() -> None:
+    request_at = _climb_setup(batch=16, share=0.3)
+    with pytest.raises(SwpError, match="below the smallest feasible cap"):
+        optimize(request_at(1), "ga", GA_GENERATIONS)
+    plan = climb_microbatches(request_at, [1, 2, 4, 8], GA_GENERATIONS)
+    assert plan.microbatches > 1
+    validate(plan)

@@ -117,10 +117,12 @@ def plan_capuchin(req: Request) -> Plan:
     return with_figures(plan, p, no_swap, recomputes=True)
 
 
-def capuchin_setup(req: Request, p: Problem, ext: Extensions, no_swap: int | None = None) -> tuple[Setup, int]:
-    """``belady``'s setup with what Capuchin's rule recomputes (nothing where no swapping is needed)."""
+def capuchin_setup(req: Request, p: Problem, ext: Extensions, no_swap: int | None = None,
+                   evaluations: int | None = None) -> tuple[Setup, int]:
+    """``belady``'s setup with what Capuchin's rule recomputes (nothing where no swapping is needed; at most
+    ``evaluations`` candidate sets scored, ``capuchin_set``)."""
     s, no_swap = baseline_setup(p, "belady", req.tensor_cap, no_swap)
-    chosen = capuchin_set(req, ext, s.schedule, s.pinned, s.policy) if no_swap > req.tensor_cap else ()
+    chosen = capuchin_set(req, ext, s.schedule, s.pinned, s.policy, evaluations) if no_swap > req.tensor_cap else ()
     return attrs.evolve(s, recompute=chosen), no_swap
 
 

@@ -26,8 +26,9 @@ STARTS = 2  # the best prefixes grown
 
 
 def capuchin_set(req: Request, ext: Extensions, schedule: list[int], pinned: frozenset[int],
-                 policy: Policy) -> tuple[int, ...]:
-    """The forward ops to recompute on ``schedule``, chosen as the module docstring says."""
+                 policy: Policy, evaluations: int | None = None) -> tuple[int, ...]:
+    """The forward ops to recompute on ``schedule``, chosen as the module docstring says; ``evaluations``:
+    the most candidate sets scored in all (None: ``EVALUATIONS`` per growth)."""
     order = ext.candidates.cheapest(ext.p)
 
     def key(chosen: list[int]) -> float:
@@ -36,15 +37,17 @@ def capuchin_set(req: Request, ext: Extensions, schedule: list[int], pinned: fro
         return req.score(t.iteration_ms, t.host_bytes)
 
     scored = {n: key(order[:n]) for n in sorted({len(order) * k // PREFIXES for k in range(PREFIXES + 1)})}
-    best = sorted(scored, key=lambda n: (scored[n], n))[:STARTS]
-    grown = [_grow(key, order, n, scored[n]) for n in sorted({0, *best})]
+    starts = sorted({0, *sorted(scored, key=lambda n: (scored[n], n))[:STARTS]})
+    each = EVALUATIONS if evaluations is None else max(0, evaluations - len(scored)) // len(starts)
+    grown = [_grow(key, order, n, scored[n], each) for n in starts]
     return tuple(sorted(min(grown)[1]))
 
 
-def _grow(key: Callable[[list[int]], float], order: list[int], i: int, best: float) -> tuple[float, list[int]]:
+def _grow(key: Callable[[list[int]], float], order: list[int], i: int, best: float,
+          evaluations: int = EVALUATIONS) -> tuple[float, list[int]]:
     """Greedy growth of ``order[:i]`` (scored ``best``) by runs of the candidates after it."""
     chosen, run = order[:i], max(1, len(order) // 16)
-    for _ in range(EVALUATIONS):
+    for _ in range(evaluations):
         if i >= len(order):
             break
         trial = chosen + order[i:i + run]

@@ -26,7 +26,9 @@ of all these. Selection is by tournament with elitism; children mix their
 parents' priorities op by op (or at one cut) and their genes, then mutate. The
 result is never worse than the best baseline: ``lru``, ``vdnn``, ``belady`` and
 ``capuchin`` are scored too, ``checkpoint`` is planned at the end, and the
-best is kept if nothing beats it. With a host budget, plans past it score
+best is kept if nothing beats it (on graphs past ``SEED_OP_EVALUATIONS`` /
+777 ops, about 3,800, ``capuchin``'s choice comes from a shorter search than
+the method's own). With a host budget, plans past it score
 behind every plan within it (``Request.score``).
 
 Random choices come from one seeded generator in the calling process, and
@@ -37,6 +39,7 @@ worker ran them, so a seed and a generation limit fix the plan.
 from __future__ import annotations
 
 import collections
+import contextlib
 import functools
 import math
 import multiprocessing
@@ -44,7 +47,7 @@ import os
 import signal
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from concurrent.futures import ProcessPoolExecutor
 
 import attrs
@@ -85,6 +88,7 @@ class SearchProgress:
     seconds: float  # since the search started
     budget_s: float
     interrupted: bool = False  # Ctrl-C or SIGTERM: the search stops and keeps its best plan
+    microbatches: int = 1  # the passes a step of the graph searched runs (``--microbatches auto`` tries several)
 
 
 POLICY = Policy("belady", "earliest")  # the genome picks ``outputs``, ``early`` and ``horizon``
@@ -92,6 +96,12 @@ PIN_LEVELS = (0.0, 0.1, 0.25, 0.5, 0.75, 1.0)
 # Policy.early and horizon: none, or the share of the cap early swap-ins leave free and how many ops ahead they look
 EARLY = (None, (0.0, None), (0.02, None), (0.05, None), (0.1, None), (0.0, 200), (0.0, 1000), (0.05, 200),
          (0.05, 1000))
+
+
+# the capuchin seed scores at most this many ops' worth of candidate sets (sets x ops): capuchin's own search
+# on graphs of up to about 3,800 ops; on larger (micro-batched) ones, where every set scored rebuilds the
+# graph, a shorter one, so that setting up stays a few seconds
+SEED_OP_EVALUATIONS = 3_000_000
 
 
 def _frozen(values: object) -> np.ndarray:
@@ -418,59 +428,105 @@ def _tournament(pop: list[Genome], fit: list[float], rng: np.random.Generator, k
 
 
 def _report(opts: SearchOptions, gen: int, best: float, ideal: float, evaluations: int, started: float,
-            interrupted: bool = False) -> None:
+            interrupted: bool = False, microbatches: int = 1) -> None:
     if opts.progress is not None:
         opts.progress(SearchProgress(gen, ideal / best if best < math.inf else 0.0, evaluations,
-                                     time.perf_counter() - started, opts.budget_s, interrupted))
+                                     time.perf_counter() - started, opts.budget_s, interrupted, microbatches))
 
 
 def genetic_search(req: Request, opts: SearchOptions, on_generation: Callable[[int, float], None] | None = None
                    ) -> Outcome:
-    started = time.perf_counter()
-    d = Decoder(req)
-    rng = np.random.default_rng(opts.seed)
-    workers = opts.workers or os.cpu_count() or 1
-    ideal = ideal_ms(d.p)
-    baselines = {m: baseline_setup(d.p, m, req.tensor_cap, d.no_swap)[0] for m in METHODS}
-    masks = []
-    if len(d.candidates) and d.no_swap > req.tensor_cap:
-        baselines["capuchin"] = capuchin_setup(req, d.p, d.extensions, d.no_swap)[0]
-        cheapest = d.extensions.candidates.cheapest(d.p)
-        masks = [d.mask(baselines["capuchin"].recompute)]
-        masks += [d.mask(dropped_makers(d.p, req.tensor_cap, 1.0, at_cuts)) for at_cuts in (True, False)]
-        masks += [d.mask(cheapest[:max(1, int(share * len(cheapest)))]) for share in (0.5, 1.0)]
-        masks.append(np.ones(len(d.candidates), np.bool_))  # every chain back to what the forward pass keeps
-    pop = _seeds(d, rng, opts.population, masks)
-    first = d.score(pop[0])  # compiles the inner loop (or loads it) once, before workers fork
-    scorer = _Scorer(req, d, workers)
-    scorer.cache[pop[0].key] = first
-    generations = 0
-    try:
-        fit = scorer(pop)
-        _report(opts, 0, min(fit), ideal, len(scorer.cache), started)
-        if on_generation is not None:
-            on_generation(0, min(fit))
-        while generations < opts.generations and time.perf_counter() - started < opts.budget_s:
-            generations += 1
-            order = sorted(range(len(pop)), key=lambda i: (fit[i], i))
-            elite = [pop[i] for i in order[:max(2, len(pop) // 4)]]
-            children = []
-            while len(elite) + len(children) < len(pop):
-                a, b = _tournament(pop, fit, rng), _tournament(pop, fit, rng)
-                child = _crossover(a, b, rng) if rng.random() < 0.7 else a
-                children.append(_mutate(child, rng))
-            pop = elite + children
-            fit = scorer(pop)
-            best = min(fit)
-            _report(opts, generations, best, ideal, len(scorer.cache), started)
-            if on_generation is not None:
-                on_generation(generations, best)
-    except KeyboardInterrupt:
-        fit = [scorer.cache.get(g.key, math.inf) for g in pop]
-        _report(opts, generations, min(fit), ideal, len(scorer.cache), started, interrupted=True)
-    finally:
-        scorer.close()
-    return _finish(req, d, pop, fit, baselines, generations, len(scorer.cache), started)
+    search = Search(req, opts, on_generation)
+    with search.closing():
+        search.run(search.started + opts.budget_s, opts.generations)
+    return search.finish()
+
+
+class Search:
+    """One genetic search, run in slices: created, it sets up and scores its seeds (generation 0); ``run``
+    breeds generations until a time or a generation count; ``finish`` ends it with the best plan.
+    ``--microbatches auto`` races several (``optimize.climb_microbatches``)."""
+
+    def __init__(self, req: Request, opts: SearchOptions, on_generation: Callable[[int, float], None] | None = None,
+                 started: float | None = None) -> None:
+        self.started = time.perf_counter() if started is None else started  # (a race's searches share its start)
+        self.req, self.opts, self.on_generation = req, opts, on_generation
+        self.d = d = Decoder(req)
+        self.rng = np.random.default_rng(opts.seed)
+        self.ideal = ideal_ms(d.p)
+        self.baselines = {m: baseline_setup(d.p, m, req.tensor_cap, d.no_swap)[0] for m in METHODS}
+        masks = []
+        if len(d.candidates) and d.no_swap > req.tensor_cap:
+            evaluations = SEED_OP_EVALUATIONS // d.p.n_ops
+            self.baselines["capuchin"] = capuchin_setup(req, d.p, d.extensions, d.no_swap, evaluations)[0]
+            cheapest = d.extensions.candidates.cheapest(d.p)
+            masks = [d.mask(self.baselines["capuchin"].recompute)]
+            masks += [d.mask(dropped_makers(d.p, req.tensor_cap, 1.0, at_cuts)) for at_cuts in (True, False)]
+            masks += [d.mask(cheapest[:max(1, int(share * len(cheapest)))]) for share in (0.5, 1.0)]
+            masks.append(np.ones(len(d.candidates), np.bool_))  # every chain back to what the forward pass keeps
+        self.pop = _seeds(d, self.rng, opts.population, masks)
+        first = d.score(self.pop[0])  # compiles the inner loop (or loads it) once, before workers fork
+        self.scorer = _Scorer(req, d, opts.workers or os.cpu_count() or 1)
+        self.scorer.cache[self.pop[0].key] = first
+        self.generations = 0
+        self.fit = [math.inf] * len(self.pop)
+        self.interrupted = False
+        with self.closing():
+            self._breed(lambda: self.scorer(self.pop))
+
+    @property
+    def best(self) -> float:
+        """The best score so far (``Request.score``: the step in ms within the host budget)."""
+        return min(self.fit)
+
+    def run(self, until: float, generations: int) -> None:
+        """Breed until ``time.perf_counter()`` passes ``until`` or ``generations`` generations are done
+        in all (a Ctrl-C or SIGTERM ends it too: the search then keeps its best)."""
+        while not self.interrupted and self.generations < generations and time.perf_counter() < until:
+            self._breed(self._generation)
+
+    def _generation(self) -> list[float]:
+        order = sorted(range(len(self.pop)), key=lambda i: (self.fit[i], i))
+        elite = [self.pop[i] for i in order[:max(2, len(self.pop) // 4)]]
+        children = []
+        while len(elite) + len(children) < len(self.pop):
+            a, b = _tournament(self.pop, self.fit, self.rng), _tournament(self.pop, self.fit, self.rng)
+            child = _crossover(a, b, self.rng) if self.rng.random() < 0.7 else a
+            children.append(_mutate(child, self.rng))
+        self.pop = elite + children
+        self.generations += 1
+        return self.scorer(self.pop)
+
+    def _breed(self, step: Callable[[], list[float]]) -> None:
+        """One generation (``step`` scores the new population), reported; on an interrupt, the population
+        as far as it was scored."""
+        try:
+            self.fit = step()
+        except KeyboardInterrupt:
+            self.interrupted = True
+            self.fit = [self.scorer.cache.get(g.key, math.inf) for g in self.pop]
+        _report(self.opts, self.generations, self.best, self.ideal, len(self.scorer.cache), self.started,
+                self.interrupted, self.req.graph.microbatches)
+        if self.on_generation is not None and not self.interrupted:
+            self.on_generation(self.generations, self.best)
+
+    def close(self) -> None:
+        """Stop the workers (a search that lost a race ends so, without a plan)."""
+        self.scorer.close()
+
+    @contextlib.contextmanager
+    def closing(self) -> Iterator[None]:
+        """Stops the workers if what it wraps fails."""
+        try:
+            yield
+        except BaseException:
+            self.close()
+            raise
+
+    def finish(self) -> Outcome:
+        self.close()
+        return _finish(self.req, self.d, self.pop, self.fit, self.baselines, self.generations,
+                       len(self.scorer.cache), self.started)
 
 
 def _finish(req: Request, d: Decoder, pop: list[Genome], fit: list[float], baselines: dict[str, Setup],

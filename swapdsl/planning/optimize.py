@@ -4,7 +4,8 @@ each parameter's update runs (``--host-updates``)."""
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+import time
+from collections.abc import Callable, Iterator
 
 import attrs
 
@@ -13,7 +14,8 @@ from swapdsl.graph.ir import Graph
 from swapdsl.graph.offload import offloadable
 from swapdsl.plan.program import Plan
 from swapdsl.planning.baselines import host_budget_error, plan_baseline, plan_capuchin, plan_checkpoint
-from swapdsl.planning.ga import SearchOptions, genetic_search
+from swapdsl.planning.bound import ideal_ms
+from swapdsl.planning.ga import Search, SearchOptions, genetic_search
 from swapdsl.planning.policy import METHODS
 from swapdsl.planning.compiled import no_swap_bytes
 from swapdsl.planning.exactplan import host_updates_refused, plan_exact
@@ -95,37 +97,96 @@ def optimize_microbatches(request_at: Callable[[int], Request], counts: list[int
                           search: SearchOptions | None = None, host_updates: str | None = None) -> Plan:
     """``--microbatches auto``: of the micro-batch ``counts`` (ascending; ``request_at(k)`` the request
     with k micro-batches), the plan of the count whose plan is fastest. The counts stop at the first that
-    swaps nothing (more would only add ops) or whose graph passes ``AUTO_MAX_OPS``. ``ga`` scores the
-    counts by ``belady``'s plans, then searches the smallest feasible count, belady's best and the
-    feasible count below it, an equal share of its budget each (belady's ranking favours counts that swap
-    less, which a search that recomputes may not need; each count more costs launches)."""
-    scout = _SCOUT.get(method, method)
+    swaps nothing (more would only add ops) or whose graph passes ``AUTO_MAX_OPS``. ``ga`` climbs the
+    counts instead (``climb_microbatches``)."""
+    if method == "ga":
+        return climb_microbatches(request_at, counts, search or SearchOptions(), host_updates)
     best: tuple[float, int, Plan] | None = None
-    feasible: list[int] = []
     refused: list[SwpError] = []
-    for k in counts:
-        req = request_at(k)
-        if k > 1 and len(req.graph.ops) > AUTO_MAX_OPS:
-            break
+    for k, req in _counts(request_at, counts):
         try:
-            plan = optimize(req, scout, search, host_updates)
+            plan = optimize(req, method, search, host_updates)
         except SwpError as err:  # below this count's smallest cap: a larger count may fit
             refused.append(err)
             continue
         f = dict(plan.figures)
         score = req.score(f["iteration_ms"], int(f["host_bytes"]))
-        feasible.append(k)
         if best is None or score < best[0]:
             best = (score, k, plan)
-        if f["h2d_bytes"] == 0 and f["d2h_bytes"] == 0:
+        if _swaps_nothing(plan):
             break
     if best is None:
         raise refused[-1]
-    if scout == method:
-        return best[2]
-    at = feasible.index(best[1])
-    tried = sorted({feasible[0], feasible[max(at - 1, 0)], best[1]})
-    search = search or SearchOptions()
-    search = attrs.evolve(search, budget_s=search.budget_s / len(tried))
-    plans = [optimize(request_at(k), method, search, host_updates) for k in tried]
-    return min(plans, key=lambda p: (dict(p.figures)["iteration_ms"], p.microbatches))
+    return best[2]
+
+
+def _counts(request_at: Callable[[int], Request], counts: list[int]) -> Iterator[tuple[int, Request]]:
+    for k in counts:
+        req = request_at(k)
+        if k > 1 and len(req.graph.ops) > AUTO_MAX_OPS:
+            return
+        yield k, req
+
+
+def _swaps_nothing(plan: Plan) -> bool:
+    f = dict(plan.figures)
+    return f["h2d_bytes"] == 0 and f["d2h_bytes"] == 0
+
+
+PROBE = 0.1  # climb_microbatches: the share of the budget (or generations) each count's search has to show its worth
+CLIMB = 0.5  # climb_microbatches: past this share of the budget no further count is tried
+PATIENCE = 1  # climb_microbatches: counts in a row that may do no better before the climb stops
+
+
+def climb_microbatches(request_at: Callable[[int], Request], counts: list[int], search: SearchOptions,
+                       host_updates: str | None = None) -> Plan:
+    """``ga`` under ``--microbatches auto``: a search per count, in ascending order, each run for ``PROBE``
+    of the budget once set up, until ``PATIENCE`` + 1 counts in a row do no better than the best so far
+    (fewer passes spare launches and weight reads, more shrink what must be swapped: between them the step
+    time has a low point, with bumps); the best search then has the rest of the budget. No count is tried
+    once ``CLIMB`` of the budget is spent, when its ideal step is no faster than the best plan found, or
+    past one whose ``belady`` plan swaps nothing; ``belady`` also tells whether a count fits at all. A
+    probe is ``PROBE`` of ``SearchOptions.generations`` too: with a generation limit (and time to reach
+    it) the seed fixes the plan."""
+    started = time.perf_counter()
+    leader: Search | None = None
+    refused: list[SwpError] = []
+    misses = 0  # counts in a row that did no better than the leader
+    try:
+        for k, req in _counts(request_at, counts):
+            if leader is not None and (time.perf_counter() - started > CLIMB * search.budget_s
+                                       or ideal_ms(Problem.of(req)) >= leader.best):
+                break
+            try:
+                req = with_host_updates(req, "ga", host_updates) if host_updates and req.tensor_cap > 0 else req
+                scout = optimize(req, "belady")
+            except SwpError as err:  # below this count's smallest cap: a larger count may fit
+                refused.append(err)
+                continue
+            challenger = _probe(req, search, started)
+            if leader is None or challenger.best < leader.best:
+                if leader is not None:
+                    leader.close()
+                leader, misses = challenger, 0
+            else:
+                challenger.close()
+                misses += 1
+            if misses > PATIENCE or challenger.interrupted or _swaps_nothing(scout):
+                break
+    except KeyboardInterrupt:  # while a count was being set up: the best search so far finishes
+        if leader is None:
+            raise
+        leader.interrupted = True
+    if leader is None:
+        raise refused[-1]
+    with leader.closing():
+        leader.run(started + search.budget_s, search.generations)
+    return leader.finish().plan
+
+
+def _probe(req: Request, search: SearchOptions, started: float) -> Search:
+    """A search set up for ``req`` and run for ``PROBE`` of ``search``'s budget and generations."""
+    challenger = Search(req, search, started=started)
+    with challenger.closing():
+        challenger.run(time.perf_counter() + PROBE * search.budget_s, max(1, int(PROBE * search.generations)))
+    return challenger

@@ -472,7 +472,7 @@ class Search:
         self.fit = [math.inf] * len(self.pop)
         self.interrupted = False
         with self.closing():
-            self._breed(lambda: self.scorer(self.pop))
+            self._guarded(self._first)
 
     @property
     def best(self) -> float:
@@ -482,8 +482,17 @@ class Search:
     def run(self, until: float, generations: int) -> None:
         """Breed until ``time.perf_counter()`` passes ``until`` or ``generations`` generations are done
         in all (a Ctrl-C or SIGTERM ends it too: the search then keeps its best)."""
-        while not self.interrupted and self.generations < generations and time.perf_counter() < until:
-            self._breed(self._generation)
+        def breed() -> None:
+            while self.generations < generations and time.perf_counter() < until:
+                self.fit = self._generation()
+                self._reported()
+
+        if not self.interrupted:
+            self._guarded(breed)
+
+    def _first(self) -> None:
+        self.fit = self.scorer(self.pop)
+        self._reported()
 
     def _generation(self) -> list[float]:
         order = sorted(range(len(self.pop)), key=lambda i: (self.fit[i], i))
@@ -497,18 +506,21 @@ class Search:
         self.generations += 1
         return self.scorer(self.pop)
 
-    def _breed(self, step: Callable[[], list[float]]) -> None:
-        """One generation (``step`` scores the new population), reported; on an interrupt, the population
-        as far as it was scored."""
+    def _reported(self) -> None:
+        _report(self.opts, self.generations, self.best, self.ideal, len(self.scorer.cache), self.started,
+                microbatches=self.req.graph.microbatches)
+        if self.on_generation is not None:
+            self.on_generation(self.generations, self.best)
+
+    def _guarded(self, body: Callable[[], None]) -> None:
+        """``body``; on a Ctrl-C or SIGTERM in it, the population as far as it was scored, and the report."""
         try:
-            self.fit = step()
+            body()
         except KeyboardInterrupt:
             self.interrupted = True
             self.fit = [self.scorer.cache.get(g.key, math.inf) for g in self.pop]
-        _report(self.opts, self.generations, self.best, self.ideal, len(self.scorer.cache), self.started,
-                self.interrupted, self.req.graph.microbatches)
-        if self.on_generation is not None and not self.interrupted:
-            self.on_generation(self.generations, self.best)
+            _report(self.opts, self.generations, self.best, self.ideal, len(self.scorer.cache), self.started,
+                    True, self.req.graph.microbatches)
 
     def close(self) -> None:
         """Stop the workers (a search that lost a race ends so, without a plan)."""

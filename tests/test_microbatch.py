@@ -4,9 +4,11 @@ line, `--microbatches K|auto` on the command line, and the refusals."""
 
 from __future__ import annotations
 
+import contextlib
 import math
 from collections.abc import Callable
 from pathlib import Path
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -315,3 +317,77 @@ def test_ga_auto_chooses_a_count_under_a_cap_one_pass_cannot_meet() -> None:
     plan = climb_microbatches(request_at, [1, 2, 4, 8], GA_GENERATIONS)
     assert plan.microbatches > 1
     validate(plan)
+
+
+class _Scripted:
+    """Stands in for ``ga.Search`` in ``climb_microbatches``: each count's probe scores as scripted."""
+
+    best_of: dict[int, float] = {}
+    interrupted_at: set[int] = set()
+    log: list[tuple[str, int]] = []
+
+    def __init__(self, req: object, opts: SearchOptions, started: float | None = None) -> None:
+        self.k = req.graph.microbatches  # type: ignore[attr-defined]
+        self.best, self.interrupted = self.best_of[self.k], False
+        self.log.append(("probe", self.k))
+
+    def closing(self) -> contextlib.AbstractContextManager[None]:
+        return contextlib.nullcontext()
+
+    def run(self, until: float, generations: int) -> None:
+        self.interrupted |= self.k in self.interrupted_at
+        if not self.interrupted:
+            self.log.append(("run", self.k))
+
+    def interrupt(self) -> None:
+        self.interrupted = True
+
+    def close(self) -> None:
+        self.log.append(("close", self.k))
+
+    def finish(self) -> SimpleNamespace:
+        self.log.append(("finish", self.k))
+        return SimpleNamespace(plan=self.k)
+
+
+def _fake_request(k: int) -> SimpleNamespace:
+    if k == 64:
+        raise RuntimeError("a count that cannot be built")
+    return SimpleNamespace(graph=SimpleNamespace(ops=(), microbatches=k), tensor_cap=1)
+
+
+@pytest.mark.parametrize("best, interrupted, silent, chosen, probed", [
+    ({1: 10, 2: 11, 4: 9, 8: 12, 16: 13, 32: 1}, set(), None, 4, [1, 2, 4, 8, 16]),  # two misses in a row end it
+    ({1: 10, 2: 11, 4: 12, 8: 1}, set(), None, 1, [1, 2, 4]),
+    ({1: 10, 2: 9, 4: 8, 8: 7}, set(), 4, 4, [1, 2, 4]),  # past a count whose belady plan swaps nothing
+    ({1: 10, 2: 11, 4: 1}, {2}, None, 1, [1, 2]),  # a Ctrl-C in a probe that lost: the leader stops too
+    ({1: 10, 2: 9, 4: 1}, {2}, None, 2, [1, 2])])
+def test_the_climb_probes_counts_until_two_in_a_row_do_no_better(monkeypatch, best, interrupted, silent, chosen,
+                                                                  probed) -> None:
+    monkeypatch.setattr(_Scripted, "best_of", best)
+    monkeypatch.setattr(_Scripted, "interrupted_at", interrupted)
+    monkeypatch.setattr(_Scripted, "log", [])
+    swaps = lambda req, method: SimpleNamespace(figures=(("h2d_bytes", float(req.graph.microbatches != silent)),
+                                                         ("d2h_bytes", 0.0)))  # noqa: E731
+    monkeypatch.setattr(optimize_module, "Search", _Scripted)
+    monkeypatch.setattr(optimize_module, "optimize", swaps)
+    monkeypatch.setattr(optimize_module, "ideal_ms", lambda p: 0.0)
+    monkeypatch.setattr(optimize_module.Problem, "of", staticmethod(lambda req: req))
+    assert climb_microbatches(_fake_request, [1, 2, 4, 8, 16, 32], GA_GENERATIONS) == chosen
+    log = _Scripted.log
+    assert [k for what, k in log if what == "probe"] == probed
+    assert sorted(k for what, k in log if what == "close") == sorted(set(probed) - {chosen})  # every loser's workers
+    assert log[-1] == ("finish", chosen) and (("run", chosen) in log[-2:]) == (not interrupted)
+
+
+def test_the_climb_stops_the_leaders_workers_when_a_count_fails(monkeypatch) -> None:
+    monkeypatch.setattr(_Scripted, "best_of", {1: 10, 2: 9})
+    monkeypatch.setattr(_Scripted, "log", [])
+    monkeypatch.setattr(optimize_module, "Search", _Scripted)
+    monkeypatch.setattr(optimize_module, "optimize", lambda req, method: SimpleNamespace(
+        figures=(("h2d_bytes", 1.0), ("d2h_bytes", 1.0))))
+    monkeypatch.setattr(optimize_module, "ideal_ms", lambda p: 0.0)
+    monkeypatch.setattr(optimize_module.Problem, "of", staticmethod(lambda req: req))
+    with pytest.raises(RuntimeError, match="cannot be built"):
+        climb_microbatches(_fake_request, [1, 2, 64], GA_GENERATIONS)
+    assert _Scripted.log[-1] == ("close", 2)

@@ -38,7 +38,8 @@ def capuchin_set(req: Request, ext: Extensions, schedule: list[int], pinned: fro
 
     scored = {n: key(order[:n]) for n in sorted({len(order) * k // PREFIXES for k in range(PREFIXES + 1)})}
     starts = sorted({0, *sorted(scored, key=lambda n: (scored[n], n))[:STARTS]})
-    each = EVALUATIONS if evaluations is None else max(0, evaluations - len(scored)) // len(starts)
+    left = EVALUATIONS * len(starts) if evaluations is None else max(0, evaluations - len(scored))
+    each = min(EVALUATIONS, left // len(starts))
     grown = [_grow(key, order, n, scored[n], each) for n in starts]
     return tuple(sorted(min(grown)[1]))
 

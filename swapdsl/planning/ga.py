@@ -99,8 +99,8 @@ EARLY = (None, (0.0, None), (0.02, None), (0.05, None), (0.1, None), (0.0, 200),
 
 
 # the capuchin seed scores at most this many ops' worth of candidate sets (sets x ops): capuchin's own search
-# on graphs of up to about 3,800 ops; on larger (micro-batched) ones, where every set scored rebuilds the
-# graph, a shorter one, so that setting up stays a few seconds
+# on graphs of up to about 3,800 ops; on larger ones (micro-batched; NASNet and the LSTM in one pass), where
+# every set scored rebuilds the graph, a shorter one, so that setting up stays a few seconds
 SEED_OP_EVALUATIONS = 3_000_000
 
 
@@ -517,8 +517,13 @@ class Search:
         try:
             body()
         except KeyboardInterrupt:
-            self.interrupted = True
             self.fit = [self.scorer.cache.get(g.key, math.inf) for g in self.pop]
+            self.interrupt()
+
+    def interrupt(self) -> None:
+        """Stop here (a Ctrl-C or SIGTERM came): ``run`` breeds no more, and the report says so once."""
+        if not self.interrupted:
+            self.interrupted = True
             _report(self.opts, self.generations, self.best, self.ideal, len(self.scorer.cache), self.started,
                     True, self.req.graph.microbatches)
 

@@ -154,16 +154,17 @@ def climb_microbatches(request_at: Callable[[int], Request], counts: list[int], 
     misses = 0  # counts in a row that did no better than the leader
     try:
         for k, req in _counts(request_at, counts):
-            if leader is not None and (time.perf_counter() - started > CLIMB * search.budget_s
-                                       or ideal_ms(Problem.of(req)) >= leader.best):
-                break
             try:
                 req = with_host_updates(req, "ga", host_updates) if host_updates and req.tensor_cap > 0 else req
+                if leader is not None and (time.perf_counter() - started > CLIMB * search.budget_s
+                                           or ideal_ms(Problem.of(req)) >= leader.best):
+                    break
                 scout = optimize(req, "belady")
             except SwpError as err:  # below this count's smallest cap: a larger count may fit
                 refused.append(err)
                 continue
             challenger = _probe(req, search, started)
+            # (by the population's best: a baseline that beats it at ``finish`` is among its seeds)
             if leader is None or challenger.best < leader.best:
                 if leader is not None:
                     leader.close()
@@ -171,12 +172,18 @@ def climb_microbatches(request_at: Callable[[int], Request], counts: list[int], 
             else:
                 challenger.close()
                 misses += 1
-            if misses > PATIENCE or challenger.interrupted or _swaps_nothing(scout):
+            if challenger.interrupted:
+                leader.interrupt()
+            if misses > PATIENCE or leader.interrupted or _swaps_nothing(scout):
                 break
     except KeyboardInterrupt:  # while a count was being set up: the best search so far finishes
         if leader is None:
             raise
-        leader.interrupted = True
+        leader.interrupt()
+    except BaseException:
+        if leader is not None:
+            leader.close()
+        raise
     if leader is None:
         raise refused[-1]
     with leader.closing():
@@ -185,8 +192,10 @@ def climb_microbatches(request_at: Callable[[int], Request], counts: list[int], 
 
 
 def _probe(req: Request, search: SearchOptions, started: float) -> Search:
-    """A search set up for ``req`` and run for ``PROBE`` of ``search``'s budget and generations."""
+    """A search set up for ``req`` and run for ``PROBE`` of ``search``'s budget and generations (not past
+    the budget)."""
     challenger = Search(req, search, started=started)
+    until = min(time.perf_counter() + PROBE * search.budget_s, started + search.budget_s)
     with challenger.closing():
-        challenger.run(time.perf_counter() + PROBE * search.budget_s, max(1, int(PROBE * search.generations)))
+        challenger.run(until, max(1, int(PROBE * search.generations)))
     return challenger

@@ -41,6 +41,7 @@ from swapdsl.plan.figures import plan_figures
 from swapdsl.plan.program import Plan
 from swapdsl.plan.simulate import simulate as simulate_plan
 from swapdsl.plan.validate import validate
+from swapdsl.planning.bound import ideal_ms as bound_ideal_ms
 from swapdsl.planning.compiled import no_swap_bytes
 from swapdsl.planning.ga import SearchOptions, SearchProgress
 from swapdsl.planning.optimize import optimize as plan_with
@@ -100,6 +101,13 @@ class Model:
 def _again(m: Model, microbatches: int) -> Model:
     """``m`` loaded again, run as ``microbatches`` passes a step (its ranks as they were)."""
     return load(m.path, dict(m.graph.args), m.graph.precision, m.graph.guard, microbatches, m.ranks, m.link_gbps)
+
+
+def one_pass_ideal_ms(m: Model, device: Device) -> float:
+    """The step with infinite memory of one pass over ``m``'s whole batch on ``device``: what a micro-batched
+    plan's speed is a fraction of (its own graph's ideal step is longer: more, smaller kernels)."""
+    whole = m if m.microbatches == 1 else _again(m, 1)
+    return bound_ideal_ms(Problem.build(whole.training, device))
 
 
 def no_swap_arena(t: Graph) -> int:

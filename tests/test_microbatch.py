@@ -5,6 +5,7 @@ line, `--microbatches K|auto` on the command line, and the refusals."""
 from __future__ import annotations
 
 import contextlib
+import json
 import math
 from collections.abc import Callable
 from pathlib import Path
@@ -19,7 +20,7 @@ import swapdsl
 from conftest import MODELS, write
 from strategies import EVERY, training_graphs
 from swapdsl.common.errors import SwpError
-from swapdsl.devices.profiles import BUILTIN
+from swapdsl.devices.profiles import BUILTIN, DEFAULT_DEVICE
 from swapdsl.graph.checker import check_graph
 from swapdsl.graph.ir import DType, Graph, retyped
 from swapdsl.graph.microbatch import microbatched
@@ -391,3 +392,21 @@ def test_the_climb_stops_the_leaders_workers_when_a_count_fails(monkeypatch) -> 
     with pytest.raises(RuntimeError, match="cannot be built"):
         climb_microbatches(_fake_request, [1, 2, 64], GA_GENERATIONS)
     assert _Scripted.log[-1] == ("close", 2)
+
+
+def test_optimize_gives_a_micro_batched_plan_s_speed_against_one_pass(cli, in_tmp: Path) -> None:
+    """A micro-batched step's own ideal is slower than one pass's; the fraction a user reads is of one pass."""
+    model = write(in_tmp / "mlp.swp", (MODELS / "mlp.swp").read_text())
+    code, out, _ = cli("optimize", model, "--memory", "64MiB", "--microbatches", "4", "-D", "batch=16",
+                       "--method", "belady", "--json")
+    f = json.loads(out)
+    whole = swapdsl.load(model, batch=16)
+    one = swapdsl.api.one_pass_ideal_ms(whole, BUILTIN[DEFAULT_DEVICE])
+    assert code == 0 and f["one_pass_ideal_ms"] == pytest.approx(one) and one < f["ideal_ms"]
+    assert f["one_pass_fraction"] == pytest.approx(one / f["iteration_ms"])
+    assert f["one_pass_fraction"] < f["fraction"]
+    code, out, _ = cli("optimize", model, "--memory", "64MiB", "--microbatches", "4", "-D", "batch=16",
+                       "--method", "belady")
+    assert code == 0 and f"{f['one_pass_fraction']:.3f} of the infinite-memory speed (one pass: " in out
+    code, out, _ = cli("optimize", model, "--memory", "64MiB", "-D", "batch=16", "--method", "belady", "--json")
+    assert code == 0 and "one_pass_fraction" not in json.loads(out)

@@ -103,11 +103,15 @@ def _again(m: Model, microbatches: int) -> Model:
     return load(m.path, dict(m.graph.args), m.graph.precision, m.graph.guard, microbatches, m.ranks, m.link_gbps)
 
 
+def _one_pass(m: Model) -> Model:
+    """``m`` run as one pass over its whole batch."""
+    return m if m.microbatches == 1 else _again(m, 1)
+
+
 def one_pass_ideal_ms(m: Model, device: Device) -> float:
     """The step with infinite memory of one pass over ``m``'s whole batch on ``device``: what a micro-batched
     plan's speed is a fraction of (its own graph's ideal step is longer: more, smaller kernels)."""
-    whole = m if m.microbatches == 1 else _again(m, 1)
-    return bound_ideal_ms(Problem.build(whole.training, device))
+    return bound_ideal_ms(Problem.build(_one_pass(m).training, device))
 
 
 def no_swap_arena(t: Graph) -> int:
@@ -182,8 +186,7 @@ def optimize(model: Model | str | Path, memory: int | str, method: str = "ga", d
     m = model if isinstance(model, Model) else load(model)
     share = parse_share(memory) if isinstance(memory, str) else None
     if share is not None:
-        whole = m if m.microbatches == 1 else _again(m, 1)
-        cap = int(share * no_swap_arena(whole.training))
+        cap = int(share * no_swap_arena(_one_pass(m).training))
     else:
         cap = parse_size(memory) if isinstance(memory, str) else memory
     host = parse_size(host_memory) if isinstance(host_memory, str) else host_memory

@@ -29,6 +29,7 @@ from swapdsl.plan.simulate import simulate
 from swapdsl.planning import bench
 from swapdsl.planning.ga import SearchOptions, SearchProgress
 from swapdsl.planning.optimize import HOST_UPDATES, METHOD_NAMES
+from swapdsl.planning.polish import POLISH_MAX_OPS, POLISH_SHARE
 from swapdsl.runtime import dist
 from swapdsl.runtime.backend import BACKENDS, array_module
 from swapdsl.runtime.progress import Progress
@@ -43,6 +44,7 @@ from swapdsl.runtime.profile import op_kind_totals, profile
 
 EXIT_USER_ERROR = 2
 MAX_SEED = 2**63
+MAX_POLISH = 0.9  # --polish: the search keeps at least a tenth of the budget
 PROGRESS_EVERY_S = 5.0  # optimize's progress line when stderr is not a terminal
 GUARD_HELP = ("none: updates apply as each gradient is ready; skip: after the whole backward pass, only if every "
               "gradient is finite (a step that is not leaves the state as it was); scale: skip, and dynamic loss "
@@ -87,6 +89,17 @@ def _share(text: str) -> float:
         raise argparse.ArgumentTypeError(f"expected a number such as 0.5, got `{text}`") from None
     if not (math.isfinite(value) and value > 0):
         raise argparse.ArgumentTypeError(f"expected a positive, finite share, got {text}")
+    return value
+
+
+def _polish(text: str) -> float:
+    """An argparse type: the share of ga's budget for its exact polish, from 0 to MAX_POLISH."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a share such as 0.5, got `{text}`") from None
+    if not (math.isfinite(value) and 0 <= value <= MAX_POLISH):
+        raise argparse.ArgumentTypeError(f"expected a share from 0 to {MAX_POLISH}, got {text}")
     return value
 
 
@@ -309,7 +322,7 @@ def _cmd_optimize(args: argparse.Namespace) -> int:
     device = load_device(args.device)
     model = _load(args)
     search = SearchOptions(args.budget, args.generations, args.population, args.seed, args.workers,
-                           progress=None if args.json else _search_progress(sys.stderr))
+                           progress=None if args.json else _search_progress(sys.stderr), polish=args.polish)
     started = time.perf_counter()
     plan = api.optimize(model, cap, args.method, device, search, host_memory=host, host_updates=args.host_updates,
                         microbatches=args.microbatches)
@@ -342,12 +355,15 @@ def _search_progress(out: TextIO) -> Callable[[SearchProgress], None]:
         passes = f"{p.microbatches} micro-batches, " if p.microbatches > 1 else ""
         line = (f"ga: {p.seconds:5.1f} s of {p.budget_s:g} s, {passes}generation {p.generation}, best fraction "
                 f"{p.best_fraction:.4f}, {p.evaluations:,} plans simulated")
+        if p.polishing:
+            line = (f"ga: {p.seconds:5.1f} s of {p.budget_s:g} s, best fraction {p.best_fraction:.4f}; the exact "
+                    f"planner reworks it in its order (at most {p.polishing:.1f} s)")
         if p.interrupted:
             out.write(("\n" if live else "") + f"ga: interrupted after {p.seconds:.1f} s; keeping the best plan "
                       f"so far (fraction {p.best_fraction:.4f})\n")
         elif live:
             out.write(f"\r{line} ")
-        elif p.seconds - shown[0] >= PROGRESS_EVERY_S:
+        elif p.seconds - shown[0] >= PROGRESS_EVERY_S or p.polishing:
             shown[0] = p.seconds
             out.write(line + "\n")
         out.flush()
@@ -378,6 +394,9 @@ def _print_figures(f: dict) -> None:
         print(f"  search           {f['search_seconds']:.2f} s"
               + (f", {f['generations']:.0f} generations, {f['evaluations']:.0f} evaluations"
                  if "generations" in f else ""))
+    if "polished_from_ms" in f:
+        print(f"  polish           the exact planner, in the search's order: {f['polished_from_ms']:.3f} ms -> "
+              f"{f['iteration_ms']:.3f} ms")
 
 
 def _cmd_simulate(args: argparse.Namespace) -> int:
@@ -634,6 +653,9 @@ def make_parser() -> argparse.ArgumentParser:
     op.add_argument("--population", type=_count(2, 100_000), default=64, help="ga: candidates per generation (64)")
     op.add_argument("--seed", type=_count(0, MAX_SEED - 1), default=0, help="ga: random seed (0)")
     op.add_argument("--workers", type=_workers, default=0, help="ga: worker processes (0: every core)")
+    op.add_argument("--polish", type=_polish, default=POLISH_SHARE, metavar="SHARE",
+                    help=f"ga, on graphs of at most {POLISH_MAX_OPS} ops: the share of the budget in which the exact "
+                    f"planner reworks the best plan in its own order (0: none; default {POLISH_SHARE:g})")
     op.add_argument("--device", metavar="NAME|FILE.json", help="device profile (default: the GPU found, "
                     f"else {DEFAULT_DEVICE})")
     _precision_options(op, auto=True)

@@ -330,6 +330,7 @@ class _Scripted:
     def __init__(self, req: object, opts: SearchOptions, started: float | None = None) -> None:
         self.k = req.graph.microbatches  # type: ignore[attr-defined]
         self.best, self.interrupted = self.best_of[self.k], False
+        self.breeding_ends = math.inf
         self.log.append(("probe", self.k))
 
     def closing(self) -> contextlib.AbstractContextManager[None]:

@@ -62,6 +62,7 @@ from swapdsl.planning.clones import Extensions
 from swapdsl.planning.bound import ideal_ms
 from swapdsl.planning.compiled import Evaluator, priority_order
 from swapdsl.planning.policy import METHODS, OUTPUTS, Policy
+from swapdsl.planning.polish import POLISH_SHARE, polish, polishable
 from swapdsl.planning.problem import PAST_BUDGET, Problem, Request, edges
 from swapdsl.planning.sizing import choose_pinned, need_bytes
 
@@ -76,6 +77,7 @@ class SearchOptions:
     seed: int = 0
     workers: int = 0  # 0: every core
     progress: Callable[[SearchProgress], None] | None = None
+    polish: float = POLISH_SHARE  # the share of the budget for the exact polish, on graphs it polishes (0: none)
 
 
 @attrs.frozen
@@ -89,6 +91,7 @@ class SearchProgress:
     budget_s: float
     interrupted: bool = False  # Ctrl-C or SIGTERM: the search stops and keeps its best plan
     microbatches: int = 1  # the passes a step of the graph searched runs (``--microbatches auto`` tries several)
+    polishing: float = 0.0  # the seconds the exact polish may take, from now (0: the search is breeding)
 
 
 POLICY = Policy("belady", "earliest")  # the genome picks ``outputs``, ``early`` and ``horizon``
@@ -428,17 +431,18 @@ def _tournament(pop: list[Genome], fit: list[float], rng: np.random.Generator, k
 
 
 def _report(opts: SearchOptions, gen: int, best: float, ideal: float, evaluations: int, started: float,
-            interrupted: bool = False, microbatches: int = 1) -> None:
+            interrupted: bool = False, microbatches: int = 1, polishing: float = 0.0) -> None:
     if opts.progress is not None:
         opts.progress(SearchProgress(gen, ideal / best if best < math.inf else 0.0, evaluations,
-                                     time.perf_counter() - started, opts.budget_s, interrupted, microbatches))
+                                     time.perf_counter() - started, opts.budget_s, interrupted, microbatches,
+                                     polishing))
 
 
 def genetic_search(req: Request, opts: SearchOptions, on_generation: Callable[[int, float], None] | None = None
                    ) -> Outcome:
     search = Search(req, opts, on_generation)
     with search.closing():
-        search.run(search.started + opts.budget_s, opts.generations)
+        search.run(search.breeding_ends, opts.generations)
     return search.finish()
 
 
@@ -471,8 +475,16 @@ class Search:
         self.generations = 0
         self.fit = [math.inf] * len(self.pop)
         self.interrupted = False
+        if not 0 <= opts.polish < 1:
+            raise SwpError(f"the polish's share of the budget must be from 0 to below 1, not {opts.polish}")
+        self.polish_share = opts.polish if polishable(d.p) else 0.0
         with self.closing():
             self._guarded(self._first)
+
+    @property
+    def breeding_ends(self) -> float:
+        """When breeding stops (``time.perf_counter()``): the budget's end, less the polish's share."""
+        return self.started + self.opts.budget_s * (1 - self.polish_share)
 
     @property
     def best(self) -> float:
@@ -541,14 +553,29 @@ class Search:
             raise
 
     def finish(self) -> Outcome:
+        """The best plan (``_finish``), polished (``polish.py``) on a graph it polishes unless the search was
+        interrupted or the budget is spent. The polish may take its share of the time the search has taken
+        so far (its share of the budget, for a search that ran to its end) and not past the budget."""
         self.close()
-        return _finish(self.req, self.d, self.pop, self.fit, self.baselines, self.generations,
-                       len(self.scorer.cache), self.started)
+        plan, extra = _finish(self.req, self.d, self.pop, self.fit, self.baselines, self.generations,
+                              len(self.scorer.cache))
+        now = time.perf_counter()
+        share = self.polish_share
+        limit = min((now - self.started) * share / (1 - share), self.started + self.opts.budget_s - now)
+        if share and not self.interrupted and limit > 0:
+            _report(self.opts, self.generations, self.best, self.ideal, len(self.scorer.cache), self.started,
+                    microbatches=self.req.graph.microbatches, polishing=limit)
+            try:
+                plan = polish(self.req, self.d.p, plan, self.d.no_swap, extra, limit).plan
+            except KeyboardInterrupt:
+                self.interrupt()
+        return Outcome(plan, self.generations, len(self.scorer.cache), time.perf_counter() - self.started)
 
 
 def _finish(req: Request, d: Decoder, pop: list[Genome], fit: list[float], baselines: dict[str, Setup],
-            generations: int, evaluations: int, started: float) -> Outcome:
-    """The best of the population, of the baselines and of ``checkpoint``, with its figures."""
+            generations: int, evaluations: int) -> tuple[Plan, dict[str, float]]:
+    """The best of the population, of the baselines and of ``checkpoint``, and the search's figures (in
+    the plan's too)."""
     i = min(range(len(pop)), key=lambda k: (fit[k], k))
     extra = {"generations": float(generations), "evaluations": float(evaluations)}
     scores = {m: d.setup_score(s) for m, s in baselines.items()}
@@ -564,7 +591,7 @@ def _finish(req: Request, d: Decoder, pop: list[Genome], fit: list[float], basel
         plan = with_figures(attrs.evolve(checkpointed, method="ga"), d.p, d.no_swap, extra, recomputes=True)
     if _plan_score(req, plan) >= PAST_BUDGET:
         raise host_budget_error(req, dict(plan.figures)["host_bytes"], "ga")
-    return Outcome(plan, generations, evaluations, time.perf_counter() - started)
+    return plan, extra
 
 
 def _checkpoint(req: Request) -> Plan | None:

@@ -187,7 +187,7 @@ def climb_microbatches(request_at: Callable[[int], Request], counts: list[int], 
     if leader is None:
         raise refused[-1]
     with leader.closing():
-        leader.run(started + search.budget_s, search.generations)
+        leader.run(leader.breeding_ends, search.generations)
     return leader.finish().plan
 
 
@@ -195,7 +195,7 @@ def _probe(req: Request, search: SearchOptions, started: float) -> Search:
     """A search set up for ``req`` and run for ``PROBE`` of ``search``'s budget and generations (not past
     the budget)."""
     challenger = Search(req, search, started=started)
-    until = min(time.perf_counter() + PROBE * search.budget_s, started + search.budget_s)
+    until = min(time.perf_counter() + PROBE * search.budget_s, challenger.breeding_ends)
     with challenger.closing():
         challenger.run(until, max(1, int(PROBE * search.generations)))
     return challenger

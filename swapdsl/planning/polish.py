@@ -1,0 +1,50 @@
+"""The genetic search's last stage on small graphs: the exact planner (``exactplan.py``) given the order of
+the search's best plan. The search's swap planner decides online, op by op: it cannot see that a tensor
+placed now will split the room a later op needs in one piece, nor keep a tensor on the device after copying
+it out so that dropping it later costs nothing. The exact program decides the whole step at once, in bytes,
+and then packs the regions. On random graphs of 12-36 ops it beat ``ga``'s decoder in the same order in 26
+cases of 40 (docs/benchmarks.md); past ``POLISH_MAX_OPS`` ops HiGHS rarely improves on the search in the
+time a search has, so larger graphs keep the search's plan as it is."""
+
+from __future__ import annotations
+
+import attrs
+
+from swapdsl.plan.program import Plan
+from swapdsl.planning.baselines import assemble, with_figures
+from swapdsl.planning.exact import first_runs
+from swapdsl.planning.exactplan import exact_plan
+from swapdsl.planning.problem import Problem, Request
+
+POLISH_MAX_OPS = 40
+POLISH_SHARE = 0.5  # the default share of ga's budget the polish takes on a graph it polishes
+
+
+def polishable(p: Problem) -> bool:
+    """Does the search end with the exact program on ``p``? Small graphs of one rank, updates on the device
+    (the exact planner's class)."""
+    return p.n_ops <= POLISH_MAX_OPS and not p.host.ops and not p.net
+
+
+@attrs.frozen
+class Polished:
+    """The polish's outcome: the ``plan`` kept, and the exact plan's step when it was solved (``None``:
+    HiGHS found no plan in time, or none that fits)."""
+
+    plan: Plan
+    exact_ms: float | None
+
+
+def polish(req: Request, p: Problem, plan: Plan, no_swap: int, extra: dict[str, float], time_limit_s: float) -> Polished:
+    """``plan`` or, when faster (by ``Request.score``), the exact planner's plan for the order of its
+    first runs, with ``extra`` among its figures and ``polished_from_ms``: ``plan``'s step."""
+    x = exact_plan(p, req.cap, first_runs(plan), time_limit_s)
+    if x.program is None or x.homes is None:
+        return Polished(plan, None)
+    before = dict(plan.figures)
+    exact = with_figures(assemble(req, p, plan.method, x.homes, x.program), p, no_swap,
+                         {**extra, "polished_from_ms": before["iteration_ms"]}, recomputes=True)
+    after = dict(exact.figures)
+    faster = req.score(after["iteration_ms"], int(after["host_bytes"])) < \
+        req.score(before["iteration_ms"], int(before["host_bytes"]))
+    return Polished(exact if faster else plan, after["iteration_ms"])

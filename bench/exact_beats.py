@@ -48,7 +48,8 @@ def main() -> None:
             req = Request(g, DEVICE, cap, f"random-{seed}", ())
             for method in (m for m in METHOD_NAMES if m != "exact"):
                 try:
-                    plan = optimize(req, method, SearchOptions(budget_s=args.budget, workers=1, seed=0))
+                    # (ga unpolished: its own plan, not the exact planner's for its order)
+                    plan = optimize(req, method, SearchOptions(budget_s=args.budget, workers=1, seed=0, polish=0.0))
                 except SwpError:
                     continue  # (checkpoint does not fit every cap)
                 step, total = simulate(plan).iteration_ms, total + 1

@@ -4,6 +4,8 @@ keeps the search's plan."""
 
 from __future__ import annotations
 
+import math
+
 import attrs
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -13,14 +15,16 @@ from conftest import MODELS, build_graph
 from strategies import training_graphs
 from swapdsl.common.errors import SwpError
 from swapdsl.fuzz.shaped import SHAPES
+from swapdsl.graph.autodiff import training_graph
+from swapdsl.graph.dataparallel import data_parallel
 from swapdsl.graph.ir import Graph
 from swapdsl.graph.offload import offloadable
-from swapdsl.graph.autodiff import training_graph
 from swapdsl.plan.validate import validate
 from swapdsl.planning import ga
+from swapdsl.planning import polish as polish_module
 from swapdsl.planning.exact import first_runs
 from swapdsl.planning.ga import Search, SearchOptions, SearchProgress, genetic_search
-from swapdsl.planning.polish import POLISH_MAX_OPS, polishable
+from swapdsl.planning.polish import POLISH_MAX_OPS, POLISH_MIN_S, polish_limit, polishable
 from swapdsl.planning.problem import Problem, Request
 from test_planners import V100, caps
 from test_runtime import run_against_reference
@@ -48,6 +52,7 @@ def test_the_polish_reworks_the_search_plan_in_its_own_order() -> None:
     assert "polished_from_ms" not in dict(searched.figures)
     assert f["polished_from_ms"] == dict(searched.figures)["iteration_ms"]
     assert f["iteration_ms"] < 0.9 * f["polished_from_ms"]
+    assert f["polish_optimal"] == 1.0  # (HiGHS proves it in about a second)
     assert first_runs(polished) == first_runs(searched)
     assert polished.method == "ga"
     validate(polished, req.graph)
@@ -76,9 +81,10 @@ def test_large_graphs_host_updates_and_ranks_are_not_polished() -> None:
     assert Problem.build(large, V100).n_ops > POLISH_MAX_OPS
     small = SHAPES["conv"](3)
     req = request(small, 12)
-    assert polishable(Problem.of(req))
-    assert not polishable(Problem.of(attrs.evolve(req, host_updates=offloadable(small))))
-    for unpolished in (request(large, 2), attrs.evolve(req, host_updates=offloadable(small))):
+    ranked = request(data_parallel(small, 2), 12)
+    assert Problem.of(ranked).n_ops <= POLISH_MAX_OPS and polishable(Problem.of(req))
+    for unpolished in (request(large, 2), attrs.evolve(req, host_updates=offloadable(small)), ranked):
+        assert not polishable(Problem.of(unpolished))
         search = Search(unpolished, SHORT)
         search.close()
         assert search.polish_share == 0.0
@@ -88,10 +94,33 @@ def test_large_graphs_host_updates_and_ranks_are_not_polished() -> None:
     assert search.breeding_ends == search.started + SHORT.budget_s * (1 - SHORT.polish)
 
 
-@pytest.mark.parametrize("share", [-0.1, 1.0, 2.0])
+@pytest.mark.parametrize("share", [-0.1, 1.0, 2.0, math.nan])
 def test_a_share_out_of_range_is_refused(share: float) -> None:
     with pytest.raises(SwpError, match="from 0 to below 1"):
-        Search(request(SHAPES["conv"](3), 12), attrs.evolve(SHORT, polish=share))
+        SearchOptions(polish=share)
+
+
+@pytest.mark.parametrize("share, elapsed, budget, limit", [
+    (0.5, 30.0, 60.0, 30.0),  # a search that ran to its end: the rest of the budget
+    (0.5, 2.0, 600.0, POLISH_MIN_S),  # stopped early by its generation limit: at least POLISH_MIN_S
+    (0.5, 20.0, 600.0, 20.0),  # as long as the search took
+    (0.75, 10.0, 600.0, 30.0),
+    (0.5, 3.0, 5.0, 2.0),  # never past the budget
+    (0.5, 4.5, 5.0, None),  # under a second left: none
+    (0.0, 1.0, 60.0, None),
+])
+def test_the_polish_takes_its_share_of_the_time_and_stays_in_the_budget(share: float, elapsed: float, budget: float,
+                                                                       limit: float | None) -> None:
+    assert polish_limit(share, elapsed, budget) == limit
+
+
+def test_a_failed_polish_keeps_the_search_plan(monkeypatch: pytest.MonkeyPatch) -> None:
+    def refused(*_: object) -> None:
+        raise SwpError("the order must run every op once, after the ops it depends on")
+
+    monkeypatch.setattr(polish_module, "exact_plan", refused)
+    req = request(SHAPES["conv"](3), 12)
+    assert genetic_search(req, SHORT).plan.program == genetic_search(req, attrs.evolve(SHORT, polish=0.0)).plan.program
 
 
 def test_a_ctrl_c_in_the_polish_keeps_the_search_plan(monkeypatch: pytest.MonkeyPatch) -> None:

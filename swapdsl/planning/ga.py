@@ -62,7 +62,7 @@ from swapdsl.planning.clones import Extensions
 from swapdsl.planning.bound import ideal_ms
 from swapdsl.planning.compiled import Evaluator, priority_order
 from swapdsl.planning.policy import METHODS, OUTPUTS, Policy
-from swapdsl.planning.polish import POLISH_SHARE, polish, polishable
+from swapdsl.planning.polish import POLISH_SHARE, check_share, polish, polish_limit, polishable
 from swapdsl.planning.problem import PAST_BUDGET, Problem, Request, edges
 from swapdsl.planning.sizing import choose_pinned, need_bytes
 
@@ -77,7 +77,8 @@ class SearchOptions:
     seed: int = 0
     workers: int = 0  # 0: every core
     progress: Callable[[SearchProgress], None] | None = None
-    polish: float = POLISH_SHARE  # the share of the budget for the exact polish, on graphs it polishes (0: none)
+    # the share of the budget for the exact polish, on graphs it polishes (0: none)
+    polish: float = attrs.field(default=POLISH_SHARE, validator=lambda _, __, share: check_share(share))
 
 
 @attrs.frozen
@@ -475,8 +476,6 @@ class Search:
         self.generations = 0
         self.fit = [math.inf] * len(self.pop)
         self.interrupted = False
-        if not 0 <= opts.polish < 1:
-            raise SwpError(f"the polish's share of the budget must be from 0 to below 1, not {opts.polish}")
         self.polish_share = opts.polish if polishable(d.p) else 0.0
         with self.closing():
             self._guarded(self._first)
@@ -553,16 +552,13 @@ class Search:
             raise
 
     def finish(self) -> Outcome:
-        """The best plan (``_finish``), polished (``polish.py``) on a graph it polishes unless the search was
-        interrupted or the budget is spent. The polish may take its share of the time the search has taken
-        so far (its share of the budget, for a search that ran to its end) and not past the budget."""
+        """The best plan (``_finish``), polished (``polish.py``) on a graph it polishes, unless the search was
+        interrupted or too little of the budget is left."""
         self.close()
         plan, extra = _finish(self.req, self.d, self.pop, self.fit, self.baselines, self.generations,
                               len(self.scorer.cache))
-        now = time.perf_counter()
-        share = self.polish_share
-        limit = min((now - self.started) * share / (1 - share), self.started + self.opts.budget_s - now)
-        if share and not self.interrupted and limit > 0:
+        limit = polish_limit(self.polish_share, time.perf_counter() - self.started, self.opts.budget_s)
+        if limit is not None and not self.interrupted:
             _report(self.opts, self.generations, self.best, self.ideal, len(self.scorer.cache), self.started,
                     microbatches=self.req.graph.microbatches, polishing=limit)
             try:

@@ -134,7 +134,7 @@ def _swaps_nothing(plan: Plan) -> bool:
 
 
 PROBE = 0.1  # climb_microbatches: the share of the budget (or generations) each count's search has to show its worth
-CLIMB = 0.5  # climb_microbatches: past this share of the budget no further count is tried
+CLIMB = 0.5  # climb_microbatches: past this share of the breeding time no further count is tried
 PATIENCE = 1  # climb_microbatches: counts in a row that may do no better before the climb stops
 
 
@@ -143,8 +143,8 @@ def climb_microbatches(request_at: Callable[[int], Request], counts: list[int], 
     """``ga`` under ``--microbatches auto``: a search per count, in ascending order, each run for ``PROBE``
     of the budget once set up, until ``PATIENCE`` + 1 counts in a row do no better than the best so far
     (fewer passes spare launches and weight reads, more shrink what must be swapped: between them the step
-    time has a low point, with bumps); the best search then has the rest of the budget. No count is tried
-    once ``CLIMB`` of the budget is spent, when its ideal step is no faster than the best plan found, or
+    time has a low point, with bumps); the best search then has the rest of the budget (less its polish's
+    share, on a small graph). No count is tried once ``CLIMB`` of the leader's breeding time is spent, when its ideal step is no faster than the best plan found, or
     past one whose ``belady`` plan swaps nothing; ``belady`` also tells whether a count fits at all. A
     probe is ``PROBE`` of ``SearchOptions.generations`` too: with a generation limit (and time to reach
     it) the seed fixes the plan."""
@@ -156,7 +156,7 @@ def climb_microbatches(request_at: Callable[[int], Request], counts: list[int], 
         for k, req in _counts(request_at, counts):
             try:
                 req = with_host_updates(req, "ga", host_updates) if host_updates and req.tensor_cap > 0 else req
-                if leader is not None and (time.perf_counter() - started > CLIMB * search.budget_s
+                if leader is not None and (time.perf_counter() - started > CLIMB * (leader.breeding_ends - started)
                                            or ideal_ms(Problem.of(req)) >= leader.best):
                     break
                 scout = optimize(req, "belady")

@@ -10,14 +10,34 @@ from __future__ import annotations
 
 import attrs
 
+from swapdsl.common.errors import SwpError
 from swapdsl.plan.program import Plan
 from swapdsl.planning.baselines import assemble, with_figures
 from swapdsl.planning.exact import first_runs
-from swapdsl.planning.exactplan import exact_plan
+from swapdsl.planning.exactplan import MIN_LIMIT_S, exact_plan
 from swapdsl.planning.problem import Problem, Request
 
 POLISH_MAX_OPS = 40
 POLISH_SHARE = 0.5  # the default share of ga's budget the polish takes on a graph it polishes
+# a search stopped early by its generation limit still gives HiGHS this long (a small graph's program is
+# mostly proven in a second or two)
+POLISH_MIN_S = 5.0
+
+
+def check_share(share: float) -> None:
+    if not 0 <= share < 1:
+        raise SwpError(f"the polish's share of the budget must be from 0 to below 1, not {share}")
+
+
+def polish_limit(share: float, elapsed_s: float, budget_s: float) -> float | None:
+    """HiGHS's time for the polish of a search that has run ``elapsed_s`` of ``budget_s`` and breeds for
+    ``1 - share`` of it: as long as the search took times ``share / (1 - share)`` (its share of the
+    budget, for a search that ran to its end), at least ``POLISH_MIN_S``, not past the budget. None: no
+    polish (``share`` 0, or under ``MIN_LIMIT_S`` left)."""
+    left = budget_s - elapsed_s
+    if not share or left < MIN_LIMIT_S:
+        return None
+    return min(left, max(POLISH_MIN_S, elapsed_s * share / (1 - share)))
 
 
 def polishable(p: Problem) -> bool:
@@ -37,13 +57,19 @@ class Polished:
 
 def polish(req: Request, p: Problem, plan: Plan, no_swap: int, extra: dict[str, float], time_limit_s: float) -> Polished:
     """``plan`` or, when faster (by ``Request.score``), the exact planner's plan for the order of its
-    first runs, with ``extra`` among its figures and ``polished_from_ms``: ``plan``'s step."""
-    x = exact_plan(p, req.cap, first_runs(plan), time_limit_s)
+    first runs, with ``extra`` among its figures, ``polished_from_ms`` (``plan``'s step) and
+    ``polish_optimal`` (1: HiGHS proved it the best phased plan for that order). It takes
+    ``time_limit_s``, or a few seconds more where the first solution's regions do not pack
+    (``exact_plan`` solves again, each solve given at least ``MIN_LIMIT_S``)."""
+    try:
+        x = exact_plan(p, req.cap, first_runs(plan), time_limit_s)
+    except SwpError:  # (the polish only ever improves a plan: none of its failures costs the search's)
+        return Polished(plan, None)
     if x.program is None or x.homes is None:
         return Polished(plan, None)
     before = dict(plan.figures)
-    exact = with_figures(assemble(req, p, plan.method, x.homes, x.program), p, no_swap,
-                         {**extra, "polished_from_ms": before["iteration_ms"]}, recomputes=True)
+    figures = {**extra, "polished_from_ms": before["iteration_ms"], "polish_optimal": float(x.optimal)}
+    exact = with_figures(assemble(req, p, plan.method, x.homes, x.program), p, no_swap, figures, recomputes=True)
     after = dict(exact.figures)
     faster = req.score(after["iteration_ms"], int(after["host_bytes"])) < \
         req.score(before["iteration_ms"], int(before["host_bytes"]))

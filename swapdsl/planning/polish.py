@@ -21,7 +21,7 @@ POLISH_MAX_OPS = 40
 POLISH_SHARE = 0.5  # the default share of ga's budget the polish takes on a graph it polishes
 # a search stopped early by its generation limit still gives HiGHS this long (a small graph's program is
 # mostly proven in a second or two)
-POLISH_MIN_S = 5.0
+POLISH_MIN_S = 3.0
 
 
 def check_share(share: float) -> None:

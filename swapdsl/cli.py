@@ -29,7 +29,7 @@ from swapdsl.plan.simulate import simulate
 from swapdsl.planning import bench
 from swapdsl.planning.ga import SearchOptions, SearchProgress
 from swapdsl.planning.optimize import HOST_UPDATES, METHOD_NAMES
-from swapdsl.planning.polish import POLISH_MAX_OPS, POLISH_SHARE
+from swapdsl.planning.polish import POLISH_MAX_OPS, POLISH_MIN_S, POLISH_SHARE
 from swapdsl.runtime import dist
 from swapdsl.runtime.backend import BACKENDS, array_module
 from swapdsl.runtime.progress import Progress
@@ -654,8 +654,10 @@ def make_parser() -> argparse.ArgumentParser:
     op.add_argument("--seed", type=_count(0, MAX_SEED - 1), default=0, help="ga: random seed (0)")
     op.add_argument("--workers", type=_workers, default=0, help="ga: worker processes (0: every core)")
     op.add_argument("--polish", type=_polish, default=POLISH_SHARE, metavar="SHARE",
-                    help=f"ga, on graphs of at most {POLISH_MAX_OPS} ops: the share of the budget in which the exact "
-                    f"planner reworks the best plan in its own order (0: none; default {POLISH_SHARE:g})")
+                    help=f"ga, on graphs of at most {POLISH_MAX_OPS} ops, one rank, updates on the device: the share of "
+                    f"the budget in which the exact planner reworks the best plan in its own order (0: none; default "
+                    f"{POLISH_SHARE:g}; after a search its generation limit stopped early: the search's time x SHARE / "
+                    f"(1 - SHARE), at least {POLISH_MIN_S:g} s)")
     op.add_argument("--device", metavar="NAME|FILE.json", help="device profile (default: the GPU found, "
                     f"else {DEFAULT_DEVICE})")
     _precision_options(op, auto=True)

@@ -44,8 +44,6 @@ import functools
 import math
 import multiprocessing
 import os
-import signal
-import sys
 import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import ProcessPoolExecutor
@@ -53,6 +51,7 @@ from concurrent.futures import ProcessPoolExecutor
 import attrs
 import numpy as np
 
+from swapdsl.common.children import die_with
 from swapdsl.common.errors import SwpError
 from swapdsl.plan.program import Plan
 from swapdsl.planning.baselines import (Setup, baseline_setup, build_plan, capuchin_setup, host_budget_error,
@@ -275,22 +274,8 @@ _DECODER: Decoder | None = None
 
 def _init_worker(req: Request, parent: int) -> None:
     global _DECODER
-    _die_with(parent)
+    die_with(parent)
     _DECODER = Decoder(req)
-
-
-def _die_with(parent: int) -> None:
-    """A worker ends when the search's process ends, however it ends (even by SIGKILL), and leaves
-    Ctrl-C and SIGTERM to it: it stops the search and shuts the workers down."""
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-    signal.signal(signal.SIGTERM, signal.SIG_DFL)
-    if sys.platform.startswith("linux"):
-        import ctypes
-
-        libc = ctypes.CDLL(None, use_errno=True)
-        libc.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG: the kernel kills this worker when its parent dies
-    if os.getppid() != parent:  # the parent died before the line above took effect
-        os._exit(1)
 
 
 def _score(g: Genome) -> float:

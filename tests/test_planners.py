@@ -262,11 +262,10 @@ def test_single_mutations_of_random_plans_are_rejected(t: Graph, method: str, da
 
 from swapdsl.planning.ga import genetic_search  # noqa: E402
 from swapdsl.planning.ga import SearchOptions
-from swapdsl.planning.polish import POLISH_SHARE  # noqa: E402
 
 
 def ga_plan(t: Graph, cap: int, generations: int = 3, workers: int = 1, seed: int = 0,
-            polish: float = POLISH_SHARE) -> Plan:
+            polish: float = 0.0) -> Plan:
     opts = SearchOptions(budget_s=600, generations=generations, population=6, seed=seed, workers=workers,
                          polish=polish)
     return genetic_search(Request(t, V100, cap, "random.swp", ()), opts).plan

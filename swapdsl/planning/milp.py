@@ -22,7 +22,7 @@ INFEASIBLE = 2  # the program has no solution
 SOLVE_ERROR = 4  # "HiGHS Status 4: Solve error"
 # past its time limit, HiGHS has this long to return before its process is killed (the no-presolve retry
 # after a solve error may take up to a second more than the limit)
-GRACE_S = 5.0
+GRACE_S = 2.5
 
 
 class Milp:

@@ -29,11 +29,14 @@ result is never worse than the best baseline: ``lru``, ``vdnn``, ``belady`` and
 best is kept if nothing beats it (on graphs past ``SEED_OP_EVALUATIONS`` /
 777 ops, about 3,800, ``capuchin``'s choice comes from a shorter search than
 the method's own). With a host budget, plans past it score
-behind every plan within it (``Request.score``).
+behind every plan within it (``Request.score``). On graphs of up to 40 ops the
+search breeds for part of its budget and the exact planner then reworks its best
+plan in that plan's order (``polish.py``).
 
 Random choices come from one seeded generator in the calling process, and
 candidates are scored in worker processes whose results do not depend on which
-worker ran them, so a seed and a generation limit fix the plan.
+worker ran them, so a seed and a generation limit fix the plan (but for a
+polish that HiGHS ends at its time limit).
 """
 
 from __future__ import annotations

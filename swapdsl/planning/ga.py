@@ -550,7 +550,7 @@ class Search:
             _report(self.opts, self.generations, self.best, self.ideal, len(self.scorer.cache), self.started,
                     microbatches=self.req.graph.microbatches, polishing=limit)
             try:
-                plan = polish(self.req, self.d.p, plan, self.d.no_swap, extra, limit).plan
+                plan = polish(self.req, self.d.p, plan, self.d.no_swap, extra, limit)
             except KeyboardInterrupt:
                 self.interrupt()
         return Outcome(plan, self.generations, len(self.scorer.cache), time.perf_counter() - self.started)
@@ -570,10 +570,10 @@ def _finish(req: Request, d: Decoder, pop: list[Genome], fit: list[float], basel
         best = build_plan(req, d.p, "ga", s.schedule, s.pinned, s.policy, d.evaluator, s.recompute, d.extensions)
     plan = with_figures(best, d.p, d.no_swap, extra, recomputes=True)
     # (checkpointing swaps nothing, so it is never faster than the ideal step: no need to plan it then)
-    checkpointed = _checkpoint(req) if _plan_score(req, plan) > ideal_ms(d.p) else None
-    if checkpointed is not None and _plan_score(req, checkpointed) < _plan_score(req, plan):
+    checkpointed = _checkpoint(req) if req.plan_score(plan) > ideal_ms(d.p) else None
+    if checkpointed is not None and req.plan_score(checkpointed) < req.plan_score(plan):
         plan = with_figures(attrs.evolve(checkpointed, method="ga"), d.p, d.no_swap, extra, recomputes=True)
-    if _plan_score(req, plan) >= PAST_BUDGET:
+    if req.plan_score(plan) >= PAST_BUDGET:
         raise host_budget_error(req, dict(plan.figures)["host_bytes"], "ga")
     return plan, extra
 
@@ -584,7 +584,3 @@ def _checkpoint(req: Request) -> Plan | None:
     except SwpError:
         return None
 
-
-def _plan_score(req: Request, plan: Plan) -> float:
-    f = dict(plan.figures)
-    return req.score(f["iteration_ms"], int(f["host_bytes"]))

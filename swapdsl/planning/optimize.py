@@ -58,8 +58,7 @@ def with_host_updates(req: Request, method: str, host_updates: str) -> Request:
         except SwpError as err:  # (below this choice's smallest cap: another may fit)
             refused.append(err)
             continue
-        f = dict(plan.figures)
-        scored.append((req.score(f["iteration_ms"], int(f["host_bytes"])), k, trial))
+        scored.append((req.plan_score(plan), k, trial))
     if not scored:
         raise refused[0]
     return min(scored, key=lambda s: s[:2])[2]
@@ -109,8 +108,7 @@ def optimize_microbatches(request_at: Callable[[int], Request], counts: list[int
         except SwpError as err:  # below this count's smallest cap: a larger count may fit
             refused.append(err)
             continue
-        f = dict(plan.figures)
-        score = req.score(f["iteration_ms"], int(f["host_bytes"]))
+        score = req.plan_score(plan)
         if best is None or score < best[0]:
             best = (score, k, plan)
         if _swaps_nothing(plan):
@@ -144,8 +142,9 @@ def climb_microbatches(request_at: Callable[[int], Request], counts: list[int], 
     of the budget once set up, until ``PATIENCE`` + 1 counts in a row do no better than the best so far
     (fewer passes spare launches and weight reads, more shrink what must be swapped: between them the step
     time has a low point, with bumps); the best search then has the rest of the budget (less its polish's
-    share, on a small graph). No count is tried once ``CLIMB`` of the leader's breeding time is spent, when its ideal step is no faster than the best plan found, or
-    past one whose ``belady`` plan swaps nothing; ``belady`` also tells whether a count fits at all. A
+    share, on a small graph). No count is tried once ``CLIMB`` of the leader's breeding time is spent,
+    when its ideal step is no faster than the best plan found, or past one whose ``belady`` plan swaps
+    nothing; ``belady`` also tells whether a count fits at all. A
     probe is ``PROBE`` of ``SearchOptions.generations`` too: with a generation limit (and time to reach
     it) the seed fixes the plan."""
     started = time.perf_counter()

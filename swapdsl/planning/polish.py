@@ -8,8 +8,6 @@ time a search has, so larger graphs keep the search's plan as it is."""
 
 from __future__ import annotations
 
-import attrs
-
 from swapdsl.common.errors import SwpError
 from swapdsl.plan.program import Plan
 from swapdsl.planning.baselines import assemble, with_figures
@@ -46,17 +44,9 @@ def polishable(p: Problem) -> bool:
     return p.n_ops <= POLISH_MAX_OPS and not p.host.ops and not p.net
 
 
-@attrs.frozen
-class Polished:
-    """The polish's outcome: the ``plan`` kept, and the exact plan's step when it was solved (``None``:
-    HiGHS found no plan in time, or none that fits)."""
-
-    plan: Plan
-    exact_ms: float | None
-
-
-def polish(req: Request, p: Problem, plan: Plan, no_swap: int, extra: dict[str, float], time_limit_s: float) -> Polished:
-    """``plan`` or, when faster (by ``Request.score``), the exact planner's plan for the order of its
+def polish(req: Request, p: Problem, plan: Plan, no_swap: int, extra: dict[str, float],
+           time_limit_s: float) -> Plan:
+    """``plan`` or, when faster (``Request.plan_score``), the exact planner's plan for the order of its
     first runs, with ``extra`` among its figures, ``polished_from_ms`` (``plan``'s step) and
     ``polish_optimal`` (1: HiGHS proved it the best phased plan for that order). It takes
     ``time_limit_s``, or a few seconds more where the first solution's regions do not pack
@@ -64,13 +54,9 @@ def polish(req: Request, p: Problem, plan: Plan, no_swap: int, extra: dict[str, 
     try:
         x = exact_plan(p, req.cap, first_runs(plan), time_limit_s)
     except SwpError:  # (the polish only ever improves a plan: none of its failures costs the search's)
-        return Polished(plan, None)
+        return plan
     if x.program is None or x.homes is None:
-        return Polished(plan, None)
-    before = dict(plan.figures)
-    figures = {**extra, "polished_from_ms": before["iteration_ms"], "polish_optimal": float(x.optimal)}
+        return plan
+    figures = {**extra, "polished_from_ms": dict(plan.figures)["iteration_ms"], "polish_optimal": float(x.optimal)}
     exact = with_figures(assemble(req, p, plan.method, x.homes, x.program), p, no_swap, figures, recomputes=True)
-    after = dict(exact.figures)
-    faster = req.score(after["iteration_ms"], int(after["host_bytes"])) < \
-        req.score(before["iteration_ms"], int(before["host_bytes"]))
-    return Polished(exact if faster else plan, after["iteration_ms"])
+    return exact if req.plan_score(exact) < req.plan_score(plan) else plan

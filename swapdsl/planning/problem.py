@@ -14,7 +14,7 @@ from swapdsl.devices.costs import host_op_ms
 from swapdsl.graph.analysis import in_place_ops, scratch_bytes
 from swapdsl.graph.ir import Graph, Kind
 from swapdsl.graph.offload import HostSplit, host_split, touched
-from swapdsl.plan.program import NET_OPS, arena_bytes, scratch_offset
+from swapdsl.plan.program import NET_OPS, Plan, arena_bytes, scratch_offset
 
 PAST_BUDGET = 1e15  # a score past the host budget: more than any step's milliseconds
 
@@ -46,6 +46,11 @@ class Request:
         (``PAST_BUDGET``) by the excess in MB, so that less excess still scores better."""
         excess = self.host_excess(host_bytes)
         return iteration_ms if not excess else PAST_BUDGET + excess / 1e6
+
+    def plan_score(self, plan: Plan) -> float:
+        """``score`` by a plan's figures."""
+        f = dict(plan.figures)
+        return self.score(f["iteration_ms"], int(f["host_bytes"]))
 
 
 @attrs.frozen

@@ -191,7 +191,8 @@ def main() -> None:
         rows.append(r)
         mark = {True: "", False: "*"}
         print(f"| {family} | {seed} | {r['ops']} | {ratio:g} | {r['ideal_ms']:.4f} | {r['recompute_bound_ms']:.4f} | "
-              f"{r['belady']:.4f} | {r['capuchin']:.4f} | {r['ga10']:.4f} | {r['ga60']:.4f} | {r['ga60_searched']:.4f} | "
+              f"{r['belady']:.4f} | {r['capuchin']:.4f} | {r['ga10']:.4f} | {r['ga60']:.4f} | "
+              f"{r['ga60_searched']:.4f} | "
               f"{r['exact_default']:.4f}{mark[r['exact_default_proven']]} | "
               f"{r['exact_ga_order']:.4f}{mark[r['exact_ga_order_proven']]} | "
               f"{r['bound_default']:.4f}{mark[r['bound_default_proven']]} | "

@@ -656,8 +656,8 @@ def make_parser() -> argparse.ArgumentParser:
     op.add_argument("--polish", type=_polish, default=POLISH_SHARE, metavar="SHARE",
                     help=f"ga, on graphs of at most {POLISH_MAX_OPS} ops, one rank, updates on the device: the "
                     f"share of the budget in which the exact planner reworks the best plan in its own order (0: "
-                    f"none; default {POLISH_SHARE:g}; after a search its generation limit stopped early: the search's time x SHARE / "
-                    f"(1 - SHARE), at least {POLISH_MIN_S:g} s)")
+                    f"none; default {POLISH_SHARE:g}; after a search its generation limit stopped early: the "
+                    f"search's time x SHARE / (1 - SHARE), at least {POLISH_MIN_S:g} s)")
     op.add_argument("--device", metavar="NAME|FILE.json", help="device profile (default: the GPU found, "
                     f"else {DEFAULT_DEVICE})")
     _precision_options(op, auto=True)

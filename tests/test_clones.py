@@ -10,6 +10,7 @@ from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
 from conftest import MODELS, build_graph, safety
+import swapdsl
 from swapdsl.graph.autodiff import training_graph
 from swapdsl.planning.compiled import no_swap_bytes
 from swapdsl.common.paths import STDLIB_DIR
@@ -21,8 +22,9 @@ from swapdsl.plan.simulate import simulate
 from swapdsl.plan.validate import validate
 from swapdsl.planning.baselines import build_plan
 from swapdsl.planning.bound import bound_ms, recompute_bound_ms
-from swapdsl.planning.clones import Extensions
-from swapdsl.planning.ga import Decoder, Genome, SearchOptions, genetic_search
+from swapdsl.planning.checkpoint import _Checkpointing, rebuilt_makers
+from swapdsl.planning.clones import Candidates, Extensions
+from swapdsl.planning.ga import CHEN_MASKS, Decoder, Genome, SearchOptions, genetic_search
 from swapdsl.planning.optimize import METHOD_NAMES, optimize
 from swapdsl.planning.problem import Problem, Request
 from swapdsl.planning.reference import plan_swaps_reference
@@ -136,6 +138,42 @@ def test_candidates_are_forward_ops_the_backward_pass_reads() -> None:
         assert c.forward[m] and not p.in_place[m]
         assert any(not c.forward[r] for u in p.op_outputs[m] for r in c.readers.get(u, ()))
 
+
+@pytest.mark.parametrize("precision", ["f32", "bf16"])
+def test_a_chain_reruns_an_op_that_worked_in_place_over_its_input_rebuilt(precision: str) -> None:
+    """A bias added in place over a product, and a residual add, may run again in a chain: the clone reads
+    the product rebuilt (the original was overwritten) and writes a fresh region; the plan trains exactly
+    like the reference. Without chains such an op is never a candidate."""
+    args = {"batch": 2, "seq": 8, "vocab": 32, "dim": 16, "heads": 2, "ffn": 32}
+    t = swapdsl.load(MODELS / "tiny_transformer.swp", args, precision=precision).training
+    p = Problem.build(t, V100)
+    c = Candidates.of(p, chains=True)
+    in_place = [m for m in c.ops if p.in_place[m]]
+    assert in_place and not any(p.in_place[m] for m in Candidates.of(p).ops)
+    maker = {u: op for op in range(p.n_ops) for u in p.op_outputs[op]}
+    assert all(maker[p.op_inputs[m][0]] in c.ops for m in in_place)
+    need, no_swap = caps(t)
+    d = Decoder(Request(t, V100, (need + no_swap) // 3, "tiny_transformer.swp", ()))
+    plan = d.plan(Genome(np.arange(d.p.n_ops, 0, -1.0), 0.0, 0, 0, np.ones(len(d.candidates), np.bool_)))
+    assert plan is not None
+    again = [i for i in plan.program if isinstance(i, Run) and i.recompute]
+    assert {i.op for i in again} & set(in_place) and not any(i.in_place for i in again)
+    validate(plan, t)
+    assert run_against_reference(plan, t, steps=2) <= 1e-5
+
+
+def test_chens_rule_rebuilds_whole_chains_for_the_seeds() -> None:
+    """``rebuilt_makers``: the makers of what Chen's rule drops and of every value rebuilding it walks
+    through, so each one's inputs are kept, fixed or rebuilt too (a seed's chain never stops short)."""
+    t = small_training_graph("tiny_transformer")
+    p = Problem.build(t, V100)
+    need, no_swap = caps(t)
+    for spacing, at_cuts in CHEN_MASKS:
+        c = _Checkpointing(p, need, spacing, at_cuts)
+        rebuilt = rebuilt_makers(p, need, spacing, at_cuts)
+        assert {c.maker[u] for u in c.droppable} <= rebuilt
+        for m in rebuilt:
+            assert all(u in c.kept or u in c.fixed or c.maker[u] in rebuilt for u in p.op_inputs[m])
 
 @settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(training_graphs(**EVERY), st.floats(0.0, 1.0), st.floats(0.3, 1.5), st.sampled_from(METHOD_NAMES))

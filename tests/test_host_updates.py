@@ -230,10 +230,10 @@ def test_ga_plans_where_the_device_still_reads_a_weight_its_host_update_overwrot
 def test_chens_dropped_set_seeds_ga_on_problems_with_host_ops() -> None:
     """Found by the CI profile's mutant property: ga seeds its recompute genes from Chen's rule, which met
     hollow ops (no outputs) and host-made weights (no device maker) on problems with host updates."""
-    from swapdsl.planning.checkpoint import dropped_makers
+    from swapdsl.planning.checkpoint import rebuilt_makers
 
     t = _mlp("bf16")
     p = Problem.build(t, V100, offloadable(t))
     need, _ = caps(t)
     for at_cuts in (True, False):
-        assert all(not p.hollow(op) for op in dropped_makers(p, need, 1.0, at_cuts))
+        assert all(not p.hollow(op) for op in rebuilt_makers(p, need, 1.0, at_cuts))

@@ -46,11 +46,13 @@ def checkpoint_program(p: Problem, cap: int) -> tuple[list[Instr], dict[int, Reg
     return best[1], best[2]
 
 
-def dropped_makers(p: Problem, cap: int, spacing: float = 1.0, at_cuts: bool = True) -> set[int]:
-    """The ops whose outputs Chen's rule drops for the backward pass at this segment length (what the
-    genetic search starts its recomputation genes from)."""
+def rebuilt_makers(p: Problem, cap: int, spacing: float = 1.0, at_cuts: bool = True) -> set[int]:
+    """The ops Chen's rule runs again at this segment length: the makers of the values it drops for the
+    backward pass and of every value rebuilding them walks back through (what the genetic search starts its
+    recomputation genes from: with the makers of the dropped values alone, a rebuild would stop at the
+    first value behind them, which the plan would then have to keep)."""
     c = _Checkpointing(p, cap, spacing, at_cuts)
-    return {c.maker[t] for t in c.droppable}
+    return {c.maker[u] for t in c.droppable for u in c.walk(t, c.kept)[1]}
 
 
 class _Checkpointing:
@@ -134,17 +136,21 @@ class _Checkpointing:
 
     def roots(self, t: int, kept: set[int]) -> set[int]:
         """What rebuilding ``t`` reads that is not rebuilt itself: kept activations, inputs, parameters."""
-        found, stack, seen = set(), [t], {t}
+        return self.walk(t, kept)[0]
+
+    def walk(self, t: int, kept: set[int]) -> tuple[set[int], set[int]]:
+        """Rebuilding ``t``: what it reads that is not rebuilt (``roots``), and what it rebuilds (``t`` too)."""
+        found, stack, rebuilt = set(), [t], {t}
         while stack:
             for u in self.p.op_inputs[self.maker[stack.pop()]]:
-                if u in seen:
+                if u in rebuilt or u in found:
                     continue
-                seen.add(u)
                 if u in kept or u in self.fixed:
                     found.add(u)
                 else:
+                    rebuilt.add(u)
                     stack.append(u)
-        return found
+        return found, rebuilt
 
     def build(self) -> tuple[list[Instr], dict[int, Region]]:
         homes = {t: Region(self.place(t, -1), self.p.size[t]) for t in sorted(self.fixed)}

@@ -12,7 +12,8 @@ tensor back to the original's name, so the validator checks it as any other plan
 
 A clone runs just before the first op that reads one of its outputs (clones of one op's inputs first);
 a clone is dropped from the set when, in the schedule at hand, a forward op still reads an original
-after that point or an in-place update overwrites one of its inputs before it.
+after that point or an in-place update overwrites one of its inputs before it. So an op that works in
+place (a bias added over a product) runs again only in a chain, over its first input rebuilt.
 """
 
 from __future__ import annotations
@@ -33,37 +34,48 @@ from swapdsl.planning.problem import Problem, edges
 class Candidates:
     """What in a problem may be recomputed, found once."""
 
-    ops: tuple[int, ...]  # forward ops that may run again: ``direct`` ones and, with chains, their makers'
+    ops: tuple[int, ...]  # forward ops that may run again: ``direct`` ones and, with chains, the chains' ops
     forward: tuple[bool, ...]  # per op: does it make forward activations
     consumer: dict[int, int]  # tensor -> the op that overwrites it in place
     readers: dict[int, list[int]]  # tensor -> ops that read it
-    direct: tuple[int, ...] = ()  # the candidates whose outputs a backward op reads
+    direct: tuple[int, ...] = ()  # those a backward op reads that may run again alone (``capuchin``'s)
 
     @staticmethod
     def of(p: Problem, chains: bool = False) -> Candidates:
-        """The forward ops whose outputs a backward op reads and that may run again; with ``chains``, also
-        every such op that makes an input of one (so a recomputation may reach back past one op)."""
+        """The forward ops whose outputs a backward op reads and that may run again alone; with ``chains``,
+        also those that may run again only in a chain (over an input rebuilt) and every op that makes an
+        input of one (so a recomputation may reach back past one op)."""
         forward = tuple(p.forward_op(op) for op in range(p.n_ops))
         consumer = {p.op_inputs[op][0]: op for op in range(p.n_ops) if p.in_place[op] and p.op_inputs[op]}
         readers = edges(p).readers
         finals = {new for _, new in p.updates} | {p.loss}
 
         net = p.net  # (an all-reduce runs once a step: a rerun would be another collective)
+        maker = {t: op for op in range(p.n_ops) for t in p.op_outputs[op]}
 
         def may_rerun(m: int) -> bool:
-            return (forward[m] and not p.in_place[m] and m not in net
-                    and not any(t in consumer or t in finals for t in p.op_outputs[m]))
+            return forward[m] and m not in net and not any(t in finals for t in p.op_outputs[m])
 
-        direct = tuple(m for m in range(p.n_ops) if may_rerun(m)
-                       and any(not forward[r] for t in p.op_outputs[m] for r in readers.get(t, ())))
+        def alone(m: int) -> bool:  # a clone that reads the originals: none may have been overwritten in place
+            return not p.in_place[m] and not any(t in consumer for t in p.op_outputs[m])
+
+        def in_chain(m: int) -> bool:
+            # a clone of an op that works in place reads its first input rebuilt (never the original it
+            # overwrote: ``place_clones`` drops it otherwise), as a bias added to a product does
+            first = maker.get(p.op_inputs[m][0]) if p.in_place[m] else None
+            return not p.in_place[m] or (first is not None and forward[first])
+
+        read_back = {m for m in range(p.n_ops) if may_rerun(m)
+                     and any(not forward[r] for t in p.op_outputs[m] for r in readers.get(t, ()))}
+        direct = tuple(sorted(m for m in read_back if alone(m)))
         ops = set(direct)
         if chains:
-            maker = {t: op for op in range(p.n_ops) for t in p.op_outputs[op]}
-            frontier = list(direct)
+            frontier = [m for m in read_back if in_chain(m)]
+            ops.update(frontier)
             while frontier:
                 for t in p.op_inputs[frontier.pop()]:
                     m = maker.get(t)
-                    if m is not None and m not in ops and may_rerun(m):
+                    if m is not None and m not in ops and may_rerun(m) and in_chain(m):
                         ops.add(m)
                         frontier.append(m)
         return Candidates(tuple(sorted(ops)), forward, consumer, readers, direct)

@@ -20,10 +20,12 @@ plan use the whole cap. Seeds: the default schedule at every pinning level and
 with each output placement, a schedule that keeps the ops reading one weight
 together (``locality_priority``) at every pinning level and output placement,
 each with and without early swap-ins; where the cap is below the no-swap
-arena, the default schedule with the recompute genes of ``capuchin``, of Chen's
-dropped set and of the cheapest half and all candidates; and jittered variants
-of all these. Selection is by tournament with elitism; children mix their
-parents' priorities op by op (or at one cut) and their genes, then mutate. The
+arena, first, the default schedule with the recompute genes of ``capuchin``, of
+what Chen's rule rebuilds at four segment lengths and of the cheapest half and
+all candidates that do not work in place, each with early swap-ins and with
+windowed ones; and jittered variants of all these. Selection is by tournament
+with elitism; children mix their parents' priorities op by op (or at one cut)
+and their genes, then mutate. The
 result is never worse than the best baseline: ``lru``, ``vdnn``, ``belady`` and
 ``capuchin`` are scored too, ``checkpoint`` is planned at the end, and the
 best is kept if nothing beats it (on graphs past ``SEED_OP_EVALUATIONS`` /
@@ -59,7 +61,7 @@ from swapdsl.common.errors import SwpError
 from swapdsl.plan.program import Plan
 from swapdsl.planning.baselines import (Setup, baseline_setup, build_plan, capuchin_setup, host_budget_error,
                                         plan_checkpoint, with_figures)
-from swapdsl.planning.checkpoint import dropped_makers
+from swapdsl.planning.checkpoint import rebuilt_makers
 from swapdsl.planning.clones import Extensions
 from swapdsl.planning.bound import ideal_ms
 from swapdsl.planning.compiled import Evaluator, priority_order
@@ -103,6 +105,11 @@ PIN_LEVELS = (0.0, 0.1, 0.25, 0.5, 0.75, 1.0)
 EARLY = (None, (0.0, None), (0.02, None), (0.05, None), (0.1, None), (0.0, 200), (0.0, 1000), (0.05, 200),
          (0.05, 1000))
 
+
+# Chen's rule's segment lengths (``checkpoint.SPACINGS``' units) and whether it keeps values only at separators,
+# for the recompute genes of seeds: a short segment at separators keeps about one value a layer (the residual
+# stream of a transformer), a long one a few in the whole graph
+CHEN_MASKS = ((1 / 16, True), (1 / 4, True), (1.0, True), (1.0, False))
 
 # the capuchin seed scores at most this many ops' worth of candidate sets (sets x ops): capuchin's own search
 # on graphs of up to about 3,800 ops; on larger ones (micro-batched; NASNet and the LSTM in one pass), where
@@ -351,7 +358,8 @@ def locality_priority(p: Problem) -> np.ndarray:
 
 
 def _seeds(d: Decoder, rng: np.random.Generator, size: int, masks: list[np.ndarray]) -> list[Genome]:
-    """The first population; ``masks``: recompute genes to start from (with early swap-ins, then without)."""
+    """The first population; ``masks``: recompute genes to start from (the last one with the locality
+    schedule too)."""
     n = d.p.n_ops
     default = np.arange(n, 0, -1, dtype=np.float64)
     local = locality_priority(d.p)
@@ -363,11 +371,12 @@ def _seeds(d: Decoder, rng: np.random.Generator, size: int, masks: list[np.ndarr
     base = [Genome(default, base_pin)] + [Genome(default, pin) for pin in PIN_LEVELS if pin != base_pin]
     base += [Genome(default, base_pin, o) for o in range(1, len(OUTPUTS))]
     base += [Genome(local, pin, o) for pin in PIN_LEVELS for o in range(len(OUTPUTS))]
-    seeds = [s for g in base for s in (attrs.evolve(g, recompute=none), attrs.evolve(g, early=1, recompute=none))]
-    seeds += [Genome(default, base_pin, 0, 1, m) for m in masks]
-    seeds += [Genome(local, base_pin, 0, e, m) for m in masks[-1:] for e in (5, 7)]  # (windowed prefetch)
+    # where the cap needs recomputation, its seeds first (the population keeps the first ``size`` seeds);
+    # early swap-ins (1), and windowed ones (5) that a recomputing plan's prefetches want
+    seeds = [Genome(default, base_pin, 0, e, m) for m in masks for e in (1, 5)]
+    seeds += [Genome(local, base_pin, 0, e, m) for m in masks[-1:] for e in (5, 7)]
+    seeds += [s for g in base for s in (attrs.evolve(g, recompute=none), attrs.evolve(g, early=1, recompute=none))]
     seeds += [Genome(default, base_pin, 0, e, none) for e in range(2, len(EARLY))]
-    seeds += [Genome(default, base_pin, 0, 0, m) for m in masks]  # (64, the default, keeps the line above to EARLY 5)
     while len(seeds) < size:
         jitter = rng.normal(0.0, rng.choice([0.5, 2.0, 8.0]), n)
         mask = masks[int(rng.integers(len(masks)))] if masks and rng.random() < 0.5 else none
@@ -454,9 +463,13 @@ class Search:
             self.baselines["capuchin"] = capuchin_setup(req, d.p, d.extensions, d.no_swap, evaluations)[0]
             cheapest = d.extensions.candidates.cheapest(d.p)
             masks = [d.mask(self.baselines["capuchin"].recompute)]
-            masks += [d.mask(dropped_makers(d.p, req.tensor_cap, 1.0, at_cuts)) for at_cuts in (True, False)]
+            masks += [d.mask(rebuilt_makers(d.p, req.tensor_cap, spacing, at_cuts))
+                      for spacing, at_cuts in CHEN_MASKS]
             masks += [d.mask(cheapest[:max(1, int(share * len(cheapest)))]) for share in (0.5, 1.0)]
-            masks.append(np.ones(len(d.candidates), np.bool_))  # every chain back to what the forward pass keeps
+            # every chain back to what the forward pass keeps, but not the ops that work in place: their
+            # clones are not (rerunning them too made the seed's step 3.4-3.8x longer on GPT-2 medium and
+            # ResNet-152 in bf16 at 1/12)
+            masks.append(np.array([not d.p.in_place[m] for m in d.candidates], np.bool_))
         self.pop = _seeds(d, self.rng, opts.population, masks)
         first = d.score(self.pop[0])  # compiles the inner loop (or loads it) once, before workers fork
         self.scorer = _Scorer(req, d, opts.workers or os.cpu_count() or 1)

@@ -23,8 +23,8 @@ from swapdsl.plan.validate import validate
 from swapdsl.planning.baselines import build_plan
 from swapdsl.planning.bound import bound_ms, recompute_bound_ms
 from swapdsl.planning.checkpoint import _Checkpointing, rebuilt_makers
-from swapdsl.planning.clones import Candidates, Extensions
-from swapdsl.planning.ga import CHEN_MASKS, Decoder, Genome, SearchOptions, genetic_search
+from swapdsl.planning.clones import Candidates, Extensions, place_clones
+from swapdsl.planning.ga import CHEN_MASKS, Decoder, Genome, Search, SearchOptions, genetic_search
 from swapdsl.planning.optimize import METHOD_NAMES, optimize
 from swapdsl.planning.problem import Problem, Request
 from swapdsl.planning.reference import plan_swaps_reference
@@ -139,17 +139,22 @@ def test_candidates_are_forward_ops_the_backward_pass_reads() -> None:
         assert any(not c.forward[r] for u in p.op_outputs[m] for r in c.readers.get(u, ()))
 
 
+def _tiny_transformer(precision: str = "f32") -> Graph:
+    args = {"batch": 2, "seq": 8, "vocab": 32, "dim": 16, "heads": 2, "ffn": 32}
+    return swapdsl.load(MODELS / "tiny_transformer.swp", args, precision=precision).training
+
+
 @pytest.mark.parametrize("precision", ["f32", "bf16"])
 def test_a_chain_reruns_an_op_that_worked_in_place_over_its_input_rebuilt(precision: str) -> None:
     """A bias added in place over a product, and a residual add, may run again in a chain: the clone reads
     the product rebuilt (the original was overwritten) and writes a fresh region; the plan trains exactly
     like the reference. Without chains such an op is never a candidate."""
-    args = {"batch": 2, "seq": 8, "vocab": 32, "dim": 16, "heads": 2, "ffn": 32}
-    t = swapdsl.load(MODELS / "tiny_transformer.swp", args, precision=precision).training
+    t = _tiny_transformer(precision)
     p = Problem.build(t, V100)
     c = Candidates.of(p, chains=True)
     in_place = [m for m in c.ops if p.in_place[m]]
     assert in_place and not any(p.in_place[m] for m in Candidates.of(p).ops)
+    assert not set(in_place) & set(c.direct)
     maker = {u: op for op in range(p.n_ops) for u in p.op_outputs[op]}
     assert all(maker[p.op_inputs[m][0]] in c.ops for m in in_place)
     need, no_swap = caps(t)
@@ -162,18 +167,57 @@ def test_a_chain_reruns_an_op_that_worked_in_place_over_its_input_rebuilt(precis
     assert run_against_reference(plan, t, steps=2) <= 1e-5
 
 
+def test_an_op_that_worked_in_place_reruns_only_over_its_input_rebuilt() -> None:
+    """With every candidate chosen, each op that worked in place runs again after the maker of the input
+    it wrote over; chosen without that maker, its clone is dropped (it would read the overwritten original)."""
+    p = Problem.build(_tiny_transformer(), V100)
+    c = Candidates.of(p, chains=True)
+    maker = {u: op for op in range(p.n_ops) for u in p.op_outputs[op]}
+    schedule = list(range(p.n_ops))
+    kept, need = place_clones(p, c, schedule, c.ops)
+    at = dict(zip(kept, need))
+    rerun = [m for m in kept if p.in_place[m]]
+    assert rerun and all(at[maker[p.op_inputs[m][0]]] <= at[m] for m in rerun)
+    for m in rerun:
+        assert m not in place_clones(p, c, schedule, set(c.ops) - {maker[p.op_inputs[m][0]]})[0]
+
+
 def test_chens_rule_rebuilds_whole_chains_for_the_seeds() -> None:
     """``rebuilt_makers``: the makers of what Chen's rule drops and of every value rebuilding it walks
     through, so each one's inputs are kept, fixed or rebuilt too (a seed's chain never stops short)."""
     t = small_training_graph("tiny_transformer")
     p = Problem.build(t, V100)
-    need, no_swap = caps(t)
+    need, _ = caps(t)
     for spacing, at_cuts in CHEN_MASKS:
         c = _Checkpointing(p, need, spacing, at_cuts)
         rebuilt = rebuilt_makers(p, need, spacing, at_cuts)
         assert {c.maker[u] for u in c.droppable} <= rebuilt
         for m in rebuilt:
             assert all(u in c.kept or u in c.fixed or c.maker[u] in rebuilt for u in p.op_inputs[m])
+
+
+def test_ga_seeds_its_recompute_sets_right_after_the_default_schedule() -> None:
+    """Under a cap that needs recomputation the population starts with the default schedule, then each
+    distinct recompute set (early and windowed swap-ins); the set of all candidates leaves out the ops that
+    work in place and the makers of what they write over."""
+    t = _tiny_transformer()
+    need, no_swap = caps(t)
+    search = Search(Request(t, V100, (need + no_swap) // 3, "tiny_transformer.swp", ()),
+                    SearchOptions(generations=0, workers=1))
+    try:
+        pop, d = search.pop, search.d
+        assert not pop[0].recompute.any() and not pop[1].recompute.any() and (pop[0].early, pop[1].early) == (0, 1)
+        sets = [g.recompute.tobytes() for g in pop[2:] if g.recompute.any()]
+        first = sets[::2][:len(set(sets))]
+        assert len(first) == len(set(first)) >= 3 and [g.early for g in pop[2:6]] == [1, 5, 1, 5]
+        alone = [g for g in pop if g.recompute.tobytes() == first[-1]][0].recompute
+        c = d.extensions.candidates
+        chosen = [m for m, on in zip(d.candidates.tolist(), alone) if on]
+        assert chosen and not any(d.p.in_place[m] for m in chosen)
+        assert not any(t in c.consumer for m in chosen for t in d.p.op_outputs[m])
+    finally:
+        search.close()
+
 
 @settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(training_graphs(**EVERY), st.floats(0.0, 1.0), st.floats(0.3, 1.5), st.sampled_from(METHOD_NAMES))

@@ -14,6 +14,7 @@ from __future__ import annotations
 import itertools
 import math
 from collections import Counter
+from collections.abc import Iterable
 
 from swapdsl.common.errors import SwpError
 from swapdsl.common.units import format_bytes
@@ -52,7 +53,7 @@ def rebuilt_makers(p: Problem, cap: int, spacing: float = 1.0, at_cuts: bool = T
     recomputation genes from: with the makers of the dropped values alone, a rebuild would stop at the
     first value behind them, which the plan would then have to keep)."""
     c = _Checkpointing(p, cap, spacing, at_cuts)
-    return {c.maker[u] for t in c.droppable for u in c.walk(t, c.kept)[1]}
+    return {c.maker[u] for u in c.walk(c.droppable, c.kept)[1]}
 
 
 class _Checkpointing:
@@ -136,11 +137,12 @@ class _Checkpointing:
 
     def roots(self, t: int, kept: set[int]) -> set[int]:
         """What rebuilding ``t`` reads that is not rebuilt itself: kept activations, inputs, parameters."""
-        return self.walk(t, kept)[0]
+        return self.walk({t}, kept)[0]
 
-    def walk(self, t: int, kept: set[int]) -> tuple[set[int], set[int]]:
-        """Rebuilding ``t``: what it reads that is not rebuilt (``roots``), and what it rebuilds (``t`` too)."""
-        found, stack, rebuilt = set(), [t], {t}
+    def walk(self, ts: Iterable[int], kept: set[int]) -> tuple[set[int], set[int]]:
+        """Rebuilding ``ts``: what that reads that is not rebuilt (``roots``), and what it rebuilds (``ts`` too)."""
+        rebuilt = set(ts)
+        found, stack = set(), list(rebuilt)
         while stack:
             for u in self.p.op_inputs[self.maker[stack.pop()]]:
                 if u in rebuilt or u in found:

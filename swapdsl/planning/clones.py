@@ -19,7 +19,7 @@ place (a bias added over a product) runs again only in a chain, over its first i
 from __future__ import annotations
 
 import functools
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 
 import attrs
 import numpy as np
@@ -56,28 +56,19 @@ class Candidates:
         def may_rerun(m: int) -> bool:
             return forward[m] and m not in net and not any(t in finals for t in p.op_outputs[m])
 
-        def alone(m: int) -> bool:  # a clone that reads the originals: none may have been overwritten in place
+        def alone(m: int) -> bool:  # (a clone alone reads originals: m wrote over none, no op over m's outputs)
             return not p.in_place[m] and not any(t in consumer for t in p.op_outputs[m])
 
-        def in_chain(m: int) -> bool:
-            # a clone of an op that works in place reads its first input rebuilt (never the original it
-            # overwrote: ``place_clones`` drops it otherwise), as a bias added to a product does
-            first = maker.get(p.op_inputs[m][0]) if p.in_place[m] else None
-            return not p.in_place[m] or (first is not None and forward[first])
+        def in_chain(m: int) -> bool:  # only a forward op writes over m's outputs (see ``_chains`` for m's inputs)
+            return all(forward[consumer[t]] for t in p.op_outputs[m] if t in consumer)
 
-        read_back = {m for m in range(p.n_ops) if may_rerun(m)
-                     and any(not forward[r] for t in p.op_outputs[m] for r in readers.get(t, ()))}
-        direct = tuple(sorted(m for m in read_back if alone(m)))
+        read_back = sorted(m for m in range(p.n_ops) if may_rerun(m)
+                           and any(not forward[r] for t in p.op_outputs[m] for r in readers.get(t, ())))
+        direct = tuple(m for m in read_back if alone(m))
         ops = set(direct)
         if chains:
-            frontier = [m for m in read_back if in_chain(m)]
-            ops.update(frontier)
-            while frontier:
-                for t in p.op_inputs[frontier.pop()]:
-                    m = maker.get(t)
-                    if m is not None and m not in ops and may_rerun(m) and in_chain(m):
-                        ops.add(m)
-                        frontier.append(m)
+            roots = [m for m in read_back if in_chain(m)]
+            ops |= _chains(p, maker, roots, lambda m: may_rerun(m) and in_chain(m))
         return Candidates(tuple(sorted(ops)), forward, consumer, readers, direct)
 
     def cheapest(self, p: Problem) -> list[int]:
@@ -87,6 +78,24 @@ class Candidates:
                          if any(not self.forward[r] for r in self.readers.get(t, ())))
             return p.op_ms[m] / max(needed, 1)
         return sorted(self.direct, key=lambda m: (per_byte(m), m))
+
+
+def _chains(p: Problem, maker: dict[int, int], roots: list[int], may_join: Callable[[int], bool]) -> set[int]:
+    """``roots`` and every op that makes an input of one of them, transitively, that ``may_join``; less the
+    ops that work in place over an input whose maker is not among them (their clones could never run:
+    ``place_clones`` would drop them, as it drops one whose input's maker is not chosen)."""
+    ops, frontier = set(roots), list(roots)
+    while frontier:
+        for t in p.op_inputs[frontier.pop()]:
+            m = maker.get(t)
+            if m is not None and m not in ops and may_join(m):
+                ops.add(m)
+                frontier.append(m)
+    kept: set[int] = set()
+    for m in sorted(ops):  # (op order is topological: an input's maker is decided first)
+        if not p.in_place[m] or maker.get(p.op_inputs[m][0]) in kept:
+            kept.add(m)
+    return kept
 
 
 @attrs.frozen

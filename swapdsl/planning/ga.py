@@ -19,13 +19,16 @@ no carving to search (any tensor may take any free bytes), which is what lets a
 plan use the whole cap. Seeds: the default schedule at every pinning level and
 with each output placement, a schedule that keeps the ops reading one weight
 together (``locality_priority``) at every pinning level and output placement,
-each with and without early swap-ins; where the cap is below the no-swap
-arena, first, the default schedule with the recompute genes of ``capuchin``, of
-what Chen's rule rebuilds at four segment lengths and of the cheapest half and
-all candidates that do not work in place, each with early swap-ins and with
-windowed ones; and jittered variants of all these. Selection is by tournament
-with elitism; children mix their parents' priorities op by op (or at one cut)
-and their genes, then mutate. The
+each with and without early swap-ins, and the default schedule with windowed
+ones. Where the cap is below the no-swap arena, right after the default
+schedule come the recompute genes of ``capuchin``, of what Chen's rule rebuilds
+at four segment lengths, of the cheapest half and all of the candidates that
+may run alone, and of every candidate that neither works in place nor is
+written over in place, each with early and with windowed swap-ins (the
+population keeps the first seeds: at 64, the last of the others fall off).
+Jittered variants fill what is left. Selection is by tournament with elitism;
+children mix their parents' priorities op by op (or at one cut) and their
+genes, then mutate. The
 result is never worse than the best baseline: ``lru``, ``vdnn``, ``belady`` and
 ``capuchin`` are scored too, ``checkpoint`` is planned at the end, and the
 best is kept if nothing beats it (on graphs past ``SEED_OP_EVALUATIONS`` /
@@ -371,12 +374,13 @@ def _seeds(d: Decoder, rng: np.random.Generator, size: int, masks: list[np.ndarr
     base = [Genome(default, base_pin)] + [Genome(default, pin) for pin in PIN_LEVELS if pin != base_pin]
     base += [Genome(default, base_pin, o) for o in range(1, len(OUTPUTS))]
     base += [Genome(local, pin, o) for pin in PIN_LEVELS for o in range(len(OUTPUTS))]
-    # where the cap needs recomputation, its seeds first (the population keeps the first ``size`` seeds);
-    # early swap-ins (1), and windowed ones (5) that a recomputing plan's prefetches want
-    seeds = [Genome(default, base_pin, 0, e, m) for m in masks for e in (1, 5)]
+    plain = [s for g in base for s in (attrs.evolve(g, recompute=none), attrs.evolve(g, early=1, recompute=none))]
+    # the population keeps the first ``size`` seeds: the default schedule, then, where the cap needs
+    # recomputation, its seeds, with early swap-ins (1) and windowed ones (5) that a recomputing plan's
+    # prefetches want (at 64 with eight masks, the last locality seeds and the windowed ones fall off)
+    seeds = plain[:2] + [Genome(default, base_pin, 0, e, m) for m in masks for e in (1, 5)]
     seeds += [Genome(local, base_pin, 0, e, m) for m in masks[-1:] for e in (5, 7)]
-    seeds += [s for g in base for s in (attrs.evolve(g, recompute=none), attrs.evolve(g, early=1, recompute=none))]
-    seeds += [Genome(default, base_pin, 0, e, none) for e in range(2, len(EARLY))]
+    seeds += plain[2:] + [Genome(default, base_pin, 0, e, none) for e in range(2, len(EARLY))]
     while len(seeds) < size:
         jitter = rng.normal(0.0, rng.choice([0.5, 2.0, 8.0]), n)
         mask = masks[int(rng.integers(len(masks)))] if masks and rng.random() < 0.5 else none
@@ -466,10 +470,13 @@ class Search:
             masks += [d.mask(rebuilt_makers(d.p, req.tensor_cap, spacing, at_cuts))
                       for spacing, at_cuts in CHEN_MASKS]
             masks += [d.mask(cheapest[:max(1, int(share * len(cheapest)))]) for share in (0.5, 1.0)]
-            # every chain back to what the forward pass keeps, but not the ops that work in place: their
-            # clones are not (rerunning them too made the seed's step 3.4-3.8x longer on GPT-2 medium and
-            # ResNet-152 in bf16 at 1/12)
-            masks.append(np.array([not d.p.in_place[m] for m in d.candidates], np.bool_))
+            # every candidate that could run again alone, with the chains to it, but not the ops that work in
+            # place nor the makers of what they write over: their clones run out of place, beside their inputs
+            # (with them, this seed's step was 3.4-3.8x longer on GPT-2 medium and ResNet-152 in bf16 at 1/12)
+            c = d.extensions.candidates
+            masks.append(np.array([not d.p.in_place[m] and not any(t in c.consumer for t in d.p.op_outputs[m])
+                                   for m in d.candidates], np.bool_))
+            masks = list({m.tobytes(): m for m in masks}.values())  # (two rules may make one set)
         self.pop = _seeds(d, self.rng, opts.population, masks)
         first = d.score(self.pop[0])  # compiles the inner loop (or loads it) once, before workers fork
         self.scorer = _Scorer(req, d, opts.workers or os.cpu_count() or 1)

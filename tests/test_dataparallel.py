@@ -553,7 +553,9 @@ def test_a_rank_that_hangs_or_dies_ends_the_run_and_keeps_the_last_checkpoint(tm
     took = time.monotonic() - faulted
     assert "Traceback" not in err
     if fault == "hang":
-        assert run.returncode == 2 and 2 <= took < 2 + 1 + 15, (took, err)  # timeout, last news, grace
+        # MPICH's mpiexec exits with the OR of its ranks' wait statuses: 2 from rank 0's abort, and at times
+        # SIGKILL's 9 as well, when it counts the hung rank it killed after the abort (seen in CI under load)
+        assert run.returncode in (2, signal.SIGKILL) and 2 <= took < 2 + 1 + 15, (took, err)  # timeout, news, grace
         assert err.count("error: rank 1 did not reach the ") == 1 and "within 2 s, where rank 0 waited" in err, err
         assert re.search(r"of step \d+ within", err), err
     else:

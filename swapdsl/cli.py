@@ -18,6 +18,7 @@ from typing import Any, NoReturn, TextIO
 from swapdsl import __version__, api
 from swapdsl.common.atomic import check_writable, write_bytes_atomically, write_text_atomically
 from swapdsl.common.errors import SwpError
+from swapdsl.common.launcher import launched_rank
 from swapdsl.common.units import format_bytes, format_count, parse_share, parse_size
 from swapdsl.devices.profiles import BUILTIN, DEFAULT_DEVICE, detect_device, load_device
 from swapdsl.graph.dataparallel import DEFAULT_LINK_GBPS, MAX_RANKS
@@ -25,6 +26,7 @@ from swapdsl.graph.microbatch import MAX_MICROBATCHES
 from swapdsl.graph.precision import GUARDS, PRECISIONS
 from swapdsl.graph.printer import print_graph
 from swapdsl.plan import show
+from swapdsl.plan.figures import ONE_PASS_IDEAL
 from swapdsl.plan.simulate import simulate
 from swapdsl.planning import bench
 from swapdsl.planning.ga import SearchOptions, SearchProgress
@@ -333,9 +335,7 @@ def _cmd_optimize(args: argparse.Namespace) -> int:
         api.save(plan, args.output)
     info = {"method": plan.method, "device": device.name, "memory_bytes": plan.cap, **dict(plan.figures),
             "search_seconds": seconds, "plan": args.output, "microbatches": plan.microbatches}
-    if plan.microbatches > 1:
-        one = api.one_pass_ideal_ms(model, device)
-        info |= {"one_pass_ideal_ms": one, "one_pass_fraction": one / info["iteration_ms"]}
+    info = _with_one_pass_fraction(info)
     if args.json:
         print(json.dumps(info, indent=2))
         return 0
@@ -399,10 +399,17 @@ def _print_figures(f: dict) -> None:
               f"{f['iteration_ms']:.3f} ms")
 
 
+def _with_one_pass_fraction(info: dict[str, Any]) -> dict[str, Any]:
+    """A micro-batched plan's speed as a fraction of one pass's ideal step (its own graph's is slower)."""
+    one = info.get(ONE_PASS_IDEAL)
+    return info if one is None else info | {"one_pass_fraction": one / info["iteration_ms"]}
+
+
 def _cmd_simulate(args: argparse.Namespace) -> int:
     plan = api.read(args.file)
     info = {"method": plan.method, "device": plan.device.name, "memory_bytes": plan.cap, **api.simulate(plan),
             "plan": args.file, "microbatches": plan.microbatches}
+    info = _with_one_pass_fraction(info)
     if args.json:
         print(json.dumps(info, indent=2))
         return 0
@@ -487,11 +494,16 @@ def _cmd_devices(args: argparse.Namespace) -> int:
     return 0
 
 
+class _UsageError(SwpError):
+    """A command line argparse refused: under an MPI launcher every rank meets the same one (the same
+    argv), so the launcher's rank 0 prints it, and no rank starts MPI to abort the others."""
+
+
 class _Parser(argparse.ArgumentParser):
     """argparse, with its errors reported like every other mistake (one message, exit code 2)."""
 
     def error(self, message: str) -> NoReturn:
-        raise SwpError(message, hints=[f"see `{self.prog} --help`"])
+        raise _UsageError(message, hints=[f"see `{self.prog} --help`"])
 
 
 def _precision_options(parser: argparse.ArgumentParser, auto: bool = False) -> None:
@@ -731,6 +743,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             print(f"swapdsl: stopped by {signal.Signals(received[0]).name}", file=sys.stderr)
             return 128 + received[0]
         return code
+    except _UsageError as err:
+        if launched_rank() == 0:
+            print(err.render(), file=sys.stderr)
+        return EXIT_USER_ERROR
     except SwpError as err:
         if isinstance(err, dist.Silent):  # (the rank that stopped printed why)
             return EXIT_USER_ERROR

@@ -482,6 +482,13 @@ def test_only_the_report_reads_a_report_s_average(tmp_path: Path) -> None:
     assert readers == ["report"]
 
 
+def test_a_command_line_every_rank_refuses_is_reported_once_without_an_abort(tmp_path: Path) -> None:
+    done = _swapdsl(tmp_path, "exec", "--no-such-flag", "net.plan", ranks=2)
+    assert done.returncode == 2, done.stderr
+    assert done.stderr.count("error: unrecognized arguments: --no-such-flag") == 1, done.stderr
+    assert "Abort" not in done.stderr and "Traceback" not in done.stderr, done.stderr
+
+
 def test_ranks_take_one_blas_thread_each_unless_told(tmp_path: Path) -> None:
     launcher = _mpiexec()
     env = {k: v for k, v in os.environ.items()

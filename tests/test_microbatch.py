@@ -407,7 +407,20 @@ def test_optimize_gives_a_micro_batched_plan_s_speed_against_one_pass(cli, in_tm
     assert f["one_pass_fraction"] == pytest.approx(one / f["iteration_ms"])
     assert f["one_pass_fraction"] < f["fraction"]
     code, out, _ = cli("optimize", model, "--memory", "64MiB", "--microbatches", "4", "-D", "batch=16",
-                       "--method", "belady")
+                       "--method", "belady", "-o", "k4.plan")
     assert code == 0 and f"{f['one_pass_fraction']:.3f} of the infinite-memory speed (one pass: " in out
-    code, out, _ = cli("optimize", model, "--memory", "64MiB", "-D", "batch=16", "--method", "belady", "--json")
+    # the plan file keeps the one-pass ideal: `simulate` gives the same fraction, without the model
+    (in_tmp / "mlp.swp").unlink()
+    code, out, _ = cli("simulate", "k4.plan", "--json")
+    again = json.loads(out)
+    assert code == 0 and again["one_pass_fraction"] == pytest.approx(f["one_pass_fraction"])
+    code, out, _ = cli("simulate", "k4.plan")
+    assert code == 0 and f"{f['one_pass_fraction']:.3f} of the infinite-memory speed (one pass: " in out
+    code, out, _ = cli("show", "k4.plan")
+    assert code == 0 and f"over the whole batch: this step runs at {f['one_pass_fraction']:.3f} of it (4 " in out
+    write(in_tmp / "mlp.swp", (MODELS / "mlp.swp").read_text())
+    code, out, _ = cli("optimize", model, "--memory", "64MiB", "-D", "batch=16", "--method", "belady", "--json",
+                       "-o", "k1.plan")
+    assert code == 0 and "one_pass_fraction" not in json.loads(out)
+    code, out, _ = cli("simulate", "k1.plan", "--json")
     assert code == 0 and "one_pass_fraction" not in json.loads(out)

@@ -21,3 +21,12 @@ def launched_size() -> int:
         if text.isdigit():
             return max(int(text), 1)
     return 1
+
+
+def launched_rank() -> int:
+    """This process's rank as the launcher says (0 when none started it or it does not say)."""
+    for key in ("PMI_RANK", "OMPI_COMM_WORLD_RANK", "PMIX_RANK"):
+        text = os.environ.get(key, "")
+        if text.isdigit():
+            return int(text)
+    return 0

@@ -6,6 +6,11 @@ from swapdsl.plan.program import Plan
 from swapdsl.plan.simulate import Result
 
 
+# the figure a micro-batched plan stores: the ideal step of one pass over the whole batch, what its speed
+# is a fraction of (``api.one_pass_ideal_ms``)
+ONE_PASS_IDEAL = "one_pass_ideal_ms"
+
+
 def plan_figures(plan: Plan, r: Result, bound_ms: float | None, no_swap_bytes: float | None,
                  graph_peak_bytes: float | None, extra: dict[str, float] | None = None) -> dict[str, float]:
     """The figures of ``plan`` simulated as ``r``, in the order a plan file lists them. The planner's

@@ -10,6 +10,7 @@ from pathlib import Path
 from swapdsl.common.atomic import write_bytes_atomically
 from swapdsl.common.errors import SwpError
 from swapdsl.common.units import format_bytes
+from swapdsl.plan.figures import ONE_PASS_IDEAL
 from swapdsl.plan.program import HOST, HostRun, Plan, Region, Run, SwapIn, SwapOut
 from swapdsl.plan.simulate import Result, simulate
 
@@ -41,6 +42,9 @@ def summary(plan: Plan, result: Result, labels: Mapping[str, str] | None = None)
         f"({format_bytes(sum(t.bytes for t in on_host))})",
         f"  iteration       {result.iteration_ms:.3f} ms (ideal {result.compute_ms:.3f} ms"
         + (f", bound {figures['bound_ms']:.3f} ms)" if "bound_ms" in figures else ")"),
+        *([f"  one pass        ideal {figures[ONE_PASS_IDEAL]:.3f} ms over the whole batch: this step runs at "
+           f"{figures[ONE_PASS_IDEAL] / result.iteration_ms:.3f} of it ({plan.microbatches} micro-batches)"]
+          if ONE_PASS_IDEAL in figures and result.iteration_ms > 0 else []),
         f"  swapped         {format_bytes(result.h2d_bytes)} in, {format_bytes(result.d2h_bytes)} out",
         f"  device peak     {format_bytes(result.peak_device_bytes)} of tensors + {format_bytes(plan.scratch)} of "
         f"scratch ({100 * (result.peak_device_bytes + plan.scratch) / max(plan.cap, 1):.0f}% of the cap)",

@@ -32,7 +32,7 @@ genes, then mutate. The
 result is never worse than the best baseline: ``lru``, ``vdnn``, ``belady`` and
 ``capuchin`` are scored too, ``checkpoint`` is planned at the end, and the
 best is kept if nothing beats it (on graphs past ``SEED_OP_EVALUATIONS`` /
-777 ops, about 3,800, ``capuchin``'s choice comes from a shorter search than
+777 ops, about 1,300, ``capuchin``'s choice comes from a shorter search than
 the method's own). With a host budget, plans past it score
 behind every plan within it (``Request.score``). On graphs of up to 40 ops the
 search breeds for part of its budget and the exact planner then reworks its best
@@ -115,9 +115,10 @@ EARLY = (None, (0.0, None), (0.02, None), (0.05, None), (0.1, None), (0.0, 200),
 CHEN_MASKS = ((1 / 16, True), (1 / 4, True), (1.0, True), (1.0, False))
 
 # the capuchin seed scores at most this many ops' worth of candidate sets (sets x ops): capuchin's own search
-# on graphs of up to about 3,800 ops; on larger ones (micro-batched; NASNet and the LSTM in one pass), where
-# every set scored rebuilds the graph, a shorter one, so that setting up stays a few seconds
-SEED_OP_EVALUATIONS = 3_000_000
+# on graphs of up to about 1,300 ops; on larger ones, where every set scored rebuilds the graph, a shorter one,
+# so that setting up a count stays a few seconds and the micro-batch climb reaches the larger counts (at 3M,
+# Inception-v4 in bf16 at 1/12 and 1/8 never got past 4 micro-batches in 60 s, 0.49-0.51 of the ideal)
+SEED_OP_EVALUATIONS = 1_000_000
 
 
 def _frozen(values: object) -> np.ndarray:

@@ -401,8 +401,8 @@ def _print_figures(f: dict) -> None:
 
 def _with_one_pass_fraction(info: dict[str, Any]) -> dict[str, Any]:
     """A micro-batched plan's speed as a fraction of one pass's ideal step (its own graph's is slower)."""
-    one = info.get(ONE_PASS_IDEAL)
-    return info if one is None else info | {"one_pass_fraction": one / info["iteration_ms"]}
+    one, step = info.get(ONE_PASS_IDEAL), info["iteration_ms"]
+    return info if one is None or step <= 0 else info | {"one_pass_fraction": one / step}
 
 
 def _cmd_simulate(args: argparse.Namespace) -> int:

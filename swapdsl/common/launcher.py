@@ -16,17 +16,18 @@ def launched() -> bool:
 
 def launched_size() -> int:
     """How many processes the launcher says it started (1 when none did or it does not say)."""
-    for key in ("PMI_SIZE", "OMPI_COMM_WORLD_SIZE"):
-        text = os.environ.get(key, "")
-        if text.isdigit():
-            return max(int(text), 1)
-    return 1
+    return max(_said("PMI_SIZE", "OMPI_COMM_WORLD_SIZE", default=1), 1)
 
 
 def launched_rank() -> int:
     """This process's rank as the launcher says (0 when none started it or it does not say)."""
-    for key in ("PMI_RANK", "OMPI_COMM_WORLD_RANK", "PMIX_RANK"):
+    return _said("PMI_RANK", "OMPI_COMM_WORLD_RANK", "PMIX_RANK", default=0)
+
+
+def _said(*keys: str, default: int) -> int:
+    """The first of these variables that holds a whole number."""
+    for key in keys:
         text = os.environ.get(key, "")
         if text.isdigit():
             return int(text)
-    return 0
+    return default

@@ -49,7 +49,8 @@ def call_apart(fn: Callable[..., T], args: tuple[Any, ...], deadline_s: float) -
         if not receive.poll(deadline_s):
             return None
         ok, value = receive.recv()
-    except EOFError:
+    except EOFError:  # (its pipe closes before it is reaped: wait for its exit code)
+        child.join(5.0)
         raise ChildProcessError(f"a solver's process ended with exit code {child.exitcode}") from None
     finally:
         if child.is_alive():

@@ -2,15 +2,15 @@
 both solved by HiGHS, beside every method's plan, on small random graphs.
 
 Usage: python bench/exact_gap.py [--per-family 10] [--families mlp conv attention lstm] [--ratios 2 4 8 12]
-                                 [--time-limit 20] [--bound-limit 10] [--shard K/N] [--json FILE]
+                                 [--ops 10 30] [--time-limit 20] [--bound-limit 10] [--shard K/N] [--json FILE]
        python bench/exact_gap.py --explain FAMILY:SEED:RATIO   (ga's plan beside the exact plan for its order)
 
-Case k of a family is its graph of seed k at ratio ``ratios[k % len(ratios)]`` (cap: no-swap bytes /
-ratio, at least the smallest feasible cap, plus the scratch), on ``v100-16gb``. For each case: belady,
-capuchin, ga at 10 s and at 60 s (one worker, seed 0; with its polish, and its search's plan before it),
-the exact planner's plan for the default order and
-for ga's 60 s order (HiGHS ``--time-limit`` each; the plan's simulated step is at most the program's
-value), the exact bound for those two orders (no plan with that order is faster; ``--bound-limit``), and
+Case k of a family is its k-th graph of 10-30 ops (``--ops``; by seed) at ratio ``ratios[k % len(ratios)]``
+(cap: no-swap bytes / ratio, at least the smallest feasible cap, plus the scratch), on ``v100-16gb``. For
+each case: belady, capuchin, ga at 10 s and at 60 s (one worker, seed 0; with its polish, and its search's
+plan before it), the exact planner's plan for the default order and for ga's 60 s order (HiGHS
+``--time-limit`` each; the plan's simulated step is at most the program's value), the exact bound for those
+two orders (no plan with that order is faster; ``--bound-limit``), and
 ``recompute_bound_ms``, which bounds every plan. Prints a row per case, then the summary.
 """
 
@@ -56,6 +56,17 @@ def exact_ms(req: Request, p: Problem, order: list[int], limit: float) -> tuple[
     step = simulate(plan).iteration_ms
     assert step <= x.objective_ms * (1 + 1e-9), (step, x.objective_ms)
     return step, x.optimal
+
+
+def seeds(family: str, count: int, lo: int, hi: int) -> list[int]:
+    """The first ``count`` seeds whose graph of ``family`` has ``lo`` to ``hi`` ops."""
+    found: list[int] = []
+    for seed in range(100 * count):
+        if len(found) == count:
+            break
+        if lo <= Problem.build(FAMILIES[family](seed), DEVICE).n_ops <= hi:
+            found.append(seed)
+    return found
 
 
 def request(family: str, seed: int, ratio: float) -> tuple[Request, Problem]:
@@ -169,6 +180,8 @@ def main() -> None:
     ap.add_argument("--per-family", type=int, default=10)
     ap.add_argument("--families", nargs="+", default=list(FAMILIES), choices=list(FAMILIES))
     ap.add_argument("--ratios", type=float, nargs="+", default=[2.0, 4.0, 8.0, 12.0])
+    ap.add_argument("--ops", type=int, nargs=2, default=[10, 30], metavar=("LO", "HI"),
+                    help="take the graphs of LO to HI ops (the first --per-family seeds that give one)")
     ap.add_argument("--time-limit", type=float, default=20.0)
     ap.add_argument("--bound-limit", type=float, default=10.0)
     ap.add_argument("--shard", default="0/1", help="K/N: run the cases whose index is K modulo N")
@@ -179,7 +192,8 @@ def main() -> None:
         explain(args.explain, args.time_limit)
         return
     k, n = map(int, args.shard.split("/"))
-    cases = [(f, s, args.ratios[s % len(args.ratios)]) for f in args.families for s in range(args.per_family)]
+    cases = [(f, s, args.ratios[k % len(args.ratios)]) for f in args.families
+             for k, s in enumerate(seeds(f, args.per_family, *args.ops))]
     print("| family | seed | ops | ratio | ideal | recompute_bound | belady | capuchin | ga 10 s | ga 60 s | "
           "ga 60 s, searched | exact (default order) | exact (ga's order) | bound (default) | bound (ga's order) |")
     print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")

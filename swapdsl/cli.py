@@ -31,7 +31,7 @@ from swapdsl.plan.simulate import simulate
 from swapdsl.planning import bench
 from swapdsl.planning.ga import SearchOptions, SearchProgress
 from swapdsl.planning.optimize import HOST_UPDATES, METHOD_NAMES
-from swapdsl.planning.polish import POLISH_MAX_OPS, POLISH_MIN_S, POLISH_SHARE
+from swapdsl.planning.polish import ORDER_NAMES, POLISH_MAX_OPS, POLISH_MIN_S, POLISH_SHARE
 from swapdsl.runtime import dist
 from swapdsl.runtime.backend import BACKENDS, array_module
 from swapdsl.runtime.progress import Progress
@@ -357,7 +357,7 @@ def _search_progress(out: TextIO) -> Callable[[SearchProgress], None]:
                 f"{p.best_fraction:.4f}, {p.evaluations:,} plans simulated")
         if p.polishing:
             line = (f"ga: {p.seconds:5.1f} s of {p.budget_s:g} s, best fraction {p.best_fraction:.4f}; the exact "
-                    f"planner reworks it in its order (at most {p.polishing:.1f} s)")
+                    f"planner reworks it in up to three orders (at most {p.polishing:.1f} s)")
         if p.interrupted:
             out.write(("\n" if live else "") + f"ga: interrupted after {p.seconds:.1f} s; keeping the best plan "
                       f"so far (fraction {p.best_fraction:.4f})\n")
@@ -395,7 +395,8 @@ def _print_figures(f: dict) -> None:
               + (f", {f['generations']:.0f} generations, {f['evaluations']:.0f} evaluations"
                  if "generations" in f else ""))
     if "polished_from_ms" in f:
-        print(f"  polish           the exact planner, in the search's order: {f['polished_from_ms']:.3f} ms -> "
+        order = ORDER_NAMES[int(f.get("polish_order", 0))]
+        print(f"  polish           the exact planner, in {order}: {f['polished_from_ms']:.3f} ms -> "
               f"{f['iteration_ms']:.3f} ms")
 
 

@@ -1,6 +1,6 @@
 """Small random training graphs shaped like the zoo's families, for the exact planner's study
 (bench/exact_gap.py): a convolution net, a transformer block, an unrolled LSTM. Each is a few forward
-ops (10-40 with the backward pass and the updates), seeded, with random sizes; ``seeded_training_graph``
+ops (14-30 with the backward pass and the updates), seeded, with random sizes; ``seeded_training_graph``
 gives the MLP-shaped ones."""
 
 from __future__ import annotations
@@ -33,7 +33,7 @@ def conv_graph(seed: int) -> Graph:
 
 def attention_graph(seed: int) -> Graph:
     """One attention block over a sequence: q, k, v, softmax(q k^T) v, an output projection with a
-    residual, mean-pooled -> dense -> cross-entropy."""
+    residual (or, in half the seeds, a gelu), -> dense -> cross-entropy."""
     rng = random.Random(seed)
     b = Builder()
     t, d = rng.choice([4, 8]), rng.choice([8, 16])
@@ -41,26 +41,27 @@ def attention_graph(seed: int) -> Graph:
     y = b.declare("y", (t,), Kind.input, DType.i32)
     q, k, v = (b.op("matmul", [x, b.declare(f"w{name}", (d, d), Kind.param)]) for name in "qkv")
     attention = b.op("matmul", [b.op("softmax", [b.op("matmul_nt", [q, k])], axis=1), v])
-    h = b.op("add", [b.op("matmul", [attention, b.declare("wo", (d, d), Kind.param)]), x])
-    if rng.random() < 0.5:
-        h = b.op("gelu", [h])
+    projected = b.op("matmul", [attention, b.declare("wo", (d, d), Kind.param)])
+    h = b.op("gelu", [projected]) if rng.random() < 0.5 else b.op("add", [projected, x])
     loss = b.op("softmax_cross_entropy", [b.op("matmul", [h, b.declare("head", (d, 3), Kind.param)]), y])
     return _training(b, loss)
 
 
 def lstm_graph(seed: int) -> Graph:
-    """A recurrent cell unrolled over 2 steps with shared weights (tanh(x_t W + h U) gated by a sigmoid),
-    the last state -> dense -> cross-entropy."""
+    """A recurrent cell unrolled over 2 steps with shared weights (h_0 = x_0 W, then tanh(x_t W + h U),
+    gated by a sigmoid in half the seeds), the last state -> dense -> cross-entropy."""
     rng = random.Random(seed)
     b = Builder()
     n, d, steps = rng.choice([2, 4]), rng.choice([8, 16]), 2
+    gated = rng.random() < 0.5
     xs = [b.declare(f"x{s}", (n, d), Kind.input) for s in range(steps)]
     y = b.declare("y", (n,), Kind.input, DType.i32)
-    w, u, gate = (b.declare(name, (d, d), Kind.param) for name in ("w", "u", "gate"))
-    h = b.op("tanh", [b.op("matmul", [xs[0], w])])
+    w, u = (b.declare(name, (d, d), Kind.param) for name in ("w", "u"))
+    gate = b.declare("gate", (d, d), Kind.param) if gated else None
+    h = b.op("matmul", [xs[0], w])
     for x in xs[1:]:
         cand = b.op("tanh", [b.op("add", [b.op("matmul", [x, w]), b.op("matmul", [h, u])])])
-        h = b.op("mul", [b.op("sigmoid", [b.op("matmul", [h, gate])]), cand])
+        h = b.op("mul", [b.op("sigmoid", [b.op("matmul", [h, gate])]), cand]) if gate else cand
     loss = b.op("softmax_cross_entropy", [b.op("matmul", [h, b.declare("head", (d, 3), Kind.param)]), y])
     return _training(b, loss)
 

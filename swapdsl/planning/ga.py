@@ -36,7 +36,8 @@ best is kept if nothing beats it (on graphs past ``SEED_OP_EVALUATIONS`` /
 the method's own). With a host budget, plans past it score
 behind every plan within it (``Request.score``). On graphs of up to 40 ops the
 search breeds for part of its budget and the exact planner then reworks its best
-plan in that plan's order (``polish.py``).
+plan in that plan's order, the model's, and that of the next bred plan with
+another (``polish.py``).
 
 Random choices come from one seeded generator in the calling process, and
 candidates are scored in worker processes whose results do not depend on which
@@ -49,6 +50,7 @@ from __future__ import annotations
 import collections
 import contextlib
 import functools
+import itertools
 import math
 import multiprocessing
 import os
@@ -69,7 +71,7 @@ from swapdsl.planning.clones import Extensions
 from swapdsl.planning.bound import ideal_ms
 from swapdsl.planning.compiled import Evaluator, priority_order
 from swapdsl.planning.policy import METHODS, OUTPUTS, Policy
-from swapdsl.planning.polish import POLISH_SHARE, check_share, polish, polish_limit, polishable
+from swapdsl.planning.polish import POLISH_SHARE, check_share, polish, polish_limit, polish_orders, polishable
 from swapdsl.planning.problem import PAST_BUDGET, Problem, Request, edges
 from swapdsl.planning.sizing import choose_pinned, need_bytes
 
@@ -571,7 +573,10 @@ class Search:
             _report(self.opts, self.generations, self.best, self.ideal, len(self.scorer.cache), self.started,
                     microbatches=self.req.graph.microbatches, polishing=limit)
             try:
-                plan = polish(self.req, self.d.p, plan, self.d.no_swap, extra, limit)
+                ranked = sorted(range(len(self.pop)), key=lambda k: (self.fit[k], k))
+                bred = (self.d.plan(self.pop[k]) for k in ranked if self.fit[k] < math.inf)
+                orders = polish_orders(self.d.p, itertools.chain([plan], bred))
+                plan = polish(self.req, self.d.p, plan, orders, self.d.no_swap, extra, limit)
             except KeyboardInterrupt:
                 self.interrupt()
         return Outcome(plan, self.generations, len(self.scorer.cache), time.perf_counter() - self.started)

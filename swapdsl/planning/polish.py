@@ -8,6 +8,9 @@ time a search has, so larger graphs keep the search's plan as it is."""
 
 from __future__ import annotations
 
+import time
+from collections.abc import Iterable, Sequence
+
 from swapdsl.common.errors import SwpError
 from swapdsl.plan.program import Plan
 from swapdsl.planning.baselines import assemble, with_figures
@@ -44,19 +47,54 @@ def polishable(p: Problem) -> bool:
     return p.n_ops <= POLISH_MAX_OPS and not p.host.ops and not p.net
 
 
-def polish(req: Request, p: Problem, plan: Plan, no_swap: int, extra: dict[str, float],
-           time_limit_s: float) -> Plan:
-    """``plan`` or, when faster (``Request.plan_score``), the exact planner's plan for the order of its
-    first runs, with ``extra`` among its figures, ``polished_from_ms`` (``plan``'s step) and
-    ``polish_optimal`` (1: HiGHS proved it the best phased plan for that order). It takes
-    ``time_limit_s``, or a few seconds more where the first solution's regions do not pack
-    (``exact_plan`` solves again, each solve given at least ``MIN_LIMIT_S``)."""
-    try:
-        x = exact_plan(p, req.cap, first_runs(plan), time_limit_s)
-    except SwpError:  # (the polish only ever improves a plan: none of its failures costs the search's)
-        return plan
-    if x.program is None or x.homes is None:
-        return plan
-    figures = {**extra, "polished_from_ms": dict(plan.figures)["iteration_ms"], "polish_optimal": float(x.optimal)}
-    exact = with_figures(assemble(req, p, plan.method, x.homes, x.program), p, no_swap, figures, recomputes=True)
-    return exact if req.plan_score(exact) < req.plan_score(plan) else plan
+ORDER_NAMES = ("the search's order", "the model's order", "another bred plan's order")
+POLISH_ORDERS = 5  # the most orders the polish tries
+
+
+def polish_orders(p: Problem, plans: Iterable[Plan | None]) -> list[tuple[int, list[int]]]:
+    """The orders the polish tries, each with its index in ``ORDER_NAMES``: the first runs of the first of
+    ``plans`` (the search's best, then its population from the fittest), the model's own order, and the
+    first runs of the next plans in ``plans`` with other orders, ``POLISH_ORDERS`` in all. The search's
+    decoder can score an order well below what the exact planner makes of another (docs/benchmarks.md,
+    issue 42), so its best order is not always the best order to polish."""
+    it = iter(plans)
+    best = next(it)
+    assert best is not None
+    orders = [(0, first_runs(best))]
+    if orders[0][1] != list(range(p.n_ops)):
+        orders.append((1, list(range(p.n_ops))))
+    for plan in it:
+        if len(orders) == POLISH_ORDERS:
+            break
+        if plan is not None and (order := first_runs(plan)) not in [o for _, o in orders]:
+            orders.append((2, order))
+    return orders
+
+
+def polish(req: Request, p: Problem, plan: Plan, orders: Sequence[tuple[int, list[int]]], no_swap: int,
+           extra: dict[str, float], time_limit_s: float) -> Plan:
+    """``plan`` or, when faster (``Request.plan_score``), the fastest of the exact planner's plans for
+    ``orders`` (``polish_orders``), with ``extra`` among its figures, ``polished_from_ms`` (``plan``'s
+    step), ``polish_optimal`` (1: HiGHS proved it the best phased plan for its order) and ``polish_order``
+    (its order's index in ``ORDER_NAMES``). Each order gets an equal share of the time still left, so one
+    HiGHS proves quickly leaves more to the next; a solve whose regions do not pack may take a few seconds
+    more (``exact_plan`` solves again, each solve given at least ``MIN_LIMIT_S``)."""
+    deadline = time.perf_counter() + time_limit_s
+    best = plan
+    for k, (name, order) in enumerate(orders):
+        left = deadline - time.perf_counter()
+        if left < MIN_LIMIT_S:
+            break
+        try:
+            x = exact_plan(p, req.cap, order, left / (len(orders) - k))
+        except SwpError:  # (the polish only ever improves a plan: none of its failures costs the search's)
+            continue
+        if x.program is None or x.homes is None:
+            continue
+        figures = {**extra, "polished_from_ms": dict(plan.figures)["iteration_ms"],
+                   "polish_optimal": float(x.optimal), "polish_order": float(name)}
+        exact = with_figures(assemble(req, p, plan.method, x.homes, x.program), p, no_swap, figures,
+                             recomputes=True)
+        if req.plan_score(exact) < req.plan_score(best):
+            best = exact
+    return best

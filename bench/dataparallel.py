@@ -2,7 +2,8 @@
 efficiency over 1, 2, 4 and 8 ranks at several network speeds, per model and cap.
 
 Usage: python bench/dataparallel.py [--models gpt2_xl llama2_7b] [--memory 16GiB 24GiB] [--ranks 1 2 4 8]
-                                    [--links 25 100 400] [--device h100-80gb] [--method belady] [--json FILE]
+                                    [--links 25 100 400] [--bucket-mib 25] [--device h100-80gb] [--method belady]
+                                    [--json FILE]
 
 Each rank runs the model's batch (weak scaling: the global batch grows with the ranks), in bf16 with
 Adam. The efficiency is the one-rank step over the N-rank step (examples per second per GPU, against
@@ -10,7 +11,7 @@ one GPU alone). The all-reduces run on the network lane beside the compute strea
 share of their time that does not lengthen the step: 1 - (N-rank step - one-rank step) / all-reduce time. Each row is planned twice: in the
 order the data-parallel pass gives (each update after the next all-reduce is issued) and, for
 comparison, with every all-reduce after the backward pass and every update after them (DDP without
-overlap).
+overlap). Gradients are averaged in buckets of ``--bucket-mib`` MiB (0: one all-reduce each).
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ from swapdsl.common.errors import SwpError
 from swapdsl.common.paths import STDLIB_DIR
 from swapdsl.common.units import format_bytes, parse_size
 from swapdsl.graph.checker import check_graph
-from swapdsl.graph.dataparallel import data_parallel
+from swapdsl.graph.dataparallel import DEFAULT_BUCKET_MIB, data_parallel
 from swapdsl.plan.simulate import simulate
 from swapdsl.planning.optimize import optimize
 from swapdsl.planning.problem import Request
@@ -38,9 +39,9 @@ MODELS = {  # name: (stdlib model, arguments)
 def row(name: str, cap: int, ranks: int, link: float, overlap: bool, args: argparse.Namespace) -> dict:
     model_name, defines = MODELS[name]
     m = api.load(STDLIB_DIR / "models" / f"{model_name}.swp", precision="bf16", **defines)
-    t = data_parallel(m.training, ranks, link, overlap)
+    t = data_parallel(m.training, ranks, link, overlap, args.bucket_mib)
     check_graph(t)
-    key = {"model": name, "cap": cap, "ranks": ranks, "link_gbps": link, "overlap": overlap}
+    key = {"model": name, "cap": cap, "ranks": ranks, "link_gbps": link, "overlap": overlap, "bucket_mib": args.bucket_mib}
     try:
         plan = optimize(Request(t, api.load_device(args.device), cap, m.path, m.graph.args), args.method)
     except SwpError as err:
@@ -48,6 +49,7 @@ def row(name: str, cap: int, ranks: int, link: float, overlap: bool, args: argpa
     sim = simulate(plan)
     reduce_ms = sum(op.ms for op in plan.ops if op.op == "allreduce_mean")
     return key | {"step_ms": sim.iteration_ms, "ideal_ms": sim.compute_ms, "allreduce_ms": reduce_ms,
+                  "allreduces": sum(op.op == "allreduce_mean" for op in plan.ops),
                   "h2d_gb": sim.h2d_bytes / 1e9}
 
 
@@ -57,14 +59,15 @@ def main() -> None:
     ap.add_argument("--memory", nargs="+", default=["16GiB", "24GiB"])
     ap.add_argument("--ranks", type=int, nargs="+", default=[1, 2, 4, 8])
     ap.add_argument("--links", type=float, nargs="+", default=[25.0, 100.0, 400.0])
+    ap.add_argument("--bucket-mib", type=float, default=DEFAULT_BUCKET_MIB)
     ap.add_argument("--device", default="h100-80gb")
     ap.add_argument("--method", default="belady")
     ap.add_argument("--json", metavar="FILE")
     args = ap.parse_args()
     rows = []
-    print("| model | cap | ranks | link Gb/s | all-reduce ms | step ms | efficiency | hidden | GB in | "
+    print("| model | cap | ranks | link Gb/s | all-reduces | all-reduce ms | step ms | efficiency | hidden | GB in | "
           "after backward: step ms | efficiency | hidden | GB in |")
-    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
     for name in args.models:
         for memory in args.memory:
             cap = parse_size(memory)
@@ -82,7 +85,8 @@ def main() -> None:
                         hid = 1 - (r["step_ms"] - one) / r["allreduce_ms"] if r["allreduce_ms"] else float("nan")
                         cells.append(f"{r['step_ms']:.1f} | {one / r['step_ms']:.3f} | {hid:.2f} | {r['h2d_gb']:.1f}")
                     reduce_ms = pair[0].get("allreduce_ms", float("nan"))
-                    print(f"| {name} | {format_bytes(cap)} | {ranks} | {link:g} | {reduce_ms:.1f} | "
+                    print(f"| {name} | {format_bytes(cap)} | {ranks} | {link:g} | {pair[0].get('allreduces', 0)} | "
+                          f"{reduce_ms:.1f} | "
                           f"{cells[0]} | {cells[1]} |", flush=True)
     if args.json:
         with open(args.json, "w", encoding="utf-8") as f:

@@ -30,7 +30,7 @@ from swapdsl.graph.checker import check_graph
 from swapdsl.graph.ir import Graph
 from swapdsl.graph.ops.registry import np_dtype
 from swapdsl.graph.precision import GUARDS, PRECISIONS, autocast, default_guard
-from swapdsl.graph.dataparallel import DEFAULT_LINK_GBPS, check_ranks, data_parallel
+from swapdsl.graph.dataparallel import DEFAULT_BUCKET_MIB, DEFAULT_LINK_GBPS, check_bucket, check_ranks, data_parallel
 from swapdsl.graph.microbatch import check_microbatches, divisors, microbatched
 from swapdsl.importer import Imported, convert
 from swapdsl.lang.elaborate import Override, elaborate, model_arguments, model_of
@@ -71,11 +71,13 @@ class Model:
     microbatches: int = 1  # ``graph`` is one micro-batch's forward pass; the step runs this many
     ranks: int = 1  # data-parallel ranks, each running the step on its shard of a batch this many times larger
     link_gbps: float = DEFAULT_LINK_GBPS  # their network link
+    bucket_mib: float = DEFAULT_BUCKET_MIB  # the gradients' all-reduce buckets (0: one all-reduce per gradient)
 
     @functools.cached_property
     def training(self) -> Graph:
         """Forward, backward and optimiser update: the graph a plan schedules."""
-        t = data_parallel(microbatched(training_graph(self.graph), self.microbatches), self.ranks, self.link_gbps)
+        t = data_parallel(microbatched(training_graph(self.graph), self.microbatches), self.ranks, self.link_gbps,
+                          bucket_mib=self.bucket_mib)
         check_graph(t)
         return t
 
@@ -100,7 +102,8 @@ class Model:
 
 def _again(m: Model, microbatches: int) -> Model:
     """``m`` loaded again, run as ``microbatches`` passes a step (its ranks as they were)."""
-    return load(m.path, dict(m.graph.args), m.graph.precision, m.graph.guard, microbatches, m.ranks, m.link_gbps)
+    return load(m.path, dict(m.graph.args), m.graph.precision, m.graph.guard, microbatches, m.ranks, m.link_gbps,
+                m.bucket_mib)
 
 
 def _one_pass(m: Model) -> Model:
@@ -123,6 +126,7 @@ def no_swap_arena(t: Graph) -> int:
 
 def load(path: str | Path, overrides: Mapping[str, Override] | None = None, precision: str = "f32",
          guard: str | None = None, microbatches: int = 1, ranks: int = 1, link_gbps: float = DEFAULT_LINK_GBPS,
+         bucket_mib: float = DEFAULT_BUCKET_MIB,
          **args: int | float | bool) -> Model:
     """Parse, resolve imports, elaborate and check a `.swp` model. Model arguments come as keywords
     (``batch=8``) or, as text the way ``-D`` gives them, in ``overrides``. ``precision``: "f32" (as
@@ -131,8 +135,10 @@ def load(path: str | Path, overrides: Mapping[str, Override] | None = None, prec
     scaling); default "scale" for f16, else "none". ``microbatches``: the step runs its batch (the model
     argument ``batch``) as this many forward and backward passes and one update (``graph/microbatch.py``).
     ``ranks``: the step runs data-parallel on this many processes (``mpiexec -n``) over a network of
-    ``link_gbps`` Gb/s, each on ``batch`` rows of a batch ``ranks`` times larger (``graph/dataparallel.py``)."""
+    ``link_gbps`` Gb/s, each on ``batch`` rows of a batch ``ranks`` times larger, the gradients averaged in
+    buckets of ``bucket_mib`` MiB (0: one all-reduce each; ``graph/dataparallel.py``)."""
     check_ranks(ranks, link_gbps)
+    check_bucket(bucket_mib)
     if precision not in PRECISIONS:
         raise SwpError(f"unknown precision `{precision}`", hints=[f"precisions: {', '.join(PRECISIONS)}"])
     guard = default_guard(precision) if guard is None else guard
@@ -158,7 +164,7 @@ def load(path: str | Path, overrides: Mapping[str, Override] | None = None, prec
         graph = autocast(graph, precision)
         check_graph(graph)
     return Model(str(path), program, attrs.evolve(graph, guard=guard), microbatches, ranks,
-                 float(link_gbps) if ranks > 1 else 0.0)
+                 float(link_gbps) if ranks > 1 else 0.0, float(bucket_mib) if ranks > 1 else 0.0)
 
 
 def _check_batched_inputs(g: Graph, rows: int, who: str = "micro-batches", flag: str = "--microbatches") -> None:
@@ -251,7 +257,8 @@ def read_checked(path: str, need_model: bool = False) -> tuple[Plan, Graph | Non
     model = planfile.find_model(plan, path) if need_model else planfile.locate_model(plan, path)
     try:
         train = None if model is None else _training_graph(str(model), plan.model_sha256, plan.args, plan.precision,
-                                                           plan.guard, plan.microbatches, plan.ranks, plan.link_gbps)
+                                                           plan.guard, plan.microbatches, plan.ranks, plan.link_gbps,
+                                                           plan.bucket_mib)
     except SwpError as err:  # the model built before, so the plan's arguments are at fault
         raise _at_plan_arg(err, plan) from None
     validate(plan, train)
@@ -566,7 +573,7 @@ def _beside(train: Graph, seed: int, xp: ModuleType) -> training.Beside:
 def _model_of(plan: Plan) -> Model:
     where = plan.origin.file if plan.origin is not None else "."
     return _model(str(planfile.find_model(plan, where)), plan.model_sha256, plan.args, plan.precision, plan.guard,
-                  plan.microbatches, plan.ranks, plan.link_gbps)
+                  plan.microbatches, plan.ranks, plan.link_gbps, plan.bucket_mib)
 
 
 def _graph_of(plan: Plan) -> Graph:
@@ -574,22 +581,23 @@ def _graph_of(plan: Plan) -> Graph:
     where = plan.origin.file if plan.origin is not None else "."
     model = planfile.find_model(plan, where)
     train = _training_graph(str(model), plan.model_sha256, plan.args, plan.precision, plan.guard, plan.microbatches,
-                            plan.ranks, plan.link_gbps)
+                            plan.ranks, plan.link_gbps, plan.bucket_mib)
     validate(plan, train)
     return train
 
 
 @functools.lru_cache(maxsize=4)
 def _model(model: str, sha256: str, args: tuple[tuple[str, int | float | bool], ...], precision: str,
-           guard: str, microbatches: int, ranks: int = 1, link_gbps: float = 0.0) -> Model:
+           guard: str, microbatches: int, ranks: int = 1, link_gbps: float = 0.0, bucket_mib: float = 0.0) -> Model:
     """A model file with these arguments, precision, guard, micro-batches and ranks (its hash in the key: a
     file may change)."""
-    return load(model, dict(args), precision, guard, microbatches, ranks, link_gbps)
+    return load(model, dict(args), precision, guard, microbatches, ranks, link_gbps, bucket_mib)
 
 
 def _training_graph(model: str, sha256: str, args: tuple[tuple[str, int | float | bool], ...],
-                    precision: str, guard: str, microbatches: int, ranks: int = 1, link_gbps: float = 0.0) -> Graph:
-    return _model(model, sha256, args, precision, guard, microbatches, ranks, link_gbps).training
+                    precision: str, guard: str, microbatches: int, ranks: int = 1, link_gbps: float = 0.0,
+                    bucket_mib: float = 0.0) -> Graph:
+    return _model(model, sha256, args, precision, guard, microbatches, ranks, link_gbps, bucket_mib).training
 
 
 def _at_plan_arg(err: SwpError, plan: Plan) -> SwpError:

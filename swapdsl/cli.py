@@ -21,7 +21,7 @@ from swapdsl.common.errors import SwpError
 from swapdsl.common.launcher import launched_rank
 from swapdsl.common.units import format_bytes, format_count, parse_share, parse_size
 from swapdsl.devices.profiles import BUILTIN, DEFAULT_DEVICE, detect_device, load_device
-from swapdsl.graph.dataparallel import DEFAULT_LINK_GBPS, MAX_RANKS
+from swapdsl.graph.dataparallel import DEFAULT_BUCKET_MIB, DEFAULT_LINK_GBPS, MAX_RANKS
 from swapdsl.graph.microbatch import MAX_MICROBATCHES
 from swapdsl.graph.precision import GUARDS, PRECISIONS
 from swapdsl.graph.printer import print_graph
@@ -128,7 +128,8 @@ def _load(args: argparse.Namespace) -> api.Model:
     k = getattr(args, "microbatches", None)
     return api.load(args.file, parse_defines(args.define), args.precision or "f32", args.guard,
                     1 if k in (None, "auto") else k, getattr(args, "ranks", None) or 1,
-                    _given(getattr(args, "network", None), DEFAULT_LINK_GBPS))
+                    _given(getattr(args, "network", None), DEFAULT_LINK_GBPS),
+                    _given(getattr(args, "bucket_mib", None), DEFAULT_BUCKET_MIB))
 
 
 def _given(value: float | None, default: float) -> float:
@@ -220,7 +221,8 @@ def _execute(args: argparse.Namespace, backend: str, options: training.Options, 
         assert train is not None
         for flag, given, planned in (("precision", args.precision, plan.precision), ("guard", args.guard, plan.guard),
                                      ("microbatches", args.microbatches, plan.microbatches),
-                                     ("ranks", args.ranks, plan.ranks)):
+                                     ("ranks", args.ranks, plan.ranks),
+                                     ("bucket-mib", args.bucket_mib, plan.bucket_mib)):
             if given is not None and given != planned:
                 raise SwpError(f"--{flag} {given}: the plan was made for {planned}",
                                hints=[f"a plan runs with the {flag} it was planned for; leave --{flag} out"])
@@ -519,6 +521,9 @@ def _precision_options(parser: argparse.ArgumentParser, auto: bool = False) -> N
                              "batch of a batch N times larger, gradients averaged over them (default 1)")
     parser.add_argument("--network", type=float, metavar="GBPS",
                         help=f"the ranks' network link in Gb/s, for planning (default {DEFAULT_LINK_GBPS:g})")
+    parser.add_argument("--bucket-mib", type=float, metavar="MIB",
+                        help="average the ranks' gradients in buckets of about MIB MiB, one all-reduce each, as "
+                             f"PyTorch's DDP does (default {DEFAULT_BUCKET_MIB:g}; 0: one all-reduce per gradient)")
 
 
 def _whole(low: int, high: int) -> Callable[[str], int]:

@@ -53,7 +53,7 @@ def _model(folder: Path, optimizer: str = SGD) -> Path:
 
 
 def test_every_gradient_is_averaged_before_anything_reads_it(tmp_path: Path) -> None:
-    m = api.load(_model(tmp_path, ADAM), ranks=2)
+    m = api.load(_model(tmp_path, ADAM), ranks=2, bucket_mib=0)
     one = api.load(_model(tmp_path, ADAM)).training
     t = m.training
     check_graph(t)
@@ -78,11 +78,55 @@ def test_the_simulator_charges_a_ring_all_reduce(tmp_path: Path) -> None:
         assert op_seconds(dev, t, op) == pytest.approx(dev.launch_s + want, rel=1e-12)
 
 
+@pytest.mark.parametrize("mib", [25.0, 0.0005, 0.0003])
+def test_gradients_travel_in_buckets_of_the_size_given(tmp_path: Path, mib: float) -> None:
+    """Each gradient in one bucket, in the order the backward pass finishes them; a bucket closes once it
+    holds the size given (the last may hold less); a bucket of several is packed, averaged by one
+    all-reduce and unpacked, and nothing but the pack reads a rank's own gradient."""
+    one = api.load(_model(tmp_path, ADAM)).training
+    t = api.load(_model(tmp_path, ADAM), ranks=2, bucket_mib=mib).training
+    check_graph(t)
+    made = {out: i for i, op in enumerate(one.ops) for out in op.outputs}
+    raw = sorted((g for _, g in one.grads), key=made.__getitem__)
+    packs = {op.outputs[0]: op.inputs for op in t.ops if op.op == "bucket_pack"}
+    alone = [op.inputs[0] for op in t.ops if op.op == "allreduce_mean" and op.inputs[0] in raw]
+    buckets = sorted([*packs.values(), *[(g,) for g in alone]], key=lambda b: made[b[0]])
+    assert [g for b in buckets for g in b] == raw
+    for k, b in enumerate(buckets):
+        size = sum(t.type_of(g).nbytes for g in b)
+        assert size >= mib * 2**20 or k == len(buckets) - 1
+        assert size - t.type_of(b[-1]).nbytes < mib * 2**20
+    assert {p: g for p, g in t.grads} == {p: f"{g}/allreduced" for p, g in one.grads}
+    for flat, grads in packs.items():
+        unpacked = [op for op in t.ops if op.op == "bucket_unpack" and op.inputs == (f"{flat}/allreduced",)]
+        assert [op.outputs[0] for op in unpacked] == [f"{g}/allreduced" for g in grads]
+        assert t.type_of(flat).numel == sum(t.type_of(g).numel for g in grads)
+    readers = [op.op for op in t.ops for g in raw if g in op.inputs]
+    assert sorted(readers) == sorted(["bucket_pack"] * sum(map(len, packs.values())) + ["allreduce_mean"] * len(alone))
+    assert (len(packs), len(alone)) == {25.0: (1, 0), 0.0005: (2, 0), 0.0003: (1, 2)}[mib]
+
+
+def test_a_bucket_is_one_ring_all_reduce(tmp_path: Path) -> None:
+    """One bucket pays the ring's hops once for all its gradients: its time is the ring's over their bytes."""
+    dev = BUILTIN["h100-80gb"]
+    t = api.load(_model(tmp_path), ranks=8, link_gbps=25.0).training
+    flat = next(op.outputs[0] for op in t.ops if op.op == "bucket_pack")
+    op = next(op for op in t.ops if op.op == "allreduce_mean" and op.inputs == (flat,))
+    raw = {g for _, g in api.load(_model(tmp_path)).training.grads}
+    nbytes = sum(t.type_of(g).nbytes for g in raw)
+    want = 2 * 7 / 8 * nbytes / (25e9 / 8) + 2 * 7 * LINK_LATENCY_S
+    assert op_seconds(dev, t, op) == pytest.approx(dev.launch_s + want, rel=1e-12)
+    apart = api.load(_model(tmp_path), ranks=8, link_gbps=25.0, bucket_mib=0).training
+    each = [op_seconds(dev, apart, o) for o in apart.ops if o.op == "allreduce_mean" and o.inputs[0] in raw]
+    assert len(each) == 4  # (four gradients: three launches and rings' hops saved)
+    assert sum(each) - op_seconds(dev, t, op) == pytest.approx(3 * (dev.launch_s + 2 * 7 * LINK_LATENCY_S), rel=1e-9)
+
+
 def test_all_reduces_run_on_the_network_lane_beside_compute(tmp_path: Path) -> None:
     """Over a slow link the all-reduces take longer than the ops after them: on a lane of their own they
     overlap compute, the step is shorter than every op back to back, and the ideal is the longer lane.
     (Each update waits for the next all-reduce to be issued: `dataparallel._ordered`.)"""
-    plan = api.optimize(api.load(_model(tmp_path), ranks=2, link_gbps=0.5), "100%", "belady")
+    plan = api.optimize(api.load(_model(tmp_path), ranks=2, link_gbps=0.5, bucket_mib=0), "100%", "belady")
     sim = simulate(plan, timeline=True)
     net = [s for s in sim.timeline if s[0] == "net"]
     compute = [s for s in sim.timeline if s[0] == "compute"]
@@ -201,25 +245,38 @@ def test_a_plan_records_its_ranks_and_refuses_another_graph(tmp_path: Path) -> N
     plan = api.optimize(api.load(_model(tmp_path), ranks=2, link_gbps=25), "80%", "belady")
     api.save(plan, tmp_path / "dp.plan")
     text = (tmp_path / "dp.plan").read_text()
-    assert "ranks 2 link 25.0\n" in text
+    assert "ranks 2 link 25.0 bucket 25.0\n" in text
     back, train = api.read_checked(str(tmp_path / "dp.plan"), need_model=True)
-    assert (back.ranks, back.link_gbps, train.ranks) == (2, 25.0, 2)
+    assert (back.ranks, back.link_gbps, back.bucket_mib, train.ranks, train.bucket_mib) == (2, 25.0, 25.0, 2, 25.0)
     # the schedule does not depend on the count: edited to 3 ranks, the plan runs on 3 (its timings were 2's)
     (tmp_path / "three.plan").write_text(text.replace("ranks 2 link", "ranks 3 link"))
     assert api.read_checked(str(tmp_path / "three.plan"), need_model=True)[1].ranks == 3
     for bad, says in (("ranks 2 link 25.0", "ranks 1 link 25.0"), ("ranks 2 link 25.0", "ranks 2 link 0"),
-                      ("ranks 2 link 25.0", "ranks 5000 link 25.0"), ("ranks 2 link 25.0\n", "")):
+                      ("ranks 2 link 25.0", "ranks 5000 link 25.0"), ("ranks 2 link 25.0 bucket 25.0\n", ""),
+                      (" bucket 25.0", ""), (" bucket 25.0", " bucket 0")):  # (0: one all-reduce per gradient)
         (tmp_path / "bad.plan").write_text(text.replace(bad, says))
         with pytest.raises(SwpError):
             api.read_checked(str(tmp_path / "bad.plan"), need_model=True)
 
 
 @pytest.mark.parametrize("argv", [["--ranks", "0"], ["--ranks", "two"], ["--network", "-1", "--ranks", "2"],
-                                  ["--network", "nan", "--ranks", "2"], ["--network", "0", "--ranks", "2"]])
+                                  ["--network", "nan", "--ranks", "2"], ["--network", "0", "--ranks", "2"],
+                                  ["--bucket-mib", "-1", "--ranks", "2"], ["--bucket-mib", "nan", "--ranks", "2"],
+                                  ["--bucket-mib", "x", "--ranks", "2"], ["--bucket-mib", "inf", "--ranks", "2"]])
 def test_bad_ranks_and_links_are_refused(cli, in_tmp: Path, argv: list[str]) -> None:
     _model(in_tmp)
     code, _, err = cli("optimize", "net.swp", "--memory", "80%", "--method", "belady", *argv)
     assert code == 2 and "Traceback" not in err and err.strip()
+
+
+def test_a_plan_runs_with_the_buckets_it_was_planned_for(cli, in_tmp: Path) -> None:
+    _model(in_tmp)
+    code, _, err = cli("optimize", "net.swp", "--memory", "80%", "--method", "belady", "--ranks", "2",
+                       "--bucket-mib", "0.0005", "-o", "dp.plan")
+    assert code == 0, err
+    assert "ranks 2 link 100.0 bucket 0.0005\n" in (in_tmp / "dp.plan").read_text()
+    code, _, err = cli("exec", "dp.plan", "--bucket-mib", "25", "--steps", "1")
+    assert code == 2 and "--bucket-mib 25.0: the plan was made for 0.0005" in err and "Traceback" not in err
 
 
 # ---- real ranks: mpiexec -n 2 -------------------------------------------------------------------------
@@ -250,22 +307,26 @@ def _state(path: Path) -> dict[str, np.ndarray]:
 DROPOUTS = {"rows": "h = dropout(tanh(h @ w2), 0.4)", "weights": "h = tanh(h @ dropout(w2, 0.4))"}
 
 
-@pytest.mark.parametrize("method,memory,dropout,micro", [("belady", "75%", "", 1), ("capuchin", "70%", "", 1),
-                                                        ("capuchin", "60%", "rows", 1), ("belady", "90%", "rows", 2),
-                                                        ("belady", "90%", "weights", 2)])
+@pytest.mark.parametrize("method,memory,dropout,micro,bucket", [
+    ("belady", "75%", "", 1, "0"), ("belady", "75%", "", 1, "0.0005"), ("capuchin", "70%", "", 1, "0"),
+    ("capuchin", "60%", "", 1, "25"),
+    ("capuchin", "60%", "rows", 1, "25"), ("belady", "90%", "rows", 2, "0.0005"), ("belady", "90%", "weights", 2, "25")])
 def test_two_ranks_train_as_one_process_on_the_doubled_batch(tmp_path: Path, method: str, memory: str,
-                                                             dropout: str, micro: int) -> None:
+                                                             dropout: str, micro: int, bucket: str) -> None:
     """(With dropout too: each rank hashes its rows' element indices where the doubled batch has them, in
-    micro-batches too; a dropout over a weight draws the one mask one process draws.)"""
+    micro-batches too; a dropout over a weight draws the one mask one process draws. Gradients averaged
+    one by one, in buckets of about 500 bytes, and all in one bucket.)"""
     _mpiexec()
     _model(tmp_path, ADAM)
     if dropout:
         text = (tmp_path / "net.swp").read_text()
         (tmp_path / "net.swp").write_text(text.replace("h = tanh(h @ w2)", DROPOUTS[dropout]))
     done = _swapdsl(tmp_path, "optimize", "net.swp", "--ranks", "2", "--memory", memory, "--method", method,
-                    "--microbatches", str(micro), "-o", "dp.plan", "--json")
+                    "--microbatches", str(micro), "--bucket-mib", bucket, "-o", "dp.plan", "--json")
     assert done.returncode == 0, done.stderr
     plan, _ = api.read_checked(str(tmp_path / "dp.plan"), need_model=True)
+    packs = [o for o in plan.ops if o.op == "bucket_pack"]
+    assert len(packs) == {"0": 0, "0.0005": 2, "25": 1}[bucket], [o.inputs for o in packs]
     kinds = [type(i).__name__ for i in plan.program]
     assert "SwapIn" in kinds and "SwapOut" in kinds  # a plan that swaps ...
     assert method != "capuchin" or kinds.count("Run") > len(plan.ops)  # ... and recomputes
@@ -313,12 +374,13 @@ def test_a_residual_convnet_on_two_ranks_trains_as_one_process(tmp_path: Path) -
     swaps and recomputes: two ranks end 5 steps where one process on the doubled batch does."""
     _mpiexec()
     (tmp_path / "convnet.swp").write_text(CONVNET)
-    done = _swapdsl(tmp_path, "optimize", "convnet.swp", "--ranks", "2", "--memory", "80%", "--method", "capuchin",
-                    "-o", "dp.plan")
+    done = _swapdsl(tmp_path, "optimize", "convnet.swp", "--ranks", "2", "--memory", "75%", "--method", "capuchin",
+                    "--bucket-mib", "0.001", "-o", "dp.plan")
     assert done.returncode == 0, done.stderr
     plan, _ = api.read_checked(str(tmp_path / "dp.plan"), need_model=True)
     kinds = [type(i).__name__ for i in plan.program]
     assert "SwapIn" in kinds and kinds.count("Run") > len(plan.ops)
+    assert any(o.op == "bucket_pack" for o in plan.ops) and any(o.op == "bucket_unpack" for o in plan.ops)
     two = _swapdsl(tmp_path, "exec", "dp.plan", "--steps", "5", "--backend", "numpy", "--check", "--save",
                    "two.safetensors", ranks=2)
     assert two.returncode == 0, two.stderr
@@ -398,13 +460,16 @@ def test_a_checkpoint_resumes_only_with_its_ranks(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize("line", ["ranks -1 link 25.0", "ranks 2.5 link 25.0", "ranks 2 link -3", "ranks 2 link nan",
                                   "ranks 2 link 1e999", "ranks 2", "ranks link 25.0", "ranks 99999999999999999999 link 1",
-                                  "ranks 2 link 25.0\nranks 2 link 25.0", "ranks 2 link 25.0 extra", "ranks 0 link 1"])
+                                  "ranks 2 link 25.0\nranks 2 link 25.0", "ranks 2 link 25.0 extra", "ranks 0 link 1",
+                                  "ranks 2 link 25.0 bucket -1", "ranks 2 link 25.0 bucket nan",
+                                  "ranks 2 link 25.0 bucket", "ranks 2 link 25.0 bucket 1e999",
+                                  "ranks 2 link 25.0 bucket 25 bucket 25", "ranks 2 bucket 25 link 25.0"])
 def test_a_damaged_ranks_line_is_refused_at_its_line(tmp_path: Path, line: str) -> None:
     plan = api.optimize(api.load(_model(tmp_path), ranks=2, link_gbps=25), "80%", "belady")
     api.save(plan, tmp_path / "dp.plan")
     text = (tmp_path / "dp.plan").read_text()
-    (tmp_path / "bad.plan").write_text(text.replace("ranks 2 link 25.0", line))
-    at = text.splitlines().index("ranks 2 link 25.0") + 1
+    (tmp_path / "bad.plan").write_text(text.replace("ranks 2 link 25.0 bucket 25.0", line))
+    at = text.splitlines().index("ranks 2 link 25.0 bucket 25.0") + 1
     with pytest.raises(SwpError) as caught:
         api.read_checked(str(tmp_path / "bad.plan"), need_model=True)
     assert caught.value.span is not None and caught.value.span.line in (at, at + 1), caught.value.render()

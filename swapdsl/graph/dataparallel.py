@@ -3,7 +3,8 @@ gradient averaged over the ranks before anything reads it.
 
 Each rank runs the step on its own shard of the batch (the model's ``batch`` rows of a global batch N
 times larger). An ``allreduce_mean`` follows the op that finishes each parameter's gradient (after the
-micro-batches' sum, when there are micro-batches), and every reader of the gradient (the optimiser
+micro-batches' sum, when there are micro-batches; small gradients share one, packed into a bucket as in
+PyTorch's DDP: ``_buckets``), and every reader of the gradient (the optimiser
 update, the guard's unscaling and finiteness flag, clipping's norm) reads the average instead; so does
 each float report (a mean over the rank's rows, such as an accuracy), which is then the whole batch's. Since
 the loss is a mean over the batch, the average of the ranks' gradients is the gradient of the mean
@@ -25,11 +26,14 @@ import attrs
 
 from swapdsl.common.errors import SwpError
 from swapdsl.graph.analysis import in_place_ops, rowwise_dropout_seeds
-from swapdsl.graph.ir import Graph, Kind, Op, Tensor
+from swapdsl.graph.ir import Graph, Kind, Op, Tensor, TensorType
 from swapdsl.graph.ops.collective import REDUCIBLE
 
 MAX_RANKS = 4096
 DEFAULT_LINK_GBPS = 100.0  # gigabits per second between ranks (a 100 Gb/s network), when none is given
+DEFAULT_BUCKET_MIB = 25.0  # PyTorch DDP's bucket_cap_mb
+MAX_BUCKET_MIB = 1 << 20
+MIB = 1 << 20
 
 
 def check_ranks(ranks: object, link_gbps: object) -> tuple[int, float]:
@@ -42,13 +46,18 @@ def check_ranks(ranks: object, link_gbps: object) -> tuple[int, float]:
     return ranks, 0.0 if bad else float(link_gbps) * 1e9 / 8
 
 
-def data_parallel(t: Graph, ranks: int, link_gbps: float = DEFAULT_LINK_GBPS, overlap: bool = True) -> Graph:
+def data_parallel(t: Graph, ranks: int, link_gbps: float = DEFAULT_LINK_GBPS, overlap: bool = True,
+                  bucket_mib: float = 0.0) -> Graph:
     """``t`` (a training graph) as run by each of ``ranks`` ranks (1: ``t`` itself). ``overlap``: the order
     starts each all-reduce while the backward pass goes on (``_ordered``); else every all-reduce comes
-    after the backward pass and every update after them (DDP without overlap, for comparison)."""
+    after the backward pass and every update after them (DDP without overlap, for comparison).
+    ``bucket_mib``: gradients are gathered, in the order the backward pass finishes them, into buckets of
+    at least this many MiB (the last one may be smaller), one all-reduce each (``_buckets``); 0: one
+    all-reduce per gradient."""
     if ranks == 1:
         return t
     ranks, link_bw = check_ranks(ranks, link_gbps)
+    bucket_mib = check_bucket(bucket_mib)
     if not t.grads:
         raise SwpError("data-parallel training needs a training graph with gradients")
     for _, grad in t.grads:
@@ -57,23 +66,77 @@ def data_parallel(t: Graph, ranks: int, link_gbps: float = DEFAULT_LINK_GBPS, ov
                            f"{t.type_of(grad).dtype.label}", hints=["plan without --ranks, or in --precision f32"])
     grads = {grad: f"{grad}/allreduced" for _, grad in t.grads}
     reports = _rank_reports(t, set(grads))
+    closing = _buckets(t, [grad for grad in _finished(t) if grad in grads], int(bucket_mib * MIB))
     tensors = dict(t.tensors)
     ops: list[Op] = []
     rowwise = rowwise_dropout_seeds(t)
+    reduce = (("link_bw", link_bw), ("ranks", ranks))
     for op in t.ops:
         rename = reports if op.op == "report" else grads  # (a report's other readers keep the rank's value)
         ops.append(attrs.evolve(op, inputs=tuple(rename.get(n, n) for n in op.inputs),
                                 attrs=_rank_attrs(t, op, rowwise)))
         for out in op.outputs:
-            mean = grads.get(out) or reports.get(out)
-            if mean is not None:
-                tensors[mean] = Tensor(mean, t.type_of(out), t.tensors[out].kind,
-                                       label=f"{t.tensors[out].title}, averaged over the ranks")
-                ops.append(Op("allreduce_mean", (out,), (mean,), (("link_bw", link_bw), ("ranks", ranks)), op.span))
+            if out in reports:
+                ops.append(_averaged(t, tensors, out, reports[out], reduce, op))
+            for bucket in closing.get(out, []):
+                ops.extend(_reduced(t, tensors, bucket, grads, reduce, op))
     ops = _ordered(attrs.evolve(t, tensors=tensors, ops=tuple(ops)), overlap)
     return attrs.evolve(t, tensors=tensors, ops=tuple(ops), ranks=ranks, link_gbps=float(link_gbps),
-                        grads=tuple((p, grads[g]) for p, g in t.grads),
+                        bucket_mib=bucket_mib, grads=tuple((p, grads[g]) for p, g in t.grads),
                         reports=tuple((n, reports.get(r, r)) for n, r in t.reports))
+
+
+def check_bucket(mib: object) -> float:
+    """A bucket size in MiB, or a clear error."""
+    if isinstance(mib, bool) or not isinstance(mib, (int, float)) or not 0 <= mib <= MAX_BUCKET_MIB:
+        raise SwpError(f"bucket: expected a size from 0 to {MAX_BUCKET_MIB} MiB, not {mib!r}")
+    return float(mib)
+
+
+def _finished(t: Graph) -> list[str]:
+    """The tensors ``t`` makes, in the order its ops make them."""
+    return [out for op in t.ops for out in op.outputs]
+
+
+def _buckets(t: Graph, grads: list[str], cap: int) -> dict[str, list[list[str]]]:
+    """``grads`` (in the order they are finished) cut into buckets: each closes once it holds ``cap`` bytes
+    or more, or with the last gradient. Keyed by the gradient whose op closes it."""
+    closing: dict[str, list[list[str]]] = {}
+    bucket: list[str] = []
+    for k, grad in enumerate(grads):
+        bucket.append(grad)
+        if sum(t.type_of(g).nbytes for g in bucket) >= cap or k == len(grads) - 1:
+            closing.setdefault(grad, []).append(bucket)
+            bucket = []
+    return closing
+
+
+def _averaged(t: Graph, tensors: dict[str, Tensor], name: str, mean: str, reduce: tuple, op: Op) -> Op:
+    """The all-reduce of one tensor ``name`` of ``tensors`` into ``mean`` (a new one)."""
+    tensors[mean] = attrs.evolve(tensors[name], name=mean, label=f"{tensors[name].title}, averaged over the ranks")
+    return Op("allreduce_mean", (name,), (mean,), reduce, op.span)
+
+
+def _reduced(t: Graph, tensors: dict[str, Tensor], bucket: list[str], grads: dict[str, str], reduce: tuple,
+             op: Op) -> list[Op]:
+    """The ops that average ``bucket``'s gradients over the ranks (each into ``grads[g]``): one all-reduce
+    for a gradient alone; else a pack into one flat tensor, its all-reduce, and an unpack per gradient."""
+    if len(bucket) == 1:
+        return [_averaged(t, tensors, bucket[0], grads[bucket[0]], reduce, op)]
+    flat, kind = f"{bucket[0]}/bucket", t.tensors[bucket[0]].kind
+    packed = Op("bucket_pack", tuple(bucket), (flat,), (), op.span)
+    tensors[flat] = Tensor(flat, TensorType((sum(t.type_of(g).numel for g in bucket),), t.type_of(bucket[0]).dtype),
+                           kind, label=f"a bucket of {len(bucket)} gradients, from {t.tensors[bucket[0]].title}")
+    ops = [packed, _averaged(t, tensors, flat, f"{flat}/allreduced", reduce, op)]
+    start = 0
+    for g in bucket:
+        typ = t.type_of(g)
+        tensors[grads[g]] = Tensor(grads[g], typ, t.tensors[g].kind,
+                                   label=f"{t.tensors[g].title}, averaged over the ranks")
+        ops.append(Op("bucket_unpack", (f"{flat}/allreduced",), (grads[g],),
+                      (("shape", typ.shape), ("start", start)), op.span))
+        start += typ.numel
+    return ops
 
 
 def _rank_attrs(t: Graph, op: Op, rowwise: frozenset[int]) -> tuple:

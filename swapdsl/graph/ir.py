@@ -155,6 +155,7 @@ class Graph:
     microbatches: int = 1  # the step runs its batch as this many forward/backward passes (graph/microbatch.py)
     ranks: int = 1  # data-parallel ranks, each running this step on its shard (graph/dataparallel.py)
     link_gbps: float = 0.0  # their network link, Gb/s (ranks > 1)
+    bucket_mib: float = 0.0  # the gradients' all-reduce buckets, MiB (ranks > 1; 0: one per gradient)
 
     @property
     def training(self) -> bool:

@@ -198,6 +198,7 @@ class Plan:
     microbatches: int = 1  # the step's forward and backward passes (a `microbatches` line when not 1)
     ranks: int = 1  # data-parallel ranks running the plan (a `ranks` line, with their link, when not 1)
     link_gbps: float = 0.0
+    bucket_mib: float = 0.0  # their gradients' all-reduce buckets (graph/dataparallel.py; 0: one per gradient)
     origin: Origin | None = attrs.field(default=None, eq=False, repr=False)  # set when read from a file
 
     @property

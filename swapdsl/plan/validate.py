@@ -169,9 +169,10 @@ def check_describes(plan: Plan, g: Graph) -> None:
     if plan.microbatches != g.microbatches:
         raise PlanError(f"the plan runs {plan.microbatches} micro-batches a step, its training graph "
                         f"{g.microbatches}", ("microbatches" if plan.microbatches != 1 else "method", 0))
-    if (plan.ranks, plan.link_gbps) != (g.ranks, g.link_gbps):
-        raise PlanError(f"the plan runs on {plan.ranks} ranks (link {plan.link_gbps} Gb/s), its training graph on "
-                        f"{g.ranks} ({g.link_gbps} Gb/s)", ("ranks" if plan.ranks != 1 else "method", 0))
+    if (plan.ranks, plan.link_gbps, plan.bucket_mib) != (g.ranks, g.link_gbps, g.bucket_mib):
+        raise PlanError(f"the plan runs on {plan.ranks} ranks (link {plan.link_gbps} Gb/s, buckets of "
+                        f"{plan.bucket_mib} MiB), its training graph on {g.ranks} ({g.link_gbps} Gb/s, "
+                        f"{g.bucket_mib} MiB)", ("ranks" if plan.ranks != 1 else "method", 0))
     homed = set(g.persistent) | set(g.inputs)
     want = [(n, t.type.nbytes, t.kind.value, n in homed) for n, t in g.tensors.items()]
     have = [(t.name, t.bytes, t.kind, t.home is not None) for t in plan.tensors]

@@ -105,7 +105,8 @@ def assemble(req: Request, p: Problem, method: str, homes: dict[int, Region], pr
     return Plan(req.model_path, req.graph.source_sha256, req.model_args, method,
                 attrs.evolve(req.device, op_times=()), req.cap, req.scratch, tuple(tensors), ops,
                 req.graph.loss, req.graph.updates, program, precision=req.graph.precision, guard=req.graph.guard,
-                microbatches=req.graph.microbatches, ranks=req.graph.ranks, link_gbps=req.graph.link_gbps)
+                microbatches=req.graph.microbatches, ranks=req.graph.ranks, link_gbps=req.graph.link_gbps,
+                bucket_mib=req.graph.bucket_mib)
 
 
 def plan_capuchin(req: Request) -> Plan:

@@ -1,5 +1,7 @@
 """Collectives across data-parallel ranks (``graph/dataparallel.py`` places them): every rank runs the same
-step on its own shard of the batch, and each gradient is averaged over the ranks before its update.
+step on its own shard of the batch, and each gradient is averaged over the ranks before its update. Small
+gradients travel in buckets, as in PyTorch's DDP: ``bucket_pack`` copies them into one flat tensor, one
+all-reduce averages it, and ``bucket_unpack`` takes each gradient's average back out of it.
 
 A kernel reaches the other ranks through ``KernelContext.comm`` (an MPI communicator, mpi4py's
 interface): MPI sums in the same order on every rank, so the ranks' parameters stay bit-identical.
@@ -39,6 +41,35 @@ def _allreduce_mean(c: KernelContext, ins: list[Array], out: Array, a: Attrs) ->
     np.divide(out, out.dtype.type(a["ranks"]), out=out)
 
 
+def _pack_infer(ins: Types, a: Attrs) -> TensorType:
+    dtypes = {x.dtype for x in ins}
+    if len(dtypes) != 1:
+        raise SwpError(f"a gradient bucket holds tensors of one dtype, not {sorted(d.label for d in dtypes)}")
+    return TensorType((sum(x.numel for x in ins),), ins[0].dtype)
+
+
+def _pack(c: KernelContext, ins: list[Array], out: Array, a: Attrs) -> None:
+    """out = the inputs, flattened, one after another."""
+    start = 0
+    for x in ins:
+        c.xp.copyto(out[start:start + x.size], x.reshape(-1))
+        start += x.size
+
+
+def _unpack_infer(ins: Types, a: Attrs) -> TensorType:
+    (flat,) = ins
+    shape, start = tuple(a["shape"]), a["start"]
+    out = TensorType(shape, flat.dtype)
+    if flat.rank != 1 or not (isinstance(start, int) and 0 <= start <= flat.numel - out.numel):
+        raise SwpError(f"`bucket_unpack` takes {shape} from {start} of a flat bucket; it has {flat.shape}")
+    return out
+
+
+def _unpack(c: KernelContext, ins: list[Array], out: Array, a: Attrs) -> None:
+    """out = the bucket's elements from ``start``, in ``out``'s shape."""
+    c.xp.copyto(out, ins[0][a["start"]:a["start"] + out.size].reshape(out.shape))
+
+
 def ring_seconds(ins: Types, a: Attrs) -> float:
     """A ring all-reduce's time: each rank sends and receives 2 (N - 1) / N of the bytes over its link, in
     2 (N - 1) steps of a fixed latency."""
@@ -50,4 +81,6 @@ LINK_LATENCY_S = 5e-6  # one message between ranks (an MPI or NCCL hop on a fast
 
 register(
     OpDef("allreduce_mean", (1, 1), _allreduce_infer, lambda ins, o, a: 0, _allreduce_mean),
+    OpDef("bucket_pack", (2, None), _pack_infer, lambda ins, o, a: 0, _pack),
+    OpDef("bucket_unpack", (1, 1), _unpack_infer, lambda ins, o, a: 0, _unpack, bytes_read=lambda ins, o, a: o.nbytes),
 )

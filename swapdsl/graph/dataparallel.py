@@ -99,13 +99,15 @@ def _finished(t: Graph) -> list[str]:
 
 
 def _buckets(t: Graph, grads: list[str], cap: int) -> dict[str, list[list[str]]]:
-    """``grads`` (in the order they are finished) cut into buckets: each closes once it holds ``cap`` bytes
-    or more, or with the last gradient. Keyed by the gradient whose op closes it."""
-    closing: dict[str, list[list[str]]] = {}
+    """``grads`` (in the order they are finished) in buckets, keyed by the gradient whose op closes each: a
+    gradient of ``cap`` bytes or more goes alone (packing it would copy it twice and save no hop); the
+    smaller ones fill a bucket in turn, which closes once it holds ``cap`` bytes or with the last of them."""
+    small = [g for g in grads if t.type_of(g).nbytes < cap]
+    closing: dict[str, list[list[str]]] = {g: [[g]] for g in grads if t.type_of(g).nbytes >= cap}
     bucket: list[str] = []
-    for k, grad in enumerate(grads):
+    for grad in small:
         bucket.append(grad)
-        if sum(t.type_of(g).nbytes for g in bucket) >= cap or k == len(grads) - 1:
+        if sum(t.type_of(g).nbytes for g in bucket) >= cap or grad == small[-1]:
             closing.setdefault(grad, []).append(bucket)
             bucket = []
     return closing

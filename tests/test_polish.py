@@ -23,6 +23,7 @@ from swapdsl.plan.validate import validate
 from swapdsl.planning import ga
 from swapdsl.planning import polish as polish_module
 from swapdsl.planning.exact import first_runs
+from swapdsl.planning.exactplan import exact_plan
 from swapdsl.planning.ga import Search, SearchOptions, SearchProgress, genetic_search
 from swapdsl.planning.polish import POLISH_MAX_OPS, POLISH_MIN_S, polish_limit, polishable
 from swapdsl.planning.problem import Problem, Request
@@ -52,7 +53,8 @@ def test_the_polish_reworks_the_search_plan_in_its_own_order() -> None:
     assert "polished_from_ms" not in dict(searched.figures)
     assert f["polished_from_ms"] == dict(searched.figures)["iteration_ms"]
     assert f["iteration_ms"] < 0.9 * f["polished_from_ms"]
-    assert f["polish_optimal"] == 1.0  # (HiGHS proves it in about a second)
+    assert f["polish_optimal"] in (0.0, 1.0)  # (each order's share may end before HiGHS proves it ...)
+    assert exact_plan(Problem.of(req), req.cap, first_runs(searched), 10.0).optimal  # (... in about a second)
     if f["polish_order"] == 0:
         assert first_runs(polished) == first_runs(searched)
     assert polished.method == "ga"

@@ -31,7 +31,7 @@ from swapdsl.plan.simulate import simulate
 from swapdsl.planning import bench
 from swapdsl.planning.ga import SearchOptions, SearchProgress
 from swapdsl.planning.optimize import HOST_UPDATES, METHOD_NAMES
-from swapdsl.planning.polish import ORDER_NAMES, POLISH_MAX_OPS, POLISH_MIN_S, POLISH_SHARE
+from swapdsl.planning.polish import ORDER_NAMES, POLISH_MAX_OPS, POLISH_MIN_S, POLISH_ORDERS, POLISH_SHARE
 from swapdsl.runtime import dist
 from swapdsl.runtime.backend import BACKENDS, array_module
 from swapdsl.runtime.progress import Progress
@@ -359,7 +359,7 @@ def _search_progress(out: TextIO) -> Callable[[SearchProgress], None]:
                 f"{p.best_fraction:.4f}, {p.evaluations:,} plans simulated")
         if p.polishing:
             line = (f"ga: {p.seconds:5.1f} s of {p.budget_s:g} s, best fraction {p.best_fraction:.4f}; the exact "
-                    f"planner reworks it in up to three orders (at most {p.polishing:.1f} s)")
+                    f"planner reworks it in up to {POLISH_ORDERS} orders (at most {p.polishing:.1f} s)")
         if p.interrupted:
             out.write(("\n" if live else "") + f"ga: interrupted after {p.seconds:.1f} s; keeping the best plan "
                       f"so far (fraction {p.best_fraction:.4f})\n")

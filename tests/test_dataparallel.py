@@ -110,6 +110,19 @@ def test_gradients_travel_in_buckets_of_the_size_given(tmp_path: Path, mib: floa
     assert (len(packs), len(alone)) == {25.0: (1, 0), 0.002: (2, 0), 0.0008: (1, 1), 0.0003: (0, 4)}[mib]
 
 
+def test_a_bucket_holds_gradients_of_one_dtype(tmp_path: Path) -> None:
+    """f32 and f64 gradients of one model go in buckets of their own dtype (a pack copies one dtype)."""
+    path = tmp_path / "mixed.swp"
+    path.write_text(MODEL.replace("OPTIMIZER", SGD).replace("param w1: f64", "param w1: f32")
+                    .replace("input x: f64", "input x: f32").replace("h = relu(x @ w1 + b1)", "h = relu(cast(x @ w1, f64) + b1)"))
+    t = api.load(path, ranks=2).training
+    check_graph(t)
+    packs = [op for op in t.ops if op.op == "bucket_pack"]
+    assert all(len({t.type_of(g).dtype for g in op.inputs}) == 1 for op in packs)
+    averaged = [op.inputs[0] for op in t.ops if op.op == "allreduce_mean"]
+    assert {t.type_of(g).dtype.label for g in averaged} >= {"f32", "f64"}
+
+
 def test_a_bucket_is_one_ring_all_reduce(tmp_path: Path) -> None:
     """One bucket pays the ring's hops once for all its gradients: its time is the ring's over their bytes."""
     dev = BUILTIN["h100-80gb"]
@@ -467,7 +480,8 @@ def test_a_checkpoint_resumes_only_with_its_ranks(tmp_path: Path) -> None:
                                   "ranks 2 link 25.0\nranks 2 link 25.0", "ranks 2 link 25.0 extra", "ranks 0 link 1",
                                   "ranks 2 link 25.0 bucket -1", "ranks 2 link 25.0 bucket nan",
                                   "ranks 2 link 25.0 bucket", "ranks 2 link 25.0 bucket 1e999",
-                                  "ranks 2 link 25.0 bucket 25 bucket 25", "ranks 2 bucket 25 link 25.0"])
+                                  "ranks 2 link 25.0 bucket 25 bucket 25", "ranks 2 bucket 25 link 25.0",
+                                  "ranks 2 link 25.0 bucket 1" + "0" * 400])
 def test_a_damaged_ranks_line_is_refused_at_its_line(tmp_path: Path, line: str) -> None:
     plan = api.optimize(api.load(_model(tmp_path), ranks=2, link_gbps=25), "80%", "belady")
     api.save(plan, tmp_path / "dp.plan")

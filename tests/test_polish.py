@@ -162,7 +162,7 @@ def test_the_progress_line_says_the_search_is_being_polished() -> None:
     report = cli._search_progress(out)
     report(SearchProgress(12, 0.5, 300, 3.0, 6.0))
     report(SearchProgress(12, 0.5, 300, 3.1, 6.0, polishing=2.9))
-    assert out.getvalue().splitlines()[-1].endswith("the exact planner reworks it in up to three orders (at most 2.9 s)")
+    assert out.getvalue().splitlines()[-1].endswith(f"the exact planner reworks it in up to {polish_module.POLISH_ORDERS} orders (at most 2.9 s)")
 
 
 def test_the_polish_tries_the_search_order_the_model_order_and_other_bred_orders() -> None:

@@ -101,15 +101,17 @@ def _finished(t: Graph) -> list[str]:
 def _buckets(t: Graph, grads: list[str], cap: int) -> dict[str, list[list[str]]]:
     """``grads`` (in the order they are finished) in buckets, keyed by the gradient whose op closes each: a
     gradient of ``cap`` bytes or more goes alone (packing it would copy it twice and save no hop); the
-    smaller ones fill a bucket in turn, which closes once it holds ``cap`` bytes or with the last of them."""
-    small = [g for g in grads if t.type_of(g).nbytes < cap]
+    smaller ones of each dtype fill a bucket in turn, which closes once it holds ``cap`` bytes or with the
+    last of them."""
     closing: dict[str, list[list[str]]] = {g: [[g]] for g in grads if t.type_of(g).nbytes >= cap}
-    bucket: list[str] = []
-    for grad in small:
-        bucket.append(grad)
-        if sum(t.type_of(g).nbytes for g in bucket) >= cap or grad == small[-1]:
-            closing.setdefault(grad, []).append(bucket)
-            bucket = []
+    for dtype in dict.fromkeys(t.type_of(g).dtype for g in grads):
+        small = [g for g in grads if t.type_of(g).nbytes < cap and t.type_of(g).dtype == dtype]
+        bucket: list[str] = []
+        for grad in small:
+            bucket.append(grad)
+            if sum(t.type_of(g).nbytes for g in bucket) >= cap or grad == small[-1]:
+                closing.setdefault(grad, []).append(bucket)
+                bucket = []
     return closing
 
 

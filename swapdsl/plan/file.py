@@ -130,7 +130,7 @@ def parse_plan(text: str, file: str = "<plan>") -> Plan:
     except lark.exceptions.VisitError as exc:  # a statement refused while it was read
         if isinstance(exc.orig_exc, SwpError):
             raise exc.orig_exc from None
-        if isinstance(exc.orig_exc, ValueError):  # a number of thousands of digits, a bad string escape
+        if isinstance(exc.orig_exc, (ValueError, OverflowError)):  # a number of thousands of digits, a bad escape
             meta = getattr(exc.obj, "meta", None)
             line = getattr(meta, "line", 1) if meta is not None and not getattr(meta, "empty", True) else 1
             raise SwpError(f"`{file}` is not a valid plan: a value it cannot read ({exc.orig_exc})",
@@ -240,7 +240,7 @@ class _Build(Transformer):
 
     def ranks(self, meta: Any, c: list[Any]) -> None:
         self._at(meta, "ranks", "")
-        said = " ".join(map(str, c[:2])) + (f" bucket {c[2]}" if len(c) > 2 else "")
+        said = f"{c[0]} link {c[1]}" + (f" bucket {c[2]}" if len(c) > 2 else "")
         try:
             link = float(_number(c[1]))
             bucket = check_bucket(float(_number(c[2]))) if len(c) > 2 else 0.0  # (a plan before buckets: none)

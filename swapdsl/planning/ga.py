@@ -36,8 +36,8 @@ best is kept if nothing beats it (on graphs past ``SEED_OP_EVALUATIONS`` /
 the method's own). With a host budget, plans past it score
 behind every plan within it (``Request.score``). On graphs of up to 40 ops the
 search breeds for part of its budget and the exact planner then reworks its best
-plan in that plan's order, the model's, and that of the next bred plan with
-another (``polish.py``).
+plan in that plan's order, the model's, and those of the next bred plans with
+others, up to five (``polish.py``).
 
 Random choices come from one seeded generator in the calling process, and
 candidates are scored in worker processes whose results do not depend on which

@@ -1,5 +1,5 @@
 """The genetic search's last stage on small graphs: the exact planner (``exactplan.py``) given the order of
-the search's best plan. The search's swap planner decides online, op by op: it cannot see that a tensor
+the search's best plan, the model's, and those of other bred plans (``polish_orders``). The search's swap planner decides online, op by op: it cannot see that a tensor
 placed now will split the room a later op needs in one piece, nor keep a tensor on the device after copying
 it out so that dropping it later costs nothing. The exact program decides the whole step at once, in bytes,
 and then packs the regions. On random graphs of 12-36 ops it beat ``ga``'s decoder in the same order in 26

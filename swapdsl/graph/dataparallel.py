@@ -51,9 +51,8 @@ def data_parallel(t: Graph, ranks: int, link_gbps: float = DEFAULT_LINK_GBPS, ov
     """``t`` (a training graph) as run by each of ``ranks`` ranks (1: ``t`` itself). ``overlap``: the order
     starts each all-reduce while the backward pass goes on (``_ordered``); else every all-reduce comes
     after the backward pass and every update after them (DDP without overlap, for comparison).
-    ``bucket_mib``: gradients are gathered, in the order the backward pass finishes them, into buckets of
-    at least this many MiB (the last one may be smaller), one all-reduce each (``_buckets``); 0: one
-    all-reduce per gradient."""
+    ``bucket_mib``: small gradients share an all-reduce in buckets of about this many MiB (``_buckets``); 0:
+    one all-reduce per gradient."""
     if ranks == 1:
         return t
     ranks, link_bw = check_ranks(ranks, link_gbps)
@@ -77,7 +76,7 @@ def data_parallel(t: Graph, ranks: int, link_gbps: float = DEFAULT_LINK_GBPS, ov
                                 attrs=_rank_attrs(t, op, rowwise)))
         for out in op.outputs:
             if out in reports:
-                ops.append(_averaged(t, tensors, out, reports[out], reduce, op))
+                ops.append(_averaged(tensors, out, reports[out], reduce, op))
             for bucket in closing.get(out, []):
                 ops.extend(_reduced(t, tensors, bucket, grads, reduce, op))
     ops = _ordered(attrs.evolve(t, tensors=tensors, ops=tuple(ops)), overlap)
@@ -107,15 +106,17 @@ def _buckets(t: Graph, grads: list[str], cap: int) -> dict[str, list[list[str]]]
     for dtype in dict.fromkeys(t.type_of(g).dtype for g in grads):
         small = [g for g in grads if t.type_of(g).nbytes < cap and t.type_of(g).dtype == dtype]
         bucket: list[str] = []
+        held = 0
         for grad in small:
             bucket.append(grad)
-            if sum(t.type_of(g).nbytes for g in bucket) >= cap or grad == small[-1]:
+            held += t.type_of(grad).nbytes
+            if held >= cap or grad == small[-1]:
                 closing.setdefault(grad, []).append(bucket)
-                bucket = []
+                bucket, held = [], 0
     return closing
 
 
-def _averaged(t: Graph, tensors: dict[str, Tensor], name: str, mean: str, reduce: tuple, op: Op) -> Op:
+def _averaged(tensors: dict[str, Tensor], name: str, mean: str, reduce: tuple, op: Op) -> Op:
     """The all-reduce of one tensor ``name`` of ``tensors`` into ``mean`` (a new one)."""
     tensors[mean] = attrs.evolve(tensors[name], name=mean, label=f"{tensors[name].title}, averaged over the ranks")
     return Op("allreduce_mean", (name,), (mean,), reduce, op.span)
@@ -126,12 +127,12 @@ def _reduced(t: Graph, tensors: dict[str, Tensor], bucket: list[str], grads: dic
     """The ops that average ``bucket``'s gradients over the ranks (each into ``grads[g]``): one all-reduce
     for a gradient alone; else a pack into one flat tensor, its all-reduce, and an unpack per gradient."""
     if len(bucket) == 1:
-        return [_averaged(t, tensors, bucket[0], grads[bucket[0]], reduce, op)]
+        return [_averaged(tensors, bucket[0], grads[bucket[0]], reduce, op)]
     flat, kind = f"{bucket[0]}/bucket", t.tensors[bucket[0]].kind
     packed = Op("bucket_pack", tuple(bucket), (flat,), (), op.span)
     tensors[flat] = Tensor(flat, TensorType((sum(t.type_of(g).numel for g in bucket),), t.type_of(bucket[0]).dtype),
                            kind, label=f"a bucket of {len(bucket)} gradients, from {t.tensors[bucket[0]].title}")
-    ops = [packed, _averaged(t, tensors, flat, f"{flat}/allreduced", reduce, op)]
+    ops = [packed, _averaged(tensors, flat, f"{flat}/allreduced", reduce, op)]
     start = 0
     for g in bucket:
         typ = t.type_of(g)

@@ -58,7 +58,7 @@ demo: $(VENV)/.installed-examples
 # One BLAS thread per test worker: the workers already fill the cores, and OpenBLAS's spinning threads on
 # shared cores made NumPy steps 2-4x slower (test_runtime + test_training: 58 s -> 36 s on 2 cores).
 test: $(VENV)/.installed-test
-	OPENBLAS_NUM_THREADS=1 OMP_NUM_THREADS=1 MKL_NUM_THREADS=1 $(BIN)/python -m pytest -q -n auto
+	OPENBLAS_NUM_THREADS=1 OMP_NUM_THREADS=1 MKL_NUM_THREADS=1 $(BIN)/python -m pytest -q -n auto --dist worksteal
 
 bench: $(VENV)/.installed
 	$(BIN)/python bench/parse_scaling.py

@@ -60,5 +60,5 @@ def test_no_plan_beats_the_bound_for_its_own_order(seed: int) -> None:
         for method in ("belady", "capuchin", "ga"):
             plan = optimize(Request(g, DEVICE, cap, "g", ()), method,
                             SearchOptions(budget_s=2.0, generations=4, workers=1, seed=seed))
-            b = exact_bound(p, cap, first_runs(plan), time_limit_s=3.0)
+            b = exact_bound(p, cap, first_runs(plan), time_limit_s=1.5)
             assert simulate(plan).iteration_ms >= b.bound_ms * (1 - 1e-9), (ratio, method)

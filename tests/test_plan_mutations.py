@@ -43,7 +43,7 @@ PLANS = [
      "capuchin"),
     ("resnet-ranks", "tiny_resnet", ["-D", "batch=4", "-D", "width=4", "-D", "blocks=1", "--ranks", "2",
                                      "--network", "1"], "430KiB", "capuchin"),
-    ("mlp-exact", "mlp", ["--budget", "30"], "2.7MiB", "exact"),
+    ("mlp-exact", "mlp", ["--budget", "5"], "2.7MiB", "exact"),
 ]
 CASES = int(os.environ.get("SWAPDSL_PLAN_MUTANTS", "210"))
 

@@ -15,11 +15,14 @@ from pathlib import Path
 import attrs
 import numpy as np
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from swapdsl import api
 from swapdsl.common.errors import SwpError
 from swapdsl.devices.costs import op_seconds
 from swapdsl.devices.profiles import BUILTIN
+from swapdsl.graph.ir import Graph
 from swapdsl.graph.checker import check_graph
 from swapdsl.graph.dataparallel import data_parallel
 from swapdsl.graph.ops.collective import LINK_LATENCY_S
@@ -27,6 +30,11 @@ from swapdsl.plan.program import Free, Plan, Run, SwapIn, SwapOut
 from swapdsl.plan.replay import walk
 from swapdsl.plan.simulate import simulate
 from swapdsl.plan.validate import validate
+from swapdsl.planning import bound
+from swapdsl.planning.policy import METHODS
+from swapdsl.planning.problem import Problem
+from strategies import training_graphs
+from test_planners import V100, caps, ga_plan, plan_for
 
 MODEL = """model net(batch = 4, features = 6, hidden = 16, classes = 3, lr = 0.1) {
     input x: f64[batch, features]
@@ -76,6 +84,36 @@ def test_the_simulator_charges_a_ring_all_reduce(tmp_path: Path) -> None:
         dev = BUILTIN["h100-80gb"]
         want = 2 * (ranks - 1) / ranks * nbytes / (gbps * 1e9 / 8) + 2 * (ranks - 1) * LINK_LATENCY_S
         assert op_seconds(dev, t, op) == pytest.approx(dev.launch_s + want, rel=1e-12)
+
+
+def test_the_bounds_count_the_network_lane_after_the_forward_pass(tmp_path: Path) -> None:
+    """Over a slow link the lane's sum is most of the step, and every all-reduce reads a gradient of the
+    backward pass: both bounds add the forward pass to the lane's time, and a plan still meets them."""
+    t = api.load(_model(tmp_path), ranks=2, link_gbps=0.01, bucket_mib=0).training
+    p = Problem.build(t, V100)
+    c = bound._cut(p)
+    assert bound.ideal_ms(p) == pytest.approx(sum(p.op_ms[i] for i in p.net))  # (the lane's sum)
+    _, no_swap = caps(t)
+    for f in (bound.bound_ms, bound.recompute_bound_ms):
+        assert f(p, no_swap) >= c.f + c.net > bound.ideal_ms(p)
+    plan = plan_for(t, no_swap, "belady")
+    assert simulate(plan).iteration_ms >= bound.bound_ms(p, no_swap) * (1 - 1e-9)
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(training_graphs(), st.floats(0.0, 1.0), st.sampled_from([0.01, 1.0, 100.0]), st.sampled_from([0.0, 0.001]),
+       st.sampled_from(["ga", *sorted(METHODS)]))
+def test_no_data_parallel_plan_beats_its_bound(t: Graph, where: float, gbps: float, mib: float, method: str) -> None:
+    """On random graphs run by 2 ranks over a slow to a fast link, in buckets or not, every method's plan
+    simulates at or above its bound (``recompute_bound_ms`` where it recomputes), network lane included."""
+    t = data_parallel(t, 2, gbps, bucket_mib=mib)
+    need, no_swap = caps(t)
+    cap = int(need + where * (no_swap - need))
+    plan = ga_plan(t, cap) if method == "ga" else plan_for(t, cap, method)
+    validate(plan)
+    f = dict(plan.figures)
+    assert f["iteration_ms"] >= f["bound_ms"] * (1 - 1e-9)
+    assert f["iteration_ms"] >= bound.recompute_bound_ms(Problem.build(t, V100), plan.tensor_cap) * (1 - 1e-9)
 
 
 @pytest.mark.parametrize("mib", [25.0, 0.002, 0.0008, 0.0003])

@@ -3,11 +3,15 @@
 ``ideal_ms`` is the sum of op times: every op runs on the one compute stream,
 so no plan is faster, with any amount of memory. (Data-parallel all-reduces run
 on the network lane beside it: the ideal is the longer lane's sum, and F and B
-below count the compute stream's ops alone.)
+below count the compute stream's ops alone. The lane's all-reduces read
+gradients, made after T below, so end - T is also at least N: the time of the
+op that makes the first all-reduce's input, the lane's sum, and the time of an
+op that reads the last one's mean.)
 
 ``bound_ms`` adds what the bus must carry. Let C be the ops that read the
 gradient seed (the `fill` that starts the backward pass), A the ops that are
-ancestors of every op in C, and D the descendants of the seed. In any valid
+ancestors of every op in C, and D the descendants of the seed (not the seed
+itself: it reads nothing, so it may run at any time). In any valid
 order every op of A runs before any op of D: let T be the moment the first
 op of D starts. Let S be the tensors that exist at T and are read by an op of
 D: those made by an op of A, plus persistent tensors and inputs read by D;
@@ -26,7 +30,7 @@ after T. Copies in one direction share one stream, so with every excess
 floored at zero:
 
     T       >= max(F, (|S_a| - cap) / d2h, (P_A - cap) / h2d)
-    end - T >= max(B, (|S| - cap) / h2d, (P_upd - cap) / d2h)
+    end - T >= max(B, N, (|S| - cap) / h2d, (P_upd - cap) / d2h)
 
 and the bound is the larger of ideal and their sum. Each excess also pays one
 copy latency per tensor for the fewest tensors that add up to it (a copy
@@ -45,7 +49,7 @@ import attrs
 
 from swapdsl.devices.profiles import Device
 from swapdsl.plan import program
-from swapdsl.planning.problem import Problem, edges
+from swapdsl.planning.problem import Edges, Problem, edges
 
 
 def ideal_ms(p: Problem) -> float:
@@ -81,6 +85,7 @@ class _Cut:
     updated: list[int]  # persistent tensors updated in place on the device
     read: int  # bytes of persistent tensors read at all
     rebuilds: list[tuple[float, int]]  # per op of A making part of S_a: (its time, those bytes)
+    net: float  # the network lane's least time after T (``_net_after``)
 
 
 def _cut(p: Problem) -> _Cut | None:
@@ -98,12 +103,27 @@ def _cut(p: Problem) -> _Cut | None:
     crossing = {t for op in before for t in p.op_outputs[op]} & read_after
     read_before = {t for op in before for t in p.op_inputs[op]}
     net = p.net  # (the network lane's all-reduces: not compute time on either side of T, and never rerun)
-    before, backward = before - net, backward - net
+    before, backward = before - net, backward - net - set(seeds)  # (a seed has no inputs: it may run before T)
     rebuilds = [(p.op_ms[op], sum(p.nbytes[t] for t in p.op_outputs[op] if t in crossing)) for op in sorted(before)]
     return _Cut(sum(p.op_ms[op] for op in before), sum(p.op_ms[op] for op in backward),
                 [p.nbytes[t] for t in crossing], [p.nbytes[t] for t in read_after - producer.keys()],
                 [p.nbytes[t] for t in p.persistent if t in read_before], [p.nbytes[old] for old, new in p.updates if new in producer],
-                sum(p.nbytes[t] for t in p.persistent if t in consumers), [r for r in rebuilds if r[1] > 0])
+                sum(p.nbytes[t] for t in p.persistent if t in consumers), [r for r in rebuilds if r[1] > 0],
+                _net_after(p, e, backward))
+
+
+def _net_after(p: Problem, e: Edges, after: set[int]) -> float:
+    """The least time from T to the end that the network lane needs: its all-reduces of tensors made by
+    ``after`` (compute ops that start at T or later) run one at a time after T, the first once the op
+    that made its input has run, and the last before an op that reads its mean (0 when one has no
+    reader)."""
+    late = [i for i in sorted(p.net) if any(q in after for q in e.preds[i])]
+    if not late:
+        return 0.0
+    head = min(max(p.op_ms[q] for q in e.preds[i] if q in after) for i in late)
+    readers = [[r for t in p.op_outputs[i] for r in e.readers.get(t, [])] for i in late]
+    tail = min((min(p.op_ms[r] for r in rs) if rs else 0.0) for rs in readers)
+    return head + sum(p.op_ms[i] for i in late) + tail
 
 
 def bound_ms(p: Problem, cap: int) -> float:
@@ -114,7 +134,7 @@ def bound_ms(p: Problem, cap: int) -> float:
     dev = p.device
     excess = max(0, sum(c.crossing) - cap)
     until_t = max(c.f, _copies_ms(c.crossing, cap, dev.d2h_bw, dev), _copies_ms(c.fwd_read, cap, dev.h2d_bw, dev))
-    after_t = max(c.b, _copies_ms(c.crossing + c.standing, cap, dev.h2d_bw, dev),
+    after_t = max(c.b, c.net, _copies_ms(c.crossing + c.standing, cap, dev.h2d_bw, dev),
                   _copies_ms(c.updated, cap, dev.d2h_bw, dev))
     return max(ideal, until_t + after_t,
                1e3 * (excess + max(0, c.read - cap)) / dev.h2d_bw,
@@ -130,7 +150,7 @@ def recompute_bound_ms(p: Problem, cap: int) -> float:
     rebuilding y bytes of S_a. Then the device and host hold at least |S_a| - y bytes of S_a at T, so
 
         T       >= max(F, (|S_a| - cap - y) / d2h, (P_A - cap) / h2d)
-        end - T >= max(B + c, (|S| - cap - y) / h2d, (P_upd - cap) / d2h)
+        end - T >= max(B + c, N, (|S| - cap - y) / h2d, (P_upd - cap) / d2h)
         end     >= max(compute + c, (|S_a| - cap - y + P_read - cap) / h2d, (|S_a| - cap - y + P_upd - cap) / d2h)
 
     (excesses floored at zero, as before; the rebuilt tensors' recomputations run on the one compute
@@ -151,7 +171,7 @@ def recompute_bound_ms(p: Problem, cap: int) -> float:
     ms = 1e3
     g1 = [lambda _c, _y: c.f, lambda _c, y: ms * (xa - y) / dev.d2h_bw,
           lambda _c, _y: ms * max(0, sum(c.fwd_read) - cap) / dev.h2d_bw]
-    g2 = [lambda cc, _y: c.b + cc, lambda _c, y: ms * (x - y) / dev.h2d_bw,
+    g2 = [lambda cc, _y: c.b + cc, lambda _c, _y: c.net, lambda _c, y: ms * (x - y) / dev.h2d_bw,
           lambda _c, _y: ms * max(0, sum(c.updated) - cap) / dev.d2h_bw]
     read, upd = max(0, c.read - cap), max(0, sum(c.updated) - cap)
     compute = compute_ms(p)

@@ -2,8 +2,8 @@
 efficiency over 1, 2, 4 and 8 ranks at several network speeds, per model and cap.
 
 Usage: python bench/dataparallel.py [--models gpt2_xl llama2_7b] [--memory 16GiB 24GiB] [--ranks 1 2 4 8]
-                                    [--links 25 100 400] [--bucket-mib 25] [--device h100-80gb] [--method belady]
-                                    [--json FILE]
+                                    [--links 25 100 400] [--bucket-mib 25|auto] [--no-after] [--device h100-80gb]
+                                    [--method belady] [--json FILE]
 
 Each rank runs the model's batch (weak scaling: the global batch grows with the ranks), in bf16 with
 Adam. The efficiency is the one-rank step over the N-rank step (examples per second per GPU, against
@@ -11,7 +11,9 @@ one GPU alone). The all-reduces run on the network lane beside the compute strea
 share of their time that does not lengthen the step: 1 - (N-rank step - one-rank step) / all-reduce time. Each row is planned twice: in the
 order the data-parallel pass gives (each update after the next all-reduce is issued) and, for
 comparison, with every all-reduce after the backward pass and every update after them (DDP without
-overlap). Gradients are averaged in buckets of ``--bucket-mib`` MiB (0: one all-reduce each).
+overlap; ``--no-after`` leaves it out). Gradients are averaged in buckets of ``--bucket-mib`` MiB (0: one
+all-reduce each; auto: the size ``optimize --bucket-mib auto`` would choose, per row). The JSON also
+holds each plan's bound (``bound_ms``).
 """
 
 from __future__ import annotations
@@ -26,7 +28,7 @@ from swapdsl.common.units import format_bytes, parse_size
 from swapdsl.graph.checker import check_graph
 from swapdsl.graph.dataparallel import DEFAULT_BUCKET_MIB, data_parallel
 from swapdsl.plan.simulate import simulate
-from swapdsl.planning.optimize import optimize
+from swapdsl.planning.optimize import best_buckets, optimize
 from swapdsl.planning.problem import Request
 
 MODELS = {  # name: (stdlib model, arguments)
@@ -39,16 +41,24 @@ MODELS = {  # name: (stdlib model, arguments)
 def row(name: str, cap: int, ranks: int, link: float, overlap: bool, args: argparse.Namespace) -> dict:
     model_name, defines = MODELS[name]
     m = api.load(STDLIB_DIR / "models" / f"{model_name}.swp", precision="bf16", **defines)
-    t = data_parallel(m.training, ranks, link, overlap, args.bucket_mib)
-    check_graph(t)
-    key = {"model": name, "cap": cap, "ranks": ranks, "link_gbps": link, "overlap": overlap, "bucket_mib": args.bucket_mib}
+    device = api.load_device(args.device)
+
+    def request(mib: float) -> Request:
+        t = data_parallel(m.training, ranks, link, overlap, mib)
+        check_graph(t)
+        return Request(t, device, cap, m.path, m.graph.args)
+
+    key = {"model": name, "cap": cap, "ranks": ranks, "link_gbps": link, "overlap": overlap}
     try:
-        plan = optimize(Request(t, api.load_device(args.device), cap, m.path, m.graph.args), args.method)
+        req = best_buckets(request, args.method) if args.bucket_mib == "auto" else request(args.bucket_mib)
+        plan = optimize(req, args.method)
     except SwpError as err:
-        return key | {"error": err.message}
+        return key | {"bucket_mib": args.bucket_mib, "error": err.message}
+    key["bucket_mib"] = req.graph.bucket_mib
     sim = simulate(plan)
     reduce_ms = sum(op.ms for op in plan.ops if op.op == "allreduce_mean")
-    return key | {"step_ms": sim.iteration_ms, "ideal_ms": sim.compute_ms, "allreduce_ms": reduce_ms,
+    return key | {"step_ms": sim.iteration_ms, "bound_ms": dict(plan.figures)["bound_ms"], "ideal_ms": sim.compute_ms,
+                  "allreduce_ms": reduce_ms,
                   "allreduces": sum(op.op == "allreduce_mean" for op in plan.ops),
                   "h2d_gb": sim.h2d_bytes / 1e9}
 
@@ -59,22 +69,26 @@ def main() -> None:
     ap.add_argument("--memory", nargs="+", default=["16GiB", "24GiB"])
     ap.add_argument("--ranks", type=int, nargs="+", default=[1, 2, 4, 8])
     ap.add_argument("--links", type=float, nargs="+", default=[25.0, 100.0, 400.0])
-    ap.add_argument("--bucket-mib", type=float, default=DEFAULT_BUCKET_MIB)
+    ap.add_argument("--bucket-mib", type=lambda v: v if v == "auto" else float(v), default=DEFAULT_BUCKET_MIB,
+                    help="MiB, or auto: the size among optimize.BUCKET_CHOICES whose plan is fastest")
+    ap.add_argument("--no-after", action="store_true", help="skip the after-backward plans (DDP without overlap)")
     ap.add_argument("--device", default="h100-80gb")
     ap.add_argument("--method", default="belady")
     ap.add_argument("--json", metavar="FILE")
     args = ap.parse_args()
     rows = []
-    print("| model | cap | ranks | link Gb/s | all-reduces | all-reduce ms | step ms | efficiency | hidden | GB in | "
-          "after backward: step ms | efficiency | hidden | GB in |")
-    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+    print("| model | cap | ranks | link Gb/s | bucket MiB | all-reduces | all-reduce ms | step ms | efficiency | hidden | "
+          "GB in | after backward: step ms | efficiency | hidden | GB in |")
+    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
     for name in args.models:
         for memory in args.memory:
             cap = parse_size(memory)
             alone = row(name, cap, 1, args.links[0], True, args)
             for ranks in args.ranks:
                 for link in (args.links if ranks > 1 else args.links[:1]):
-                    pair = [alone, alone] if ranks == 1 else [row(name, cap, ranks, link, o, args) for o in (True, False)]
+                    overlaps = (True,) if args.no_after else (True, False)
+                    pair = [alone] * len(overlaps) if ranks == 1 else [row(name, cap, ranks, link, o, args)
+                                                                       for o in overlaps]
                     rows += pair
                     cells = []
                     for r in pair:
@@ -84,8 +98,10 @@ def main() -> None:
                         one = alone.get("step_ms", float("nan"))
                         hid = 1 - (r["step_ms"] - one) / r["allreduce_ms"] if r["allreduce_ms"] else float("nan")
                         cells.append(f"{r['step_ms']:.1f} | {one / r['step_ms']:.3f} | {hid:.2f} | {r['h2d_gb']:.1f}")
+                    cells += ["- | - | - | -"] * (2 - len(cells))
                     reduce_ms = pair[0].get("allreduce_ms", float("nan"))
-                    print(f"| {name} | {format_bytes(cap)} | {ranks} | {link:g} | {pair[0].get('allreduces', 0)} | "
+                    print(f"| {name} | {format_bytes(cap)} | {ranks} | {link:g} | {pair[0].get('bucket_mib', 0):g} | "
+                          f"{pair[0].get('allreduces', 0)} | "
                           f"{reduce_ms:.1f} | "
                           f"{cells[0]} | {cells[1]} |", flush=True)
     if args.json:

@@ -45,7 +45,7 @@ from swapdsl.planning.bound import ideal_ms as bound_ideal_ms
 from swapdsl.planning.compiled import no_swap_bytes
 from swapdsl.planning.ga import SearchOptions, SearchProgress
 from swapdsl.planning.optimize import optimize as plan_with
-from swapdsl.planning.optimize import AUTO_MAX_OPS, optimize_microbatches
+from swapdsl.planning.optimize import AUTO_MAX_OPS, best_buckets, optimize_microbatches
 from swapdsl.planning.problem import Problem, Request
 from swapdsl.planning.sizing import BelowSmallestCap, least_cap
 from swapdsl.runtime import checkpoint, reference, training
@@ -179,7 +179,8 @@ def _check_batched_inputs(g: Graph, rows: int, who: str = "micro-batches", flag:
 
 def optimize(model: Model | str | Path, memory: int | str, method: str = "ga", device: str | Device | None = None,
              search: SearchOptions | None = None, host_memory: int | str | None = None,
-             host_updates: str = "none", microbatches: int | str | None = None, **knobs: float | int | bool) -> Plan:
+             host_updates: str = "none", microbatches: int | str | None = None, bucket_mib: float | str | None = None,
+             **knobs: float | int | bool) -> Plan:
     """Plan ``model``'s training step under ``memory`` (bytes, text such as "8GiB", or a share of the
     no-swap arena of one pass over the batch, ``no_swap_arena``: "1/3", "33%"), validated.
     ``device``: a built-in profile name, a profile file or a Device (default: the GPU found, else the
@@ -188,7 +189,9 @@ def optimize(model: Model | str | Path, memory: int | str, method: str = "ga", d
     optimiser's updates run: ``none`` on the device, ``all`` on the host where they can, ``auto`` the
     largest parameters' on the host where that is faster. ``microbatches``: how many forward and backward
     passes the step runs its batch as (default: the model's), or ``auto``: the count among the batch's
-    divisors whose plan is fastest (``planning.optimize.optimize_microbatches``)."""
+    divisors whose plan is fastest (``planning.optimize.optimize_microbatches``). ``bucket_mib``: the
+    data-parallel gradients' bucket size (default: the model's), or ``auto``: the size among
+    ``planning.optimize.BUCKET_CHOICES`` whose plan is fastest (``best_buckets``)."""
     m = model if isinstance(model, Model) else load(model)
     share = parse_share(memory) if isinstance(memory, str) else None
     if share is not None:
@@ -202,17 +205,26 @@ def optimize(model: Model | str | Path, memory: int | str, method: str = "ga", d
     except TypeError:
         raise SwpError(f"unknown search option among {', '.join(knobs)}",
                        hints=[f"options: {', '.join(f.name for f in attrs.fields(SearchOptions))}"]) from None
-    def request_at(k: int) -> Request:
+    if bucket_mib not in (None, "auto"):
+        m = attrs.evolve(m, bucket_mib=check_bucket(bucket_mib)) if m.ranks > 1 else m
+
+    def request_at(k: int, mib: float | None = None) -> Request:
         mk = m if k == m.microbatches else _again(m, k)
+        mk = mk if mib is None else attrs.evolve(mk, bucket_mib=mib)
         return Request(mk.training, dev, cap, m.path, m.graph.args, host)
+
+    def chosen_at(k: int) -> Request:  # (with the bucket size ``auto`` chooses, for this count)
+        if bucket_mib == "auto" and m.ranks > 1:
+            return best_buckets(lambda mib: request_at(k, mib), method, host_updates)
+        return request_at(k)
 
     if microbatches == "auto":
         counts = divisors(int(check_microbatches(m.args.get("batch"), 1)))
-        plan = optimize_microbatches(request_at, counts, method, options, host_updates)
+        plan = optimize_microbatches(chosen_at, counts, method, options, host_updates)
     else:
         k = m.microbatches if microbatches is None else microbatches
         try:
-            plan = plan_with(request_at(k), method, options, host_updates)  # type: ignore[arg-type]
+            plan = plan_with(chosen_at(k), method, options, host_updates)  # type: ignore[arg-type]
         except BelowSmallestCap as err:
             raise _with_microbatch_hint(err, m, k, cap, request_at) from None  # type: ignore[arg-type]
     validate(plan)

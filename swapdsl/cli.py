@@ -21,7 +21,7 @@ from swapdsl.common.errors import SwpError
 from swapdsl.common.launcher import launched_rank
 from swapdsl.common.units import format_bytes, format_count, parse_share, parse_size
 from swapdsl.devices.profiles import BUILTIN, DEFAULT_DEVICE, detect_device, load_device
-from swapdsl.graph.dataparallel import DEFAULT_BUCKET_MIB, DEFAULT_LINK_GBPS, MAX_RANKS
+from swapdsl.graph.dataparallel import DEFAULT_BUCKET_MIB, DEFAULT_LINK_GBPS, MAX_BUCKET_MIB, MAX_RANKS, check_bucket
 from swapdsl.graph.microbatch import MAX_MICROBATCHES
 from swapdsl.graph.precision import GUARDS, PRECISIONS
 from swapdsl.graph.printer import print_graph
@@ -30,7 +30,7 @@ from swapdsl.plan.figures import ONE_PASS_IDEAL
 from swapdsl.plan.simulate import simulate
 from swapdsl.planning import bench
 from swapdsl.planning.ga import SearchOptions, SearchProgress
-from swapdsl.planning.optimize import HOST_UPDATES, METHOD_NAMES
+from swapdsl.planning.optimize import BUCKET_CHOICES, HOST_UPDATES, METHOD_NAMES
 from swapdsl.planning.polish import ORDER_NAMES, POLISH_MAX_OPS, POLISH_MIN_S, POLISH_ORDERS, POLISH_SHARE
 from swapdsl.runtime import dist
 from swapdsl.runtime.backend import BACKENDS, array_module
@@ -129,7 +129,11 @@ def _load(args: argparse.Namespace) -> api.Model:
     return api.load(args.file, parse_defines(args.define), args.precision or "f32", args.guard,
                     1 if k in (None, "auto") else k, getattr(args, "ranks", None) or 1,
                     _given(getattr(args, "network", None), DEFAULT_LINK_GBPS),
-                    _given(getattr(args, "bucket_mib", None), DEFAULT_BUCKET_MIB))
+                    _given(_unless_auto(getattr(args, "bucket_mib", None)), DEFAULT_BUCKET_MIB))
+
+
+def _unless_auto(value: float | str | None) -> float | None:
+    return None if value == "auto" else value  # type: ignore[return-value]
 
 
 def _given(value: float | None, default: float) -> float:
@@ -329,7 +333,7 @@ def _cmd_optimize(args: argparse.Namespace) -> int:
                            progress=None if args.json else _search_progress(sys.stderr), polish=args.polish)
     started = time.perf_counter()
     plan = api.optimize(model, cap, args.method, device, search, host_memory=host, host_updates=args.host_updates,
-                        microbatches=args.microbatches)
+                        microbatches=args.microbatches, bucket_mib=args.bucket_mib if args.bucket_mib == "auto" else None)
     if search.progress is not None and sys.stderr.isatty():
         sys.stderr.write("\n")
     seconds = time.perf_counter() - started
@@ -337,11 +341,16 @@ def _cmd_optimize(args: argparse.Namespace) -> int:
         api.save(plan, args.output)
     info = {"method": plan.method, "device": device.name, "memory_bytes": plan.cap, **dict(plan.figures),
             "search_seconds": seconds, "plan": args.output, "microbatches": plan.microbatches}
+    if plan.ranks > 1:
+        info |= {"ranks": plan.ranks, "link_gbps": plan.link_gbps, "bucket_mib": plan.bucket_mib}
     info = _with_one_pass_fraction(info)
     if args.json:
         print(json.dumps(info, indent=2))
         return 0
     runs = f" as {plan.microbatches} micro-batches" if plan.microbatches > 1 else ""
+    if plan.ranks > 1:
+        buckets = f"buckets of {plan.bucket_mib:g} MiB" if plan.bucket_mib else "one all-reduce per gradient"
+        runs += f" on {plan.ranks} ranks over {plan.link_gbps:g} Gb/s ({buckets})"
     print(f"{model.graph.name}: {plan.method} plan{runs} under {format_bytes(plan.cap)} on {device.name}"
           + (f", written to {args.output}" if args.output else ""))
     _print_figures(info)
@@ -521,9 +530,11 @@ def _precision_options(parser: argparse.ArgumentParser, auto: bool = False) -> N
                              "batch of a batch N times larger, gradients averaged over them (default 1)")
     parser.add_argument("--network", type=float, metavar="GBPS",
                         help=f"the ranks' network link in Gb/s, for planning (default {DEFAULT_LINK_GBPS:g})")
-    parser.add_argument("--bucket-mib", type=float, metavar="MIB",
+    parser.add_argument("--bucket-mib", type=_bucket(auto), metavar="MIB" + ("|auto" if auto else ""),
                         help="average the ranks' gradients in buckets of about MIB MiB, one all-reduce each, as "
-                             f"PyTorch's DDP does (default {DEFAULT_BUCKET_MIB:g}; 0: one all-reduce per gradient)")
+                             f"PyTorch's DDP does (default {DEFAULT_BUCKET_MIB:g}; 0: one all-reduce per gradient"
+                             + (f"; auto: the size among {', '.join(f'{b:g}' for b in BUCKET_CHOICES)} whose plan "
+                                "is fastest)" if auto else ")"))
 
 
 def _whole(low: int, high: int) -> Callable[[str], int]:
@@ -535,6 +546,18 @@ def _whole(low: int, high: int) -> Callable[[str], int]:
         if not low <= n <= high:
             raise argparse.ArgumentTypeError(f"expected a whole number from {low} to {high}, got `{text}`")
         return n
+    return parse
+
+
+def _bucket(auto: bool) -> Callable[[str], float | str]:
+    def parse(text: str) -> float | str:
+        if auto and text == "auto":
+            return text
+        try:
+            return check_bucket(float(text))
+        except (ValueError, SwpError):
+            raise argparse.ArgumentTypeError(f"expected a size in MiB from 0 to {MAX_BUCKET_MIB}"
+                                             + (" or auto" if auto else "") + f", got `{text}`") from None
     return parse
 
 

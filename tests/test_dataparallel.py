@@ -31,8 +31,11 @@ from swapdsl.plan.replay import walk
 from swapdsl.plan.simulate import simulate
 from swapdsl.plan.validate import validate
 from swapdsl.planning import bound
+from swapdsl.graph.dataparallel import DEFAULT_BUCKET_MIB
+from swapdsl.planning.optimize import BUCKET_CHOICES
 from swapdsl.planning.policy import METHODS
 from swapdsl.planning.problem import Problem
+from conftest import MODELS
 from strategies import training_graphs
 from test_planners import V100, caps, ga_plan, plan_for
 
@@ -332,6 +335,35 @@ def test_a_plan_runs_with_the_buckets_it_was_planned_for(cli, in_tmp: Path) -> N
     assert "ranks 2 link 100.0 bucket 0.0005\n" in (in_tmp / "dp.plan").read_text()
     code, _, err = cli("exec", "dp.plan", "--bucket-mib", "25", "--steps", "1")
     assert code == 2 and "--bucket-mib 25.0: the plan was made for 0.0005" in err and "Traceback" not in err
+
+
+@pytest.mark.parametrize("method", ["belady", "capuchin", "ga"])
+def test_auto_chooses_the_bucket_size_whose_plan_is_fastest(method: str) -> None:
+    """``bucket_mib="auto"``: of ``BUCKET_CHOICES``, the size whose plan (``ga``'s: ``belady``'s) is fastest.
+    On a small transformer, one all-reduce per gradient at 2 ranks over 1 Gb/s (each bucket waits for its
+    last gradient), 1 MiB buckets at 8 ranks over 100 Gb/s (each all-reduce pays 14 hops)."""
+    chosen = []
+    for ranks, gbps in ((2, 1.0), (8, 100.0)):
+        m = api.load(MODELS / "tiny_transformer.swp", ranks=ranks, link_gbps=gbps)
+        scout = "belady" if method == "ga" else method
+        fixed = {mib: dict(api.optimize(m, "1/2", scout, bucket_mib=mib).figures)["iteration_ms"]
+                 for mib in BUCKET_CHOICES}
+        plan = api.optimize(m, "1/2", method, bucket_mib="auto", budget_s=2.0, generations=3, workers=1)
+        assert plan.bucket_mib == min(fixed, key=lambda mib: (fixed[mib], mib != DEFAULT_BUCKET_MIB, mib))
+        if method != "ga":
+            assert dict(plan.figures)["iteration_ms"] == min(fixed.values())
+        chosen.append(plan.bucket_mib)
+    assert chosen == [0.0, 1.0]
+
+
+def test_bucket_auto_is_for_optimize_and_says_what_it_chose(cli, in_tmp: Path) -> None:
+    shutil.copy(MODELS / "tiny_transformer.swp", in_tmp)
+    code, out, err = cli("optimize", "tiny_transformer.swp", "--memory", "1/2", "--method", "belady", "--ranks", "8",
+                         "--bucket-mib", "auto", "-o", "dp.plan")
+    assert code == 0 and "on 8 ranks over 100 Gb/s (buckets of 1 MiB)" in out, err
+    assert "ranks 8 link 100.0 bucket 1.0\n" in (in_tmp / "dp.plan").read_text()
+    code, out, err = cli("check", "tiny_transformer.swp", "--ranks", "2", "--bucket-mib", "auto")
+    assert code == 2 and out == "" and "expected a size in MiB from 0 to 1048576, got `auto`" in err
 
 
 # ---- real ranks: mpiexec -n 2 -------------------------------------------------------------------------

@@ -57,7 +57,7 @@ OPTIONS: dict[str, list[str]] = {
     "--microbatches": ["2", "1", "auto", "3", "0", "x", "99999", ""],
     "--ranks": ["2", "1", "0", "x", "99999", "-1", ""],
     "--network": ["100", "0", "-5", "nan", "inf", "1e999", "x", ""],
-    "--bucket-mib": ["25", "0", "0.0005", "-1", "nan", "inf", "1e999", "x", ""],
+    "--bucket-mib": ["25", "0", "0.0005", "-1", "nan", "inf", "1e999", "x", "", "auto"],
     "--rank-timeout": ["5", "0", "-1", "nan", "inf", "x", ""],
     "--dim": ["batch=2", "sequence=5", "x", "=3", "n=0", "n=99999999999"],
     "--loss": ["cross_entropy", "mse", "bogus", ""],

@@ -10,6 +10,7 @@ from collections.abc import Callable, Iterator
 import attrs
 
 from swapdsl.common.errors import SwpError
+from swapdsl.graph.dataparallel import DEFAULT_BUCKET_MIB
 from swapdsl.graph.ir import Graph
 from swapdsl.graph.offload import offloadable
 from swapdsl.plan.program import Plan
@@ -65,6 +66,31 @@ def with_host_updates(req: Request, method: str, host_updates: str) -> Request:
 
 
 _SCOUT = {"ga": "belady"}  # auto scores ga's choices by belady's plans (a search per choice would cost more)
+BUCKET_CHOICES = (0.0, 1.0, 5.0, DEFAULT_BUCKET_MIB, 100.0)  # MiB: what ``--bucket-mib auto`` chooses among
+
+
+def best_buckets(request_at: Callable[[float], Request], method: str, host_updates: str | None = None) -> Request:
+    """``--bucket-mib auto``: of the requests whose gradients travel in buckets of each of ``BUCKET_CHOICES``
+    MiB (``request_at(mib)``), the one whose plan is fastest, by ``belady``'s plan for a method that
+    searches (``ga``, ``exact``); ties go to DDP's size, then to the smaller. Sizes that cut the same
+    buckets are planned once."""
+    scout = method if method in PLANNERS or method in METHODS else "belady"
+    scored, refused, seen = [], [], set()
+    for mib in sorted(BUCKET_CHOICES, key=lambda b: (b != DEFAULT_BUCKET_MIB, b)):  # (the order ties go by)
+        trial = request_at(mib)
+        cut = tuple((op.op, op.inputs) for op in trial.graph.ops if op.op in ("bucket_pack", "allreduce_mean"))
+        if cut in seen:
+            continue
+        seen.add(cut)
+        try:
+            plan = optimize(trial, scout, None, host_updates)
+        except SwpError as err:  # (below this size's smallest cap: another may fit)
+            refused.append(err)
+            continue
+        scored.append((trial.plan_score(plan), len(scored), trial))
+    if not scored:
+        raise refused[0]
+    return min(scored, key=lambda s: s[:2])[2]
 
 
 def optimize(req: Request, method: str, search: SearchOptions | None = None, host_updates: str | None = None) -> Plan:

@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 
 from swapdsl.common.errors import SwpError
-from swapdsl.common.launcher import launched, launched_size
+from swapdsl.common.launcher import launched, launched_rank, launched_size
 from swapdsl.graph.ir import Graph
 from swapdsl.runtime.streams import WAIT_TIMEOUT_S
 from swapdsl.runtime.watchdog import DEFAULT_TIMEOUT_S, Watchdog
@@ -73,6 +73,21 @@ def failed_at_start(text: str) -> bool:
         return True
     theirs = _start_gather(comm, ("error", text))
     return next(r for r, (kind, t) in enumerate(theirs) if kind == "error" and t == text) == comm.Get_rank()
+
+
+def command_lines(text: str | None) -> tuple[bool, bool]:
+    """Whether every rank's command line parsed: ``text`` is this rank's argparse error (None: it parsed).
+    Under a launcher of several ranks the verdicts are gathered (launched by MPMD, a rank whose line is
+    refused would leave the others waiting in their first collective): (stop, print): every rank stops
+    when any line was refused, and each distinct error is printed by the lowest rank that has it. Without
+    MPI, a rank stops on its own error, which rank 0 prints (every rank has the same line)."""
+    comm = world()
+    if comm is None:
+        return text is not None, text is not None and launched_rank() == 0
+    theirs = comm.allgather(text)
+    if text is None:
+        return any(t is not None for t in theirs), False
+    return True, theirs.index(text) == comm.Get_rank()
 
 
 def starting() -> bool:

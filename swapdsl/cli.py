@@ -18,7 +18,6 @@ from typing import Any, NoReturn, TextIO
 from swapdsl import __version__, api
 from swapdsl.common.atomic import check_writable, write_bytes_atomically, write_text_atomically
 from swapdsl.common.errors import SwpError
-from swapdsl.common.launcher import launched_rank
 from swapdsl.common.units import format_bytes, format_count, parse_share, parse_size
 from swapdsl.devices.profiles import BUILTIN, DEFAULT_DEVICE, detect_device, load_device
 from swapdsl.graph.dataparallel import DEFAULT_BUCKET_MIB, DEFAULT_LINK_GBPS, MAX_BUCKET_MIB, MAX_RANKS, check_bucket
@@ -507,8 +506,25 @@ def _cmd_devices(args: argparse.Namespace) -> int:
 
 
 class _UsageError(SwpError):
-    """A command line argparse refused: under an MPI launcher every rank meets the same one (the same
-    argv), so the launcher's rank 0 prints it, and no rank starts MPI to abort the others."""
+    """A command line argparse refused (``speak``: this rank prints it; ``_agreed``)."""
+
+    speak = True
+
+
+def _agreed(parser: argparse.ArgumentParser, argv: Sequence[str] | None) -> argparse.Namespace:
+    """The parsed command line, once every rank's has parsed: under an MPI launcher a rank whose line is
+    refused stops every rank (``dist.command_lines``), without an abort; each error is printed once."""
+    try:
+        args, refused = parser.parse_args(argv), None
+    except _UsageError as err:
+        args, refused = None, err
+    stop, speak = dist.command_lines(None if refused is None else refused.render())
+    if refused is None and stop:
+        raise dist.Silent("another rank's command line was refused")
+    if refused is not None:
+        refused.speak = speak
+        raise refused
+    return args
 
 
 class _Parser(argparse.ArgumentParser):
@@ -764,7 +780,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     # NaN and infinity are the guard's business (exec --on-nonfinite): no NumPy warning per kernel
     warnings.filterwarnings("ignore", r"(overflow|invalid value|divide by zero) encountered", RuntimeWarning)
     try:
-        args = make_parser().parse_args(argv)
+        args = _agreed(make_parser(), argv)
         if dist.rank() > 0:  # one of several ranks: rank 0 speaks for the run (errors are each rank's own)
             sys.stdout = open(os.devnull, "w", encoding="utf-8")  # noqa: SIM115 (for the process's life)
         code = args.handler(args)
@@ -773,7 +789,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             return 128 + received[0]
         return code
     except _UsageError as err:
-        if launched_rank() == 0:
+        if err.speak:
             print(err.render(), file=sys.stderr)
         return EXIT_USER_ERROR
     except SwpError as err:

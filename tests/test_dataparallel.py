@@ -642,6 +642,23 @@ def test_a_command_line_every_rank_refuses_is_reported_once_without_an_abort(tmp
     assert "Abort" not in done.stderr and "Traceback" not in done.stderr, done.stderr
 
 
+@pytest.mark.parametrize("bad", [0, 1])
+def test_one_rank_whose_command_line_is_refused_stops_every_rank(tmp_path: Path, bad: int) -> None:
+    """Launched by MPMD (a command line per rank), one refused line used to leave the other rank waiting
+    for ever in its first collective."""
+    _model(tmp_path)
+    assert _swapdsl(tmp_path, "optimize", "net.swp", "--memory", "80%", "--method", "belady", "--ranks", "2",
+                    "-o", "dp.plan").returncode == 0
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("PMI_", "PMIX_", "OMPI_"))}
+    lines = [[sys.executable, "-m", "swapdsl", "exec", "dp.plan", "--steps", "1", *(["--bogus"] if r == bad else [])]
+             for r in (0, 1)]
+    done = subprocess.run([_mpiexec(), "-n", "1", *lines[0], ":", "-n", "1", *lines[1]], cwd=tmp_path,
+                          env=env | {"OMP_NUM_THREADS": "1"}, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2, done.stderr
+    assert done.stderr.count("error: unrecognized arguments: --bogus") == 1, done.stderr
+    assert "Abort" not in done.stderr and "Traceback" not in done.stderr, done.stderr
+
+
 def test_ranks_take_one_blas_thread_each_unless_told(tmp_path: Path) -> None:
     launcher = _mpiexec()
     env = {k: v for k, v in os.environ.items()

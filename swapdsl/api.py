@@ -45,7 +45,7 @@ from swapdsl.planning.bound import ideal_ms as bound_ideal_ms
 from swapdsl.planning.compiled import no_swap_bytes
 from swapdsl.planning.ga import SearchOptions, SearchProgress
 from swapdsl.planning.optimize import optimize as plan_with
-from swapdsl.planning.optimize import AUTO_MAX_OPS, best_buckets, optimize_microbatches
+from swapdsl.planning.optimize import AUTO_MAX_OPS, best_buckets, bucket_requests, optimize_microbatches, race_buckets
 from swapdsl.planning.problem import Problem, Request
 from swapdsl.planning.sizing import BelowSmallestCap, least_cap
 from swapdsl.runtime import checkpoint, reference, training
@@ -191,7 +191,8 @@ def optimize(model: Model | str | Path, memory: int | str, method: str = "ga", d
     passes the step runs its batch as (default: the model's), or ``auto``: the count among the batch's
     divisors whose plan is fastest (``planning.optimize.optimize_microbatches``). ``bucket_mib``: the
     data-parallel gradients' bucket size (default: the model's), or ``auto``: the size among
-    ``planning.optimize.BUCKET_CHOICES`` whose plan is fastest (``best_buckets``)."""
+    ``planning.optimize.BUCKET_CHOICES`` whose plan is fastest (``ga`` races a search per size,
+    ``race_buckets``; with ``microbatches="auto"`` too, or another method, ``best_buckets``)."""
     m = model if isinstance(model, Model) else load(model)
     share = parse_share(memory) if isinstance(memory, str) else None
     if share is not None:
@@ -224,7 +225,11 @@ def optimize(model: Model | str | Path, memory: int | str, method: str = "ga", d
     else:
         k = m.microbatches if microbatches is None else microbatches
         try:
-            plan = plan_with(chosen_at(k), method, options, host_updates)  # type: ignore[arg-type]
+            if bucket_mib == "auto" and m.ranks > 1 and method == "ga":  # (a search per size)
+                sizes = bucket_requests(lambda mib: request_at(k, mib))  # type: ignore[arg-type]
+                plan = race_buckets(sizes, options, host_updates)
+            else:
+                plan = plan_with(chosen_at(k), method, options, host_updates)  # type: ignore[arg-type]
         except BelowSmallestCap as err:
             raise _with_microbatch_hint(err, m, k, cap, request_at) from None  # type: ignore[arg-type]
     validate(plan)

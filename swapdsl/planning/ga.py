@@ -454,7 +454,7 @@ def genetic_search(req: Request, opts: SearchOptions, on_generation: Callable[[i
 class Search:
     """One genetic search, run in slices: created, it sets up and scores its seeds (generation 0); ``run``
     breeds generations until a time or a generation count; ``finish`` ends it with the best plan.
-    ``--microbatches auto`` races several (``optimize.climb_microbatches``)."""
+    ``--microbatches auto`` and ``--bucket-mib auto`` race several (``optimize._climb``)."""
 
     def __init__(self, req: Request, opts: SearchOptions, on_generation: Callable[[int, float], None] | None = None,
                  started: float | None = None) -> None:

@@ -3,6 +3,7 @@ simulated time, and `mpiexec -n 2` runs held to one process on the doubled batch
 
 from __future__ import annotations
 
+import io
 import os
 import re
 import signal
@@ -18,7 +19,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from swapdsl import api
+from swapdsl import api, cli
 from swapdsl.common.errors import SwpError
 from swapdsl.devices.costs import op_seconds
 from swapdsl.devices.profiles import BUILTIN
@@ -32,7 +33,7 @@ from swapdsl.plan.simulate import simulate
 from swapdsl.plan.validate import validate
 from swapdsl.planning import bound
 from swapdsl.graph.dataparallel import DEFAULT_BUCKET_MIB
-from swapdsl.planning.ga import SearchOptions
+from swapdsl.planning.ga import SearchOptions, SearchProgress
 from swapdsl.planning.optimize import BUCKET_CHOICES, race_buckets
 from swapdsl.planning.policy import METHODS
 from swapdsl.planning.problem import Problem, Request
@@ -366,9 +367,15 @@ def test_ga_races_a_search_per_bucket_size() -> None:
     for order in (requests, requests[::-1]):
         assert race_buckets(order, options).cap == no_swap
     m = api.load(MODELS / "tiny_transformer.swp", ranks=8, link_gbps=100.0)
-    plan = api.optimize(m, "1/2", "ga", bucket_mib="auto", budget_s=600.0, generations=3, workers=1)
+    reports: list[SearchProgress] = []
+    plan = api.optimize(m, "1/2", "ga", bucket_mib="auto", budget_s=600.0, generations=3, workers=1,
+                        progress=reports.append)
     validate(plan)
     assert plan.bucket_mib in BUCKET_CHOICES
+    assert len({r.bucket_mib for r in reports}) >= 2 and reports[-1].bucket_mib == plan.bucket_mib
+    out = io.StringIO()
+    cli._search_progress(out)(SearchProgress(2, 0.5, 300, 3.0, 6.0, bucket_mib=5.0))
+    assert "ga:   3.0 s of 6 s, buckets of 5 MiB, generation 2, best fraction 0.5000" in out.getvalue()
 
 
 def test_bucket_auto_is_for_optimize_and_says_what_it_chose(cli, in_tmp: Path) -> None:

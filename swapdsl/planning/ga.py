@@ -63,6 +63,7 @@ import numpy as np
 
 from swapdsl.common.children import die_with
 from swapdsl.common.errors import SwpError
+from swapdsl.graph.ir import Graph
 from swapdsl.plan.program import Plan
 from swapdsl.planning.baselines import (Setup, baseline_setup, build_plan, capuchin_setup, host_budget_error,
                                         plan_checkpoint, with_figures)
@@ -102,6 +103,7 @@ class SearchProgress:
     interrupted: bool = False  # Ctrl-C or SIGTERM: the search stops and keeps its best plan
     microbatches: int = 1  # the passes a step of the graph searched runs (``--microbatches auto`` tries several)
     polishing: float = 0.0  # the seconds the exact polish may take, from now (0: the search is breeding)
+    bucket_mib: float | None = None  # its data-parallel bucket size (``--bucket-mib auto`` tries several); None: one rank
 
 
 POLICY = Policy("belady", "earliest")  # the genome picks ``outputs``, ``early`` and ``horizon``
@@ -436,11 +438,12 @@ def _tournament(pop: list[Genome], fit: list[float], rng: np.random.Generator, k
 
 
 def _report(opts: SearchOptions, gen: int, best: float, ideal: float, evaluations: int, started: float,
-            interrupted: bool = False, microbatches: int = 1, polishing: float = 0.0) -> None:
+            interrupted: bool = False, g: Graph | None = None, polishing: float = 0.0) -> None:
     if opts.progress is not None:
         opts.progress(SearchProgress(gen, ideal / best if best < math.inf else 0.0, evaluations,
-                                     time.perf_counter() - started, opts.budget_s, interrupted, microbatches,
-                                     polishing))
+                                     time.perf_counter() - started, opts.budget_s, interrupted,
+                                     1 if g is None else g.microbatches, polishing,
+                                     g.bucket_mib if g is not None and g.ranks > 1 else None))
 
 
 def genetic_search(req: Request, opts: SearchOptions, on_generation: Callable[[int, float], None] | None = None
@@ -530,7 +533,7 @@ class Search:
 
     def _reported(self) -> None:
         _report(self.opts, self.generations, self.best, self.ideal, len(self.scorer.cache), self.started,
-                microbatches=self.req.graph.microbatches)
+                g=self.req.graph)
         if self.on_generation is not None:
             self.on_generation(self.generations, self.best)
 
@@ -547,7 +550,7 @@ class Search:
         if not self.interrupted:
             self.interrupted = True
             _report(self.opts, self.generations, self.best, self.ideal, len(self.scorer.cache), self.started,
-                    True, self.req.graph.microbatches)
+                    True, self.req.graph)
 
     def close(self) -> None:
         """Stop the workers (a search that lost a race ends so, without a plan)."""
@@ -571,7 +574,7 @@ class Search:
         limit = polish_limit(self.polish_share, time.perf_counter() - self.started, self.opts.budget_s)
         if limit is not None and not self.interrupted:
             _report(self.opts, self.generations, self.best, self.ideal, len(self.scorer.cache), self.started,
-                    microbatches=self.req.graph.microbatches, polishing=limit)
+                    g=self.req.graph, polishing=limit)
             try:
                 ranked = sorted(range(len(self.pop)), key=lambda k: (self.fit[k], k))
                 bred = (self.d.plan(self.pop[k]) for k in ranked if self.fit[k] < math.inf)

@@ -186,8 +186,8 @@ def climb_microbatches(request_at: Callable[[int], Request], counts: list[int], 
 def race_buckets(requests: Iterable[Request], search: SearchOptions, host_updates: str | None = None) -> Plan:
     """``ga`` under ``--bucket-mib auto``: a search per bucket size (``bucket_requests``), each run for
     ``PROBE`` of the budget once set up, the best then running for the rest, as ``climb_microbatches``
-    runs them; sizes are not ordered as counts are, so only the ``CLIMB`` share and the ideal step stop
-    the race early. (``belady``'s ranking of the sizes misled ``ga``: GPT-2 XL on 8 ranks, 16 GiB, 10 s,
+    runs them; sizes are not ordered as counts are, so the ``CLIMB`` share alone stops the race early
+    (a size whose ideal step is no faster than the best plan so far is passed over). (``belady``'s ranking of the sizes misled ``ga``: GPT-2 XL on 8 ranks, 16 GiB, 10 s,
     1 MiB by ``belady`` gave 1142 ms, ``ga``'s plan in 25 MiB buckets 1075 ms.)"""
     return _climb(requests, search, host_updates, scout=False)
 
@@ -203,9 +203,12 @@ def _climb(requests: Iterable[Request], search: SearchOptions, host_updates: str
         for req in requests:
             try:
                 req = with_host_updates(req, "ga", host_updates) if host_updates and req.tensor_cap > 0 else req
-                if leader is not None and (time.perf_counter() - started > CLIMB * (leader.breeding_ends - started)
-                                           or ideal_ms(Problem.of(req)) >= leader.best):
+                if leader is not None and time.perf_counter() - started > CLIMB * (leader.breeding_ends - started):
                     break
+                if leader is not None and ideal_ms(Problem.of(req)) >= leader.best:
+                    if scout:  # (a larger count's ideal step is no faster)
+                        break
+                    continue
                 scouted = optimize(req, "belady") if scout else None
                 challenger = _probe(req, search, started)
             except SwpError as err:  # below this request's smallest cap: the next may fit

@@ -43,9 +43,11 @@ def score(req: Request, plan: object) -> float:
     return req.score(f["iteration_ms"], int(f["host_bytes"]))
 
 
-def test_the_polish_reworks_the_search_plan_in_its_own_order() -> None:
+def test_the_polish_reworks_the_search_plan_in_its_own_order(monkeypatch: pytest.MonkeyPatch) -> None:
     """On the convolution-shaped graph 3 at 1/12, the search's decoder bounces two activations (out and
-    back in before the op that reads them); the exact plan in the same order does not."""
+    back in before the op that reads them); the exact plan in the same order does not. (Its order alone
+    is polished, with the whole share: a fifth of it, under a loaded suite, missed the better plan.)"""
+    monkeypatch.setattr(polish_module, "POLISH_ORDERS", 1)
     req = request(SHAPES["conv"](3), 12)
     searched = genetic_search(req, attrs.evolve(SHORT, polish=0.0)).plan
     polished = genetic_search(req, SHORT).plan
@@ -55,8 +57,7 @@ def test_the_polish_reworks_the_search_plan_in_its_own_order() -> None:
     assert f["iteration_ms"] < 0.9 * f["polished_from_ms"]
     assert f["polish_optimal"] in (0.0, 1.0)  # (each order's share may end before HiGHS proves it ...)
     assert exact_plan(Problem.of(req), req.cap, first_runs(searched), 10.0).optimal  # (... in about a second)
-    if f["polish_order"] == 0:
-        assert first_runs(polished) == first_runs(searched)
+    assert f["polish_order"] == 0 and first_runs(polished) == first_runs(searched)
     assert polished.method == "ga"
     validate(polished, req.graph)
     assert run_against_reference(polished, req.graph, steps=2) <= 1e-5

@@ -100,7 +100,7 @@ def main() -> None:
                         cells.append(f"{r['step_ms']:.1f} | {one / r['step_ms']:.3f} | {hid:.2f} | {r['h2d_gb']:.1f}")
                     cells += ["- | - | - | -"] * (2 - len(cells))
                     reduce_ms = pair[0].get("allreduce_ms", float("nan"))
-                    print(f"| {name} | {format_bytes(cap)} | {ranks} | {link:g} | {pair[0].get('bucket_mib', 0):g} | "
+                    print(f"| {name} | {format_bytes(cap)} | {ranks} | {link:g} | {pair[0].get('bucket_mib', 0)} | "
                           f"{pair[0].get('allreduces', 0)} | "
                           f"{reduce_ms:.1f} | "
                           f"{cells[0]} | {cells[1]} |", flush=True)

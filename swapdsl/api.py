@@ -207,17 +207,25 @@ def optimize(model: Model | str | Path, memory: int | str, method: str = "ga", d
         raise SwpError(f"unknown search option among {', '.join(knobs)}",
                        hints=[f"options: {', '.join(f.name for f in attrs.fields(SearchOptions))}"]) from None
     if bucket_mib not in (None, "auto"):
-        m = attrs.evolve(m, bucket_mib=check_bucket(bucket_mib)) if m.ranks > 1 else m
+        size = check_bucket(bucket_mib)
+        m = attrs.evolve(m, bucket_mib=size) if m.ranks > 1 else m
+    sizes = bucket_mib == "auto" and m.ranks > 1 and method != "exact"  # (exact plans one rank: it refuses)
 
     def request_at(k: int, mib: float | None = None) -> Request:
         mk = m if k == m.microbatches else _again(m, k)
         mk = mk if mib is None else attrs.evolve(mk, bucket_mib=mib)
         return Request(mk.training, dev, cap, m.path, m.graph.args, host)
 
-    def chosen_at(k: int) -> Request:  # (with the bucket size ``auto`` chooses, for this count)
-        if bucket_mib == "auto" and m.ranks > 1:
-            return best_buckets(lambda mib: request_at(k, mib), method, host_updates)
-        return request_at(k)
+    def chosen_at(k: int, climbing: bool = True) -> Request:  # (with the size ``auto`` chooses, for this count)
+        base = request_at(k)
+        if not sizes or (k > 1 and len(base.graph.ops) > AUTO_MAX_OPS):  # (a count the climb does not try)
+            return base
+        try:
+            return best_buckets(lambda mib: base if mib == m.bucket_mib else request_at(k, mib), method, host_updates)
+        except SwpError:  # no size fits this count: the climb's planning refuses it, as any count that does not fit
+            if not climbing:
+                raise
+            return base
 
     if microbatches == "auto":
         counts = divisors(int(check_microbatches(m.args.get("batch"), 1)))
@@ -225,16 +233,19 @@ def optimize(model: Model | str | Path, memory: int | str, method: str = "ga", d
     else:
         k = m.microbatches if microbatches is None else microbatches
         try:
-            if bucket_mib == "auto" and m.ranks > 1 and method == "ga":  # (a search per size)
+            if sizes and method == "ga":  # (a search per size)
                 sizes = bucket_requests(lambda mib: request_at(k, mib))  # type: ignore[arg-type]
                 plan = race_buckets(sizes, options, host_updates)
             else:
-                plan = plan_with(chosen_at(k), method, options, host_updates)  # type: ignore[arg-type]
+                plan = plan_with(chosen_at(k, climbing=False), method, options, host_updates)  # type: ignore[arg-type]
         except BelowSmallestCap as err:
-            raise _with_microbatch_hint(err, m, k, cap, request_at) from None  # type: ignore[arg-type]
+            size = getattr(err, "bucket_mib", None)  # (auto's size that needs the least: the counts tried at it)
+            at = request_at if size is None else (lambda j: request_at(j, size))
+            raise _with_microbatch_hint(err, m, k, cap, at) from None  # type: ignore[arg-type]
     validate(plan)
     if plan.microbatches > 1:  # what its speed is a fraction of (``simulate`` reads it back from the file)
-        plan = attrs.evolve(plan, figures=(*plan.figures, (ONE_PASS_IDEAL, one_pass_ideal_ms(m, dev))))
+        planned = attrs.evolve(m, bucket_mib=plan.bucket_mib) if m.ranks > 1 else m  # (the size auto chose)
+        plan = attrs.evolve(plan, figures=(*plan.figures, (ONE_PASS_IDEAL, one_pass_ideal_ms(planned, dev))))
     return plan
 
 

@@ -574,8 +574,9 @@ def _bucket(auto: bool) -> Callable[[str], float | str]:
         try:
             return check_bucket(float(text))
         except (ValueError, SwpError):
+            only = " (auto is for `optimize` alone)" if text == "auto" else ""
             raise argparse.ArgumentTypeError(f"expected a size in MiB from 0 to {MAX_BUCKET_MIB}"
-                                             + (" or auto" if auto else "") + f", got `{text}`") from None
+                                             + (" or auto" if auto else "") + f", got `{text}`{only}") from None
     return parse
 
 

@@ -92,12 +92,22 @@ def best_buckets(request_at: Callable[[float], Request], method: str, host_updat
         try:
             plan = optimize(req, scout, None, host_updates)
         except SwpError as err:  # (below this size's smallest cap: another may fit)
-            refused.append(err)
+            refused.append((err, req))
             continue
         scored.append((req.plan_score(plan), len(scored), req))
     if not scored:
-        raise refused[0]
+        raise least_refused(refused)
     return min(scored, key=lambda s: s[:2])[2]
+
+
+def least_refused(refused: list[tuple[SwpError, Request]]) -> SwpError:
+    """Of the refusals of ``--bucket-mib auto``'s sizes, the one whose smallest feasible cap is least (the
+    first where none says), naming its size."""
+    err, req = min(refused, key=lambda r: getattr(r[0], "least", math.inf))
+    err.notes = [*err.notes, f"with the gradients in buckets of {req.graph.bucket_mib:g} MiB, the size of "
+                             f"--bucket-mib auto that needs the least"]
+    err.bucket_mib = req.graph.bucket_mib  # type: ignore[attr-defined]  (what the micro-batch hint tries)
+    return err
 
 
 def optimize(req: Request, method: str, search: SearchOptions | None = None, host_updates: str | None = None) -> Plan:
@@ -197,7 +207,7 @@ def _climb(requests: Iterable[Request], search: SearchOptions, host_updates: str
     ``race_buckets``: a probe search per request, the best so far kept, the winner run to the end."""
     started = time.perf_counter()
     leader: Search | None = None
-    refused: list[SwpError] = []
+    refused: list[tuple[SwpError, Request]] = []
     misses = 0  # requests in a row that did no better than the leader
     try:
         for req in requests:
@@ -212,7 +222,7 @@ def _climb(requests: Iterable[Request], search: SearchOptions, host_updates: str
                 scouted = optimize(req, "belady") if scout else None
                 challenger = _probe(req, search, started)
             except SwpError as err:  # below this request's smallest cap: the next may fit
-                refused.append(err)
+                refused.append((err, req))
                 continue
             # (by the population's best: a baseline that beats it at ``finish`` is among its seeds)
             if leader is None or challenger.best < leader.best:
@@ -235,7 +245,7 @@ def _climb(requests: Iterable[Request], search: SearchOptions, host_updates: str
             leader.close()
         raise
     if leader is None:
-        raise refused[-1]
+        raise refused[-1][0] if scout else least_refused(refused)
     with leader.closing():
         leader.run(leader.breeding_ends, search.generations)
     return leader.finish().plan

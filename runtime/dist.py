@@ -76,7 +76,8 @@ def failed_at_start(text: str) -> bool:
 
 
 def command_lines(text: str | None) -> tuple[bool, bool]:
-    """Whether every rank's command line parsed: ``text`` is this rank's argparse error (None: it parsed).
+    """Whether every rank's command line parsed: ``text`` is this rank's argparse error (None: it parsed;
+    "": it printed the help or the version, and exits).
     Under a launcher of several ranks the verdicts are gathered (launched by MPMD, a rank whose line is
     refused would leave the others waiting in their first collective): (stop, print): every rank stops
     when any line was refused, and each distinct error is printed by the lowest rank that has it. Without

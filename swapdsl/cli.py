@@ -515,11 +515,15 @@ class _UsageError(SwpError):
 
 def _agreed(parser: argparse.ArgumentParser, argv: Sequence[str] | None) -> argparse.Namespace:
     """The parsed command line, once every rank's has parsed: under an MPI launcher a rank whose line is
-    refused stops every rank (``dist.command_lines``), without an abort; each error is printed once."""
+    refused stops every rank (``dist.command_lines``), without an abort; each error is printed once. So
+    does one that printed ``--help`` or ``--version`` (it exits 0; the others, 2)."""
     try:
         args, refused = parser.parse_args(argv), None
     except _UsageError as err:
         args, refused = None, err
+    except SystemExit:  # (argparse printed the help or the version)
+        dist.command_lines("")
+        raise
     stop, speak = dist.command_lines(None if refused is None else refused.render())
     if refused is None and stop:
         raise dist.Silent("another rank's command line was refused")

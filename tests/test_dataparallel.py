@@ -708,6 +708,20 @@ def test_one_rank_whose_command_line_is_refused_stops_every_rank(tmp_path: Path,
     assert "Abort" not in done.stderr and "Traceback" not in done.stderr, done.stderr
 
 
+def test_one_rank_that_prints_its_help_stops_every_rank(tmp_path: Path) -> None:
+    """``--help`` on one rank of an MPMD launch: it prints the usage and exits 0; the other rank, which
+    waited for ever before, exits 2 without a word."""
+    _model(tmp_path)
+    assert _swapdsl(tmp_path, "optimize", "net.swp", "--memory", "80%", "--method", "belady", "--ranks", "2",
+                    "-o", "dp.plan").returncode == 0
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("PMI_", "PMIX_", "OMPI_"))}
+    done = subprocess.run([_mpiexec(), "-n", "1", sys.executable, "-m", "swapdsl", "exec", "dp.plan", ":", "-n", "1",
+                           sys.executable, "-m", "swapdsl", "--help"], cwd=tmp_path, env=env | {"OMP_NUM_THREADS": "1"},
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2 and done.stdout.startswith("usage: swapdsl"), done.stderr
+    assert "Traceback" not in done.stderr and "Abort" not in done.stderr, done.stderr
+
+
 def test_ranks_take_one_blas_thread_each_unless_told(tmp_path: Path) -> None:
     launcher = _mpiexec()
     env = {k: v for k, v in os.environ.items()

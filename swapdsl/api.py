@@ -209,7 +209,7 @@ def optimize(model: Model | str | Path, memory: int | str, method: str = "ga", d
     if bucket_mib not in (None, "auto"):
         size = check_bucket(bucket_mib)
         m = attrs.evolve(m, bucket_mib=size) if m.ranks > 1 else m
-    sizes = bucket_mib == "auto" and m.ranks > 1 and method != "exact"  # (exact plans one rank: it refuses)
+    auto_size = bucket_mib == "auto" and m.ranks > 1 and method != "exact"  # (exact plans one rank: it refuses)
 
     def request_at(k: int, mib: float | None = None) -> Request:
         mk = m if k == m.microbatches else _again(m, k)
@@ -218,7 +218,7 @@ def optimize(model: Model | str | Path, memory: int | str, method: str = "ga", d
 
     def chosen_at(k: int, climbing: bool = True) -> Request:  # (with the size ``auto`` chooses, for this count)
         base = request_at(k)
-        if not sizes or (k > 1 and len(base.graph.ops) > AUTO_MAX_OPS):  # (a count the climb does not try)
+        if not auto_size or (k > 1 and len(base.graph.ops) > AUTO_MAX_OPS):  # (a count the climb does not try)
             return base
         try:
             return best_buckets(lambda mib: base if mib == m.bucket_mib else request_at(k, mib), method, host_updates)
@@ -233,9 +233,9 @@ def optimize(model: Model | str | Path, memory: int | str, method: str = "ga", d
     else:
         k = m.microbatches if microbatches is None else microbatches
         try:
-            if sizes and method == "ga":  # (a search per size)
-                sizes = bucket_requests(lambda mib: request_at(k, mib))  # type: ignore[arg-type]
-                plan = race_buckets(sizes, options, host_updates)
+            if auto_size and method == "ga":  # (a search per size)
+                plan = race_buckets(bucket_requests(lambda mib: request_at(k, mib)),  # type: ignore[arg-type]
+                                    options, host_updates)
             else:
                 plan = plan_with(chosen_at(k, climbing=False), method, options, host_updates)  # type: ignore[arg-type]
         except BelowSmallestCap as err:

@@ -332,7 +332,8 @@ def _cmd_optimize(args: argparse.Namespace) -> int:
                            progress=None if args.json else _search_progress(sys.stderr), polish=args.polish)
     started = time.perf_counter()
     plan = api.optimize(model, cap, args.method, device, search, host_memory=host, host_updates=args.host_updates,
-                        microbatches=args.microbatches, bucket_mib=args.bucket_mib if args.bucket_mib == "auto" else None)
+                        microbatches=args.microbatches,
+                        bucket_mib="auto" if args.bucket_mib == "auto" else None)  # (a number: the model has it)
     if search.progress is not None and sys.stderr.isatty():
         sys.stderr.write("\n")
     seconds = time.perf_counter() - started

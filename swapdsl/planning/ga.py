@@ -103,7 +103,7 @@ class SearchProgress:
     interrupted: bool = False  # Ctrl-C or SIGTERM: the search stops and keeps its best plan
     microbatches: int = 1  # the passes a step of the graph searched runs (``--microbatches auto`` tries several)
     polishing: float = 0.0  # the seconds the exact polish may take, from now (0: the search is breeding)
-    bucket_mib: float | None = None  # its data-parallel bucket size (``--bucket-mib auto`` tries several); None: one rank
+    bucket_mib: float | None = None  # its ranks' bucket size (``--bucket-mib auto`` tries several); None: one rank
 
 
 POLICY = Policy("belady", "earliest")  # the genome picks ``outputs``, ``early`` and ``horizon``

@@ -197,8 +197,9 @@ def race_buckets(requests: Iterable[Request], search: SearchOptions, host_update
     """``ga`` under ``--bucket-mib auto``: a search per bucket size (``bucket_requests``), each run for
     ``PROBE`` of the budget once set up, the best then running for the rest, as ``climb_microbatches``
     runs them; sizes are not ordered as counts are, so the ``CLIMB`` share alone stops the race early
-    (a size whose ideal step is no faster than the best plan so far is passed over). (``belady``'s ranking of the sizes misled ``ga``: GPT-2 XL on 8 ranks, 16 GiB, 10 s,
-    1 MiB by ``belady`` gave 1142 ms, ``ga``'s plan in 25 MiB buckets 1075 ms.)"""
+    (a size whose ideal step is no faster than the best plan so far is passed over). (``belady``'s ranking
+    of the sizes misled ``ga``: GPT-2 XL on 8 ranks, 16 GiB, 10 s, 1 MiB by ``belady`` gave 1142 ms,
+    ``ga``'s plan in 25 MiB buckets 1075 ms.)"""
     return _climb(requests, search, host_updates, scout=False)
 
 

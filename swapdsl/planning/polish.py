@@ -1,10 +1,11 @@
-"""The genetic search's last stage on small graphs: the exact planner (``exactplan.py``) given the order of
-the search's best plan, the model's, and those of other bred plans (``polish_orders``). The search's swap planner decides online, op by op: it cannot see that a tensor
-placed now will split the room a later op needs in one piece, nor keep a tensor on the device after copying
-it out so that dropping it later costs nothing. The exact program decides the whole step at once, in bytes,
-and then packs the regions. On random graphs of 12-36 ops it beat ``ga``'s decoder in the same order in 26
-cases of 40 (docs/benchmarks.md); past ``POLISH_MAX_OPS`` ops HiGHS rarely improves on the search in the
-time a search has, so larger graphs keep the search's plan as it is."""
+"""The genetic search's last stage on small graphs: the exact planner (``exactplan.py``) given the order of the
+search's best plan, the model's, and those of other bred plans (``polish_orders``). The search's swap
+planner decides online, op by op: it cannot see that a tensor placed now will split the room a later op
+needs in one piece, nor keep a tensor on the device after copying it out so that dropping it later costs
+nothing. The exact program decides the whole step at once, in bytes, and then packs the regions. On random
+graphs of 12-36 ops it beat ``ga``'s decoder in the same order in 26 cases of 40 (docs/benchmarks.md); past
+``POLISH_MAX_OPS`` ops HiGHS rarely improves on the search in the time a search has, so larger graphs keep
+the search's plan as it is."""
 
 from __future__ import annotations
 

@@ -3,7 +3,7 @@ efficiency over 1, 2, 4 and 8 ranks at several network speeds, per model and cap
 
 Usage: python bench/dataparallel.py [--models gpt2_xl llama2_7b] [--memory 16GiB 24GiB] [--ranks 1 2 4 8]
                                     [--links 25 100 400] [--bucket-mib 25|auto] [--no-after] [--device h100-80gb]
-                                    [--method belady] [--json FILE]
+                                    [--method belady] [--host-updates none|all] [--json FILE]
 
 Each rank runs the model's batch (weak scaling: the global batch grows with the ranks), in bf16 with
 Adam. The efficiency is the one-rank step over the N-rank step (examples per second per GPU, against
@@ -12,8 +12,10 @@ share of their time that does not lengthen the step: 1 - (N-rank step - one-rank
 order the data-parallel pass gives (each update after the next all-reduce is issued) and, for
 comparison, with every all-reduce after the backward pass and every update after them (DDP without
 overlap; ``--no-after`` leaves it out). Gradients are averaged in buckets of ``--bucket-mib`` MiB (0: one
-all-reduce each; auto: the size ``optimize --bucket-mib auto`` would choose, per row). The JSON also
-holds each plan's bound (``bound_ms``).
+all-reduce each; auto: the size ``optimize --bucket-mib auto`` would choose, per row). With
+``--host-updates all`` every update runs on the host (ZeRO-Offload's split) and the comparison is another:
+each gradient all-reduced on the device (network lane) against its host copy all-reduced over MPI on the
+host lane (``offload.host_split``'s ``reduce``). The JSON also holds each plan's bound (``bound_ms``).
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ from swapdsl.common.paths import STDLIB_DIR
 from swapdsl.common.units import format_bytes, parse_size
 from swapdsl.graph.checker import check_graph
 from swapdsl.graph.dataparallel import DEFAULT_BUCKET_MIB, data_parallel
+from swapdsl.graph.offload import offloadable
 from swapdsl.plan.simulate import simulate
 from swapdsl.planning.optimize import best_buckets, optimize
 from swapdsl.planning.problem import Request
@@ -38,7 +41,8 @@ MODELS = {  # name: (stdlib model, arguments)
 }
 
 
-def row(name: str, cap: int, ranks: int, link: float, overlap: bool, args: argparse.Namespace) -> dict:
+def row(name: str, cap: int, ranks: int, link: float, overlap: bool, args: argparse.Namespace,
+        host_reduce: bool = False) -> dict:
     model_name, defines = MODELS[name]
     m = api.load(STDLIB_DIR / "models" / f"{model_name}.swp", precision="bf16", **defines)
     device = api.load_device(args.device)
@@ -46,9 +50,11 @@ def row(name: str, cap: int, ranks: int, link: float, overlap: bool, args: argpa
     def request(mib: float) -> Request:
         t = data_parallel(m.training, ranks, link, overlap, mib)
         check_graph(t)
-        return Request(t, device, cap, m.path, m.graph.args)
+        host = offloadable(t) if args.host_updates == "all" else ()
+        return Request(t, device, cap, m.path, m.graph.args, host_updates=host, host_reduce=host_reduce)
 
-    key = {"model": name, "cap": cap, "ranks": ranks, "link_gbps": link, "overlap": overlap}
+    key = {"model": name, "cap": cap, "ranks": ranks, "link_gbps": link, "overlap": overlap,
+           "host_updates": args.host_updates, "host_reduce": host_reduce}
     try:
         req = best_buckets(request, args.method) if args.bucket_mib == "auto" else request(args.bucket_mib)
         plan = optimize(req, args.method)
@@ -56,7 +62,7 @@ def row(name: str, cap: int, ranks: int, link: float, overlap: bool, args: argpa
         return key | {"bucket_mib": args.bucket_mib, "error": err.message}
     key["bucket_mib"] = req.graph.bucket_mib
     sim = simulate(plan)
-    reduce_ms = sum(op.ms for op in plan.ops if op.op == "allreduce_mean")
+    reduce_ms = sum(op.ms if op.host_ms is None else op.host_ms for op in plan.ops if op.op == "allreduce_mean")
     return key | {"step_ms": sim.iteration_ms, "bound_ms": dict(plan.figures)["bound_ms"], "ideal_ms": sim.compute_ms,
                   "allreduce_ms": reduce_ms,
                   "allreduces": sum(op.op == "allreduce_mean" for op in plan.ops),
@@ -74,11 +80,14 @@ def main() -> None:
     ap.add_argument("--no-after", action="store_true", help="skip the after-backward plans (DDP without overlap)")
     ap.add_argument("--device", default="h100-80gb")
     ap.add_argument("--method", default="belady")
+    ap.add_argument("--host-updates", choices=["none", "all"], default="none",
+                    help="all: every update on the host, compared with its gradients averaged on the host lane")
     ap.add_argument("--json", metavar="FILE")
     args = ap.parse_args()
     rows = []
+    other = "host-copy all-reduce" if args.host_updates == "all" else "after backward"
     print("| model | cap | ranks | link Gb/s | bucket MiB | all-reduces | all-reduce ms | step ms | efficiency | hidden | "
-          "GB in | after backward: step ms | efficiency | hidden | GB in |")
+          f"GB in | {other}: step ms | efficiency | hidden | GB in |")
     print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
     for name in args.models:
         for memory in args.memory:
@@ -86,9 +95,11 @@ def main() -> None:
             alone = row(name, cap, 1, args.links[0], True, args)
             for ranks in args.ranks:
                 for link in (args.links if ranks > 1 else args.links[:1]):
-                    overlaps = (True,) if args.no_after else (True, False)
-                    pair = [alone] * len(overlaps) if ranks == 1 else [row(name, cap, ranks, link, o, args)
-                                                                       for o in overlaps]
+                    pair = [alone] if ranks == 1 else [row(name, cap, ranks, link, True, args)]
+                    if ranks > 1 and args.host_updates == "all":
+                        pair.append(row(name, cap, ranks, link, True, args, host_reduce=True))
+                    elif ranks > 1 and not args.no_after:
+                        pair.append(row(name, cap, ranks, link, False, args))
                     rows += pair
                     cells = []
                     for r in pair:

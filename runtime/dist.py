@@ -55,6 +55,7 @@ def begin(timeout_s: float) -> None:
                         hints=["use the MPICH that `pip install 'swapdsl[dist]'` installs, or an MPI built "
                                "with thread support"])
     watchdog()
+    host_lane()  # (made here, where every rank comes: making a communicator is a collective)
     _starting[0] = True
 
 
@@ -107,18 +108,31 @@ def watchdog() -> Watchdog | None:
     return None if comm is None else Watchdog(comm, _timeout_s[0])
 
 
+@functools.cache
+def host_lane() -> Watched | None:
+    """The host lane's communicator (all-reduces of host copies), with a watchdog of its own: its
+    collectives interleave with the network lane's differently on each rank, but come in the same order
+    among themselves, so each lane counts its own."""
+    comm = world()
+    if comm is None:
+        return None
+    own = comm.Dup()
+    return Watched(own, Watchdog(own, _timeout_s[0]), "host-copy all-reduce")
+
+
 def at_step(step: int) -> None:
-    """The step the next collectives belong to (for the watchdog's error)."""
-    dog = watchdog()
-    if dog is not None:
-        dog.at_step(step)
+    """The step the next collectives belong to (for the watchdogs' errors)."""
+    host = host_lane()
+    for dog in (watchdog(), host.dog if host is not None else None):
+        if dog is not None:
+            dog.at_step(step)
 
 
 class Watched:
     """The communicator the kernels see (``KernelContext.comm``): mpi4py's, each all-reduce watched."""
 
-    def __init__(self, comm: Any, dog: Watchdog) -> None:
-        self.comm, self.dog = comm, dog
+    def __init__(self, comm: Any, dog: Watchdog, what: str = "gradient all-reduce") -> None:
+        self.comm, self.dog, self.what = comm, dog, what
 
     def Get_size(self) -> int:  # noqa: N802 (mpi4py's names)
         return int(self.comm.Get_size())
@@ -127,14 +141,19 @@ class Watched:
         return int(self.comm.Get_rank())
 
     def Allreduce(self, x: np.ndarray, out: np.ndarray) -> None:  # noqa: N802
-        with self.dog.collective("gradient all-reduce " + str(self.dog.index + 1)):
+        with self.dog.collective(f"{self.what} {self.dog.index + 1}"):
             self.comm.Allreduce(x, out)
 
 
-def comm_for(g: Graph) -> Watched | None:
-    """The communicator a step of ``g`` averages its gradients over (None for one rank)."""
+def comm_for(g: Graph, lane: str = "net") -> Watched | None:
+    """The communicator a step of ``g`` averages its gradients over on ``lane`` (net: the network lane's,
+    also the step's own; host: the host lane's), None for one rank."""
+    if g.ranks == 1:
+        return None
+    if lane == "host":
+        return host_lane()
     comm, dog = world(), watchdog()
-    return Watched(comm, dog) if g.ranks > 1 and comm is not None and dog is not None else None
+    return Watched(comm, dog) if comm is not None and dog is not None else None
 
 
 class EveryRank(SwpError):

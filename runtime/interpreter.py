@@ -177,8 +177,11 @@ class PlanRunner:
 
     def _host_context(self) -> KernelContext:
         """The host lane's context: NumPy, scratch for its largest kernel, a step counter of its own."""
-        need = self._scratch_for(i.op for i in self.plan.program if isinstance(i, HostRun))
-        return KernelContext(np, Scratch(np.zeros(max(need, 1), np.uint8)), np.zeros((), np.int64))
+        runs = [i.op for i in self.plan.program if isinstance(i, HostRun)]
+        need = self._scratch_for(runs)
+        reduces = any(self.g.ops[i].op in NET_OPS for i in runs)  # (an all-reduce of host copies: data-parallel)
+        return KernelContext(np, Scratch(np.zeros(max(need, 1), np.uint8)), np.zeros((), np.int64),
+                             comm=comm_for(self.g, "host") if reduces else None)
 
     def _scratch_for(self, ops: Iterable[int]) -> int:
         """The most scratch one kernel among these ops needs (a lane's own scratch)."""

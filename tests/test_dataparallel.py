@@ -4,6 +4,7 @@ simulated time, and `mpiexec -n 2` runs held to one process on the doubled batch
 from __future__ import annotations
 
 import io
+import json
 import os
 import re
 import signal
@@ -26,16 +27,19 @@ from swapdsl.devices.profiles import BUILTIN
 from swapdsl.graph.ir import Graph
 from swapdsl.graph.checker import check_graph
 from swapdsl.graph.dataparallel import data_parallel
+from swapdsl.graph.offload import host_split, offloadable, reduces_on_host
 from swapdsl.graph.ops.collective import LINK_LATENCY_S
 from swapdsl.plan.figures import ONE_PASS_IDEAL
-from swapdsl.plan.program import Free, Plan, Run, SwapIn, SwapOut
+from swapdsl.plan.file import format_plan, parse_plan
+from swapdsl.plan.program import Free, HostRun, Plan, Run, SwapIn, SwapOut
 from swapdsl.plan.replay import walk
 from swapdsl.plan.simulate import simulate
 from swapdsl.plan.validate import validate
 from swapdsl.planning import bound
 from swapdsl.graph.dataparallel import DEFAULT_BUCKET_MIB
 from swapdsl.planning.ga import SearchOptions, SearchProgress
-from swapdsl.planning.optimize import BUCKET_CHOICES, PLANNERS, race_buckets
+from swapdsl.planning.compiled import Evaluator
+from swapdsl.planning.optimize import BUCKET_CHOICES, PLANNERS, host_requests, optimize, race_buckets, with_host_updates
 from swapdsl.planning.policy import METHODS
 from swapdsl.planning.problem import Problem, Request
 from conftest import MODELS
@@ -126,6 +130,28 @@ def test_no_data_parallel_plan_beats_its_bound(t: Graph, where: float, gbps: flo
     assert f["iteration_ms"] >= f["bound_ms"] * (1 - 1e-9)
     assert f["iteration_ms"] >= bound.recompute_bound_ms(Problem.build(t, V100), plan.tensor_cap) * (1 - 1e-9)
 
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(training_graphs(), st.floats(0.0, 1.0), st.sampled_from([0.01, 1.0, 100.0]), st.sampled_from([0.0, 0.001]),
+       st.sampled_from(["ga", "belady", "capuchin"]), st.booleans())
+def test_no_plan_updating_on_the_host_beats_its_bound(t: Graph, where: float, gbps: float, mib: float, method: str,
+                                                      reduce: bool) -> None:
+    """The same with every update that can on the host, their all-reduces on the device or the host lane."""
+    t = data_parallel(t, 2, gbps, bucket_mib=mib)
+    assume(offloadable(t))
+    need, no_swap = caps(t)
+    req = Request(t, V100, int(need + where * (no_swap - need)), "random.swp", (), host_updates=offloadable(t),
+                  host_reduce=reduce)
+    try:
+        plan = optimize(req, method, SearchOptions(generations=2, population=6, workers=1))
+    except SwpError:  # (a host split may need more than the device-only schedule's smallest cap)
+        assume(False)
+        raise
+    validate(plan)
+    f = dict(plan.figures)
+    assert f["iteration_ms"] >= f["bound_ms"] * (1 - 1e-9)
+    assert f["iteration_ms"] >= bound.recompute_bound_ms(Problem.of(req), plan.tensor_cap) * (1 - 1e-9)
 
 @pytest.mark.parametrize("mib", [25.0, 0.002, 0.0008, 0.0003])
 def test_gradients_travel_in_buckets_of_the_size_given(tmp_path: Path, mib: float) -> None:
@@ -273,7 +299,6 @@ def test_the_network_lane_keeps_its_own_scratch(tmp_path: Path) -> None:
     """An all-reduce starts while a compute kernel runs: resetting compute's scratch then made that kernel's
     temporaries overlap (wrong numbers in 2 of 4 runs of a convnet, found by a review); in a loopback world
     the lanes' runs of a swapping convnet plan stay exact, step after step."""
-    import json
 
     from swapdsl.fuzz import run_cli
     from swapdsl.fuzz.loopback import loopback_world
@@ -477,7 +502,6 @@ def test_two_ranks_train_as_one_process_on_the_doubled_batch(tmp_path: Path, met
     for name in b:
         if b[name].dtype.kind == "f":
             np.testing.assert_allclose(a[name], b[name], rtol=1e-12, atol=1e-15)
-    import json
 
     ran, alone = json.loads(two.stdout), json.loads(one.stdout)  # rank 0 alone printed
     np.testing.assert_allclose(ran["loss"], alone["loss"], rtol=1e-12)
@@ -844,3 +868,125 @@ def test_a_lane_waits_behind_a_slow_rank_without_calling_the_plan_deadlocked(tmp
     done = subprocess.run([launcher, "-n", "2", sys.executable, "slow.py", "exec", "dp.plan", "--steps", "3",
                            "--backend", "numpy"], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
     assert done.returncode == 0 and "deadlocked" not in done.stderr, done.stderr
+
+
+def _host_reduced(t: Graph, reduce: bool = True):
+    return host_split(t, offloadable(t), reduce=reduce)
+
+
+@pytest.mark.parametrize("mib", [0, 25])
+def test_a_host_updated_gradient_may_be_averaged_over_its_host_copy(mib: float) -> None:
+    """``reduce`` moves each all-reduce only host updates read to the host lane, with the gradient's cast
+    to f32 before it (the half gradient goes down) and a bucket's pack and unpacks; the network lane keeps
+    the rest (the accuracy report's)."""
+    t = api.load(MODELS / "mlp.swp", {"depth": 2, "batch": 8, "features": 32, "hidden": 16}, precision="bf16",
+                 ranks=2, bucket_mib=mib).training
+    device_reduce, host_reduce = _host_reduced(t, reduce=False), _host_reduced(t)
+    moved = host_reduce.ops - device_reduce.ops
+    names = sorted({t.ops[i].op for i in moved})
+    assert names == (["allreduce_mean", "cast"] if mib == 0 else ["allreduce_mean", "bucket_pack", "bucket_unpack",
+                                                                   "cast"])
+    assert all(t.type_of(n).dtype.label == "bf16" for n in host_reduce.read - device_reduce.read)
+    assert {t.type_of(n).dtype.label for n in device_reduce.read} == {"f32"}  # (averaged and cast on the device)
+    with_reduce, without = Problem.build(t, V100, offloadable(t), True), Problem.build(t, V100, offloadable(t))
+    assert without.net - with_reduce.net == {i for i in moved if t.ops[i].op == "allreduce_mean"}
+    assert with_reduce.net  # (the accuracy's mean)
+    if mib:  # a bucket shared with a gradient updated on the device is averaged there, and unpacked there
+        one = offloadable(t)[:1]
+        assert host_split(t, one, reduce=True).ops == host_split(t, one).ops and not reduces_on_host(t, one)
+
+
+def test_a_mean_the_device_reads_stays_on_the_network_lane(tmp_path: Path) -> None:
+    """Clipping reads every averaged gradient on the device (their norm): nothing more moves."""
+    t = api.load(_model(tmp_path, "adam(lr = 0.01, clip = 1.0)"), ranks=2, bucket_mib=0).training
+    assert offloadable(t) and not reduces_on_host(t, offloadable(t))
+    assert _host_reduced(t).ops == _host_reduced(t, reduce=False).ops
+
+
+def test_host_updates_choose_where_the_gradients_are_averaged(tmp_path: Path) -> None:
+    """With ranks, ``all`` and ``auto`` try each choice of updates with its all-reduces on the device and on
+    the host, and keep the faster plan."""
+    m = api.load(_model(tmp_path, ADAM), ranks=2, bucket_mib=0)
+    need, no_swap = caps(m.training)
+    req = Request(m.training, V100, no_swap, m.path, m.graph.args)
+    trials = host_requests(req, "all")
+    assert [(bool(r.host_updates), r.host_reduce) for r in trials] == [(True, False), (True, True)]
+    assert [(bool(r.host_updates), r.host_reduce) for r in host_requests(req, "auto")][-2:] == [(True, False),
+                                                                                                (True, True)]
+    assert host_requests(attrs.evolve(req, graph=api.load(_model(tmp_path, ADAM)).training), "all")[-1].host_reduce \
+        is False
+    times = {r.host_reduce: dict(optimize(r, "belady").figures)["iteration_ms"] for r in trials}
+    chosen = with_host_updates(req, "belady", "all")
+    assert times[chosen.host_reduce] == min(times.values())
+    assert with_host_updates(req, "belady", "none").host_reduce is False
+
+
+@pytest.mark.parametrize("method", ["belady", "capuchin", "ga"])
+def test_plans_averaging_host_copies_are_valid_and_timed_as_the_compiled_scorer(tmp_path: Path, method: str) -> None:
+    m = api.load(MODELS / "mlp.swp", {"depth": 2, "batch": 8, "features": 32, "hidden": 16}, precision="bf16",
+                 ranks=2, link_gbps=1.0, bucket_mib=0)
+    t = m.training
+    need, no_swap = caps(t)
+    req = Request(t, V100, (need + no_swap) // 2, m.path, m.graph.args, host_updates=offloadable(t), host_reduce=True)
+    plan = optimize(req, method, SearchOptions(generations=2, population=8, workers=1))
+    validate(plan, t)
+    on_host = {t.ops[i.op].op for i in plan.program if isinstance(i, HostRun)}
+    assert "allreduce_mean" in on_host
+    back = parse_plan(format_plan(plan))
+    assert format_plan(back) == format_plan(plan)
+    f = dict(plan.figures)
+    assert simulate(back).iteration_ms == pytest.approx(f["iteration_ms"], rel=1e-12)
+    assert f["iteration_ms"] >= f["bound_ms"] * (1 - 1e-9)
+    if method == "belady":  # the compiled scorer's time of the same schedule is the plan's
+        pinned = frozenset(i for i, x in enumerate(plan.tensors) if x.home is not None and x.home != "host"
+                           and x.kind != "input")
+        order = [i.op for i in plan.program if isinstance(i, (Run, HostRun))]
+        timing = Evaluator(Problem.of(req))(order, plan.tensor_cap, pinned, METHODS[method])
+        assert timing.iteration_ms == pytest.approx(f["iteration_ms"], rel=1e-9)
+
+
+@pytest.mark.parametrize("bucket", [0.0, 25.0])
+def test_two_ranks_averaging_host_copies_train_as_one_process(tmp_path: Path, bucket: float) -> None:
+    """A plan whose Adam updates and their gradients' all-reduces run on the host lane (over a communicator
+    of its own, beside the network lane's accuracy mean): 2 ranks end 5 steps where one process on the
+    doubled batch does, to 1e-12."""
+    _mpiexec()
+    m = api.load(_model(tmp_path, ADAM), ranks=2, bucket_mib=bucket)
+    t = m.training
+    need, no_swap = caps(t)
+    req = Request(t, V100, (need + no_swap) // 2, m.path, m.graph.args, host_updates=offloadable(t), host_reduce=True)
+    plan = optimize(req, "belady")
+    assert sum(isinstance(i, HostRun) and t.ops[i.op].op == "allreduce_mean" for i in plan.program) == \
+        (4 if bucket == 0 else 1)
+    (tmp_path / "dp.plan").write_text(format_plan(plan))
+    two = _swapdsl(tmp_path, "exec", "dp.plan", "--steps", "5", "--backend", "numpy", "--check", "--save",
+                   "two.safetensors", "--json", ranks=2)
+    assert two.returncode == 0, two.stderr
+    one = _swapdsl(tmp_path, "exec", "net.swp", "-D", "batch=8", "--steps", "5", "--backend", "numpy",
+                   "--save", "one.safetensors")
+    assert one.returncode == 0, one.stderr
+    a, b = _state(tmp_path / "two.safetensors"), _state(tmp_path / "one.safetensors")
+    assert sorted(a) == sorted(b)
+    for name in b:
+        if b[name].dtype.kind == "f":
+            np.testing.assert_allclose(a[name], b[name], rtol=1e-12, atol=1e-15)
+    assert json.loads(two.stdout)["max_rel_diff"] == 0.0
+
+
+def test_a_cap_only_the_host_copy_all_reduce_fits_is_planned_and_trains_exactly(tmp_path: Path) -> None:
+    """tiny_transformer's gradients fill one 4 MiB bucket, whose pack sets the device's smallest cap
+    (4.16 MiB with every update on the host): averaged over the host copies, 1 MiB fits, the command line
+    chooses it, and 2 ranks run it beside the reference."""
+    _mpiexec()
+    shutil.copy(MODELS / "tiny_transformer.swp", tmp_path / "t.swp")
+    args = ["optimize", "t.swp", "-D", "batch=2", "-D", "seq=8", "--ranks", "2", "--memory", "1MiB",
+            "--method", "belady", "-o", "dp.plan"]
+    refused = _swapdsl(tmp_path, *args, "--host-updates", "none")
+    assert refused.returncode == 2 and "below the smallest feasible cap" in refused.stderr, refused.stderr
+    done = _swapdsl(tmp_path, *args, "--host-updates", "all")
+    assert done.returncode == 0, done.stderr
+    plan, t = api.read_checked(str(tmp_path / "dp.plan"), need_model=True)
+    assert any(isinstance(i, HostRun) and t.ops[i.op].op == "allreduce_mean" for i in plan.program)
+    two = _swapdsl(tmp_path, "exec", "dp.plan", "--steps", "3", "--backend", "numpy", "--check", "--json", ranks=2)
+    assert two.returncode == 0, two.stderr
+    assert json.loads(two.stdout)["max_rel_diff"] <= 1e-5

@@ -13,6 +13,7 @@ import pytest
 from hypothesis import assume, given
 from hypothesis import strategies as st
 
+import swapdsl
 from conftest import MODELS, main, safety
 from strategies import EVERY, training_graphs
 from swapdsl.common.errors import SwpError
@@ -45,6 +46,10 @@ PLANS = [
                                      "--network", "1"], "430KiB", "capuchin"),
     ("mlp-exact", "mlp", ["--budget", "5"], "2.7MiB", "exact"),
 ]
+# (plan name, model, its arguments): 2 ranks, bf16, every update and its gradient's all-reduce on the host
+# lane, which the command line keeps only where it is faster
+HOST_REDUCE = ("transformer-ranks-host", "tiny_transformer", {"batch": 2, "seq": 8})
+NAMES = [name for name, *_ in PLANS] + [HOST_REDUCE[0]]
 CASES = int(os.environ.get("SWAPDSL_PLAN_MUTANTS", "210"))
 
 
@@ -57,6 +62,12 @@ def plans(tmp_path_factory: pytest.TempPathFactory) -> Path:
         code = main(["optimize", str(folder / f"{model}.swp"), "--memory", cap, "--method", method, *args,
                      *search, "-o", str(folder / f"{name}.plan")])
         assert code == 0
+    name, model, args = HOST_REDUCE
+    m = swapdsl.load(folder / f"{model}.swp", precision="bf16", ranks=2, link_gbps=1.0, **args)
+    t = m.training
+    need, no_swap = caps(t)
+    req = Request(t, V100, (need + no_swap) // 2, m.path, m.graph.args, host_updates=offloadable(t), host_reduce=True)
+    (folder / f"{name}.plan").write_text(format_plan(optimize(req, "belady")))
     return folder
 
 
@@ -137,7 +148,7 @@ def test_a_second_cap_line_is_refused(cli, plans: Path) -> None:
 def test_mutants_are_refused_or_exact(plans: Path, kind: str) -> None:
     """Every single-line mutant of belady, capuchin and ga plans of two models: refused with its line named, or
     trains exactly (also on a slow bus). SWAPDSL_PLAN_MUTANTS sets how many (per kind: that / 7)."""
-    texts = {name: (plans / f"{name}.plan").read_text() for name, *_ in PLANS}
+    texts = {name: (plans / f"{name}.plan").read_text() for name in NAMES}
     bad: list[str] = []
 
     def note(name: str, mutant, verdict) -> None:  # noqa: ANN001

@@ -40,9 +40,12 @@ HOST_CALL_S = 5e-6  # the host lane's fixed cost per op (a Python call into NumP
 
 
 def host_op_ms(dev: Device, g: Graph, op: Op) -> float:
-    """An op's time on the host lane: the bytes it reads and writes at the host's bandwidth."""
+    """An op's time on the host lane: the bytes it reads and writes at the host's bandwidth; a collective's,
+    the network's (MPI from host memory)."""
     d = ops.REGISTRY[op.op]
     ins = tuple(g.type_of(n) for n in op.inputs)
+    if op.op in COLLECTIVES:
+        return 1e3 * (HOST_CALL_S + COLLECTIVES[op.op](ins, op.attr_dict))
     out = g.type_of(op.outputs[0])
     moved = d.bytes_read(ins, out, op.attr_dict) + d.bytes_written(ins, out, op.attr_dict)
     return 1e3 * (HOST_CALL_S + moved / dev.host_bw)

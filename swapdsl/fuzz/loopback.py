@@ -54,13 +54,15 @@ def loopback_world(plan_text: str) -> Iterator[None]:
     if not 2 <= size <= 64:
         yield
         return
-    saved = dist.world, dist.watchdog
+    saved = dist.world, dist.watchdog, dist.host_lane
     dist.world = lambda: Loopback(size)  # type: ignore[assignment]
     dist.watchdog = _Unwatched  # type: ignore[assignment]
+    lane = dist.Watched(Loopback(size), _Unwatched(), "host-copy all-reduce")  # type: ignore[arg-type]
+    dist.host_lane = lambda: lane  # type: ignore[assignment]
     try:
         yield
     finally:
-        dist.world, dist.watchdog = saved  # type: ignore[assignment]
+        dist.world, dist.watchdog, dist.host_lane = saved  # type: ignore[assignment]
 
 
 class _Unwatched:

@@ -11,6 +11,12 @@ reads (``momentum`` for ``sgd_apply`` and ``nesterov_apply``; ``adam_m`` and ``a
 ``adam_apply``; ``lion_m``, which updates the momentum ``lion_apply`` read), together with a
 ``cast`` whose output only the group reads (the gradient cast back to f32 under mixed precision) and the
 forward ``cast`` of the parameter itself. Everything else stays on the device.
+
+With data-parallel ranks, ``reduce=True`` moves the all-reduce of such a gradient to the host as well (its
+host copy is averaged over MPI), with what only it reads: the gradient's cast to f32 under mixed precision
+(so the half gradient goes down, half the bytes), and a bucket whose every gradient is updated on the host
+(its pack and unpacks). An all-reduce whose mean a device op reads (the guard's flag, clipping's norm)
+stays on the device.
 """
 
 from __future__ import annotations
@@ -23,6 +29,7 @@ from swapdsl.graph.ir import Graph
 
 UPDATE_OPS = frozenset({"sgd", "momentum", "sgd_apply", "nesterov_apply", "adam_m", "adam_v", "adam_apply",
                         "lion_apply", "lion_m"})
+REDUCTION_OPS = frozenset({"allreduce_mean", "bucket_pack", "bucket_unpack", "cast"})  # what ``reduce`` may move
 
 
 @attrs.frozen
@@ -40,8 +47,9 @@ def offloadable(g: Graph) -> tuple[str, ...]:
     return tuple(p for p in g.params if _update_group(g, p, makers, readers))
 
 
-def host_split(g: Graph, params: Iterable[str]) -> HostSplit:
-    """The split of ``g`` with the updates of ``params`` on the host (each must be ``offloadable``)."""
+def host_split(g: Graph, params: Iterable[str], reduce: bool = False) -> HostSplit:
+    """The split of ``g`` with the updates of ``params`` on the host (each must be ``offloadable``);
+    ``reduce``: their gradients' all-reduces too, where only host ops read the mean."""
     chosen = tuple(p for p in g.params if p in set(params))
     unknown = set(params) - set(g.params)
     if unknown:
@@ -53,6 +61,8 @@ def host_split(g: Graph, params: Iterable[str]) -> HostSplit:
         if not group:
             raise ValueError(f"`{p}` has no optimiser update to move to the host")
         host |= group
+    if reduce:
+        host |= _reduction(g, host, makers, readers)
     made, read = set(), set()
     for i, op in enumerate(g.ops):
         if i in host:
@@ -68,6 +78,34 @@ def touched(g: Graph, split: HostSplit) -> frozenset[str]:
     on_host = {t for i in split.ops for t in (*g.ops[i].inputs, *g.ops[i].outputs)}
     on_device = {t for i, op in enumerate(g.ops) if i not in split.ops for t in (*op.inputs, *op.outputs)}
     return frozenset(on_host - on_device)
+
+
+def reduces_on_host(g: Graph, params: Iterable[str]) -> bool:
+    """Whether ``reduce`` moves any all-reduce of ``params``' gradients to the host."""
+    split = host_split(g, params, reduce=True)
+    return any(g.ops[i].op == "allreduce_mean" for i in split.ops)
+
+
+def _reduction(g: Graph, host: set[int], makers: dict[str, int], readers: dict[str, list[int]]) -> set[int]:
+    """The all-reduces (and the bucket packs, unpacks and gradient casts around them) that only ``host``
+    ops read, grown back from the updates until nothing more moves."""
+    moved: set[int] = set()
+    frontier = set(host)
+    while frontier:
+        inputs = {t for i in frontier for t in g.ops[i].inputs}
+        frontier = set()
+        for t in inputs:
+            m = makers.get(t)
+            if m is None or m in host or m in moved or g.ops[m].op not in REDUCTION_OPS:
+                continue
+            op = g.ops[m]
+            if op.op == "cast" and not any(g.ops[i].op in ("allreduce_mean", "bucket_pack") for i in readers[t]):
+                continue  # (a cast moves only as the gradient's way into a moved all-reduce)
+            if all(set(readers[o]) <= host | moved | {m} for o in op.outputs):
+                moved.add(m)
+                frontier.add(m)
+    # an unpack of a bucket averaged on the device stays there: on the host it would read the whole bucket
+    return {i for i in moved if g.ops[i].op != "bucket_unpack" or makers[g.ops[i].inputs[0]] in moved}
 
 
 def _makers(g: Graph) -> dict[str, int]:

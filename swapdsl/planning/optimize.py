@@ -12,7 +12,7 @@ import attrs
 from swapdsl.common.errors import SwpError
 from swapdsl.graph.dataparallel import DEFAULT_BUCKET_MIB
 from swapdsl.graph.ir import Graph
-from swapdsl.graph.offload import offloadable
+from swapdsl.graph.offload import offloadable, reduces_on_host
 from swapdsl.plan.program import Plan
 from swapdsl.planning.baselines import host_budget_error, plan_baseline, plan_capuchin, plan_checkpoint
 from swapdsl.planning.bound import ideal_ms
@@ -37,9 +37,22 @@ def host_choices(g: Graph) -> list[tuple[str, ...]]:
     return list(dict.fromkeys([(), *(tuple(p for p in g.params if p in set(c)) for c in chosen)]))
 
 
+def host_requests(req: Request, host_updates: str) -> list[Request]:
+    """The requests ``host_updates`` (all, or auto) chooses among: all that can, or each of
+    ``host_choices``; with data-parallel ranks, each both with its gradients all-reduced on the device
+    and, where that moves any, over their host copies (``offload.host_split``'s ``reduce``)."""
+    g = req.graph
+    out = []
+    for choice in [offloadable(g)] if host_updates == "all" else host_choices(g):
+        out.append(attrs.evolve(req, host_updates=choice, host_reduce=False))
+        if choice and g.ranks > 1 and reduces_on_host(g, choice):
+            out.append(attrs.evolve(req, host_updates=choice, host_reduce=True))
+    return out
+
+
 def with_host_updates(req: Request, method: str, host_updates: str) -> Request:
     """``req`` with its updates on the host as ``host_updates`` says: none, all that can, or ``auto``: the
-    choice among ``host_choices`` whose plan (for ``ga``: whose ``belady`` plan) is fastest."""
+    request among ``host_requests`` whose plan (for ``ga``: whose ``belady`` plan) is fastest."""
     if host_updates not in HOST_UPDATES:
         raise SwpError(f"unknown --host-updates `{host_updates}`", hints=[f"one of {', '.join(HOST_UPDATES)}"])
     if host_updates != "none" and method == "exact":
@@ -48,12 +61,12 @@ def with_host_updates(req: Request, method: str, host_updates: str) -> Request:
         raise SwpError("checkpoint keeps the parameters and optimiser state on the device: it cannot update any "
                        "on the host", hints=["use --host-updates none or auto with checkpoint, or a method that swaps"])
     if host_updates == "none" or method == "checkpoint":
-        return attrs.evolve(req, host_updates=())
-    if host_updates == "all":
-        return attrs.evolve(req, host_updates=offloadable(req.graph))
+        return attrs.evolve(req, host_updates=(), host_reduce=False)
+    trials = host_requests(req, host_updates)
+    if len(trials) == 1:
+        return trials[0]
     scored, refused = [], []
-    for k, choice in enumerate(host_choices(req.graph)):
-        trial = attrs.evolve(req, host_updates=choice)
+    for k, trial in enumerate(trials):
         try:
             plan = PLANNERS[method](trial) if method in PLANNERS else plan_baseline(trial, _SCOUT.get(method, method))
         except SwpError as err:  # (below this choice's smallest cap: another may fit)

@@ -30,6 +30,7 @@ class Request:
     model_args: tuple[tuple[str, int | float | bool], ...]
     host_cap: int | None = None  # the most host memory the plan's host copies may take (None: any)
     host_updates: tuple[str, ...] = ()  # parameters whose update runs on the host (graph.offload)
+    host_reduce: bool = False  # ... and their gradients' all-reduces too, over the host copies (data-parallel)
     # the scratch region at the top of the arena (kernels' temporaries), and what is left below it for tensors
     scratch: int = attrs.field(init=False, default=attrs.Factory(lambda r: scratch_bytes(r.graph), takes_self=True))
 
@@ -82,13 +83,13 @@ class Problem:
     host_only_bytes: int = 0  # bytes of the tensors only host ops make (as the plan's host_bytes figure counts)
 
     @staticmethod
-    def build(g: Graph, device: Device, host_updates: tuple[str, ...] = ()) -> Problem:
+    def build(g: Graph, device: Device, host_updates: tuple[str, ...] = (), host_reduce: bool = False) -> Problem:
         names = tuple(g.tensors)
         index = {n: i for i, n in enumerate(names)}
         types = [g.tensors[n].type for n in names]
         nbytes = tuple(t.nbytes for t in types)
         in_place_set = in_place_ops(g)
-        split = host_split(g, host_updates)
+        split = host_split(g, host_updates, host_reduce)
         hollow = split.ops
         in_place = tuple(i in in_place_set and i not in hollow for i in range(len(g.ops)))
         only = touched(g, split)
@@ -111,12 +112,13 @@ class Problem:
 
     @staticmethod
     def of(req: Request) -> Problem:
-        return Problem.build(req.graph, req.device, req.host_updates)
+        return Problem.build(req.graph, req.device, req.host_updates, req.host_reduce)
 
     @property
     def net(self) -> frozenset[int]:
-        """The ops the network lane runs (data-parallel all-reduces), not the compute stream."""
-        return frozenset(i for i, op in enumerate(self.graph.ops) if op.op in NET_OPS)
+        """The ops the network lane runs (data-parallel all-reduces; one of a host copy is the host lane's),
+        not the compute stream."""
+        return frozenset(i for i, op in enumerate(self.graph.ops) if op.op in NET_OPS and i not in self.host.ops)
 
     def hollow(self, op: int) -> bool:
         """An op that runs on the host: the device planners see no tensors and no time in it."""

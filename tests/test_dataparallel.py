@@ -465,6 +465,23 @@ def _state(path: Path) -> dict[str, np.ndarray]:
     return load_file(str(path))
 
 
+def _two_ranks_as_one(folder: Path, plan: str, model: str) -> tuple[dict, dict]:
+    """Runs ``plan`` on 2 ranks (``--check``) and ``model`` in one process on the doubled batch, 5 steps
+    each; holds their final states equal to 1e-12 and returns both runs' JSON."""
+    two = _swapdsl(folder, "exec", plan, "--steps", "5", "--backend", "numpy", "--check", "--save",
+                   "two.safetensors", "--json", ranks=2)
+    assert two.returncode == 0, two.stderr
+    one = _swapdsl(folder, "exec", model, "-D", "batch=8", "--steps", "5", "--backend", "numpy",
+                   "--save", "one.safetensors", "--json")
+    assert one.returncode == 0, one.stderr
+    a, b = _state(folder / "two.safetensors"), _state(folder / "one.safetensors")
+    assert sorted(a) == sorted(b)
+    for name in b:
+        if b[name].dtype.kind == "f":
+            np.testing.assert_allclose(a[name], b[name], rtol=1e-12, atol=1e-15)
+    return json.loads(two.stdout), json.loads(one.stdout)  # (rank 0 alone printed)
+
+
 DROPOUTS = {"rows": "h = dropout(tanh(h @ w2), 0.4)", "weights": "h = tanh(h @ dropout(w2, 0.4))"}
 
 
@@ -491,19 +508,7 @@ def test_two_ranks_train_as_one_process_on_the_doubled_batch(tmp_path: Path, met
     kinds = [type(i).__name__ for i in plan.program]
     assert "SwapIn" in kinds and "SwapOut" in kinds  # a plan that swaps ...
     assert method != "capuchin" or kinds.count("Run") > len(plan.ops)  # ... and recomputes
-    two = _swapdsl(tmp_path, "exec", "dp.plan", "--steps", "5", "--backend", "numpy", "--check", "--save",
-                   "two.safetensors", "--json", ranks=2)
-    assert two.returncode == 0, two.stderr
-    one = _swapdsl(tmp_path, "exec", "net.swp", "-D", "batch=8", "--steps", "5", "--backend", "numpy",
-                   "--save", "one.safetensors", "--json")
-    assert one.returncode == 0, one.stderr
-    a, b = _state(tmp_path / "two.safetensors"), _state(tmp_path / "one.safetensors")
-    assert sorted(a) == sorted(b)
-    for name in b:
-        if b[name].dtype.kind == "f":
-            np.testing.assert_allclose(a[name], b[name], rtol=1e-12, atol=1e-15)
-
-    ran, alone = json.loads(two.stdout), json.loads(one.stdout)  # rank 0 alone printed
+    ran, alone = _two_ranks_as_one(tmp_path, "dp.plan", "net.swp")
     np.testing.assert_allclose(ran["loss"], alone["loss"], rtol=1e-12)
     assert [m["accuracy"] for m in ran["metrics"]] == pytest.approx([m["accuracy"] for m in alone["metrics"]])
     assert ran["max_rel_diff"] == 0.0  # the plan beside the reference, both averaged over the ranks
@@ -541,15 +546,7 @@ def test_a_residual_convnet_on_two_ranks_trains_as_one_process(tmp_path: Path) -
     kinds = [type(i).__name__ for i in plan.program]
     assert "SwapIn" in kinds and kinds.count("Run") > len(plan.ops)
     assert any(o.op == "bucket_pack" for o in plan.ops) and any(o.op == "bucket_unpack" for o in plan.ops)
-    two = _swapdsl(tmp_path, "exec", "dp.plan", "--steps", "5", "--backend", "numpy", "--check", "--save",
-                   "two.safetensors", ranks=2)
-    assert two.returncode == 0, two.stderr
-    one = _swapdsl(tmp_path, "exec", "convnet.swp", "-D", "batch=8", "--steps", "5", "--backend", "numpy", "--save",
-                   "one.safetensors")
-    assert one.returncode == 0, one.stderr
-    a, b = _state(tmp_path / "two.safetensors"), _state(tmp_path / "one.safetensors")
-    for name in b:
-        np.testing.assert_allclose(a[name], b[name], rtol=1e-12, atol=1e-15)
+    _two_ranks_as_one(tmp_path, "dp.plan", "convnet.swp")
 
 
 def test_a_run_with_other_ranks_than_its_plan_stops_with_one_error(tmp_path: Path) -> None:
@@ -959,18 +956,7 @@ def test_two_ranks_averaging_host_copies_train_as_one_process(tmp_path: Path, bu
     assert sum(isinstance(i, HostRun) and t.ops[i.op].op == "allreduce_mean" for i in plan.program) == \
         (4 if bucket == 0 else 1)
     (tmp_path / "dp.plan").write_text(format_plan(plan))
-    two = _swapdsl(tmp_path, "exec", "dp.plan", "--steps", "5", "--backend", "numpy", "--check", "--save",
-                   "two.safetensors", "--json", ranks=2)
-    assert two.returncode == 0, two.stderr
-    one = _swapdsl(tmp_path, "exec", "net.swp", "-D", "batch=8", "--steps", "5", "--backend", "numpy",
-                   "--save", "one.safetensors")
-    assert one.returncode == 0, one.stderr
-    a, b = _state(tmp_path / "two.safetensors"), _state(tmp_path / "one.safetensors")
-    assert sorted(a) == sorted(b)
-    for name in b:
-        if b[name].dtype.kind == "f":
-            np.testing.assert_allclose(a[name], b[name], rtol=1e-12, atol=1e-15)
-    assert json.loads(two.stdout)["max_rel_diff"] == 0.0
+    assert _two_ranks_as_one(tmp_path, "dp.plan", "net.swp")[0]["max_rel_diff"] == 0.0
 
 
 def test_a_cap_only_the_host_copy_all_reduce_fits_is_planned_and_trains_exactly(tmp_path: Path) -> None:

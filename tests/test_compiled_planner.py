@@ -60,7 +60,7 @@ def test_compiled_planner_and_simulator_agree_with_the_reference(t: Graph, where
     """Any schedule, cap and pinning the search can produce, with updates on the device or on the host, on
     one rank or two (all-reduces on the network lane, over a slow link): the same program, bit-identical
     time (the host lane's and the network lane's included)."""
-    t = data_parallel(t, ranks, 0.5)
+    t = data_parallel(t, ranks, 0.5, bucket_mib=0.0)
     host = offloadable(t) if on_host else ()
     p = Problem.build(t, V100, host)
     need, no_swap = _need_and_no_swap(p)

@@ -4,8 +4,9 @@ all-reduces run on a lane of their own, where the compute stream's order no long
 
 from __future__ import annotations
 
+import attrs
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
 from conftest import MODELS, build_graph
@@ -15,6 +16,7 @@ from swapdsl.devices.profiles import BUILTIN
 from swapdsl.graph.autodiff import training_graph
 from swapdsl.graph.dataparallel import data_parallel
 from swapdsl.graph.ir import Graph
+from swapdsl.graph.offload import offloadable
 from swapdsl.fuzz.races import unordered
 from swapdsl.plan.program import Free, Plan
 from swapdsl.plan.validate import validate
@@ -29,15 +31,19 @@ METHODS = ("belady", "capuchin", "checkpoint", "ga")
 
 
 def _plans(t: Graph, ratio: float, seed: int = 0, host_updates: str = "none") -> list[Plan]:
+    """Each method's plan; ``host_updates`` as ``optimize`` takes it, or ``reduce``: every update that can
+    on the host, with its gradient's all-reduce where only host ops read the mean."""
     p = Problem.build(t, V100)
     need = need_bytes(p, frozenset())
     cap = max(int(no_swap_bytes(p) / ratio), need) + p.scratch
     req = Request(t, V100, cap, "g.swp", ())
+    if host_updates == "reduce":
+        req = attrs.evolve(req, host_updates=offloadable(t), host_reduce=True)
     plans = []
-    for method in METHODS:
+    for method in METHODS if host_updates != "reduce" else [m for m in METHODS if m != "checkpoint"]:
         try:
             plans.append(optimize(req, method, SearchOptions(budget_s=1.0, generations=3, workers=1, seed=seed),
-                                  host_updates))
+                                  None if host_updates == "reduce" else host_updates))
         except SwpError:  # (checkpointing alone may not fit a cap that swapping fits)
             assert method == "checkpoint"
     return plans
@@ -46,24 +52,27 @@ def _plans(t: Graph, ratio: float, seed: int = 0, host_updates: str = "none") ->
 @pytest.mark.parametrize("model", ["mlp", "tiny_resnet", "tiny_transformer"])
 @pytest.mark.parametrize("ranks", [1, 2])
 def test_every_conflicting_access_is_ordered_in_the_zoo_s_plans(model: str, ranks: int) -> None:
-    t = data_parallel(training_graph(build_graph(str(MODELS / f"{model}.swp"), ["batch=4"])[1]), ranks, 0.5)
+    t = training_graph(build_graph(str(MODELS / f"{model}.swp"), ["batch=4"])[1])
+    t = data_parallel(t, ranks, 0.5, bucket_mib=0.0)
     for plan in _plans(t, 3.0):
         assert unordered(plan) == [], plan.method
 
 
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(training_graphs(), st.sampled_from([1, 2]), st.sampled_from([1.5, 4.0, 12.0]), st.integers(0, 99),
-       st.sampled_from(["none", "none", "all"]))
+       st.sampled_from(["none", "none", "all", "reduce"]), st.sampled_from([0.0, 0.001]))
 def test_every_conflicting_access_is_ordered_on_random_graphs(t: Graph, ranks: int, ratio: float, seed: int,
-                                                              host_updates: str) -> None:
-    """(Updates on the host too: the host lane's reads and writes of host memory.)"""
-    for plan in _plans(data_parallel(t, ranks, 0.5), ratio, seed, host_updates):
+                                                              host_updates: str, mib: float) -> None:
+    """(Updates on the host too: the host lane's reads and writes of host memory, and its all-reduces; in
+    buckets too.)"""
+    assume(host_updates != "reduce" or ranks > 1)
+    for plan in _plans(data_parallel(t, ranks, 0.5, bucket_mib=mib), ratio, seed, host_updates):
         assert unordered(plan) == [], plan.method
 
 
 def test_the_check_finds_a_free_that_no_longer_waits() -> None:
     """The check itself: a free's waits taken away, a conflict is found (so the tests above can fail)."""
-    t = data_parallel(training_graph(build_graph(str(MODELS / "mlp.swp"), ["batch=4"])[1]), 2, 0.5)
+    t = data_parallel(training_graph(build_graph(str(MODELS / "mlp.swp"), ["batch=4"])[1]), 2, 0.5, bucket_mib=0)
     plan = _plans(t, 3.0)[0]
     validate(plan)
     import swapdsl.plan.replay as replay

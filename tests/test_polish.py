@@ -85,7 +85,7 @@ def test_large_graphs_host_updates_and_ranks_are_not_polished() -> None:
     assert Problem.build(large, V100).n_ops > POLISH_MAX_OPS
     small = SHAPES["conv"](3)
     req = request(small, 12)
-    ranked = request(data_parallel(small, 2), 12)
+    ranked = request(data_parallel(small, 2, bucket_mib=0.0), 12)
     assert Problem.of(ranked).n_ops <= POLISH_MAX_OPS and polishable(Problem.of(req))
     for unpolished in (request(large, 2), attrs.evolve(req, host_updates=offloadable(small)), ranked):
         assert not polishable(Problem.of(unpolished))

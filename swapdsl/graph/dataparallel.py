@@ -47,12 +47,12 @@ def check_ranks(ranks: object, link_gbps: object) -> tuple[int, float]:
 
 
 def data_parallel(t: Graph, ranks: int, link_gbps: float = DEFAULT_LINK_GBPS, overlap: bool = True,
-                  bucket_mib: float = 0.0) -> Graph:
+                  bucket_mib: float = DEFAULT_BUCKET_MIB) -> Graph:
     """``t`` (a training graph) as run by each of ``ranks`` ranks (1: ``t`` itself). ``overlap``: the order
     starts each all-reduce while the backward pass goes on (``_ordered``); else every all-reduce comes
     after the backward pass and every update after them (DDP without overlap, for comparison).
-    ``bucket_mib``: small gradients share an all-reduce in buckets of about this many MiB (``_buckets``); 0:
-    one all-reduce per gradient."""
+    ``bucket_mib``: small gradients share an all-reduce in buckets of about this many MiB (``_buckets``;
+    DDP's 25 by default, as ``api.load`` and the command line); 0: one all-reduce per gradient."""
     if ranks == 1:
         return t
     ranks, link_bw = check_ranks(ranks, link_gbps)

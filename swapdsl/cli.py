@@ -525,7 +525,8 @@ def _agreed(parser: argparse.ArgumentParser, argv: Sequence[str] | None) -> argp
     except SystemExit:  # (argparse printed the help or the version)
         dist.command_lines("")
         raise
-    stop, speak = dist.command_lines(None if refused is None else refused.render())
+    timeout_s = getattr(args, "rank_timeout", DEFAULT_TIMEOUT_S)  # (this rank's, where its line gives one)
+    stop, speak = dist.command_lines(None if refused is None else refused.render(), timeout_s)
     if refused is None and stop:
         raise dist.Silent("another rank's command line was refused")
     if refused is not None:

@@ -976,3 +976,34 @@ def test_a_cap_only_the_host_copy_all_reduce_fits_is_planned_and_trains_exactly(
     two = _swapdsl(tmp_path, "exec", "dp.plan", "--steps", "3", "--backend", "numpy", "--check", "--json", ranks=2)
     assert two.returncode == 0, two.stderr
     assert json.loads(two.stdout)["max_rel_diff"] <= 1e-5
+
+
+HANG_BEFORE_THE_COMMAND_LINE = """
+import sys, time
+from swapdsl import cli
+from swapdsl.runtime import dist
+
+dist.world()  # (MPI is up on every rank)
+if dist.rank() == 1:
+    time.sleep(60)  # a rank that never reaches the command-line check
+sys.exit(cli.main(sys.argv[1:]))
+"""
+
+
+def test_a_rank_that_never_reaches_the_command_line_check_ends_the_run(tmp_path: Path) -> None:
+    """The ranks compare their command lines before the watchdog exists: a rank that hangs before it ends
+    the run after the others' --rank-timeout, with one error (it used to leave them waiting for ever)."""
+    launcher = _mpiexec()
+    _model(tmp_path)
+    assert _swapdsl(tmp_path, "optimize", "net.swp", "--ranks", "2", "--memory", "80%", "--method", "belady",
+                    "-o", "dp.plan").returncode == 0
+    (tmp_path / "hang.py").write_text(HANG_BEFORE_THE_COMMAND_LINE)
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("PMI_", "PMIX_", "OMPI_"))}
+    began = time.monotonic()
+    done = subprocess.run([launcher, "-n", "2", sys.executable, "hang.py", "exec", "dp.plan", "--steps", "1",
+                           "--rank-timeout", "2"], cwd=tmp_path, env=env, capture_output=True, text=True,
+                          timeout=120)
+    assert time.monotonic() - began < 45, done.stderr
+    assert done.returncode in (2, 9), done.stderr  # (9: MPICH's mpiexec reporting the rank it killed)
+    says = "error: not every rank reached the command-line check within 2 s (rank 0 waited)"
+    assert done.stderr.count(says) == 1 and "Traceback" not in done.stderr, done.stderr

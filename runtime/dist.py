@@ -10,7 +10,6 @@ import contextlib
 import functools
 import hashlib
 import sys
-import time
 from collections.abc import Mapping
 from typing import Any
 
@@ -20,7 +19,7 @@ from swapdsl.common.errors import SwpError
 from swapdsl.common.launcher import launched, launched_rank, launched_size
 from swapdsl.graph.ir import Graph
 from swapdsl.runtime.streams import WAIT_TIMEOUT_S
-from swapdsl.runtime.watchdog import DEFAULT_TIMEOUT_S, EXIT_CODE, Watchdog
+from swapdsl.runtime.watchdog import DEFAULT_TIMEOUT_S, Watchdog, within
 
 _timeout_s = [DEFAULT_TIMEOUT_S]
 _starting = [False]  # this command's ranks meet at start checks that have not all passed yet
@@ -83,33 +82,19 @@ def command_lines(text: str | None, timeout_s: float = DEFAULT_TIMEOUT_S) -> tup
     Under a launcher of several ranks the verdicts are gathered (launched by MPMD, a rank whose line is
     refused would leave the others waiting in their first collective): (stop, print): every rank stops
     when any line was refused, and each distinct error is printed by the lowest rank that has it. Without
-    MPI, a rank stops on its own error, which rank 0 prints (every rank has the same line). A rank that
-    never comes (hung or dead before it) ends the run after ``timeout_s`` (``arrive``)."""
-    comm = world()
-    if comm is None:
+    MPI, a rank stops on its own error, which rank 0 prints (every rank has the same line). MPI starts
+    here, and its start waits for every rank: a rank that never comes (hung or dead before it) ends the
+    run after ``timeout_s`` (``watchdog.within``)."""
+    if not launched():
+        return text is not None, text is not None
+    with within(timeout_s, "the command-line check", launched_rank()):
+        comm = world()
+        theirs = None if comm is None else comm.allgather(text)
+    if comm is None or theirs is None:
         return text is not None, text is not None and launched_rank() == 0
-    arrive(comm, timeout_s, "the command-line check")
-    theirs = comm.allgather(text)
     if text is None:
         return any(t is not None for t in theirs), False
     return True, theirs.index(text) == comm.Get_rank()
-
-
-def arrive(comm: Any, timeout_s: float, what: str) -> None:
-    """Wait for every rank at ``what`` (a barrier, polled: the watchdog, whose communicators are made later,
-    does not watch it), or end the run after ``timeout_s``: the error, then every rank aborted (exit 2).
-    Each rank waits a tenth of a second longer than the one before it (10 s at most), so one prints."""
-    request = comm.Ibarrier()
-    deadline = time.monotonic() + timeout_s + min(0.1 * comm.Get_rank(), 10.0)
-    while not request.Test():
-        if time.monotonic() > deadline:
-            err = SwpError(f"not every rank reached {what} within {timeout_s:g} s (rank {comm.Get_rank()} "
-                           f"waited): a rank hangs or stopped before it",
-                           hints=["run each rank's command alone to see where it stops",
-                                  "or give `exec` a longer --rank-timeout"])
-            print(err.render(), file=sys.stderr, flush=True)
-            comm.Abort(EXIT_CODE)
-        time.sleep(0.01)
 
 
 def starting() -> bool:

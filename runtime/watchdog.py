@@ -15,6 +15,9 @@ at once.)
 from __future__ import annotations
 
 import contextlib
+import os
+import select
+import signal
 import sys
 import threading
 import time
@@ -134,3 +137,31 @@ def timed_out(wait: Wait, waiting: list[int], size: int, timeout_s: float) -> Sw
 
 def _ranks(ranks: list[int]) -> str:
     return ("rank " if len(ranks) == 1 else "ranks ") + ", ".join(map(str, ranks))
+
+
+@contextlib.contextmanager
+def within(timeout_s: float, what: str, rank: int) -> Iterator[None]:
+    """The enclosed start of the ranks (MPI's start-up, which waits for every rank, and the first collective)
+    done within ``timeout_s``, or this rank's error and the run ended. A forked process watches: MPI's
+    start-up holds the interpreter, so no thread of this one could. A rank waits a tenth of a second per
+    rank before it longer (10 s at most), so the lowest prints; the watcher of a rank that ends first sees
+    its pipe close and leaves quietly."""
+    read, write = os.pipe()
+    parent = os.getpid()
+    pid = os.fork()
+    if pid == 0:
+        os.close(write)
+        ready, _, _ = select.select([read], [], [], timeout_s + min(0.1 * rank, 10.0))
+        if not ready and os.getppid() == parent:
+            err = SwpError(f"not every rank reached {what} within {timeout_s:g} s (rank {rank} waited): a rank "
+                           f"hangs or stopped before it", hints=["run each rank's command alone to see where it stops",
+                                                                  "or give `exec` a longer --rank-timeout"])
+            os.write(2, (err.render() + "\n").encode())
+            os.kill(parent, signal.SIGKILL)  # (the launcher then ends the other ranks)
+        os._exit(0)
+    os.close(read)
+    try:
+        yield
+    finally:
+        os.close(write)
+        os.waitpid(pid, 0)

@@ -73,8 +73,8 @@ def with_host_updates(req: Request, method: str, host_updates: str) -> Request:
             refused.append(err)
             continue
         scored.append((req.plan_score(plan), k, trial))
-    if not scored:
-        raise refused[0]
+    if not scored:  # the refusal whose smallest feasible cap is least (an all-reduce over host copies may fit)
+        raise min(refused, key=lambda err: getattr(err, "least", math.inf))
     return min(scored, key=lambda s: s[:2])[2]
 
 

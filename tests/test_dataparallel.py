@@ -853,17 +853,22 @@ sys.exit(cli.main(sys.argv[1:]))
 """
 
 
+def _two_ranks_of(folder: Path, script: str, *argv: str) -> subprocess.CompletedProcess:
+    """``script`` (a wrapper around the command line) run by 2 ranks with ``argv``, beside a 2-rank
+    ``belady`` plan ``dp.plan`` of the test's model."""
+    launcher = _mpiexec()
+    _model(folder)
+    assert _swapdsl(folder, "optimize", "net.swp", "--ranks", "2", "--memory", "80%", "--method", "belady",
+                    "-o", "dp.plan").returncode == 0
+    (folder / "rank.py").write_text(script)
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("PMI_", "PMIX_", "OMPI_"))}
+    return subprocess.run([launcher, "-n", "2", sys.executable, "rank.py", *argv], cwd=folder, env=env,
+                          capture_output=True, text=True, timeout=120)
+
 def test_a_lane_waits_behind_a_slow_rank_without_calling_the_plan_deadlocked(tmp_path: Path) -> None:
     """Rank 0's copy lanes wait for its compute lane, which waits in an all-reduce for a slower rank 1:
     past the lanes' own timeout, within the ranks' (the watchdog's business, not theirs)."""
-    launcher = _mpiexec()
-    _model(tmp_path)
-    assert _swapdsl(tmp_path, "optimize", "net.swp", "--ranks", "2", "--memory", "80%", "--method", "belady",
-                    "-o", "dp.plan").returncode == 0
-    (tmp_path / "slow.py").write_text(SLOW_RANK)
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("PMI_", "PMIX_", "OMPI_"))}
-    done = subprocess.run([launcher, "-n", "2", sys.executable, "slow.py", "exec", "dp.plan", "--steps", "3",
-                           "--backend", "numpy"], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
+    done = _two_ranks_of(tmp_path, SLOW_RANK, "exec", "dp.plan", "--steps", "3", "--backend", "numpy")
     assert done.returncode == 0 and "deadlocked" not in done.stderr, done.stderr
 
 
@@ -996,16 +1001,9 @@ def test_a_rank_that_never_reaches_the_command_line_check_ends_the_run(tmp_path:
     """MPI starts at the command-line check and its start waits for every rank: a rank that hangs or ends
     before it used to leave the others there for ever (spinning, deaf to SIGTERM). Now the run ends after
     their --rank-timeout, with one error."""
-    launcher = _mpiexec()
-    _model(tmp_path)
-    assert _swapdsl(tmp_path, "optimize", "net.swp", "--ranks", "2", "--memory", "80%", "--method", "belady",
-                    "-o", "dp.plan").returncode == 0
-    (tmp_path / "awol.py").write_text(AWOL_BEFORE_THE_COMMAND_LINE)
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("PMI_", "PMIX_", "OMPI_"))}
     began = time.monotonic()
-    done = subprocess.run([launcher, "-n", "2", sys.executable, "awol.py", fault, "exec", "dp.plan", "--steps", "1",
-                           "--rank-timeout", "2"], cwd=tmp_path, env=env, capture_output=True, text=True,
-                          timeout=120)
+    done = _two_ranks_of(tmp_path, AWOL_BEFORE_THE_COMMAND_LINE, fault, "exec", "dp.plan", "--steps", "1",
+                         "--rank-timeout", "2")
     assert time.monotonic() - began < 45, done.stderr
     assert done.returncode != 0, done.stderr  # (the launcher's status for the rank it saw killed)
     says = "error: not every rank reached the command-line check within 2 s (rank 0 waited)"

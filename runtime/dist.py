@@ -90,7 +90,7 @@ def command_lines(text: str | None, timeout_s: float = DEFAULT_TIMEOUT_S) -> tup
     with within(timeout_s, "the command-line check", launched_rank()):
         comm = world()
         theirs = None if comm is None else comm.allgather(text)
-    if comm is None or theirs is None:
+    if theirs is None:  # (no MPI world: one rank)
         return text is not None, text is not None and launched_rank() == 0
     if text is None:
         return any(t is not None for t in theirs), False

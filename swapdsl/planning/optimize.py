@@ -74,7 +74,7 @@ def with_host_updates(req: Request, method: str, host_updates: str) -> Request:
             continue
         scored.append((req.plan_score(plan), k, trial))
     if not scored:  # the refusal whose smallest feasible cap is least (an all-reduce over host copies may fit)
-        raise min(refused, key=lambda err: getattr(err, "least", math.inf))
+        raise min(refused, key=_least_cap)
     return min(scored, key=lambda s: s[:2])[2]
 
 
@@ -113,10 +113,15 @@ def best_buckets(request_at: Callable[[float], Request], method: str, host_updat
     return min(scored, key=lambda s: s[:2])[2]
 
 
+def _least_cap(err: SwpError) -> float:
+    """A refusal's smallest feasible cap (``below_smallest_cap``'s), infinite where it names none."""
+    return getattr(err, "least", math.inf)
+
+
 def least_refused(refused: list[tuple[SwpError, Request]]) -> SwpError:
     """Of the refusals of ``--bucket-mib auto``'s sizes, the one whose smallest feasible cap is least (the
     first where none says), naming its size."""
-    err, req = min(refused, key=lambda r: getattr(r[0], "least", math.inf))
+    err, req = min(refused, key=lambda r: _least_cap(r[0]))
     err.notes = [*err.notes, f"with the gradients in buckets of {req.graph.bucket_mib:g} MiB, the size of "
                              f"--bucket-mib auto that needs the least"]
     err.bucket_mib = req.graph.bucket_mib  # type: ignore[attr-defined]  (what the micro-batch hint tries)

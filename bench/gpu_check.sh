@@ -4,7 +4,8 @@
 #   A (the first call, at most 6 minutes by its steps' limits: the riskiest questions first):
 #      light 90 s, tests 120 s, exec_tiny 50 s, exec_r2 100 s
 #   B (5 minutes): bench 240 s (PyTorch beside it), profile 60 s
-#   C (what is left, 5 minutes; or GPU_CHECK_STEPS= what failed, after a fix): exec_gpt2 150 s, half 150 s
+#   C (what is left, 8 minutes by its limits; or GPU_CHECK_STEPS= what failed, after a fix): exec_gpt2 150 s,
+#      profile_gpt2 60 s, half 150 s, dist 150 s
 #   AB: A and B in one call, since each start costs device time (on the H200, 2026-12-04, A's steps took
 #      80 s of their 360; docs/benchmarks.md). Their limits add to 660 s: give the call 600 s, so that only
 #      a step hung at the end is cut, and what it wrote to OUTDIR still comes back.
@@ -19,6 +20,8 @@
 #   light: bench/gpu_first_light.py: CuPy and its accelerators off, cuBLAS under capture, cuDNN Frontend
 #      graphs, `exec --check` of mlp and tiny_transformer on CuPy (a minute);
 #   tests: the gpu-marked tests (a CuPy step under an allocator that raises, graph on and off; kernels on CuPy);
+#   dist: 2 data-parallel ranks on CuPy under mpiexec, checked against the reference (runtime/nccl.py: on one
+#      GPU, MPI through host memory, since NCCL takes one rank per GPU; NCCL itself needs two GPUs);
 #   exec_tiny, exec_r2, exec_gpt2, exec_r4: bench/gpu_exec.py: tiny_resnet and tiny_transformer, ResNet-50
 #      (batch 64), GPT-2 small (12 layers, 768 wide, seq 1024, batch 8) at 1/2 (or 1/4) of their no-swap
 #      memory, each run with `exec --check`, CUDA graph on and off: step ms, host ms per step, device bytes
@@ -40,7 +43,15 @@ out=${1:-${OUT:-/tmp/gpu_check}}
 mkdir -p "$out"
 py=${PYTHON:-python3}
 if compgen -G ".whl/*.whl" >/dev/null; then
-    $py -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site .whl/*.whl || exit 1
+    # MPICH's wheel keeps its libraries and mpiexec outside the Python packages, which --target drops:
+    # a prefix of its own, named to mpi4py (MPI4PY_LIBMPI) and put on PATH
+    for w in .whl/mpich-*.whl; do
+        [ -e "$w" ] || continue
+        $py -m pip install -q --ignore-installed --no-index --no-deps --no-compile --prefix /tmp/mpich "$w" || exit 1
+        export PATH=/tmp/mpich/bin:$PATH MPI4PY_LIBMPI=/tmp/mpich/lib/libmpi.so.12
+    done
+    others=$(ls .whl/*.whl | grep -v '/mpich-')
+    $py -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site $others || exit 1
     export PYTHONPATH=/tmp/site
 fi
 $py -m pip install -q --no-index --no-deps --no-build-isolation . || exit 1
@@ -59,14 +70,16 @@ case "${GPU_CHECK_CALL:-}" in
     A) calls="light tests exec_tiny exec_r2" ;;
     AB) calls="light tests exec_tiny exec_r2 bench profile" ;;
     B) calls="bench profile" ;;
-    C) calls="exec_gpt2 profile_gpt2 half" ;;
+    C) calls="exec_gpt2 profile_gpt2 half dist" ;;
     D) calls="tests profile profile_gpt2 exec_r1 exec_on bench_r50" ;;
-    *) calls="light tests exec_tiny exec_r2 exec_gpt2 bench profile half" ;;
+    *) calls="light tests exec_tiny exec_r2 exec_gpt2 bench profile half dist" ;;
 esac
 wanted=" ${GPU_CHECK_STEPS:-$calls} "
 want() { [[ "$wanted" == *" $1 "* ]]; }
 want light && step light 90 $py "$repo/bench/gpu_first_light.py" --json "$out/light.json"
-want tests && step gpu_tests 120 $py -m pytest -q -m gpu -p no:cacheprovider "$repo/tests"
+want tests && step gpu_tests 120 $py -m pytest -q -m gpu -p no:cacheprovider "$repo/tests" \
+    --ignore "$repo/tests/test_dataparallel.py"
+want dist && step dist 150 $py -m pytest -q -m gpu -p no:cacheprovider "$repo/tests/test_dataparallel.py"
 if [ -n "${GPU_CHECK_ON_CPU:-}" ]; then  # try the script itself on a machine without a GPU: tiny models, NumPy
     want exec_tiny && step exec_tiny 300 $py "$repo/bench/gpu_exec.py" --configs tiny_resnet tiny_transformer \
         --backend numpy --steps 3 --json "$out/exec.json"

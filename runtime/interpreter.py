@@ -23,7 +23,8 @@ built once; a step enqueues that list in order on the calling thread:
   memory it writes over, then runs the kernel on host memory, with scratch
   and a step counter of its own;
 - a ``run`` of an all-reduce (data-parallel ranks) goes on the network lane (a
-  fifth thread), so that it overlaps the compute stream; the same waits.
+  fifth thread; on CuPy a stream of its own, NCCL's, ``runtime/nccl.py``), so
+  that it overlaps the compute stream; the same waits.
 
 Nothing else synchronises, so a plan that breaks its promises corrupts
 numbers instead of quietly using more memory.
@@ -31,6 +32,7 @@ numbers instead of quietly using more memory.
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import time
 from collections.abc import Callable, Iterable, Mapping
@@ -53,9 +55,11 @@ from swapdsl.runtime.backend import copy_fn, require_memory, to_host
 from swapdsl.runtime.data import init_persistent, synthetic_inputs
 from swapdsl.runtime.dist import comm_for, lane_timeout_s
 from swapdsl.runtime.fused import FusedKernels
+from swapdsl.runtime.nccl import gpu_comm
 from swapdsl.runtime.streams import STREAMS, CudaItem, Item, ThreadLanes, cuda_streams, issue_cuda
 from swapdsl.runtime.vendor import VendorKernels
 
+FORKED = ("h2d", "d2h", "net")  # the streams a captured step forks from the compute stream and joins again
 START_INPUTS = START - 1  # the pseudo-instruction of the step's batch copies (START: its step counter)
 
 
@@ -75,9 +79,6 @@ def check_runnable(g: Graph, backend: str) -> None:
     if backend == "cupy" and any(t.type.dtype is DType.bf16 for t in g.tensors.values()):
         raise SwpError("the CuPy runtime cannot execute bf16 tensors yet (CuPy has no bf16 array type)",
                        hints=["plan with --precision f16, or run on NumPy (--backend numpy)"])
-    if g.ranks > 1 and backend == "cupy":
-        raise SwpError("data-parallel steps run on NumPy for now (NCCL on CuPy is not written yet)",
-                       hints=["run with --backend numpy"])
 
 
 def check_lanes(plan: Plan, backend: str) -> None:
@@ -110,6 +111,8 @@ class PlanRunner:
         self.plan, self.g, self.backend, self.xp = plan, g, backend, xp
         self.vendor_kernels = vendor_kernels
         self.copy_delay_s, self.kernel_delay_s = copy_delay_s, kernel_delay_s
+        # (first: on CuPy it makes this rank's GPU current, before the arena is allocated on it)
+        self.comm, self.comm_note = self._communicator()
         self.slots = self._host_slots()
         host_bytes = max((off + nbytes for off, nbytes in self.slots.values()), default=0)
         if arena is None:
@@ -135,12 +138,24 @@ class PlanRunner:
         self.graph_mode = graph if backend == "cupy" else False
         self.graph_note = ("no CUDA graph on NumPy" if backend != "cupy" else
                            "captured at the second step" if graph else "off: each step issued item by item")
+        if self.graph_mode and not getattr(self.comm, "capturable", True):
+            self.graph_mode, self.graph_note = False, "off: the all-reduces wait on the host (MPI through host memory)"
         self._graph: Any = None
         self._eager_steps = 0  # on CuPy: the capture waits for one eager step (kernels compiled, cuBLAS set up)
         if backend == "cupy":
             self.streams = cuda_streams()
         else:
             self.threads = ThreadLanes(lane_timeout_s(g))
+
+    def _communicator(self) -> tuple[Any, str]:
+        """The ranks' communicator for the step's all-reduces (None: one rank) and a note saying which: MPI
+        on NumPy; on CuPy NCCL, or MPI through host memory where NCCL cannot run (``runtime/nccl.py``)."""
+        comm = comm_for(self.g)
+        if comm is None:
+            return None, "one rank" if self.g.ranks == 1 else "no MPI world"
+        if self.backend != "cupy":
+            return comm, f"MPI over {comm.Get_size()} ranks"
+        return gpu_comm(self.xp, comm)
 
     # -- memory
 
@@ -172,8 +187,7 @@ class PlanRunner:
         base = self.plan.tensor_cap
         counter = self.arena[base:base + 8].view(np.int64).reshape(())
         counter.fill(0)
-        return KernelContext(self.xp, Scratch(self.arena[base + STATE_BYTES:self.plan.cap]), counter,
-                             comm=comm_for(self.g))
+        return KernelContext(self.xp, Scratch(self.arena[base + STATE_BYTES:self.plan.cap]), counter, comm=self.comm)
 
     def _host_context(self) -> KernelContext:
         """The host lane's context: NumPy, scratch for its largest kernel, a step counter of its own."""
@@ -381,8 +395,9 @@ class PlanRunner:
             issue_cuda(self._cuda)
             self._eager_steps += 1
         self.host_ms = 1e3 * (time.perf_counter() - started)
-        for stream in self.streams.values():
-            stream.synchronize()
+        with self.comm.waiting() if self.comm is not None else contextlib.nullcontext():
+            for stream in self.streams.values():
+                stream.synchronize()
 
     def _capture(self) -> Any:
         """The whole step as one CUDA graph: the copy streams fork from the compute stream and join it again
@@ -394,10 +409,10 @@ class PlanRunner:
             try:
                 fork = cuda.Event(disable_timing=True)
                 fork.record(compute)
-                for name in ("h2d", "d2h"):
+                for name in FORKED:
                     self.streams[name].wait_event(fork)
                 issue_cuda(self._cuda, on_item=lambda k: at.__setitem__(0, k))
-                for name in ("h2d", "d2h"):
+                for name in FORKED:
                     join = cuda.Event(disable_timing=True)
                     join.record(self.streams[name])
                     compute.wait_event(join)

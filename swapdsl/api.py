@@ -557,6 +557,7 @@ def execute_plan(plan: Plan, train: Graph | None, steps: int | None = None, seed
                "cap_bytes": plan.cap, "scratch_bytes": plan.scratch, "device_arena_bytes": int(runner.arena.nbytes),
                "device_bytes_allocated": held[0], "host_arena_bytes": int(runner.host.nbytes),
                "simulated_ms": f["iteration_ms"], "simulated_device": plan.device.name, "host_ms_per_step": host, "graph": runner.graph_note,
+               "collectives": runner.comm_note,
                "vendor_kernels": len(runner.vendor.kernels), "fused_kernels": len(runner.fused.kernels),
                "vendor_notes": runner.vendor.notes + runner.fused.notes}
     return _execution(train.name, name, opts, outcome, figures, check)

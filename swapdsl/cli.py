@@ -234,6 +234,8 @@ def _execute(args: argparse.Namespace, backend: str, options: training.Options, 
                                tf32=args.tf32, options=options, hooks=hooks, vendor_kernels=not args.own_kernels)
         if not args.json and backend == "cupy":
             print(f"  CUDA graph: {run.figures['graph']}")
+            if train.ranks > 1:
+                print(f"  all-reduces: {run.figures['collectives']}")
         return run
     if args.check:
         raise SwpError("--check compares a plan's execution with the reference executor; give a .plan file")

@@ -983,7 +983,8 @@ def test_a_cap_only_the_host_copy_all_reduce_fits_is_planned_and_trains_exactly(
     assert any(isinstance(i, HostRun) and t.ops[i.op].op == "allreduce_mean" for i in plan.program)
     two = _swapdsl(tmp_path, "exec", "dp.plan", "--steps", "3", "--backend", "numpy", "--check", "--json", ranks=2)
     assert two.returncode == 0, two.stderr
-    assert json.loads(two.stdout)["max_rel_diff"] <= 1e-5
+    out = json.loads(two.stdout)
+    assert out["max_rel_diff"] <= 1e-5 and out["collectives"] == "MPI over 2 ranks"
 
 
 AWOL_BEFORE_THE_COMMAND_LINE = """
@@ -1008,3 +1009,20 @@ def test_a_rank_that_never_reaches_the_command_line_check_ends_the_run(tmp_path:
     assert done.returncode != 0, done.stderr  # (the launcher's status for the rank it saw killed)
     says = "error: not every rank reached the command-line check within 2 s (rank 0 waited)"
     assert done.stderr.count(says) == 1 and "Traceback" not in done.stderr, done.stderr
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("graph", ["on", "off"])
+def test_two_ranks_train_on_cupy_like_the_reference(tmp_path: Path, graph: str) -> None:
+    """On CuPy (runtime/nccl.py): NCCL where each rank has a GPU, else MPI through host memory (one GPU), the
+    CUDA graph on or off; 2 ranks of a plan that swaps train like the reference, and say which collective
+    ran."""
+    _mpiexec()
+    _model(tmp_path, ADAM)
+    assert _swapdsl(tmp_path, "optimize", "net.swp", "--ranks", "2", "--memory", "70%", "--method", "belady",
+                    "-o", "dp.plan").returncode == 0
+    two = _swapdsl(tmp_path, "exec", "dp.plan", "--steps", "3", "--backend", "cupy", "--graph", graph, "--check",
+                   "--json", ranks=2)
+    assert two.returncode == 0, two.stderr
+    out = json.loads(two.stdout)
+    assert out["max_rel_diff"] <= 1e-5 and out["collectives"].startswith(("NCCL on GPU", "MPI through")), out

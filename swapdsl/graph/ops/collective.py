@@ -3,13 +3,13 @@ step on its own shard of the batch, and each gradient is averaged over the ranks
 gradients travel in buckets, as in PyTorch's DDP: ``bucket_pack`` copies them into one flat tensor, one
 all-reduce averages it, and ``bucket_unpack`` takes each gradient's average back out of it.
 
-A kernel reaches the other ranks through ``KernelContext.comm`` (an MPI communicator, mpi4py's
-interface): MPI sums in the same order on every rank, so the ranks' parameters stay bit-identical.
+A kernel reaches the other ranks through ``KernelContext.comm`` (mpi4py's interface: MPI on NumPy; on CuPy
+NCCL on the current stream, or MPI through host memory, ``runtime/nccl.py``). Every rank receives the same
+sums (MPI sums in one order for all; NCCL's ring reduces each chunk once and passes the result on), so the
+ranks' parameters stay bit-identical.
 """
 
 from __future__ import annotations
-
-import numpy as np
 
 from swapdsl.common.errors import SwpError
 from swapdsl.graph.ir import TensorType
@@ -35,10 +35,8 @@ def _allreduce_mean(c: KernelContext, ins: list[Array], out: Array, a: Attrs) ->
         have = 1 if comm is None else comm.Get_size()
         raise SwpError(f"this step averages gradients over {a['ranks']} ranks, and it runs in {have}",
                        hints=[f"run it with `mpiexec -n {a['ranks']} swapdsl exec ...`"])
-    if c.xp is not np:
-        raise SwpError("data-parallel steps run on NumPy for now", hints=["run with --backend numpy"])
     comm.Allreduce(x, out)
-    np.divide(out, out.dtype.type(a["ranks"]), out=out)
+    c.xp.divide(out, out.dtype.type(a["ranks"]), out=out)
 
 
 def _pack_infer(ins: Types, a: Attrs) -> TensorType:

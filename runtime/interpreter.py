@@ -386,8 +386,8 @@ class PlanRunner:
     def _step_cuda(self) -> None:
         started = time.perf_counter()
         self._cuda = self._cuda or self._cuda_items()
-        if self.graph_mode and self._graph is None and self._eager_steps >= 1:
-            self._graph = self._capture()  # after one eager step: CuPy has compiled its kernels, cuBLAS set up
+        if self._graph is None and self._eager_steps == 1:  # (after one eager step: kernels compiled, cuBLAS set up)
+            self._graph = self._agreed(self._capture() if self.graph_mode else None)
         compute = self.streams["compute"]
         if self._graph is not None:
             self._graph.launch(compute)
@@ -425,6 +425,16 @@ class PlanRunner:
         self.graph_note = f"one CUDA graph per step ({len(self._cuda)} items)"
         return graph
 
+    def _agreed(self, graph: Any) -> Any:
+        """``graph``, where every rank captured its step (NCCL's all-reduces are captured on all ranks or on
+        none); else None, the step issued item by item."""
+        if self.comm is None or not hasattr(self.comm, "all_agree") or self.comm.all_agree(graph is not None):
+            return graph
+        if graph is not None:
+            self.graph_mode = False
+            self.graph_note = "off: another rank's step is not captured, and NCCL needs all ranks or none"
+        return None
+
     def _describe(self, k: int) -> str:
         if not 0 <= k < len(self.work):
             return "the streams' fork or join"
@@ -454,6 +464,8 @@ class PlanRunner:
         if self.backend == "cupy":
             for stream in self.streams.values():
                 stream.synchronize()
+            if self.comm is not None and hasattr(self.comm, "close"):
+                self.comm.close()
         else:
             self.threads.close()
 

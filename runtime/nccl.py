@@ -15,6 +15,7 @@ issued item by item, never captured.
 from __future__ import annotations
 
 import contextlib
+import os
 import socket
 from collections.abc import Sequence
 from typing import Any
@@ -22,6 +23,7 @@ from typing import Any
 import numpy as np
 
 from swapdsl.common.errors import SwpError
+from swapdsl.common.units import format_bytes
 
 DTYPES = {"float32": "NCCL_FLOAT32", "float64": "NCCL_FLOAT64"}  # the dtypes a gradient is averaged in
 
@@ -77,26 +79,31 @@ def gpu_comm(cupy: Any, watched: Any) -> tuple[Any, str]:
     why = choice(seen)
     if why is not None:
         return Staged(cupy, watched), f"MPI through host memory ({why})"
+    # connect to the peers here, where the wait is watched, not lazily at the first all-reduce (NCCL 2.22+)
+    os.environ.setdefault("NCCL_RUNTIME_CONNECT", "0")
+    free = runtime.memGetInfo()[0]
     with watched.dog.collective("NCCL's start"):
         uid = mpi.bcast(nccl.get_unique_id() if rank == 0 else None, root=0)
         comm = nccl.NcclCommunicator(size, uid, rank)
-    return Nccl(cupy, nccl, comm, size, rank, watched.dog), f"NCCL on GPU {device} ({where})"
+    taken = max(0, free - runtime.memGetInfo()[0])  # NCCL's own buffers: outside the plan's cap
+    return (Nccl(cupy, nccl, comm, watched),
+            f"NCCL on GPU {device} ({where}); its buffers take {format_bytes(taken)} outside the cap")
 
 
 class Nccl:
     """NCCL's all-reduce on the current stream: asynchronous, captured by a CUDA graph. A rank that hangs
     leaves the others waiting at the step's end, so that wait is watched (``waiting``)."""
 
-    capturable = True
+    capturable = on_device = True
 
-    def __init__(self, cupy: Any, nccl: Any, comm: Any, size: int, rank: int, dog: Any) -> None:
-        self.cupy, self.nccl, self.comm, self.size, self.rank, self.dog = cupy, nccl, comm, size, rank, dog
+    def __init__(self, cupy: Any, nccl: Any, comm: Any, watched: Any) -> None:
+        self.cupy, self.nccl, self.comm, self.watched = cupy, nccl, comm, watched
 
     def Get_size(self) -> int:  # noqa: N802 (mpi4py's names)
-        return self.size
+        return int(self.watched.Get_size())
 
     def Get_rank(self) -> int:  # noqa: N802
-        return self.rank
+        return int(self.watched.Get_rank())
 
     def Allreduce(self, x: Any, out: Any) -> None:  # noqa: N802
         dtype = DTYPES.get(x.dtype.name)
@@ -106,7 +113,16 @@ class Nccl:
                             self.cupy.cuda.get_current_stream().ptr)
 
     def waiting(self) -> contextlib.AbstractContextManager[None]:
-        return self.dog.collective("the step's NCCL all-reduces")
+        return self.watched.dog.collective("the step's NCCL all-reduces")
+
+    def all_agree(self, mine: bool) -> bool:
+        """Whether every rank says yes: a step's NCCL calls are captured in a CUDA graph on all ranks or on
+        none (NCCL's rule for graphs)."""
+        with self.watched.dog.collective("the CUDA graph check"):
+            return all(self.watched.comm.allgather(mine))
+
+    def close(self) -> None:
+        self.comm.destroy()
 
 
 class Staged:
@@ -114,6 +130,7 @@ class Staged:
     averages it with the other ranks, and enqueues the copy back (``waiting``: nothing more to watch)."""
 
     capturable = False
+    on_device = True
 
     def __init__(self, cupy: Any, watched: Any) -> None:
         self.cupy, self.watched = cupy, watched
@@ -144,3 +161,9 @@ class Staged:
 
     def waiting(self) -> contextlib.AbstractContextManager[None]:
         return contextlib.nullcontext()
+
+    def all_agree(self, mine: bool) -> bool:
+        return mine  # (never captured)
+
+    def close(self) -> None:
+        self._buffers.clear()

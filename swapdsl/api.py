@@ -50,7 +50,7 @@ from swapdsl.planning.problem import Problem, Request
 from swapdsl.planning.sizing import BelowSmallestCap, least_cap
 from swapdsl.runtime import checkpoint, reference, training
 from swapdsl.runtime.data import init_persistent
-from swapdsl.runtime.dist import join
+from swapdsl.runtime.dist import EveryRank, join
 from swapdsl.runtime.dataset import open_dataset
 from swapdsl.runtime.predict import predict as run_predict
 from swapdsl.runtime.backend import array_module, device_bytes_held, require_memory, separate_pool
@@ -387,6 +387,9 @@ def _train_reference(m: Model, opts: Options, backend: str, hooks: Hooks) -> Exe
     name, xp = array_module(backend)
     check_runnable(m.training, name)
     join(m.training)
+    if m.training.ranks > 1 and name == "cupy":  # (the plan's runner places each rank on its own GPU)
+        raise EveryRank("data-parallel runs on CuPy run a plan", hints=[
+            "swapdsl optimize MODEL --ranks N --memory SIZE -o net.plan, then exec net.plan", "or --backend numpy"])
     require_memory(xp, peak_bytes(m.training), 0, f"training `{m.graph.name}` with no cap")
     seed = opts.seed or 0
     trainer = reference.Trainer(m.training, seed, xp)
@@ -528,7 +531,7 @@ def execute_plan(plan: Plan, train: Graph | None, steps: int | None = None, seed
     name, xp = array_module(backend)
     seed = opts.seed or 0
     check_runnable(train, name)
-    join(train, planfile.format_plan(plan) if train.ranks > 1 else "")
+    join(train, f"{planfile.format_plan(plan)}\non {name}" if train.ranks > 1 else "")  # (one backend for all)
     runner = PlanRunner(plan, train, name, xp, seed, check_plan=False, copy_delay_s=copy_delay_s,
                         kernel_delay_s=kernel_delay_s, graph=graph, tf32=tf32, vendor_kernels=vendor_kernels)
     f = simulate(plan)

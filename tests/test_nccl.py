@@ -65,7 +65,6 @@ class World:
         return len(self.seen)
 
     def allgather(self, mine: Any) -> list[Any]:
-        assert mine[0] == self.seen[self.rank][0]  # (this machine's name: the test scripts it)
         return [mine if r == self.rank else s for r, s in enumerate(self.seen)]
 
     def bcast(self, value: Any, root: int) -> Any:
@@ -82,6 +81,10 @@ class FakeNccl:
 
     def __init__(self, peer: np.ndarray | None = None) -> None:
         self.peer, self.made, self.calls = peer, [], []
+        self.destroyed = False
+
+    def destroy(self) -> None:
+        self.destroyed = True
 
     def get_unique_id(self) -> tuple[str, int]:
         return ("uid made by", 0)
@@ -105,8 +108,10 @@ class FakeCupy:
         self.copies: list[str] = []
         self.synced = [0]
         stream = SimpleNamespace(ptr=4242, synchronize=lambda: self.synced.__setitem__(0, self.synced[0] + 1))
+        free = iter([8 << 30, (8 << 30) - (96 << 20)])  # (NCCL's buffers: 96 MiB)
         runtime = SimpleNamespace(getDeviceCount=lambda: len(buses), deviceGetPCIBusId=lambda d: buses[d],
-                                  memcpyDeviceToHost=2, memcpyHostToDevice=1, memcpyAsync=self._copy)
+                                  memcpyDeviceToHost=2, memcpyHostToDevice=1, memcpyAsync=self._copy,
+                                  memGetInfo=lambda: (next(free), 16 << 30))
         self.cuda = SimpleNamespace(runtime=runtime, nccl=nccl, get_current_stream=lambda: stream,
                                     Device=lambda d: SimpleNamespace(use=lambda: self.used.append(d)))
 
@@ -153,9 +158,15 @@ def test_nccl_starts_on_the_ranks_own_gpu_with_rank_0s_id(monkeypatch: pytest.Mo
     cupy = FakeCupy(("b0", "b1"), nccl)
     world = World(1, two_gpus("m"))
     comm, note = gpu_comm(cupy, world)
-    assert isinstance(comm, Nccl) and comm.capturable and note == "NCCL on GPU 1 (m/b1)"
+    assert isinstance(comm, Nccl) and comm.capturable
+    assert note == "NCCL on GPU 1 (m/b1); its buffers take 96.00 MiB outside the cap"
     assert cupy.used == [1] and nccl.made == [(2, ("uid from rank", 0), 1)]
     assert world.dog.entered == ["the GPU placement check", "NCCL's start"]
+    assert comm.all_agree(True) and world.dog.entered[-1] == "the CUDA graph check"
+    world.seen = [False, True]  # (rank 0 did not capture its step)
+    assert not comm.all_agree(True)
+    comm.close()
+    assert nccl.destroyed
 
 
 def test_ranks_sharing_a_gpu_reduce_through_host_memory(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -178,7 +189,7 @@ def test_the_mean_kernel_averages_through_nccl_on_the_current_stream(in_place: b
     cupy = FakeCupy(("b0",), nccl)
     x = device([1.0, 2.0, 3.0], np.float32)
     out = x if in_place else device([0.0] * 3, np.float32)
-    ctx = KernelContext.standalone(np, 0, comm=Nccl(cupy, nccl, nccl, 2, 0, Dog()))
+    ctx = KernelContext.standalone(np, 0, comm=Nccl(cupy, nccl, nccl, World(0, [None, None])))
     mean_kernel(DType.f32)(ctx, [x], out, {"ranks": 2, "link_bw": 1e9})
     np.testing.assert_array_equal(out, np.array([5.5, 11.0, 16.5], np.float32))
     assert nccl.calls == [(x.ctypes.data, out.ctypes.data, 3, FakeNccl.NCCL_FLOAT32, FakeNccl.NCCL_SUM, 4242)]
@@ -186,7 +197,7 @@ def test_the_mean_kernel_averages_through_nccl_on_the_current_stream(in_place: b
 
 def test_nccl_refuses_a_half_bucket_clearly() -> None:
     nccl = FakeNccl()
-    comm = Nccl(FakeCupy(("b0",), nccl), nccl, nccl, 2, 0, Dog())
+    comm = Nccl(FakeCupy(("b0",), nccl), nccl, nccl, World(0, [None, None]))
     with pytest.raises(SwpError, match="float32 or float64, not float16"):
         comm.Allreduce(device([1.0], np.float16), device([1.0], np.float16))
 
@@ -201,3 +212,22 @@ def test_the_staged_all_reduce_copies_out_averages_and_copies_back(pinned: None)
         np.testing.assert_array_equal(out, [5.5, 11.0, 16.5])
     assert cupy.copies == ["to host", "to device"] * 2 and cupy.synced[0] == 4
     assert len(ctx.comm._buffers) == 1
+
+
+class HostSettable(np.ndarray):
+    """A NumPy array with CuPy's ``set`` (a copy from the host)."""
+
+    def set(self, value: np.ndarray) -> None:
+        self[...] = value
+
+
+def test_a_device_array_given_to_mpi_goes_through_host_memory() -> None:
+    """The reference executor on CuPy averages with MPI's communicator (``--check`` beside a data-parallel
+    plan): the kernel copies the bucket to the host and back rather than hand MPI a device pointer."""
+    xp = SimpleNamespace(asnumpy=lambda a: np.array(a, copy=True), divide=np.divide)
+    world = World(0, [None, None], peer=np.array([10.0, 20.0, 30.0]))
+    ctx = KernelContext.standalone(np, 0, comm=world)
+    ctx = KernelContext(xp, ctx.scratch, ctx.step, comm=world)
+    x, out = np.array([1.0, 2.0, 3.0]), np.zeros(3).view(HostSettable)
+    mean_kernel(DType.f64)(ctx, [x], out, {"ranks": 2, "link_bw": 1e9})
+    np.testing.assert_array_equal(out, [5.5, 11.0, 16.5])

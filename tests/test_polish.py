@@ -184,7 +184,7 @@ def test_the_polish_tries_the_search_order_the_model_order_and_other_bred_orders
     assert len(orders) > 2  # (this search breeds plans of several orders)
 
 
-def test_each_order_gets_an_equal_share_of_the_time_left(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_each_order_gets_an_equal_share_of_the_time_left_the_models_at_least_4_s(monkeypatch: pytest.MonkeyPatch) -> None:
     limits: list[float] = []
 
     def unplanned(p: Problem, cap: int, order: list[int], limit: float) -> object:
@@ -201,6 +201,9 @@ def test_each_order_gets_an_equal_share_of_the_time_left(monkeypatch: pytest.Mon
     assert limits[0] == pytest.approx(3.0, abs=0.05)
     assert limits[1] == pytest.approx(4.5, abs=0.05)
     assert limits[2] == pytest.approx(9.0, abs=0.05)
+    limits.clear()
+    assert polish_module.polish(req, p, plan, orders, 0, {}, 6.0) is plan
+    assert polish_module.MODEL_ORDER_S == 4.0 and limits[1] == pytest.approx(4.0, abs=0.05)  # (not 3 s)
     limits.clear()
     assert polish_module.polish(req, p, plan, orders, 0, {}, 0.5) is plan
     assert limits == []  # (under MIN_LIMIT_S: no solve)

@@ -50,6 +50,9 @@ def polishable(p: Problem) -> bool:
 
 ORDER_NAMES = ("the search's order", "the model's order", "another bred plan's order")
 POLISH_ORDERS = 5  # the most orders the polish tries
+# the model's order gets at least this long, where the polish has it: HiGHS found the best plan of three
+# 25-30-op graphs in that order in 4 s and not in 2 s (docs/benchmarks.md, issue 42, ga at 10 s)
+MODEL_ORDER_S = 4.0
 
 
 def polish_orders(p: Problem, plans: Iterable[Plan | None]) -> list[tuple[int, list[int]]]:
@@ -78,16 +81,18 @@ def polish(req: Request, p: Problem, plan: Plan, orders: Sequence[tuple[int, lis
     ``orders`` (``polish_orders``), with ``extra`` among its figures, ``polished_from_ms`` (``plan``'s
     step), ``polish_optimal`` (1: HiGHS proved it the best phased plan for its order) and ``polish_order``
     (its order's index in ``ORDER_NAMES``). Each order gets an equal share of the time still left, so one
-    HiGHS proves quickly leaves more to the next; a solve whose regions do not pack may take a few seconds
-    more (``exact_plan`` solves again, each solve given at least ``MIN_LIMIT_S``)."""
+    HiGHS proves quickly leaves more to the next, and the model's order at least ``MODEL_ORDER_S``; a solve
+    whose regions do not pack may take a few seconds more (``exact_plan`` solves again, each solve given
+    at least ``MIN_LIMIT_S``)."""
     deadline = time.perf_counter() + time_limit_s
     best = plan
     for k, (name, order) in enumerate(orders):
         left = deadline - time.perf_counter()
         if left < MIN_LIMIT_S:
             break
+        share = left / (len(orders) - k)
         try:
-            x = exact_plan(p, req.cap, order, left / (len(orders) - k))
+            x = exact_plan(p, req.cap, order, min(left, max(MODEL_ORDER_S, share)) if name == 1 else share)
         except SwpError:  # (the polish only ever improves a plan: none of its failures costs the search's)
             continue
         if x.program is None or x.homes is None:

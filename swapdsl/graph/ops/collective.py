@@ -4,12 +4,15 @@ gradients travel in buckets, as in PyTorch's DDP: ``bucket_pack`` copies them in
 all-reduce averages it, and ``bucket_unpack`` takes each gradient's average back out of it.
 
 A kernel reaches the other ranks through ``KernelContext.comm`` (mpi4py's interface: MPI on NumPy; on CuPy
-NCCL on the current stream, or MPI through host memory, ``runtime/nccl.py``). Every rank receives the same
+NCCL on the current stream, or MPI through host memory, ``runtime/nccl.py``; a CuPy array given to MPI's
+communicator, in the reference executor, goes through host memory here). Every rank receives the same
 sums (MPI sums in one order for all; NCCL's ring reduces each chunk once and passes the result on), so the
 ranks' parameters stay bit-identical.
 """
 
 from __future__ import annotations
+
+import numpy as np
 
 from swapdsl.common.errors import SwpError
 from swapdsl.graph.ir import TensorType
@@ -35,7 +38,12 @@ def _allreduce_mean(c: KernelContext, ins: list[Array], out: Array, a: Attrs) ->
         have = 1 if comm is None else comm.Get_size()
         raise SwpError(f"this step averages gradients over {a['ranks']} ranks, and it runs in {have}",
                        hints=[f"run it with `mpiexec -n {a['ranks']} swapdsl exec ...`"])
-    comm.Allreduce(x, out)
+    if c.xp is not np and not getattr(comm, "on_device", False):  # MPI's (the reference executor on CuPy)
+        host = c.xp.asnumpy(x)
+        comm.Allreduce(host.copy(), host)
+        out.set(host)
+    else:
+        comm.Allreduce(x, out)
     c.xp.divide(out, out.dtype.type(a["ranks"]), out=out)
 
 

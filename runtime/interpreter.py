@@ -138,7 +138,7 @@ class PlanRunner:
         self.graph_mode = graph if backend == "cupy" else False
         self.graph_note = ("no CUDA graph on NumPy" if backend != "cupy" else
                            "captured at the second step" if graph else "off: each step issued item by item")
-        if self.graph_mode and not getattr(self.comm, "capturable", True):
+        if self.graph_mode and self.comm is not None and not self.comm.capturable:
             self.graph_mode, self.graph_note = False, "off: the all-reduces wait on the host (MPI through host memory)"
         self._graph: Any = None
         self._eager_steps = 0  # on CuPy: the capture waits for one eager step (kernels compiled, cuBLAS set up)
@@ -428,7 +428,7 @@ class PlanRunner:
     def _agreed(self, graph: Any) -> Any:
         """``graph``, where every rank captured its step (NCCL's all-reduces are captured on all ranks or on
         none); else None, the step issued item by item."""
-        if self.comm is None or not hasattr(self.comm, "all_agree") or self.comm.all_agree(graph is not None):
+        if self.comm is None or self.comm.all_agree(graph is not None):
             return graph
         if graph is not None:
             self.graph_mode = False
@@ -464,7 +464,7 @@ class PlanRunner:
         if self.backend == "cupy":
             for stream in self.streams.values():
                 stream.synchronize()
-            if self.comm is not None and hasattr(self.comm, "close"):
+            if self.comm is not None:
                 self.comm.close()
         else:
             self.threads.close()

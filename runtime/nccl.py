@@ -24,6 +24,7 @@ import numpy as np
 
 from swapdsl.common.errors import SwpError
 from swapdsl.common.units import format_bytes
+from swapdsl.runtime.backend import copy_fn
 
 DTYPES = {"float32": "NCCL_FLOAT32", "float64": "NCCL_FLOAT64"}  # the dtypes a gradient is averaged in
 
@@ -100,10 +101,10 @@ class Nccl:
         self.cupy, self.nccl, self.comm, self.watched = cupy, nccl, comm, watched
 
     def Get_size(self) -> int:  # noqa: N802 (mpi4py's names)
-        return int(self.watched.Get_size())
+        return self.watched.Get_size()
 
     def Get_rank(self) -> int:  # noqa: N802
-        return int(self.watched.Get_rank())
+        return self.watched.Get_rank()
 
     def Allreduce(self, x: Any, out: Any) -> None:  # noqa: N802
         dtype = DTYPES.get(x.dtype.name)
@@ -144,11 +145,11 @@ class Staged:
 
     def Allreduce(self, x: Any, out: Any) -> None:  # noqa: N802
         send, recv = self._pair(x)
-        runtime, stream = self.cupy.cuda.runtime, self.cupy.cuda.get_current_stream()
-        runtime.memcpyAsync(send.ctypes.data, x.data.ptr, x.nbytes, runtime.memcpyDeviceToHost, stream.ptr)
+        stream = self.cupy.cuda.get_current_stream()
+        copy_fn(self.cupy, x, send, to_device=False)()
         stream.synchronize()
         self.watched.Allreduce(send, recv)
-        runtime.memcpyAsync(out.data.ptr, recv.ctypes.data, out.nbytes, runtime.memcpyHostToDevice, stream.ptr)
+        copy_fn(self.cupy, out, recv, to_device=True)()
         stream.synchronize()  # (recv is reused by the next bucket of this shape)
 
     def _pair(self, x: Any) -> tuple[np.ndarray, np.ndarray]:

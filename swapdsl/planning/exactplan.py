@@ -46,7 +46,7 @@ that work in place or make a new value, swap-ins due only for a rerun, a pinned 
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import attrs
 import numpy as np
@@ -106,6 +106,8 @@ class _V:
     pin: dict[int, int] = attrs.Factory(dict)
     cin: dict[int, dict[int, int]] = attrs.Factory(dict)
     due: dict[int, dict[int, int]] = attrs.Factory(dict)  # tensor -> swap-in gap -> the gap it lands for
+    cr: dict[int, dict[tuple[int, int], int]] = attrs.Factory(dict)  # tensor -> (gap a, gap g) -> a swap-in
+    # starting in a for the reruns of g
     co: dict[int, dict[int, int]] = attrs.Factory(dict)
     E: dict[int, int] = attrs.Factory(dict)
     rc: dict[int, dict[int, int]] = attrs.Factory(dict)
@@ -125,11 +127,13 @@ class _V:
         return self.p.op_ms[self.order[g - 1]] if 1 <= g <= self.n else 0.0
 
 
-def exact_plan(p: Problem, cap: int, order: Sequence[int], time_limit_s: float = 60.0) -> ExactPlan:
+def exact_plan(p: Problem, cap: int, order: Sequence[int], time_limit_s: float = 60.0,
+               below_ms: float | None = None) -> ExactPlan:
     """The fastest phased plan of ``p`` under ``cap`` (scratch included) whose ops first run in ``order``,
     as far as HiGHS gets in ``time_limit_s``. Where the regions of its solution do not pack, the program is
     solved again with that much less room (three solves in all): the plan is then no longer proven best,
-    and the bound is the first solution's (bytes under the whole cap)."""
+    and the bound is the first solution's (bytes under the whole cap). ``below_ms``: only plans whose
+    program value is at most that (a cutoff: proven "none" is then a bound of ``below_ms``)."""
     check_supported(p)
     if sorted(order) != list(range(p.n_ops)) or not respects(p, order):
         raise SwpError("the order must run every op once, after the ops it depends on")
@@ -142,13 +146,17 @@ def exact_plan(p: Problem, cap: int, order: Sequence[int], time_limit_s: float =
     room, bound = tensor_cap, None
     for _ in range(3):
         v = _build(p, room, list(order))
+        if below_ms is not None:
+            v.prog.ub[v.T[v.n + 2]] = min(v.top, below_ms)
         res = v.prog.solve(left())
         if bound is None:
             bound = dual_bound(res)
         if res.x is None:
             proven = res.status == INFEASIBLE and room == tensor_cap
-            why = "no phased plan fits this cap" if proven else f"HiGHS found no plan in {time_limit_s:g} s"
-            return ExactPlan(None, None, float("inf"), float("inf") if proven else bound, proven,
+            none = float("inf") if below_ms is None else below_ms
+            why = (("no phased plan fits this cap" if below_ms is None else f"no phased plan within {below_ms:g} ms")
+                   if proven else f"HiGHS found no plan in {time_limit_s:g} s")
+            return ExactPlan(None, None, float("inf"), none if proven else bound, proven,
                              time.perf_counter() - started, tuple(order), why)
         sol = np.round(res.x).astype(int)
         regions, overflow = layout(v, sol, tensor_cap, left())
@@ -274,9 +282,9 @@ def _copies_in(v: _V) -> None:
     then; never into a region the tensor already holds."""
     p, prog, n = v.p, v.prog, v.n
     for t, rs in v.r.items():
-        if t in p.inputs or (t in v.made and t not in v.co):
+        start = _first_copy_in(v, t)
+        if start is None:
             continue
-        start = 0 if t in p.persistent else v.made[t] + 2
         reads = v.reads.get(t, [])
         v.cin[t], v.due[t] = {}, {}
         for a in range(start, n + 1):
@@ -291,6 +299,14 @@ def _copies_in(v: _V) -> None:
                 prog.row({j: 1.0, rs[a - 1]: 1.0}, ub=1.0)
             for g in range(a, u + 1):
                 prog.row({rs[g]: 1.0, j: -1.0}, lb=0.0)
+
+
+def _first_copy_in(v: _V, t: int) -> int | None:
+    """The first gap a swap-in of t may start in (an input is never copied; a tensor made in the step only
+    once it may have been copied out), or None."""
+    if t in v.p.inputs or (t in v.made and t not in v.co):
+        return None
+    return 0 if t in v.p.persistent else v.made[t] + 2
 
 
 def _copies_out(v: _V) -> None:
@@ -346,6 +362,7 @@ def _reruns(v: _V) -> None:
         last = max(g for t in outs for g in v.reads.get(t, [0]))
         if last >= v.gap[i] + 2:
             v.rc[i] = {g: prog.var(integer=True) for g in range(v.gap[i] + 1, last + 1)}
+    _rerun_copies(v)
     for i, js in v.rc.items():
         for g, j in js.items():
             for o in p.op_outputs[i]:
@@ -355,13 +372,16 @@ def _reruns(v: _V) -> None:
                 prog.row({v.r[t][g]: 1.0, j: -1.0}, lb=0.0)
                 maker = v.e.producer.get(t)
                 again = {v.rc[maker][g]: 1.0} if maker in v.rc and g in v.rc[maker] else {}
+                if (g, g) in v.cr.get(t, {}):
+                    again[v.cr[t][g, g]] = 1.0
                 prog.row({v.r[t][g - 1]: 1.0, **again, j: -1.0}, lb=0.0)
                 for a, k in v.cin.get(t, {}).items():
                     if a <= g <= v.due[t][a]:
                         prog.row({j: 1.0, k: 1.0}, ub=1.0)
             for o in p.op_outputs[i]:
-                if g in v.cin.get(o, {}):
-                    prog.row({j: 1.0, v.cin[o][g]: 1.0}, ub=1.0)
+                same = [k for (a, _), k in v.cr.get(o, {}).items() if a == g]
+                for k in [*same, *([v.cin[o][g]] if g in v.cin.get(o, {}) else [])]:
+                    prog.row({j: 1.0, k: 1.0}, ub=1.0)
     for g in range(n + 2):
         reruns = {js[g]: -p.op_ms[i] for i, js in v.rc.items() if g in js}
         prog.row({v.S[g]: 1.0, v.R[g]: -1.0, **reruns}, lb=0.0)
@@ -369,27 +389,80 @@ def _reruns(v: _V) -> None:
     _streams(v)
 
 
+def _rerun_copies(v: _V) -> None:
+    """``cr``: a swap-in of t starting in gap a (up to ``RERUN_LEAD`` gaps early) for the reruns of gap g,
+    landing before they start, t held in between: only with a rerun of g that reads t, where no op of gaps
+    a..g-1 reads t and no rerun of them does, into a region t did not hold in a-1, never beside another
+    swap-in of t starting in a, and (a tensor made in the step) after its swap-out ends."""
+    p, prog = v.p, v.prog
+    for i, js in v.rc.items():
+        for t in dict.fromkeys(p.op_inputs[i]):
+            start = _first_copy_in(v, t)
+            for g in js:
+                read = max((h for h in v.reads.get(t, []) if h < g), default=-1)
+                for a in range(max(start if start is not None else g + 1, read + 1, g - RERUN_LEAD), g + 1):
+                    if (a, g) not in v.cr.get(t, {}):
+                        v.cr.setdefault(t, {})[a, g] = prog.var(integer=True)
+    for t, spans in v.cr.items():
+        for (a, g), j in spans.items():
+            readers = {js[g]: -1.0 for i, js in v.rc.items() if g in js and t in p.op_inputs[i]}
+            prog.row({j: 1.0, **readers}, ub=0.0)
+            for i, js in v.rc.items():
+                if t in p.op_inputs[i]:
+                    for h in range(a, g):
+                        if h in js:
+                            prog.row({j: 1.0, js[h]: 1.0}, ub=1.0)
+            if a:
+                prog.row({j: 1.0, v.r[t][a - 1]: 1.0}, ub=1.0)
+            for h in range(a, g + 1):
+                prog.row({v.r[t][h]: 1.0, j: -1.0}, lb=0.0)
+            if t in v.pin:
+                prog.row({j: 1.0, v.pin[t]: 1.0}, ub=1.0)
+            if t in v.co:
+                prog.row({j: 1.0, **{k: -1.0 for b, k in v.co[t].items() if b < a}}, ub=0.0)
+                prog.row({v.E[t]: 1.0, v.Bin[a]: -1.0, j: v.top}, ub=v.top)
+        for a in {a for a, _ in spans}:
+            starting = {k: 1.0 for (a2, _), k in spans.items() if a2 == a}
+            if a in v.cin.get(t, {}):
+                starting[v.cin[t][a]] = 1.0
+            prog.row(starting, ub=1.0)
+
+
+RERUN_LEAD = 3  # a swap-in for a rerun starts at most this many gaps before it
+
+
+def _landings(v: _V, a: int, on: Callable[[int], bool]) -> list[tuple[int, int, int, bool]]:
+    """The swap-ins starting in gap a that ``on`` takes, as (variable, tensor, gap, for its reruns), in the
+    order the stream runs them: by the gap they land for (a rerun's before that gap's op), then by
+    tensor."""
+    mine = [(g, 0, t, j) for t, spans in v.cr.items() for (a2, g), j in spans.items() if a2 == a and on(j)]
+    mine += [(v.due[t][a], 1, t, js[a]) for t, js in v.cin.items() if a in js and on(js[a])]
+    return [(j, t, g, not late) for g, late, t, j in sorted(mine)]
+
+
 def _streams(v: _V) -> None:
     """Each copy stream starts gap g's copies at ``B[g]``, once the gap has begun and the previous gap's
     copies are done, and runs them back to back (swap-ins by the gap they land for, then by tensor): a
     swap-in lands before its op starts, a swap-out ends by ``E``."""
     p, prog, n = v.p, v.prog, v.n
-    for starts, ends, copies, to_device in ((v.Bin, v.Fin, v.cin, True), (v.Bout, v.Fout, v.co, False)):
+    for starts, ends, to_device in ((v.Bin, v.Fin, True), (v.Bout, v.Fout, False)):
         for g in range(n + 2):
-            batch = sorted((v.due[t][g] if to_device else 0, t) for t, js in copies.items() if g in js)
-            ms = {t: copy_ms(p.device, p.nbytes[t], to_device) for _, t in batch}
+            # (copy variable, tensor, the start its copy lands by: None for a swap-out)
+            batch = ([(j, t, v.R[u] if rerun else v.S[u]) for j, t, u, rerun in _landings(v, g, lambda j: True)]
+                     if to_device else
+                     [(js[g], t, None) for t, js in sorted(v.co.items()) if g in js])
+            ms = {j: copy_ms(p.device, p.nbytes[t], to_device) for j, t, _ in batch}
             prog.row({starts[g]: 1.0, v.T[g]: -1.0}, lb=0.0)
             if g:
                 prog.row({starts[g]: 1.0, ends[g - 1]: -1.0}, lb=0.0)
-            prog.row({ends[g]: 1.0, starts[g]: -1.0, **{copies[t][g]: -ms[t] for _, t in batch}}, lb=0.0)
-            for k, (due, t) in enumerate(batch):
-                sofar = {copies[t2][g]: ms[t2] for _, t2 in batch[:k + 1]}
-                j = copies[t][g]
-                if to_device:  # (j's own time is in ``sofar``)
-                    prog.row({starts[g]: 1.0, **sofar, v.S[due]: -1.0, j: v.top + ms[t]}, ub=v.top)
+            prog.row({ends[g]: 1.0, starts[g]: -1.0, **{j: -ms[j] for j in ms}}, lb=0.0)
+            for k, (j, t, by) in enumerate(batch):
+                sofar = {j2: ms[j2] for j2, _, _ in batch[:k + 1]}
+                if by is not None:  # (j's own time is in ``sofar``)
+                    prog.row({starts[g]: 1.0, **sofar, by: -1.0, j: v.top + ms[j]}, ub=v.top)
                 else:
                     prog.row({v.E[t]: 1.0, starts[g]: -1.0, **{c: -x for c, x in sofar.items()},
-                              j: -v.top - ms[t]}, lb=-v.top)
+                              j: -v.top - ms[j]}, lb=-v.top)
 
 
 def _arrivals(v: _V) -> None:
@@ -409,6 +482,9 @@ def _arrivals(v: _V) -> None:
                 continue
             if g in v.cin.get(t, {}):
                 coeffs[v.cin[t][g]] = -1.0
+            for (a, _), k in v.cr.get(t, {}).items():
+                if a == g:
+                    coeffs[k] = -1.0
             if maker in v.rc and g in v.rc[maker]:
                 coeffs[v.rc[maker][g]] = -1.0
             prog.row(coeffs, ub=0.0)
@@ -455,14 +531,15 @@ def schedule_ms(v: _V, sol: np.ndarray) -> float:
             start = done[t] = start + copy_ms(p.device, p.nbytes[t], False)
         fout = start
         dropped = [done[t] for t in done if not on(v.r[t][g])]
-        arriving = sorted((v.due[t][g], t) for t, js in v.cin.items() if g in js and on(js[g]))
-        start = max([T[g], fin, *dropped, *(done[t] for _, t in arriving if t in done)])
-        for _, t in arriving:
-            start = land[t, g] = start + copy_ms(p.device, p.nbytes[t], True)
+        arriving = _landings(v, g, on)
+        start = max([T[g], fin, *dropped, *(done[t] for _, t, _, _ in arriving if t in done)])
+        for _, t, u, rerun in arriving:
+            start = start + copy_ms(p.device, p.nbytes[t], True)
+            land.setdefault((u, rerun), []).append(start)
         fin = start
         reruns = sum(p.op_ms[i] for i, js in v.rc.items() if g in js and on(js[g]))
-        due = [at for (t, a), at in land.items() if v.due[t][a] == g]
-        T[g + 1] = max([max([T[g], *dropped]) + reruns, *due]) + v.op_ms(g)
+        ready = max([T[g], *dropped, *land.get((g, True), [])])  # when the reruns may start
+        T[g + 1] = max([ready + reruns, *land.get((g, False), [])]) + v.op_ms(g)
     return max(T[n + 2], fin, fout)
 
 
@@ -531,9 +608,12 @@ def _program(v: _V, sol: np.ndarray, regions: dict[tuple[int, int], Region]) -> 
         program += [SwapOut(name(t), anchor) for t in sorted(t for t, js in v.co.items() if g in js and sol[js[g]])]
         program += [Free(name(t), anchor) for t in v.r if g - 1 in on[t] and g not in on[t]
                     and v.consumed.get(t) != g - 1]
-        landing = sorted((v.due[t][g], t) for t, js in v.cin.items() if g in js and sol[js[g]])
-        program += [SwapIn(name(t), region(t, g), anchor, v.order[u - 1]) for u, t in landing]
-        for i in sorted((i for i, js in v.rc.items() if g in js and sol[js[g]]), key=v.gap.__getitem__):
+        reruns = sorted((i for i, js in v.rc.items() if g in js and sol[js[g]]), key=v.gap.__getitem__)
+        for _, t, u, rerun in _landings(v, g, lambda j: bool(sol[j])):
+            before = v.order[u - 1] if not rerun else next(
+                i for i in sorted(v.rc, key=v.gap.__getitem__) if t in p.op_inputs[i] and u in v.rc[i] and sol[v.rc[i][u]])
+            program.append(SwapIn(name(t), region(t, g), anchor, before))
+        for i in reruns:
             program.append(Run(i, tuple((name(t), region(t, g)) for t in p.op_outputs[i]), recompute=True))
         if 1 <= g <= n:
             op = v.order[g - 1]

@@ -108,6 +108,7 @@ class _V:
     due: dict[int, dict[int, int]] = attrs.Factory(dict)  # tensor -> swap-in gap -> the gap it lands for
     cr: dict[int, dict[tuple[int, int], int]] = attrs.Factory(dict)  # tensor -> (gap a, gap g) -> a swap-in
     # starting in a for the reruns of g
+    late: dict[int, dict[int, int]] = attrs.Factory(dict)  # tensor -> gap g: held through g's reruns only
     co: dict[int, dict[int, int]] = attrs.Factory(dict)
     E: dict[int, int] = attrs.Factory(dict)
     rc: dict[int, dict[int, int]] = attrs.Factory(dict)
@@ -363,13 +364,15 @@ def _reruns(v: _V) -> None:
         if last >= v.gap[i] + 2:
             v.rc[i] = {g: prog.var(integer=True) for g in range(v.gap[i] + 1, last + 1)}
     _rerun_copies(v)
+    _late_frees(v)
     for i, js in v.rc.items():
         for g, j in js.items():
             for o in p.op_outputs[i]:
                 prog.row({j: 1.0, v.r[o][g - 1]: 1.0}, ub=1.0)
                 prog.row({v.r[o][g]: 1.0, j: -1.0}, lb=0.0)
             for t in dict.fromkeys(p.op_inputs[i]):
-                prog.row({v.r[t][g]: 1.0, j: -1.0}, lb=0.0)
+                late = {v.late[t][g]: 1.0} if g in v.late.get(t, {}) else {}
+                prog.row({v.r[t][g]: 1.0, **late, j: -1.0}, lb=0.0)
                 maker = v.e.producer.get(t)
                 again = {v.rc[maker][g]: 1.0} if maker in v.rc and g in v.rc[maker] else {}
                 if (g, g) in v.cr.get(t, {}):
@@ -429,6 +432,27 @@ def _rerun_copies(v: _V) -> None:
 
 
 RERUN_LEAD = 3  # a swap-in for a rerun starts at most this many gaps before it
+
+
+def _late_frees(v: _V) -> None:
+    """``late``: a tensor held in gap g-1 that only g's reruns read in g may stay for them and be freed
+    before g's op (its bytes then count in g's rerun phase, ``_memory``, not in g); not past an op that
+    works in place over it."""
+    p, prog = v.p, v.prog
+    for i, js in v.rc.items():
+        for t in dict.fromkeys(p.op_inputs[i]):
+            if t in p.inputs:
+                continue
+            for g in js:
+                if (g not in v.reads.get(t, []) and g <= v.consumed.get(t, v.n + 1) and prog.lb[v.r[t][g]] < 1
+                        and g not in v.late.get(t, {})):
+                    v.late.setdefault(t, {})[g] = prog.var(integer=True)
+    for t, gs in v.late.items():
+        for g, j in gs.items():
+            readers = {js[g]: -1.0 for i, js in v.rc.items() if g in js and t in p.op_inputs[i]}
+            prog.row({j: 1.0, **readers}, ub=0.0)
+            prog.row({j: 1.0, v.r[t][g - 1]: -1.0}, ub=0.0)
+            prog.row({j: 1.0, v.r[t][g]: 1.0}, ub=1.0)
 
 
 def _landings(v: _V, a: int, on: Callable[[int], bool]) -> list[tuple[int, int, int, bool]]:
@@ -505,9 +529,15 @@ def _reads_ready(v: _V) -> None:
 
 
 def _memory(v: _V) -> None:
+    """The regions held in each gap fit; where a tensor stays for a gap's reruns only, so do those held
+    while the reruns run: the gap's, less its op's outputs (not made yet), and the late ones."""
     p = v.p
     for g in range(v.n + 2):
         coeffs = {rs[g]: float(p.size[t]) for t, rs in v.r.items()}
+        late = {gs[g]: float(p.size[t]) for t, gs in v.late.items() if g in gs}
+        if late:
+            before_op = {j: x for (t, rs), (j, x) in zip(v.r.items(), coeffs.items()) if v.made.get(t) != g}
+            v.prog.row({**before_op, **late}, ub=float(v.tensor_cap))
         room = float(v.tensor_cap)
         if 1 <= g <= v.n:
             op = v.order[g - 1]
@@ -543,9 +573,11 @@ def schedule_ms(v: _V, sol: np.ndarray) -> float:
     return max(T[n + 2], fin, fout)
 
 
-def residencies(v: _V, sol: np.ndarray) -> list[tuple[list[tuple[int, int]], int]]:
+def residencies(v: _V, sol: np.ndarray) -> list[tuple[list[tuple[int, int]], int, int]]:
     """The regions a solution needs: each a chain of (tensor, first gap) residencies that share it (an
-    output made in place joins its input's), with the last gap it is held in."""
+    output made in place joins its input's), with the first and last *phase* it is held in: gap g's
+    reruns (and the copies before them) are phase 2g, its op 2g + 1. An op's outputs are taken in its
+    phase, and a tensor that stays for the reruns of the gap after its last (``late``) is held to theirs."""
     chains: dict[tuple[int, int], list[tuple[int, int]]] = {}
     last: dict[tuple[int, int], int] = {}
     into = {out: src for src, g in v.consumed.items() for out in v.p.op_outputs[v.order[g - 1]][:1]}
@@ -561,8 +593,9 @@ def residencies(v: _V, sol: np.ndarray) -> list[tuple[list[tuple[int, int]], int
         else:
             key = (t, g)
             chains[key] = [(t, g)]
-        last[key] = max(last.get(key, end), end)
-    return [(ch, last[k]) for k, ch in chains.items()]
+        stays = end + 1 in v.late.get(t, {}) and sol[v.late[t][end + 1]]
+        last[key] = max(last.get(key, 0), 2 * end + 1 + bool(stays))
+    return [(ch, 2 * ch[0][1] + (v.made.get(ch[0][0]) == ch[0][1]), last[k]) for k, ch in chains.items()]
 
 
 def _end(held: list[int], g: int) -> int:
@@ -583,11 +616,11 @@ def layout(v: _V, sol: np.ndarray, tensor_cap: int, time_limit_s: float = 10.0
     """A region for every residency chain (``packing.pack``): the regions and 0, or none and the least
     overflow found."""
     chains = residencies(v, sol)
-    items = [(chain[0][1], end, max(v.p.size[t] for t, _ in chain)) for chain, end in chains]
+    items = [(first, end, max(v.p.size[t] for t, _ in chain)) for chain, first, end in chains]
     offsets, overflow = pack(items, tensor_cap, time_limit_s)
     if offsets is None:
         return {}, max(overflow, ALIGN)
-    return {link: Region(o, size) for (chain, _), o, (_, _, size) in zip(chains, offsets, items)
+    return {link: Region(o, size) for (chain, _, _), o, (_, _, size) in zip(chains, offsets, items)
             for link in chain}, 0
 
 
@@ -606,8 +639,9 @@ def _program(v: _V, sol: np.ndarray, regions: dict[tuple[int, int], Region]) -> 
     name = p.names.__getitem__
     for g in range(n + 2):  # (each stream's copies in the order ``_streams`` and ``schedule_ms`` time them)
         program += [SwapOut(name(t), anchor) for t in sorted(t for t, js in v.co.items() if g in js and sol[js[g]])]
-        program += [Free(name(t), anchor) for t in v.r if g - 1 in on[t] and g not in on[t]
-                    and v.consumed.get(t) != g - 1]
+        dropped = [t for t in v.r if g - 1 in on[t] and g not in on[t] and v.consumed.get(t) != g - 1]
+        stay = {t for t in dropped if g in v.late.get(t, {}) and sol[v.late[t][g]]}
+        program += [Free(name(t), anchor) for t in dropped if t not in stay]
         reruns = sorted((i for i, js in v.rc.items() if g in js and sol[js[g]]), key=v.gap.__getitem__)
         for _, t, u, rerun in _landings(v, g, lambda j: bool(sol[j])):
             before = v.order[u - 1] if not rerun else next(
@@ -615,6 +649,7 @@ def _program(v: _V, sol: np.ndarray, regions: dict[tuple[int, int], Region]) -> 
             program.append(SwapIn(name(t), region(t, g), anchor, before))
         for i in reruns:
             program.append(Run(i, tuple((name(t), region(t, g)) for t in p.op_outputs[i]), recompute=True))
+        program += [Free(name(t), reruns[-1]) for t in dropped if t in stay]
         if 1 <= g <= n:
             op = v.order[g - 1]
             in_place = bool(p.in_place[op] and p.op_inputs[op] and p.op_outputs[op])

@@ -1,14 +1,15 @@
 """How far is ga from the best phased plan over *every* order? (issue 42)
 
-Usage: python bench/exact_orders.py [--max-orders 1000] [--seeds 150] [--time-limit 10] [--budget 10]
+Usage: python bench/exact_orders.py [--max-orders 1000] [--seeds 150] [--time-limit 10] [--budgets 10 60]
                                     [--shard K/N] [--json FILE]
 
 The property tests' random graphs (``seeded_training_graph(seed, max_depth=2)``, seeds below ``--seeds``)
 and the convolution-shaped ones (``fuzz/shaped.py``) with at most ``--max-orders`` orders of first runs
 (the smallest have 12-14 ops), the first four of each family, at the smallest feasible cap and 0.3 of the
-way from it to the no-swap arena, on ``v100-16gb``. For each: belady, capuchin, ga (``--budget`` s, one
-worker, seed 0, its polish included), the exact plan for the model's order, and the exact planner over
-every order (``orders.best_over_orders``, HiGHS ``--time-limit`` s an order, ga's order first): the
+way from it to the no-swap arena, on ``v100-16gb``. For each: belady, capuchin, ga at each of
+``--budgets`` s (one worker, seed 0, its polish included), the exact plan for the model's order, and the
+exact planner over every order (``orders.best_over_orders``, HiGHS ``--time-limit`` s an order, the ga
+plans' orders first): the
 fastest phased plan of the graph, proven when every order is settled. Every plan is simulated; the exact
 ones are validated and checked to simulate at or under their program's value.
 """
@@ -63,30 +64,34 @@ def case(family: str, seed: int, where: float, args: argparse.Namespace) -> dict
     no_swap = no_swap_bytes(p)
     need = smallest_cap(p, no_swap)
     req = Request(g, DEVICE, int(need + where * (no_swap - need)) + p.scratch, f"{family}-{seed}", ())
-    opts = SearchOptions(budget_s=args.budget, workers=1, seed=0)
     row = {"family": family, "seed": seed, "ops": p.n_ops, "orders": count_orders(p), "where": where}
     for method in ("belady", "capuchin"):
-        row[method] = simulate(optimize(req, method, opts)).iteration_ms
-    ga = optimize(req, "ga", opts)
-    row["ga"] = simulate(ga).iteration_ms
+        row[method] = simulate(optimize(req, method, SearchOptions(workers=1, seed=0))).iteration_ms
+    plans = {b: optimize(req, "ga", SearchOptions(budget_s=b, workers=1, seed=0)) for b in args.budgets}
+    for b, plan in plans.items():
+        row[f"ga{b:g}"] = simulate(plan).iteration_ms
+        row[f"ga{b:g}_order"] = first_runs(plan)
     row["exact_default"] = simulated(req, p, exact_plan(p, req.cap, list(range(p.n_ops)), args.time_limit))
-    over = best_over_orders(p, req.cap, args.time_limit, first=[first_runs(ga)])
+    over = best_over_orders(p, req.cap, args.time_limit, first=[first_runs(plan) for plan in plans.values()])
     row["best_over_orders"] = simulated(req, p, over.best) if over.best else float("inf")
     row.update(proven=over.proven, settled=over.settled, bound_ms=over.bound_ms, seconds=over.seconds,
-               best_order=list(over.best.order) if over.best else None, ga_order=first_runs(ga))
+               best_order=list(over.best.order) if over.best else None)
     return row
 
 
-def summary(rows: list[dict]) -> None:
+def summary(rows: list[dict], budgets: list[float]) -> None:
     def stats(values: list[float]) -> str:
         return f"median {statistics.median(values):.3f}, worst {max(values):.3f}, best {min(values):.3f}"
 
     print(f"\n{len(rows)} cases; every order settled in {sum(r['proven'] for r in rows)}")
-    for method in ("ga", "belady", "capuchin", "exact_default"):
+    for method in [*(f"ga{b:g}" for b in budgets), "belady", "capuchin", "exact_default"]:
         print(f"{method} / best phased plan over every order: "
               f"{stats([r[method] / r['best_over_orders'] for r in rows])}")
-    print(f"ga faster than every phased plan: {sum(r['ga'] < r['best_over_orders'] * (1 - 1e-6) for r in rows)}; "
-          f"ga in the best plan's order: {sum(r['ga_order'] == r['best_order'] for r in rows)}")
+    for b in budgets:
+        ga = f"ga{b:g}"
+        print(f"{ga} faster than every phased plan: "
+              f"{sum(r[ga] < r['best_over_orders'] * (1 - 1e-6) for r in rows)}; "
+              f"in the best plan's order: {sum(r[ga + '_order'] == r['best_order'] for r in rows)}")
 
 
 def main() -> None:
@@ -94,15 +99,17 @@ def main() -> None:
     ap.add_argument("--max-orders", type=int, default=1000)
     ap.add_argument("--seeds", type=int, default=150)
     ap.add_argument("--time-limit", type=float, default=10.0)
-    ap.add_argument("--budget", type=float, default=10.0)
+    ap.add_argument("--budgets", type=float, nargs="+", default=[10.0, 60.0])
     ap.add_argument("--shard", default="0/1", help="K/N: run the cases whose index is K modulo N")
     ap.add_argument("--json", metavar="FILE")
     args = ap.parse_args()
     k, n = map(int, args.shard.split("/"))
     cases = [(f, s, w) for f, s in graphs(args.max_orders, args.seeds) for w in WHERE]
-    print("| graph | ops | orders | cap | belady | capuchin | ga | exact (model's order) | best over every order "
-          "| settled | seconds | ga / best |")
-    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+    gas = [f"ga{b:g}" for b in args.budgets]
+    print(f"| graph | ops | orders | cap | belady | capuchin | {' | '.join(f'ga {b:g} s' for b in args.budgets)} "
+          f"| exact (model's order) | best over every order | settled | seconds | "
+          f"{' | '.join(f'ga {b:g} s / best' for b in args.budgets)} |")
+    print("|---|" + "---:|" * (10 + 2 * len(gas)))
     rows = []
     for i, (family, seed, where) in enumerate(cases):
         if i % n != k:
@@ -110,10 +117,11 @@ def main() -> None:
         r = case(family, seed, where, args)
         rows.append(r)
         print(f"| {family} {seed} | {r['ops']} | {r['orders']} | {where:g} | {r['belady']:.4f} | {r['capuchin']:.4f} | "
-              f"{r['ga']:.4f} | {r['exact_default']:.4f} | {r['best_over_orders']:.4f} | "
-              f"{r['settled']}/{r['orders']} | {r['seconds']:.0f} | {r['ga'] / r['best_over_orders']:.3f} |",
+              + "".join(f"{r[ga]:.4f} | " for ga in gas)
+              + f"{r['exact_default']:.4f} | {r['best_over_orders']:.4f} | {r['settled']}/{r['orders']} | "
+              f"{r['seconds']:.0f} | " + " | ".join(f"{r[ga] / r['best_over_orders']:.3f}" for ga in gas) + " |",
               flush=True)
-    summary(rows)
+    summary(rows, args.budgets)
     if args.json:
         with open(args.json, "w") as f:
             json.dump(rows, f, indent=1)

@@ -24,6 +24,7 @@ from swapdsl.planning import ga
 from swapdsl.planning import polish as polish_module
 from swapdsl.planning.exact import first_runs
 from swapdsl.planning.exactplan import exact_plan
+from swapdsl.planning.orders import CUTOFF, near
 from swapdsl.planning.ga import Search, SearchOptions, SearchProgress, genetic_search
 from swapdsl.planning.polish import POLISH_MAX_OPS, POLISH_MIN_S, polish_limit, polishable
 from swapdsl.planning.problem import Problem, Request
@@ -185,10 +186,14 @@ def test_the_polish_tries_the_search_order_the_model_order_and_other_bred_orders
 
 
 def test_each_order_gets_an_equal_share_of_the_time_left_the_models_at_least_4_s(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Then the orders one or two moves from the best (none of these fake solves makes a plan), each cut
+    off below the plan's step and given at most ``NEIGHBOUR_S``, every one of them once."""
     limits: list[float] = []
+    cuts: list[float | None] = []
 
-    def unplanned(p: Problem, cap: int, order: list[int], limit: float) -> object:
+    def unplanned(p: Problem, cap: int, order: list[int], limit: float, below_ms: float | None = None) -> object:
         limits.append(limit)
+        cuts.append(below_ms)
         return attrs.make_class("Unplanned", {"program": attrs.field(default=None),
                                               "homes": attrs.field(default=None)})()
 
@@ -201,6 +206,10 @@ def test_each_order_gets_an_equal_share_of_the_time_left_the_models_at_least_4_s
     assert limits[0] == pytest.approx(3.0, abs=0.05)
     assert limits[1] == pytest.approx(4.5, abs=0.05)
     assert limits[2] == pytest.approx(9.0, abs=0.05)
+    step = dict(plan.figures)["iteration_ms"]
+    assert cuts[:3] == [None] * 3 and len(cuts) - 3 == sum(1 for _ in near(p, first_runs(plan)))
+    assert all(c == pytest.approx(step * (1 - CUTOFF)) for c in cuts[3:])
+    assert all(lim <= polish_module.NEIGHBOUR_S for lim in limits[3:])
     limits.clear()
     assert polish_module.polish(req, p, plan, orders, 0, {}, 6.0) is plan
     assert polish_module.MODEL_ORDER_S == 4.0 and limits[1] == pytest.approx(4.0, abs=0.05)  # (not 3 s)

@@ -70,6 +70,39 @@ def orders(p: Problem) -> Iterator[list[int]]:
     yield from extend(0)
 
 
+def neighbours(p: Problem, order: Sequence[int]) -> Iterator[list[int]]:
+    """The orders one op's move away from ``order``, each once: first every op moved as early and as late
+    as its precedences allow (where the best orders of small graphs put their fills and updates), then
+    the other moves, the shortest first."""
+    before = _before(p)
+    after = [sum(1 << j for j in range(p.n_ops) if before[j] >> i & 1) for i in range(p.n_ops)]
+    places = []  # (op, where it may go in the order without it)
+    for k, op in enumerate(order):
+        rest = [q for q in order if q != op]
+        lo = max((r + 1 for r, q in enumerate(rest) if before[op] >> q & 1), default=0)
+        hi = min((r for r, q in enumerate(rest) if after[op] >> q & 1), default=len(rest))
+        places += [(0, op, lo), (0, op, hi)] + [(abs(to - k), op, to) for to in range(lo + 1, hi)]
+    seen = {tuple(order)}
+    for _, op, to in sorted(places, key=lambda x: x[0]):
+        rest = [q for q in order if q != op]
+        moved = [*rest[:to], op, *rest[to:]]
+        if tuple(moved) not in seen:
+            seen.add(tuple(moved))
+            yield moved
+
+
+def near(p: Problem, order: Sequence[int]) -> Iterator[list[int]]:
+    """The orders one op's move from ``order`` (``neighbours``), then those two moves from it, each once."""
+    first = list(neighbours(p, order))
+    seen = {tuple(order), *map(tuple, first)}
+    yield from first
+    for o in first:
+        for moved in neighbours(p, o):
+            if tuple(moved) not in seen:
+                seen.add(tuple(moved))
+                yield moved
+
+
 @attrs.frozen
 class OverOrders:
     """``best``: the fastest phased plan found over every order (``None`` if none fits); ``bound_ms``: no

@@ -10,13 +10,14 @@ the search's plan as it is."""
 from __future__ import annotations
 
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 
 from swapdsl.common.errors import SwpError
 from swapdsl.plan.program import Plan
 from swapdsl.planning.baselines import assemble, with_figures
 from swapdsl.planning.exact import first_runs
 from swapdsl.planning.exactplan import MIN_LIMIT_S, exact_plan
+from swapdsl.planning.orders import CUTOFF, near
 from swapdsl.planning.problem import Problem, Request
 
 POLISH_MAX_OPS = 40
@@ -48,11 +49,13 @@ def polishable(p: Problem) -> bool:
     return p.n_ops <= POLISH_MAX_OPS and not p.host.ops and not p.net
 
 
-ORDER_NAMES = ("the search's order", "the model's order", "another bred plan's order")
+ORDER_NAMES = ("the search's order", "the model's order", "another bred plan's order",
+               "an order one or two moves from the best")
 POLISH_ORDERS = 5  # the most orders the polish tries
 # the model's order gets at least this long, where the polish has it: HiGHS found the best plan of three
 # 25-30-op graphs in that order in 4 s and not in 2 s (docs/benchmarks.md, issue 42, ga at 10 s)
 MODEL_ORDER_S = 4.0
+NEIGHBOUR_S = 1.0  # HiGHS's limit for an order one move away (cut off below the best, most are proven empty fast)
 
 
 def polish_orders(p: Problem, plans: Iterable[Plan | None]) -> list[tuple[int, list[int]]]:
@@ -86,21 +89,45 @@ def polish(req: Request, p: Problem, plan: Plan, orders: Sequence[tuple[int, lis
     at least ``MIN_LIMIT_S``)."""
     deadline = time.perf_counter() + time_limit_s
     best = plan
+
+    def better(name: int, order: list[int], limit_s: float, below_ms: float | None = None) -> Plan | None:
+        try:
+            x = exact_plan(p, req.cap, order, limit_s, below_ms)
+        except SwpError:  # (the polish only ever improves a plan: none of its failures costs the search's)
+            return None
+        if x.program is None or x.homes is None:
+            return None
+        figures = {**extra, "polished_from_ms": dict(plan.figures)["iteration_ms"],
+                   "polish_optimal": float(x.optimal), "polish_order": float(name)}
+        exact = with_figures(assemble(req, p, plan.method, x.homes, x.program), p, no_swap, figures,
+                             recomputes=True)
+        return exact if req.plan_score(exact) < req.plan_score(best) else None
+
     for k, (name, order) in enumerate(orders):
         left = deadline - time.perf_counter()
         if left < MIN_LIMIT_S:
             break
         share = left / (len(orders) - k)
-        try:
-            x = exact_plan(p, req.cap, order, min(left, max(MODEL_ORDER_S, share)) if name == 1 else share)
-        except SwpError:  # (the polish only ever improves a plan: none of its failures costs the search's)
-            continue
-        if x.program is None or x.homes is None:
-            continue
-        figures = {**extra, "polished_from_ms": dict(plan.figures)["iteration_ms"],
-                   "polish_optimal": float(x.optimal), "polish_order": float(name)}
-        exact = with_figures(assemble(req, p, plan.method, x.homes, x.program), p, no_swap, figures,
-                             recomputes=True)
-        if req.plan_score(exact) < req.plan_score(best):
-            best = exact
+        best = better(name, order, min(left, max(MODEL_ORDER_S, share)) if name == 1 else share) or best
+    return descend(best, better, p, deadline)
+
+
+def descend(best: Plan, better: Callable[[int, list[int], float, float], Plan | None], p: Problem,
+            deadline: float) -> Plan:
+    """From ``best``'s order, the exact planner for each order one op's move away and then two
+    (``orders.near``), cut off below ``best``'s step; the first faster plan becomes ``best`` and its order
+    the next to move from, until no order helps or the time is up. On graphs of 12-14 ops, the best phased
+    plan over every order was one or two moves from ``ga``'s (docs/benchmarks.md, issue 42)."""
+    order, moved = first_runs(best), True
+    while moved:
+        moved = False
+        for candidate in near(p, order):
+            left = deadline - time.perf_counter()
+            if left < MIN_LIMIT_S:
+                return best
+            step = dict(best.figures)["iteration_ms"]
+            found = better(3, candidate, min(left, NEIGHBOUR_S), step * (1 - CUTOFF))
+            if found is not None:
+                best, order, moved = found, candidate, True
+                break
     return best

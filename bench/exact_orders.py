@@ -109,7 +109,7 @@ def main() -> None:
     print(f"| graph | ops | orders | cap | belady | capuchin | {' | '.join(f'ga {b:g} s' for b in args.budgets)} "
           f"| exact (model's order) | best over every order | settled | seconds | "
           f"{' | '.join(f'ga {b:g} s / best' for b in args.budgets)} |")
-    print("|---|" + "---:|" * (10 + 2 * len(gas)))
+    print("|---|" + "---:|" * (9 + 2 * len(gas)))
     rows = []
     for i, (family, seed, where) in enumerate(cases):
         if i % n != k:

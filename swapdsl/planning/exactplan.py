@@ -17,6 +17,11 @@ Variables (binary unless said), for tensors t and gaps g:
 - ``cin[t][a]``: a swap-in of t starts in gap a and lands before the op of the first gap at or after a
   that reads t (``due``); t is held in between. A tensor made in the step comes back only after its one
   swap-out has ended.
+- ``cr[t][a, g]``: a swap-in of t starts in gap a (up to ``RERUN_LEAD`` gaps early) and lands before the
+  reruns of gap g, t held in between; no op or rerun of gaps a..g-1 reads t.
+- ``late[t][g]``: t, held in g-1 and read in g only by g's reruns, stays for them and is freed before g's
+  op; then what is held while g's reruns run fits too (its op's outputs are not made yet), and the
+  packing places residencies over phases (a gap's reruns, then its op).
 - ``co[t][b]``: t's swap-out starts in gap b, t held in b-1; what takes a region in a gap that no longer
   holds t starts after the copy ends (``E[t]``, continuous).
 - ``rc[i][g]``: op i reruns in gap g, before g's op: its outputs were gone in g-1 and are back in g; its
@@ -40,7 +45,9 @@ may pass the rows by its tolerances.
 
 What the class leaves out (so its optimum is the best phased plan for the order; ``exact.py`` bounds
 every plan with that order): a copy timed before its segment, a tensor swapped out twice, reruns of ops
-that work in place or make a new value, swap-ins due only for a rerun, a pinned value leaving the device.
+that work in place or make a new value, a swap-in for a rerun more than ``RERUN_LEAD`` gaps early, a
+rerun's output or a tensor brought in for reruns alone freed before the gap's op, a pinned value leaving
+the device.
 """
 
 from __future__ import annotations
@@ -536,7 +543,7 @@ def _memory(v: _V) -> None:
         coeffs = {rs[g]: float(p.size[t]) for t, rs in v.r.items()}
         late = {gs[g]: float(p.size[t]) for t, gs in v.late.items() if g in gs}
         if late:
-            before_op = {j: x for (t, rs), (j, x) in zip(v.r.items(), coeffs.items()) if v.made.get(t) != g}
+            before_op = {rs[g]: float(p.size[t]) for t, rs in v.r.items() if v.made.get(t) != g}
             v.prog.row({**before_op, **late}, ub=float(v.tensor_cap))
         room = float(v.tensor_cap)
         if 1 <= g <= v.n:

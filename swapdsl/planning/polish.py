@@ -1,5 +1,6 @@
 """The genetic search's last stage on small graphs: the exact planner (``exactplan.py``) given the order of the
-search's best plan, the model's, and those of other bred plans (``polish_orders``). The search's swap
+search's best plan, the model's, and those of other bred plans (``polish_orders``), then the orders one
+or two op moves from the best (``descend``). The search's swap
 planner decides online, op by op: it cannot see that a tensor placed now will split the room a later op
 needs in one piece, nor keep a tensor on the device after copying it out so that dropping it later costs
 nothing. The exact program decides the whole step at once, in bytes, and then packs the regions. On random
@@ -86,7 +87,7 @@ def polish(req: Request, p: Problem, plan: Plan, orders: Sequence[tuple[int, lis
     (its order's index in ``ORDER_NAMES``). Each order gets an equal share of the time still left, so one
     HiGHS proves quickly leaves more to the next, and the model's order at least ``MODEL_ORDER_S``; a solve
     whose regions do not pack may take a few seconds more (``exact_plan`` solves again, each solve given
-    at least ``MIN_LIMIT_S``)."""
+    at least ``MIN_LIMIT_S``). The time still left goes to ``descend``."""
     deadline = time.perf_counter() + time_limit_s
     best = plan
 

@@ -1,6 +1,6 @@
 """The genetic search's last stage on small graphs: the exact planner (``exactplan.py``) given the order of the
 search's best plan, the model's, and those of other bred plans (``polish_orders``), then the orders one
-or two op moves from the best (``descend``). The search's swap
+or two op moves from the best and from each order tried (``descend``). The search's swap
 planner decides online, op by op: it cannot see that a tensor placed now will split the room a later op
 needs in one piece, nor keep a tensor on the device after copying it out so that dropping it later costs
 nothing. The exact program decides the whole step at once, in bytes, and then packs the regions. On random
@@ -110,16 +110,19 @@ def polish(req: Request, p: Problem, plan: Plan, orders: Sequence[tuple[int, lis
             break
         share = left / (len(orders) - k)
         best = better(name, order, min(left, max(MODEL_ORDER_S, share)) if name == 1 else share) or best
-    return descend(best, better, p, deadline)
+    for start in dict.fromkeys(tuple(o) for o in [first_runs(best), *(order for _, order in orders)]):
+        best = descend(best, better, p, list(start), deadline)
+    return best
 
 
 def descend(best: Plan, better: Callable[[int, list[int], float, float], Plan | None], p: Problem,
-            deadline: float) -> Plan:
-    """From ``best``'s order, the exact planner for each order one op's move away and then two
-    (``orders.near``), cut off below ``best``'s step; the first faster plan becomes ``best`` and its order
-    the next to move from, until no order helps or the time is up. On graphs of 12-14 ops, the best phased
-    plan over every order was one or two moves from ``ga``'s (docs/benchmarks.md, issue 42)."""
-    order, moved = first_runs(best), True
+            order: list[int], deadline: float) -> Plan:
+    """From ``order``, the exact planner for each order one op's move away and then two (``orders.near``),
+    cut off below ``best``'s step; the first faster plan becomes ``best`` and its order the next to move
+    from, until no order near helps or the time is up. (``polish`` descends from the best plan's order,
+    then from each order it tried: on graphs of 12-14 ops the best phased plan over every order was one to
+    three moves from one of them, docs/benchmarks.md, issue 42.)"""
+    moved = True
     while moved:
         moved = False
         for candidate in near(p, order):

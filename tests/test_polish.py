@@ -27,7 +27,7 @@ from swapdsl.planning.compiled import no_swap_bytes
 from swapdsl.planning.exact import first_runs
 from swapdsl.planning.exactplan import exact_plan
 from swapdsl.planning.ga import Search, SearchOptions, SearchProgress, genetic_search
-from swapdsl.planning.orders import CUTOFF, near
+from swapdsl.planning.orders import CUTOFF, near, neighbours
 from swapdsl.planning.polish import POLISH_MAX_OPS, POLISH_MIN_S, polish_limit, polishable
 from swapdsl.planning.problem import Problem, Request
 from swapdsl.planning.sizing import smallest_cap
@@ -210,7 +210,8 @@ def test_each_order_gets_an_equal_share_of_the_time_left_the_models_at_least_4_s
     assert limits[1] == pytest.approx(4.5, abs=0.05)
     assert limits[2] == pytest.approx(9.0, abs=0.05)
     step = dict(plan.figures)["iteration_ms"]
-    near_each = sum(sum(1 for _ in near(p, o)) for o in dict.fromkeys(tuple(o) for _, o in orders))
+    starts = list(dict.fromkeys(tuple(o) for _, o in orders))
+    near_each = sum(sum(1 for _ in moves(p, o)) for moves in (neighbours, near) for o in starts)
     assert cuts[:3] == [None] * 3 and len(cuts) - 3 == near_each
     assert all(c == pytest.approx(step * (1 - CUTOFF)) for c in cuts[3:])
     assert all(lim <= polish_module.NEIGHBOUR_S for lim in limits[3:])

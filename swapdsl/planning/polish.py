@@ -18,7 +18,7 @@ from swapdsl.plan.program import Plan
 from swapdsl.planning.baselines import assemble, with_figures
 from swapdsl.planning.exact import first_runs
 from swapdsl.planning.exactplan import MIN_LIMIT_S, exact_plan
-from swapdsl.planning.orders import CUTOFF, near
+from swapdsl.planning.orders import CUTOFF, near, neighbours
 from swapdsl.planning.problem import Problem, Request
 
 POLISH_MAX_OPS = 40
@@ -110,22 +110,25 @@ def polish(req: Request, p: Problem, plan: Plan, orders: Sequence[tuple[int, lis
             break
         share = left / (len(orders) - k)
         best = better(name, order, min(left, max(MODEL_ORDER_S, share)) if name == 1 else share) or best
-    for start in dict.fromkeys(tuple(o) for o in [first_runs(best), *(order for _, order in orders)]):
-        best = descend(best, better, p, list(start), deadline)
+    starts = list(dict.fromkeys(tuple(o) for o in [first_runs(best), *(order for _, order in orders)]))
+    for moves in (neighbours, near):  # (every order's single moves before any order's pairs)
+        for start in starts:
+            best = descend(best, better, p, list(start), moves, deadline)
     return best
 
 
 def descend(best: Plan, better: Callable[[int, list[int], float, float], Plan | None], p: Problem,
-            order: list[int], deadline: float) -> Plan:
-    """From ``order``, the exact planner for each order one op's move away and then two (``orders.near``),
-    cut off below ``best``'s step; the first faster plan becomes ``best`` and its order the next to move
-    from, until no order near helps or the time is up. (``polish`` descends from the best plan's order,
-    then from each order it tried: on graphs of 12-14 ops the best phased plan over every order was one to
-    three moves from one of them, docs/benchmarks.md, issue 42.)"""
+            order: list[int], moves: Callable[[Problem, list[int]], Iterable[list[int]]], deadline: float) -> Plan:
+    """From ``order``, the exact planner for each order ``moves`` gives (``orders.neighbours``: one op's
+    move away; ``orders.near``: one or two), cut off below ``best``'s step; the first faster plan becomes
+    ``best`` and its order the next to move from, until no order near helps or the time is up.
+    (``polish`` descends by single moves from the best plan's order and from each order it tried, then by
+    pairs: on graphs of 12-14 ops the best phased plan over every order was one to three moves from one
+    of them, docs/benchmarks.md, issue 42.)"""
     moved = True
     while moved:
         moved = False
-        for candidate in near(p, order):
+        for candidate in moves(p, order):
             left = deadline - time.perf_counter()
             if left < MIN_LIMIT_S:
                 return best

@@ -18,10 +18,12 @@ Variables (binary unless said), for tensors t and gaps g:
   that reads t (``due``); t is held in between. A tensor made in the step comes back only after its one
   swap-out has ended.
 - ``cr[t][a, g]``: a swap-in of t starts in gap a (up to ``RERUN_LEAD`` gaps early) and lands before the
-  reruns of gap g, t held in between; no op or rerun of gaps a..g-1 reads t.
+  reruns of gap g, t held in between; no op or rerun of gaps a..g-1 reads t (graphs of at most
+  ``RERUN_EXTRAS_MAX_OPS`` ops).
 - ``late[t][g]``: t, held in g-1 and read in g only by g's reruns, stays for them and is freed before g's
-  op; then what is held while g's reruns run fits too (its op's outputs are not made yet), and the
-  packing places residencies over phases (a gap's reruns, then its op).
+  op (graphs of at most ``RERUN_EXTRAS_MAX_OPS`` ops, as ``cr``); then what is held while g's reruns run
+  fits too (its op's outputs are not made yet), and the packing places residencies over phases (a gap's
+  reruns, then its op).
 - ``co[t][b]``: t's swap-out starts in gap b, t held in b-1; what takes a region in a gap that no longer
   holds t starts after the copy ends (``E[t]``, continuous).
 - ``rc[i][g]``: op i reruns in gap g, before g's op: its outputs were gone in g-1 and are back in g; its
@@ -46,9 +48,9 @@ may pass the rows by its tolerances.
 What the class leaves out (so its optimum is the best phased plan for the order; ``exact.py`` bounds
 every plan with that order): a copy timed before its segment, a tensor swapped out twice, reruns of ops
 that work in place or make a new value, a swap-in for a rerun more than ``RERUN_LEAD`` gaps early, a
-rerun's output or a tensor brought in for reruns alone freed before the gap's op, a pinned value leaving
-the device.
-"""
+rerun's output or a tensor brought in for reruns alone freed before the gap's op (past
+``RERUN_EXTRAS_MAX_OPS`` ops, every swap-in for a rerun and every rerun input freed before the gap's op),
+a pinned value leaving the device."""
 
 from __future__ import annotations
 
@@ -405,6 +407,8 @@ def _rerun_copies(v: _V) -> None:
     a..g-1 reads t and no rerun of them does, into a region t did not hold in a-1, never beside another
     swap-in of t starting in a, and (a tensor made in the step) after its swap-out ends."""
     p, prog = v.p, v.prog
+    if v.n > RERUN_EXTRAS_MAX_OPS:
+        return
     for i, js in v.rc.items():
         for t in dict.fromkeys(p.op_inputs[i]):
             start = _first_copy_in(v, t)
@@ -439,6 +443,11 @@ def _rerun_copies(v: _V) -> None:
 
 
 RERUN_LEAD = 3  # a swap-in for a rerun starts at most this many gaps before it
+# Past this many ops, neither swap-ins for reruns (``cr``) nor late frees (``late``): their rows slowed
+# HiGHS more than they gained in a polish's time (bench/exact_gap.py's graphs, the model's order: attention
+# 9 at 1/4 0.3716 ms proven in 2.8 s without ``cr``, 0.3767 unproven in 6.5 s with it; ga at 10 s on lstm 9
+# at 1/4 0.2209 without ``late``, 0.2309 with it; docs/benchmarks.md)
+RERUN_EXTRAS_MAX_OPS = 20
 
 
 def _late_frees(v: _V) -> None:
@@ -446,6 +455,8 @@ def _late_frees(v: _V) -> None:
     before g's op (its bytes then count in g's rerun phase, ``_memory``, not in g); not past an op that
     works in place over it."""
     p, prog = v.p, v.prog
+    if v.n > RERUN_EXTRAS_MAX_OPS:
+        return
     for i, js in v.rc.items():
         for t in dict.fromkeys(p.op_inputs[i]):
             if t in p.inputs:

@@ -50,7 +50,8 @@ every plan with that order): a copy timed before its segment, a tensor swapped o
 that work in place or make a new value, a swap-in for a rerun more than ``RERUN_LEAD`` gaps early, a
 rerun's output or a tensor brought in for reruns alone freed before the gap's op (past
 ``RERUN_EXTRAS_MAX_OPS`` ops, every swap-in for a rerun and every rerun input freed before the gap's op),
-a pinned value leaving the device."""
+a tensor not held in the gap before brought in for both a rerun of the gap and its op, a pinned value
+leaving the device."""
 
 from __future__ import annotations
 

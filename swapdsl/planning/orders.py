@@ -3,9 +3,10 @@
 The exact planner (``exactplan.py``) finds the fastest phased plan for one order. On graphs with few
 enough orders, ``best_over_orders`` solves it for every one, each order's program cut off just below the
 best plan so far: HiGHS then proves most orders infeasible (no phased plan with that order is faster)
-without finding a plan. When every order is settled so, its plan is the fastest phased plan of the graph,
-whatever the order; where a solve stops at its time limit, its dual bound still bounds that order, and the
-least of those bounds is the proven part.
+without finding a plan. When every order is settled so, no phased plan of the graph, whatever its order,
+has a lower program value (``ExactPlan.objective_ms``, which its simulated step is at most; a plan of
+another order with a higher value may still simulate faster); where a solve stops at its time limit, its
+dual bound still bounds that order, and the least of those bounds is the proven part.
 
 An order here is one in which every op's first run may come (``exact.precedences``): the orders are
 counted over the graph's down-sets (sets of ops closed under those precedences), so a count is quick where

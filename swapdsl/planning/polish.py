@@ -91,7 +91,7 @@ def polish(req: Request, p: Problem, plan: Plan, orders: Sequence[tuple[int, lis
     deadline = time.perf_counter() + time_limit_s
     best = plan
 
-    def better(name: int, order: list[int], limit_s: float, below_ms: float | None = None) -> Plan | None:
+    def better(name: int, order: list[int], limit_s: float, than: Plan, below_ms: float | None = None) -> Plan | None:
         try:
             x = exact_plan(p, req.cap, order, limit_s, below_ms)
         except SwpError:  # (the polish only ever improves a plan: none of its failures costs the search's)
@@ -102,29 +102,33 @@ def polish(req: Request, p: Problem, plan: Plan, orders: Sequence[tuple[int, lis
                    "polish_optimal": float(x.optimal), "polish_order": float(name)}
         exact = with_figures(assemble(req, p, plan.method, x.homes, x.program), p, no_swap, figures,
                              recomputes=True)
-        return exact if req.plan_score(exact) < req.plan_score(best) else None
+        return exact if req.plan_score(exact) < req.plan_score(than) else None
 
+    tried: dict[tuple[int, ...], float] = {}  # order -> the cutoff it was solved under (inf: none)
     for k, (name, order) in enumerate(orders):
         left = deadline - time.perf_counter()
         if left < MIN_LIMIT_S:
             break
         share = left / (len(orders) - k)
-        best = better(name, order, min(left, max(MODEL_ORDER_S, share)) if name == 1 else share) or best
+        tried[tuple(order)] = float("inf")
+        best = better(name, order, min(left, max(MODEL_ORDER_S, share)) if name == 1 else share, best) or best
     starts = list(dict.fromkeys(tuple(o) for o in [first_runs(best), *(order for _, order in orders)]))
     for moves in (neighbours, near):  # (every order's single moves before any order's pairs)
         for start in starts:
-            best = descend(best, better, p, list(start), moves, deadline)
+            best = descend(best, better, p, list(start), moves, deadline, tried)
     return best
 
 
-def descend(best: Plan, better: Callable[[int, list[int], float, float], Plan | None], p: Problem,
-            order: list[int], moves: Callable[[Problem, list[int]], Iterable[list[int]]], deadline: float) -> Plan:
+def descend(best: Plan, better: Callable[[int, list[int], float, Plan, float], Plan | None], p: Problem,
+            order: list[int], moves: Callable[[Problem, list[int]], Iterable[list[int]]], deadline: float,
+            tried: dict[tuple[int, ...], float]) -> Plan:
     """From ``order``, the exact planner for each order ``moves`` gives (``orders.neighbours``: one op's
     move away; ``orders.near``: one or two), cut off below ``best``'s step; the first faster plan becomes
     ``best`` and its order the next to move from, until no order near helps or the time is up.
     (``polish`` descends by single moves from the best plan's order and from each order it tried, then by
     pairs: on graphs of 12-14 ops the best phased plan over every order was one to three moves from one
-    of them, docs/benchmarks.md, issue 42.)"""
+    of them, docs/benchmarks.md, issue 42.) An order in ``tried`` under a cutoff at least as high is not
+    solved again: the cutoff only falls, so what had no plan under it has none now."""
     moved = True
     while moved:
         moved = False
@@ -132,8 +136,11 @@ def descend(best: Plan, better: Callable[[int, list[int], float, float], Plan | 
             left = deadline - time.perf_counter()
             if left < MIN_LIMIT_S:
                 return best
-            step = dict(best.figures)["iteration_ms"]
-            found = better(3, candidate, min(left, NEIGHBOUR_S), step * (1 - CUTOFF))
+            cut = dict(best.figures)["iteration_ms"] * (1 - CUTOFF)
+            if tried.get(tuple(candidate), -1.0) >= cut:
+                continue
+            tried[tuple(candidate)] = cut
+            found = better(3, candidate, min(left, NEIGHBOUR_S), best, cut)
             if found is not None:
                 best, order, moved = found, candidate, True
                 break

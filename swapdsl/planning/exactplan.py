@@ -56,7 +56,7 @@ leaving the device."""
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 
 import attrs
 import numpy as np
@@ -402,6 +402,19 @@ def _reruns(v: _V) -> None:
     _streams(v)
 
 
+def _rerun_reads(v: _V) -> Iterator[tuple[int, int]]:
+    """Every (tensor, gap) where a rerun the program may place in that gap reads the tensor."""
+    for i, js in v.rc.items():
+        for t in dict.fromkeys(v.p.op_inputs[i]):
+            for g in js:
+                yield t, g
+
+
+def _rerun_readers(v: _V, t: int, g: int) -> list[int]:
+    """The ops that may rerun in gap g and read t, in the order their reruns run."""
+    return sorted((i for i, js in v.rc.items() if g in js and t in v.p.op_inputs[i]), key=v.gap.__getitem__)
+
+
 def _rerun_copies(v: _V) -> None:
     """``cr``: a swap-in of t starting in gap a (up to ``RERUN_LEAD`` gaps early) for the reruns of gap g,
     landing before they start, t held in between: only with a rerun of g that reads t, where no op of gaps
@@ -410,18 +423,15 @@ def _rerun_copies(v: _V) -> None:
     p, prog = v.p, v.prog
     if v.n > RERUN_EXTRAS_MAX_OPS:
         return
-    for i, js in v.rc.items():
-        for t in dict.fromkeys(p.op_inputs[i]):
-            start = _first_copy_in(v, t)
-            for g in js:
-                read = max((h for h in v.reads.get(t, []) if h < g), default=-1)
-                for a in range(max(start if start is not None else g + 1, read + 1, g - RERUN_LEAD), g + 1):
-                    if (a, g) not in v.cr.get(t, {}):
-                        v.cr.setdefault(t, {})[a, g] = prog.var(integer=True)
+    for t, g in _rerun_reads(v):
+        start = _first_copy_in(v, t)
+        read = max((h for h in v.reads.get(t, []) if h < g), default=-1)
+        for a in range(max(start if start is not None else g + 1, read + 1, g - RERUN_LEAD), g + 1):
+            if (a, g) not in v.cr.get(t, {}):
+                v.cr.setdefault(t, {})[a, g] = prog.var(integer=True)
     for t, spans in v.cr.items():
         for (a, g), j in spans.items():
-            readers = {js[g]: -1.0 for i, js in v.rc.items() if g in js and t in p.op_inputs[i]}
-            prog.row({j: 1.0, **readers}, ub=0.0)
+            prog.row({j: 1.0, **{v.rc[i][g]: -1.0 for i in _rerun_readers(v, t, g)}}, ub=0.0)
             for i, js in v.rc.items():
                 if t in p.op_inputs[i]:
                     for h in range(a, g):
@@ -458,18 +468,13 @@ def _late_frees(v: _V) -> None:
     p, prog = v.p, v.prog
     if v.n > RERUN_EXTRAS_MAX_OPS:
         return
-    for i, js in v.rc.items():
-        for t in dict.fromkeys(p.op_inputs[i]):
-            if t in p.inputs:
-                continue
-            for g in js:
-                if (g not in v.reads.get(t, []) and g <= v.consumed.get(t, v.n + 1) and prog.lb[v.r[t][g]] < 1
-                        and g not in v.late.get(t, {})):
-                    v.late.setdefault(t, {})[g] = prog.var(integer=True)
+    for t, g in _rerun_reads(v):
+        if (t not in p.inputs and g not in v.reads.get(t, []) and g <= v.consumed.get(t, v.n + 1)
+                and prog.lb[v.r[t][g]] < 1 and g not in v.late.get(t, {})):
+            v.late.setdefault(t, {})[g] = prog.var(integer=True)
     for t, gs in v.late.items():
         for g, j in gs.items():
-            readers = {js[g]: -1.0 for i, js in v.rc.items() if g in js and t in p.op_inputs[i]}
-            prog.row({j: 1.0, **readers}, ub=0.0)
+            prog.row({j: 1.0, **{v.rc[i][g]: -1.0 for i in _rerun_readers(v, t, g)}}, ub=0.0)
             prog.row({j: 1.0, v.r[t][g - 1]: -1.0}, ub=0.0)
             prog.row({j: 1.0, v.r[t][g]: 1.0}, ub=1.0)
 
@@ -663,8 +668,7 @@ def _program(v: _V, sol: np.ndarray, regions: dict[tuple[int, int], Region]) -> 
         program += [Free(name(t), anchor) for t in dropped if t not in stay]
         reruns = sorted((i for i, js in v.rc.items() if g in js and sol[js[g]]), key=v.gap.__getitem__)
         for _, t, u, rerun in _landings(v, g, lambda j: bool(sol[j])):
-            before = v.order[u - 1] if not rerun else next(
-                i for i in sorted(v.rc, key=v.gap.__getitem__) if t in p.op_inputs[i] and u in v.rc[i] and sol[v.rc[i][u]])
+            before = v.order[u - 1] if not rerun else next(i for i in _rerun_readers(v, t, u) if sol[v.rc[i][u]])
             program.append(SwapIn(name(t), region(t, g), anchor, before))
         for i in reruns:
             program.append(Run(i, tuple((name(t), region(t, g)) for t in p.op_outputs[i]), recompute=True))

@@ -75,9 +75,30 @@ def neighbours(p: Problem, order: Sequence[int]) -> Iterator[list[int]]:
     """The orders one op's move away from ``order``, each once: first every op moved as early and as late
     as its precedences allow (where the best orders of small graphs put their fills and updates), then
     the other moves, the shortest first."""
+    return _moves(order, *_masks(p))
+
+
+def near(p: Problem, order: Sequence[int]) -> Iterator[list[int]]:
+    """The orders one op's move from ``order`` (``neighbours``), then those two moves from it, each once."""
+    masks = _masks(p)
+    first = list(_moves(order, *masks))
+    seen = {tuple(order), *map(tuple, first)}
+    yield from first
+    for o in first:
+        for moved in _moves(o, *masks):
+            if tuple(moved) not in seen:
+                seen.add(tuple(moved))
+                yield moved
+
+
+def _masks(p: Problem) -> tuple[list[int], list[int]]:
+    """Per op, the bit sets of ops whose first runs come before and after its own in every plan."""
     before = _before(p)
-    after = [sum(1 << j for j in range(p.n_ops) if before[j] >> i & 1) for i in range(p.n_ops)]
-    places = []  # (op, where it may go in the order without it)
+    return before, [sum(1 << j for j in range(p.n_ops) if before[j] >> i & 1) for i in range(p.n_ops)]
+
+
+def _moves(order: Sequence[int], before: list[int], after: list[int]) -> Iterator[list[int]]:
+    places = []  # (how far, the op, its place in the order without it)
     for k, op in enumerate(order):
         rest = [q for q in order if q != op]
         lo = max((r + 1 for r, q in enumerate(rest) if before[op] >> q & 1), default=0)
@@ -90,18 +111,6 @@ def neighbours(p: Problem, order: Sequence[int]) -> Iterator[list[int]]:
         if tuple(moved) not in seen:
             seen.add(tuple(moved))
             yield moved
-
-
-def near(p: Problem, order: Sequence[int]) -> Iterator[list[int]]:
-    """The orders one op's move from ``order`` (``neighbours``), then those two moves from it, each once."""
-    first = list(neighbours(p, order))
-    seen = {tuple(order), *map(tuple, first)}
-    yield from first
-    for o in first:
-        for moved in neighbours(p, o):
-            if tuple(moved) not in seen:
-                seen.add(tuple(moved))
-                yield moved
 
 
 @attrs.frozen

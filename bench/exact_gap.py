@@ -2,13 +2,15 @@
 both solved by HiGHS, beside every method's plan, on small random graphs.
 
 Usage: python bench/exact_gap.py [--per-family 10] [--families mlp conv attention lstm] [--ratios 2 4 8 12]
-                                 [--ops 10 30] [--time-limit 20] [--bound-limit 10] [--shard K/N] [--json FILE]
+                                 [--ops 10 30] [--time-limit 20] [--bound-limit 10] [--budgets 10 60] [--bus 1]
+                                 [--shard K/N] [--json FILE]
        python bench/exact_gap.py --explain FAMILY:SEED:RATIO   (ga's plan beside the exact plan for its order)
 
 Case k of a family is its k-th graph of 10-30 ops (``--ops``; by seed) at ratio ``ratios[k % len(ratios)]``
-(cap: no-swap bytes / ratio, at least the smallest feasible cap, plus the scratch), on ``v100-16gb``. For
-each case: belady, capuchin, ga at 10 s and at 60 s (one worker, seed 0; with its polish, and its search's
-plan before it), the exact planner's plan for the default order and for ga's 60 s order (HiGHS
+(cap: no-swap bytes / ratio, at least the smallest feasible cap, plus the scratch), on ``v100-16gb`` (with
+its copies ``--bus`` times slower). For each case: belady, capuchin, ga at each of ``--budgets`` seconds (one
+worker, seed 0; with its polish, and its search's plan before it), the exact planner's plan for the default
+order and for the order of ga's longest search (HiGHS
 ``--time-limit`` each; the plan's simulated step is at most the program's value), the exact bound for those
 two orders (no plan with that order is faster; ``--bound-limit``), and
 ``recompute_bound_ms``, which bounds every plan. Prints a row per case, then the summary.
@@ -24,7 +26,7 @@ import attrs
 
 from swapdsl.common.errors import SwpError
 
-from swapdsl.devices.profiles import BUILTIN
+from swapdsl.devices.profiles import BUILTIN, Device
 from swapdsl.fuzz.graphs import seeded_training_graph
 from swapdsl.fuzz.shaped import SHAPES
 from swapdsl.graph.ir import Graph
@@ -69,23 +71,32 @@ def seeds(family: str, count: int, lo: int, hi: int) -> list[int]:
     return found
 
 
-def request(family: str, seed: int, ratio: float) -> tuple[Request, Problem]:
-    """Case ``seed`` of ``family`` at ``ratio`` (module docstring)."""
-    g = FAMILIES[family](seed)
-    p = Problem.build(g, DEVICE)
+def bus_device(bus: float) -> Device:
+    """``DEVICE`` with its copies ``bus`` times slower, latency aside: the same graphs with tensors that many
+    times larger beside the same op times, as on a GPU whose bus, not compute, limits the step."""
+    if bus == 1.0:
+        return DEVICE
+    return attrs.evolve(DEVICE, name=f"{DEVICE.name}-bus-{bus:g}", h2d_bw=DEVICE.h2d_bw / bus,
+                        d2h_bw=DEVICE.d2h_bw / bus)
+
+
+def request(family: str, seed: int, ratio: float, bus: float = 1.0) -> tuple[Request, Problem]:
+    """Case ``seed`` of ``family`` at ``ratio`` (module docstring), with the bus ``bus`` times slower."""
+    g, dev = FAMILIES[family](seed), bus_device(bus)
+    p = Problem.build(g, dev)
     cap = max(int(no_swap_bytes(p) / ratio), need_bytes(p, frozenset())) + p.scratch
-    return Request(g, DEVICE, cap, f"{family}-{seed}", ()), p
+    return Request(g, dev, cap, f"{family}-{seed}", ()), p
 
 
 def case(family: str, seed: int, ratio: float, args: argparse.Namespace) -> dict:
-    req, p = request(family, seed, ratio)
+    req, p = request(family, seed, ratio, args.bus)
     cap = req.cap
     row: dict = {"family": family, "seed": seed, "ops": p.n_ops, "ratio": ratio, "cap": cap,
                  "ideal_ms": sum(p.op_ms), "recompute_bound_ms": recompute_bound_ms(p, cap - p.scratch)}
     for method in ("belady", "capuchin"):
         row[method] = simulate(optimize(req, method)).iteration_ms
     ga_order: list[int] = []
-    for budget in (10, 60):
+    for budget in args.budgets:
         plan = optimize(req, "ga", SearchOptions(budget_s=budget, workers=1, seed=0))
         row[f"ga{budget}"] = simulate(plan).iteration_ms
         # the search's own plan, before the exact planner reworked it in its order (planning/polish.py)
@@ -95,7 +106,8 @@ def case(family: str, seed: int, ratio: float, args: argparse.Namespace) -> dict
         row[f"exact_{name}"], row[f"exact_{name}_proven"] = exact_ms(req, p, order, args.time_limit)
         b = exact_bound(p, cap, order, args.bound_limit)
         row[f"bound_{name}"], row[f"bound_{name}_proven"] = b.bound_ms, b.optimal
-    row["best_plan"] = min(row[k] for k in ("belady", "capuchin", "ga10", "ga60", "exact_default", "exact_ga_order"))
+    row["best_plan"] = min(row[k] for k in ("belady", "capuchin", *(f"ga{b}" for b in args.budgets), "exact_default",
+                                            "exact_ga_order"))
     return row
 
 
@@ -140,10 +152,10 @@ def eager_swap_outs(plan: Plan, graph: Graph) -> Plan:
     return best
 
 
-def explain(what: str, limit: float) -> None:
+def explain(what: str, limit: float, bus: float) -> None:
     """``--explain FAMILY:SEED:RATIO``: ga's 60 s plan, unpolished, beside the exact plan for its order."""
     family, seed, ratio = what.split(":")
-    req, p = request(family, int(seed), float(ratio))
+    req, p = request(family, int(seed), float(ratio), bus)
     ga = optimize(req, "ga", SearchOptions(budget_s=60, workers=1, seed=0, polish=0.0))
     x = exact_plan(p, req.cap, first_runs(ga), limit)
     print(f"ga 60 s, no polish:   {decisions(ga)}")
@@ -156,23 +168,35 @@ def explain(what: str, limit: float) -> None:
             print(f"  {instr}")
 
 
-def summary(rows: list[dict]) -> None:
+def summary(rows: list[dict], budgets: list[int]) -> None:
     def stats(values: list[float]) -> str:
         return f"median {statistics.median(values):.3f}, worst {max(values):.3f}"
 
+    top = f"ga{max(budgets)}"
     print(f"\n{len(rows)} cases")
-    for method in ("ga10", "ga60", "ga10_searched", "ga60_searched", "belady", "capuchin", "exact_default",
-                   "exact_ga_order"):
+    for method in (*(f"ga{b}" for b in budgets), *(f"ga{b}_searched" for b in budgets), "belady", "capuchin",
+                   "exact_default", "exact_ga_order"):
         print(f"{method} / best plan: {stats([r[method] / r['best_plan'] for r in rows])}")
-    print(f"ga60 / exact plan for ga's own order: {stats([r['ga60'] / r['exact_ga_order'] for r in rows])}")
-    print(f"ga60 / exact bound for ga's own order: {stats([r['ga60'] / r['bound_ga_order'] for r in rows])}")
-    print(f"ga60 / recompute_bound_ms: {stats([r['ga60'] / r['recompute_bound_ms'] for r in rows])}")
+    print(f"{top} / exact plan for ga's own order: {stats([r[top] / r['exact_ga_order'] for r in rows])}")
+    print(f"{top} / exact bound for ga's own order: {stats([r[top] / r['bound_ga_order'] for r in rows])}")
+    print(f"best plan / exact bound for ga's own order: {stats([r['best_plan'] / r['bound_ga_order'] for r in rows])}")
+    print(f"{top} / recompute_bound_ms: {stats([r[top] / r['recompute_bound_ms'] for r in rows])}")
     print(f"best plan / recompute_bound_ms: {stats([r['best_plan'] / r['recompute_bound_ms'] for r in rows])}")
-    for budget in (10, 60):
+    for budget in budgets:
         polished = sum(r[f"ga{budget}"] < r[f"ga{budget}_searched"] for r in rows)
         print(f"ga{budget}: the polish made the plan faster in {polished} of {len(rows)} cases")
-    beaten = sum(r["ga60"] > r["best_plan"] * (1 + 1e-9) for r in rows)
-    print(f"cases where a plan beats ga60: {beaten} of {len(rows)}")
+    beaten = sum(r[top] > r["best_plan"] * (1 + 1e-9) for r in rows)
+    print(f"cases where a plan beats {top}: {beaten} of {len(rows)}")
+
+
+def table_row(r: dict, budgets: list[int]) -> str:
+    mark = {True: "", False: "*"}
+    exact = [f"{r[k]:.4f}{mark[r[k + '_proven']]}" for k in ("exact_default", "exact_ga_order", "bound_default",
+                                                              "bound_ga_order")]
+    ga = [f"{r[f'ga{b}']:.4f}" for b in budgets] + [f"{r[f'ga{max(budgets)}_searched']:.4f}"]
+    cells = [r["family"], str(r["seed"]), str(r["ops"]), f"{r['ratio']:g}", f"{r['ideal_ms']:.4f}",
+             f"{r['recompute_bound_ms']:.4f}", f"{r['belady']:.4f}", f"{r['capuchin']:.4f}", *ga, *exact]
+    return "| " + " | ".join(cells) + " |"
 
 
 def main() -> None:
@@ -184,34 +208,31 @@ def main() -> None:
                     help="take the graphs of LO to HI ops (the first --per-family seeds that give one)")
     ap.add_argument("--time-limit", type=float, default=20.0)
     ap.add_argument("--bound-limit", type=float, default=10.0)
+    ap.add_argument("--budgets", type=int, nargs="+", default=[10, 60], help="ga's search budgets, in seconds")
+    ap.add_argument("--bus", type=float, default=1.0,
+                    help="copies this many times slower (latency aside): tensors that much larger beside the op times")
     ap.add_argument("--shard", default="0/1", help="K/N: run the cases whose index is K modulo N")
     ap.add_argument("--json", metavar="FILE")
     ap.add_argument("--explain", metavar="FAMILY:SEED:RATIO", help="print ga's plan and the exact plan for its order")
     args = ap.parse_args()
     if args.explain:
-        explain(args.explain, args.time_limit)
+        explain(args.explain, args.time_limit, args.bus)
         return
     k, n = map(int, args.shard.split("/"))
     cases = [(f, s, args.ratios[k % len(args.ratios)]) for f in args.families
              for k, s in enumerate(seeds(f, args.per_family, *args.ops))]
-    print("| family | seed | ops | ratio | ideal | recompute_bound | belady | capuchin | ga 10 s | ga 60 s | "
-          "ga 60 s, searched | exact (default order) | exact (ga's order) | bound (default) | bound (ga's order) |")
-    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+    ga = [f"ga {b} s" for b in args.budgets] + [f"ga {max(args.budgets)} s, searched"]
+    heads = ["family", "seed", "ops", "ratio", "ideal", "recompute_bound", "belady", "capuchin", *ga,
+             "exact (default order)", "exact (ga's order)", "bound (default)", "bound (ga's order)"]
+    print("| " + " | ".join(heads) + " |")
+    print("|---|" + "---:|" * (len(heads) - 1))
     rows = []
     for i, (family, seed, ratio) in enumerate(cases):
         if i % n != k:
             continue
-        r = case(family, seed, ratio, args)
-        rows.append(r)
-        mark = {True: "", False: "*"}
-        print(f"| {family} | {seed} | {r['ops']} | {ratio:g} | {r['ideal_ms']:.4f} | {r['recompute_bound_ms']:.4f} | "
-              f"{r['belady']:.4f} | {r['capuchin']:.4f} | {r['ga10']:.4f} | {r['ga60']:.4f} | "
-              f"{r['ga60_searched']:.4f} | "
-              f"{r['exact_default']:.4f}{mark[r['exact_default_proven']]} | "
-              f"{r['exact_ga_order']:.4f}{mark[r['exact_ga_order_proven']]} | "
-              f"{r['bound_default']:.4f}{mark[r['bound_default_proven']]} | "
-              f"{r['bound_ga_order']:.4f}{mark[r['bound_ga_order_proven']]} |", flush=True)
-    summary(rows)
+        rows.append(case(family, seed, ratio, args))
+        print(table_row(rows[-1], args.budgets), flush=True)
+    summary(rows, args.budgets)
     if args.json:
         with open(args.json, "w") as f:
             json.dump(rows, f, indent=1)

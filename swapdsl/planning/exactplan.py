@@ -11,9 +11,12 @@ Variables (binary unless said), for tensors t and gaps g:
 - ``r[t][g]``: t holds a region in gap g. What an op reads is held in its gap and the one before (unless
   copied in or rebuilt in its own segment), what it makes in its gap; inputs from the start to their last
   read; nothing before it is made, or after an op works in place over it.
-- ``pin[p]``: persistent p stays on the device all step (its new value, made in place over it, to the
-  end; only pinnable tensors with no new value or one made in place); the others start on the host and
-  their new value is copied home.
+- ``pin[p]``: persistent p starts and ends the step at its home on the device (its new value, made in
+  place over it, to the end; only pinnable tensors with no new value or one made in place); the others
+  start on the host and their new value is copied home. ``leave[p]`` (only when ``exact_plan`` is asked,
+  outside the phased class): pinned p leaves mid-step: its one swap-out (a ``co``, as below) starts right
+  after a read (or in gap 1), it is dropped, and swap-ins (``cin``) bring it back to its home (the packing
+  gives its residencies one offset, ``layout``).
 - ``cin[t][a]``: a swap-in of t starts in gap a and lands before the op of the first gap at or after a
   that reads t (``due``); t is held in between. A tensor made in the step comes back only after its one
   swap-out has ended.
@@ -25,7 +28,7 @@ Variables (binary unless said), for tensors t and gaps g:
   fits too (its op's outputs are not made yet), and the packing places residencies over phases (a gap's
   reruns, then its op).
 - ``co[t][b]``: t's swap-out starts in gap b, t held in b-1; what takes a region in a gap that no longer
-  holds t starts after the copy ends (``E[t]``, continuous).
+  holds t starts after the copy ends (``E[t]``, continuous), and so does a swap-in of t.
 - ``rc[i][g]``: op i reruns in gap g, before g's op: its outputs were gone in g-1 and are back in g; its
   inputs are held in g and were in g-1 or are rebuilt by an earlier rerun of gap g; none is a swap-in
   still due for an op.
@@ -51,7 +54,9 @@ that work in place or make a new value, a swap-in for a rerun more than ``RERUN_
 rerun's output or a tensor brought in for reruns alone freed before the gap's op (past
 ``RERUN_EXTRAS_MAX_OPS`` ops, every swap-in for a rerun and every rerun input freed before the gap's op),
 a tensor not held in the gap before brought in for both a rerun of the gap and its op, a pinned value
-leaving the device."""
+leaving the device. That last one the program may be asked for (``leave``): where the regions of a
+solution that sends a pinned value away do not pack, it is solved again for the same step with those
+values held in the fewest gaps (``_held_least``); where they still do not pack, with none leaving."""
 
 from __future__ import annotations
 
@@ -114,6 +119,7 @@ class _V:
     new_of: dict[int, int] = attrs.Factory(dict)  # persistent tensor -> its new value
     r: dict[int, list[int]] = attrs.Factory(dict)
     pin: dict[int, int] = attrs.Factory(dict)
+    leave: dict[int, int] = attrs.Factory(dict)  # pinnable tensor -> it leaves mid-step and comes back home
     cin: dict[int, dict[int, int]] = attrs.Factory(dict)
     due: dict[int, dict[int, int]] = attrs.Factory(dict)  # tensor -> swap-in gap -> the gap it lands for
     cr: dict[int, dict[tuple[int, int], int]] = attrs.Factory(dict)  # tensor -> (gap a, gap g) -> a swap-in
@@ -139,12 +145,15 @@ class _V:
 
 
 def exact_plan(p: Problem, cap: int, order: Sequence[int], time_limit_s: float = 60.0,
-               below_ms: float | None = None) -> ExactPlan:
+               below_ms: float | None = None, leave: bool = False) -> ExactPlan:
     """The fastest phased plan of ``p`` under ``cap`` (scratch included) whose ops first run in ``order``,
     as far as HiGHS gets in ``time_limit_s``. Where the regions of its solution do not pack, the program is
     solved again with that much less room (three solves in all): the plan is then no longer proven best,
     and the bound is the first solution's (bytes under the whole cap). ``below_ms``: only plans whose
-    program value is at most that (a cutoff: proven "none" is then a bound of ``below_ms``)."""
+    program value is at most that (a cutoff: proven "none" is then a bound of ``below_ms``). ``leave``:
+    pinned values may also leave mid-step (``leave[p]``, outside the phased class: ``ga``'s polish asks for
+    them; where such a solution's regions do not pack even when held least, the program is solved again
+    without, and the plan is not called proven)."""
     check_supported(p)
     if sorted(order) != list(range(p.n_ops)) or not respects(p, order):
         raise SwpError("the order must run every op once, after the ops it depends on")
@@ -154,9 +163,11 @@ def exact_plan(p: Problem, cap: int, order: Sequence[int], time_limit_s: float =
         return max(MIN_LIMIT_S, time_limit_s - (time.perf_counter() - started))
 
     tensor_cap = scratch_offset(cap, p.scratch)
+    # with room for every tensor from birth to last use in this order, no pinned value need leave
     room, bound = tensor_cap, None
+    leave = leave and no_swap_bytes(p, list(order)) > tensor_cap
     for _ in range(3):
-        v = _build(p, room, list(order))
+        v = _build(p, room, list(order), leave)
         if below_ms is not None:
             v.prog.ub[v.T[v.n + 2]] = min(v.top, below_ms)
         res = v.prog.solve(left())
@@ -171,6 +182,14 @@ def exact_plan(p: Problem, cap: int, order: Sequence[int], time_limit_s: float =
                              time.perf_counter() - started, tuple(order), why)
         sol = np.round(res.x).astype(int)
         regions, overflow = layout(v, sol, tensor_cap, left())
+        if overflow and _left(v, sol):  # the same step with what leaves held least; else none may leave
+            again = _held_least(v, res, left())
+            if again is not None:
+                sol = again
+                regions, overflow = layout(v, sol, tensor_cap, left())
+            if overflow:
+                leave = False
+                continue
         if not overflow:
             program, homes = _program(v, sol, regions)
             step = schedule_ms(v, sol)  # (HiGHS's bound may pass it by its tolerances)
@@ -180,6 +199,31 @@ def exact_plan(p: Problem, cap: int, order: Sequence[int], time_limit_s: float =
         room -= -(-overflow // ALIGN) * ALIGN
     return ExactPlan(None, None, float("inf"), bound, False, time.perf_counter() - started, tuple(order),
                      "the regions of three solutions did not pack into the cap")
+
+
+def _left(v: _V, sol: np.ndarray) -> list[int]:
+    """The pinned values a solution sends away mid-step."""
+    return [t for t, j in v.leave.items() if sol[j]]
+
+
+# the second solve's step may pass the first's by this much (at 1e-6 HiGHS found the program infeasible)
+HELD_LEAST_SLACK = 1e-4
+
+
+def _held_least(v: _V, res: object, limit_s: float) -> np.ndarray | None:
+    """A solution as fast as ``res``'s whose pinned values that leave are held in the fewest gaps: a home
+    is a region the bytes of others may take only between its value's leaving and its return, so the
+    longer it is away, the likelier the regions pack. None if HiGHS finds none in ``limit_s``."""
+    prog, end = v.prog, v.T[v.n + 2]
+    sol = np.round(res.x).astype(int)  # type: ignore[attr-defined]
+    prog.ub[end] = min(prog.ub[end], float(res.fun) * (1 + HELD_LEAST_SLACK))  # type: ignore[attr-defined]
+    prog.cost[end] = 0.0
+    for t in _left(v, sol):
+        prog.lb[v.leave[t]] = 1.0
+        for j in v.r[t]:
+            prog.cost[j] = 1.0
+    again = prog.solve(limit_s)
+    return None if again.x is None else np.round(again.x).astype(int)
 
 
 def check_supported(p: Problem) -> None:
@@ -194,7 +238,8 @@ def host_updates_refused() -> SwpError:
     return SwpError("the exact planner keeps every update on the device", hints=["use --host-updates none"])
 
 
-def _build(p: Problem, tensor_cap: int, order: list[int]) -> _V:
+def _build(p: Problem, tensor_cap: int, order: list[int], leave: bool = False) -> _V:
+    """The program; ``leave``: pinned values may leave mid-step."""
     e = edges(p)
     v = _V(p, e, Milp(), order, tensor_cap, _top(p))
     v.gap = {op: s + 1 for s, op in enumerate(order)}
@@ -209,7 +254,8 @@ def _build(p: Problem, tensor_cap: int, order: list[int]) -> _V:
     v.co = {t: {} for t, m in v.made.items() if _may_copy_out(v, t, m)}
     _time(v)
     _held(v)
-    _pins(v)
+    _pins(v, leave)
+    v.co.update({t: {} for t in v.leave})
     _copies_in(v)
     _copies_out(v)
     _reruns(v)
@@ -268,9 +314,10 @@ def _held(v: _V) -> None:
         prog.lb[v.r[t][g]] = 1.0
 
 
-def _pins(v: _V) -> None:
+def _pins(v: _V, leave: bool) -> None:
     """``pin``: only where the new value is made in place over the old one (or there is none); pinned, the
-    value and then its new value are held from the start to the end."""
+    value and then its new value are held from the start to the end, unless (with ``leave``) the value
+    leaves mid-step (``leave[p]``), and then at the start and the end."""
     p, prog, n = v.p, v.prog, v.n
     for t in sorted(p.persistent & set(v.r)):
         new = v.new_of.get(t)
@@ -280,8 +327,14 @@ def _pins(v: _V) -> None:
             continue
         j = v.pin[t] = prog.var(integer=True)
         until = v.made[new] if new is not None else n + 1
-        for g in range(until + 1):
-            prog.row({v.r[t][g]: 1.0, j: -1.0}, lb=0.0)
+        away = {}
+        if leave:
+            lv = v.leave[t] = prog.var(integer=True)
+            prog.row({lv: 1.0, j: -1.0}, ub=0.0)
+            away = {lv: 1.0}
+        for g in range(until + 1):  # held throughout, unless it leaves; at home at the start and the end
+            ends = g == 0 or g == n + 1
+            prog.row({v.r[t][g]: 1.0, j: -1.0, **({} if ends else away)}, lb=0.0)
         if new is not None:
             for g in range(until, n + 2):
                 prog.row({v.r[new][g]: 1.0, j: -1.0}, lb=0.0)
@@ -304,8 +357,8 @@ def _copies_in(v: _V) -> None:
                 continue
             j = v.cin[t][a] = prog.var(integer=True)
             v.due[t][a] = u
-            if t in v.pin:
-                prog.row({j: 1.0, v.pin[t]: 1.0}, ub=1.0)
+            if t in v.pin:  # (pinned, only after it left)
+                prog.row({j: 1.0, v.pin[t]: 1.0, **({v.leave[t]: -1.0} if t in v.leave else {})}, ub=1.0)
             if a:
                 prog.row({j: 1.0, rs[a - 1]: 1.0}, ub=1.0)
             for g in range(a, u + 1):
@@ -327,9 +380,12 @@ def _copies_out(v: _V) -> None:
     p, prog, n = v.p, v.prog, v.n
     old_of = {new: old for old, new in v.new_of.items()}
     for t in v.co:
-        m = v.made[t]
+        m = v.made.get(t, 0)  # (a pinned value that leaves: from the prologue on)
         u = v.consumed.get(t)  # (a swap-out after the op that works in place over t would read its output)
-        co = v.co[t] = {b: prog.var(integer=True) for b in range(m + 1, n + 2 if u is None else u + 1)}
+        gaps = range(m + 1, n + 2 if u is None else u + 1)
+        if t not in v.made:  # a pinned value leaves right after a read (or from the start)
+            gaps = [b for b in gaps if b == 1 or b - 1 in v.reads.get(t, [])]
+        co = v.co[t] = {b: prog.var(integer=True) for b in gaps}
         e = v.E[t] = prog.var(ub=v.top)
         for b, j in co.items():
             prog.row({j: 1.0, v.r[t][b - 1]: -1.0}, ub=0.0)
@@ -341,11 +397,15 @@ def _copies_out(v: _V) -> None:
                 prog.row({e: 1.0, waits: -1.0, v.r[t][f]: -v.top, **before}, ub=v.top)
             if t in v.finals:
                 prog.row({v.r[t][f - 1]: 1.0, v.r[t][f]: -1.0, **{j: -1.0 for j in before}}, ub=0.0)
-        for a, j in v.cin.get(t, {}).items():
-            prog.row({j: 1.0, **{k: -1.0 for b, k in co.items() if b < a}}, ub=0.0)
+        # a swap-in follows the swap-out (of a pinned value that left: only while pinned, none otherwise)
+        unpinned = {} if t in v.made else {v.pin[t]: 1.0}
+        for a, j in v.cin.get(t, {}).items():  # (E is free where there is no swap-out)
+            prog.row({j: 1.0, **{k: -1.0 for b, k in co.items() if b < a}, **unpinned}, ub=float(len(unpinned)))
             prog.row({e: 1.0, v.Bin[a]: -1.0, j: v.top}, ub=v.top)
         old = old_of.get(t)
-        if old is not None:
+        if t in v.leave:
+            prog.row({**{j: 1.0 for j in co.values()}, v.leave[t]: -1.0}, lb=0.0, ub=0.0)
+        elif old is not None:
             pinned = {v.pin[old]: 1.0} if old in v.pin else {}
             prog.row({**{j: 1.0 for j in co.values()}, **pinned}, lb=1.0, ub=1.0)
         else:
@@ -443,7 +503,7 @@ def _rerun_copies(v: _V) -> None:
                 prog.row({v.r[t][h]: 1.0, j: -1.0}, lb=0.0)
             if t in v.pin:
                 prog.row({j: 1.0, v.pin[t]: 1.0}, ub=1.0)
-            if t in v.co:
+            if t in v.co and t in v.made:
                 prog.row({j: 1.0, **{k: -1.0 for b, k in v.co[t].items() if b < a}}, ub=0.0)
                 prog.row({v.E[t]: 1.0, v.Bin[a]: -1.0, j: v.top}, ub=v.top)
         for a in {a for a, _ in spans}:
@@ -641,7 +701,11 @@ def layout(v: _V, sol: np.ndarray, tensor_cap: int, time_limit_s: float = 10.0
     overflow found."""
     chains = residencies(v, sol)
     items = [(first, end, max(v.p.size[t] for t, _ in chain)) for chain, first, end in chains]
-    offsets, overflow = pack(items, tensor_cap, time_limit_s)
+    homes: dict[int, list[int]] = {}  # a pinned value that left comes back to its home
+    for k, (chain, _, _) in enumerate(chains):
+        for t in {t for t, _ in chain if t in v.pin and sol[v.pin[t]]}:
+            homes.setdefault(t, []).append(k)
+    offsets, overflow = pack(items, tensor_cap, time_limit_s, list(homes.values()))
     if offsets is None:
         return {}, max(overflow, ALIGN)
     return {link: Region(o, size) for (chain, _, _), o, (_, _, size) in zip(chains, offsets, items)

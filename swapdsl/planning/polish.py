@@ -57,6 +57,10 @@ POLISH_ORDERS = 5  # the most orders the polish tries
 # 25-30-op graphs in that order in 4 s and not in 2 s (docs/benchmarks.md, issue 42, ga at 10 s)
 MODEL_ORDER_S = 4.0
 NEIGHBOUR_S = 1.0  # HiGHS's limit for an order one move away (cut off below the best, most are proven empty fast)
+# up to this many ops, the polish lets pinned values leave mid-step (``exact_plan``'s ``leave``): on the 40
+# graphs of issue 42 it made 9 of 9 such plans at 10 s as fast or up to 17% faster; past it, where HiGHS is
+# slower, a few got up to 15% slower (docs/benchmarks.md)
+LEAVE_MAX_OPS = 20
 
 
 def polish_orders(p: Problem, plans: Iterable[Plan | None]) -> list[tuple[int, list[int]]]:
@@ -87,13 +91,14 @@ def polish(req: Request, p: Problem, plan: Plan, orders: Sequence[tuple[int, lis
     (its order's index in ``ORDER_NAMES``). Each order gets an equal share of the time still left, so one
     HiGHS proves quickly leaves more to the next, and the model's order at least ``MODEL_ORDER_S``; a solve
     whose regions do not pack may take a few seconds more (``exact_plan`` solves again, each solve given
-    at least ``MIN_LIMIT_S``). The time still left goes to ``descend``."""
+    at least ``MIN_LIMIT_S``). The time still left goes to ``descend``. On graphs of up to ``LEAVE_MAX_OPS``
+    ops, the exact planner may let pinned values leave mid-step and come back home."""
     deadline = time.perf_counter() + time_limit_s
     best = plan
 
     def better(name: int, order: list[int], limit_s: float, than: Plan, below_ms: float | None = None) -> Plan | None:
         try:
-            x = exact_plan(p, req.cap, order, limit_s, below_ms)
+            x = exact_plan(p, req.cap, order, limit_s, below_ms, p.n_ops <= LEAVE_MAX_OPS)
         except SwpError:  # (the polish only ever improves a plan: none of its failures costs the search's)
             return None
         if x.program is None or x.homes is None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import attrs
 import pytest
 
 from conftest import slow_bus
@@ -9,10 +10,15 @@ from swapdsl.common.errors import SwpError
 from swapdsl.devices.profiles import BUILTIN
 from swapdsl.fuzz.graphs import seeded_training_graph
 from swapdsl.fuzz.shaped import SHAPES
+from swapdsl.plan.program import Free, Run, SwapIn, SwapOut, scratch_offset
 from swapdsl.plan.simulate import simulate
+from swapdsl.plan.validate import validate
+from swapdsl.planning import exact
+from swapdsl.planning.baselines import assemble
 from swapdsl.planning.bound import ideal_ms
 from swapdsl.planning.compiled import no_swap_bytes
 from swapdsl.planning.exact import exact_bound, first_runs, precedences
+from swapdsl.planning.exactplan import exact_plan
 from swapdsl.planning.ga import SearchOptions
 from swapdsl.planning.optimize import optimize
 from swapdsl.planning.problem import Problem, Request
@@ -80,3 +86,31 @@ def test_a_pinned_value_brought_back_was_copied_out_first() -> None:
     assert b.optimal and b.bound_ms > 0.35
     plan = optimize(Request(t, dev, cap, "g", ()), "exact", SearchOptions(budget_s=20.0))
     assert first_runs(plan) == order and simulate(plan).iteration_ms >= b.bound_ms * (1 - 1e-9)
+
+
+def test_a_pinned_value_may_leave_before_the_first_op() -> None:
+    """A plan may copy a pinned weight out and free it before its first op starts (and bring it back for
+    its first read): the proof's point for it (pinned, not held at slot 0) must be in the program, as the
+    copy out ending before slot 0 (``saved[t][0]``). The conv-shaped graph 6, copies 1000x slower, 0.3 of
+    the way to no swaps (found by a reviewer: without that variable the point was infeasible)."""
+    dev = slow_bus(DEVICE, 1000)
+    t = SHAPES["conv"](6)
+    p = Problem.build(t, dev)
+    need, no_swap = need_bytes(p, frozenset()), no_swap_bytes(p)
+    cap = int(need + 0.3 * (no_swap - need)) + p.scratch
+    order = list(range(p.n_ops))
+    x = exact_plan(p, cap, order, 10.0)
+    assert x.program is not None and x.homes is not None
+    plan = assemble(Request(t, dev, cap, "g", ()), p, "exact", x.homes, x.program)
+    home = next(u.home for u in plan.tensors if u.name == "head")
+    first = next(k for k, i in enumerate(plan.program) if isinstance(i, Run) and "head" in plan.ops[i.op].inputs)
+    before = next(i.op for i in reversed(plan.program[:first]) if isinstance(i, Run))
+    program = (SwapOut("head", -1), Free("head", -1), *plan.program[:first],
+               SwapIn("head", home, before, plan.program[first].op), *plan.program[first:])
+    away = attrs.evolve(plan, program=program)
+    validate(away, t)
+    prog, v = exact._build(p, scratch_offset(cap, p.scratch), order)
+    w = p.names.index("head")
+    prog.ub[v.r[w][0]], prog.lb[v.pin[w]] = 0.0, 1.0
+    res = prog.solve(10.0)
+    assert res.x is not None and res.fun <= simulate(away).iteration_ms * (1 + 1e-9)

@@ -16,9 +16,10 @@ start of slot q + 1's (gap -1: before slot 0; gap n-1: to the step's end), its l
   is held at s-1 (or rebuilt or brought in then), before any copy back in; an unpinned persistent
   tensor's new value is copied home, a pinned one is held at the last slot or brought back in the last
   gap (``home``, or a rerun there). A pinned tensor has no host copy, so one brought in again was copied
-  out first, from a slot that held it (``saved[t][s]``: that copy ends in gap s-1). All of these are
+  out first, from a slot that held it or from the step's start (``saved[t][s]``: that copy ends in gap
+  s-1, s >= 0). All of these are
   binary, as in a plan: its copies and reruns are whole (``INTEGER_MOVES``; relaxed to [0, 1], HiGHS
-  proves more bounds in its time, 21 against 16 of the 40 graphs of docs/benchmarks.md at 8 s, lower by
+  proves more bounds in its time, 21 against 13 of the 40 graphs of docs/benchmarks.md at 8 s, lower by
   2.3% at the median and by up to 16%).
 
 Time. Gap q holds op q and the reruns for slot q+1. A copy in for slot s starts in gap s-1 (the second
@@ -280,13 +281,13 @@ def _pinning(v: _Vars) -> None:
 
 
 def _pinned_copies(v: _Vars) -> None:
-    """``saved``: a pinned tensor has no host copy, so one brought in again was copied out first, in a gap
-    whose start holds it (its copy out ends in gap s-1 for ``saved[t][s]``)."""
+    """``saved``: a pinned tensor has no host copy, so one brought in again was copied out first, from a
+    slot that holds it or from the step's start (its copy out ends in gap s-1 for ``saved[t][s]``)."""
     prog, n = v.prog, v.n
     for t, pin in v.pin.items():
-        v.saved[t] = {s: prog.var() for s in range(1, n + 1)}
+        v.saved[t] = {s: prog.var() for s in range(0, n + 1)}  # (s = 0: out before slot 0 starts)
         for s, k in v.saved[t].items():
-            prog.row({k: 1.0, v.r[t][s - 1]: -1.0}, ub=0.0)
+            prog.row({k: 1.0, (v.r[t][s - 1] if s else pin): -1.0}, ub=0.0)
         for u, (a, b) in v.inn[t].items():
             before = {k: 1.0 for s, k in v.saved[t].items() if s <= u}
             prog.row({**before, a: -1.0, b: -1.0, v.passing[t][u]: -1.0, pin: -1.0}, lb=-1.0)

@@ -164,9 +164,9 @@ def exact_plan(p: Problem, cap: int, order: Sequence[int], time_limit_s: float =
 
     tensor_cap = scratch_offset(cap, p.scratch)
     # with room for every tensor from birth to last use in this order, no pinned value need leave
-    room, bound = tensor_cap, None
+    room, bound, fell_back = tensor_cap, None, False
     leave = leave and no_swap_bytes(p, list(order)) > tensor_cap
-    for _ in range(3):
+    for _ in range(3 + leave):  # (one more where a solve with pinned values leaving may not pack)
         v = _build(p, room, list(order), leave)
         if below_ms is not None:
             v.prog.ub[v.T[v.n + 2]] = min(v.top, below_ms)
@@ -188,12 +188,12 @@ def exact_plan(p: Problem, cap: int, order: Sequence[int], time_limit_s: float =
                 sol = again
                 regions, overflow = layout(v, sol, tensor_cap, left())
             if overflow:
-                leave = False
+                leave, fell_back = False, True
                 continue
         if not overflow:
             program, homes = _program(v, sol, regions)
             step = schedule_ms(v, sol)  # (HiGHS's bound may pass it by its tolerances)
-            proven = res.status == 0 and room == tensor_cap and step <= bound * (1 + PROVEN_GAP)
+            proven = res.status == 0 and room == tensor_cap and not fell_back and step <= bound * (1 + PROVEN_GAP)
             return ExactPlan(tuple(program), homes, step, min(bound, step), proven,
                              time.perf_counter() - started, tuple(order))
         room -= -(-overflow // ALIGN) * ALIGN

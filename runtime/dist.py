@@ -169,21 +169,26 @@ class Silent(EveryRank):
     """This rank stops because another stopped at the start, and printed why."""
 
 
-def join(g: Graph, plan: str = "") -> None:
+def join(g: Graph, plan: str = "", backend: str = "") -> None:
     """Refuse, on every rank alike, a run whose ranks are not the plan's or whose ranks run different steps
-    (``plan``: the plan's text, when a plan runs: every rank must run its collectives in the same order)."""
+    (``plan``: the plan's text, when a plan runs: every rank must run its collectives in the same order) or
+    on different backends (their collectives are MPI's on NumPy, NCCL's on CuPy)."""
     comm = world()
     size = comm.Get_size() if comm is not None else launched_size()
     if comm is None and size > 1:  # N copies of one run, each writing the same files: refused
         raise EveryRank(f"this process is one of {size} processes an MPI launcher started, and mpi4py is not installed",
                         hints=["pip install 'swapdsl[dist]' (mpi4py and MPICH)", "or run without mpiexec"])
     # every rank meets here before any refusal (one that failed on its own meets them here too)
-    odd = _first_odd(comm, _digest(g, plan), "plan")[0] if comm is not None else None
+    odd, theirs = _first_odd(comm, f"{_digest(g, plan)} on {backend}", "plan") if comm is not None else (None, [])
     if g.ranks != size:
         how = f"`mpiexec -n {g.ranks} swapdsl exec ...`" if g.ranks > 1 else "without mpiexec"
         raise EveryRank(f"the plan runs on {g.ranks} rank{'s' * (g.ranks > 1)} and this run has {size}",
                         hints=[f"run it {how}", "or plan again with --ranks " + str(size)])
     if odd is not None:
+        (step, _, other), (first, _, ours) = theirs[odd].partition(" on "), theirs[0].partition(" on ")
+        if step == first:
+            raise EveryRank(f"rank {odd} runs on {other}, rank 0 on {ours}",
+                            hints=["give every rank the same --backend"])
         raise EveryRank(f"rank {odd} runs a different training step from rank 0 (another plan, model or "
                         f"arguments)", hints=["give every rank the same plan file"])
 

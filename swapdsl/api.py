@@ -386,7 +386,7 @@ def _hooks(hooks: Hooks, on_step: OnStep | None) -> Hooks:
 def _train_reference(m: Model, opts: Options, backend: str, hooks: Hooks) -> Execution:
     name, xp = array_module(backend)
     check_runnable(m.training, name)
-    join(m.training)
+    join(m.training, "", name)
     if m.training.ranks > 1 and name == "cupy":  # (the plan's runner places each rank on its own GPU)
         raise EveryRank("data-parallel runs on CuPy run a plan", hints=[
             "swapdsl optimize MODEL --ranks N --memory SIZE -o net.plan, then exec net.plan", "or --backend numpy"])
@@ -531,7 +531,7 @@ def execute_plan(plan: Plan, train: Graph | None, steps: int | None = None, seed
     name, xp = array_module(backend)
     seed = opts.seed or 0
     check_runnable(train, name)
-    join(train, f"{planfile.format_plan(plan)}\non {name}" if train.ranks > 1 else "")  # (one backend for all)
+    join(train, planfile.format_plan(plan) if train.ranks > 1 else "", name)
     runner = PlanRunner(plan, train, name, xp, seed, check_plan=False, copy_delay_s=copy_delay_s,
                         kernel_delay_s=kernel_delay_s, graph=graph, tf32=tf32, vendor_kernels=vendor_kernels)
     f = simulate(plan)

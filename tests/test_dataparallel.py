@@ -24,6 +24,7 @@ from swapdsl import api, cli
 from swapdsl.common.errors import SwpError
 from swapdsl.devices.costs import op_seconds
 from swapdsl.devices.profiles import BUILTIN
+from swapdsl.fuzz.graphs import seeded_training_graph
 from swapdsl.graph.ir import Graph
 from swapdsl.graph.checker import check_graph
 from swapdsl.graph.dataparallel import data_parallel
@@ -34,6 +35,7 @@ from swapdsl.plan.file import format_plan, parse_plan
 from swapdsl.plan.program import Free, HostRun, Plan, Run, SwapIn, SwapOut
 from swapdsl.plan.replay import walk
 from swapdsl.plan.simulate import simulate
+from swapdsl.runtime import dist
 from swapdsl.plan.validate import validate
 from swapdsl.planning import bound
 from swapdsl.graph.dataparallel import DEFAULT_BUCKET_MIB
@@ -604,6 +606,27 @@ def test_ranks_running_different_plans_are_refused_at_start(tmp_path: Path) -> N
                            "--steps", "1"], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
     assert done.returncode == 2 and "Traceback" not in done.stderr
     assert done.stderr.count("error: rank 1 runs a different training step from rank 0") == 1, done.stderr
+
+
+def test_ranks_on_different_backends_are_refused_by_name(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Rank 1 runs the same plan on CuPy, rank 0 on NumPy: their all-reduces would be NCCL's and MPI's, each
+    waiting for the other until the watchdog. Refused at the start, naming both (a stand-in world of two
+    ranks: this machine has no CuPy); the same backend on both passes."""
+
+    class OtherBackend:
+        def Get_size(self) -> int:  # noqa: N802 (mpi4py's names)
+            return 2
+
+        def allgather(self, mine: tuple[str, str]) -> list[tuple[str, str]]:
+            return [mine, (mine[0], mine[1].replace(" on numpy", " on cupy"))]
+
+    monkeypatch.setattr(dist, "world", lambda: OtherBackend())
+    monkeypatch.setattr(dist, "watchdog", lambda: None)
+    g = data_parallel(seeded_training_graph(1), 2, 0.5, bucket_mib=0.0)
+    with pytest.raises(dist.EveryRank, match=r"^rank 1 runs on cupy, rank 0 on numpy$"):
+        dist.join(g, "the plan", "numpy")
+    monkeypatch.setattr(OtherBackend, "allgather", lambda self, mine: [mine, mine])
+    dist.join(g, "the plan", "numpy")
 
 
 def test_a_checkpoint_resumes_only_with_its_ranks(tmp_path: Path) -> None:

@@ -26,7 +26,7 @@ import attrs
 
 from swapdsl.common.errors import SwpError
 
-from swapdsl.devices.profiles import BUILTIN, Device
+from swapdsl.devices.profiles import BUILTIN
 from swapdsl.fuzz.graphs import seeded_training_graph
 from swapdsl.fuzz.shaped import SHAPES
 from swapdsl.graph.ir import Graph
@@ -71,18 +71,9 @@ def seeds(family: str, count: int, lo: int, hi: int) -> list[int]:
     return found
 
 
-def bus_device(bus: float) -> Device:
-    """``DEVICE`` with its copies ``bus`` times slower, latency aside: the same graphs with tensors that many
-    times larger beside the same op times, as on a GPU whose bus, not compute, limits the step."""
-    if bus == 1.0:
-        return DEVICE
-    return attrs.evolve(DEVICE, name=f"{DEVICE.name}-bus-{bus:g}", h2d_bw=DEVICE.h2d_bw / bus,
-                        d2h_bw=DEVICE.d2h_bw / bus)
-
-
 def request(family: str, seed: int, ratio: float, bus: float = 1.0) -> tuple[Request, Problem]:
     """Case ``seed`` of ``family`` at ``ratio`` (module docstring), with the bus ``bus`` times slower."""
-    g, dev = FAMILIES[family](seed), bus_device(bus)
+    g, dev = FAMILIES[family](seed), DEVICE.slower_bus(bus)
     p = Problem.build(g, dev)
     cap = max(int(no_swap_bytes(p) / ratio), need_bytes(p, frozenset())) + p.scratch
     return Request(g, dev, cap, f"{family}-{seed}", ()), p

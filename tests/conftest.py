@@ -5,11 +5,8 @@ from pathlib import Path
 
 import pytest
 
-import attrs
-
 from swapdsl import api
 from swapdsl.cli import main, parse_defines
-from swapdsl.devices.profiles import Device
 from swapdsl.graph.ir import Graph
 from swapdsl.lang.loader import Program
 
@@ -89,9 +86,3 @@ def pytest_configure(config: pytest.Config) -> None:
     if HYPOTHESIS_PROFILE != "dev":  # say per property how many cases passed (the CI log shows it)
         config.option.hypothesis_show_statistics = True
 
-
-def slow_bus(device: Device, times: float) -> Device:
-    """``device`` with its copies ``times`` slower, latency aside: small graphs whose tensors are that many
-    times larger beside the same op times, where the bus limits the step (bench/exact_gap.py's ``--bus``)."""
-    return attrs.evolve(device, name=f"{device.name}-bus-{times:g}", h2d_bw=device.h2d_bw / times,
-                        d2h_bw=device.d2h_bw / times)

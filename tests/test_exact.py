@@ -5,7 +5,6 @@ from __future__ import annotations
 import attrs
 import pytest
 
-from conftest import slow_bus
 from swapdsl.common.errors import SwpError
 from swapdsl.devices.profiles import BUILTIN
 from swapdsl.fuzz.graphs import seeded_training_graph
@@ -77,7 +76,7 @@ def test_a_pinned_value_brought_back_was_copied_out_first() -> None:
     and it has no host copy, so the bound counts its copy out as well as back in (0.393 ms; 0.256 when it
     let the weight come back from a host copy that never existed). The exact plan for that order is no
     faster than the bound."""
-    dev = slow_bus(DEVICE, 1000)
+    dev = DEVICE.slower_bus(1000)
     t = SHAPES["conv"](6)
     p = Problem.build(t, dev)
     cap = max(int(no_swap_bytes(p) / 8), need_bytes(p, frozenset())) + p.scratch
@@ -93,7 +92,7 @@ def test_a_pinned_value_may_leave_before_the_first_op() -> None:
     its first read): the proof's point for it (pinned, not held at slot 0) must be in the program, as the
     copy out ending before slot 0 (``saved[t][0]``). The conv-shaped graph 6, copies 1000x slower, 0.3 of
     the way to no swaps (found by a reviewer: without that variable the point was infeasible)."""
-    dev = slow_bus(DEVICE, 1000)
+    dev = DEVICE.slower_bus(1000)
     t = SHAPES["conv"](6)
     p = Problem.build(t, dev)
     need, no_swap = need_bytes(p, frozenset()), no_swap_bytes(p)

@@ -13,7 +13,7 @@ import pytest
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
-from conftest import MODELS, slow_bus
+from conftest import MODELS
 from strategies import training_graphs
 from swapdsl.common.errors import SwpError
 from swapdsl.common.units import ALIGN
@@ -160,7 +160,7 @@ def test_a_pinned_weight_leaves_mid_step_and_comes_back_home() -> None:
     out as the step starts and back into its home before its update (0.136 ms; the best phased plan, which
     keeps pinned values home, 0.239). The plan validates, keeps its schedule and trains exactly like the
     reference."""
-    dev = slow_bus(V100, 1000)
+    dev = V100.slower_bus(1000)
     t = SHAPES["conv"](1)
     p = Problem.build(t, dev)
     cap = max(int(no_swap_bytes(p) / 4), need_bytes(p, frozenset())) + p.scratch

@@ -11,7 +11,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from conftest import MODELS, build_graph, slow_bus
+from conftest import MODELS, build_graph
 from strategies import training_graphs
 from swapdsl.common.errors import SwpError
 from swapdsl.fuzz.shaped import SHAPES
@@ -249,7 +249,7 @@ def test_on_small_graphs_the_polish_lets_a_pinned_weight_leave() -> None:
     pinned values home (its plan 0.25 ms, the best phased plan of every order the polish tries at least
     0.23); the polish, on a graph of at most ``LEAVE_MAX_OPS`` ops, lets the first layer's weight leave
     mid-step and come back home (0.136 ms in the model's order)."""
-    dev = slow_bus(V100, 1000)
+    dev = V100.slower_bus(1000)
     t = SHAPES["conv"](1)
     p = Problem.build(t, dev)
     assert p.n_ops <= polish_module.LEAVE_MAX_OPS

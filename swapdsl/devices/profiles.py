@@ -42,6 +42,14 @@ class Device:
         table = dict(self.flops)
         return table.get(dtype, table["f32"])
 
+    def slower_bus(self, times: float) -> Device:
+        """This device with its copies ``times`` slower, latency aside: small graphs with tensors that many
+        times larger beside the same op times, where the bus limits the step (bench/exact_gap.py's ``--bus``)."""
+        if times == 1.0:
+            return self
+        return attrs.evolve(self, name=f"{self.name}-bus-{times:g}", h2d_bw=self.h2d_bw / times,
+                            d2h_bw=self.d2h_bw / times)
+
     def to_json(self) -> dict[str, Any]:
         d = attrs.asdict(self)
         d["flops"] = dict(self.flops)

@@ -321,24 +321,26 @@ def _copies_in_time(v: _Vars) -> None:
     back = {t: p.op_ms[v.e.producer[t]] + copy_ms(p.device, p.nbytes[t], False) for t in made}
     reads = _reads(p, v.order)
     landing = {t: {s: next((u for u in reads.get(t, []) if u >= s), n) for s in js} for t, js in v.inn.items()}
+
+    def after_copy_out(t: int, end: int, copies: tuple[int, ...]) -> None:
+        """A copy back in, landing by slot ``end``, follows the tensor's copy out: from its maker, or (a
+        pinned value, only while pinned) from the step's start."""
+        if t in made:
+            chain = back[t] + cin[t]
+            prog.row({**_span(v, made[t], end), **{j: -chain for j in copies}}, lb=0.0)
+        elif t in v.pin:
+            chain = copy_ms(p.device, p.nbytes[t], False) + cin[t]
+            prog.row({**_span(v, -1, end), **{j: -chain for j in copies}, v.pin[t]: -chain}, lb=-chain)
+
     for t, js in v.inn.items():
         for s, (a, b) in js.items():
             op_ms = p.op_ms[v.order[s - 1]] if s > 0 else 0.0
             prog.row({**_span(v, s - 1, landing[t][s]), a: -cin[t], b: -(op_ms + cin[t])}, lb=0.0)
-            if t in made:
-                chain = back[t] + cin[t]
-                prog.row({**_span(v, made[t], landing[t][s]), a: -chain, b: -chain}, lb=0.0)
-            elif t in v.pin:
-                chain = copy_ms(p.device, p.nbytes[t], False) + cin[t]
-                prog.row({**_span(v, -1, landing[t][s]), a: -chain, b: -chain, v.pin[t]: -chain}, lb=-chain)
+            after_copy_out(t, landing[t][s], (a, b))
     for t, js in v.passing.items():
         for s, j in js.items():
             prog.row({**_span(v, s - 1, s), j: -cin[t]}, lb=0.0)
-            if t in made:
-                prog.row({**_span(v, made[t], s), j: -(back[t] + cin[t])}, lb=0.0)
-            elif t in v.pin:
-                chain = copy_ms(p.device, p.nbytes[t], False) + cin[t]
-                prog.row({**_span(v, -1, s), j: -chain, v.pin[t]: -chain}, lb=-chain)
+            after_copy_out(t, s, (j,))
     copies = [(s - 1, landing[t][s], cin[t], pair) for t, js in v.inn.items() for s, pair in js.items()]
     copies += [(s - 1, s, cin[t], (j,)) for t, js in v.passing.items() for s, j in js.items()]
     for first, end in _windows(n, -1):

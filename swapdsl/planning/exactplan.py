@@ -398,9 +398,10 @@ def _copies_out(v: _V) -> None:
             if t in v.finals:
                 prog.row({v.r[t][f - 1]: 1.0, v.r[t][f]: -1.0, **{j: -1.0 for j in before}}, ub=0.0)
         # a swap-in follows the swap-out (of a pinned value that left: only while pinned, none otherwise)
-        unpinned = {} if t in v.made else {v.pin[t]: 1.0}
+        while_pinned = {} if t in v.made else {v.pin[t]: 1.0}
         for a, j in v.cin.get(t, {}).items():  # (E is free where there is no swap-out)
-            prog.row({j: 1.0, **{k: -1.0 for b, k in co.items() if b < a}, **unpinned}, ub=float(len(unpinned)))
+            prog.row({j: 1.0, **{k: -1.0 for b, k in co.items() if b < a}, **while_pinned},
+                     ub=float(len(while_pinned)))
             prog.row({e: 1.0, v.Bin[a]: -1.0, j: v.top}, ub=v.top)
         old = old_of.get(t)
         if t in v.leave:

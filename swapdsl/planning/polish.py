@@ -57,9 +57,9 @@ POLISH_ORDERS = 5  # the most orders the polish tries
 # 25-30-op graphs in that order in 4 s and not in 2 s (docs/benchmarks.md, issue 42, ga at 10 s)
 MODEL_ORDER_S = 4.0
 NEIGHBOUR_S = 1.0  # HiGHS's limit for an order one move away (cut off below the best, most are proven empty fast)
-# up to this many ops, the polish lets pinned values leave mid-step (``exact_plan``'s ``leave``): on the 40
-# graphs of issue 42 it made 9 of 9 such plans at 10 s as fast or up to 17% faster; past it, where HiGHS is
-# slower, a few got up to 15% slower (docs/benchmarks.md)
+# up to this many ops, the polish lets pinned values leave mid-step (``exact_plan``'s ``leave``): on the 12
+# such graphs of issue 42's 40, ga at 10 s median 0.918 of before, up to 17% faster, none slower; past it,
+# where HiGHS is slower with it, some plans got up to 10.8% slower (docs/benchmarks.md, 2026-12-07)
 LEAVE_MAX_OPS = 20
 
 

@@ -32,7 +32,6 @@ numbers instead of quietly using more memory.
 
 from __future__ import annotations
 
-import contextlib
 import threading
 import time
 from collections.abc import Callable, Iterable, Mapping
@@ -395,7 +394,9 @@ class PlanRunner:
             issue_cuda(self._cuda)
             self._eager_steps += 1
         self.host_ms = 1e3 * (time.perf_counter() - started)
-        with self.comm.waiting() if self.comm is not None else contextlib.nullcontext():
+        if self.comm is not None:
+            self.comm.finish(list(self.streams.values()))
+        else:
             for stream in self.streams.values():
                 stream.synchronize()
 

@@ -14,9 +14,9 @@ issued item by item, never captured.
 
 from __future__ import annotations
 
-import contextlib
 import os
 import socket
+import time
 from collections.abc import Sequence
 from typing import Any
 
@@ -27,6 +27,7 @@ from swapdsl.common.units import format_bytes
 from swapdsl.runtime.backend import copy_fn
 
 DTYPES = {"float32": "NCCL_FLOAT32", "float64": "NCCL_FLOAT64"}  # the dtypes a gradient is averaged in
+POLL_S = 0.001  # how often the step's end asks NCCL for an error of its own while the streams run
 
 
 def placements(seen: Sequence[tuple[str, Sequence[str], bool]]) -> list[tuple[int, str]]:
@@ -93,12 +94,15 @@ def gpu_comm(cupy: Any, watched: Any) -> tuple[Any, str]:
 
 class Nccl:
     """NCCL's all-reduce on the current stream: asynchronous, captured by a CUDA graph. A rank that hangs
-    leaves the others waiting at the step's end, so that wait is watched (``waiting``)."""
+    leaves the others waiting at the step's end, so that wait is watched; NCCL reports its own failures (a
+    peer's connection lost) only when asked, and its kernels may then never finish, so the wait asks it
+    (``finish``)."""
 
     capturable = on_device = True
 
     def __init__(self, cupy: Any, nccl: Any, comm: Any, watched: Any) -> None:
         self.cupy, self.nccl, self.comm, self.watched = cupy, nccl, comm, watched
+        self.aborted = False
 
     def Get_size(self) -> int:  # noqa: N802 (mpi4py's names)
         return self.watched.Get_size()
@@ -113,8 +117,23 @@ class Nccl:
         self.comm.allReduce(x.data.ptr, out.data.ptr, x.size, getattr(self.nccl, dtype), self.nccl.NCCL_SUM,
                             self.cupy.cuda.get_current_stream().ptr)
 
-    def waiting(self) -> contextlib.AbstractContextManager[None]:
-        return self.watched.dog.collective("the step's NCCL all-reduces")
+    def finish(self, streams: Sequence[Any]) -> None:
+        """Wait for the step's ``streams``, watched, asking NCCL meanwhile whether it has failed."""
+        with self.watched.dog.collective("the step's NCCL all-reduces"):
+            while not all(s.done for s in streams):
+                self._check()
+                time.sleep(POLL_S)
+            self._check()
+
+    def _check(self) -> None:
+        try:
+            self.comm.check_async_error()
+        except self.nccl.NcclError as err:
+            self.comm.abort()  # (NCCL's kernels stop waiting for the peer; the communicator is gone)
+            self.aborted = True
+            raise SwpError(f"NCCL failed in the all-reduces of step {self.watched.dog.step}: {err}",
+                           hints=["a rank, its GPU or the network between them failed: see that rank's output, "
+                                  "then --resume from the last checkpoint"]) from None
 
     def all_agree(self, mine: bool) -> bool:
         """Whether every rank says yes: a step's NCCL calls are captured in a CUDA graph on all ranks or on
@@ -123,12 +142,13 @@ class Nccl:
             return all(self.watched.comm.allgather(mine))
 
     def close(self) -> None:
-        self.comm.destroy()
+        if not self.aborted:
+            self.comm.destroy()
 
 
 class Staged:
     """MPI's all-reduce of a copy in pinned host memory: the host waits for the bucket on the current stream,
-    averages it with the other ranks, and enqueues the copy back (``waiting``: nothing more to watch)."""
+    averages it with the other ranks, and enqueues the copy back (``finish``: nothing more to watch)."""
 
     capturable = False
     on_device = True
@@ -160,8 +180,9 @@ class Staged:
             self._buffers[key] = tuple(cupyx.empty_pinned(x.shape, dtype=x.dtype) for _ in range(2))  # type: ignore[assignment]
         return self._buffers[key]
 
-    def waiting(self) -> contextlib.AbstractContextManager[None]:
-        return contextlib.nullcontext()
+    def finish(self, streams: Sequence[Any]) -> None:
+        for stream in streams:  # (each bucket's exchange was already watched, in ``Allreduce``)
+            stream.synchronize()
 
     def all_agree(self, mine: bool) -> bool:
         return mine  # (never captured)

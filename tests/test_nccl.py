@@ -76,15 +76,30 @@ class World:
 
 
 class FakeNccl:
+    """NCCL's module and a communicator in one; ``fails_at``: the call of ``check_async_error`` that reports
+    an error (None: never)."""
+
     available = True
     NCCL_FLOAT32, NCCL_FLOAT64, NCCL_SUM = 7, 8, 0
 
-    def __init__(self, peer: np.ndarray | None = None) -> None:
+    class NcclError(RuntimeError):
+        pass
+
+    def __init__(self, peer: np.ndarray | None = None, fails_at: int | None = None) -> None:
         self.peer, self.made, self.calls = peer, [], []
-        self.destroyed = False
+        self.destroyed = self.aborted = False
+        self.fails_at, self.checks = fails_at, 0
 
     def destroy(self) -> None:
         self.destroyed = True
+
+    def abort(self) -> None:
+        self.aborted = True
+
+    def check_async_error(self) -> None:
+        self.checks += 1
+        if self.checks == self.fails_at:
+            raise self.NcclError("NCCL_ERROR_REMOTE_ERROR: remote process exited or there was a network error")
 
     def get_unique_id(self) -> tuple[str, int]:
         return ("uid made by", 0)
@@ -212,6 +227,48 @@ def test_the_staged_all_reduce_copies_out_averages_and_copies_back(pinned: None)
         np.testing.assert_array_equal(out, [5.5, 11.0, 16.5])
     assert cupy.copies == ["to host", "to device"] * 2 and cupy.synced[0] == 4
     assert len(ctx.comm._buffers) == 1
+
+
+class Stream:
+    """A stream whose work is done after ``busy`` queries."""
+
+    def __init__(self, busy: int) -> None:
+        self.busy = busy
+
+    @property
+    def done(self) -> bool:
+        self.busy -= 1
+        return self.busy < 0
+
+
+def step_world(step: int) -> World:
+    world = World(0, [None, None])
+    world.dog.step = step  # type: ignore[attr-defined]
+    return world
+
+
+def test_the_steps_end_asks_nccl_whether_it_failed_while_the_streams_run() -> None:
+    nccl = FakeNccl()
+    world = step_world(3)
+    comm = Nccl(FakeCupy(("b0",), nccl), nccl, nccl, world)
+    comm.finish([Stream(0), Stream(4)])
+    assert nccl.checks >= 4 and not nccl.aborted
+    assert world.dog.entered == ["the step's NCCL all-reduces"]
+    comm.close()
+    assert nccl.destroyed
+
+
+def test_an_error_nccl_reports_ends_the_step_naming_it_and_aborts_the_communicator() -> None:
+    """A peer lost mid-step: NCCL's kernels may never finish, so the wait would last until the watchdog's
+    timeout; NCCL's own report ends it at once."""
+    nccl = FakeNccl(fails_at=3)
+    comm = Nccl(FakeCupy(("b0",), nccl), nccl, nccl, step_world(7))
+    with pytest.raises(SwpError, match="NCCL failed in the all-reduces of step 7: NCCL_ERROR_REMOTE_ERROR") as err:
+        comm.finish([Stream(10**9)])
+    assert "--resume" in err.value.hints[0]
+    assert nccl.checks == 3 and nccl.aborted
+    comm.close()  # (an aborted communicator is gone: destroying it too would free it twice)
+    assert not nccl.destroyed
 
 
 class HostSettable(np.ndarray):

@@ -216,20 +216,21 @@ def optimize(model: Model | str | Path, memory: int | str, method: str = "ga", d
         mk = mk if mib is None else attrs.evolve(mk, bucket_mib=mib)
         return Request(mk.training, dev, cap, m.path, m.graph.args, host)
 
-    def chosen_at(k: int, climbing: bool = True) -> Request:  # (with the size ``auto`` chooses, for this count)
+    def chosen_at(k: int, climbing: bool = True) -> tuple[Request, Plan | None]:
+        """The request with the size ``auto`` chooses for count ``k``, and its plan where the choice made it."""
         base = request_at(k)
         if not auto_size or (k > 1 and len(base.graph.ops) > AUTO_MAX_OPS):  # (a count the climb does not try)
-            return base
+            return base, None
         try:
             return best_buckets(lambda mib: base if mib == m.bucket_mib else request_at(k, mib), method, host_updates)
         except SwpError:  # no size fits this count: the climb's planning refuses it, as any count that does not fit
             if not climbing:
                 raise
-            return base
+            return base, None
 
     if microbatches == "auto":
         counts = divisors(int(check_microbatches(m.args.get("batch"), 1)))
-        plan = optimize_microbatches(chosen_at, counts, method, options, host_updates)
+        plan = optimize_microbatches(lambda k: chosen_at(k)[0], counts, method, options, host_updates)
     else:
         k = m.microbatches if microbatches is None else microbatches
         try:
@@ -237,7 +238,8 @@ def optimize(model: Model | str | Path, memory: int | str, method: str = "ga", d
                 plan = race_buckets(bucket_requests(lambda mib: request_at(k, mib)),  # type: ignore[arg-type]
                                     options, host_updates)
             else:
-                plan = plan_with(chosen_at(k, climbing=False), method, options, host_updates)  # type: ignore[arg-type]
+                req, scouted = chosen_at(k, climbing=False)
+                plan = scouted if scouted is not None else plan_with(req, method, options, host_updates)
         except BelowSmallestCap as err:
             size = getattr(err, "bucket_mib", None)  # (auto's size that needs the least: the counts tried at it)
             at = request_at if size is None else (lambda j: request_at(j, size))

@@ -96,9 +96,11 @@ def bucket_requests(request_at: Callable[[float], Request]) -> list[Request]:
     return out
 
 
-def best_buckets(request_at: Callable[[float], Request], method: str, host_updates: str | None = None) -> Request:
+def best_buckets(request_at: Callable[[float], Request], method: str,
+                 host_updates: str | None = None) -> tuple[Request, Plan | None]:
     """``--bucket-mib auto`` for a baseline: of ``bucket_requests``, the one whose plan is fastest (for
-    ``ga`` and ``exact``: whose ``belady`` plan is; ``ga`` alone races searches instead, ``race_buckets``)."""
+    ``ga`` and ``exact``: whose ``belady`` plan is; ``ga`` alone races searches instead, ``race_buckets``),
+    and, where ``method`` is a baseline, its plan (the one scored: a baseline plans a request one way)."""
     scout = method if method in PLANNERS or method in METHODS else "belady"
     scored, refused = [], []
     for req in bucket_requests(request_at):
@@ -107,10 +109,11 @@ def best_buckets(request_at: Callable[[float], Request], method: str, host_updat
         except SwpError as err:  # (below this size's smallest cap: another may fit)
             refused.append((err, req))
             continue
-        scored.append((req.plan_score(plan), len(scored), req))
+        scored.append((req.plan_score(plan), len(scored), req, plan))
     if not scored:
         raise least_refused(refused)
-    return min(scored, key=lambda s: s[:2])[2]
+    _, _, req, plan = min(scored, key=lambda s: s[:2])
+    return req, plan if scout == method else None
 
 
 def _least_cap(err: SwpError) -> float:

@@ -45,9 +45,10 @@ from swapdsl.planning.bound import ideal_ms as bound_ideal_ms
 from swapdsl.planning.compiled import no_swap_bytes
 from swapdsl.planning.ga import SearchOptions, SearchProgress
 from swapdsl.planning.optimize import optimize as plan_with
-from swapdsl.planning.optimize import AUTO_MAX_OPS, best_buckets, bucket_requests, optimize_microbatches, race_buckets
+from swapdsl.planning.optimize import (AUTO_MAX_OPS, best_buckets, bucket_requests, least_cap_with,
+                                      optimize_microbatches, race_buckets)
 from swapdsl.planning.problem import Problem, Request
-from swapdsl.planning.sizing import BelowSmallestCap, least_cap
+from swapdsl.planning.sizing import BelowSmallestCap
 from swapdsl.runtime import checkpoint, reference, training
 from swapdsl.runtime.data import init_persistent
 from swapdsl.runtime.dist import EveryRank, join
@@ -243,7 +244,8 @@ def optimize(model: Model | str | Path, memory: int | str, method: str = "ga", d
         except BelowSmallestCap as err:
             size = getattr(err, "bucket_mib", None)  # (auto's size that needs the least: the counts tried at it)
             at = request_at if size is None else (lambda j: request_at(j, size))
-            raise _with_microbatch_hint(err, m, k, cap, at) from None  # type: ignore[arg-type]
+            least = lambda j: least_cap_with(at(j), method, host_updates)  # noqa: E731
+            raise _with_microbatch_hint(err, m, k, cap, least) from None
     validate(plan)
     if plan.microbatches > 1:  # what its speed is a fraction of (``simulate`` reads it back from the file)
         planned = attrs.evolve(m, bucket_mib=plan.bucket_mib) if m.ranks > 1 else m  # (the size auto chose)
@@ -252,14 +254,15 @@ def optimize(model: Model | str | Path, memory: int | str, method: str = "ga", d
 
 
 def _with_microbatch_hint(err: BelowSmallestCap, m: Model, k: int, cap: int,
-                          request_at: Callable[[int], Request], tries: int = 6) -> BelowSmallestCap:
-    """``err`` with the least micro-batch count (of the next ``tries`` dividing the batch) that fits ``cap``."""
+                          least_at: Callable[[int], int], tries: int = 6) -> BelowSmallestCap:
+    """``err`` with the least micro-batch count (of the next ``tries`` dividing the batch) that fits ``cap``
+    (``least_at(count)``: the least cap that count plans under)."""
     batch = m.args.get("batch")
     if not isinstance(batch, int) or isinstance(batch, bool):
         return err
     least, more, per_pass = err.least, k, len(m.training.ops) / m.microbatches
     for more in [d for d in divisors(batch) if d > k and d * per_pass <= AUTO_MAX_OPS][:tries]:
-        least = least_cap(Problem.of(request_at(more)))
+        least = least_at(more)
         if least <= cap:
             err.hints = [f"--microbatches {more} (or auto) fits it: its smallest feasible cap is "
                          f"{format_bytes(least)}", *err.hints]

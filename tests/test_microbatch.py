@@ -212,6 +212,19 @@ def test_below_the_floor_the_error_names_the_op_and_the_micro_batches_that_fit(c
     assert code == 2 and "micro-batches do not bring it under the cap" in err
 
 
+def test_the_micro_batch_hint_counts_the_updates_the_host_takes() -> None:
+    """At 700 KB the small transformer fits no count with its updates on the device, but 8 micro-batches with
+    them on the host (660,736 bytes at the least): the hint says so, and the plan it names exists."""
+    m = swapdsl.load(MODELS / "tiny_transformer.swp")
+    for host, said in (("none", "micro-batches do not bring it under the cap"),
+                       ("all", "--microbatches 8 (or auto) fits it: its smallest feasible cap is 645.25 KiB")):
+        with pytest.raises(SwpError) as refused:
+            swapdsl.optimize(m, 700_000, "belady", host_updates=host)
+        assert said in refused.value.render(), host
+    plan = swapdsl.optimize(m, 700_000, "belady", host_updates="all", microbatches=8)
+    assert plan.microbatches == 8 and plan.cap == 700_000
+
+
 BN_MODEL = """\
 import layers
 

@@ -21,7 +21,7 @@ from swapdsl.planning.policy import METHODS
 from swapdsl.planning.compiled import no_swap_bytes
 from swapdsl.planning.exactplan import host_updates_refused, plan_exact
 from swapdsl.planning.problem import Problem, Request
-from swapdsl.planning.sizing import below_smallest_cap
+from swapdsl.planning.sizing import below_smallest_cap, least_cap
 
 PLANNERS = {"capuchin": plan_capuchin, "checkpoint": plan_checkpoint}  # besides the policies of METHODS
 METHOD_NAMES = ("ga", *sorted([*METHODS, *PLANNERS, "exact"]))
@@ -76,6 +76,15 @@ def with_host_updates(req: Request, method: str, host_updates: str) -> Request:
     if not scored:  # the refusal whose smallest feasible cap is least (an all-reduce over host copies may fit)
         raise min(refused, key=_least_cap)
     return min(scored, key=lambda s: s[:2])[2]
+
+
+def least_cap_with(req: Request, method: str, host_updates: str | None) -> int:
+    """The least cap ``req`` plans under with ``method`` where ``host_updates`` lets updates leave the device:
+    the least over ``all``'s requests (``auto`` tries them too, and moving an update off the device only
+    takes tensors from it)."""
+    if host_updates in (None, "none") or method in ("checkpoint", "exact") or not offloadable(req.graph):
+        return least_cap(Problem.of(req))
+    return min(least_cap(Problem.of(r)) for r in host_requests(req, "all"))
 
 
 _SCOUT = {"ga": "belady"}  # auto scores ga's choices by belady's plans (a search per choice would cost more)

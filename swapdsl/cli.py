@@ -82,12 +82,16 @@ def _seconds(text: str) -> float:
     return value
 
 
-def _share(text: str) -> float:
-    """An argparse type: a positive, finite share."""
+def _float(text: str) -> float:
     try:
-        value = float(text)
+        return float(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"expected a number such as 0.5, got `{text}`") from None
+
+
+def _share(text: str) -> float:
+    """An argparse type: a positive, finite share."""
+    value = _float(text)
     if not (math.isfinite(value) and value > 0):
         raise argparse.ArgumentTypeError(f"expected a positive, finite share, got {text}")
     return value
@@ -95,10 +99,7 @@ def _share(text: str) -> float:
 
 def _polish(text: str) -> float:
     """An argparse type: the share of ga's budget for its exact polish, from 0 to MAX_POLISH."""
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a share such as 0.5, got `{text}`") from None
+    value = _float(text)
     if not (math.isfinite(value) and 0 <= value <= MAX_POLISH):
         raise argparse.ArgumentTypeError(f"expected a share from 0 to {MAX_POLISH}, got {text}")
     return value

@@ -53,7 +53,9 @@ from swapdsl.plan.validate import check_describes, validate
 from swapdsl.runtime.backend import copy_fn, require_memory, to_host
 from swapdsl.runtime.data import init_persistent, synthetic_inputs
 from swapdsl.runtime.dist import comm_for, lane_timeout_s
+from swapdsl.runtime import hostsplit
 from swapdsl.runtime.fused import FusedKernels
+from swapdsl.runtime.hostsplit import HostKernels
 from swapdsl.runtime.nccl import gpu_comm
 from swapdsl.runtime.streams import STREAMS, CudaItem, Item, ThreadLanes, cuda_streams, issue_cuda
 from swapdsl.runtime.vendor import VendorKernels
@@ -90,7 +92,8 @@ def check_lanes(plan: Plan, backend: str) -> None:
 class PlanRunner:
     def __init__(self, plan: Plan, g: Graph, backend: str, xp: ModuleType, seed: int,
                  check_plan: bool = True, copy_delay_s: float = 0.0, kernel_delay_s: float = 0.0,
-                 graph: bool = True, vendor_kernels: bool = True, tf32: bool = False, arena: Any = None) -> None:
+                 graph: bool = True, vendor_kernels: bool = True, tf32: bool = False, arena: Any = None,
+                 host_threads: int | None = None) -> None:
         """``check_plan``: validate the plan against ``g`` (False: the caller has, or a test runs a broken
         plan to show what validation prevents; it must still describe ``g``). ``copy_delay_s``,
         ``kernel_delay_s`` (NumPy, for tests): every copy or kernel starts that much later, so that a wait
@@ -100,7 +103,8 @@ class PlanRunner:
         element-wise ops as fused kernels where they build (``vendor.notes``, ``fused.notes``: what fell
         back); ``tf32`` (CuPy): FP32 matrix products and convolutions may use TF32 tensor cores; ``arena``: a
         device arena of the plan's cap to run in instead of a new one (evaluation runs in the training
-        plan's), whose contents this runner overwrites."""
+        plan's), whose contents this runner overwrites; ``host_threads``: workers the host lane splits its
+        element-wise kernels over (``hostsplit``; default ``hostsplit.host_threads()``)."""
         if check_plan:
             validate(plan, g)
         else:
@@ -126,6 +130,8 @@ class PlanRunner:
         net = self._scratch_for(i.op for i in plan.program if isinstance(i, Run) and g.ops[i.op].op in NET_OPS)
         self.net_ctx = attrs.evolve(self.ctx, scratch=Scratch(xp.zeros(max(net, 1), np.uint8)))
         self.host_ctx = self._host_context()
+        hosted = any(isinstance(i, HostRun) for i in plan.program)
+        self.host_kernels = HostKernels((host_threads or hostsplit.host_threads()) if hosted else 1)
         self.vendor = (VendorKernels.load(g, lambda: xp.cuda.get_current_stream().ptr, tf32=self.ctx.tf32)
                        if backend == "cupy" and vendor_kernels else VendorKernels())
         self.fused = FusedKernels.load(g, xp) if backend == "cupy" and vendor_kernels else FusedKernels()
@@ -342,8 +348,17 @@ class PlanRunner:
         op = self.g.ops[instr.op]
         ins = [self.hview(n) for n in op.inputs]
         out = self.hview(op.outputs[0])
-        kernel = kernel_of(op.op, tuple(map(self.g.type_of, op.inputs)), self.g.type_of(op.outputs[0]), op.attr_dict)
-        return self._launch(kernel, self.host_ctx, ins, out, op.attr_dict)
+        work = self.host_kernels.launcher(op.op, ins, out, op.attr_dict, tuple(map(self.g.type_of, op.inputs)),
+                                          self.g.type_of(op.outputs[0]), self.host_ctx)
+        if not self.kernel_delay_s:
+            return work
+        delay = self.kernel_delay_s
+
+        def slow_work() -> None:
+            time.sleep(delay)
+            work()
+
+        return slow_work
 
     def _count_step(self) -> None:
         self.xp.add(self.ctx.step, 1, out=self.ctx.step)
@@ -469,4 +484,5 @@ class PlanRunner:
                 self.comm.close()
         else:
             self.threads.close()
+        self.host_kernels.close()
 

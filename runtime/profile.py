@@ -30,6 +30,7 @@ from swapdsl.runtime.data import init_persistent, synthetic_inputs
 from swapdsl.runtime.reference import last_uses
 from swapdsl.runtime.streams import CudaItem, Item, ThreadLanes, cuda_streams, issue_cuda
 from swapdsl.runtime.fused import FusedKernels
+from swapdsl.runtime.hostsplit import HostKernels, host_threads
 from swapdsl.runtime.vendor import VendorKernels
 
 
@@ -247,9 +248,10 @@ COPY_SIZES = (64 * 2**10, 2**20, 16 * 2**20, 64 * 2**20)
 HOST_UPDATE_ELEMENTS = 4 * 2**20  # the arrays host_update_bw times Adam over (16 MiB each in f32)
 
 
-def host_update_bw(repeat: int, elements: int = HOST_UPDATE_ELEMENTS) -> float:
-    """Bytes/s an Adam update sustains on this host, run as the host lane runs it (``kernel_of`` on NumPy
-    arrays, the registry's bytes per op): what ``--host-updates`` plans price host ops by."""
+def host_update_bw(repeat: int, elements: int = HOST_UPDATE_ELEMENTS, threads: int | None = None) -> float:
+    """Bytes/s an Adam update sustains on this host, run as the host lane runs it (each op's kernel on NumPy
+    arrays, split over ``threads``, default ``hostsplit.host_threads()``; the registry's bytes per op): what
+    ``--host-updates`` plans price host ops by."""
     t = TensorType((elements,), DType.f32)
     rng = np.random.default_rng(0)
     p, g, m, v = (rng.standard_normal(elements).astype(np.float32) for _ in range(4))
@@ -260,14 +262,17 @@ def host_update_bw(repeat: int, elements: int = HOST_UPDATE_ELEMENTS) -> float:
     ctx = KernelContext.standalone(np, max(scratch_need(op, (t,) * len(ins), t, a) for op, ins, _, a in chain))
     moved = sum(REGISTRY[op].bytes_read((t,) * len(ins), t, a) + REGISTRY[op].bytes_written((t,) * len(ins), t, a)
                 for op, ins, _, a in chain)
-    kernels = [(kernel_of(op, (t,) * len(ins), t, a), ins, out, a) for op, ins, out, a in chain]
+    kernels = HostKernels(threads or host_threads())
+    try:
+        work = [kernels.launcher(op, ins, out, a, (t,) * len(ins), t, ctx) for op, ins, out, a in chain]
 
-    def update() -> None:
-        for kernel, ins, out, a in kernels:
-            ctx.scratch.reset()
-            kernel(ctx, ins, out, a)
+        def update() -> None:
+            for w in work:
+                w()
 
-    return moved / _timed(np, update, repeat)
+        return moved / _timed(np, update, repeat)
+    finally:
+        kernels.close()
 
 
 def op_kind_totals(g: Graph, times: dict[str, float]) -> list[tuple[str, int, float]]:

@@ -1,0 +1,108 @@
+"""The host lane's element-wise kernels, each split across threads: a host has many cores and one lane.
+
+An optimiser update on the host (and the casts around it) computes each element from the same element of
+its inputs alone, so its flat range is cut into contiguous parts, one per worker, each run by the op's own
+kernel with a scratch of its own: the same operations on every element as one call, so the same bits.
+NumPy's ufuncs release the GIL, so the parts run at once (ZeRO-Offload's CPU Adam is multithreaded for the
+same reason). Everything else on the lane (an all-reduce of host copies, a bucket's pack) runs as one call.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+
+import numpy as np
+
+from swapdsl.graph.ir import TensorType
+from swapdsl.graph.offload import UPDATE_OPS
+from swapdsl.graph.ops import KernelContext
+from swapdsl.graph.ops.kernels import kernel_of, scratch_need
+from swapdsl.graph.ops.registry import Array, Attrs, Scratch
+
+SPLIT_OPS = UPDATE_OPS | {"cast"}
+MIN_PART = 1 << 18  # elements: a smaller part costs more to hand to a thread than its share of the work saves
+THREADS_ENV = "SWAPDSL_HOST_THREADS"
+
+
+def host_threads() -> int:
+    """Workers for the host lane's kernels: ``SWAPDSL_HOST_THREADS``, else every core (at most 16)."""
+    text = os.environ.get(THREADS_ENV, "")
+    return max(1, int(text)) if text.isdigit() else min(16, os.cpu_count() or 1)
+
+
+def parts(n: int, threads: int) -> list[tuple[int, int]]:
+    """[lo, hi) ranges covering ``n`` elements, at most ``threads`` of them, none under ``MIN_PART``."""
+    count = max(1, min(threads, n // MIN_PART))
+    step = math.ceil(n / count)
+    return [(lo, min(n, lo + step)) for lo in range(0, n, step)]
+
+
+class HostKernels:
+    """Builds the host lane's launchers; ``close`` ends its threads."""
+
+    def __init__(self, threads: int) -> None:
+        self.threads = threads
+        self.pool = ThreadPoolExecutor(threads - 1, thread_name_prefix="swapdsl-host") if threads > 1 else None
+
+    def launcher(self, op: str, ins: list[Array], out: Array, a: Attrs, types: tuple[TensorType, ...],
+                 out_type: TensorType, ctx: KernelContext) -> Callable[[], None]:
+        """The op as host-lane work over these arrays: split where it may be, else one call in ``ctx``."""
+        ranges = parts(out.size, self.threads) if op in SPLIT_OPS and self.pool is not None else [(0, out.size)]
+        if len(ranges) == 1:
+            kernel = kernel_of(op, types, out_type, a)
+
+            def whole() -> None:
+                ctx.scratch.reset()
+                kernel(ctx, ins, out, a)
+
+            return whole
+        calls = [self._part(op, ins, out, a, types, out_type, ctx, lo, hi) for lo, hi in ranges]
+        pool = self.pool
+
+        def run() -> None:
+            assert pool is not None
+            waiting = [pool.submit(call) for call in calls[1:]]
+            calls[0]()  # (the lane's own thread takes the first part)
+            for w in waiting:
+                w.result()
+
+        return run
+
+    def _part(self, op: str, ins: list[Array], out: Array, a: Attrs, types: tuple[TensorType, ...],
+              out_type: TensorType, ctx: KernelContext, lo: int, hi: int) -> Callable[[], None]:
+        n = out.size
+
+        def cut(x: Array, t: TensorType) -> tuple[Array, TensorType]:
+            if x.size != n:  # (a scalar: a gated update's flag)
+                return x, t
+            return x.reshape(-1)[lo:hi], TensorType((hi - lo,), t.dtype)
+
+        cuts = {id(x): cut(x, t) for x, t in zip([*ins, out], [*types, out_type])}  # (one view per array)
+        ins_k = [cuts[id(x)][0] for x in ins]
+        out_k, out_t = cuts[id(out)]
+        types_k = tuple(cuts[id(x)][1] for x in ins)
+        kernel = kernel_of(op, types_k, out_t, a)
+        own = KernelContext(np, Scratch(np.zeros(max(scratch_need(op, types_k, out_t, a), 1), np.uint8)), ctx.step)
+
+        def call() -> None:
+            own.scratch.reset()
+            kernel(own, ins_k, out_k, a)
+
+        return call
+
+    def close(self) -> None:
+        if self.pool is not None:
+            self.pool.shutdown()
+
+
+def run_split(op: str, ins: list[Array], out: Array, a: Attrs, types: tuple[TensorType, ...],
+              out_type: TensorType, ctx: KernelContext, threads: int) -> None:
+    """One call of ``op`` as the host lane makes it (tests and profiling)."""
+    kernels = HostKernels(threads)
+    try:
+        kernels.launcher(op, ins, out, a, types, out_type, ctx)()
+    finally:
+        kernels.close()

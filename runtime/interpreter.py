@@ -53,14 +53,15 @@ from swapdsl.plan.validate import check_describes, validate
 from swapdsl.runtime.backend import copy_fn, require_memory, to_host
 from swapdsl.runtime.data import init_persistent, synthetic_inputs
 from swapdsl.runtime.dist import comm_for, lane_timeout_s
-from swapdsl.runtime import hostsplit
+from swapdsl.runtime import hostfn, hostsplit
 from swapdsl.runtime.fused import FusedKernels
+from swapdsl.runtime.hostfn import HostFuncs
 from swapdsl.runtime.hostsplit import HostKernels
 from swapdsl.runtime.nccl import gpu_comm
 from swapdsl.runtime.streams import STREAMS, CudaItem, Item, ThreadLanes, cuda_streams, issue_cuda
 from swapdsl.runtime.vendor import VendorKernels
 
-FORKED = ("h2d", "d2h", "net")  # the streams a captured step forks from the compute stream and joins again
+FORKED = ("h2d", "d2h", "net", "host")  # the streams a captured step forks from the compute stream and joins
 START_INPUTS = START - 1  # the pseudo-instruction of the step's batch copies (START: its step counter)
 
 
@@ -83,9 +84,9 @@ def check_runnable(g: Graph, backend: str) -> None:
 
 
 def check_lanes(plan: Plan, backend: str) -> None:
-    """Updates on the host run on NumPy's host lane; CuPy's is not written yet."""
-    if backend == "cupy" and any(isinstance(i, HostRun) for i in plan.program):
-        raise SwpError("the CuPy runtime cannot run updates on the host yet",
+    """An all-reduce of host copies runs on NumPy's host lane only (CuPy's host lane has no MPI in it yet)."""
+    if backend == "cupy" and any(isinstance(i, HostRun) and plan.ops[i.op].op in NET_OPS for i in plan.program):
+        raise SwpError("the CuPy runtime cannot all-reduce gradients over their host copies yet",
                        hints=["plan with --host-updates none, or run on NumPy (--backend numpy)"])
 
 
@@ -149,8 +150,10 @@ class PlanRunner:
         self._eager_steps = 0  # on CuPy: the capture waits for one eager step (kernels compiled, cuBLAS set up)
         if backend == "cupy":
             self.streams = cuda_streams()
+            self.hostfns = HostFuncs(lambda: xp.cuda.get_current_stream().ptr) if hosted else None
         else:
             self.threads = ThreadLanes(lane_timeout_s(g))
+            self.hostfns = None
 
     def _communicator(self) -> tuple[Any, str]:
         """The ranks' communicator for the step's all-reduces (None: one rank) and a note saying which: MPI
@@ -377,7 +380,9 @@ class PlanRunner:
 
     def _cuda_items(self) -> list[CudaItem]:
         events = {w.index: self.xp.cuda.Event(disable_timing=True) for w in self.work if w.awaited}
-        return [CudaItem(self.streams[w.stream], tuple(events[i] for i in w.waits), w.run, events.get(w.index))
+        return [CudaItem(self.streams[w.stream], tuple(events[i] for i in w.waits),
+                         self.hostfns.enqueue(w.run) if w.stream == "host" and self.hostfns else w.run,
+                         events.get(w.index))
                 for w in self.work]
 
     def step(self, step: int) -> tuple[float, float]:
@@ -409,11 +414,16 @@ class PlanRunner:
             issue_cuda(self._cuda)
             self._eager_steps += 1
         self.host_ms = 1e3 * (time.perf_counter() - started)
+        streams = list(self.streams.values())
         if self.comm is not None:
-            self.comm.finish(list(self.streams.values()))
+            self.comm.finish(streams)
+        elif self.hostfns is not None:
+            hostfn.wait(streams)
         else:
-            for stream in self.streams.values():
+            for stream in streams:
                 stream.synchronize()
+        if self.hostfns is not None:
+            self.hostfns.raise_error()
 
     def _capture(self) -> Any:
         """The whole step as one CUDA graph: the copy streams fork from the compute stream and join it again
@@ -478,6 +488,8 @@ class PlanRunner:
 
     def close(self) -> None:
         if self.backend == "cupy":
+            if self.hostfns is not None:
+                hostfn.wait(list(self.streams.values()))
             for stream in self.streams.values():
                 stream.synchronize()
             if self.comm is not None:

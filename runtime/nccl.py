@@ -24,6 +24,7 @@ import numpy as np
 
 from swapdsl.common.errors import SwpError
 from swapdsl.common.units import format_bytes
+from swapdsl.runtime import hostfn
 from swapdsl.runtime.backend import copy_fn
 
 DTYPES = {"float32": "NCCL_FLOAT32", "float64": "NCCL_FLOAT64"}  # the dtypes a gradient is averaged in
@@ -167,10 +168,10 @@ class Staged:
         send, recv = self._pair(x)
         stream = self.cupy.cuda.get_current_stream()
         copy_fn(self.cupy, x, send, to_device=False)()
-        stream.synchronize()
+        hostfn.wait([stream])  # (polled: the host lane's functions may need the GIL to let the stream on)
         self.watched.Allreduce(send, recv)
         copy_fn(self.cupy, out, recv, to_device=True)()
-        stream.synchronize()  # (recv is reused by the next bucket of this shape)
+        hostfn.wait([stream])  # (recv is reused by the next bucket of this shape)
 
     def _pair(self, x: Any) -> tuple[np.ndarray, np.ndarray]:
         key = (tuple(x.shape), x.dtype.str)
@@ -181,8 +182,7 @@ class Staged:
         return self._buffers[key]
 
     def finish(self, streams: Sequence[Any]) -> None:
-        for stream in streams:  # (each bucket's exchange was already watched, in ``Allreduce``)
-            stream.synchronize()
+        hostfn.wait(streams)  # (each bucket's exchange was already watched, in ``Allreduce``)
 
     def all_agree(self, mine: bool) -> bool:
         return mine  # (never captured)

@@ -20,7 +20,7 @@ from collections.abc import Callable, Sequence
 from typing import Any, NamedTuple
 
 WAIT_TIMEOUT_S = 120.0
-# host: ops a plan runs on the host (NumPy only, for now); net: data-parallel all-reduces (NumPy only, for now)
+# host: ops a plan runs on the host (on CuPy, host functions on a stream: runtime/hostfn.py); net: all-reduces
 STREAMS = ("compute", "h2d", "d2h", "host", "net")
 
 
@@ -102,7 +102,7 @@ class CudaItem(NamedTuple):
 def cuda_streams() -> dict[str, Any]:
     import cupy
 
-    return {name: cupy.cuda.Stream(non_blocking=True) for name in STREAMS if name != "host"}
+    return {name: cupy.cuda.Stream(non_blocking=True) for name in STREAMS}
 
 
 def issue_cuda(items: Sequence[CudaItem], on_item: Callable[[int], None] | None = None) -> None:

@@ -114,6 +114,20 @@ class FakeNccl:
         np.add(at(send, count, kind), self.peer, out=at(recv, count, kind))
 
 
+class Polled:
+    """A stream whose work is always done; ``waits[0]`` counts the waits for it (queries of ``done``)."""
+
+    ptr = 4242
+
+    def __init__(self, waits: list[int]) -> None:
+        self.waits = waits
+
+    @property
+    def done(self) -> bool:
+        self.waits[0] += 1
+        return True
+
+
 class FakeCupy:
     """CuPy as runtime/nccl.py uses it: the devices' bus ids, making one current, the current stream, and
     asynchronous copies (done at once)."""
@@ -122,7 +136,7 @@ class FakeCupy:
         self.used: list[int] = []
         self.copies: list[str] = []
         self.synced = [0]
-        stream = SimpleNamespace(ptr=4242, synchronize=lambda: self.synced.__setitem__(0, self.synced[0] + 1))
+        stream = Polled(self.synced)
         free = iter([8 << 30, (8 << 30) - (96 << 20)])  # (NCCL's buffers: 96 MiB)
         runtime = SimpleNamespace(getDeviceCount=lambda: len(buses), deviceGetPCIBusId=lambda d: buses[d],
                                   memcpyDeviceToHost=2, memcpyHostToDevice=1, memcpyAsync=self._copy,

@@ -244,6 +244,35 @@ def _op_counts(folder: Path) -> list[tuple[str, int]]:
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("graph", [False, True])
+def test_host_updates_match_the_reference_on_cupy(graph: bool) -> None:
+    """The host lane on CuPy (runtime/hostfn.py): every update a host function on a stream of its own,
+    ordered by events with the copies, eagerly and captured in a CUDA graph."""
+    import cupy
+
+    from swapdsl.graph.offload import offloadable
+    from swapdsl.plan.program import HostRun
+    from swapdsl.planning.optimize import optimize
+    from swapdsl.planning.problem import Request
+    from test_planners import V100
+
+    t = small_training_graph("mlp")
+    need, no_swap = caps(t)
+    plan = optimize(attrs.evolve(Request(t, V100, (need + no_swap) // 2, "mlp.swp", ()), host_updates=offloadable(t)),
+                    "belady")
+    assert any(isinstance(i, HostRun) for i in plan.program)
+    runner = PlanRunner(plan, t, "cupy", cupy, seed=3, graph=graph)
+    ref = Trainer(t, 3, np)
+    try:
+        for step in range(1, 5):
+            loss, _ = runner.step(step)
+            assert loss == pytest.approx(ref.step(step), rel=1e-4)
+        assert runner.graph_note.startswith("one CUDA graph") == graph, runner.graph_note
+    finally:
+        runner.close()
+
+
+@pytest.mark.gpu
 def test_plans_match_the_reference_on_cupy() -> None:
     import cupy
 

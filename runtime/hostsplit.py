@@ -16,6 +16,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 
+from swapdsl.common.errors import SwpError
 from swapdsl.graph.ir import TensorType
 from swapdsl.graph.offload import UPDATE_OPS
 from swapdsl.graph.ops import KernelContext
@@ -27,10 +28,18 @@ MIN_PART = 1 << 18  # elements: a smaller part costs more to hand to a thread th
 THREADS_ENV = "SWAPDSL_HOST_THREADS"
 
 
+MAX_THREADS = 1024
+
+
 def host_threads() -> int:
     """Workers for the host lane's kernels: ``SWAPDSL_HOST_THREADS``, else every core (at most 16)."""
-    text = os.environ.get(THREADS_ENV, "")
-    return max(1, int(text)) if text.isdigit() else min(16, os.cpu_count() or 1)
+    text = os.environ.get(THREADS_ENV, "").strip()
+    if not text:
+        return min(16, os.cpu_count() or 1)
+    if not (text.isascii() and text.isdigit()) or not 1 <= int(text) <= MAX_THREADS:
+        raise SwpError(f"{THREADS_ENV}={text!r}: expected a whole number of threads from 1 to {MAX_THREADS}",
+                       hints=[f"unset it to use every core (at most 16), or set {THREADS_ENV}=1 for one thread"])
+    return int(text)
 
 
 def parts(n: int, threads: int) -> list[tuple[int, int]]:

@@ -79,3 +79,20 @@ def test_a_run_with_host_updates_is_the_same_bits_on_one_thread_and_three(monkey
         finally:
             runner.close()
     assert ends[0] == ends[1]
+
+
+@pytest.mark.parametrize("value", ["abc", "0", "-2", "1.5", "1e3", "99999", "\u0663"])
+def test_a_thread_count_that_is_no_count_is_refused_by_exec(cli, in_tmp: Path, monkeypatch: pytest.MonkeyPatch,
+                                                             value: str) -> None:
+    """``SWAPDSL_HOST_THREADS`` is read when a plan with host updates starts: anything but 1-1024 is an error
+    naming it (exit 2), not a silent default."""
+    model = write(in_tmp / "m.swp", (MODELS / "mlp.swp").read_text())
+    code, _, err = cli("optimize", model, "--host-updates", "all", "--method", "belady", "--memory", "1/2", "-o", "h.plan")
+    assert code == 0, err
+    monkeypatch.setenv(hostsplit.THREADS_ENV, value)
+    code, _, err = cli("exec", "h.plan", "--steps", "1")
+    assert code == 2 and "Traceback" not in err
+    assert "SWAPDSL_HOST_THREADS" in err and "from 1 to 1024" in err
+    monkeypatch.setenv(hostsplit.THREADS_ENV, " 2 ")
+    code, _, err = cli("exec", "h.plan", "--steps", "1")
+    assert code == 0, err

@@ -12,6 +12,7 @@ from typing import Any
 import numpy as np
 
 from swapdsl.common.errors import SwpError
+from swapdsl.graph.ops.halfbits import from_module
 
 BACKENDS = ("auto", "numpy", "cupy")
 os.environ.setdefault("CUPY_ACCELERATORS", "")  # before anything imports CuPy (see without_accelerators)
@@ -121,4 +122,4 @@ def copy_fn(xp: ModuleType, device: Any, host: np.ndarray, to_device: bool) -> C
 
 
 def to_host(a: object) -> np.ndarray:
-    return a.get() if hasattr(a, "get") else np.asarray(a)
+    return from_module(a.get() if hasattr(a, "get") else np.asarray(a))  # (bf16 bits seen as bf16 again)

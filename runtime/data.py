@@ -15,6 +15,7 @@ from typing import Any
 import numpy as np
 
 from swapdsl.graph.ir import Graph, Init, TensorType
+from swapdsl.graph.ops.halfbits import to_module
 from swapdsl.graph.ops.registry import np_dtype
 from swapdsl.runtime.dist import shard
 
@@ -58,7 +59,7 @@ def init_persistent(g: Graph, seed: int, xp: ModuleType) -> dict[str, Any]:
     for name in g.persistent:
         t = g.tensors[name]
         value = initial_value(t.init or Init("zeros"), t.type, rng_for(seed, name))
-        out[name] = xp.asarray(value.astype(np_dtype(np, t.type.dtype)))
+        out[name] = to_module(xp, value.astype(np_dtype(np, t.type.dtype)))
     return out
 
 
@@ -96,4 +97,4 @@ def synthetic_inputs(g: Graph, seed: int, xp: ModuleType) -> dict[str, Any]:
         else:
             value = rng.integers(0, ranges.get(name, 2), shape)
         out[name] = value.astype(np_dtype(np, t.dtype))
-    return {name: xp.asarray(value) for name, value in shard(g, out).items()}
+    return {name: to_module(xp, value) for name, value in shard(g, out).items()}

@@ -42,9 +42,10 @@ import attrs
 import numpy as np
 
 from swapdsl.common.errors import SwpError
-from swapdsl.graph.ir import DType, Graph, TensorType
+from swapdsl.graph.ir import Graph, TensorType
 from swapdsl.graph.ops import KernelContext
 from swapdsl.graph.analysis import STATE_BYTES
+from swapdsl.graph.ops.halfbits import is_bits
 from swapdsl.graph.ops.kernels import kernel_of, scratch_need
 from swapdsl.graph.ops.registry import Scratch, np_dtype
 from swapdsl.plan.program import NET_OPS, HostRun, InstrKind, Plan, Region, Run, SwapIn, SwapOut, arena_bytes
@@ -75,14 +76,6 @@ class Work(NamedTuple):
     awaited: bool  # another stream waits for it: record an event
 
 
-def check_runnable(g: Graph, backend: str) -> None:
-    """What the runtime cannot do, whatever the plan: bf16 on CuPy, which has no bf16 array type (NumPy has
-    ml_dtypes')."""
-    if backend == "cupy" and any(t.type.dtype is DType.bf16 for t in g.tensors.values()):
-        raise SwpError("the CuPy runtime cannot execute bf16 tensors yet (CuPy has no bf16 array type)",
-                       hints=["plan with --precision f16, or run on NumPy (--backend numpy)"])
-
-
 def check_lanes(plan: Plan, backend: str) -> None:
     """An all-reduce of host copies runs on NumPy's host lane only (CuPy's host lane has no MPI in it yet)."""
     if backend == "cupy" and any(isinstance(i, HostRun) and plan.ops[i.op].op in NET_OPS for i in plan.program):
@@ -110,7 +103,6 @@ class PlanRunner:
             validate(plan, g)
         else:
             check_describes(plan, g)
-        check_runnable(g, backend)
         check_lanes(plan, backend)
         self.plan, self.g, self.backend, self.xp = plan, g, backend, xp
         self.vendor_kernels = vendor_kernels
@@ -267,7 +259,8 @@ class PlanRunner:
 
     def _put(self, dst: Any, src: np.ndarray) -> None:
         if self.backend == "cupy":
-            dst.set(np.asarray(src, order="C"))  # (ascontiguousarray makes a 0-d array 1-d)
+            host = np.asarray(src, order="C")  # (ascontiguousarray makes a 0-d array 1-d)
+            dst.set(host.view(dst.dtype) if is_bits(dst) else host)  # (bf16 as its bits: halfbits)
         else:
             dst[...] = src
 

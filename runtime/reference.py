@@ -19,6 +19,7 @@ from swapdsl.graph.analysis import op_scratch
 from swapdsl.graph.ir import Graph
 from swapdsl.graph.ops import KernelContext
 from swapdsl.graph.ops.kernels import kernel_of
+from swapdsl.graph.ops.halfbits import to_module
 from swapdsl.graph.ops.registry import np_dtype
 from swapdsl.runtime.backend import synchronize, to_host
 from swapdsl.runtime.data import init_persistent, synthetic_inputs
@@ -90,7 +91,7 @@ class Trainer:
         return loss, 1e3 * (time.perf_counter() - started)
 
     def set_batch(self, batch: Mapping[str, np.ndarray]) -> None:
-        self.inputs = {name: self.xp.asarray(batch[name]) for name in self.g.inputs}
+        self.inputs = {name: to_module(self.xp, batch[name]) for name in self.g.inputs}
 
     def metrics(self) -> dict[str, float]:
         return {name: float(to_host(self.persistent[t])) for name, t in self.g.metrics.items()}
@@ -99,7 +100,7 @@ class Trainer:
         return {name: np.array(to_host(v)) for name, v in self.persistent.items()}
 
     def load_state(self, values: Mapping[str, np.ndarray], step: int) -> None:
-        self.persistent.update({name: self.xp.asarray(values[name]) for name in self.g.persistent if name in values})
+        self.persistent.update({name: to_module(self.xp, values[name]) for name in self.g.persistent if name in values})
         self.steps_run = step
 
 

@@ -55,7 +55,7 @@ from swapdsl.runtime.dist import EveryRank, join
 from swapdsl.runtime.dataset import open_dataset
 from swapdsl.runtime.predict import predict as run_predict
 from swapdsl.runtime.backend import array_module, device_bytes_held, require_memory, separate_pool
-from swapdsl.runtime.interpreter import PlanRunner, check_runnable
+from swapdsl.runtime.interpreter import PlanRunner
 from swapdsl.runtime.training import Hooks, Options, Outcome
 
 OnStep = Callable[[int, float, float, "float | None"], None]  # (step, loss, ms, max rel diff or None)
@@ -390,7 +390,6 @@ def _hooks(hooks: Hooks, on_step: OnStep | None) -> Hooks:
 
 def _train_reference(m: Model, opts: Options, backend: str, hooks: Hooks) -> Execution:
     name, xp = array_module(backend)
-    check_runnable(m.training, name)
     join(m.training, "", name)
     if m.training.ranks > 1 and name == "cupy":  # (the plan's runner places each rank on its own GPU)
         raise EveryRank("data-parallel runs on CuPy run a plan", hints=[
@@ -427,7 +426,6 @@ def predict(target: Plan | Model | str | Path, data: str, init: str | None = Non
     g = prediction_graph(base.graph)
     check_graph(g)
     name, xp = array_module(backend)
-    check_runnable(g, name)
     made: list[PlanRunner] = []
 
     def stepper(graph: Graph, args: tuple[tuple[str, int | float | bool], ...]) -> training.Stepper:
@@ -535,7 +533,6 @@ def execute_plan(plan: Plan, train: Graph | None, steps: int | None = None, seed
     opts = _options(options, steps, seed)
     name, xp = array_module(backend)
     seed = opts.seed or 0
-    check_runnable(train, name)
     join(train, planfile.format_plan(plan) if train.ranks > 1 else "", name)
     runner = PlanRunner(plan, train, name, xp, seed, check_plan=False, copy_delay_s=copy_delay_s,
                         kernel_delay_s=kernel_delay_s, graph=graph, tf32=tf32, vendor_kernels=vendor_kernels)

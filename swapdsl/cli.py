@@ -40,7 +40,6 @@ from swapdsl.runtime.predict import npz_bytes
 from swapdsl.runtime.watchdog import DEFAULT_TIMEOUT_S
 from swapdsl.runtime.dataset import Dataset
 from swapdsl.runtime.log import plot_log, read_log
-from swapdsl.runtime.interpreter import check_runnable
 from swapdsl.runtime.profile import op_kind_totals, profile
 
 EXIT_USER_ERROR = 2
@@ -451,7 +450,6 @@ def _cmd_profile(args: argparse.Namespace) -> int:
     check_writable(args.output, "profile")
     model = _load(args)
     backend, xp = array_module(args.backend)
-    check_runnable(model.training, backend)
     base = load_device(args.base)
     notes: list[str] = []
     measured = profile(model.training, xp, backend, base, args.repeat, notes=notes)

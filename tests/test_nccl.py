@@ -286,19 +286,24 @@ def test_an_error_nccl_reports_ends_the_step_naming_it_and_aborts_the_communicat
 
 
 class HostSettable(np.ndarray):
-    """A NumPy array with CuPy's ``set`` (a copy from the host)."""
+    """A NumPy array with CuPy's ``set`` (a copy from the host), counting its calls."""
+
+    sets = 0
 
     def set(self, value: np.ndarray) -> None:
+        HostSettable.sets += 1
         self[...] = value
 
 
 def test_a_device_array_given_to_mpi_goes_through_host_memory() -> None:
     """The reference executor on CuPy averages with MPI's communicator (``--check`` beside a data-parallel
     plan): the kernel copies the bucket to the host and back rather than hand MPI a device pointer."""
-    xp = SimpleNamespace(asnumpy=lambda a: np.array(a, copy=True), divide=np.divide)
+    xp = SimpleNamespace(asnumpy=lambda a: np.array(a, copy=True), divide=np.divide, cuda=SimpleNamespace())
     world = World(0, [None, None], peer=np.array([10.0, 20.0, 30.0]))
     ctx = KernelContext.standalone(np, 0, comm=world)
     ctx = KernelContext(xp, ctx.scratch, ctx.step, comm=world)
     x, out = np.array([1.0, 2.0, 3.0]), np.zeros(3).view(HostSettable)
+    before = HostSettable.sets
     mean_kernel(DType.f64)(ctx, [x], out, {"ranks": 2, "link_bw": 1e9})
     np.testing.assert_array_equal(out, [5.5, 11.0, 16.5])
+    assert HostSettable.sets == before + 1  # (copied back from the host)

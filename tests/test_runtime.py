@@ -89,11 +89,15 @@ def test_a_0d_value_reaches_the_device_as_0d() -> None:
     refuses a (1,) array for a () one (``np.ascontiguousarray`` made that). A stand-in records the shape."""
     import types
 
+    import ml_dtypes
+
     got = []
-    dst = types.SimpleNamespace(set=lambda a: got.append(a.shape))
+    dst = types.SimpleNamespace(set=lambda a: got.append((a.shape, a.dtype)), dtype=np.dtype(np.float32))
     PlanRunner._put(types.SimpleNamespace(backend="cupy"), dst, np.array(2.5, np.float32))
     PlanRunner._put(types.SimpleNamespace(backend="cupy"), dst, np.ones((2, 3), np.float32)[:, 1])
-    assert got == [(), (2,)]
+    bits = types.SimpleNamespace(set=dst.set, dtype=np.dtype(np.uint16))  # (bf16 on CuPy: its bits)
+    PlanRunner._put(types.SimpleNamespace(backend="cupy"), bits, np.ones(3, ml_dtypes.bfloat16))
+    assert got == [((), np.float32), ((2,), np.float32), ((3,), np.uint16)]
 
 
 def test_the_cupy_backend_turns_off_cupys_reduction_accelerators(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -268,6 +272,28 @@ def test_host_updates_match_the_reference_on_cupy(graph: bool) -> None:
             loss, _ = runner.step(step)
             assert loss == pytest.approx(ref.step(step), rel=1e-4)
         assert runner.graph_note.startswith("one CUDA graph") == graph, runner.graph_note
+    finally:
+        runner.close()
+
+
+@pytest.mark.gpu
+def test_bf16_plans_run_on_cupy_as_bits() -> None:
+    """bf16 tensors on CuPy are their bits in uint16 arrays (graph/ops/halfbits.py): a bf16 plan's losses
+    follow NumPy's bf16 reference to bf16 precision (CuPy's f32 math rounds differently from NumPy's)."""
+    import cupy
+
+    import swapdsl
+
+    t = swapdsl.load(MODELS / "mlp.swp", {"depth": 2, "batch": 8, "features": 32, "hidden": 16},
+                     precision="bf16").training
+    need, no_swap = caps(t)
+    runner = PlanRunner(plan_for(t, (need + no_swap) // 2, "belady"), t, "cupy", cupy, seed=3)
+    ref = Trainer(t, 3, np)
+    try:
+        for step in range(1, 4):
+            loss, _ = runner.step(step)
+            assert loss == pytest.approx(ref.step(step), rel=1e-2)
+        assert all(v.dtype != np.uint16 for v in runner.persistent_values().values())
     finally:
         runner.close()
 

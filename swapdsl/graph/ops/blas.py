@@ -23,6 +23,8 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
+from swapdsl.graph.ops.registry import on_cuda
+
 Array = Any
 
 
@@ -122,8 +124,8 @@ def emulate(call: Gemm, a: np.ndarray, b: np.ndarray, c: np.ndarray) -> None:
 
 def matmul_into(xp: Any, x: Array, y: Array, out: Array, tf32: bool = False) -> None:
     """out = x @ y, computed in ``out``; ``tf32`` (CuPy, FP32): cuBLAS may use TF32 tensor cores."""
-    if xp is np:
-        np.matmul(x, y, out=out)
+    if not on_cuda(xp):
+        xp.matmul(x, y, out=out)
         return
     itemsize = out.dtype.itemsize
     calls = plan_gemm(x.shape, _elements(x.strides, itemsize), y.shape, _elements(y.strides, itemsize),

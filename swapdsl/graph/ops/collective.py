@@ -12,11 +12,9 @@ ranks' parameters stay bit-identical.
 
 from __future__ import annotations
 
-import numpy as np
-
 from swapdsl.common.errors import SwpError
 from swapdsl.graph.ir import TensorType
-from swapdsl.graph.ops.registry import Array, Attrs, KernelContext, OpDef, Types, register
+from swapdsl.graph.ops.registry import Array, Attrs, KernelContext, OpDef, Types, on_cuda, register
 
 REDUCIBLE = frozenset({"f32", "f64"})  # the dtypes MPI sums (a half gradient has no MPI type)
 
@@ -38,7 +36,7 @@ def _allreduce_mean(c: KernelContext, ins: list[Array], out: Array, a: Attrs) ->
         have = 1 if comm is None else comm.Get_size()
         raise SwpError(f"this step averages gradients over {a['ranks']} ranks, and it runs in {have}",
                        hints=[f"run it with `mpiexec -n {a['ranks']} swapdsl exec ...`"])
-    if c.xp is not np and not getattr(comm, "on_device", False):  # MPI's (the reference executor on CuPy)
+    if on_cuda(c.xp) and not getattr(comm, "on_device", False):  # MPI's (the reference executor on CuPy)
         host = c.xp.asnumpy(x)
         comm.Allreduce(host.copy(), host)
         out.set(host)

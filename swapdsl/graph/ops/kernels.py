@@ -19,6 +19,7 @@ import ml_dtypes
 import numpy as np
 
 from swapdsl.graph.ir import DType, TensorType
+from swapdsl.graph.ops.halfbits import BITS, narrow, widen
 from swapdsl.graph.ops.registry import (REGISTRY, Array, Attrs, Kernel, KernelContext, Types, buffers, chunk_len,
                                         infer, np_dtype, type_of)
 
@@ -245,7 +246,7 @@ def kernel_of(op: str, ins: Types, out: TensorType, attrs_: Attrs | None = None)
         result = c.scratch.take(out_.shape, c.xp.float32) if is_half(out) else out_
         _run(c, kernel, wide, result, a)
         if result is not out_:
-            c.xp.copyto(out_, result, casting="unsafe")
+            narrow(c.xp, out_, result)
 
     return in_f32
 
@@ -293,7 +294,7 @@ def _blocks(kernel: Kernel, cut: Cut, out: TensorType) -> Kernel:
             result = target if direct else c.scratch.take(target.shape, _np_wide(xp, out_))
             _run(c, kernel, wide, result, cut.attrs(a, out, i))
             if not direct:
-                xp.copyto(target, result, casting="unsafe")
+                narrow(xp, target, result)
 
     return blocks
 
@@ -320,7 +321,7 @@ def _summed_blocks(kernel: Kernel, cut: Cut, out: TensorType) -> Kernel:
                 _run(c, kernel, wide, partial, a)
                 xp.add(total, partial, out=total)
         if total is not out_:
-            xp.copyto(out_, total, casting="unsafe")
+            narrow(xp, out_, total)
 
     return summed
 
@@ -339,7 +340,7 @@ def _gated(kernel: Kernel) -> Kernel:
     return gated
 
 
-_HALF_ARRAYS = frozenset({np.dtype(np.float16), np.dtype(ml_dtypes.bfloat16)})
+_HALF_ARRAYS = frozenset({np.dtype(np.float16), np.dtype(ml_dtypes.bfloat16), BITS})  # (bits: bf16, halfbits)
 
 
 def _np_wide(xp: Any, x: Array) -> Any:
@@ -350,7 +351,7 @@ def _f32_copy(c: KernelContext, x: Array) -> Array:
     if x.dtype not in _HALF_ARRAYS:
         return x
     wide = c.scratch.take(x.shape, c.xp.float32)
-    c.xp.copyto(wide, x, casting="unsafe")
+    widen(c.xp, wide, x)
     return wide
 
 

@@ -6,6 +6,7 @@ from typing import Any
 
 from swapdsl.common.errors import SwpError
 from swapdsl.graph.ir import DType, TensorType
+from swapdsl.graph.ops.halfbits import narrow, widen
 from swapdsl.graph.ops.registry import (
     Array, Attrs, GradBuilder, KernelContext, OpDef, Types, buffers, chunk_len, chunks, floating, iota,
     per_input_element, register, same_as,
@@ -63,7 +64,7 @@ def _wide_chunk(c: KernelContext, z: Array) -> Array:
     if not _half(z):
         return z
     wide = c.scratch.take(z.shape, c.xp.float32)
-    c.xp.copyto(wide, z, casting="unsafe")
+    widen(c.xp, wide, z)
     return wide
 
 
@@ -142,7 +143,7 @@ def _xent_grad_half(c: KernelContext, z: Array, y: Array, g: Array, dest: Array)
         xp.subtract(picked, 1, out=picked)
         xp.put(p.reshape(-1), index, picked)
         xp.multiply(p, scale, out=p)
-        xp.copyto(dest[rows], p, casting="unsafe")
+        narrow(xp, dest[rows], p)
         c.scratch.used = mark
 
 

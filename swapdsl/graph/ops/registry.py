@@ -22,6 +22,7 @@ import numpy as np
 from swapdsl.common.errors import SwpError
 from swapdsl.common.units import arena_bytes
 from swapdsl.graph.ir import DType, TensorType
+from swapdsl.graph.ops.halfbits import BITS, keeps_bits
 
 Types = tuple[TensorType, ...]
 Attrs = Mapping[str, Any]
@@ -208,11 +209,11 @@ def same_as(index: int, *, float_only: bool = True, op: str = "") -> Callable[[T
 
 
 def np_dtype(xp: Any, dtype: DType | str) -> Any:
-    """The array module's dtype for an IR dtype (bf16: ml_dtypes' bfloat16 on NumPy; CuPy has none, see
-    ``interpreter.check_runnable``)."""
+    """The array module's dtype for an IR dtype (bf16: ml_dtypes' bfloat16 on NumPy; elsewhere its bits,
+    ``halfbits``)."""
     label = dtype.label if isinstance(dtype, DType) else dtype
     if label == "bf16":
-        return ml_dtypes.bfloat16
+        return BITS.type if keeps_bits(xp) else ml_dtypes.bfloat16
     return {"f64": xp.float64, "f32": xp.float32, "f16": xp.float16, "i32": xp.int32, "i64": xp.int64}[label]
 
 
@@ -224,9 +225,14 @@ def buffers(*nbytes: int) -> int:
     return sum(arena_bytes(n) for n in nbytes)
 
 
+def on_cuda(xp: Any) -> bool:
+    """Whether ``xp`` runs on a GPU (CuPy): its kernels may take CUDA's own paths."""
+    return hasattr(xp, "cuda")
+
+
 def iota(xp: Any, out: Array, start: int = 0) -> Array:
     """out[i] = start + i for a 1-d integer ``out``, allocating nothing (a scan would, on CuPy)."""
-    if xp is not np:
+    if on_cuda(xp):
         _iota_kernel(xp)(out.dtype.type(start), out)
         return out
     out.fill(1)

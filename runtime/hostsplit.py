@@ -12,7 +12,7 @@ from __future__ import annotations
 import math
 import os
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor, wait
 
 import numpy as np
 
@@ -35,11 +35,17 @@ def host_threads() -> int:
     """Workers for the host lane's kernels: ``SWAPDSL_HOST_THREADS``, else every core (at most 16)."""
     text = os.environ.get(THREADS_ENV, "").strip()
     if not text:
-        return min(16, os.cpu_count() or 1)
-    if not (text.isascii() and text.isdigit()) or not 1 <= int(text) <= MAX_THREADS:
+        return min(16, _cores())
+    if not (text.isascii() and text.isdigit() and len(text) <= 4) or not 1 <= int(text) <= MAX_THREADS:
         raise SwpError(f"{THREADS_ENV}={text!r}: expected a whole number of threads from 1 to {MAX_THREADS}",
                        hints=[f"unset it to use every core (at most 16), or set {THREADS_ENV}=1 for one thread"])
     return int(text)
+
+
+def _cores() -> int:
+    """The cores this process may run on (its affinity, where the system says; else every core)."""
+    affinity = getattr(os, "sched_getaffinity", None)
+    return len(affinity(0)) if affinity is not None else os.cpu_count() or 1
 
 
 def parts(n: int, threads: int) -> list[tuple[int, int]]:
@@ -55,6 +61,9 @@ class HostKernels:
     def __init__(self, threads: int) -> None:
         self.threads = threads
         self.pool = ThreadPoolExecutor(threads - 1, thread_name_prefix="swapdsl-host") if threads > 1 else None
+        # one scratch per part, shared by every op (the lane runs one op at a time), as large as the most any
+        # op's part takes: the host holds the largest op's scratch once, as one call's would be
+        self.scratch: list[Scratch] = []
 
     def launcher(self, op: str, ins: list[Array], out: Array, a: Attrs, types: tuple[TensorType, ...],
                  out_type: TensorType, ctx: KernelContext) -> Callable[[], None]:
@@ -68,20 +77,23 @@ class HostKernels:
                 kernel(ctx, ins, out, a)
 
             return whole
-        calls = [self._part(op, ins, out, a, types, out_type, ctx, lo, hi) for lo, hi in ranges]
+        calls = [self._part(op, ins, out, a, types, out_type, ctx, k, lo, hi) for k, (lo, hi) in enumerate(ranges)]
         pool = self.pool
 
         def run() -> None:
             assert pool is not None
             waiting = [pool.submit(call) for call in calls[1:]]
-            calls[0]()  # (the lane's own thread takes the first part)
+            try:
+                calls[0]()  # (the lane's own thread takes the first part)
+            finally:  # (no part may still be writing once the lane moves on, even after an error)
+                wait(waiting)
             for w in waiting:
                 w.result()
 
         return run
 
     def _part(self, op: str, ins: list[Array], out: Array, a: Attrs, types: tuple[TensorType, ...],
-              out_type: TensorType, ctx: KernelContext, lo: int, hi: int) -> Callable[[], None]:
+              out_type: TensorType, ctx: KernelContext, k: int, lo: int, hi: int) -> Callable[[], None]:
         n = out.size
 
         def cut(x: Array, t: TensorType) -> tuple[Array, TensorType]:
@@ -94,13 +106,22 @@ class HostKernels:
         out_k, out_t = cuts[id(out)]
         types_k = tuple(cuts[id(x)][1] for x in ins)
         kernel = kernel_of(op, types_k, out_t, a)
-        own = KernelContext(np, Scratch(np.zeros(max(scratch_need(op, types_k, out_t, a), 1), np.uint8)), ctx.step)
+        own = KernelContext(np, self._scratch(k, scratch_need(op, types_k, out_t, a)), ctx.step)
 
         def call() -> None:
             own.scratch.reset()
             kernel(own, ins_k, out_k, a)
 
         return call
+
+    def _scratch(self, k: int, need: int) -> Scratch:
+        """Part ``k``'s scratch, grown to ``need`` bytes if it is smaller (every kernel that uses it sees the
+        larger buffer: a ``Scratch`` takes from its buffer as it is at the call)."""
+        while len(self.scratch) <= k:
+            self.scratch.append(Scratch(np.zeros(1, np.uint8)))
+        if self.scratch[k].buffer.size < need:
+            self.scratch[k].buffer = np.zeros(need, np.uint8)
+        return self.scratch[k]
 
     def close(self) -> None:
         if self.pool is not None:

@@ -105,6 +105,8 @@ class PlanRunner:
             check_describes(plan, g)
         check_lanes(plan, backend)
         self.plan, self.g, self.backend, self.xp = plan, g, backend, xp
+        hosted = any(isinstance(i, HostRun) for i in plan.program)
+        threads = (host_threads or hostsplit.host_threads()) if hosted else 1  # (before anything is held)
         self.vendor_kernels = vendor_kernels
         self.copy_delay_s, self.kernel_delay_s = copy_delay_s, kernel_delay_s
         # (first: on CuPy it makes this rank's GPU current, before the arena is allocated on it)
@@ -123,8 +125,7 @@ class PlanRunner:
         net = self._scratch_for(i.op for i in plan.program if isinstance(i, Run) and g.ops[i.op].op in NET_OPS)
         self.net_ctx = attrs.evolve(self.ctx, scratch=Scratch(xp.zeros(max(net, 1), np.uint8)))
         self.host_ctx = self._host_context()
-        hosted = any(isinstance(i, HostRun) for i in plan.program)
-        self.host_kernels = HostKernels((host_threads or hostsplit.host_threads()) if hosted else 1)
+        self.host_kernels = HostKernels(threads)
         self.vendor = (VendorKernels.load(g, lambda: xp.cuda.get_current_stream().ptr, tf32=self.ctx.tf32)
                        if backend == "cupy" and vendor_kernels else VendorKernels())
         self.fused = FusedKernels.load(g, xp) if backend == "cupy" and vendor_kernels else FusedKernels()
@@ -411,12 +412,12 @@ class PlanRunner:
         if self.comm is not None:
             self.comm.finish(streams)
         elif self.hostfns is not None:
-            hostfn.wait(streams)
+            hostfn.wait(streams, hostfn.cuda_status(self.xp))
         else:
             for stream in streams:
                 stream.synchronize()
         if self.hostfns is not None:
-            self.hostfns.raise_error()
+            self.hostfns.finish()
 
     def _capture(self) -> Any:
         """The whole step as one CUDA graph: the copy streams fork from the compute stream and join it again
@@ -482,7 +483,8 @@ class PlanRunner:
     def close(self) -> None:
         if self.backend == "cupy":
             if self.hostfns is not None:
-                hostfn.wait(list(self.streams.values()))
+                hostfn.wait(list(self.streams.values()), hostfn.cuda_status(self.xp))
+                self.hostfns.close()
             for stream in self.streams.values():
                 stream.synchronize()
             if self.comm is not None:

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import os
 import socket
-import time
 from collections.abc import Sequence
 from typing import Any
 
@@ -28,7 +27,6 @@ from swapdsl.runtime import hostfn
 from swapdsl.runtime.backend import copy_fn
 
 DTYPES = {"float32": "NCCL_FLOAT32", "float64": "NCCL_FLOAT64"}  # the dtypes a gradient is averaged in
-POLL_S = 0.001  # how often the step's end asks NCCL for an error of its own while the streams run
 
 
 def placements(seen: Sequence[tuple[str, Sequence[str], bool]]) -> list[tuple[int, str]]:
@@ -103,6 +101,7 @@ class Nccl:
 
     def __init__(self, cupy: Any, nccl: Any, comm: Any, watched: Any) -> None:
         self.cupy, self.nccl, self.comm, self.watched = cupy, nccl, comm, watched
+        self.status = hostfn.cuda_status(cupy)
         self.aborted = False
 
     def Get_size(self) -> int:  # noqa: N802 (mpi4py's names)
@@ -121,9 +120,7 @@ class Nccl:
     def finish(self, streams: Sequence[Any]) -> None:
         """Wait for the step's ``streams``, watched, asking NCCL meanwhile whether it has failed."""
         with self.watched.dog.collective("the step's NCCL all-reduces"):
-            while not all(s.done for s in streams):
-                self._check()
-                time.sleep(POLL_S)
+            hostfn.wait(streams, self.status, between=self._check)
             self._check()
 
     def _check(self) -> None:
@@ -156,6 +153,7 @@ class Staged:
 
     def __init__(self, cupy: Any, watched: Any) -> None:
         self.cupy, self.watched = cupy, watched
+        self.status = hostfn.cuda_status(cupy)
         self._buffers: dict[tuple[tuple[int, ...], str], tuple[np.ndarray, np.ndarray]] = {}
 
     def Get_size(self) -> int:  # noqa: N802
@@ -168,10 +166,10 @@ class Staged:
         send, recv = self._pair(x)
         stream = self.cupy.cuda.get_current_stream()
         copy_fn(self.cupy, x, send, to_device=False)()
-        hostfn.wait([stream])  # (polled: the host lane's functions may need the GIL to let the stream on)
+        hostfn.wait([stream], self.status)  # (polled: never blocking in CUDA while the GIL may be held)
         self.watched.Allreduce(send, recv)
         copy_fn(self.cupy, out, recv, to_device=True)()
-        hostfn.wait([stream])  # (recv is reused by the next bucket of this shape)
+        hostfn.wait([stream], self.status)  # (recv is reused by the next bucket of this shape)
 
     def _pair(self, x: Any) -> tuple[np.ndarray, np.ndarray]:
         key = (tuple(x.shape), x.dtype.str)
@@ -182,7 +180,7 @@ class Staged:
         return self._buffers[key]
 
     def finish(self, streams: Sequence[Any]) -> None:
-        hostfn.wait(streams)  # (each bucket's exchange was already watched, in ``Allreduce``)
+        hostfn.wait(streams, self.status)  # (each bucket's exchange was already watched, in ``Allreduce``)
 
     def all_agree(self, mine: bool) -> bool:
         return mine  # (never captured)

@@ -19,6 +19,7 @@ import pytest
 import swapdsl
 from conftest import MODELS
 from swapdsl.graph.ops import halfbits
+from swapdsl.graph.ops.kernels import staged
 from swapdsl.graph.ops.registry import np_dtype
 from swapdsl.runtime.reference import Trainer
 
@@ -112,18 +113,24 @@ def test_only_numpy_itself_has_a_bf16_type() -> None:
     assert np_dtype(BITS_NP, "f16") is np.float16
 
 
-SMALL = {"mlp": {"depth": 2, "batch": 8, "features": 32, "hidden": 16},
-         "tiny_transformer": {"batch": 2, "seq": 8, "vocab": 32, "dim": 16, "heads": 2, "ffn": 32},
-         "tiny_resnet": {"batch": 2, "image": 8, "width": 4, "classes": 10},
-         "lstm_lm": {"batch": 2, "seq": 4, "vocab": 16, "hidden": 8}}
+MODELS_RUN = {"mlp": ("mlp", {"depth": 2, "batch": 8, "features": 32, "hidden": 16}),
+              "mlp in blocks": ("mlp", {"depth": 2, "batch": 64, "features": 256, "hidden": 1024}),
+              "tiny_transformer": ("tiny_transformer", {"batch": 2, "seq": 8, "vocab": 32, "dim": 16, "heads": 2,
+                                                        "ffn": 32}),
+              "tiny_resnet": ("tiny_resnet", {"batch": 2, "image": 8, "width": 4, "classes": 10}),
+              "lstm_lm": ("lstm_lm", {"batch": 2, "seq": 4, "vocab": 16, "hidden": 8})}
 
 
-@pytest.mark.parametrize("model", sorted(SMALL))
+@pytest.mark.parametrize("model", sorted(MODELS_RUN))
 def test_bf16_training_steps_on_bits_are_the_bits_of_ml_dtypes(model: str) -> None:
     """Every kernel of these bf16 models, on arrays of bits, as CuPy runs them: the same loss and the same
     parameters and optimiser state, bit for bit, as on ml_dtypes' bf16, over three steps."""
-    t = swapdsl.load(MODELS / f"{model}.swp", SMALL[model], precision="bf16").training
+    name, args = MODELS_RUN[model]
+    t = swapdsl.load(MODELS / f"{name}.swp", args, precision="bf16").training
     assert any(x.type.dtype.label == "bf16" for x in t.tensors.values())
+    if model == "mlp in blocks":  # (large enough that half ops run a block at a time: narrowed into strided views)
+        assert any(staged(op.op, tuple(map(t.type_of, op.inputs)), t.type_of(op.outputs[0]), op.attr_dict)
+                   for op in t.ops)
     ends = []
     for xp in (np, BITS_NP):
         trainer = Trainer(t, 3, xp)

@@ -11,7 +11,7 @@ import pytest
 
 import swapdsl
 from conftest import MODELS, write
-from swapdsl.graph.ir import Graph
+from swapdsl.graph.ir import DType, Graph, TensorType
 from swapdsl.graph.offload import host_split, offloadable
 from swapdsl.graph.ops import KernelContext
 from swapdsl.graph.ops.kernels import kernel_of, scratch_need
@@ -27,9 +27,12 @@ OPTIMISERS = ["sgd(lr = lr, momentum = 0.9, weight_decay = 0.01)", "sgd(lr = lr,
 
 
 def mlp_with(tmp: Path, optimiser: str, precision: str) -> Graph:
+    """The mlp with ``optimiser``; in f16 with the guard that skips a step's updates (gated updates: a flag
+    input beside the tensors)."""
     text = (MODELS / "mlp.swp").read_text().replace("sgd(lr = lr, momentum = 0.9)", optimiser)
     args = {"depth": 2, "batch": 8, "features": 32, "hidden": 16}
-    return swapdsl.load(write(tmp / "m.swp", text), args, precision=precision).training
+    guard = "skip" if precision == "f16" else None
+    return swapdsl.load(write(tmp / "m.swp", text), args, precision=precision, guard=guard).training
 
 
 def test_parts_cover_the_range_and_none_is_small() -> None:
@@ -41,7 +44,7 @@ def test_parts_cover_the_range_and_none_is_small() -> None:
     assert min(hi - lo for lo, hi in got) >= hostsplit.MIN_PART
 
 
-@pytest.mark.parametrize("precision", ["f32", "bf16"])
+@pytest.mark.parametrize("precision", ["f32", "bf16", "f16"])
 @pytest.mark.parametrize("optimiser", OPTIMISERS)
 def test_each_host_op_split_gives_the_bits_of_one_call(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
                                                        optimiser: str, precision: str) -> None:
@@ -53,14 +56,36 @@ def test_each_host_op_split_gives_the_bits_of_one_call(tmp_path: Path, monkeypat
     for i in sorted(split.ops):
         op = t.ops[i]
         types, out_t = tuple(map(t.type_of, op.inputs)), t.type_of(op.outputs[0])
-        ins = [rng.uniform(0.1, 0.9, x.shape).astype(np_dtype(np, x.dtype.label)) for x in types]
-        whole, split_out = (np.zeros(out_t.shape, np_dtype(np, out_t.dtype.label)) for _ in range(2))
-        ctx = KernelContext.standalone(np, scratch_need(op.op, types, out_t, op.attr_dict), step=3)
-        kernel_of(op.op, types, out_t, op.attr_dict)(ctx, ins, whole, op.attr_dict)
-        hostsplit.run_split(op.op, ins, split_out, op.attr_dict, types, out_t, ctx, threads=3)
-        assert whole.tobytes() == split_out.tobytes(), op.op
+        for flag in (0.0, 1.0) if op.attr_dict.get("gated") else (None,):
+            ins = [rng.uniform(0.1, 0.9, x.shape).astype(np_dtype(np, x.dtype.label)) for x in types]
+            if flag is not None:
+                ins[-1][...] = flag  # (the guard's flag: 1 applies the update, 0 keeps the old value)
+            whole, split_out = (np.zeros(out_t.shape, np_dtype(np, out_t.dtype.label)) for _ in range(2))
+            ctx = KernelContext.standalone(np, scratch_need(op.op, types, out_t, op.attr_dict), step=3)
+            kernel_of(op.op, types, out_t, op.attr_dict)(ctx, ins, whole, op.attr_dict)
+            hostsplit.run_split(op.op, ins, split_out, op.attr_dict, types, out_t, ctx, threads=3)
+            assert whole.tobytes() == split_out.tobytes(), (op.op, flag)
         seen.add(op.op)
     assert seen & hostsplit.SPLIT_OPS == seen
+    assert precision != "f16" or any(t.ops[i].attr_dict.get("gated") for i in split.ops)
+
+
+def test_the_parts_share_one_scratch_each_across_ops(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Host memory for the split kernels' scratch is the most one op's part takes, per part, not a sum over
+    the lane's ops."""
+    monkeypatch.setattr(hostsplit, "MIN_PART", 64)
+    kernels = hostsplit.HostKernels(3)
+    try:
+        ctx = KernelContext.standalone(np, 1 << 16)
+        t = TensorType((3000,), DType.f32)
+        a = {"beta1": 0.9, "weight_decay": 0.0}
+        for _ in range(5):
+            m, g, w = (np.ones(3000, np.float32) for _ in range(3))
+            kernels.launcher("adam_m", [m, g, w], m, a, (t, t, t), t, ctx)()
+        need = scratch_need("adam_m", (TensorType((1000,), DType.f32),) * 3, TensorType((1000,), DType.f32), a)
+        assert len(kernels.scratch) == 3 and all(s.buffer.size == need for s in kernels.scratch)
+    finally:
+        kernels.close()
 
 
 def test_a_run_with_host_updates_is_the_same_bits_on_one_thread_and_three(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -87,7 +112,8 @@ def test_a_thread_count_that_is_no_count_is_refused_by_exec(cli, in_tmp: Path, m
     """``SWAPDSL_HOST_THREADS`` is read when a plan with host updates starts: anything but 1-1024 is an error
     naming it (exit 2), not a silent default."""
     model = write(in_tmp / "m.swp", (MODELS / "mlp.swp").read_text())
-    code, _, err = cli("optimize", model, "--host-updates", "all", "--method", "belady", "--memory", "1/2", "-o", "h.plan")
+    code, _, err = cli("optimize", model, "--host-updates", "all", "--method", "belady", "--memory", "1/2",
+                       "-o", "h.plan")
     assert code == 0, err
     monkeypatch.setenv(hostsplit.THREADS_ENV, value)
     code, _, err = cli("exec", "h.plan", "--steps", "1")

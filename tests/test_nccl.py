@@ -114,18 +114,26 @@ class FakeNccl:
         np.add(at(send, count, kind), self.peer, out=at(recv, count, kind))
 
 
-class Polled:
-    """A stream whose work is always done; ``waits[0]`` counts the waits for it (queries of ``done``)."""
+class Stream:
+    """A stream as ``cudaStreamQuery`` sees it (through ``FakeCupy``'s runtime): done after ``busy`` queries,
+    or failed with ``error`` (then ``synchronize`` raises CUDA's error)."""
 
-    ptr = 4242
+    def __init__(self, busy: int = 0, error: int = 0, ptr: int = 4242) -> None:
+        self.busy, self.error, self.ptr, self.queries = busy, error, ptr, 0
+        STREAMS[ptr] = self
 
-    def __init__(self, waits: list[int]) -> None:
-        self.waits = waits
+    def query(self) -> int:
+        self.queries += 1
+        if self.error:
+            return self.error
+        self.busy -= 1
+        return 0 if self.busy < 0 else 600
 
-    @property
-    def done(self) -> bool:
-        self.waits[0] += 1
-        return True
+    def synchronize(self) -> None:
+        raise RuntimeError(f"cudaErrorIllegalAddress ({self.error})")
+
+
+STREAMS: dict[int, Stream] = {}
 
 
 class FakeCupy:
@@ -135,12 +143,12 @@ class FakeCupy:
     def __init__(self, buses: tuple[str, ...], nccl: Any) -> None:
         self.used: list[int] = []
         self.copies: list[str] = []
-        self.synced = [0]
-        stream = Polled(self.synced)
+        stream = Stream()
         free = iter([8 << 30, (8 << 30) - (96 << 20)])  # (NCCL's buffers: 96 MiB)
         runtime = SimpleNamespace(getDeviceCount=lambda: len(buses), deviceGetPCIBusId=lambda d: buses[d],
                                   memcpyDeviceToHost=2, memcpyHostToDevice=1, memcpyAsync=self._copy,
-                                  memGetInfo=lambda: (next(free), 16 << 30))
+                                  memGetInfo=lambda: (next(free), 16 << 30),
+                                  streamQuery=lambda ptr: STREAMS[ptr].query())
         self.cuda = SimpleNamespace(runtime=runtime, nccl=nccl, get_current_stream=lambda: stream,
                                     Device=lambda d: SimpleNamespace(use=lambda: self.used.append(d)))
 
@@ -239,20 +247,8 @@ def test_the_staged_all_reduce_copies_out_averages_and_copies_back(pinned: None)
     for _ in range(2):  # (the second step reuses the pinned pair)
         mean_kernel(DType.f64)(ctx, [x], out, {"ranks": 2, "link_bw": 1e9})
         np.testing.assert_array_equal(out, [5.5, 11.0, 16.5])
-    assert cupy.copies == ["to host", "to device"] * 2 and cupy.synced[0] == 4
+    assert cupy.copies == ["to host", "to device"] * 2 and cupy.cuda.get_current_stream().queries == 4
     assert len(ctx.comm._buffers) == 1
-
-
-class Stream:
-    """A stream whose work is done after ``busy`` queries."""
-
-    def __init__(self, busy: int) -> None:
-        self.busy = busy
-
-    @property
-    def done(self) -> bool:
-        self.busy -= 1
-        return self.busy < 0
 
 
 def step_world(step: int) -> World:
@@ -265,7 +261,7 @@ def test_the_steps_end_asks_nccl_whether_it_failed_while_the_streams_run() -> No
     nccl = FakeNccl()
     world = step_world(3)
     comm = Nccl(FakeCupy(("b0",), nccl), nccl, nccl, world)
-    comm.finish([Stream(0), Stream(4)])
+    comm.finish([Stream(0, ptr=1), Stream(4, ptr=2)])
     assert nccl.checks >= 4 and not nccl.aborted
     assert world.dog.entered == ["the step's NCCL all-reduces"]
     comm.close()
@@ -278,11 +274,20 @@ def test_an_error_nccl_reports_ends_the_step_naming_it_and_aborts_the_communicat
     nccl = FakeNccl(fails_at=3)
     comm = Nccl(FakeCupy(("b0",), nccl), nccl, nccl, step_world(7))
     with pytest.raises(SwpError, match="NCCL failed in the all-reduces of step 7: NCCL_ERROR_REMOTE_ERROR") as err:
-        comm.finish([Stream(10**9)])
+        comm.finish([Stream(10**9, ptr=3)])
     assert "--resume" in err.value.hints[0]
     assert nccl.checks == 3 and nccl.aborted
     comm.close()  # (an aborted communicator is gone: destroying it too would free it twice)
     assert not nccl.destroyed
+
+
+def test_a_cuda_error_ends_the_wait_with_cudas_own_message() -> None:
+    """``cudaStreamQuery`` reports a sticky error (say an illegal address) for ever: the wait raises it at once
+    rather than polling until the watchdog's timeout."""
+    nccl = FakeNccl()
+    comm = Nccl(FakeCupy(("b0",), nccl), nccl, nccl, step_world(2))
+    with pytest.raises(RuntimeError, match="cudaErrorIllegalAddress"):
+        comm.finish([Stream(1, ptr=5), Stream(error=700, ptr=6)])
 
 
 class HostSettable(np.ndarray):

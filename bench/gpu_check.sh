@@ -13,7 +13,7 @@
 #      swaps, graph on, no reference: the no-cap step), exec_on (the same at 1/2, graph on, checked),
 #      bench_r50 (ResNet-50 at 1/2 beside PyTorch)
 #   profile_gpt2: `swapdsl profile` of GPT-2 small on CuPy (in C)
-#   (not in a call; by name only: exec_r4, resnet152, train)
+#   (not in a call; by name only: exec_r4, resnet152, train, bf16)
 # The steps' limits say what each may take: a step of ResNet-50 (batch 64) or GPT-2 small (batch 8, seq
 # 1024) simulates at 0.1-0.3 s on an H100, but `exec --check` also runs the NumPy reference beside it,
 # about 10-20 s a step on 16 cores (200-800 GFLOP a step at 30-50 GFLOP/s a core), which sets the time.
@@ -29,6 +29,8 @@
 #   bench: bench/gpu_bench.py, the measured fraction and PyTorch beside it (eager, save_on_cpu,
 #      checkpointing) for ResNet-50 and GPT-2 small at 1/2 and 1/4;   profile: `swapdsl profile` on CuPy;
 #   half: bench/gpu_exec.py with --precision f16 (half kernels computing in f32 on CuPy, never run yet);
+#   bf16: the same in bf16 (its tensors kept as bits on CuPy: graph/ops/halfbits.py; by name, 150 s; the
+#      gpu tests in "tests" already run a bf16 plan and host updates on CuPy);
 #   resnet152: the README's first GPU plan (ResNet-152, batch 8, ga under 512 MiB), against the 468.6 ms a
 #      step it took eagerly long ago;   train: bench/training.py on CuPy (throughput, resume, checkpoints).
 #
@@ -72,7 +74,7 @@ case "${GPU_CHECK_CALL:-}" in
     B) calls="bench profile" ;;
     C) calls="exec_gpt2 profile_gpt2 half dist" ;;
     D) calls="tests profile profile_gpt2 exec_r1 exec_on bench_r50" ;;
-    *) calls="light tests exec_tiny exec_r2 exec_gpt2 bench profile half dist" ;;
+    *) calls="light tests exec_tiny exec_r2 exec_gpt2 bench profile half bf16 dist" ;;
 esac
 wanted=" ${GPU_CHECK_STEPS:-$calls} "
 want() { [[ "$wanted" == *" $1 "* ]]; }
@@ -118,4 +120,6 @@ want bench_r50 && step bench_r50 90 $py "$repo/bench/gpu_bench.py" --models resn
     --budget 8 --json "$out/bench_r50.json"
 want half && step half 150 $py "$repo/bench/gpu_exec.py" --configs resnet50_b64 gpt2_small --ratios 2 \
     --precision f16 --steps 2 --json "$out/half.json"
+want bf16 && step bf16 150 $py "$repo/bench/gpu_exec.py" --configs resnet50_b64 gpt2_small --ratios 2 \
+    --precision bf16 --steps 2 --json "$out/bf16.json"
 exit 0

@@ -88,7 +88,7 @@ def main() -> None:
     ap.add_argument("--backend", default="cupy")
     ap.add_argument("--method", default="belady")
     ap.add_argument("--precision", default="f32", choices=["f32", "f16", "bf16"],
-                    help="the plans' precision (bf16 runs on NumPy only)")
+                    help="the plans' precision (bf16 on CuPy as its bits: graph/ops/halfbits.py)")
     ap.add_argument("--budget", type=float, default=20.0, help="search seconds per plan (--method ga)")
     ap.add_argument("--json", metavar="FILE", help="also write the rows as JSON")
     args = ap.parse_args()

@@ -137,3 +137,62 @@ def test_bf16_training_steps_on_bits_are_the_bits_of_ml_dtypes(model: str) -> No
         losses = [trainer.step(s) for s in (1, 2, 3)]
         ends.append((losses, {k: v.tobytes() for k, v in trainer.state().items()}))
     assert ends[0] == ends[1]
+
+
+class CudaBits(BitsNumpy):
+    """The bits stand-in, saying it has CUDA: kernels take their CUDA paths (cuBLAS, here recorded)."""
+
+    cuda = types.SimpleNamespace()
+
+
+def test_half_products_on_cuda_go_to_cublas_as_they_are(monkeypatch: pytest.MonkeyPatch) -> None:
+    """matmul, matmul_nt and matmul_tn on half tensors (bf16 bits, f16) reach cuBLAS without f32 copies
+    (``OpDef.on_half``): the stand-in cuBLAS multiplies what it is given in f32 and rounds once, which must
+    be what the f32 staging computes, bit for bit."""
+    from swapdsl.graph.ir import DType, TensorType
+    from swapdsl.graph.ops import REGISTRY, blas
+    from swapdsl.graph.ops.kernels import kernel_of
+    from swapdsl.graph.ops.registry import KernelContext
+
+    seen: list[str] = []
+
+    def cublas(xp: Any, calls: Any, a: Any, b: Any, c: Any, tf32: bool) -> None:  # (a: y, b: x, as cuBLAS)
+        seen.append(str(c.dtype))
+        f32 = [np.empty(v.shape, np.float32) for v in (b, a)]
+        for wide, v in zip(f32, (b, a)):
+            halfbits.widen(BITS_NP, wide, v)
+        halfbits.narrow(BITS_NP, c, f32[0] @ f32[1])
+
+    monkeypatch.setattr(blas, "_cublas", cublas)
+    rng = np.random.default_rng(2)
+    shapes = {"matmul": ((2, 3, 4), (4, 5)), "matmul_nt": ((2, 3, 4), (5, 4)), "matmul_tn": ((3, 4), (3, 5))}
+    for dtype in (DType.bf16, DType.f16):
+        for op, (sx, sy) in shapes.items():
+            types_ = (TensorType(sx, dtype), TensorType(sy, dtype))
+            out_t = REGISTRY[op].infer(types_, {})
+            host = [rng.standard_normal(s).astype(np_dtype(np, dtype)) for s in (sx, sy)]
+            got = []
+            for xp in (BITS_NP, CudaBits("cuda_bits")):
+                ins = [halfbits.to_module(xp, h) for h in host]
+                out = np.zeros(out_t.shape, np_dtype(xp, dtype))
+                kernel_of(op, types_, out_t, {})(KernelContext.standalone(xp, 1 << 20), ins, out, {})
+                got.append(out.tobytes())
+            assert got[0] == got[1], (op, dtype)
+    assert seen == ["uint16"] * 3 + ["float16"] * 3
+
+
+def test_cublas_is_told_each_half_type(monkeypatch: pytest.MonkeyPatch) -> None:
+    import sys
+
+    from swapdsl.graph.ops import blas
+
+    libs = types.SimpleNamespace(CUBLAS_COMPUTE_32F=68, CUBLAS_COMPUTE_32F_FAST_TF32=77, CUBLAS_COMPUTE_64F=70)
+    monkeypatch.setitem(sys.modules, "cupy_backends", types.SimpleNamespace())
+    monkeypatch.setitem(sys.modules, "cupy_backends.cuda", types.SimpleNamespace())
+    monkeypatch.setitem(sys.modules, "cupy_backends.cuda.libs", types.SimpleNamespace(cublas=libs))
+    xp = CudaBits("cuda_types")
+    xp.cuda = types.SimpleNamespace(runtime=types.SimpleNamespace(CUDA_R_32F=0, CUDA_R_16F=2, CUDA_R_64F=1,
+                                                                  CUDA_R_16BF=14))
+    assert blas._cublas_types(xp, "uint16", False)[:2] == (14, 68)  # (bf16's bits: 16BF, f32 accumulation)
+    assert blas._cublas_types(xp, "float16", True)[:2] == (2, 68)  # (TF32 is for f32 alone)
+    assert blas._cublas_types(xp, "float32", True)[:2] == (0, 77)

@@ -136,6 +136,24 @@ def matmul_into(xp: Any, x: Array, y: Array, out: Array, tf32: bool = False) -> 
     _cublas(xp, calls, y, x, out, tf32)
 
 
+HALF_DATA = ("float16", "uint16")  # the half arrays cuBLAS multiplies as they are (uint16: bf16's bits, halfbits)
+
+
+def half_gemm(xp: Any, x: Array, y: Array, out: Array) -> bool:
+    """out = x @ y on half arrays of one dtype by cuBLAS, as they are: products accumulated in f32 (compute
+    type 32F, tensor cores), rounded once to half; False where it cannot (no CUDA, other dtypes, a layout
+    cuBLAS cannot read), and the caller computes it another way."""
+    if not on_cuda(xp) or str(out.dtype) not in HALF_DATA or x.dtype != out.dtype or y.dtype != out.dtype:
+        return False
+    itemsize = out.dtype.itemsize
+    calls = plan_gemm(x.shape, _elements(x.strides, itemsize), y.shape, _elements(y.strides, itemsize),
+                      out.shape, _elements(out.strides, itemsize))
+    if calls is None:
+        return False
+    _cublas(xp, calls, y, x, out, False)
+    return True
+
+
 def _elements(strides: tuple[int, ...], itemsize: int) -> tuple[int, ...]:
     return tuple(s // itemsize for s in strides)
 
@@ -148,7 +166,8 @@ def _cublas_types(xp: Any, dtype: str, tf32: bool) -> tuple[int, int, np.ndarray
     runtime = xp.cuda.runtime
     if dtype == "float64":
         return runtime.CUDA_R_64F, cublas.CUBLAS_COMPUTE_64F, np.ones((), np.float64), np.zeros((), np.float64)
-    data = runtime.CUDA_R_32F if dtype == "float32" else runtime.CUDA_R_16F
+    data = {"float32": runtime.CUDA_R_32F, "float16": runtime.CUDA_R_16F,
+            "uint16": getattr(runtime, "CUDA_R_16BF", 14)}[dtype]  # (uint16: bf16's bits)
     compute = cublas.CUBLAS_COMPUTE_32F_FAST_TF32 if tf32 and dtype == "float32" else cublas.CUBLAS_COMPUTE_32F
     return data, compute, np.ones((), np.float32), np.zeros((), np.float32)
 

@@ -228,13 +228,27 @@ def staged(op: str, ins: Types, out: TensorType, attrs_: Attrs | None = None) ->
 
 def kernel_of(op: str, ins: Types, out: TensorType, attrs_: Attrs | None = None) -> Kernel:
     """``op``'s kernel for tensors of these types: its own, or, where any is half, its own on f32 copies (of
-    a block at a time, where the op splits); for a ``gated`` update, one that keeps the old value (its first
-    input) unless the flag is 1."""
+    a block at a time, where the op splits), unless its ``on_half`` takes them as they are; for a ``gated``
+    update, one that keeps the old value (its first input) unless the flag is 1."""
     if attrs_ and attrs_.get("gated"):
         return _gated(kernel_of(op, ins[:-1], out, {k: v for k, v in attrs_.items() if k != "gated"}))
     kernel = REGISTRY[op].kernel
     if op in MOVES or op in NATIVE or not (is_half(out) or any(map(is_half, ins))):
         return kernel
+    wide = _staged_kernel(op, kernel, ins, out, attrs_)
+    on_half = REGISTRY[op].on_half
+    if on_half is None:
+        return wide
+
+    def half_first(c: KernelContext, ins_: list[Array], out_: Array, a: Attrs) -> None:
+        if not on_half(c, ins_, out_, a):
+            wide(c, ins_, out_, a)
+
+    return half_first
+
+
+def _staged_kernel(op: str, kernel: Kernel, ins: Types, out: TensorType, attrs_: Attrs | None) -> Kernel:
+    """``kernel`` on f32 copies of half tensors: a block at a time where the op splits, else whole."""
     cut = staged(op, ins, out, attrs_)
     if cut is not None and cut.out_axis is None:
         return _summed_blocks(kernel, cut, out)

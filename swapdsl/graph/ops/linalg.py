@@ -5,7 +5,7 @@ from __future__ import annotations
 from swapdsl.common.errors import SwpError
 from swapdsl.graph.ir import TensorType
 from swapdsl.graph.ops.elementwise import unbroadcast
-from swapdsl.graph.ops.blas import matmul_into
+from swapdsl.graph.ops.blas import half_gemm, matmul_into
 from swapdsl.graph.ops.registry import (
     Array, Attrs, GradBuilder, KernelContext, OpDef, Types, broadcast_shapes, buffers, chunk_len, chunks, floating,
     parts, register,
@@ -122,11 +122,13 @@ def _fold_acc_flops(ins: Types, out: TensorType, a: Attrs) -> int:
 register(
     OpDef("matmul", (2, 2), _matmul_infer, _mm_flops("nn"),
           lambda c, ins, out, a: matmul_into(c.xp, *ins, out, c.tf32),
-          _matmul_grad),
+          _matmul_grad, on_half=lambda c, ins, out, a: half_gemm(c.xp, *ins, out)),
     OpDef("matmul_nt", (2, 2), _nt_infer, _mm_flops("nt"),
-          lambda c, ins, out, a: matmul_into(c.xp, ins[0], _swap(c.xp, ins[1]), out, c.tf32), _matmul_nt_grad),
+          lambda c, ins, out, a: matmul_into(c.xp, ins[0], _swap(c.xp, ins[1]), out, c.tf32), _matmul_nt_grad,
+          on_half=lambda c, ins, out, a: half_gemm(c.xp, ins[0], _swap(c.xp, ins[1]), out)),
     OpDef("matmul_tn", (2, 2), _tn_infer, _mm_flops("tn"),
-          lambda c, ins, out, a: matmul_into(c.xp, _swap(c.xp, ins[0]), ins[1], out, c.tf32)),
+          lambda c, ins, out, a: matmul_into(c.xp, _swap(c.xp, ins[0]), ins[1], out, c.tf32),
+          on_half=lambda c, ins, out, a: half_gemm(c.xp, _swap(c.xp, ins[0]), ins[1], out)),
     OpDef("matmul_tn_fold", (2, 2), _tn_fold_infer, _mm_flops("fold"), _fold, accumulate="matmul_tn_fold_acc"),
     # a weight gradient summed over uses (an RNN's time steps) as it is made
     OpDef("matmul_tn_fold_acc", (3, 3), _tn_fold_acc_infer, _fold_acc_flops, _fold_acc, in_place=True,

@@ -125,6 +125,9 @@ class OpDef:
     bytes_read: Cost = _read_all
     bytes_written: Cost = _write_out
     scratch: Cost = no_scratch  # the bytes of temporaries the kernel takes (``buffers`` of what it takes, in order)
+    # half tensors as they are, where the array module can (cuBLAS's half products, accumulated in f32): False
+    # where it cannot, and ``kernels.kernel_of``'s f32 staging runs instead
+    on_half: Callable[[KernelContext, list[Array], Array, Attrs], bool] | None = None
 
 
 REGISTRY: dict[str, OpDef] = {}

@@ -25,9 +25,8 @@ from swapdsl.graph.ir import Graph, TensorType
 from swapdsl.graph.ops.registry import Array, Attrs, Kernel, KernelContext
 
 CONV_OPS = {"conv2d": "fprop", "conv2d_grad_input": "dgrad", "conv2d_grad_weight": "wgrad"}
-# f16 convolutions run swapdsl's own kernel for now (f32 compute, rounded once: kernels.kernel_of), so that a
-# half plan's GPU run compares exactly with its reference; cuDNN's f16 graphs wait for a GPU to be measured on
-_DTYPES = {"f32": "FLOAT", "f64": "DOUBLE"}
+# half convolutions read and write half tensors (bf16 as its bits: graph/ops/halfbits.py) and compute in f32
+_DTYPES = {"f32": "FLOAT", "f64": "DOUBLE", "f16": "HALF", "bf16": "BFLOAT16"}
 
 
 @attrs.frozen
@@ -47,8 +46,8 @@ class ConvKey:
 def conv_key(op: str, ins: tuple[TensorType, ...], out: TensorType, a: Attrs) -> ConvKey | None:
     """The key of a convolution op on these types, or None if it is not one cuDNN is asked for."""
     kind = CONV_OPS.get(op)
-    if kind is None or out.dtype.label not in _DTYPES:
-        return None
+    if kind is None or out.dtype.label not in _DTYPES or any(t.dtype != out.dtype for t in ins):
+        return None  # (one graph has one data type for its tensors)
     if kind == "fprop":
         x, w, y = ins[0], ins[1], out
     elif kind == "dgrad":

@@ -46,7 +46,7 @@ class _Tensor:
 class FakeCudnn:
     """Records graphs built and executions; ``workspace`` and ``refuse`` steer what it answers."""
 
-    data_type = SimpleNamespace(FLOAT="f32", HALF="f16", DOUBLE="f64")
+    data_type = SimpleNamespace(FLOAT="f32", HALF="f16", BFLOAT16="bf16", DOUBLE="f64")
     heur_mode = SimpleNamespace(A="A", FALLBACK="FALLBACK")
     numerical_note = SimpleNamespace(TENSOR_CORE="TENSOR_CORE")
 
@@ -193,6 +193,24 @@ def test_a_model_without_convolutions_needs_nothing() -> None:
     t = training_graph(build_graph(str(MODELS / "mlp.swp"), ["batch=8", "features=32", "hidden=16"])[1])
     vendor = VendorKernels.load(t, lambda: 0, cudnn=FakeCudnn(refuse="conv_fprop"))
     assert not vendor.kernels and not vendor.notes
+
+
+@pytest.mark.parametrize("precision", ["bf16", "f16"])
+def test_half_convolutions_get_half_graphs_computing_in_f32(precision: str) -> None:
+    """A half model's convolutions read and write half tensors in cuDNN (bf16 as its bits on CuPy), computing
+    in f32, tensor cores allowed; none stays on swapdsl's own kernel."""
+    import swapdsl
+
+    t = swapdsl.load(MODELS / "tiny_resnet.swp", {"batch": 2, "width": 4, "blocks": 1}, precision=precision).training
+    half = [i for i in conv_ops(t) if t.type_of(t.ops[i].outputs[0]).dtype.label == precision]
+    assert half
+    fake = FakeCudnn()
+    vendor = VendorKernels.load(t, lambda: 7, cudnn=fake)
+    assert set(half) <= set(vendor.kernels) and not vendor.notes
+    made = [g.calls[0][1] for g in fake.graphs if g.calls[0][1]["io_data_type"] == precision]
+    assert made and all(kw["compute_data_type"] == kw["intermediate_data_type"] == "f32" for kw in made)
+    assert not any(name == "deselect_numeric_notes" for g in fake.graphs
+                   if g.calls[0][1]["io_data_type"] == precision for name, _ in g.calls)
 
 
 def test_tf32_is_an_opt_in() -> None:

@@ -92,6 +92,8 @@ if [ -n "${GPU_CHECK_ON_CPU:-}" ]; then  # try the script itself on a machine wi
         --json "$out/bench.json"
     want half && step half 300 $py "$repo/bench/gpu_exec.py" --configs tiny_resnet tiny_transformer \
         --backend numpy --precision f16 --ratios 2 --steps 3 --json "$out/half.json"
+    want bf16 && step bf16 300 $py "$repo/bench/gpu_exec.py" --configs tiny_resnet tiny_transformer \
+        --backend numpy --precision bf16 --ratios 2 --steps 3 --json "$out/bf16.json"
     exit 0
 fi
 want exec_tiny && step exec_tiny 50 $py "$repo/bench/gpu_exec.py" --configs tiny_resnet tiny_transformer \

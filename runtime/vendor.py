@@ -105,6 +105,8 @@ def build(cudnn: ModuleType, handle: Any, key: ConvKey, budget: int, tf32: bool 
     g.create_execution_plans([cudnn.heur_mode.A, cudnn.heur_mode.FALLBACK])
     if key.dtype == "f32" and not tf32:
         g.deselect_numeric_notes([cudnn.numerical_note.TENSOR_CORE])  # FP32 stays FP32: no TF32
+    if key.dtype in ("f16", "bf16"):  # partial sums in f32 too: the result rounded to half once
+        g.deselect_numeric_notes([cudnn.numerical_note.REDUCED_PRECISION_REDUCTION])
     g.deselect_workspace_greater_than(budget)
     g.check_support()
     g.build_plans()

@@ -101,6 +101,10 @@ class _FakeCublas:
         handle_ref._obj.value = 4242
         return 0
 
+    def cublasSetMathMode(self, handle, mode) -> int:  # noqa: ANN001, N802
+        self.calls.append(("math", handle.value, mode.value))
+        return 0
+
     def cublasSetStream_v2(self, handle, stream) -> int:  # noqa: ANN001, N802
         self.calls.append(("stream", handle.value, stream.value))
         return 0
@@ -129,8 +133,10 @@ def test_products_call_cublas_on_a_handle_of_our_own_bound_to_the_current_stream
 
     calls = plan_gemm((3, 4, 5), (20, 5, 1), (5, 6), (6, 1), (3, 4, 6), (24, 6, 1))
     blas._cublas(xp, calls, array(1000), array(2000), array(3000), False)
-    assert lib.calls[0] == ("stream", 4242, 77) and len(lib.calls) == 2 * len(calls)
-    g, got = calls[0], lib.calls[1]
+    # (the handle adds a half product's partial sums in f32: CUBLAS_MATH_DISALLOW_REDUCED_PRECISION_REDUCTION)
+    assert lib.calls[0] == ("math", 4242, 16) and lib.calls[1] == ("stream", 4242, 77)
+    assert len(lib.calls) == 1 + 2 * len(calls)
+    g, got = calls[0], lib.calls[2]
     assert got[1:7] == (4242, int(g.transa), int(g.transb), g.m, g.n, g.k)
     assert got[8] == 1000 + 4 * g.a_offset and got[12] == 2000 + 4 * g.b_offset and got[17] == 3000 + 4 * g.c_offset
     assert (got[11], got[15], got[20], got[21], got[22]) == (g.stride_a, g.stride_b, g.stride_c, g.batch, 68)

@@ -145,29 +145,26 @@ class CudaBits(BitsNumpy):
     cuda = types.SimpleNamespace()
 
 
-def test_half_products_on_cuda_go_to_cublas_as_they_are(monkeypatch: pytest.MonkeyPatch) -> None:
-    """matmul, matmul_nt and matmul_tn on half tensors (bf16 bits, f16) reach cuBLAS without f32 copies
-    (``OpDef.on_half``): the stand-in cuBLAS multiplies what it is given in f32 and rounds once, which must
-    be what the f32 staging computes, bit for bit."""
+def _flat(v: np.ndarray) -> np.ndarray:
+    """The memory of ``v`` (a view starting where its buffer starts) as a flat array, as cuBLAS's pointer."""
+    return np.lib.stride_tricks.as_strided(v, (v.size,), (v.itemsize,))
+
+
+PRODUCTS = {"matmul": ((2, 3, 4), (4, 5)), "matmul_nt": ((2, 3, 4), (5, 4)), "matmul_tn": ((3, 4), (3, 5)),
+            "matmul_tn_fold": ((2, 3, 4), (2, 3, 5))}
+
+
+def _products_both_ways(record: list[str]) -> None:
+    """Each product on half tensors through ``kernel_of`` on the bits stand-in (f32 staging) and on it with
+    CUDA: the same bits."""
     from swapdsl.graph.ir import DType, TensorType
-    from swapdsl.graph.ops import REGISTRY, blas
-    from swapdsl.graph.ops.kernels import kernel_of
+    from swapdsl.graph.ops import REGISTRY
+    from swapdsl.graph.ops.kernels import kernel_of, scratch_need
     from swapdsl.graph.ops.registry import KernelContext
 
-    seen: list[str] = []
-
-    def cublas(xp: Any, calls: Any, a: Any, b: Any, c: Any, tf32: bool) -> None:  # (a: y, b: x, as cuBLAS)
-        seen.append(str(c.dtype))
-        f32 = [np.empty(v.shape, np.float32) for v in (b, a)]
-        for wide, v in zip(f32, (b, a)):
-            halfbits.widen(BITS_NP, wide, v)
-        halfbits.narrow(BITS_NP, c, f32[0] @ f32[1])
-
-    monkeypatch.setattr(blas, "_cublas", cublas)
     rng = np.random.default_rng(2)
-    shapes = {"matmul": ((2, 3, 4), (4, 5)), "matmul_nt": ((2, 3, 4), (5, 4)), "matmul_tn": ((3, 4), (3, 5))}
     for dtype in (DType.bf16, DType.f16):
-        for op, (sx, sy) in shapes.items():
+        for op, (sx, sy) in PRODUCTS.items():
             types_ = (TensorType(sx, dtype), TensorType(sy, dtype))
             out_t = REGISTRY[op].infer(types_, {})
             host = [rng.standard_normal(s).astype(np_dtype(np, dtype)) for s in (sx, sy)]
@@ -175,10 +172,56 @@ def test_half_products_on_cuda_go_to_cublas_as_they_are(monkeypatch: pytest.Monk
             for xp in (BITS_NP, CudaBits("cuda_bits")):
                 ins = [halfbits.to_module(xp, h) for h in host]
                 out = np.zeros(out_t.shape, np_dtype(xp, dtype))
-                kernel_of(op, types_, out_t, {})(KernelContext.standalone(xp, 1 << 20), ins, out, {})
+                ctx = KernelContext.standalone(xp, scratch_need(op, types_, out_t, {}))
+                kernel_of(op, types_, out_t, {})(ctx, ins, out, {})
                 got.append(out.tobytes())
-            assert got[0] == got[1], (op, dtype)
-    assert seen == ["uint16"] * 3 + ["float16"] * 3
+            assert got[0] == got[1], (op, dtype, record)
+
+
+def test_half_products_on_cuda_go_to_cublas_as_they_are(monkeypatch: pytest.MonkeyPatch) -> None:
+    """matmul, matmul_nt, matmul_tn and matmul_tn_fold on half tensors (bf16 bits, f16) reach cuBLAS without
+    f32 copies (``OpDef.on_half``): the stand-in cuBLAS runs the planned GEMMs as cuBLAS would (column-major,
+    on each operand's memory: ``blas.emulate``) in f32 and rounds once, which must be what the f32 staging
+    computes, bit for bit."""
+    from swapdsl.graph.ops import blas
+
+    seen: list[str] = []
+
+    def cublas(xp: Any, calls: Any, a: Any, b: Any, c: Any, tf32: bool) -> None:
+        seen.append(str(c.dtype))
+        wide = []
+        for v in (a, b):
+            w = np.empty(v.size, np.float32)
+            halfbits.widen(BITS_NP, w, _flat(v))
+            wide.append(w)
+        out = np.zeros(c.size, np.float32)
+        for g in calls:
+            blas.emulate(g, wide[0], wide[1], out)
+        halfbits.narrow(BITS_NP, _flat(c), out)
+
+    monkeypatch.setattr(blas, "_cublas", cublas)
+    monkeypatch.setattr(blas, "_refused", set())
+    _products_both_ways(seen)
+    assert seen == ["uint16"] * 4 + ["float16"] * 4
+
+
+def test_a_half_product_cublas_refuses_is_staged_from_then_on(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A GPU whose cuBLAS has no such half product (NOT_SUPPORTED, as bf16 before sm_80): the product is
+    staged in f32 (the same bits), and cuBLAS is not asked for that type again."""
+    from swapdsl.graph.ops import blas
+
+    seen: list[str] = []
+
+    def cublas(xp: Any, calls: Any, a: Any, b: Any, c: Any, tf32: bool) -> None:
+        seen.append(str(c.dtype))
+        if str(c.dtype) in blas.HALF_DATA:
+            raise blas.CublasError("cublasGemmStridedBatchedEx", 15)
+        c[...] = np.asarray(b) @ np.asarray(a)  # (f32, staged)
+
+    monkeypatch.setattr(blas, "_cublas", cublas)
+    monkeypatch.setattr(blas, "_refused", set())
+    _products_both_ways(seen)
+    assert seen.count("uint16") == 1 and seen.count("float16") == 1 and blas._refused == {"uint16", "float16"}
 
 
 def test_cublas_is_told_each_half_type(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -48,7 +48,7 @@ class FakeCudnn:
 
     data_type = SimpleNamespace(FLOAT="f32", HALF="f16", BFLOAT16="bf16", DOUBLE="f64")
     heur_mode = SimpleNamespace(A="A", FALLBACK="FALLBACK")
-    numerical_note = SimpleNamespace(TENSOR_CORE="TENSOR_CORE")
+    numerical_note = SimpleNamespace(TENSOR_CORE="TENSOR_CORE", REDUCED_PRECISION_REDUCTION="REDUCED")
 
     def __init__(self, workspace: int = 0, refuse: str | None = None) -> None:
         self.workspace, self.refuse = workspace, refuse
@@ -209,8 +209,9 @@ def test_half_convolutions_get_half_graphs_computing_in_f32(precision: str) -> N
     assert set(half) <= set(vendor.kernels) and not vendor.notes
     made = [g.calls[0][1] for g in fake.graphs if g.calls[0][1]["io_data_type"] == precision]
     assert made and all(kw["compute_data_type"] == kw["intermediate_data_type"] == "f32" for kw in made)
-    assert not any(name == "deselect_numeric_notes" for g in fake.graphs
-                   if g.calls[0][1]["io_data_type"] == precision for name, _ in g.calls)
+    deselected = [args for g in fake.graphs if g.calls[0][1]["io_data_type"] == precision
+                  for name, args in g.calls if name == "deselect_numeric_notes"]
+    assert deselected and all(args == (["REDUCED"],) for args in deselected)  # (tensor cores stay)
 
 
 def test_tf32_is_an_opt_in() -> None:

@@ -137,20 +137,36 @@ def matmul_into(xp: Any, x: Array, y: Array, out: Array, tf32: bool = False) -> 
 
 
 HALF_DATA = ("float16", "uint16")  # the half arrays cuBLAS multiplies as they are (uint16: bf16's bits, halfbits)
+REFUSALS = (8, 15)  # CUBLAS_STATUS_ARCH_MISMATCH, CUBLAS_STATUS_NOT_SUPPORTED: this GPU has no such product
+_refused: set[str] = set()  # the half dtypes cuBLAS refused here: staged from then on
+
+
+class CublasError(RuntimeError):
+    def __init__(self, what: str, status: int) -> None:
+        super().__init__(f"{what} failed with cuBLAS status {status}")
+        self.status = status
 
 
 def half_gemm(xp: Any, x: Array, y: Array, out: Array) -> bool:
     """out = x @ y on half arrays of one dtype by cuBLAS, as they are: products accumulated in f32 (compute
-    type 32F, tensor cores), rounded once to half; False where it cannot (no CUDA, other dtypes, a layout
-    cuBLAS cannot read), and the caller computes it another way."""
-    if not on_cuda(xp) or str(out.dtype) not in HALF_DATA or x.dtype != out.dtype or y.dtype != out.dtype:
+    type 32F, tensor cores; partial sums in f32 too, ``MATH_MODE``), rounded once to half; False where it
+    cannot (no CUDA, other dtypes, a layout cuBLAS cannot read, a GPU whose cuBLAS refuses the type), and the
+    caller computes it another way (over the whole output again)."""
+    dtype = str(out.dtype)
+    if not on_cuda(xp) or dtype not in HALF_DATA or dtype in _refused or x.dtype != out.dtype or y.dtype != out.dtype:
         return False
     itemsize = out.dtype.itemsize
     calls = plan_gemm(x.shape, _elements(x.strides, itemsize), y.shape, _elements(y.strides, itemsize),
                       out.shape, _elements(out.strides, itemsize))
     if calls is None:
         return False
-    _cublas(xp, calls, y, x, out, False)
+    try:
+        _cublas(xp, calls, y, x, out, False)
+    except CublasError as err:
+        if err.status not in REFUSALS:
+            raise
+        _refused.add(dtype)
+        return False
     return True
 
 
@@ -197,6 +213,11 @@ def _cublas(xp: Any, calls: list[Gemm], a: Array, b: Array, c: Array, tf32: bool
 _GEMM_DEFAULT = -1  # cublasGemmAlgo_t CUBLAS_GEMM_DEFAULT
 
 
+# CUBLAS_DEFAULT_MATH | CUBLAS_MATH_DISALLOW_REDUCED_PRECISION_REDUCTION: a half product's split partial sums
+# are added in f32 too, so it is rounded once (by default cuBLAS may add them in half)
+MATH_MODE = 16
+
+
 class OwnCublas:
     """cuBLAS through ctypes, on a handle swapdsl owns. CuPy's wrappers bind their handle to the current
     stream before every call and refuse to while a stream is capturing (CuPy 14), so no CUDA graph could
@@ -208,11 +229,12 @@ class OwnCublas:
         self.lib, self.c = lib, ctypes
         handle = ctypes.c_void_p()
         self._check(lib.cublasCreate_v2(ctypes.byref(handle)), "cublasCreate")
+        self._check(lib.cublasSetMathMode(handle, ctypes.c_int(MATH_MODE)), "cublasSetMathMode")
         self.handle = handle
 
     def _check(self, status: int, what: str) -> None:
         if status != 0:
-            raise RuntimeError(f"{what} failed with cuBLAS status {status}")
+            raise CublasError(what, status)
 
     def gemm(self, stream: int, g: Gemm, pointers: tuple[int, int, int], data: int, compute: int,
              one: np.ndarray, zero: np.ndarray) -> None:

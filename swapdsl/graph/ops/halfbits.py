@@ -3,8 +3,9 @@
 A bf16 value is the top half of an f32 (sign, 8 exponent bits, 7 of the mantissa), so it widens exactly by a
 shift and narrows by rounding the low half away, to nearest with ties to even, as ml_dtypes (the NumPy
 backend's bf16) and a GPU's conversion do; a NaN stays a NaN. The kernels reach bf16 tensors only through
-``widen`` and ``narrow`` (``kernels.kernel_of`` computes every half op in f32) and through ops that move
-bytes unchanged, so the same kernel code runs on ml_dtypes arrays and on bits. The IR has no unsigned
+``widen`` and ``narrow`` (``kernels.kernel_of`` computes every half op in f32), through ops that move bytes
+unchanged, and through vendor calls told the type (cuBLAS's 16BF products, cuDNN's BFLOAT16 graphs), so the
+same kernel code runs on ml_dtypes arrays and on bits. The IR has no unsigned
 integers, so a uint16 array is always bf16 bits.
 
 On CuPy each conversion is one element-wise kernel, with no temporaries; elsewhere (a NumPy stand-in that

@@ -5,7 +5,9 @@ inputs, into an f32 result rounded once to the half output: products and sums ac
 tensor-core GEMMs, cuDNN and element-wise kernels computing in f32 registers do. Where an op splits
 along one axis (``CUTS``), the copies are of a block of slices at a time, so the scratch stays near a
 tile's worth instead of three whole f32 tensors; a ``gated`` update (a guarded step's) keeps its old value
-unless the step's flag is 1. ``scratch_need`` declares exactly what ``kernel_of``'s kernel takes.
+unless the step's flag is 1. An op with ``on_half`` (the products, on CuPy: cuBLAS with half operands) takes
+half tensors as they are where it can, and is staged where it cannot. ``scratch_need`` declares exactly
+what ``kernel_of``'s staged kernel takes (the direct path takes none).
 """
 
 from __future__ import annotations

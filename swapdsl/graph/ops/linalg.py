@@ -129,7 +129,9 @@ register(
     OpDef("matmul_tn", (2, 2), _tn_infer, _mm_flops("tn"),
           lambda c, ins, out, a: matmul_into(c.xp, _swap(c.xp, ins[0]), ins[1], out, c.tf32),
           on_half=lambda c, ins, out, a: half_gemm(c.xp, _swap(c.xp, ins[0]), ins[1], out)),
-    OpDef("matmul_tn_fold", (2, 2), _tn_fold_infer, _mm_flops("fold"), _fold, accumulate="matmul_tn_fold_acc"),
+    OpDef("matmul_tn_fold", (2, 2), _tn_fold_infer, _mm_flops("fold"), _fold, accumulate="matmul_tn_fold_acc",
+          on_half=lambda c, ins, out, a: half_gemm(c.xp, ins[0].reshape(-1, ins[0].shape[-1]).T,
+                                                   ins[1].reshape(-1, ins[1].shape[-1]), out)),
     # a weight gradient summed over uses (an RNN's time steps) as it is made
     OpDef("matmul_tn_fold_acc", (3, 3), _tn_fold_acc_infer, _fold_acc_flops, _fold_acc, in_place=True,
           scratch=_fold_acc_scratch),

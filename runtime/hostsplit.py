@@ -126,13 +126,3 @@ class HostKernels:
     def close(self) -> None:
         if self.pool is not None:
             self.pool.shutdown()
-
-
-def run_split(op: str, ins: list[Array], out: Array, a: Attrs, types: tuple[TensorType, ...],
-              out_type: TensorType, ctx: KernelContext, threads: int) -> None:
-    """One call of ``op`` as the host lane makes it (tests and profiling)."""
-    kernels = HostKernels(threads)
-    try:
-        kernels.launcher(op, ins, out, a, types, out_type, ctx)()
-    finally:
-        kernels.close()

@@ -155,6 +155,51 @@ def test_no_plan_updating_on_the_host_beats_its_bound(t: Graph, where: float, gb
     assert f["iteration_ms"] >= f["bound_ms"] * (1 - 1e-9)
     assert f["iteration_ms"] >= bound.recompute_bound_ms(Problem.of(req), plan.tensor_cap) * (1 - 1e-9)
 
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(training_graphs(), st.floats(0.0, 1.0), st.sampled_from([0.01, 1.0]), st.sampled_from(sorted(METHODS)),
+       st.randoms(use_true_random=False))
+def test_the_two_lanes_all_reduce_over_one_link(t: Graph, where: float, gbps: float, method: str, rnd) -> None:
+    """With some updates on the host and their all-reduces there, the host lane's all-reduces and the
+    network lane's share one link: no two of them overlap in the simulated step, and the compiled scorer
+    times the plan's schedule as the simulator does."""
+    t = data_parallel(t, 2, gbps, bucket_mib=0)
+    host = tuple(p for p in offloadable(t) if rnd.random() < 0.5)
+    assume(host)
+    need, no_swap = caps(t)
+    req = Request(t, V100, int(need + where * (no_swap - need)), "random.swp", (), host_updates=host,
+                  host_reduce=True)
+    try:
+        plan = optimize(req, method)
+    except SwpError:  # (a host split may need more than the device-only schedule's smallest cap)
+        assume(False)
+        raise
+    validate(plan)
+    result = simulate(plan, timeline=True)
+    spans = sorted((start, end) for stream, what, start, end in result.timeline if what == "allreduce_mean")
+    assert all(b[0] >= a[1] - 1e-9 for a, b in zip(spans, spans[1:]))
+    p = Problem.of(req)
+    pinned = frozenset(i for i, x in enumerate(plan.tensors) if x.home is not None and x.home != "host"
+                       and x.kind != "input")
+    if method != "vdnn":  # (vdnn's offload is off when everything fits: the baseline decides, not the policy)
+        timing = Evaluator(p)(list(range(p.n_ops)), plan.tensor_cap, pinned, METHODS[method])
+        assert timing.iteration_ms == pytest.approx(result.iteration_ms, rel=1e-9)
+
+
+def test_a_host_all_reduce_waits_for_the_link(tmp_path: Path) -> None:
+    """Over a slow link, a plan whose host lane and network lane both all-reduce takes at least every
+    all-reduce back to back, and so does its bound: the one link carries them all."""
+    t = api.load(_model(tmp_path, ADAM), ranks=2, link_gbps=0.01, bucket_mib=0).training
+    host = offloadable(t)[:2]
+    req = Request(t, V100, caps(t)[1], "random.swp", (), host_updates=host, host_reduce=True)
+    plan = optimize(req, "belady")
+    runs = [o for o in plan.ops if o.op == "allreduce_mean"]
+    on_host = {i.op for i in plan.program if isinstance(i, HostRun)}
+    assert {o.index in on_host for o in runs} == {True, False}
+    link = sum((o.host_ms if o.index in on_host else o.ms) for o in runs)
+    assert simulate(plan).iteration_ms >= link
+    assert bound.bound_ms(Problem.of(req), plan.tensor_cap) >= link * (1 - 1e-9)  # (the bound knows it too)
+
+
 @pytest.mark.parametrize("mib", [25.0, 0.002, 0.0008, 0.0003])
 def test_gradients_travel_in_buckets_of_the_size_given(tmp_path: Path, mib: float) -> None:
     """Each gradient in one bucket: one of the size given or more alone, the smaller ones in the order the

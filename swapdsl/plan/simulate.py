@@ -9,7 +9,8 @@ its region when op ``after`` and any swap-out of the tensor are done. A
 region falls free when the latest free of every byte in it has happened.
 Ops a plan runs on the host (``host``) take a fourth FIFO lane, the host's,
 for their ``host_ms``, once the copies to the host they read are done; the
-all-reduces of data-parallel ranks a fifth, the network's (``NET_OPS``).
+all-reduces of data-parallel ranks a fifth, the network's (``NET_OPS``). Every all-reduce, on either lane,
+holds the one network link: it starts once the all-reduces before it in plan order are done.
 One pass, in plan order, driving the plan's replay (``replay.py``) for what
 each instruction waits for.
 """
@@ -19,7 +20,7 @@ from __future__ import annotations
 import attrs
 
 from swapdsl.devices.costs import copy_ms
-from swapdsl.plan.program import Free, HostRun, Plan, Region, Run
+from swapdsl.plan.program import NET_OPS, Free, HostRun, Plan, Region, Run
 from swapdsl.plan.replay import walk
 
 STREAMS = ("compute", "h2d", "d2h", "host", "net")
@@ -49,6 +50,7 @@ def simulate(plan: Plan, timeline: bool = False) -> Result:
     events: list[tuple[float, int]] = [(0.0, t.bytes) for t in plan.tensors if isinstance(t.home, Region)]
     spans: list[tuple[str, str, float, float]] = []
     moved = {"h2d": 0, "d2h": 0}
+    link = 0.0  # when the network link is free
     for step in walk(plan):
         instr = step.instr
         after = max([end[w] for w in step.waits]) if step.waits else 0.0
@@ -66,11 +68,15 @@ def simulate(plan: Plan, timeline: bool = False) -> Result:
             op = plan.ops[instr.op]
             took, what = op.host_ms or 0.0, op.op
         else:
+            op = None
             nbytes = tensors[instr.tensor].bytes
             took, what = copy_ms(dev, nbytes, to_device=stream == "h2d"), instr.tensor
             moved[stream] += nbytes
             if stream == "h2d":
                 events.append((start, nbytes))
+        if op is not None and op.op in NET_OPS:
+            start = max(start, link)
+            link = start + took
         clock[stream] = end[step.index] = start + took
         if timeline:
             spans.append((stream, what, start, start + took))

@@ -1041,9 +1041,11 @@ done:
     return status;
 }
 
-/* -- the simulator: the compute stream, the two copy streams and the network lane (data-parallel
-   all-reduces), FIFO each, one pass over the records in program order (by bucket, then
-   kind; stable), as simulate.simulate replays a plan. */
+/* -- the simulator: the compute stream, the two copy streams, the network lane (data-parallel
+   all-reduces) and the host lane, FIFO each, one pass over the records in program order (by bucket, then
+   kind; stable), as simulate.simulate replays a plan. The host lane's ops come each after the record it
+   follows (hostlane.py), and every collective, on either lane, holds the one network link: it starts once
+   the collectives before it in program order are done. */
 
 /* The records' indices in program order, *n_out of them (the frees among them: *n_free). */
 static i64 *program_order(const i64 *recs, i64 n_rec, i64 n_ops, i64 *n_out, i64 *n_free) {
@@ -1071,8 +1073,27 @@ typedef struct {
     const double *op_ms, *copy, *host_start;  /* host_start: when each tensor's host copy exists (ms) */
     const uint8_t *net;  /* per op: the network lane runs it (a data-parallel all-reduce), not compute */
     double *copy_done;  /* out: when each tensor's swap-out, or if none its last swap-in, is done (ms; 0: none) */
-    i64 n_ops, n_rec, n_t, top;
+    /* the host lane's ops after its start ops, in lane order: the record position each follows (-1: none),
+       the tensors whose copies it waits for (CSR), its time, and whether it is a collective */
+    const i64 *host_at, *host_cp_ptr, *host_cp_idx;
+    const double *host_ms;
+    const uint8_t *host_coll;
+    double *host_clock;  /* in: when the start ops are done; out: when the lane's last op is */
+    i64 n_ops, n_rec, n_t, top, n_host;
 } SimInputs;
+
+/* Run the host lane's ops that follow record position ``at``, from *next on. */
+static void host_ops(const SimInputs *in, i64 at, i64 *next, double *clock, double *link) {
+    for (; *next < in->n_host && in->host_at[*next] <= at; (*next)++) {
+        i64 h = *next;
+        double start = *clock;
+        for (i64 j = in->host_cp_ptr[h]; j < in->host_cp_ptr[h + 1]; j++)
+            start = dmax(start, in->copy_done[in->host_cp_idx[j]]);
+        if (in->host_coll[h]) start = dmax(start, *link);
+        *clock = start + in->host_ms[h];
+        if (in->host_coll[h]) *link = *clock;
+    }
+}
 
 static int simulate(const SimInputs *in, double *ms, i64 *h2d_out, i64 *d2h_out) {
     i64 n_ord = 0, n_t = in->n_t, n_free = 0;
@@ -1088,15 +1109,16 @@ static int simulate(const SimInputs *in, double *ms, i64 *h2d_out, i64 *d2h_out)
     memcpy(host_ready, in->host_start, sizeof(double) * n_t);
     memset(in->copy_done, 0, sizeof(double) * n_t);
     double latency = in->copy[0], h2d_bw = in->copy[1], d2h_bw = in->copy[2];
-    double compute = 0.0, net = 0.0, h2d_clock = 0.0, d2h_clock = 0.0;
-    i64 h2d = 0, d2h = 0;
+    double compute = 0.0, net = 0.0, h2d_clock = 0.0, d2h_clock = 0.0, host = *in->host_clock, link = 0.0;
+    i64 h2d = 0, d2h = 0, next_host = 0;
+    host_ops(in, -1, &next_host, &host, &link);
     for (i64 i = 0; i < n_ord; i++) {
         const i64 *rec = in->recs + 5 * order[i];
         i64 bucket = rec[0], kind = rec[1], t = rec[2], offset = rec[3];
         double after = bucket > 0 ? op_end[bucket - 1] : 0.0;
         if (kind == LAUNCH) {
             i64 op = t;
-            double start = in->net[op] ? net : compute;
+            double start = in->net[op] ? dmax(net, link) : compute;
             for (i64 j = in->in_ptr[op]; j < in->in_ptr[op + 1]; j++) start = dmax(start, ready[in->in_idx[j]]);
             /* (no op works in place over what an all-reduce reads: a raw gradient's one reader is its all-reduce) */
             for (i64 j = in->out_ptr[op]; j < in->out_ptr[op + 1]; j++) {
@@ -1107,7 +1129,7 @@ static int simulate(const SimInputs *in, double *ms, i64 *h2d_out, i64 *d2h_out)
             /* what waits for "after this op" waits for the compute stream up to here too (replay.py) */
             op_end[bucket - 1] = in->net[op] ? dmax(end, compute) : end;
             if (in->net[op]) {  /* (the compute stream's order implies its own reads are done by a free) */
-                net = end;
+                net = link = end;
                 for (i64 j = in->in_ptr[op]; j < in->in_ptr[op + 1]; j++)
                     net_read[in->in_idx[j]] = dmax(net_read[in->in_idx[j]], end);
             } else {
@@ -1136,8 +1158,11 @@ static int simulate(const SimInputs *in, double *ms, i64 *h2d_out, i64 *d2h_out)
             copied_out[t] = net_read[t] = 0.0;
             where[t] = -1;
         }
+        host_ops(in, i, &next_host, &host, &link);
     }
-    *ms = dmax(dmax(compute, net), dmax(h2d_clock, d2h_clock)), *h2d_out = h2d, *d2h_out = d2h;
+    host_ops(in, n_ord, &next_host, &host, &link);
+    *in->host_clock = host;
+    *ms = dmax(dmax(dmax(compute, net), dmax(h2d_clock, d2h_clock)), host), *h2d_out = h2d, *d2h_out = d2h;
     status = 0;
 done:
     free(order), free(where), free(times), free(out_ever);
@@ -1220,15 +1245,28 @@ static PyObject *py_plan(PyObject *self, PyObject *tuple) {
     return Py_BuildValue("LLi", (long long)nrec, (long long)peak, status);
 }
 
+/* Whether the host lane's arrays disagree: lengths, positions in lane order, copies' indices. */
+static int host_lane_bad(const SimInputs *in, i64 n_idx, i64 n_ptr, i64 n_ms, i64 n_coll, i64 n_clock) {
+    if (n_ptr != in->n_host + 1 || n_ms != in->n_host || n_coll != in->n_host || n_clock != 1) return 1;
+    if (in->host_cp_ptr[0] != 0 || in->host_cp_ptr[in->n_host] != n_idx) return 1;
+    for (i64 h = 0; h < in->n_host; h++)
+        if (in->host_cp_ptr[h + 1] < in->host_cp_ptr[h] || (h && in->host_at[h] < in->host_at[h - 1])) return 1;
+    for (i64 j = 0; j < n_idx; j++)
+        if (in->host_cp_idx[j] < 0 || in->host_cp_idx[j] >= in->n_t) return 1;
+    return 0;
+}
+
 static PyObject *py_simulate(PyObject *self, PyObject *tuple) {
     (void)self;
     Args a;
-    if (args_parse(tuple, "qqnqnqqqqqdqddwb", &a) < 0) return NULL;
+    if (args_parse(tuple, "qqnqnqqqqqdqddwbqqqdbw", &a) < 0) return NULL;
     SimInputs in = {
         .schedule = a.ptr[0], .n_ops = a.len[0], .recs = a.ptr[1], .n_rec = a.num[2], .out_off = a.ptr[3],
         .n_t = a.len[3], .top = a.num[4], .size = a.ptr[5], .in_ptr = a.ptr[6], .in_idx = a.ptr[7],
         .out_ptr = a.ptr[8], .out_idx = a.ptr[9], .op_ms = a.ptr[10], .nbytes = a.ptr[11], .copy = a.ptr[12],
-        .host_start = a.ptr[13], .copy_done = a.ptr[14], .net = a.ptr[15],
+        .host_start = a.ptr[13], .copy_done = a.ptr[14], .net = a.ptr[15], .host_at = a.ptr[16],
+        .n_host = a.len[16], .host_cp_ptr = a.ptr[17], .host_cp_idx = a.ptr[18], .host_ms = a.ptr[19],
+        .host_coll = a.ptr[20], .host_clock = a.ptr[21],
     };
     double ms = 0.0;
     i64 h2d = 0, d2h = 0;
@@ -1236,6 +1274,11 @@ static PyObject *py_simulate(PyObject *self, PyObject *tuple) {
     if (a.len[15] < in.n_ops) {
         args_release(&a);
         PyErr_SetString(PyExc_ValueError, "simulate: net needs a flag per op");
+        return NULL;
+    }
+    if (host_lane_bad(&in, a.len[18], a.len[17], a.len[19], a.len[20], a.len[21])) {
+        args_release(&a);
+        PyErr_SetString(PyExc_ValueError, "simulate: the host lane's arrays do not agree");
         return NULL;
     }
     if (a.len[13] < in.n_t || a.len[14] < in.n_t) {
@@ -1386,7 +1429,7 @@ static PyMethodDef methods[] = {
      "fwd_act, upd_old, upd_new, by_name, loss, width, rank_gaps, room, recs, out_off) -> (records, peak, status)"},
     {"simulate", py_simulate, METH_VARARGS,
      "simulate(schedule, recs, n_rec, out_off, top, size, in_ptr, in_idx, out_ptr, out_idx, op_ms, nbytes, copy, "
-     "host_start, copy_done, net) "
+     "host_start, copy_done, net, host_at, host_cp_ptr, host_cp_idx, host_ms, host_coll, host_clock) "
      "-> (iteration_ms, h2d_bytes, d2h_bytes)"},
     {NULL, NULL, 0, NULL},
 };

@@ -6,7 +6,8 @@ on the network lane beside it: the ideal is the longer lane's sum, and F and B
 below count the compute stream's ops alone. The lane's all-reduces read
 gradients, made after T below, so end - T is also at least N: the time of the
 op that makes the first all-reduce's input, the lane's sum, and the time of an
-op that reads the last one's mean.)
+op that reads the last one's mean; and, since the host lane's all-reduces share
+the one network link, at least the sum of every all-reduce after T on both.)
 
 ``bound_ms`` adds what the bus must carry. Let C be the ops that read the
 gradient seed (the `fill` that starts the backward pass), A the ops that are
@@ -49,6 +50,7 @@ import attrs
 
 from swapdsl.devices.profiles import Device
 from swapdsl.plan import program
+from swapdsl.plan.program import NET_OPS
 from swapdsl.planning.problem import Edges, Problem, edges
 
 
@@ -118,12 +120,14 @@ def _net_after(p: Problem, e: Edges, after: set[int]) -> float:
     that made its input has run, and the last before an op that reads its mean (0 when one has no
     reader)."""
     late = [i for i in sorted(p.net) if any(q in after for q in e.preds[i])]
+    # the host lane's all-reduces average gradients (made after T) over the same link
+    link = sum(p.op_ms[i] for i in late) + sum(p.host_ms[i] for i in p.host.ops if p.graph.ops[i].op in NET_OPS)
     if not late:
-        return 0.0
+        return link
     head = min(max(p.op_ms[q] for q in e.preds[i] if q in after) for i in late)
     readers = [[r for t in p.op_outputs[i] for r in e.readers.get(t, [])] for i in late]
     tail = min((min(p.op_ms[r] for r in rs) if rs else 0.0) for rs in readers)
-    return head + sum(p.op_ms[i] for i in late) + tail
+    return max(head + sum(p.op_ms[i] for i in late) + tail, link)
 
 
 def bound_ms(p: Problem, cap: int) -> float:

@@ -147,12 +147,16 @@ class Evaluator:
         done = np.empty(len(self.size), np.float64)
         ms, h2d, d2h = _fastplan.simulate(sched, recs, len(recs), out_off, peak, self.size, self.in_ptr,
                                           self.in_idx, self.out_ptr, self.out_idx, self.op_ms, self.nbytes, self.copy,
-                                          self.host_start, done, self.net)
-        if self.lane is not None:
-            order = _program_order(recs)
-            last = last_copies(recs[order, 1], recs[order, 2], len(self.size))
-            ms = max(ms, self.lane.finish(last, done))
+                                          self.host_start, done, self.net, *self._host_lane(recs))
         return Timing(float(ms), int(h2d), int(d2h), self.host_bytes(recs, pinned))
+
+    def _host_lane(self, recs: np.ndarray) -> tuple[np.ndarray, ...]:
+        """The simulator's host-lane arguments (``Lane.arrays`` and the lane's start clock)."""
+        if self.lane is None:
+            return _NO_LANE + (np.zeros(1, np.float64),)
+        order = _program_order(recs)
+        last = last_copies(recs[order, 1], recs[order, 2], len(self.size))
+        return self.lane.arrays(last) + (np.array([self.lane.start_ms], np.float64),)
 
     def host_bytes(self, recs: np.ndarray, pinned: frozenset[int]) -> int:
         """Bytes of the inputs, the persistent tensors not pinned, and every other tensor swapped out."""
@@ -188,6 +192,10 @@ class Evaluator:
     def no_swap_bytes(self, schedule: list[int]) -> int:
         """The arena ``schedule`` needs with every tensor resident from birth to last use."""
         return self.records(schedule, NO_CAP, self.p.pinnable, Policy("belady", "earliest"))[2]
+
+
+_NO_LANE = (np.zeros(0, np.int64), np.zeros(1, np.int64), np.zeros(0, np.int64), np.zeros(0, np.float64),
+            np.zeros(0, np.bool_))
 
 
 def _program_order(recs: np.ndarray) -> np.ndarray:

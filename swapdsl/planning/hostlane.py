@@ -11,8 +11,10 @@ Its program then gets its host runs here, by one rule that the plan and the comp
   memory it writes over (a parameter read on the device, in f32, whose update writes its host copy);
   ties in op order.
 
-The lane is FIFO, so the simulator's time for it is a fold over that order; ``Lane.finish`` computes the
-same fold from the compiled simulator's copy times, so that a candidate's score is its plan's time.
+The lane is FIFO, so the simulator's time for it is a fold over that order, which the compiled simulator
+takes in its pass (``Lane.arrays``: each op after the record it follows), so that a candidate's score is its
+plan's time. A collective on the lane (an all-reduce of host copies) holds the network link that the
+network lane's all-reduces hold too: it waits for the collectives before it in program order.
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ from __future__ import annotations
 import attrs
 import numpy as np
 
-from swapdsl.plan.program import KIND_OF, Free, HostRun, Instr, InstrKind, Run, SwapIn, SwapOut
+from swapdsl.plan.program import KIND_OF, NET_OPS, Free, HostRun, Instr, InstrKind, Run, SwapIn, SwapOut
 from swapdsl.planning.problem import Problem
 
 
@@ -34,6 +36,7 @@ class Lane:
     host_ms: tuple[float, ...]  # per op
     host_start: np.ndarray  # per tensor: when the start ops have made it (ms; 0 otherwise)
     start_ms: float  # when the start ops are done
+    collective: frozenset[int]  # later ops that hold the network link (all-reduces of host copies)
 
     @staticmethod
     def of(p: Problem) -> Lane:
@@ -57,7 +60,8 @@ class Lane:
             clock += p.host_ms[i]
             for t in g.ops[i].outputs:
                 host_start[index[t]] = clock
-        return Lane(tuple(start), later, copies, deps, p.host_ms, host_start, clock)
+        coll = frozenset(i for i in later if g.ops[i].op in NET_OPS)
+        return Lane(tuple(start), later, copies, deps, p.host_ms, host_start, clock, coll)
 
     def order(self, last_copy: np.ndarray | dict[int, int]) -> list[tuple[int, int]]:
         """The later ops as (program position they follow, op), in lane order; ``last_copy``: per tensor,
@@ -67,12 +71,15 @@ class Lane:
             at[i] = max([int(last_copy[t]) for t in self.copies[i]] + [at[d] for d in self.deps[i]], default=-1)
         return sorted((at[i], i) for i in self.later)
 
-    def finish(self, last_copy: np.ndarray, copy_done: np.ndarray) -> float:
-        """When the lane's last op ends, given each tensor's last copy's position and end (ms)."""
-        clock = self.start_ms
-        for _, i in self.order(last_copy):
-            clock = max([clock] + [float(copy_done[t]) for t in self.copies[i]]) + self.host_ms[i]
-        return clock
+    def arrays(self, last_copy: np.ndarray) -> tuple[np.ndarray, ...]:
+        """The later ops in lane order, for the compiled simulator: the position each follows, the tensors
+        whose copies it waits for (CSR: pointers, indices), its time (ms) and whether it is a collective."""
+        order = self.order(last_copy)
+        ptr = np.cumsum([0] + [len(self.copies[i]) for _, i in order], dtype=np.int64)
+        idx = np.array([t for _, i in order for t in self.copies[i]], np.int64)
+        return (np.array([k for k, _ in order], np.int64), ptr, idx,
+                np.array([self.host_ms[i] for _, i in order], np.float64),
+                np.array([i in self.collective for _, i in order], np.bool_))
 
 
 def last_copies(order_kinds: np.ndarray, order_tensors: np.ndarray, n_tensors: int) -> np.ndarray:

@@ -30,7 +30,8 @@ from swapdsl.graph.checker import check_graph
 from swapdsl.graph.ir import Graph
 from swapdsl.graph.ops.registry import np_dtype
 from swapdsl.graph.precision import GUARDS, PRECISIONS, autocast, default_guard
-from swapdsl.graph.dataparallel import DEFAULT_BUCKET_MIB, DEFAULT_LINK_GBPS, check_bucket, check_ranks, data_parallel
+from swapdsl.graph.dataparallel import (DEFAULT_BUCKET_MIB, DEFAULT_LINK_GBPS, check_bucket, check_ranks,
+                                        data_parallel, gradient_order, members_of)
 from swapdsl.graph.microbatch import check_microbatches, divisors, microbatched
 from swapdsl.importer import Imported, convert
 from swapdsl.lang.elaborate import Override, elaborate, model_arguments, model_of
@@ -45,8 +46,9 @@ from swapdsl.planning.bound import ideal_ms as bound_ideal_ms
 from swapdsl.planning.compiled import no_swap_bytes
 from swapdsl.planning.ga import SearchOptions, SearchProgress
 from swapdsl.planning.optimize import optimize as plan_with
+from swapdsl.planning.members import search_members
 from swapdsl.planning.optimize import (AUTO_MAX_OPS, best_buckets, bucket_requests, least_cap_with,
-                                      optimize_microbatches, race_buckets)
+                                      optimize_microbatches, race_buckets, scout_for)
 from swapdsl.planning.problem import Problem, Request
 from swapdsl.planning.sizing import BelowSmallestCap
 from swapdsl.runtime import checkpoint, reference, training
@@ -73,14 +75,20 @@ class Model:
     ranks: int = 1  # data-parallel ranks, each running the step on its shard of a batch this many times larger
     link_gbps: float = DEFAULT_LINK_GBPS  # their network link
     bucket_mib: float = DEFAULT_BUCKET_MIB  # the gradients' all-reduce buckets (0: one all-reduce per gradient)
+    bucket_members: tuple[int, ...] = ()  # or each gradient's bucket (``data_parallel``'s ``members``)
 
     @functools.cached_property
     def training(self) -> Graph:
         """Forward, backward and optimiser update: the graph a plan schedules."""
-        t = data_parallel(microbatched(training_graph(self.graph), self.microbatches), self.ranks, self.link_gbps,
-                          bucket_mib=self.bucket_mib)
+        t = data_parallel(self.one_rank, self.ranks, self.link_gbps, bucket_mib=self.bucket_mib,
+                          members=self.bucket_members)
         check_graph(t)
         return t
+
+    @functools.cached_property
+    def one_rank(self) -> Graph:
+        """The training graph of one rank alone (``training`` before the data-parallel pass)."""
+        return microbatched(training_graph(self.graph), self.microbatches)
 
     @functools.cached_property
     def evaluation(self) -> Graph:
@@ -104,7 +112,7 @@ class Model:
 def _again(m: Model, microbatches: int) -> Model:
     """``m`` loaded again, run as ``microbatches`` passes a step (its ranks as they were)."""
     return load(m.path, dict(m.graph.args), m.graph.precision, m.graph.guard, microbatches, m.ranks, m.link_gbps,
-                m.bucket_mib)
+                m.bucket_mib, m.bucket_members)
 
 
 def _one_pass(m: Model) -> Model:
@@ -127,7 +135,7 @@ def no_swap_arena(t: Graph) -> int:
 
 def load(path: str | Path, overrides: Mapping[str, Override] | None = None, precision: str = "f32",
          guard: str | None = None, microbatches: int = 1, ranks: int = 1, link_gbps: float = DEFAULT_LINK_GBPS,
-         bucket_mib: float = DEFAULT_BUCKET_MIB,
+         bucket_mib: float = DEFAULT_BUCKET_MIB, bucket_members: tuple[int, ...] = (),
          **args: int | float | bool) -> Model:
     """Parse, resolve imports, elaborate and check a `.swp` model. Model arguments come as keywords
     (``batch=8``) or, as text the way ``-D`` gives them, in ``overrides``. ``precision``: "f32" (as
@@ -137,7 +145,8 @@ def load(path: str | Path, overrides: Mapping[str, Override] | None = None, prec
     argument ``batch``) as this many forward and backward passes and one update (``graph/microbatch.py``).
     ``ranks``: the step runs data-parallel on this many processes (``mpiexec -n``) over a network of
     ``link_gbps`` Gb/s, each on ``batch`` rows of a batch ``ranks`` times larger, the gradients averaged in
-    buckets of ``bucket_mib`` MiB (0: one all-reduce each; ``graph/dataparallel.py``)."""
+    buckets of ``bucket_mib`` MiB (0: one all-reduce each; ``graph/dataparallel.py``), or as
+    ``bucket_members`` gives them (one bucket number per gradient)."""
     check_ranks(ranks, link_gbps)
     check_bucket(bucket_mib)
     if precision not in PRECISIONS:
@@ -165,7 +174,8 @@ def load(path: str | Path, overrides: Mapping[str, Override] | None = None, prec
         graph = autocast(graph, precision)
         check_graph(graph)
     return Model(str(path), program, attrs.evolve(graph, guard=guard), microbatches, ranks,
-                 float(link_gbps) if ranks > 1 else 0.0, float(bucket_mib) if ranks > 1 else 0.0)
+                 float(link_gbps) if ranks > 1 else 0.0, float(bucket_mib) if ranks > 1 else 0.0,
+                 tuple(bucket_members) if ranks > 1 else ())
 
 
 def _check_batched_inputs(g: Graph, rows: int, who: str = "micro-batches", flag: str = "--microbatches") -> None:
@@ -212,10 +222,28 @@ def optimize(model: Model | str | Path, memory: int | str, method: str = "ga", d
         m = attrs.evolve(m, bucket_mib=size) if m.ranks > 1 else m
     auto_size = bucket_mib == "auto" and m.ranks > 1 and method != "exact"  # (exact plans one rank: it refuses)
 
+    made: dict[tuple[int, float | None], Request] = {}
+
     def request_at(k: int, mib: float | None = None) -> Request:
-        mk = m if k == m.microbatches else _again(m, k)
-        mk = mk if mib is None else attrs.evolve(mk, bucket_mib=mib)
-        return Request(mk.training, dev, cap, m.path, m.graph.args, host)
+        if (k, mib) not in made:
+            mk = m if k == m.microbatches else _again(m, k)
+            mk = mk if mib is None else attrs.evolve(mk, bucket_mib=mib, bucket_members=())
+            made[k, mib] = Request(mk.training, dev, cap, m.path, m.graph.args, host)
+        return made[k, mib]
+
+    def searched(k: int, req: Request, scout: str) -> tuple[Request, Plan | None]:
+        """``req`` with the bucket members ``planning.members`` finds from its size's, and the scout's plan."""
+        one = (m if k == m.microbatches else _again(m, k)).one_rank
+        grads = [(one.type_of(x).nbytes, one.type_of(x).dtype.label) for x in gradient_order(one)]
+        mib = req.graph.bucket_mib
+
+        def request_with(members: tuple[int, ...]) -> Request:
+            t = data_parallel(one, m.ranks, m.link_gbps, bucket_mib=mib, members=members)
+            check_graph(t)
+            return attrs.evolve(req, graph=t)
+
+        return search_members(req, req.graph.bucket_members or members_of(one, mib), grads, request_with, scout,
+                              host_updates, options.seed)
 
     def chosen_at(k: int, climbing: bool = True) -> tuple[Request, Plan | None]:
         """The request with the size ``auto`` chooses for count ``k``, and its plan where the choice made it."""
@@ -235,11 +263,20 @@ def optimize(model: Model | str | Path, memory: int | str, method: str = "ga", d
     else:
         k = m.microbatches if microbatches is None else microbatches
         try:
-            if auto_size and method == "ga":  # (a search per size)
-                plan = race_buckets(bucket_requests(lambda mib: request_at(k, mib)),  # type: ignore[arg-type]
-                                    options, host_updates)
+            if auto_size and method == "ga":  # (a search per size, and one for the members belady finds)
+                sizes = bucket_requests(lambda mib: request_at(k, mib))  # type: ignore[arg-type]
+                try:
+                    found = searched(k, best_buckets(lambda mib: request_at(k, mib), "belady", host_updates)[0],
+                                     "belady")[0]
+                except SwpError:  # (no size fits: the race says which needs the least)
+                    found = sizes[0]
+                plan = race_buckets([found, *sizes] if found.graph.bucket_members else sizes, options, host_updates)
             else:
                 req, scouted = chosen_at(k, climbing=False)
+                if auto_size:
+                    scout = scout_for(method)
+                    req, scouted = searched(k, req, scout)
+                    scouted = scouted if scout == method else None
                 plan = scouted if scouted is not None else plan_with(req, method, options, host_updates)
         except BelowSmallestCap as err:
             size = getattr(err, "bucket_mib", None)  # (auto's size that needs the least: the counts tried at it)
@@ -248,7 +285,8 @@ def optimize(model: Model | str | Path, memory: int | str, method: str = "ga", d
             raise _with_microbatch_hint(err, m, k, cap, least) from None
     validate(plan)
     if plan.microbatches > 1:  # what its speed is a fraction of (``simulate`` reads it back from the file)
-        planned = attrs.evolve(m, bucket_mib=plan.bucket_mib) if m.ranks > 1 else m  # (the size auto chose)
+        planned = attrs.evolve(m, bucket_mib=plan.bucket_mib, bucket_members=plan.bucket_members) \
+            if m.ranks > 1 else m  # (the size auto chose)
         plan = attrs.evolve(plan, figures=(*plan.figures, (ONE_PASS_IDEAL, one_pass_ideal_ms(planned, dev))))
     return plan
 
@@ -291,7 +329,7 @@ def read_checked(path: str, need_model: bool = False) -> tuple[Plan, Graph | Non
     try:
         train = None if model is None else _training_graph(str(model), plan.model_sha256, plan.args, plan.precision,
                                                            plan.guard, plan.microbatches, plan.ranks, plan.link_gbps,
-                                                           plan.bucket_mib)
+                                                           plan.bucket_mib, plan.bucket_members)
     except SwpError as err:  # the model built before, so the plan's arguments are at fault
         raise _at_plan_arg(err, plan) from None
     validate(plan, train)
@@ -607,7 +645,7 @@ def _beside(train: Graph, seed: int, xp: ModuleType) -> training.Beside:
 def _model_of(plan: Plan) -> Model:
     where = plan.origin.file if plan.origin is not None else "."
     return _model(str(planfile.find_model(plan, where)), plan.model_sha256, plan.args, plan.precision, plan.guard,
-                  plan.microbatches, plan.ranks, plan.link_gbps, plan.bucket_mib)
+                  plan.microbatches, plan.ranks, plan.link_gbps, plan.bucket_mib, plan.bucket_members)
 
 
 def _graph_of(plan: Plan) -> Graph:
@@ -615,23 +653,25 @@ def _graph_of(plan: Plan) -> Graph:
     where = plan.origin.file if plan.origin is not None else "."
     model = planfile.find_model(plan, where)
     train = _training_graph(str(model), plan.model_sha256, plan.args, plan.precision, plan.guard, plan.microbatches,
-                            plan.ranks, plan.link_gbps, plan.bucket_mib)
+                            plan.ranks, plan.link_gbps, plan.bucket_mib, plan.bucket_members)
     validate(plan, train)
     return train
 
 
 @functools.lru_cache(maxsize=4)
 def _model(model: str, sha256: str, args: tuple[tuple[str, int | float | bool], ...], precision: str,
-           guard: str, microbatches: int, ranks: int = 1, link_gbps: float = 0.0, bucket_mib: float = 0.0) -> Model:
+           guard: str, microbatches: int, ranks: int = 1, link_gbps: float = 0.0, bucket_mib: float = 0.0,
+           bucket_members: tuple[int, ...] = ()) -> Model:
     """A model file with these arguments, precision, guard, micro-batches and ranks (its hash in the key: a
     file may change)."""
-    return load(model, dict(args), precision, guard, microbatches, ranks, link_gbps, bucket_mib)
+    return load(model, dict(args), precision, guard, microbatches, ranks, link_gbps, bucket_mib, bucket_members)
 
 
 def _training_graph(model: str, sha256: str, args: tuple[tuple[str, int | float | bool], ...],
                     precision: str, guard: str, microbatches: int, ranks: int = 1, link_gbps: float = 0.0,
-                    bucket_mib: float = 0.0) -> Graph:
-    return _model(model, sha256, args, precision, guard, microbatches, ranks, link_gbps, bucket_mib).training
+                    bucket_mib: float = 0.0, bucket_members: tuple[int, ...] = ()) -> Graph:
+    return _model(model, sha256, args, precision, guard, microbatches, ranks, link_gbps, bucket_mib,
+                  bucket_members).training
 
 
 def _at_plan_arg(err: SwpError, plan: Plan) -> SwpError:
@@ -639,8 +679,11 @@ def _at_plan_arg(err: SwpError, plan: Plan) -> SwpError:
     names = [k for k, _ in plan.args]
     i = next((i for i, k in enumerate(names) if f"`{k}`" in err.message or f"-D {k}" in err.message), 0)
     line = plan.origin.line("arg", i) if plan.origin is not None else None
+    what = "model arguments do not build its model"
+    if err.message.startswith("bucket members"):  # (the list on the `ranks` line)
+        line, what = plan.origin.line("ranks", 0) if plan.origin is not None else None, "bucket members do not fit"
     where = [f"at {err.span}"] if err.span is not None else []
-    out = SwpError(f"the plan's model arguments do not build its model: {err.message}", None,
+    out = SwpError(f"the plan's {what}: {err.message}", None,
                    hints=["the plan was edited; run `swapdsl optimize` again"], notes=where + list(err.notes))
     if line is not None and plan.origin is not None:
         out.span = Span.point(plan.origin.file, line, 1)

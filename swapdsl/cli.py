@@ -344,7 +344,8 @@ def _cmd_optimize(args: argparse.Namespace) -> int:
     info = {"method": plan.method, "device": device.name, "memory_bytes": plan.cap, **dict(plan.figures),
             "search_seconds": seconds, "plan": args.output, "microbatches": plan.microbatches}
     if plan.ranks > 1:
-        info |= {"ranks": plan.ranks, "link_gbps": plan.link_gbps, "bucket_mib": plan.bucket_mib}
+        info |= {"ranks": plan.ranks, "link_gbps": plan.link_gbps, "bucket_mib": plan.bucket_mib,
+                 "buckets_searched": bool(plan.bucket_members)}
     info = _with_one_pass_fraction(info)
     if args.json:
         print(json.dumps(info, indent=2))
@@ -352,6 +353,8 @@ def _cmd_optimize(args: argparse.Namespace) -> int:
     runs = f" as {plan.microbatches} micro-batches" if plan.microbatches > 1 else ""
     if plan.ranks > 1:
         buckets = f"buckets of {plan.bucket_mib:g} MiB" if plan.bucket_mib else "one all-reduce per gradient"
+        if plan.bucket_members:
+            buckets = f"{max(plan.bucket_members) + 1} buckets of members searched from {buckets}"
         runs += f" on {plan.ranks} ranks over {plan.link_gbps:g} Gb/s ({buckets})"
     print(f"{model.graph.name}: {plan.method} plan{runs} under {format_bytes(plan.cap)} on {device.name}"
           + (f", written to {args.output}" if args.output else ""))

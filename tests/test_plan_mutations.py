@@ -17,7 +17,7 @@ import swapdsl
 from conftest import MODELS, main, safety
 from strategies import EVERY, training_graphs
 from swapdsl.common.errors import SwpError
-from swapdsl.fuzz.plans import KINDS, PROGRAM, campaign, mutate
+from swapdsl.fuzz.plans import KINDS, PROGRAM, campaign, judge, mutate, mutate_members
 from swapdsl.graph.ir import Graph
 from swapdsl.plan.file import format_plan, parse_plan
 from swapdsl.plan.validate import validate
@@ -49,7 +49,10 @@ PLANS = [
 # (plan name, model, its arguments): 2 ranks, bf16, every update and its gradient's all-reduce on the host
 # lane, which the command line keeps only where it is faster
 HOST_REDUCE = ("transformer-ranks-host", "tiny_transformer", {"batch": 2, "seq": 8})
-NAMES = [name for name, *_ in PLANS] + [HOST_REDUCE[0]]
+# (plan name, model, its arguments): 2 ranks over 1 Gb/s, the buckets' members searched (``--bucket-mib auto``)
+MEMBERS = ("transformer-ranks-members", "tiny_transformer", ["-D", "batch=2", "-D", "seq=8", "--ranks", "2",
+                                                             "--network", "1", "--bucket-mib", "auto"], "2.2MiB")
+NAMES = [name for name, *_ in PLANS] + [HOST_REDUCE[0], MEMBERS[0]]
 CASES = int(os.environ.get("SWAPDSL_PLAN_MUTANTS", "210"))
 
 
@@ -68,6 +71,10 @@ def plans(tmp_path_factory: pytest.TempPathFactory) -> Path:
     need, no_swap = caps(t)
     req = Request(t, V100, (need + no_swap) // 2, m.path, m.graph.args, host_updates=offloadable(t), host_reduce=True)
     (folder / f"{name}.plan").write_text(format_plan(optimize(req, "belady")))
+    name, model, args, cap = MEMBERS
+    assert main(["optimize", str(folder / f"{model}.swp"), "--memory", cap, "--method", "belady", *args,
+                 "-o", str(folder / f"{name}.plan")]) == 0
+    assert " members " in (folder / f"{name}.plan").read_text()
     return folder
 
 
@@ -159,6 +166,20 @@ def test_mutants_are_refused_or_exact(plans: Path, kind: str) -> None:
     counts = campaign(texts, plans, CASES // len(KINDS), seed, note, kinds=(kind,))
     assert not bad, "\n".join(bad)
     assert sum(counts[kind].values()) == CASES // len(KINDS)
+
+
+def test_members_mutants_are_refused_or_exact(plans: Path) -> None:
+    """The bucket members of a data-parallel plan, mutated (a number dropped, added, changed, swapped, the
+    list cut or made odd): each mutant refused with its line named, or trains exactly."""
+    text = (plans / f"{MEMBERS[0]}.plan").read_text()
+    rng = random.Random(int(os.environ.get("SWAPDSL_PLAN_MUTANT_SEED", "0")))
+    verdicts = []
+    while len(verdicts) < max(12, CASES // 15):
+        mutant = mutate_members(text, rng)
+        if mutant is not None:
+            verdicts.append((mutant.what, judge(mutant, plans)))
+    bad = [f"{what}: {v.verdict} {v.detail}" for what, v in verdicts if v.verdict not in ("refused", "exact")]
+    assert not bad, "\n".join(bad)
 
 
 @safety(40)

@@ -79,6 +79,36 @@ def mutate(text: str, kind: str, rng: random.Random, focus: tuple[str, ...] = ()
     return Mutant(kind, i + 1, _join(lines[:i] + [changed] + lines[i + 1:]), changed)
 
 
+def mutate_members(text: str, rng: random.Random) -> Mutant | None:
+    """A mutant of the bucket members on a data-parallel plan's ``ranks`` line (None: it has none): one
+    number dropped, added, changed or swapped with another, or the list cut short or made odd."""
+    lines = text.splitlines()
+    k = next((k for k, line in enumerate(lines) if line.startswith("ranks ") and " members " in line), None)
+    if k is None:
+        return None
+    head, _, tail = lines[k].partition(" members ")
+    members = tail.split()
+    i, j = rng.randrange(len(members)), rng.randrange(len(members))
+    new = list(members)
+    move = rng.choice(("drop", "add", "change", "swap", "cut", "odd"))
+    if move == "drop":
+        del new[i]
+    elif move == "add":
+        new.insert(i, str(rng.randrange(int(max(members, key=int)) + 2)))
+    elif move == "change":
+        new[i] = rng.choice([members[j], str(int(members[i]) + 1), "0", "-1", str(10**30), "9" * 5000])
+    elif move == "swap":
+        new[i], new[j] = new[j], new[i]
+    elif move == "cut":
+        new = new[: i]
+    else:
+        new[i] = rng.choice(["x", "1.5", "\"0\"", ""])
+    changed = f"{head} members {' '.join(new)}".rstrip()
+    if changed == lines[k]:
+        return None
+    return Mutant("members", k + 1, _join(lines[:k] + [changed] + lines[k + 1:]), f"{move}: {changed[:120]}")
+
+
 def _join(lines: list[str]) -> str:
     return "\n".join(lines) + "\n"
 

@@ -21,6 +21,7 @@ planner places, swaps and times the all-reduce as an op; a plan runs it on the n
 from __future__ import annotations
 
 import heapq
+from collections.abc import Sequence
 
 import attrs
 
@@ -47,12 +48,13 @@ def check_ranks(ranks: object, link_gbps: object) -> tuple[int, float]:
 
 
 def data_parallel(t: Graph, ranks: int, link_gbps: float = DEFAULT_LINK_GBPS, overlap: bool = True,
-                  bucket_mib: float = DEFAULT_BUCKET_MIB) -> Graph:
+                  bucket_mib: float = DEFAULT_BUCKET_MIB, members: Sequence[int] = ()) -> Graph:
     """``t`` (a training graph) as run by each of ``ranks`` ranks (1: ``t`` itself). ``overlap``: the order
     starts each all-reduce while the backward pass goes on (``_ordered``); else every all-reduce comes
     after the backward pass and every update after them (DDP without overlap, for comparison).
     ``bucket_mib``: small gradients share an all-reduce in buckets of about this many MiB (``_buckets``;
-    DDP's 25 by default, as ``api.load`` and the command line); 0: one all-reduce per gradient."""
+    DDP's 25 by default, as ``api.load`` and the command line); 0: one all-reduce per gradient.
+    ``members``: instead, each gradient's bucket, as a search chose them (``check_members``)."""
     if ranks == 1:
         return t
     ranks, link_bw = check_ranks(ranks, link_gbps)
@@ -65,7 +67,8 @@ def data_parallel(t: Graph, ranks: int, link_gbps: float = DEFAULT_LINK_GBPS, ov
                            f"{t.type_of(grad).dtype.label}", hints=["plan without --ranks, or in --precision f32"])
     grads = {grad: f"{grad}/allreduced" for _, grad in t.grads}
     reports = _rank_reports(t, set(grads))
-    closing = _buckets(t, [grad for grad in _finished(t) if grad in grads], int(bucket_mib * MIB))
+    order = [grad for grad in _finished(t) if grad in grads]
+    closing = _buckets(t, order, int(bucket_mib * MIB)) if not members else _grouped(order, check_members(t, members))
     tensors = dict(t.tensors)
     ops: list[Op] = []
     rowwise = rowwise_dropout_seeds(t)
@@ -81,7 +84,7 @@ def data_parallel(t: Graph, ranks: int, link_gbps: float = DEFAULT_LINK_GBPS, ov
                 ops.extend(_reduced(t, tensors, bucket, grads, reduce, op))
     ops = _ordered(attrs.evolve(t, tensors=tensors, ops=tuple(ops)), overlap)
     return attrs.evolve(t, tensors=tensors, ops=tuple(ops), ranks=ranks, link_gbps=float(link_gbps),
-                        bucket_mib=bucket_mib, grads=tuple((p, grads[g]) for p, g in t.grads),
+                        bucket_mib=bucket_mib, bucket_members=tuple(members), grads=tuple((p, grads[g]) for p, g in t.grads),
                         reports=tuple((n, reports.get(r, r)) for n, r in t.reports))
 
 
@@ -90,6 +93,58 @@ def check_bucket(mib: object) -> float:
     if isinstance(mib, bool) or not isinstance(mib, (int, float)) or not 0 <= mib <= MAX_BUCKET_MIB:
         raise SwpError(f"bucket: expected a size from 0 to {MAX_BUCKET_MIB} MiB, not {mib!r}")
     return float(mib)
+
+
+def gradient_order(t: Graph) -> list[str]:
+    """``t``'s gradients (a training graph's, before this pass) in the order its ops finish them: the order
+    bucket members are given in."""
+    grads = {grad for _, grad in t.grads}
+    return [out for out in _finished(t) if out in grads]
+
+
+def members_of(t: Graph, bucket_mib: float) -> tuple[int, ...]:
+    """The members the size rule (``_buckets``) gives ``t``'s gradients at ``bucket_mib`` MiB."""
+    order = gradient_order(t)
+    bucket = {g: tuple(b) for bs in _buckets(t, order, int(check_bucket(bucket_mib) * MIB)).values() for b in bs
+              for g in b}
+    return canonical([bucket[g] for g in order])
+
+
+def canonical(labels: Sequence[object]) -> tuple[int, ...]:
+    """Bucket labels, one per gradient, as members: each bucket numbered by its first gradient's turn."""
+    number: dict[object, int] = {}
+    return tuple(number.setdefault(x, len(number)) for x in labels)
+
+
+def check_members(t: Graph, members: Sequence[object]) -> tuple[int, ...]:
+    """``members`` (one bucket number per gradient of ``t``, in ``gradient_order``; buckets numbered by
+    their first gradient's turn, each holding gradients of one dtype) as a tuple, or a clear error."""
+    order = gradient_order(t)
+    if len(members) != len(order):
+        raise SwpError(f"bucket members: expected one bucket number per gradient, {len(order)}, not "
+                       f"{len(members)}")
+    check_numbering(members)
+    dtypes: dict[int, object] = {}
+    for g, b in zip(order, members):
+        if dtypes.setdefault(b, t.type_of(g).dtype) != t.type_of(g).dtype:
+            raise SwpError(f"bucket members: bucket {b} holds gradients of {dtypes[b]} and "
+                           f"{t.type_of(g).dtype}; a bucket holds one dtype")
+    return tuple(members)  # type: ignore[arg-type]
+
+
+def check_numbering(members: Sequence[object]) -> None:
+    """A clear error unless ``members`` number their buckets from 0, each new bucket the next."""
+    if any(not isinstance(x, int) or isinstance(x, bool) for x in members) or tuple(members) != canonical(members):
+        shown = " ".join(map(str, members[:8])) + (" ..." if len(members) > 8 else "")
+        raise SwpError(f"bucket members: numbered from 0, each new bucket the next (0 0 1 0 2 ...), not {shown}")
+
+
+def _grouped(order: list[str], members: tuple[int, ...]) -> dict[str, list[list[str]]]:
+    """``order``'s gradients in the buckets ``members`` gives, keyed by each bucket's last gradient."""
+    buckets: dict[int, list[str]] = {}
+    for g, b in zip(order, members):
+        buckets.setdefault(b, []).append(g)
+    return {b[-1]: [b] for b in buckets.values()}
 
 
 def _finished(t: Graph) -> list[str]:

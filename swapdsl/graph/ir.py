@@ -156,6 +156,7 @@ class Graph:
     ranks: int = 1  # data-parallel ranks, each running this step on its shard (graph/dataparallel.py)
     link_gbps: float = 0.0  # their network link, Gb/s (ranks > 1)
     bucket_mib: float = 0.0  # the gradients' all-reduce buckets, MiB (ranks > 1; 0: one per gradient)
+    bucket_members: tuple[int, ...] = ()  # or, chosen by a search: each gradient's bucket (dataparallel.py)
 
     @property
     def training(self) -> bool:

@@ -17,7 +17,7 @@ from swapdsl.common.atomic import write_text_atomically
 from swapdsl.common.errors import Span, SwpError
 from swapdsl.common.paths import GRAMMAR_DIR
 from swapdsl.devices.profiles import Device
-from swapdsl.graph.dataparallel import check_bucket, check_ranks
+from swapdsl.graph.dataparallel import check_bucket, check_numbering, check_ranks
 from swapdsl.graph.microbatch import MAX_MICROBATCHES
 from swapdsl.graph.precision import GUARDS, PRECISIONS
 from swapdsl.lang.loader import load, read_source
@@ -77,7 +77,9 @@ def format_plan(plan: Plan) -> str:
     if plan.microbatches != 1:
         lines.append(f"microbatches {plan.microbatches}")
     if plan.ranks != 1:
-        lines.append(f"ranks {plan.ranks} link {_v(plan.link_gbps)} bucket {_v(plan.bucket_mib)}")
+        members = "".join(f" {b}" for b in plan.bucket_members)
+        lines.append(f"ranks {plan.ranks} link {_v(plan.link_gbps)} bucket {_v(plan.bucket_mib)}"
+                     + (f" members{members}" if members else ""))
     dev = " ".join(f"{k} {_v(getattr(plan.device, k))}" for k in _DEVICE_SCALARS)
     lines.append(f"device {_q(plan.device.name)} {dev}")
     lines += [f"flops {k} {_v(v)}" for k, v in plan.device.flops]
@@ -193,7 +195,7 @@ class _Build(Transformer):
         return Plan(f["model"][0], f["model"][1], tuple(f["args"]), f["method"], device, f["cap"], f["scratch"],
                     tuple(f["tensors"]), tuple(f["ops"]), f["loss"], tuple(f["updates"]),
                     tuple(f["program"]), tuple(f["figures"]), f.get("precision", "f32"), f.get("guard", "none"),
-                    f.get("microbatches", 1), *f.get("ranks", (1, 0.0, 0.0)), origin)
+                    f.get("microbatches", 1), *f.get("ranks", (1, 0.0, 0.0, ())), origin=origin)
 
     def _err(self, meta: Any, message: str) -> SwpError:
         return SwpError(message, Span.point(self.file, meta.line, meta.column))
@@ -240,11 +242,13 @@ class _Build(Transformer):
 
     def ranks(self, meta: Any, c: list[Any]) -> None:
         self._at(meta, "ranks", "")
-        said = f"{c[0]} link {c[1]}" + (f" bucket {c[2]}" if len(c) > 2 else "")
+        said = f"{c[0]} link {c[1]}" + (f" bucket {c[2]}" if len(c) > 2 else "") + (" members ..." if len(c) > 3 else "")
         try:
             link = float(_number(c[1]))
             bucket = check_bucket(float(_number(c[2]))) if len(c) > 2 else 0.0  # (a plan before buckets: none)
-            self.f["ranks"] = check_ranks(int(c[0]), link)[0], link, bucket
+            members = c[3] if len(c) > 3 else ()
+            check_numbering(members)
+            self.f["ranks"] = check_ranks(int(c[0]), link)[0], link, bucket, members
         except SwpError as exc:
             raise self._err(meta, f"`ranks {said}`: {exc.message}") from None
         if int(c[0]) == 1:
@@ -289,6 +293,9 @@ class _Build(Transformer):
 
     def hostms(self, meta: Any, c: list[Token]) -> float:
         return float(_number(c[0]))
+
+    def members(self, meta: Any, c: list[Token]) -> tuple[int, ...]:
+        return tuple(int(t) for t in c)
 
     def ins(self, meta: Any, c: list[Token]) -> tuple[str, ...]:
         return tuple(json.loads(t) for t in c)

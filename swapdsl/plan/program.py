@@ -199,6 +199,7 @@ class Plan:
     ranks: int = 1  # data-parallel ranks running the plan (a `ranks` line, with their link, when not 1)
     link_gbps: float = 0.0
     bucket_mib: float = 0.0  # their gradients' all-reduce buckets (graph/dataparallel.py; 0: one per gradient)
+    bucket_members: tuple[int, ...] = ()  # or each gradient's bucket, as a search chose them (a `members` list)
     origin: Origin | None = attrs.field(default=None, eq=False, repr=False)  # set when read from a file
 
     @property

@@ -169,7 +169,8 @@ def check_describes(plan: Plan, g: Graph) -> None:
     if plan.microbatches != g.microbatches:
         raise PlanError(f"the plan runs {plan.microbatches} micro-batches a step, its training graph "
                         f"{g.microbatches}", ("microbatches" if plan.microbatches != 1 else "method", 0))
-    if (plan.ranks, plan.link_gbps, plan.bucket_mib) != (g.ranks, g.link_gbps, g.bucket_mib):
+    if (plan.ranks, plan.link_gbps, plan.bucket_mib, plan.bucket_members) != \
+            (g.ranks, g.link_gbps, g.bucket_mib, g.bucket_members):
         raise PlanError(f"the plan runs on {plan.ranks} ranks (link {plan.link_gbps} Gb/s, buckets of "
                         f"{plan.bucket_mib} MiB), its training graph on {g.ranks} ({g.link_gbps} Gb/s, "
                         f"{g.bucket_mib} MiB)", ("ranks" if plan.ranks != 1 else "method", 0))

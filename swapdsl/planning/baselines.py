@@ -106,7 +106,7 @@ def assemble(req: Request, p: Problem, method: str, homes: dict[int, Region], pr
                 attrs.evolve(req.device, op_times=()), req.cap, req.scratch, tuple(tensors), ops,
                 req.graph.loss, req.graph.updates, program, precision=req.graph.precision, guard=req.graph.guard,
                 microbatches=req.graph.microbatches, ranks=req.graph.ranks, link_gbps=req.graph.link_gbps,
-                bucket_mib=req.graph.bucket_mib)
+                bucket_mib=req.graph.bucket_mib, bucket_members=req.graph.bucket_members)
 
 
 def plan_capuchin(req: Request) -> Plan:

@@ -110,7 +110,7 @@ def best_buckets(request_at: Callable[[float], Request], method: str,
     """``--bucket-mib auto`` for a baseline: of ``bucket_requests``, the one whose plan is fastest (for
     ``ga`` and ``exact``: whose ``belady`` plan is; ``ga`` alone races searches instead, ``race_buckets``),
     and, where ``method`` is a baseline, its plan (the one scored: a baseline plans a request one way)."""
-    scout = method if method in PLANNERS or method in METHODS else "belady"
+    scout = scout_for(method)
     scored, refused = [], []
     for req in bucket_requests(request_at):
         try:
@@ -123,6 +123,11 @@ def best_buckets(request_at: Callable[[float], Request], method: str,
         raise least_refused(refused)
     _, _, req, plan = min(scored, key=lambda s: s[:2])
     return req, plan if scout == method else None
+
+
+def scout_for(method: str) -> str:
+    """What scores ``--bucket-mib auto``'s choices for ``method``: a baseline itself, else ``belady``."""
+    return method if method in PLANNERS or method in METHODS else "belady"
 
 
 def _least_cap(err: SwpError) -> float:

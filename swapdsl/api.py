@@ -13,7 +13,7 @@ Mistakes raise ``SwpError`` (the message the command line prints).
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from types import ModuleType
 
@@ -263,14 +263,18 @@ def optimize(model: Model | str | Path, memory: int | str, method: str = "ga", d
     else:
         k = m.microbatches if microbatches is None else microbatches
         try:
-            if auto_size and method == "ga":  # (a search per size, and one for the members belady finds)
-                sizes = bucket_requests(lambda mib: request_at(k, mib))  # type: ignore[arg-type]
-                try:
-                    found = searched(k, best_buckets(lambda mib: request_at(k, mib), "belady", host_updates)[0],
-                                     "belady")[0]
-                except SwpError:  # (no size fits: the race says which needs the least)
-                    found = sizes[0]
-                plan = race_buckets([found, *sizes] if found.graph.bucket_members else sizes, options, host_updates)
+            if auto_size and method == "ga":  # (a search per size, then one for the members belady finds)
+                def entrants() -> Iterator[Request]:  # (the members searched only if the race gets that far)
+                    yield from bucket_requests(lambda mib: request_at(k, mib))  # type: ignore[arg-type]
+                    try:
+                        best = best_buckets(lambda mib: request_at(k, mib), "belady", host_updates)[0]
+                    except SwpError:  # (no size fits: the race says which needs the least)
+                        return
+                    found = searched(k, best, "belady")[0]
+                    if found.graph.bucket_members:
+                        yield found
+
+                plan = race_buckets(entrants(), options, host_updates)
             else:
                 req, scouted = chosen_at(k, climbing=False)
                 if auto_size:

@@ -370,7 +370,8 @@ def _search_progress(out: TextIO) -> Callable[[SearchProgress], None]:
     def report(p: SearchProgress) -> None:
         passes = f"{p.microbatches} micro-batches, " if p.microbatches > 1 else ""
         if p.bucket_mib is not None:  # (data-parallel: the size searched, which ``--bucket-mib auto`` varies)
-            passes += f"buckets of {p.bucket_mib:g} MiB, " if p.bucket_mib else "one all-reduce per gradient, "
+            size = f"buckets of {p.bucket_mib:g} MiB" if p.bucket_mib else "one all-reduce per gradient"
+            passes += f"members searched from {size}, " if p.buckets_searched else f"{size}, "
         line = (f"ga: {p.seconds:5.1f} s of {p.budget_s:g} s, {passes}generation {p.generation}, best fraction "
                 f"{p.best_fraction:.4f}, {p.evaluations:,} plans simulated")
         if p.polishing:

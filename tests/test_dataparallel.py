@@ -27,7 +27,7 @@ from swapdsl.devices.profiles import BUILTIN
 from swapdsl.fuzz.graphs import seeded_training_graph
 from swapdsl.graph.ir import Graph
 from swapdsl.graph.checker import check_graph
-from swapdsl.graph.dataparallel import data_parallel, gradient_order, members_of
+from swapdsl.graph.dataparallel import canonical, data_parallel, gradient_order, members_of
 from swapdsl.graph.offload import host_split, offloadable, reduces_on_host
 from swapdsl.graph.ops.collective import LINK_LATENCY_S
 from swapdsl.plan.figures import ONE_PASS_IDEAL
@@ -177,6 +177,8 @@ def test_the_two_lanes_all_reduce_over_one_link(t: Graph, where: float, gbps: fl
     result = simulate(plan, timeline=True)
     spans = sorted((start, end) for stream, what, start, end in result.timeline if what == "allreduce_mean")
     assert all(b[0] >= a[1] - 1e-9 for a, b in zip(spans, spans[1:]))
+    changes = {when for when, _ in result.memory}  # (a network-lane all-reduce's output takes its bytes as it starts)
+    assert all(start in changes for stream, what, start, _ in result.timeline if stream == "net")
     p = Problem.of(req)
     pinned = frozenset(i for i, x in enumerate(plan.tensors) if x.home is not None and x.home != "host"
                        and x.kind != "input")
@@ -463,6 +465,36 @@ def test_members_cut_the_size_rule_s_buckets_or_any_other_and_are_checked(tmp_pa
         data_parallel(api.load(path).training, 2, members=(0, 0, 0, 0))
 
 
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(training_graphs(), st.floats(0.0, 1.0), st.sampled_from(["belady", "capuchin", "ga"]),
+       st.randoms(use_true_random=False))
+def test_any_members_plan_validate_and_an_edit_is_refused_at_the_ranks_line(t: Graph, where: float, method: str,
+                                                                            rnd) -> None:
+    """Random members (of each dtype apart) on random graphs: every method's plan validates against its
+    graph and alone (the members cut the buckets its ops average), and with the members edited to
+    another cut it is refused at the ``ranks`` line, with or without its graph."""
+    grads = gradient_order(t)
+    assume(len(grads) >= 2)
+    members = canonical([(t.type_of(g).dtype.label, rnd.randrange(len(grads))) for g in grads])
+    dp = data_parallel(t, 2, 1.0, members=members)
+    check_graph(dp)
+    need, no_swap = caps(dp)
+    cap = int(need + where * (no_swap - need))
+    plan = ga_plan(dp, cap) if method == "ga" else plan_for(dp, cap, method)
+    validate(plan, dp)
+    validate(plan)
+    other = next((m for m in (canonical([(t.type_of(g).dtype.label, rnd.randrange(len(grads))) for g in grads])
+                              for _ in range(20)) if m != members), None)
+    assume(other is not None)
+    text = format_plan(plan)
+    line = next(x for x in text.splitlines() if x.startswith("ranks "))
+    edited = text.replace(line, line[: line.index(" members ")] + " members " + " ".join(map(str, other)))
+    for graph in (None, dp):
+        with pytest.raises(SwpError) as refused:
+            validate(parse_plan(edited, "edited.plan"), graph)
+        assert refused.value.span is not None and refused.value.span.line == text.splitlines().index(line) + 1
+
+
 def test_auto_searches_the_members_and_the_plan_keeps_them(cli, in_tmp: Path) -> None:
     """On the small transformer at 2 ranks over 1 Gb/s, ``auto`` finds members that plan faster than the
     best size (``planning.members``), the same on every call (a seeded search); the plan records them on its
@@ -515,6 +547,8 @@ def test_ga_races_a_search_per_bucket_size() -> None:
     out = io.StringIO()
     cli._search_progress(out)(SearchProgress(2, 0.5, 300, 3.0, 6.0, bucket_mib=5.0))
     assert "ga:   3.0 s of 6 s, buckets of 5 MiB, generation 2, best fraction 0.5000" in out.getvalue()
+    cli._search_progress(out)(SearchProgress(2, 0.5, 300, 3.0, 6.0, bucket_mib=0.0, buckets_searched=True))
+    assert "6 s, members searched from one all-reduce per gradient, generation 2" in out.getvalue()
 
 
 @pytest.mark.parametrize("method", ["belady", "ga"])

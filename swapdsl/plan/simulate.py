@@ -59,24 +59,23 @@ def simulate(plan: Plan, timeline: bool = False) -> Result:
             continue
         stream = step.stream
         start = max(clock[stream], after)
+        op = plan.ops[instr.op] if isinstance(instr, (Run, HostRun)) else None
         if isinstance(instr, Run):
-            op = plan.ops[instr.op]
             took, what = op.ms, ("recompute " if instr.recompute else "") + op.op
-            first = op.outputs[0] if instr.in_place else None
-            events += [(start, tensors[name].bytes) for name, _ in instr.outs if name != first]
         elif isinstance(instr, HostRun):
-            op = plan.ops[instr.op]
             took, what = op.host_ms or 0.0, op.op
         else:
-            op = None
             nbytes = tensors[instr.tensor].bytes
             took, what = copy_ms(dev, nbytes, to_device=stream == "h2d"), instr.tensor
             moved[stream] += nbytes
-            if stream == "h2d":
-                events.append((start, nbytes))
         if op is not None and op.op in NET_OPS:
             start = max(start, link)
             link = start + took
+        if isinstance(instr, Run):  # (its outputs take their bytes as it starts)
+            first = op.outputs[0] if instr.in_place else None
+            events += [(start, tensors[name].bytes) for name, _ in instr.outs if name != first]
+        elif stream == "h2d":
+            events.append((start, tensors[instr.tensor].bytes))
         clock[stream] = end[step.index] = start + took
         if timeline:
             spans.append((stream, what, start, start + took))

@@ -22,6 +22,7 @@ from collections import Counter
 from swapdsl.common.errors import Span, SwpError
 from swapdsl.common.units import MAX_BYTES
 from swapdsl.graph.analysis import scratch_bytes
+from swapdsl.graph.dataparallel import canonical
 from swapdsl.graph.ir import Graph, Kind
 from swapdsl.graph.ops import REGISTRY
 from swapdsl.plan.program import ALIGN, Free, HOST, HostRun, NET_OPS, Plan, PlanOp, Region, Run, SwapIn, SwapOut
@@ -99,6 +100,28 @@ def check_structure(plan: Plan) -> None:
     if plan.loss not in names:
         raise PlanError(f"the loss `{plan.loss}` is not a tensor of the plan", ("loss", 0))
     _check_updates(plan, names, made)
+    _check_members(plan)
+
+
+def _check_members(plan: Plan) -> None:
+    """Bucket members on the ``ranks`` line cut the buckets the plan's own all-reduces average: each
+    gradient (a pack's input, or a gradient an all-reduce reads alone), in the order the ops make them,
+    numbered by the pack or all-reduce that takes it."""
+    if not plan.bucket_members:
+        return
+    kind = {t.name: t.kind for t in plan.tensors}
+    made = {n: i for i, o in enumerate(plan.ops) for n in o.outputs}
+    packed = {n for o in plan.ops if o.op == "bucket_pack" for n in o.outputs}
+    taker: dict[str, int] = {}
+    for i, o in enumerate(plan.ops):
+        if o.op == "bucket_pack":
+            taker.update(dict.fromkeys(o.inputs, i))
+        elif o.op == "allreduce_mean" and o.inputs and o.inputs[0] not in packed and kind[o.inputs[0]] == "gradient":
+            taker[o.inputs[0]] = i
+    order = sorted(taker, key=lambda n: made.get(n, -1))
+    if canonical([taker[n] for n in order]) != plan.bucket_members:
+        raise PlanError("the `members` of the ranks line do not cut the buckets the plan's ops average "
+                        f"({len(order)} gradients in {len(set(taker.values()))} all-reduces)", ("ranks", 0))
 
 
 def _check_device(plan: Plan) -> None:
@@ -169,11 +192,14 @@ def check_describes(plan: Plan, g: Graph) -> None:
     if plan.microbatches != g.microbatches:
         raise PlanError(f"the plan runs {plan.microbatches} micro-batches a step, its training graph "
                         f"{g.microbatches}", ("microbatches" if plan.microbatches != 1 else "method", 0))
-    if (plan.ranks, plan.link_gbps, plan.bucket_mib, plan.bucket_members) != \
-            (g.ranks, g.link_gbps, g.bucket_mib, g.bucket_members):
+    if (plan.ranks, plan.link_gbps, plan.bucket_mib) != (g.ranks, g.link_gbps, g.bucket_mib):
         raise PlanError(f"the plan runs on {plan.ranks} ranks (link {plan.link_gbps} Gb/s, buckets of "
                         f"{plan.bucket_mib} MiB), its training graph on {g.ranks} ({g.link_gbps} Gb/s, "
                         f"{g.bucket_mib} MiB)", ("ranks" if plan.ranks != 1 else "method", 0))
+    if plan.bucket_members != g.bucket_members:
+        said = lambda m: f"members {' '.join(map(str, m[:8]))}{' ...' if len(m) > 8 else ''}" if m else "no members"
+        raise PlanError(f"the plan's buckets have {said(plan.bucket_members)}, its training graph's "
+                        f"{said(g.bucket_members)}", ("ranks", 0))
     homed = set(g.persistent) | set(g.inputs)
     want = [(n, t.type.nbytes, t.kind.value, n in homed) for n, t in g.tensors.items()]
     have = [(t.name, t.bytes, t.kind, t.home is not None) for t in plan.tensors]

@@ -1110,13 +1110,16 @@ static int simulate(const SimInputs *in, double *ms, i64 *h2d_out, i64 *d2h_out)
     memset(in->copy_done, 0, sizeof(double) * n_t);
     double latency = in->copy[0], h2d_bw = in->copy[1], d2h_bw = in->copy[2];
     double compute = 0.0, net = 0.0, h2d_clock = 0.0, d2h_clock = 0.0, host = *in->host_clock, link = 0.0;
+    double last_end = 0.0;  /* "after" the latest run: what "after" a hollow op (a host op's) means */
     i64 h2d = 0, d2h = 0, next_host = 0;
     host_ops(in, -1, &next_host, &host, &link);
     for (i64 i = 0; i < n_ord; i++) {
         const i64 *rec = in->recs + 5 * order[i];
         i64 bucket = rec[0], kind = rec[1], t = rec[2], offset = rec[3];
         double after = bucket > 0 ? op_end[bucket - 1] : 0.0;
-        if (kind == LAUNCH) {
+        if (kind == LAUNCH && in->out_ptr[t + 1] == in->out_ptr[t]) {  /* a hollow op: it runs on the host */
+            op_end[bucket - 1] = last_end;  /* (hostlane.with_host_runs: what follows it follows the run before) */
+        } else if (kind == LAUNCH) {
             i64 op = t;
             double start = in->net[op] ? dmax(net, link) : compute;
             for (i64 j = in->in_ptr[op]; j < in->in_ptr[op + 1]; j++) start = dmax(start, ready[in->in_idx[j]]);
@@ -1127,7 +1130,7 @@ static int simulate(const SimInputs *in, double *ms, i64 *h2d_out, i64 *d2h_out)
             }
             double end = start + in->op_ms[op];
             /* what waits for "after this op" waits for the compute stream up to here too (replay.py) */
-            op_end[bucket - 1] = in->net[op] ? dmax(end, compute) : end;
+            op_end[bucket - 1] = last_end = in->net[op] ? dmax(end, compute) : end;
             if (in->net[op]) {  /* (the compute stream's order implies its own reads are done by a free) */
                 net = link = end;
                 for (i64 j = in->in_ptr[op]; j < in->in_ptr[op + 1]; j++)
@@ -1250,7 +1253,9 @@ static int host_lane_bad(const SimInputs *in, i64 n_idx, i64 n_ptr, i64 n_ms, i6
     if (n_ptr != in->n_host + 1 || n_ms != in->n_host || n_coll != in->n_host || n_clock != 1) return 1;
     if (in->host_cp_ptr[0] != 0 || in->host_cp_ptr[in->n_host] != n_idx) return 1;
     for (i64 h = 0; h < in->n_host; h++)
-        if (in->host_cp_ptr[h + 1] < in->host_cp_ptr[h] || (h && in->host_at[h] < in->host_at[h - 1])) return 1;
+        if (in->host_cp_ptr[h + 1] < in->host_cp_ptr[h] || (h && in->host_at[h] < in->host_at[h - 1]) ||
+            in->host_at[h] < -1 || in->host_at[h] >= in->n_rec)
+            return 1;
     for (i64 j = 0; j < n_idx; j++)
         if (in->host_cp_idx[j] < 0 || in->host_cp_idx[j] >= in->n_t) return 1;
     return 0;

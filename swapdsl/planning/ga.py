@@ -104,6 +104,7 @@ class SearchProgress:
     microbatches: int = 1  # the passes a step of the graph searched runs (``--microbatches auto`` tries several)
     polishing: float = 0.0  # the seconds the exact polish may take, from now (0: the search is breeding)
     bucket_mib: float | None = None  # its ranks' bucket size (``--bucket-mib auto`` tries several); None: one rank
+    buckets_searched: bool = False  # its buckets' members were searched from that size's (``planning/members.py``)
 
 
 POLICY = Policy("belady", "earliest")  # the genome picks ``outputs``, ``early`` and ``horizon``
@@ -443,7 +444,8 @@ def _report(opts: SearchOptions, gen: int, best: float, ideal: float, evaluation
         opts.progress(SearchProgress(gen, ideal / best if best < math.inf else 0.0, evaluations,
                                      time.perf_counter() - started, opts.budget_s, interrupted,
                                      1 if g is None else g.microbatches, polishing,
-                                     g.bucket_mib if g is not None and g.ranks > 1 else None))
+                                     g.bucket_mib if g is not None and g.ranks > 1 else None,
+                                     g is not None and bool(g.bucket_members)))
 
 
 def genetic_search(req: Request, opts: SearchOptions, on_generation: Callable[[int, float], None] | None = None

@@ -36,6 +36,8 @@ from swapdsl.plan.program import Free, HostRun, Plan, Run, SwapIn, SwapOut
 from swapdsl.plan.replay import walk
 from swapdsl.plan.simulate import simulate
 from swapdsl.runtime import dist
+from swapdsl.fuzz.loopback import loopback_world
+from test_runtime import run_against_reference
 from swapdsl.plan.validate import validate
 from swapdsl.planning import bound
 from swapdsl.graph.dataparallel import DEFAULT_BUCKET_MIB
@@ -44,6 +46,7 @@ from swapdsl.planning.compiled import Evaluator
 from swapdsl.planning.optimize import BUCKET_CHOICES, PLANNERS, host_requests, optimize, race_buckets, with_host_updates
 from swapdsl.planning.policy import METHODS
 from swapdsl.planning.problem import Problem, Request
+from swapdsl.planning.sizing import least_cap
 from conftest import MODELS
 from strategies import training_graphs
 from test_planners import V100, caps, ga_plan, plan_for
@@ -185,6 +188,40 @@ def test_the_two_lanes_all_reduce_over_one_link(t: Graph, where: float, gbps: fl
     if method != "vdnn":  # (vdnn's offload is off when everything fits: the baseline decides, not the policy)
         timing = Evaluator(p)(list(range(p.n_ops)), plan.tensor_cap, pinned, METHODS[method])
         assert timing.iteration_ms == pytest.approx(result.iteration_ms, rel=1e-9)
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(training_graphs(), st.floats(0.0, 1.0), st.sampled_from([0.01, 1.0]), st.sampled_from([0.0, 0.001]),
+       st.sampled_from(["ga", "capuchin", *sorted(METHODS)]), st.randoms(use_true_random=False))
+def test_every_gradient_averaged_over_its_host_copy_trains_exactly(t: Graph, where: float, gbps: float, mib: float,
+                                                                  method: str, rnd) -> None:
+    """``reduce_all``: every gradient's all-reduce on the host lane, updates on the device or the host. The
+    mean a device update reads comes up after the host has made it: every method's plan validates, is timed
+    by the compiled scorer as simulated (its own schedule), and trains like the reference (a loopback world of
+    2 ranks, on a slow bus and with slow kernels too)."""
+    t = data_parallel(t, 2, gbps, bucket_mib=mib)
+    host = tuple(p for p in offloadable(t) if rnd.random() < 0.5)
+    need, no_swap = caps(t)
+    req = Request(t, V100, int(need + where * (no_swap - need)), "random.swp", (), host_updates=host,
+                  host_reduce=bool(host), reduce_all=True)
+    try:
+        plan = optimize(req, method, SearchOptions(generations=2, population=6, workers=1, polish=0.0))
+    except SwpError:  # (the host copies may need more than the device-only schedule's smallest cap)
+        assume(False)
+        raise
+    validate(plan, t)
+    averaged = {i.op for i in plan.program if isinstance(i, HostRun) and t.ops[i.op].op == "allreduce_mean"}
+    assert averaged == {i for i, op in enumerate(t.ops) if op.op == "allreduce_mean"
+                        and t.tensors[op.inputs[0]].kind.value == "gradient"}
+    p = Problem.of(req)
+    if method not in ("vdnn", "capuchin", "ga"):  # (their plans are not one policy's of one schedule)
+        pinned = frozenset(i for i, x in enumerate(plan.tensors) if x.home is not None and x.home != "host"
+                           and x.kind != "input")
+        timing = Evaluator(p)(list(range(p.n_ops)), plan.tensor_cap, pinned, METHODS[method])
+        assert timing.iteration_ms == pytest.approx(simulate(plan).iteration_ms, rel=1e-9)
+    with loopback_world(format_plan(plan)):
+        for delays in ({}, {"copy_delay_s": 0.001}, {"kernel_delay_s": 0.001}):
+            assert run_against_reference(plan, t, steps=2, **delays) <= 1e-6, delays
 
 
 def test_a_host_all_reduce_waits_for_the_link(tmp_path: Path) -> None:
@@ -1137,6 +1174,30 @@ def test_two_ranks_averaging_host_copies_train_as_one_process(tmp_path: Path, bu
     plan = optimize(req, "belady")
     assert sum(isinstance(i, HostRun) and t.ops[i.op].op == "allreduce_mean" for i in plan.program) == \
         (4 if bucket == 0 else 1)
+    (tmp_path / "dp.plan").write_text(format_plan(plan))
+    assert _two_ranks_as_one(tmp_path, "dp.plan", "net.swp")[0]["max_rel_diff"] == 0.0
+
+
+def test_gradients_updated_on_the_device_may_be_averaged_over_their_host_copies(tmp_path: Path) -> None:
+    """``auto`` also tries every gradient's all-reduce over its host copy, updates on the device: on the small
+    transformer in one 4 MiB bucket that takes the smallest cap from 4.16 MiB to 0.88 MiB (the pack never
+    takes device memory). The test's model so planned trains on 2 ranks as one process on the doubled
+    batch, its means coming up from the host for the device's Adam."""
+    m = api.load(MODELS / "tiny_transformer.swp", {"batch": 2, "seq": 8}, ranks=2)
+    req = Request(m.training, V100, 10**9, m.path, m.graph.args)
+    trials = host_requests(req, "auto")
+    assert [(r.host_updates, r.host_reduce, r.reduce_all) for r in trials][:2] == [((), False, False), ((), False, True)]
+    device, host = (least_cap(Problem.of(r)) for r in trials[:2])
+    assert (device, host) == (4364032, 919296)
+    _mpiexec()
+    t = api.load(_model(tmp_path, ADAM), ranks=2).training
+    need, no_swap = caps(t)
+    req = Request(t, V100, (need + no_swap) // 2, "net.swp", (), reduce_all=True)
+    plan = optimize(req, "belady")
+    validate(plan, t)
+    means = {o.outputs[0] for o in plan.ops if o.op in ("allreduce_mean", "bucket_unpack") and
+             any(isinstance(i, HostRun) and i.op == o.index for i in plan.program)}
+    assert any(isinstance(i, SwapIn) and i.tensor in means for i in plan.program)  # (up for the device's update)
     (tmp_path / "dp.plan").write_text(format_plan(plan))
     assert _two_ranks_as_one(tmp_path, "dp.plan", "net.swp")[0]["max_rel_diff"] == 0.0
 

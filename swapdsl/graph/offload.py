@@ -16,7 +16,9 @@ With data-parallel ranks, ``reduce=True`` moves the all-reduce of such a gradien
 host copy is averaged over MPI), with what only it reads: the gradient's cast to f32 under mixed precision
 (so the half gradient goes down, half the bytes), and a bucket whose every gradient is updated on the host
 (its pack and unpacks). An all-reduce whose mean a device op reads (the guard's flag, clipping's norm)
-stays on the device.
+stays on the device. ``every=True`` moves every gradient's all-reduce there, wherever its update runs:
+a gradient updated on the device goes down once made, is averaged over its host copy, and its mean comes
+back up for the update (what the planner may choose where the gradient would leave the device anyway).
 """
 
 from __future__ import annotations
@@ -25,7 +27,7 @@ from collections.abc import Iterable
 
 import attrs
 
-from swapdsl.graph.ir import Graph
+from swapdsl.graph.ir import Graph, Kind
 
 UPDATE_OPS = frozenset({"sgd", "momentum", "sgd_apply", "nesterov_apply", "adam_m", "adam_v", "adam_apply",
                         "lion_apply", "lion_m"})
@@ -47,9 +49,10 @@ def offloadable(g: Graph) -> tuple[str, ...]:
     return tuple(p for p in g.params if _update_group(g, p, makers, readers))
 
 
-def host_split(g: Graph, params: Iterable[str], reduce: bool = False) -> HostSplit:
+def host_split(g: Graph, params: Iterable[str], reduce: bool = False, every: bool = False) -> HostSplit:
     """The split of ``g`` with the updates of ``params`` on the host (each must be ``offloadable``);
-    ``reduce``: their gradients' all-reduces too, where only host ops read the mean."""
+    ``reduce``: their gradients' all-reduces too, where only host ops read the mean; ``every``: every
+    gradient's all-reduce, its mean brought up where the device reads it."""
     chosen = tuple(p for p in g.params if p in set(params))
     unknown = set(params) - set(g.params)
     if unknown:
@@ -63,6 +66,8 @@ def host_split(g: Graph, params: Iterable[str], reduce: bool = False) -> HostSpl
         host |= group
     if reduce:
         host |= _reduction(g, host, makers, readers)
+    if every:
+        host |= _every_reduction(g, makers, readers)
     made, read = set(), set()
     for i, op in enumerate(g.ops):
         if i in host:
@@ -106,6 +111,22 @@ def _reduction(g: Graph, host: set[int], makers: dict[str, int], readers: dict[s
                 frontier.add(m)
     # an unpack of a bucket averaged on the device stays there: on the host it would read the whole bucket
     return {i for i in moved if g.ops[i].op != "bucket_unpack" or makers[g.ops[i].inputs[0]] in moved}
+
+
+def _every_reduction(g: Graph, makers: dict[str, int], readers: dict[str, list[int]]) -> set[int]:
+    """Every all-reduce of a gradient (not a report's), with the bucket packs that feed them, the unpacks
+    that read them, and the casts whose outputs only those read."""
+    gradient = {n for n, t in g.tensors.items() if t.kind is Kind.gradient}
+    moved = {i for i, op in enumerate(g.ops) if op.op == "allreduce_mean" and op.inputs[0] in gradient}
+    moved |= {makers[g.ops[i].inputs[0]] for i in moved if g.ops[makers[g.ops[i].inputs[0]]].op == "bucket_pack"}
+    moved |= {r for i in moved if g.ops[i].op == "allreduce_mean" for r in readers.get(g.ops[i].outputs[0], [])
+              if g.ops[r].op == "bucket_unpack"}
+    for i in sorted(moved):
+        for t in g.ops[i].inputs:
+            m = makers.get(t)
+            if m is not None and g.ops[m].op == "cast" and set(readers[t]) <= moved:
+                moved.add(m)
+    return moved
 
 
 def _makers(g: Graph) -> dict[str, int]:

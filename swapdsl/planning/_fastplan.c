@@ -717,8 +717,9 @@ static inline void sort_ints(i64 *a, i64 n) {
 
 typedef struct {
     const i64 *schedule, *policy, *size, *in_ptr, *in_idx, *out_ptr, *out_idx, *upd_old, *upd_new, *by_name;
+    const i64 *after_ptr, *after_idx;  /* per tensor host ops make within the step: the ops it follows (CSR) */
     const uint8_t *pinned0, *in_place, *is_input, *persistent, *fwd_act;
-    i64 n_ops, n_t, n_upd, n_by_name, cap, loss, width, rank_gaps;
+    i64 n_ops, n_t, n_upd, n_by_name, cap, loss, width, rank_gaps, n_after;
     i64 *out_off;
 } Inputs;
 
@@ -871,6 +872,7 @@ static int bring_early(Planner *P, const Inputs *in, i64 pos, int belady, i64 re
             continue;
         }
         if (nxt >= P->early_limit || nxt - pos > horizon) break;
+        if (TR(t, host_at) > pos) break; /* (made on the host once what it follows has gone down) */
         if (in->cap - P->bytes - TR(t, size) < reserve) break;
         i64 g = fit(P, TR(t, size), 0, &offset, &since);
         if (g == -2) return -1;
@@ -964,7 +966,8 @@ static int plan_loop(Planner *P, const Inputs *in, i64 turn, i64 *peak) {
 
 /* Each tensor's row as the planner starts, and the positions that read each tensor (CSR: use_ptr, kept
    after the found rows in P->found). */
-static void tensor_rows(Planner *P, const Inputs *in, const i64 *use_ptr, const i64 *use_pos) {
+static void tensor_rows(Planner *P, const Inputs *in, const i64 *use_ptr, const i64 *use_pos, const i64 *pos_of,
+                        i64 n_all) {
     for (i64 t = 0; t < in->n_t; t++) {
         int has_use = use_ptr[t + 1] > use_ptr[t];
         in->out_off[t] = -1;
@@ -977,8 +980,12 @@ static void tensor_rows(Planner *P, const Inputs *in, const i64 *use_ptr, const 
             .host = in->is_input[t] || (in->persistent[t] && !in->pinned0[t]),
         };
     }
-    for (i64 j = 0; j < in->n_upd; j++)
-        if (in->persistent[in->upd_old[j]] && !in->pinned0[in->upd_old[j]]) P->tr[in->upd_new[j]].write_back = 1;
+    for (i64 j = 0; j < in->n_upd; j++)  /* (old -1: what host ops read, copied out once made) */
+        if (in->upd_old[j] < 0 || (in->persistent[in->upd_old[j]] && !in->pinned0[in->upd_old[j]]))
+            P->tr[in->upd_new[j]].write_back = 1;
+    for (i64 t = 0; t < in->n_t && t < in->n_after; t++)  /* its host copy exists once these ops' outputs left */
+        for (i64 j = in->after_ptr[t]; j < in->after_ptr[t + 1]; j++)
+            if (in->after_idx[j] < n_all) P->tr[t].host_at = (int32_t)max64(P->tr[t].host_at, pos_of[in->after_idx[j]]);
 }
 
 /* The whole pass: returns a status (above); on 0, nrec records were written to recs. */
@@ -988,7 +995,9 @@ static int plan(const Inputs *in, i64 *recs, i64 rec_room, i64 *room, i64 *nrec,
     Planner S = {0}, *P = &S;
     P->n_t = n_t, P->n_ops = n_ops, P->rank_gaps = in->rank_gaps;
     P->recs = recs, P->rec_room = rec_room, P->early_limit = INF, P->free_nodes = n_t;
-    i64 *use_ptr = calloc(n_t + 1, sizeof(i64));
+    i64 n_all = 1;  /* ops: past the highest the schedule runs */
+    for (i64 pos = 0; pos < n_ops; pos++) n_all = max64(n_all, in->schedule[pos] + 1);
+    i64 *use_ptr = calloc(n_t + 1, sizeof(i64)), *pos_of = malloc(sizeof(i64) * n_all);
     P->a = aligned_alloc(64, sizeof(i64) * (n_t + 2) * A_COLS);
     P->nb = malloc(sizeof(i64) * 2 * (n_t + 2));
     P->aux = malloc(sizeof(i64) * AUX_ROWS * (n_t + 2));
@@ -1001,7 +1010,7 @@ static int plan(const Inputs *in, i64 *recs, i64 rec_room, i64 *room, i64 *nrec,
     i64 total = 0;
     for (i64 t = 0; t < n_t; t++) total += in->size[t];
     int status = -1;
-    if (!use_ptr || !P->a || !P->nb || !P->aux || !P->spare || !P->tr || kh_alloc(P, n_ops + 1) < 0 || !P->found || !P->hk || !P->ht ||
+    if (!use_ptr || !pos_of || !P->a || !P->nb || !P->aux || !P->spare || !P->tr || kh_alloc(P, n_ops + 1) < 0 || !P->found || !P->hk || !P->ht ||
         segs_init(&P->f, min64(in->cap, total), 2 * room[2] + 2, -1.0) < 0)
         goto done;
     i64 *use_pos = P->use_pos = P->found + n_t;
@@ -1016,7 +1025,9 @@ static int plan(const Inputs *in, i64 *recs, i64 rec_room, i64 *room, i64 *nrec,
         i64 op = in->schedule[pos];
         for (i64 j = in->in_ptr[op]; j < in->in_ptr[op + 1]; j++) use_pos[fill[in->in_idx[j]]++] = pos;
     }
-    tensor_rows(P, in, use_ptr, use_pos);
+    for (i64 op = 0; op < n_all; op++) pos_of[op] = -1;
+    for (i64 pos = 0; pos < n_ops; pos++) pos_of[in->schedule[pos]] = pos;
+    tensor_rows(P, in, use_ptr, use_pos, pos_of, n_all);
     for (i64 m = n_t * A_COLS; m < (n_t + 2) * A_COLS; m++) P->a[m] = -1; /* other nodes are set up as they are taken */
     for (i64 m = 0; m < n_t; m++) P->spare[m] = n_t - 1 - m;
     i64 head = n_t, top = n_t + 1;
@@ -1035,7 +1046,7 @@ static int plan(const Inputs *in, i64 *recs, i64 rec_room, i64 *room, i64 *nrec,
     *nrec = P->nrec;
     room[1] = max64(room[1], P->hp_room), room[2] = max64(room[2], P->f.room / 2);
 done:
-    free(use_ptr), free(P->a), free(P->nb), free(P->aux), free(P->spare), free(P->tr), free(P->kh), free(P->found), free(P->hk), free(P->ht);
+    free(use_ptr), free(pos_of), free(P->a), free(P->nb), free(P->aux), free(P->spare), free(P->tr), free(P->kh), free(P->found), free(P->hk), free(P->ht);
     segs_free(&P->f);
     for (int r = 0; r < RANKINGS; r++) free(P->rk[r].node), free(P->rk[r].leaf);
     return status;
@@ -1075,15 +1086,17 @@ typedef struct {
     double *copy_done;  /* out: when each tensor's swap-out, or if none its last swap-in, is done (ms; 0: none) */
     /* the host lane's ops after its start ops, in lane order: the record position each follows (-1: none),
        the tensors whose copies it waits for (CSR), its time, and whether it is a collective */
-    const i64 *host_at, *host_cp_ptr, *host_cp_idx;
+    const i64 *host_at, *host_cp_ptr, *host_cp_idx, *host_out_ptr, *host_out_idx;  /* out: what it makes for
+                                                                                  the device (CSR) */
     const double *host_ms;
     const uint8_t *host_coll;
     double *host_clock;  /* in: when the start ops are done; out: when the lane's last op is */
     i64 n_ops, n_rec, n_t, top, n_host;
 } SimInputs;
 
-/* Run the host lane's ops that follow record position ``at``, from *next on. */
-static void host_ops(const SimInputs *in, i64 at, i64 *next, double *clock, double *link) {
+/* Run the host lane's ops that follow record position ``at``, from *next on; what one makes for the device
+   is on the host (host_ready) once it ends. */
+static void host_ops(const SimInputs *in, i64 at, i64 *next, double *clock, double *link, double *host_ready) {
     for (; *next < in->n_host && in->host_at[*next] <= at; (*next)++) {
         i64 h = *next;
         double start = *clock;
@@ -1092,6 +1105,7 @@ static void host_ops(const SimInputs *in, i64 at, i64 *next, double *clock, doub
         if (in->host_coll[h]) start = dmax(start, *link);
         *clock = start + in->host_ms[h];
         if (in->host_coll[h]) *link = *clock;
+        for (i64 j = in->host_out_ptr[h]; j < in->host_out_ptr[h + 1]; j++) host_ready[in->host_out_idx[j]] = *clock;
     }
 }
 
@@ -1112,7 +1126,7 @@ static int simulate(const SimInputs *in, double *ms, i64 *h2d_out, i64 *d2h_out)
     double compute = 0.0, net = 0.0, h2d_clock = 0.0, d2h_clock = 0.0, host = *in->host_clock, link = 0.0;
     double last_end = 0.0;  /* "after" the latest run: what "after" a hollow op (a host op's) means */
     i64 h2d = 0, d2h = 0, next_host = 0;
-    host_ops(in, -1, &next_host, &host, &link);
+    host_ops(in, -1, &next_host, &host, &link, host_ready);
     for (i64 i = 0; i < n_ord; i++) {
         const i64 *rec = in->recs + 5 * order[i];
         i64 bucket = rec[0], kind = rec[1], t = rec[2], offset = rec[3];
@@ -1161,9 +1175,9 @@ static int simulate(const SimInputs *in, double *ms, i64 *h2d_out, i64 *d2h_out)
             copied_out[t] = net_read[t] = 0.0;
             where[t] = -1;
         }
-        host_ops(in, i, &next_host, &host, &link);
+        host_ops(in, i, &next_host, &host, &link, host_ready);
     }
-    host_ops(in, n_ord, &next_host, &host, &link);
+    host_ops(in, n_ord, &next_host, &host, &link, host_ready);
     *in->host_clock = host;
     *ms = dmax(dmax(dmax(compute, net), dmax(h2d_clock, d2h_clock)), host), *h2d_out = h2d, *d2h_out = d2h;
     status = 0;
@@ -1221,10 +1235,26 @@ fail:
     return -1;
 }
 
+/* Whether a CSR of n rows (ptr: n_ptr entries) disagrees with its n_idx indices, each below `below`. */
+static int csr_bad(const i64 *ptr, i64 n_ptr, i64 n, const i64 *idx, i64 n_idx, i64 below) {
+    if (n_ptr != n + 1 || ptr[0] != 0 || ptr[n] != n_idx) return 1;
+    for (i64 r = 0; r < n; r++)
+        if (ptr[r + 1] < ptr[r]) return 1;
+    for (i64 j = 0; j < n_idx; j++)
+        if (idx[j] < 0 || idx[j] >= below) return 1;
+    return 0;
+}
+
+/* Whether the tensors' host-copy sources disagree: their pointers, or an op index below 0. */
+static int after_bad(const Inputs *in, i64 n_idx) {
+    return in->n_after < 0 || in->n_after > in->n_t ||
+           csr_bad(in->after_ptr, in->n_after + 1, in->n_after, in->after_idx, n_idx, INT64_MAX);
+}
+
 static PyObject *py_plan(PyObject *self, PyObject *tuple) {
     (void)self;
     Args a;
-    if (args_parse(tuple, "qnbqqqqqqbbbbqqqnnnwww", &a) < 0) return NULL;
+    if (args_parse(tuple, "qnbqqqqqqbbbbqqqnnnwwwqq", &a) < 0) return NULL;
     Inputs in = {
         .schedule = a.ptr[0], .n_ops = a.len[0], .cap = a.num[1], .pinned0 = a.ptr[2], .policy = a.ptr[3],
         .size = a.ptr[4], .n_t = a.len[4], .in_ptr = a.ptr[5], .in_idx = a.ptr[6], .out_ptr = a.ptr[7],
@@ -1232,10 +1262,11 @@ static PyObject *py_plan(PyObject *self, PyObject *tuple) {
         .fwd_act = a.ptr[12], .upd_old = a.ptr[13], .n_upd = a.len[13], .upd_new = a.ptr[14], .by_name = a.ptr[15],
         .n_by_name = a.len[15],
         .loss = a.num[16], .width = a.num[17], .rank_gaps = a.num[18], .out_off = a.ptr[21],
+        .after_ptr = a.ptr[22], .n_after = a.len[22] - 1, .after_idx = a.ptr[23],
     };
     i64 *room = a.ptr[19], *recs = a.ptr[20], nrec = 0, peak = 0;
     int status;
-    if (a.len[3] < P_FIELDS || a.len[19] < 3 || a.len[21] < in.n_t || a.len[2] < in.n_t) {
+    if (a.len[3] < P_FIELDS || a.len[19] < 3 || a.len[21] < in.n_t || a.len[2] < in.n_t || after_bad(&in, a.len[23])) {
         args_release(&a);
         PyErr_SetString(PyExc_ValueError, "plan: an array is shorter than the problem");
         return NULL;
@@ -1250,28 +1281,25 @@ static PyObject *py_plan(PyObject *self, PyObject *tuple) {
 
 /* Whether the host lane's arrays disagree: lengths, positions in lane order, copies' indices. */
 static int host_lane_bad(const SimInputs *in, i64 n_idx, i64 n_ptr, i64 n_ms, i64 n_coll, i64 n_clock) {
-    if (n_ptr != in->n_host + 1 || n_ms != in->n_host || n_coll != in->n_host || n_clock != 1) return 1;
-    if (in->host_cp_ptr[0] != 0 || in->host_cp_ptr[in->n_host] != n_idx) return 1;
+    if (n_ms != in->n_host || n_coll != in->n_host || n_clock != 1 ||
+        csr_bad(in->host_cp_ptr, n_ptr, in->n_host, in->host_cp_idx, n_idx, in->n_t))
+        return 1;
     for (i64 h = 0; h < in->n_host; h++)
-        if (in->host_cp_ptr[h + 1] < in->host_cp_ptr[h] || (h && in->host_at[h] < in->host_at[h - 1]) ||
-            in->host_at[h] < -1 || in->host_at[h] >= in->n_rec)
-            return 1;
-    for (i64 j = 0; j < n_idx; j++)
-        if (in->host_cp_idx[j] < 0 || in->host_cp_idx[j] >= in->n_t) return 1;
+        if ((h && in->host_at[h] < in->host_at[h - 1]) || in->host_at[h] < -1 || in->host_at[h] >= in->n_rec) return 1;
     return 0;
 }
 
 static PyObject *py_simulate(PyObject *self, PyObject *tuple) {
     (void)self;
     Args a;
-    if (args_parse(tuple, "qqnqnqqqqqdqddwbqqqdbw", &a) < 0) return NULL;
+    if (args_parse(tuple, "qqnqnqqqqqdqddwbqqqdbwqq", &a) < 0) return NULL;
     SimInputs in = {
         .schedule = a.ptr[0], .n_ops = a.len[0], .recs = a.ptr[1], .n_rec = a.num[2], .out_off = a.ptr[3],
         .n_t = a.len[3], .top = a.num[4], .size = a.ptr[5], .in_ptr = a.ptr[6], .in_idx = a.ptr[7],
         .out_ptr = a.ptr[8], .out_idx = a.ptr[9], .op_ms = a.ptr[10], .nbytes = a.ptr[11], .copy = a.ptr[12],
         .host_start = a.ptr[13], .copy_done = a.ptr[14], .net = a.ptr[15], .host_at = a.ptr[16],
         .n_host = a.len[16], .host_cp_ptr = a.ptr[17], .host_cp_idx = a.ptr[18], .host_ms = a.ptr[19],
-        .host_coll = a.ptr[20], .host_clock = a.ptr[21],
+        .host_coll = a.ptr[20], .host_clock = a.ptr[21], .host_out_ptr = a.ptr[22], .host_out_idx = a.ptr[23],
     };
     double ms = 0.0;
     i64 h2d = 0, d2h = 0;
@@ -1281,7 +1309,8 @@ static PyObject *py_simulate(PyObject *self, PyObject *tuple) {
         PyErr_SetString(PyExc_ValueError, "simulate: net needs a flag per op");
         return NULL;
     }
-    if (host_lane_bad(&in, a.len[18], a.len[17], a.len[19], a.len[20], a.len[21])) {
+    if (host_lane_bad(&in, a.len[18], a.len[17], a.len[19], a.len[20], a.len[21]) ||
+        csr_bad(in.host_out_ptr, a.len[22], in.n_host, in.host_out_idx, a.len[23], in.n_t)) {
         args_release(&a);
         PyErr_SetString(PyExc_ValueError, "simulate: the host lane's arrays do not agree");
         return NULL;
@@ -1431,10 +1460,12 @@ static PyMethodDef methods[] = {
      "out[q] = the best key at most ask[q] after move ask_after[q] (ascending)"},
     {"plan", py_plan, METH_VARARGS,
      "plan(schedule, cap, pinned, policy, size, in_ptr, in_idx, out_ptr, out_idx, in_place, is_input, persistent, "
-     "fwd_act, upd_old, upd_new, by_name, loss, width, rank_gaps, room, recs, out_off) -> (records, peak, status)"},
+     "fwd_act, upd_old, upd_new, by_name, loss, width, rank_gaps, room, recs, out_off, after_ptr, after_idx) "
+     "-> (records, peak, status)"},
     {"simulate", py_simulate, METH_VARARGS,
      "simulate(schedule, recs, n_rec, out_off, top, size, in_ptr, in_idx, out_ptr, out_idx, op_ms, nbytes, copy, "
-     "host_start, copy_done, net, host_at, host_cp_ptr, host_cp_idx, host_ms, host_coll, host_clock) "
+     "host_start, copy_done, net, host_at, host_cp_ptr, host_cp_idx, host_ms, host_coll, host_clock, host_out_ptr, "
+     "host_out_idx) "
      "-> (iteration_ms, h2d_bytes, d2h_bytes)"},
     {NULL, NULL, 0, NULL},
 };

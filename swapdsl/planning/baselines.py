@@ -131,9 +131,10 @@ def plan_checkpoint(req: Request) -> Plan:
     """Chen et al.'s checkpointing (``checkpoint.py``): recomputation, no swapping. Its ``bound_ms`` is
     ``recompute_bound_ms``, which bounds every plan (recomputation may beat ``swap_bound_ms``, which only
     bounds plans that never recompute)."""
-    if req.host_updates:
-        raise SwpError("checkpoint keeps the parameters and optimiser state on the device: it cannot update any "
-                       "on the host", hints=["use --host-updates none with checkpoint, or a method that swaps"])
+    if req.host_updates or req.reduce_all:
+        raise SwpError("checkpoint keeps the parameters, optimiser state and gradients on the device: it cannot "
+                       "update any on the host or average their host copies",
+                       hints=["use --host-updates none with checkpoint, or a method that swaps"])
     p = Problem.of(req)
     program, homes = checkpoint_program(p, req.tensor_cap)
     plan = assemble(req, p, "checkpoint", homes, tuple(program))

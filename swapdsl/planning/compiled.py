@@ -96,12 +96,13 @@ class Evaluator:
         self.fwd_act = np.array([k == Kind.activation.value for k in p.kinds], np.bool_)
         # a new value of an unpinned persistent tensor is copied out once made; so is what host ops read,
         # as the new value of a parameter updated on the host (never pinned)
-        anchor = min(p.persistent - p.pinnable, default=-1)
-        self.upd_old = np.array([o for o, _ in p.updates] + [anchor] * len(p.to_host), np.int64)
+        self.upd_old = np.array([o for o, _ in p.updates] + [-1] * len(p.to_host), np.int64)  # (-1: always)
         self.upd_new = np.array([w for _, w in p.updates] + sorted(p.to_host), np.int64)
         # what may start on the device or the host: the persistent tensors and the inputs, by name
         self.by_name = np.array(sorted(p.starts_on_host | p.inputs, key=p.names.__getitem__), np.int64)
         self.lane = Lane.of(p) if p.host.ops else None
+        # what host ops make for the device within the step: the ops each follows (its host copy's position)
+        self.after_ptr, self.after_idx = _csr(p.host_after or ((),))
         self.host_start = self.lane.host_start if self.lane else np.zeros(n, np.float64)
         # the tensor each one is a copy of, for recomputation's clones (clones.py); itself otherwise
         self.n_base = n - len(origin)
@@ -131,7 +132,8 @@ class Evaluator:
             nrec, peak, status = _fastplan.plan(
                 sched, cap, pin, code, self.size, self.in_ptr, self.in_idx, self.out_ptr, self.out_idx,
                 self.in_place, self.is_input, self.persistent, self.fwd_act, self.upd_old, self.upd_new,
-                self.by_name, self.p.loss, self.width, self.rank_gaps, self.room, recs, out_off)
+                self.by_name, self.p.loss, self.width, self.rank_gaps, self.room, recs, out_off, self.after_ptr,
+                self.after_idx)
             if status != Status.OUT_OF_RECORDS:
                 break
             self.room[0] *= 2  # again, with twice the room
@@ -153,10 +155,11 @@ class Evaluator:
     def _host_lane(self, recs: np.ndarray) -> tuple[np.ndarray, ...]:
         """The simulator's host-lane arguments (``Lane.arrays`` and the lane's start clock)."""
         if self.lane is None:
-            return _NO_LANE + (np.zeros(1, np.float64),)
+            return _NO_LANE + (np.zeros(1, np.float64),) + _NO_OUTS
         order = _program_order(recs)
         last = last_copies(recs[order, 1], recs[order, 2], len(self.size))
-        return self.lane.arrays(last) + (np.array([self.lane.start_ms], np.float64),)
+        at, ptr, idx, ms, coll, out_ptr, out_idx = self.lane.arrays(last)
+        return at, ptr, idx, ms, coll, np.array([self.lane.start_ms], np.float64), out_ptr, out_idx
 
     def host_bytes(self, recs: np.ndarray, pinned: frozenset[int]) -> int:
         """Bytes of the inputs, the persistent tensors not pinned, and every other tensor swapped out."""
@@ -196,6 +199,7 @@ class Evaluator:
 
 _NO_LANE = (np.zeros(0, np.int64), np.zeros(1, np.int64), np.zeros(0, np.int64), np.zeros(0, np.float64),
             np.zeros(0, np.bool_))
+_NO_OUTS = (np.zeros(1, np.int64), np.zeros(0, np.int64))
 
 
 def _program_order(recs: np.ndarray) -> np.ndarray:

@@ -37,6 +37,7 @@ class Lane:
     host_start: np.ndarray  # per tensor: when the start ops have made it (ms; 0 otherwise)
     start_ms: float  # when the start ops are done
     collective: frozenset[int]  # later ops that hold the network link (all-reduces of host copies)
+    makes: dict[int, tuple[int, ...]]  # later op -> what it makes for the device within the step (a mean)
 
     @staticmethod
     def of(p: Problem) -> Lane:
@@ -61,7 +62,8 @@ class Lane:
             for t in g.ops[i].outputs:
                 host_start[index[t]] = clock
         coll = frozenset(i for i in later if g.ops[i].op in NET_OPS)
-        return Lane(tuple(start), later, copies, deps, p.host_ms, host_start, clock, coll)
+        makes = {i: tuple(index[t] for t in g.ops[i].outputs if index[t] in p.host_made) for i in later}
+        return Lane(tuple(start), later, copies, deps, p.host_ms, host_start, clock, coll, makes)
 
     def order(self, last_copy: np.ndarray | dict[int, int]) -> list[tuple[int, int]]:
         """The later ops as (program position they follow, op), in lane order; ``last_copy``: per tensor,
@@ -73,13 +75,16 @@ class Lane:
 
     def arrays(self, last_copy: np.ndarray) -> tuple[np.ndarray, ...]:
         """The later ops in lane order, for the compiled simulator: the position each follows, the tensors
-        whose copies it waits for (CSR: pointers, indices), its time (ms) and whether it is a collective."""
+        whose copies it waits for (CSR: pointers, indices), its time (ms), whether it is a collective, and
+        what it makes for the device (CSR)."""
         order = self.order(last_copy)
         ptr = np.cumsum([0] + [len(self.copies[i]) for _, i in order], dtype=np.int64)
         idx = np.array([t for _, i in order for t in self.copies[i]], np.int64)
+        out_ptr = np.cumsum([0] + [len(self.makes[i]) for _, i in order], dtype=np.int64)
+        out_idx = np.array([t for _, i in order for t in self.makes[i]], np.int64)
         return (np.array([k for k, _ in order], np.int64), ptr, idx,
                 np.array([self.host_ms[i] for _, i in order], np.float64),
-                np.array([i in self.collective for _, i in order], np.bool_))
+                np.array([i in self.collective for _, i in order], np.bool_), out_ptr, out_idx)
 
 
 def last_copies(order_kinds: np.ndarray, order_tensors: np.ndarray, n_tensors: int) -> np.ndarray:

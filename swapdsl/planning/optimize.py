@@ -12,7 +12,7 @@ import attrs
 from swapdsl.common.errors import SwpError
 from swapdsl.graph.dataparallel import DEFAULT_BUCKET_MIB
 from swapdsl.graph.ir import Graph
-from swapdsl.graph.offload import offloadable, reduces_on_host
+from swapdsl.graph.offload import host_split, offloadable, reduces_on_host
 from swapdsl.plan.program import Plan
 from swapdsl.planning.baselines import host_budget_error, plan_baseline, plan_capuchin, plan_checkpoint
 from swapdsl.planning.bound import ideal_ms
@@ -39,14 +39,19 @@ def host_choices(g: Graph) -> list[tuple[str, ...]]:
 
 def host_requests(req: Request, host_updates: str) -> list[Request]:
     """The requests ``host_updates`` (all, or auto) chooses among: all that can, or each of
-    ``host_choices``; with data-parallel ranks, each both with its gradients all-reduced on the device
-    and, where that moves any, over their host copies (``offload.host_split``'s ``reduce``)."""
+    ``host_choices``; with data-parallel ranks, each with its gradients all-reduced on the device, over
+    the host copies of those updated there where that moves any (``offload.host_split``'s ``reduce``),
+    and over every gradient's host copy where that moves more (``every``: a mean the device reads comes
+    back up)."""
     g = req.graph
     out = []
     for choice in [offloadable(g)] if host_updates == "all" else host_choices(g):
-        out.append(attrs.evolve(req, host_updates=choice, host_reduce=False))
-        if choice and g.ranks > 1 and reduces_on_host(g, choice):
-            out.append(attrs.evolve(req, host_updates=choice, host_reduce=True))
+        out.append(attrs.evolve(req, host_updates=choice, host_reduce=False, reduce_all=False))
+        reduce = bool(choice) and g.ranks > 1 and reduces_on_host(g, choice)
+        if reduce:
+            out.append(attrs.evolve(req, host_updates=choice, host_reduce=True, reduce_all=False))
+        if g.ranks > 1 and host_split(g, choice, reduce, every=True).ops != host_split(g, choice, reduce).ops:
+            out.append(attrs.evolve(req, host_updates=choice, host_reduce=reduce, reduce_all=True))
     return out
 
 
@@ -61,7 +66,7 @@ def with_host_updates(req: Request, method: str, host_updates: str) -> Request:
         raise SwpError("checkpoint keeps the parameters and optimiser state on the device: it cannot update any "
                        "on the host", hints=["use --host-updates none or auto with checkpoint, or a method that swaps"])
     if host_updates == "none" or method == "checkpoint":
-        return attrs.evolve(req, host_updates=(), host_reduce=False)
+        return attrs.evolve(req, host_updates=(), host_reduce=False, reduce_all=False)
     trials = host_requests(req, host_updates)
     if len(trials) == 1:
         return trials[0]

@@ -31,6 +31,7 @@ class Request:
     host_cap: int | None = None  # the most host memory the plan's host copies may take (None: any)
     host_updates: tuple[str, ...] = ()  # parameters whose update runs on the host (graph.offload)
     host_reduce: bool = False  # ... and their gradients' all-reduces too, over the host copies (data-parallel)
+    reduce_all: bool = False  # every gradient's all-reduce over its host copy, its mean brought back up
     # the scratch region at the top of the arena (kernels' temporaries), and what is left below it for tensors
     scratch: int = attrs.field(init=False, default=attrs.Factory(lambda r: scratch_bytes(r.graph), takes_self=True))
 
@@ -81,15 +82,19 @@ class Problem:
     pinnable: frozenset[int] = frozenset()
     host_ms: tuple[float, ...] = ()  # each host op's time on the host lane (0 for device ops)
     host_only_bytes: int = 0  # bytes of the tensors only host ops make (as the plan's host_bytes figure counts)
+    # per tensor host ops make for the device within the step (an all-reduce's mean, over host copies): the
+    # device ops whose outputs those host ops read; it exists on the host once they have gone down
+    host_after: tuple[tuple[int, ...], ...] = ()
 
     @staticmethod
-    def build(g: Graph, device: Device, host_updates: tuple[str, ...] = (), host_reduce: bool = False) -> Problem:
+    def build(g: Graph, device: Device, host_updates: tuple[str, ...] = (), host_reduce: bool = False,
+              reduce_all: bool = False) -> Problem:
         names = tuple(g.tensors)
         index = {n: i for i, n in enumerate(names)}
         types = [g.tensors[n].type for n in names]
         nbytes = tuple(t.nbytes for t in types)
         in_place_set = in_place_ops(g)
-        split = host_split(g, host_updates, host_reduce)
+        split = host_split(g, host_updates, host_reduce, reduce_all)
         hollow = split.ops
         in_place = tuple(i in in_place_set and i not in hollow for i in range(len(g.ops)))
         only = touched(g, split)
@@ -108,11 +113,12 @@ class Problem:
             tuple((index[o], index[n]) for o, n in g.updates), index[g.loss], scratch_bytes(g),
             split, made, frozenset(index[n] for n in split.read),
             frozenset(t for t in persistent if names[t] not in only and names[t] not in written),
-            tuple(host_op_ms(device, g, op) if i in hollow else 0.0 for i, op in enumerate(g.ops)), host_only)
+            tuple(host_op_ms(device, g, op) if i in hollow else 0.0 for i, op in enumerate(g.ops)), host_only,
+            _host_after(g, split, names))
 
     @staticmethod
     def of(req: Request) -> Problem:
-        return Problem.build(req.graph, req.device, req.host_updates, req.host_reduce)
+        return Problem.build(req.graph, req.device, req.host_updates, req.host_reduce, req.reduce_all)
 
     @property
     def net(self) -> frozenset[int]:
@@ -150,13 +156,33 @@ class Problem:
         return bool(self.op_outputs[op]) and all(self.is_forward_activation(t) for t in self.op_outputs[op])
 
 
+def _host_after(g: Graph, split: HostSplit, names: tuple[str, ...]) -> tuple[tuple[int, ...], ...]:
+    """``Problem.host_after``: for each tensor host ops make for the device, the device ops whose outputs
+    the host ops making it read (through other host ops); () for the rest."""
+    makers = {t: i for i, op in enumerate(g.ops) for t in op.outputs}
+    memo: dict[int, frozenset[int]] = {}
+
+    def sources(i: int) -> frozenset[int]:  # (a host op's device sources)
+        if i not in memo:
+            found: set[int] = set()
+            for t in g.ops[i].inputs:
+                m = makers.get(t)
+                if m is not None:
+                    found |= sources(m) if m in split.ops else {m}
+            memo[i] = frozenset(found)
+        return memo[i]
+
+    return tuple(tuple(sorted(sources(makers[n]))) if n in split.made else () for n in names)
+
+
 @attrs.frozen
 class Edges:
     """A problem's data dependencies (each list in op order; an op reading a tensor twice is listed twice)."""
 
     producer: dict[int, int]  # tensor -> the op that makes it
     readers: dict[int, list[int]]  # tensor -> the ops that read it
-    preds: list[list[int]]  # op -> the ops that make its inputs, in input order
+    preds: list[list[int]]  # op -> the ops that make its inputs, in input order (for an input host ops make
+    # within the step, the device ops they read from: ``Problem.host_after``)
     succs: list[list[int]]  # op -> the ops that read its outputs
 
 
@@ -169,6 +195,8 @@ def edges(p: Problem) -> Edges:
             readers.setdefault(t, []).append(op)
             if t in producer:
                 preds[op].append(producer[t])
+            elif p.host_after and p.host_after[t]:  # (made on the host from what these device ops made)
+                preds[op].extend(p.host_after[t])
     succs: list[list[int]] = [[] for _ in range(p.n_ops)]
     for op, ps in enumerate(preds):
         for q in ps:

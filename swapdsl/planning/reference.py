@@ -138,6 +138,10 @@ class _Planner:
         self.where: dict[int, int] = {}  # tensor -> offset
         self.host = set(p.inputs) | (set(p.starts_on_host) - self.pinned)
         self.host_at = {t: -1 for t in self.host}  # position after which the host copy exists
+        at = {op: pos for pos, op in enumerate(schedule)}
+        for t, ops in enumerate(p.host_after):  # (made on the host from what these ops made: once they ran)
+            if ops:
+                self.host_at[t] = max(at.get(op, -1) for op in ops)
         self.released = [-1] * len(p.names)
         self.last_access = [-1] * len(p.names)
         # what is issued after the op at each position (the first: before any), one list per InstrKind
@@ -352,6 +356,8 @@ class _Planner:
                 heapq.heappop(self.waiting)
                 continue
             if nxt >= self.early_limit or (self.policy.horizon is not None and nxt - pos > self.policy.horizon):
+                return
+            if self.host_at.get(t, -1) > pos:  # (its host copy is not made yet)
                 return
             size = self.p.size[t]
             gap = self.arena.fit(size) if self.arena.cap - self.arena.used - size >= reserve else None

@@ -54,17 +54,21 @@ def _agree(req: Request, p: Problem, schedule: list[int], policy: Policy, pinned
 
 @settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(training_graphs(), st.floats(0.0, 1.0), st.sampled_from(POLICIES), st.integers(0, 2**31 - 1), st.booleans(),
-       st.sampled_from([1, 1, 2]))
+       st.sampled_from([1, 1, 2]), st.booleans())
 def test_compiled_planner_and_simulator_agree_with_the_reference(t: Graph, where: float, policy: Policy,
-                                                                  seed: int, on_host: bool, ranks: int) -> None:
+                                                                  seed: int, on_host: bool, ranks: int,
+                                                                  reduce_all: bool) -> None:
     """Any schedule, cap and pinning the search can produce, with updates on the device or on the host, on
-    one rank or two (all-reduces on the network lane, over a slow link): the same program, bit-identical
-    time (the host lane's and the network lane's included)."""
+    one rank or two (all-reduces on the network lane, over a slow link, or every gradient's over its host
+    copy, its mean brought up for the device): the same program, bit-identical time (the host lane's and
+    the network lane's included)."""
     t = data_parallel(t, ranks, 0.5, bucket_mib=0.0)
     host = offloadable(t) if on_host else ()
-    p = Problem.build(t, V100, host)
+    reduce_all = reduce_all and ranks > 1
+    p = Problem.build(t, V100, host, reduce_all=reduce_all)
     need, no_swap = _need_and_no_swap(p)
-    req = attrs.evolve(Request(t, V100, int(need + where * (no_swap - need)), "random.swp", ()), host_updates=host)
+    req = attrs.evolve(Request(t, V100, int(need + where * (no_swap - need)), "random.swp", ()), host_updates=host,
+                       reduce_all=reduce_all)
     d = Decoder(req)
     rng = np.random.default_rng(seed)
     genome = Genome(rng.normal(0, 5, p.n_ops), float(rng.choice([0, 0.3, 1.0])))

@@ -87,7 +87,8 @@ def least_cap_with(req: Request, method: str, host_updates: str | None) -> int:
     """The least cap ``req`` plans under with ``method`` where ``host_updates`` lets updates leave the device:
     the least over ``all``'s requests (``auto`` tries them too, and moving an update off the device only
     takes tensors from it)."""
-    if host_updates in (None, "none") or method in ("checkpoint", "exact") or not offloadable(req.graph):
+    if host_updates in (None, "none") or method in ("checkpoint", "exact") or \
+            (not offloadable(req.graph) and req.graph.ranks == 1):  # (ranks: gradients over host copies)
         return least_cap(Problem.of(req))
     return min(least_cap(Problem.of(r)) for r in host_requests(req, "all"))
 

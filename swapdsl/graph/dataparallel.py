@@ -68,7 +68,8 @@ def data_parallel(t: Graph, ranks: int, link_gbps: float = DEFAULT_LINK_GBPS, ov
     grads = {grad: f"{grad}/allreduced" for _, grad in t.grads}
     reports = _rank_reports(t, set(grads))
     order = [grad for grad in _finished(t) if grad in grads]
-    closing = _buckets(t, order, int(bucket_mib * MIB)) if not members else _grouped(order, check_members(t, members))
+    cut = int(bucket_mib * MIB)
+    closing = _grouped(order, check_members(t, members)) if members else _buckets(t, order, cut)
     tensors = dict(t.tensors)
     ops: list[Op] = []
     rowwise = rowwise_dropout_seeds(t)
@@ -84,7 +85,8 @@ def data_parallel(t: Graph, ranks: int, link_gbps: float = DEFAULT_LINK_GBPS, ov
                 ops.extend(_reduced(t, tensors, bucket, grads, reduce, op))
     ops = _ordered(attrs.evolve(t, tensors=tensors, ops=tuple(ops)), overlap)
     return attrs.evolve(t, tensors=tensors, ops=tuple(ops), ranks=ranks, link_gbps=float(link_gbps),
-                        bucket_mib=bucket_mib, bucket_members=tuple(members), grads=tuple((p, grads[g]) for p, g in t.grads),
+                        bucket_mib=bucket_mib, bucket_members=tuple(members),
+                        grads=tuple((p, grads[g]) for p, g in t.grads),
                         reports=tuple((n, reports.get(r, r)) for n, r in t.reports))
 
 

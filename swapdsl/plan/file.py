@@ -242,7 +242,8 @@ class _Build(Transformer):
 
     def ranks(self, meta: Any, c: list[Any]) -> None:
         self._at(meta, "ranks", "")
-        said = f"{c[0]} link {c[1]}" + (f" bucket {c[2]}" if len(c) > 2 else "") + (" members ..." if len(c) > 3 else "")
+        said = f"{c[0]} link {c[1]}" + (f" bucket {c[2]}" if len(c) > 2 else "")
+        said += " members ..." if len(c) > 3 else ""
         try:
             link = float(_number(c[1]))
             bucket = check_bucket(float(_number(c[2]))) if len(c) > 2 else 0.0  # (a plan before buckets: none)

@@ -73,9 +73,10 @@ class Problem:
     loss: int
     scratch: int  # the plan's scratch region (analysis.scratch_bytes): caps a user gives include it
     # With updates on the host (graph.offload), the problem is the device's part: host ops are *hollow*
-    # (no tensors, no time), the tensors they make for the device start each step on the host like
-    # unpinned persistent ones (``host_made``), and the device tensors they read are copied out once made
-    # (``to_host``). Persistent tensors only host ops touch are never pinned (``pinnable``).
+    # (no tensors, no time), the tensors they make for the device are on the host like unpinned persistent
+    # ones (``host_made``; from the step's start, or once ``host_after`` ran), the device tensors they read
+    # are copied out once made (``to_host``). Persistent tensors only host ops touch are never pinned
+    # (``pinnable``).
     host: HostSplit = HostSplit(frozenset(), frozenset(), frozenset())
     host_made: frozenset[int] = frozenset()
     to_host: frozenset[int] = frozenset()

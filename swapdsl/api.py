@@ -260,6 +260,10 @@ def optimize(model: Model | str | Path, memory: int | str, method: str = "ga", d
     if microbatches == "auto":
         counts = divisors(int(check_microbatches(m.args.get("batch"), 1)))
         plan = optimize_microbatches(lambda k: chosen_at(k)[0], counts, method, options, host_updates)
+        if auto_size and scout_for(method) == method:  # (a baseline: the members of the count it chose)
+            req = request_at(plan.microbatches, plan.bucket_mib)
+            found, scouted = searched(plan.microbatches, req, method)
+            plan = scouted if found.graph.bucket_members and scouted is not None else plan
     else:
         k = m.microbatches if microbatches is None else microbatches
         try:

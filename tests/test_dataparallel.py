@@ -543,6 +543,8 @@ def test_auto_searches_the_members_and_the_plan_keeps_them(cli, in_tmp: Path) ->
     plan = api.optimize(m, "1/2", "belady", bucket_mib="auto")
     assert plan.bucket_members and dict(plan.figures)["iteration_ms"] < best
     assert format_plan(api.optimize(m, "1/2", "belady", bucket_mib="auto")) == format_plan(plan)
+    both = api.optimize(m, "1/2", "belady", microbatches="auto", bucket_mib="auto")  # (the chosen count's members)
+    assert both.bucket_members and both.microbatches == 1 and format_plan(both) == format_plan(plan)
     assert parse_plan(format_plan(plan)) == plan
     train = api.load(MODELS / "tiny_transformer.swp", ranks=2, link_gbps=1.0, bucket_mib=plan.bucket_mib,
                      bucket_members=plan.bucket_members).training
@@ -600,7 +602,8 @@ def test_auto_buckets_refused_at_a_count_leave_the_micro_batches_to_try_more(met
     plan = api.optimize(m, "1/6", method, microbatches="auto", bucket_mib="auto", **knobs)
     validate(plan)
     assert plan.microbatches == 2 and plan.bucket_mib != DEFAULT_BUCKET_MIB
-    chosen = attrs.evolve(m, bucket_mib=plan.bucket_mib)  # (the one-pass ideal is the chosen size's)
+    chosen = attrs.evolve(m, bucket_mib=plan.bucket_mib, bucket_members=plan.bucket_members)  # (the one-pass
+    # ideal is the chosen buckets')
     assert dict(plan.figures)[ONE_PASS_IDEAL] == api.one_pass_ideal_ms(chosen, api.load_device(None))
     with pytest.raises(SwpError) as refused:
         api.optimize(m, "1/6", method, bucket_mib="auto", **knobs)

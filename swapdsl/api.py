@@ -290,13 +290,27 @@ def optimize(model: Model | str | Path, memory: int | str, method: str = "ga", d
             size = getattr(err, "bucket_mib", None)  # (auto's size that needs the least: the counts tried at it)
             at = request_at if size is None else (lambda j: request_at(j, size))
             least = lambda j: least_cap_with(at(j), method, host_updates)  # noqa: E731
-            raise _with_microbatch_hint(err, m, k, cap, least) from None
+            raise _with_host_hint(_with_microbatch_hint(err, m, k, cap, least), at(k), method, host_updates,
+                                  cap) from None
     validate(plan)
     if plan.microbatches > 1:  # what its speed is a fraction of (``simulate`` reads it back from the file)
         planned = attrs.evolve(m, bucket_mib=plan.bucket_mib, bucket_members=plan.bucket_members) \
             if m.ranks > 1 else m  # (the size auto chose)
         plan = attrs.evolve(plan, figures=(*plan.figures, (ONE_PASS_IDEAL, one_pass_ideal_ms(planned, dev))))
     return plan
+
+
+def _with_host_hint(err: BelowSmallestCap, req: Request, method: str, host_updates: str | None,
+                    cap: int) -> BelowSmallestCap:
+    """``err`` with ``--host-updates auto`` where, updates on the device, data-parallel gradients averaged
+    over their host copies (or updates on the host) fit ``cap``."""
+    if host_updates not in (None, "none") or req.graph.ranks == 1 or method in ("checkpoint", "exact"):
+        return err
+    least = least_cap_with(req, method, "all")
+    if least <= cap:
+        err.hints = [f"--host-updates auto fits it (gradients averaged over their host copies, updates on the "
+                     f"host or not): its smallest feasible cap is {format_bytes(least)}", *err.hints]
+    return err
 
 
 def _with_microbatch_hint(err: BelowSmallestCap, m: Model, k: int, cap: int,

@@ -1193,6 +1193,9 @@ def test_gradients_updated_on_the_device_may_be_averaged_over_their_host_copies(
     assert [(r.host_updates, r.host_reduce, r.reduce_all) for r in trials][:2] == [((), False, False), ((), False, True)]
     device, host = (least_cap(Problem.of(r)) for r in trials[:2])
     assert (device, host) == (4364032, 919296)
+    with pytest.raises(SwpError) as refused:  # (the refusal of the default, --host-updates none, says so)
+        api.optimize(m, "1MiB", "belady")
+    assert "hint: --host-updates auto fits it (gradients averaged over their host copies" in refused.value.render()
     _mpiexec()
     t = api.load(_model(tmp_path, ADAM), ranks=2).training
     need, no_swap = caps(t)
@@ -1216,6 +1219,7 @@ def test_a_cap_only_the_host_copy_all_reduce_fits_is_planned_and_trains_exactly(
             "--method", "belady", "-o", "dp.plan"]
     refused = _swapdsl(tmp_path, *args, "--host-updates", "none")
     assert refused.returncode == 2 and "below the smallest feasible cap" in refused.stderr, refused.stderr
+    assert "--host-updates auto fits it" in refused.stderr
     done = _swapdsl(tmp_path, *args, "--host-updates", "all")
     assert done.returncode == 0, done.stderr
     below = _swapdsl(tmp_path, *[a if a != "1MiB" else "300KiB" for a in args], "--host-updates", "all")

@@ -224,16 +224,20 @@ def optimize(model: Model | str | Path, memory: int | str, method: str = "ga", d
 
     made: dict[tuple[int, float | None], Request] = {}
 
+    @functools.cache
+    def model_at(k: int) -> Model:
+        return m if k == m.microbatches else _again(m, k)
+
     def request_at(k: int, mib: float | None = None) -> Request:
         if (k, mib) not in made:
-            mk = m if k == m.microbatches else _again(m, k)
+            mk = model_at(k)
             mk = mk if mib is None else attrs.evolve(mk, bucket_mib=mib, bucket_members=())
             made[k, mib] = Request(mk.training, dev, cap, m.path, m.graph.args, host)
         return made[k, mib]
 
     def searched(k: int, req: Request, scout: str) -> tuple[Request, Plan | None]:
         """``req`` with the bucket members ``planning.members`` finds from its size's, and the scout's plan."""
-        one = (m if k == m.microbatches else _again(m, k)).one_rank
+        one = model_at(k).one_rank
         grads = [(one.type_of(x).nbytes, one.type_of(x).dtype.label) for x in gradient_order(one)]
         mib = req.graph.bucket_mib
 

@@ -352,7 +352,7 @@ def _cmd_optimize(args: argparse.Namespace) -> int:
         return 0
     runs = f" as {plan.microbatches} micro-batches" if plan.microbatches > 1 else ""
     if plan.ranks > 1:
-        buckets = f"buckets of {plan.bucket_mib:g} MiB" if plan.bucket_mib else "one all-reduce per gradient"
+        buckets = _size_said(plan.bucket_mib)
         if plan.bucket_members:
             buckets = f"{max(plan.bucket_members) + 1} buckets of members searched from {buckets}"
         runs += f" on {plan.ranks} ranks over {plan.link_gbps:g} Gb/s ({buckets})"
@@ -360,6 +360,11 @@ def _cmd_optimize(args: argparse.Namespace) -> int:
           + (f", written to {args.output}" if args.output else ""))
     _print_figures(info)
     return 0  # main turns this into 130 or 143 when a signal stopped the search
+
+
+def _size_said(mib: float) -> str:
+    """A data-parallel plan's bucket size, in words."""
+    return f"buckets of {mib:g} MiB" if mib else "one all-reduce per gradient"
 
 
 def _search_progress(out: TextIO) -> Callable[[SearchProgress], None]:
@@ -370,7 +375,7 @@ def _search_progress(out: TextIO) -> Callable[[SearchProgress], None]:
     def report(p: SearchProgress) -> None:
         passes = f"{p.microbatches} micro-batches, " if p.microbatches > 1 else ""
         if p.bucket_mib is not None:  # (data-parallel: the size searched, which ``--bucket-mib auto`` varies)
-            size = f"buckets of {p.bucket_mib:g} MiB" if p.bucket_mib else "one all-reduce per gradient"
+            size = _size_said(p.bucket_mib)
             passes += f"members searched from {size}, " if p.buckets_searched else f"{size}, "
         line = (f"ga: {p.seconds:5.1f} s of {p.budget_s:g} s, {passes}generation {p.generation}, best fraction "
                 f"{p.best_fraction:.4f}, {p.evaluations:,} plans simulated")

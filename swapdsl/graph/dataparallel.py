@@ -67,9 +67,8 @@ def data_parallel(t: Graph, ranks: int, link_gbps: float = DEFAULT_LINK_GBPS, ov
                            f"{t.type_of(grad).dtype.label}", hints=["plan without --ranks, or in --precision f32"])
     grads = {grad: f"{grad}/allreduced" for _, grad in t.grads}
     reports = _rank_reports(t, set(grads))
-    order = [grad for grad in _finished(t) if grad in grads]
-    cut = int(bucket_mib * MIB)
-    closing = _grouped(order, check_members(t, members)) if members else _buckets(t, order, cut)
+    order = gradient_order(t)
+    closing = _grouped(order, check_members(t, members)) if members else _buckets(t, order, int(bucket_mib * MIB))
     tensors = dict(t.tensors)
     ops: list[Op] = []
     rowwise = rowwise_dropout_seeds(t)
@@ -137,8 +136,13 @@ def check_members(t: Graph, members: Sequence[object]) -> tuple[int, ...]:
 def check_numbering(members: Sequence[object]) -> None:
     """A clear error unless ``members`` number their buckets from 0, each new bucket the next."""
     if any(not isinstance(x, int) or isinstance(x, bool) for x in members) or tuple(members) != canonical(members):
-        shown = " ".join(map(str, members[:8])) + (" ..." if len(members) > 8 else "")
-        raise SwpError(f"bucket members: numbered from 0, each new bucket the next (0 0 1 0 2 ...), not {shown}")
+        raise SwpError(f"bucket members: numbered from 0, each new bucket the next (0 0 1 0 2 ...), not "
+                       f"{shown(members)}")
+
+
+def shown(members: Sequence[object]) -> str:
+    """Members as a message shows them: the first eight."""
+    return " ".join(map(str, members[:8])) + (" ..." if len(members) > 8 else "")
 
 
 def _grouped(order: list[str], members: tuple[int, ...]) -> dict[str, list[list[str]]]:

@@ -22,7 +22,7 @@ from collections import Counter
 from swapdsl.common.errors import Span, SwpError
 from swapdsl.common.units import MAX_BYTES
 from swapdsl.graph.analysis import scratch_bytes
-from swapdsl.graph.dataparallel import canonical
+from swapdsl.graph.dataparallel import canonical, shown
 from swapdsl.graph.ir import Graph, Kind
 from swapdsl.graph.ops import REGISTRY
 from swapdsl.plan.program import ALIGN, Free, HOST, HostRun, NET_OPS, Plan, PlanOp, Region, Run, SwapIn, SwapOut
@@ -197,9 +197,9 @@ def check_describes(plan: Plan, g: Graph) -> None:
                         f"{plan.bucket_mib} MiB), its training graph on {g.ranks} ({g.link_gbps} Gb/s, "
                         f"{g.bucket_mib} MiB)", ("ranks" if plan.ranks != 1 else "method", 0))
     if plan.bucket_members != g.bucket_members:
-        said = lambda m: f"members {' '.join(map(str, m[:8]))}{' ...' if len(m) > 8 else ''}" if m else "no members"
-        raise PlanError(f"the plan's buckets have {said(plan.bucket_members)}, its training graph's "
-                        f"{said(g.bucket_members)}", ("ranks", 0))
+        mine, theirs = (f"members {shown(m)}" if m else "no members"
+                        for m in (plan.bucket_members, g.bucket_members))
+        raise PlanError(f"the plan's buckets have {mine}, its training graph's {theirs}", ("ranks", 0))
     homed = set(g.persistent) | set(g.inputs)
     want = [(n, t.type.nbytes, t.kind.value, n in homed) for n, t in g.tensors.items()]
     have = [(t.name, t.bytes, t.kind, t.home is not None) for t in plan.tensors]

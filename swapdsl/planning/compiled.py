@@ -153,13 +153,14 @@ class Evaluator:
         return Timing(float(ms), int(h2d), int(d2h), self.host_bytes(recs, pinned))
 
     def _host_lane(self, recs: np.ndarray) -> tuple[np.ndarray, ...]:
-        """The simulator's host-lane arguments (``Lane.arrays`` and the lane's start clock)."""
-        if self.lane is None:
-            return _NO_LANE + (np.zeros(1, np.float64),) + _NO_OUTS
-        order = _program_order(recs)
-        last = last_copies(recs[order, 1], recs[order, 2], len(self.size))
-        at, ptr, idx, ms, coll, out_ptr, out_idx = self.lane.arrays(last)
-        return at, ptr, idx, ms, coll, np.array([self.lane.start_ms], np.float64), out_ptr, out_idx
+        """The simulator's host-lane arguments: ``Lane.arrays``, the lane's start clock (which the
+        simulator writes its end into) before the last two."""
+        arrays, start = _NO_LANE, 0.0
+        if self.lane is not None:
+            order = _program_order(recs)
+            arrays = self.lane.arrays(last_copies(recs[order, 1], recs[order, 2], len(self.size)))
+            start = self.lane.start_ms
+        return (*arrays[:5], np.array([start], np.float64), *arrays[5:])
 
     def host_bytes(self, recs: np.ndarray, pinned: frozenset[int]) -> int:
         """Bytes of the inputs, the persistent tensors not pinned, and every other tensor swapped out."""
@@ -198,8 +199,7 @@ class Evaluator:
 
 
 _NO_LANE = (np.zeros(0, np.int64), np.zeros(1, np.int64), np.zeros(0, np.int64), np.zeros(0, np.float64),
-            np.zeros(0, np.bool_))
-_NO_OUTS = (np.zeros(1, np.int64), np.zeros(0, np.int64))
+            np.zeros(0, np.bool_), np.zeros(1, np.int64), np.zeros(0, np.int64))  # (Lane.arrays of no lane)
 
 
 def _program_order(recs: np.ndarray) -> np.ndarray:

@@ -59,7 +59,7 @@ def swapdsl_rows(name: str, args: argparse.Namespace) -> list[dict[str, Any]]:
     device = profile(model.training, xp, backend, load_device(None), repeat=3)
     reference_ms = statistics.median(reference.train(model.training, args.steps, 0, xp).step_ms[1:])
     room = api.optimize(model, api.no_swap_arena(model.training), "belady", device=device)
-    free_ms = statistics.median(api.execute_plan(room, model.training, args.steps, 0, backend).step_ms[1:])
+    free_ms = api.execute_plan(room, model.training, args.steps, 0, backend).steady_ms()
     no_swap = int(room.figure("no_swap_bytes"))
     rows = []
     for ratio in args.ratios:
@@ -72,7 +72,7 @@ def swapdsl_rows(name: str, args: argparse.Namespace) -> list[dict[str, Any]]:
             rows.append(row | {"swapdsl": f"infeasible: {str(exc).splitlines()[0]}"})
             continue
         run = api.execute_plan(plan, model.training, args.steps, 0, backend)
-        step = statistics.median(run.step_ms[1:])
+        step = run.steady_ms()  # after the first step and the one that captured the CUDA graph
         rows.append(row | {"swapdsl_ms": step, "measured_fraction": free_ms / step,
                            "simulated_fraction": plan.figure("fraction"), "simulated_ms": plan.figure("iteration_ms"),
                            "device_bytes_allocated": run.figures["device_bytes_allocated"],

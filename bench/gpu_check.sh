@@ -12,7 +12,13 @@
 #   D (4.5 minutes, after a round of kernel fixes): tests, both profiles, exec_r1 (ResNet-50 and GPT-2 with no
 #      swaps, graph on, no reference: the no-cap step), exec_on (the same at 1/2, graph on, checked),
 #      bench_r50 (ResNet-50 at 1/2 beside PyTorch)
+#   E (the next call: what has not yet run on a GPU, the riskiest first; limits 540 s): tests (bf16 as bits,
+#      half products through cuBLAS, host updates, the composite norm kernels), dist (2 ranks on one GPU),
+#      exec_on (the half-memory steps again, steady: 4 steps), bf16 (GPT-2 and ResNet-50 at 1/2, graph on)
 #   profile_gpt2: `swapdsl profile` of GPT-2 small on CuPy (in C)
+#   Step times: with the graph on, step 1 runs eagerly and step 2 captures the graph (issuing every item
+#      from Python, 0.1-1 s), so a steady figure needs at least 4 steps (bench/gpu_exec.py leaves both out
+#      and marks a row with no steady step "(warm-up)").
 #   (not in a call; by name only: exec_r4, resnet152, train, bf16)
 # The steps' limits say what each may take: a step of ResNet-50 (batch 64) or GPT-2 small (batch 8, seq
 # 1024) simulates at 0.1-0.3 s on an H100, but `exec --check` also runs the NumPy reference beside it,
@@ -34,7 +40,7 @@
 #   resnet152: the README's first GPU plan (ResNet-152, batch 8, ga under 512 MiB), against the 468.6 ms a
 #      step it took eagerly long ago;   train: bench/training.py on CuPy (throughput, resume, checkpoints).
 #
-# Usage: GPU_CHECK_CALL=A|AB|B|C bash bench/gpu_check.sh [OUTDIR]   (results go to OUTDIR, default $OUT or /tmp/gpu_check)
+# Usage: GPU_CHECK_CALL=A|AB|B|C|D|E bash bench/gpu_check.sh [OUTDIR]   (results go to OUTDIR, default $OUT or /tmp/gpu_check)
 #        GPU_CHECK_ON_CPU=1 PYTHON=/path/to/venv/python bash bench/gpu_check.sh OUTDIR   (the script on a CPU)
 # The wheels the machine lacks (lark; nvidia-cudnn-frontend, without which convolutions run swapdsl's own
 # kernels and the run says so) are staged here by bench/stage_wheels.sh into .whl/, carried by name, and
@@ -74,6 +80,7 @@ case "${GPU_CHECK_CALL:-}" in
     B) calls="bench profile" ;;
     C) calls="exec_gpt2 profile_gpt2 half dist" ;;
     D) calls="tests profile profile_gpt2 exec_r1 exec_on bench_r50" ;;
+    E) calls="tests dist exec_on bf16" ;;
     *) calls="light tests exec_tiny exec_r2 exec_gpt2 bench profile half bf16 dist" ;;
 esac
 wanted=" ${GPU_CHECK_STEPS:-$calls} "
@@ -99,11 +106,11 @@ fi
 want exec_tiny && step exec_tiny 50 $py "$repo/bench/gpu_exec.py" --configs tiny_resnet tiny_transformer \
     --steps 3 --json "$out/exec_tiny.json"
 want exec_r2 && step exec_r2 100 $py "$repo/bench/gpu_exec.py" --configs resnet50_b64 --ratios 2 \
-    --steps 3 --json "$out/exec_r2.json"
+    --steps 4 --json "$out/exec_r2.json"
 want exec_gpt2 && step exec_gpt2 150 $py "$repo/bench/gpu_exec.py" --configs gpt2_small --ratios 2 \
-    --steps 3 --json "$out/exec_gpt2.json"
+    --steps 4 --json "$out/exec_gpt2.json"
 want exec_r4 && step exec_r4 300 $py "$repo/bench/gpu_exec.py" --configs gpt2_small resnet50_b64 --ratios 4 \
-    --steps 3 --json "$out/exec_r4.json"
+    --steps 4 --json "$out/exec_r4.json"
 want resnet152 && step resnet152 120 $py "$repo/bench/gpu_exec.py" --configs resnet152_b8 --method ga \
     --budget 20 --steps 4 --json "$out/resnet152.json"
 want train && step train 240 $py "$repo/bench/training.py" --backend cupy --steps 100 --repeats 3 \
@@ -116,12 +123,12 @@ want profile_gpt2 && step profile_gpt2 60 $py -m swapdsl profile "$repo/stdlib/m
     -D hidden=768 -D heads=12 -D seq=1024 -D batch=8 --backend cupy -o "$out/profile_gpt2.json"
 want exec_r1 && step exec_r1 90 $py "$repo/bench/gpu_exec.py" --configs resnet50_b64 gpt2_small --ratios 1 \
     --graphs on --no-check --steps 4 --json "$out/exec_r1.json"
-want exec_on && step exec_on 120 $py "$repo/bench/gpu_exec.py" --configs resnet50_b64 gpt2_small --ratios 2 \
-    --graphs on --steps 3 --json "$out/exec_on.json"
+want exec_on && step exec_on 150 $py "$repo/bench/gpu_exec.py" --configs resnet50_b64 gpt2_small --ratios 2 \
+    --graphs on --steps 4 --json "$out/exec_on.json"
 want bench_r50 && step bench_r50 90 $py "$repo/bench/gpu_bench.py" --models resnet50 --ratios 2 --steps 4 \
     --budget 8 --json "$out/bench_r50.json"
 want half && step half 150 $py "$repo/bench/gpu_exec.py" --configs resnet50_b64 gpt2_small --ratios 2 \
-    --precision f16 --steps 2 --json "$out/half.json"
+    --precision f16 --graphs on --steps 4 --json "$out/half.json"
 want bf16 && step bf16 150 $py "$repo/bench/gpu_exec.py" --configs resnet50_b64 gpt2_small --ratios 2 \
-    --precision bf16 --steps 2 --json "$out/bf16.json"
+    --precision bf16 --graphs on --steps 4 --json "$out/bf16.json"
 exit 0

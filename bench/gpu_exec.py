@@ -7,7 +7,8 @@ Usage: python bench/gpu_exec.py [--configs resnet50_b64 gpt2_small] [--ratios 2 
 For each configuration and ratio, plans the model under cap = its no-swap memory (tensors and scratch) /
 ratio (ratio 1: no swaps), then runs the plan with `exec --check` (``--no-check``: without the reference
 beside it, which sets the time of a large model's run) with the CUDA graph on and off, and prints one table
-row per run: the median step after the first, the host's time to issue a step, the device bytes the
+row per run: the median step after the warm-up (the first step, and the one that captures the CUDA graph;
+give at least 4 steps with the graph on), the host's time to issue a step, the device bytes the
 process holds (CuPy's memory pool) against the cap, the largest difference from the reference executor,
 and the simulated step. `resnet152_b8` is the plan of the README's first GPU run (ga under 512 MiB);
 the `tiny_*` configurations run on NumPy in seconds, to try the script on a CPU.
@@ -17,7 +18,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
 import time
 
 from swapdsl import api
@@ -53,8 +53,8 @@ def run_config(name: str, ratio: float, args: argparse.Namespace) -> list[dict]:
             "config": name, "ratio": round(no_swap / cap, 2), "cap_bytes": cap, "method": args.method,
             "precision": args.precision,
             "graph": "on" if graph else "off", "graph_note": f["graph"],
-            "step_ms": statistics.median(run.step_ms[1:] or run.step_ms),
-            "host_ms": statistics.median(f["host_ms_per_step"][1:] or f["host_ms_per_step"]),
+            "step_ms": run.steady_ms(), "host_ms": run.steady_ms(f["host_ms_per_step"]),
+            "steady_steps": max(0, run.steps - run.warmup_steps),
             "device_bytes_allocated": f["device_bytes_allocated"], "scratch_bytes": f["scratch_bytes"],
             "max_rel_diff": run.max_rel_diff if args.check else float("nan"),
             "max_rel_diff_at": run.max_rel_diff_at if args.check else None,
@@ -64,8 +64,9 @@ def run_config(name: str, ratio: float, args: argparse.Namespace) -> list[dict]:
 
 
 def row_line(r: dict) -> str:
+    warm = "" if r["steady_steps"] else " (warm-up)"  # too few steps: the times include one-off work
     return (f"| {r['config']} | {r['ratio']:.2f} | {format_bytes(r['cap_bytes'])} | {r['graph']} | "
-            f"{r['step_ms']:.1f} | {r['host_ms']:.1f} | {format_bytes(r['device_bytes_allocated'])} | "
+            f"{r['step_ms']:.1f}{warm} | {r['host_ms']:.1f}{warm} | {format_bytes(r['device_bytes_allocated'])} | "
             f"{format_bytes(r['device_bytes_allocated'] - r['cap_bytes'])} | {r['max_rel_diff']:.1e} | "
             f"{r['simulated_ms']:.1f} |")
 

@@ -131,6 +131,7 @@ class PlanRunner:
         self.fused = FusedKernels.load(g, xp) if backend == "cupy" and vendor_kernels else FusedKernels()
         self.steps_run = 0
         self.host_ms = 0.0  # the last step's time to issue its work
+        self.warmup_steps = 1  # the steps that did one-off work (kernels compiled; on CuPy, the graph captured)
         self.work = self._prepare()
         self._lanes: tuple[dict[str, list[Item]], list[threading.Lock]] | None = None  # NumPy, at the first step
         self._cuda: list[CudaItem] | None = None  # CuPy, at the first step
@@ -400,6 +401,8 @@ class PlanRunner:
         started = time.perf_counter()
         self._cuda = self._cuda or self._cuda_items()
         if self._graph is None and self._eager_steps == 1:  # (after one eager step: kernels compiled, cuBLAS set up)
+            if self.graph_mode:  # this step captures (the capture issues every item from Python), then replays
+                self.warmup_steps = self.steps_run
             self._graph = self._agreed(self._capture() if self.graph_mode else None)
         compute = self.streams["compute"]
         if self._graph is not None:

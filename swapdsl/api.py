@@ -13,6 +13,7 @@ Mistakes raise ``SwpError`` (the message the command line prints).
 from __future__ import annotations
 
 import functools
+import statistics
 from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from types import ModuleType
@@ -392,6 +393,18 @@ class Execution:
     def metrics(self) -> list[dict[str, float]]:
         return [r.metrics for r in self.outcome.steps] if self.outcome else []
 
+    @property
+    def warmup_steps(self) -> int:
+        """The leading steps that did one-off work: the first (kernels compiled, lanes prepared) and, on CuPy
+        with the CUDA graph on, the one that captured the graph (it issued every item from Python too)."""
+        return int(self.figures.get("warmup_steps", 1))  # type: ignore[call-overload]
+
+    def steady_ms(self, times: list[float] | None = None) -> float:
+        """The median of ``times`` (default: the step times) after the warm-up steps, or of all of them where
+        the run was no longer than its warm-up."""
+        times = self.step_ms if times is None else times
+        return statistics.median(times[self.warmup_steps:] or times)
+
     def to_json(self) -> dict:
         out = {"model": self.model, "backend": self.backend, "steps": self.steps, "seed": self.seed,
                "loss": self.losses, "step_ms": self.step_ms, **self.figures}
@@ -626,6 +639,7 @@ def execute_plan(plan: Plan, train: Graph | None, steps: int | None = None, seed
                "cap_bytes": plan.cap, "scratch_bytes": plan.scratch, "device_arena_bytes": int(runner.arena.nbytes),
                "device_bytes_allocated": held[0], "host_arena_bytes": int(runner.host.nbytes),
                "simulated_ms": f["iteration_ms"], "simulated_device": plan.device.name, "host_ms_per_step": host, "graph": runner.graph_note,
+               "warmup_steps": runner.warmup_steps,
                "collectives": runner.comm_note,
                "vendor_kernels": len(runner.vendor.kernels), "fused_kernels": len(runner.fused.kernels),
                "vendor_notes": runner.vendor.notes + runner.fused.notes}

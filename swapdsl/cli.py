@@ -249,7 +249,7 @@ def _print_run(run: api.Execution, check: bool) -> None:
     evals = run.outcome.evals if run.outcome else []
     held = (f"; held out: loss {evals[-1].loss:.6f}" + "".join(f", {k} {v:.4g}" for k, v in evals[-1].metrics.items())
             if evals else "")
-    print(f"loss {first:.6f} -> {last:.6f} over {run.steps} steps, median step {_median(run.step_ms):.1f} ms{held}")
+    print(f"loss {first:.6f} -> {last:.6f} over {run.steps} steps, median step {run.steady_ms():.1f} ms{held}")
     skipped = sum(1 for m in run.metrics if m.get("finite", 1.0) != 1.0)
     if run.metrics and "finite" in run.metrics[-1]:
         scale = f"; loss scale now {run.metrics[-1]['loss_scale']:g}" if "loss_scale" in run.metrics[-1] else ""
@@ -317,10 +317,6 @@ def _cmd_plot_log(args: argparse.Namespace) -> int:
     steps = [r for r in records if r["event"] == "step"]
     print(f"{args.output}: {len(steps)} steps, {sum(r['event'] == 'eval' for r in records)} evaluations")
     return 0
-
-
-def _median(values: list[float]) -> float:
-    return sorted(values)[len(values) // 2]
 
 
 def _cmd_optimize(args: argparse.Namespace) -> int:

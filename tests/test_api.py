@@ -26,7 +26,18 @@ def test_load_optimize_save_read_execute(tmp_path: Path) -> None:
     run = swapdsl.execute(tmp_path / "t.plan", steps=2, check=True, backend="numpy")
     assert run.max_rel_diff == 0.0 and len(run.losses) == 2
     assert run.figures["device_arena_bytes"] == plan.cap
+    assert run.warmup_steps == 1 and run.steady_ms() == run.step_ms[1]  # NumPy: only the first step warms up
     assert json.loads(json.dumps(run.to_json()))["loss"] == run.losses
+
+
+def test_steady_step_times_leave_out_the_warm_up() -> None:
+    """The step that captures the CUDA graph issues every item from Python: a median over too few steps
+    would take it in (bench/gpu_exec.py's `--steps 3` once averaged it into a belady plan's step time)."""
+    run = swapdsl.Execution("m", "cupy", 5, 0, [1.0] * 5, [900.0, 1100.0, 100.0, 120.0, 110.0],
+                            {"warmup_steps": 2, "host_ms_per_step": [800.0, 1000.0, 0.5, 0.7, 0.6]})
+    assert run.steady_ms() == 110.0 and run.steady_ms(run.figures["host_ms_per_step"]) == 0.6
+    short = swapdsl.Execution("m", "cupy", 2, 0, [1.0] * 2, [900.0, 1100.0], {"warmup_steps": 2})
+    assert short.steady_ms() == 1000.0  # no steady step: all of them, as bench/gpu_exec.py marks "(warm-up)"
 
 
 def test_the_same_request_gives_the_same_plan() -> None:

@@ -277,6 +277,7 @@ def test_host_updates_match_the_reference_on_cupy(graph: bool, monkeypatch: pyte
             loss, _ = runner.step(step)
             assert loss == pytest.approx(ref.step(step), rel=1e-4)
         assert runner.graph_note.startswith("one CUDA graph") == graph, runner.graph_note
+        assert runner.warmup_steps == (2 if graph else 1)  # the capture step is warm-up, not a steady step
     finally:
         runner.close()
 

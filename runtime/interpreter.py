@@ -119,16 +119,21 @@ class PlanRunner:
         self.host = self._host_arena(host_bytes)
         self.homes = {t.name: t.home for t in plan.tensors if t.home is not None}
         self.inputs = set(g.inputs)
+        tf32 = tf32 and backend == "cupy"
+        # (before anything is loaded: the convolutions' checks borrow the arena, then it is cleared)
+        self.vendor = VendorKernels()
+        if backend == "cupy" and vendor_kernels:
+            self.vendor = VendorKernels.load(g, lambda: xp.cuda.get_current_stream().ptr, tf32=tf32, xp=xp,
+                                             space=self.arena)
+            self.arena.fill(0)
+        self.fused = FusedKernels.load(g, xp) if backend == "cupy" and vendor_kernels else FusedKernels()
         self._load_initial(seed)
-        self.ctx = attrs.evolve(self._context(), tf32=tf32 and backend == "cupy")
+        self.ctx = attrs.evolve(self._context(), tf32=tf32)
         # the network lane's own scratch: its kernels run beside compute's, and must not reset compute's
         net = self._scratch_for(i.op for i in plan.program if isinstance(i, Run) and g.ops[i.op].op in NET_OPS)
         self.net_ctx = attrs.evolve(self.ctx, scratch=Scratch(xp.zeros(max(net, 1), np.uint8)))
         self.host_ctx = self._host_context()
         self.host_kernels = HostKernels(threads)
-        self.vendor = (VendorKernels.load(g, lambda: xp.cuda.get_current_stream().ptr, tf32=self.ctx.tf32)
-                       if backend == "cupy" and vendor_kernels else VendorKernels())
-        self.fused = FusedKernels.load(g, xp) if backend == "cupy" and vendor_kernels else FusedKernels()
         self.steps_run = 0
         self.host_ms = 0.0  # the last step's time to issue its work
         self.warmup_steps = 1  # the steps that did one-off work (kernels compiled; on CuPy, the graph captured)

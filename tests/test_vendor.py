@@ -220,3 +220,118 @@ def test_tf32_is_an_opt_in() -> None:
     fake = FakeCudnn()
     VendorKernels.load(t, lambda: 0, cudnn=fake, tf32=True)
     assert not any(name == "deselect_numeric_notes" for g in fake.graphs for name, _ in g.calls)
+
+
+class ComputingCudnn(FakeCudnn):
+    """A stand-in that computes: each graph runs swapdsl's own kernel on the arrays behind the pointers it is
+    given (host memory on NumPy), at the graph's own shapes; ``fault`` makes it wrong in one way."""
+
+    def __init__(self, fault: str | None = None, scale: float = 0.0) -> None:
+        super().__init__()
+        self.fault, self.scale, self.addresses = fault, scale, []
+        made = self.pygraph
+        outer = self
+
+        class computing(made):  # noqa: N801
+            def _op(self, name: str, **kw: Any) -> _Tensor:
+                self.kind, self.kw, made_tensor = name, kw, super()._op(name, **kw)
+                self.made = made_tensor
+                return made_tensor
+
+            def execute(self, pack: dict[int, int], workspace: int, handle: Any) -> None:
+                outer.addresses += list(pack.values())
+                if outer.fault == "raise":
+                    raise RuntimeError("CUDNN_STATUS_EXECUTION_FAILED")
+                outer.compute(self, pack)
+
+        self.pygraph = computing
+
+    def compute(self, graph: Any, pack: dict[int, int]) -> None:
+        import ctypes
+
+        from swapdsl.graph.ir import TensorType
+        from swapdsl.graph.ops.kernels import kernel_of, scratch_need
+        from swapdsl.graph.ops.registry import np_dtype
+        from swapdsl.graph.ir import DType
+
+        label = graph.calls[0][1]["io_data_type"]
+        kw = graph.kw
+        names = {"conv_fprop": ("image", "weight"), "conv_dgrad": ("loss", "filter"), "conv_wgrad": ("image", "loss")}
+        tensors = [kw[n] for n in names[graph.kind]] + [graph.made]
+
+        def array(t: _Tensor) -> np.ndarray:
+            dtype = np.dtype(np_dtype(np, label))
+            n = int(np.prod(t.dim)) * dtype.itemsize
+            raw = np.ctypeslib.as_array((ctypes.c_uint8 * n).from_address(pack[t.uid]))
+            return raw.view(dtype).reshape(t.dim)
+
+        ins, out = [array(t) for t in tensors[:2]], array(tensors[2])
+        image = tensors[2].dim if graph.kind == "conv_dgrad" else tensors[0].dim
+        weight = tensors[1].dim if graph.kind != "conv_wgrad" else tensors[2].dim
+        a = {"stride": tuple(kw["stride"]), "padding": tuple(kw["pre_padding"]), "dilation": tuple(kw["dilation"]),
+             "groups": image[1] // weight[1], "input_hw": tuple(image[2:]), "kernel": tuple(weight[2:])}
+        op = {"conv_fprop": "conv2d", "conv_dgrad": "conv2d_grad_input", "conv_wgrad": "conv2d_grad_weight"}[graph.kind]
+        types = tuple(TensorType(tuple(x.shape), DType[label]) for x in ins)
+        out_t = TensorType(tuple(out.shape), DType[label])
+        ctx = KernelContext.standalone(np, scratch_need(op, types, out_t, a))
+        if self.fault == "convolution" and op != "conv2d_grad_weight":  # a true convolution: the filter flipped
+            ins[1] = np.ascontiguousarray(ins[1][:, :, ::-1, ::-1])
+        kernel_of(op, types, out_t, a)(ctx, ins, out, a)
+        if self.fault == "convolution" and op == "conv2d_grad_weight":
+            out[...] = out[:, :, ::-1, ::-1].copy()
+        if self.scale:
+            out[...] = (out.astype(np.float64) * (1 + self.scale)).astype(out.dtype)
+
+
+def resnet_at(batch: int, precision: str = "f32") -> Any:
+    import swapdsl
+
+    return swapdsl.load(MODELS / "tiny_resnet.swp", {"batch": batch, "width": 4, "blocks": 1},
+                        precision=precision).training
+
+
+@pytest.mark.parametrize("precision, bits", [("f32", False), ("bf16", False), ("bf16", True), ("f16", False)])
+def test_a_graph_that_computes_the_convolution_passes_its_check(precision: str, bits: bool) -> None:
+    """The check runs each graph at its own shapes, in the arena it is given, on a batch whose first two samples
+    hold values; the op's own kernel on those two alone gives the same numbers (the samples are independent).
+    ``bits``: bf16 as its bits in uint16 arrays, as on CuPy."""
+    from test_halfbits import BITS_NP
+
+    t = resnet_at(5, precision)
+    space = np.zeros(1 << 22, np.uint8)
+    fake = ComputingCudnn()
+    vendor = VendorKernels.load(t, lambda: 0, cudnn=fake, xp=BITS_NP if bits else np, space=space)
+    assert set(vendor.kernels) == set(conv_ops(t)) and not vendor.notes
+    lo, hi = space.ctypes.data, space.ctypes.data + space.size
+    assert fake.addresses and all(lo <= p < hi for p in fake.addresses)  # the arena, not new memory
+
+
+@pytest.mark.parametrize("fault, scale, precision, fails", [
+    ("convolution", 0.0, "f32", True),  # a true convolution (the filter flipped) where the op correlates
+    (None, 1e-3, "f32", True),  # FP32 off by 1e-3: refused
+    (None, 1e-3, "bf16", False),  # within one bf16 ulp: accepted
+    (None, 4e-2, "bf16", True),
+    ("raise", 0.0, "f32", True),
+])
+def test_a_graph_that_differs_from_the_op_falls_back_with_a_note(fault: str | None, scale: float, precision: str,
+                                                                 fails: bool) -> None:
+    t = resnet_at(3, precision)
+    vendor = VendorKernels.load(t, lambda: 0, cudnn=ComputingCudnn(fault, scale), xp=np)
+    if not fails:
+        assert set(vendor.kernels) == set(conv_ops(t)) and not vendor.notes
+        return
+    weights = {i: t.type_of(t.ops[i].inputs[1] if t.ops[i].op != "conv2d_grad_weight" else t.ops[i].outputs[0])
+               for i in conv_ops(t)}
+    wrong = {i for i, w in weights.items() if fault != "convolution" or w.shape[2:] != (1, 1)}  # (1x1: no flip)
+    assert wrong and not wrong & set(vendor.kernels) and vendor.notes
+    said = "CUDNN_STATUS_EXECUTION_FAILED" if fault == "raise" else "differs from swapdsl's kernel"
+    assert all(said in n and "own kernel" in n for n in vendor.notes), vendor.notes
+
+
+def test_a_check_that_does_not_fit_the_space_given_allocates_its_own() -> None:
+    t = resnet_at(3)
+    space = np.zeros(64, np.uint8)
+    fake = ComputingCudnn()
+    vendor = VendorKernels.load(t, lambda: 0, cudnn=fake, xp=np, space=space)
+    assert set(vendor.kernels) == set(conv_ops(t)) and not vendor.notes
+    assert not any(space.ctypes.data <= p < space.ctypes.data + 64 for p in fake.addresses) and not space.any()

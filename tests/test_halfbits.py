@@ -239,3 +239,50 @@ def test_cublas_is_told_each_half_type(monkeypatch: pytest.MonkeyPatch) -> None:
     assert blas._cublas_types(xp, "uint16", False)[:2] == (14, 68)  # (bf16's bits: 16BF, f32 accumulation)
     assert blas._cublas_types(xp, "float16", True)[:2] == (2, 68)  # (TF32 is for f32 alone)
     assert blas._cublas_types(xp, "float32", True)[:2] == (0, 77)
+
+
+@pytest.mark.parametrize("in_place", [True, False])
+def test_a_half_weight_gradient_summed_into_goes_to_cublas_with_beta_one(monkeypatch: pytest.MonkeyPatch,
+                                                                          in_place: bool) -> None:
+    """matmul_tn_fold_acc (a weight gradient summed over micro-batches or time steps) on half tensors reaches
+    cuBLAS as they are, adding into its output (beta 1) after the sum so far is copied there (nothing to copy
+    when the op runs in place): the same bits as the f32 staging, and the sum so far left as it was."""
+    from swapdsl.graph.ir import DType, TensorType
+    from swapdsl.graph.ops import blas
+    from swapdsl.graph.ops.kernels import kernel_of, scratch_need
+    from swapdsl.graph.ops.registry import KernelContext
+
+    seen: list[bool] = []
+
+    def cublas(xp: Any, calls: Any, a: Any, b: Any, c: Any, tf32: bool, accumulate: bool = False) -> None:
+        seen.append(accumulate)
+        wide = []
+        for v in (a, b, c):
+            w = np.empty(v.size, np.float32)
+            halfbits.widen(BITS_NP, w, _flat(v))
+            wide.append(w)
+        product = np.zeros(c.size, np.float32)
+        for g in calls:
+            blas.emulate(g, wide[0], wide[1], product)
+        halfbits.narrow(BITS_NP, _flat(c), product + wide[2] if accumulate else product)
+
+    monkeypatch.setattr(blas, "_cublas", cublas)
+    monkeypatch.setattr(blas, "_refused", set())
+    rng = np.random.default_rng(4)
+    op = "matmul_tn_fold_acc"
+    for dtype in (DType.bf16, DType.f16):
+        shapes = ((4, 5), (2, 3, 4), (2, 3, 5))
+        types_ = tuple(TensorType(s, dtype) for s in shapes)
+        out_t = TensorType((4, 5), dtype)
+        host = [rng.standard_normal(s).astype(np_dtype(np, dtype)) for s in shapes]
+        got = []
+        for xp in (BITS_NP, CudaBits("cuda_bits")):
+            ins = [halfbits.to_module(xp, h).copy() for h in host]
+            out = ins[0] if in_place else np.zeros(out_t.shape, np_dtype(xp, dtype))
+            ctx = KernelContext.standalone(xp, scratch_need(op, types_, out_t, {}))
+            kernel_of(op, types_, out_t, {})(ctx, ins, out, {})
+            got.append(out.tobytes())
+            if not in_place:
+                assert ins[0].tobytes() == halfbits.to_module(xp, host[0]).tobytes()
+        assert got[0] == got[1], dtype
+    assert seen == [True, True]

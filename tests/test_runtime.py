@@ -282,16 +282,23 @@ def test_host_updates_match_the_reference_on_cupy(graph: bool, monkeypatch: pyte
         runner.close()
 
 
+BF16_ON_CUPY = {  # (large enough that half ops run a block at a time)
+    "mlp": {"depth": 2, "batch": 64, "features": 256, "hidden": 1024},
+    # weights shared by every time step: their half gradients summed in by matmul_tn_fold_acc through cuBLAS
+    "lstm_lm": {"layers": 1, "hidden": 256, "vocab": 512, "seq": 8, "batch": 16, "lr": 0.1},
+}
+
+
 @pytest.mark.gpu
-def test_bf16_plans_run_on_cupy_as_bits() -> None:
+@pytest.mark.parametrize("name", sorted(BF16_ON_CUPY))
+def test_bf16_plans_run_on_cupy_as_bits(name: str) -> None:
     """bf16 tensors on CuPy are their bits in uint16 arrays (graph/ops/halfbits.py): a bf16 plan's losses
     follow NumPy's bf16 reference to bf16 precision (CuPy's f32 math rounds differently from NumPy's)."""
     import cupy
 
     import swapdsl
 
-    t = swapdsl.load(MODELS / "mlp.swp", {"depth": 2, "batch": 64, "features": 256, "hidden": 1024},
-                     precision="bf16").training  # (large enough that half ops run a block at a time)
+    t = swapdsl.load(MODELS / f"{name}.swp", BF16_ON_CUPY[name], precision="bf16").training
     need, no_swap = caps(t)
     runner = PlanRunner(plan_for(t, (need + no_swap) // 2, "belady"), t, "cupy", cupy, seed=3)
     ref = Trainer(t, 3, np)

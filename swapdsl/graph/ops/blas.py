@@ -147,27 +147,38 @@ class CublasError(RuntimeError):
         self.status = status
 
 
-def half_gemm(xp: Any, x: Array, y: Array, out: Array) -> bool:
-    """out = x @ y on half arrays of one dtype by cuBLAS, as they are: products accumulated in f32 (compute
-    type 32F, tensor cores; partial sums in f32 too, ``MATH_MODE``), rounded once to half; False where it
-    cannot (no CUDA, other dtypes, a layout cuBLAS cannot read, a GPU whose cuBLAS refuses the type), and the
-    caller computes it another way (over the whole output again)."""
+def half_gemm(xp: Any, x: Array, y: Array, out: Array, acc: Array | None = None) -> bool:
+    """out = x @ y (``acc``: acc + x @ y) on half arrays of one dtype by cuBLAS, as they are: products
+    accumulated in f32 (compute type 32F, tensor cores; partial sums in f32 too, ``MATH_MODE``), ``acc`` added
+    in f32 (beta 1), rounded once to half; False where it cannot (no CUDA, other dtypes, a layout cuBLAS cannot
+    read, a GPU whose cuBLAS refuses the type), and the caller computes it another way (over the whole output
+    again; ``acc`` is left as it was)."""
     dtype = str(out.dtype)
     if not on_cuda(xp) or dtype not in HALF_DATA or dtype in _refused or x.dtype != out.dtype or y.dtype != out.dtype:
         return False
     itemsize = out.dtype.itemsize
     calls = plan_gemm(x.shape, _elements(x.strides, itemsize), y.shape, _elements(y.strides, itemsize),
                       out.shape, _elements(out.strides, itemsize))
-    if calls is None:
+    if calls is None or (acc is not None and (acc.dtype != out.dtype or acc.shape != out.shape)):
         return False
+    if acc is not None and not _same_memory(acc, out):
+        xp.copyto(out, acc)  # (an op in place is handed its output as its first input: then nothing to copy)
     try:
-        _cublas(xp, calls, y, x, out, False)
+        _cublas(xp, calls, y, x, out, False, **({"accumulate": True} if acc is not None else {}))
     except CublasError as err:
         if err.status not in REFUSALS:
             raise
         _refused.add(dtype)
         return False
     return True
+
+
+def _same_memory(a: Array, b: Array) -> bool:
+    """Whether two arrays are one view of the same memory (same address, shape and strides)."""
+    def address(v: Array) -> int:
+        return int(v.data.ptr) if hasattr(v.data, "ptr") else int(v.__array_interface__["data"][0])
+
+    return a is b or (address(a) == address(b) and a.shape == b.shape and a.strides == b.strides)
 
 
 def _elements(strides: tuple[int, ...], itemsize: int) -> tuple[int, ...]:
@@ -188,8 +199,10 @@ def _cublas_types(xp: Any, dtype: str, tf32: bool) -> tuple[int, int, np.ndarray
     return data, compute, np.ones((), np.float32), np.zeros((), np.float32)
 
 
-def _cublas(xp: Any, calls: list[Gemm], a: Array, b: Array, c: Array, tf32: bool) -> None:
+def _cublas(xp: Any, calls: list[Gemm], a: Array, b: Array, c: Array, tf32: bool, accumulate: bool = False) -> None:
+    """The planned GEMMs, c = a b (column-major), or c += a b where ``accumulate`` (beta 1)."""
     data, compute, one, zero = _cublas_types(xp, str(c.dtype), tf32)
+    beta = one if accumulate else zero
     item, stream = c.dtype.itemsize, xp.cuda.get_current_stream().ptr
     own = own_cublas(xp)
     if own is None:  # no library of our own: CuPy's wrappers, which refuse to run in a capture
@@ -202,12 +215,12 @@ def _cublas(xp: Any, calls: list[Gemm], a: Array, b: Array, c: Array, tf32: bool
                 handle, int(g.transa), int(g.transb), g.m, g.n, g.k, one.ctypes.data,
                 a.data.ptr + g.a_offset * item, data, g.lda, g.stride_a,
                 b.data.ptr + g.b_offset * item, data, g.ldb, g.stride_b,
-                zero.ctypes.data, c.data.ptr + g.c_offset * item, data, g.ldc, g.stride_c,
+                beta.ctypes.data, c.data.ptr + g.c_offset * item, data, g.ldc, g.stride_c,
                 g.batch, compute, cublas.CUBLAS_GEMM_DEFAULT)
         return
     for g in calls:
         own.gemm(stream, g, (a.data.ptr + g.a_offset * item, b.data.ptr + g.b_offset * item,
-                             c.data.ptr + g.c_offset * item), data, compute, one, zero)
+                             c.data.ptr + g.c_offset * item), data, compute, one, beta)
 
 
 _GEMM_DEFAULT = -1  # cublasGemmAlgo_t CUBLAS_GEMM_DEFAULT
@@ -237,7 +250,7 @@ class OwnCublas:
             raise CublasError(what, status)
 
     def gemm(self, stream: int, g: Gemm, pointers: tuple[int, int, int], data: int, compute: int,
-             one: np.ndarray, zero: np.ndarray) -> None:
+             one: np.ndarray, beta: np.ndarray) -> None:
         c = self.c
         a_ptr, b_ptr, c_ptr = (c.c_void_p(p) for p in pointers)
         self._check(self.lib.cublasSetStream_v2(self.handle, c.c_void_p(stream)), "cublasSetStream")
@@ -245,7 +258,7 @@ class OwnCublas:
             self.handle, c.c_int(int(g.transa)), c.c_int(int(g.transb)), c.c_int(g.m), c.c_int(g.n), c.c_int(g.k),
             c.c_void_p(one.ctypes.data), a_ptr, c.c_int(data), c.c_int(g.lda), c.c_longlong(g.stride_a),
             b_ptr, c.c_int(data), c.c_int(g.ldb), c.c_longlong(g.stride_b),
-            c.c_void_p(zero.ctypes.data), c_ptr, c.c_int(data), c.c_int(g.ldc), c.c_longlong(g.stride_c),
+            c.c_void_p(beta.ctypes.data), c_ptr, c.c_int(data), c.c_int(g.ldc), c.c_longlong(g.stride_c),
             c.c_int(g.batch), c.c_int(compute), c.c_int(_GEMM_DEFAULT)), "cublasGemmStridedBatchedEx")
 
 

@@ -134,5 +134,7 @@ register(
                                                    ins[1].reshape(-1, ins[1].shape[-1]), out)),
     # a weight gradient summed over uses (an RNN's time steps) as it is made
     OpDef("matmul_tn_fold_acc", (3, 3), _tn_fold_acc_infer, _fold_acc_flops, _fold_acc, in_place=True,
-          scratch=_fold_acc_scratch),
+          scratch=_fold_acc_scratch,
+          on_half=lambda c, ins, out, a: half_gemm(c.xp, ins[1].reshape(-1, ins[1].shape[-1]).T,
+                                                   ins[2].reshape(-1, ins[2].shape[-1]), out, acc=ins[0])),
 )

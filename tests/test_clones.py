@@ -23,7 +23,7 @@ from swapdsl.plan.validate import validate
 from swapdsl.planning.baselines import build_plan
 from swapdsl.planning.bound import bound_ms, recompute_bound_ms
 from swapdsl.planning.checkpoint import _Checkpointing, rebuilt_makers
-from swapdsl.planning.clones import Candidates, Extensions, place_clones
+from swapdsl.planning.clones import Candidates, Extensions, Placer, merged_schedule, place_clones
 from swapdsl.planning.ga import CHEN_MASKS, Decoder, Genome, Search, SearchOptions, genetic_search
 from swapdsl.planning.optimize import METHOD_NAMES, optimize
 from swapdsl.planning.problem import Problem, Request
@@ -127,6 +127,30 @@ def test_recompute_genes_make_the_plan_that_scores_them() -> None:
     assert again and {i.op for i in again} <= set(d.candidates.tolist())
     assert simulate(plan).iteration_ms == d.score(g)
     validate(plan, t)
+
+
+@settings(max_examples=200, deadline=None,
+          suppress_health_check=[HealthCheck.too_slow])
+@given(training_graphs(), st.booleans(), st.integers(0, 2**31 - 1))
+def test_the_placer_places_clones_as_place_clones_does(t: Graph, chains: bool, seed: int) -> None:
+    """``Placer`` (arrays, the search's) keeps the clones ``place_clones`` (readable) keeps, at the same
+    positions, for any schedule the decoder can make and any set of candidates, chains or not; the merged
+    schedule puts clone k just before position need[k], ties in clone order."""
+    req, p = _request(t, 0.5)
+    d = Decoder(req)
+    rng = np.random.default_rng(seed)
+    schedule, _ = d.decode(Genome(rng.normal(0, 5, p.n_ops), 0.0, 0, 0, np.zeros(len(d.candidates), np.bool_)))
+    c = Candidates.of(p, chains)
+    chosen = [m for m in c.ops if rng.random() < rng.random()]
+    kept, need = Placer(p, c).place(schedule, chosen)
+    assert (kept, need) == place_clones(p, c, schedule.tolist(), chosen)
+    ext = Extensions(p, chains=chains).get(tuple(kept))[0]
+    merged = merged_schedule(schedule, ext, need).tolist()
+    want: list[int] = []
+    for i, op in enumerate([*schedule.tolist(), None]):
+        want += [p.n_ops + k for k, at in enumerate(need) if at == i] + ([op] if op is not None else [])
+    assert merged == want
+    event(f"kept {min(len(kept), 5)}+ of {min(len(chosen), 5)}+")
 
 
 def test_candidates_are_forward_ops_the_backward_pass_reads() -> None:

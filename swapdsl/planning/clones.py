@@ -116,7 +116,7 @@ class Extended:
         return t if t < n else self.origin[t - n]
 
 
-def extend(p: Problem, ops: Iterable[int], forward: tuple[bool, ...]) -> Extended:
+def extend(p: Problem, ops: Iterable[int], c: Candidates) -> Extended:
     """``p`` with a clone of each op in ``ops`` (ascending), read by the backward pass instead."""
     ops = tuple(sorted(ops))
     n_t = len(p.names)
@@ -125,7 +125,9 @@ def extend(p: Problem, ops: Iterable[int], forward: tuple[bool, ...]) -> Extende
         for t in p.op_outputs[m]:
             clone[t] = n_t + len(clone)
     origin = tuple(clone)
-    inputs = [ins if forward[op] else tuple(clone.get(t, t) for t in ins) for op, ins in enumerate(p.op_inputs)]
+    inputs = list(p.op_inputs)
+    for r in {r for t in clone for r in c.readers.get(t, ()) if not c.forward[r]}:  # (the backward readers)
+        inputs[r] = tuple(clone.get(t, t) for t in inputs[r])
     inputs += [tuple(clone.get(t, t) for t in p.op_inputs[m]) for m in ops]
     q = attrs.evolve(
         p, names=p.names + tuple(f"{p.names[t]}'" for t in origin),
@@ -178,17 +180,82 @@ def _valid(p: Problem, c: Candidates, pos: np.ndarray, m: int, at: int, made: se
                for u in p.op_inputs[m])
 
 
-def merged_schedule(base: list[int], ext: Extended, need: list[int]) -> list[int]:
-    """``base`` with clone ``k`` just before position ``need[k]`` (ties in clone order)."""
-    at: dict[int, list[int]] = {}
-    for k, n in enumerate(need):
-        at.setdefault(n, []).append(ext.base.n_ops + k)
-    out: list[int] = []
-    for i, op in enumerate(base):
-        out += at.get(i, ())
-        out.append(op)
-    out += at.get(len(base), ())
-    return out
+class Placer:
+    """``place_clones`` on arrays, for the search's inner loop: what each op's outputs' readers and its
+    in-place-overwritten inputs are, flattened once (each op's row ends in a sentinel, so no row is empty);
+    each call then takes the positions' maxima and minima per row with NumPy, and relaxes the edges from
+    a clone to a chosen reader, which must see that reader's own clone position first."""
+
+    def __init__(self, p: Problem, c: Candidates) -> None:
+        n = p.n_ops
+        self.n, self.forward = n, np.array(c.forward, np.bool_)
+        maker = np.full(len(p.names), n, np.int64)  # (n: no maker, an input)
+        for op in range(n):
+            maker[list(p.op_outputs[op])] = op
+        fw, bw, ins = [], [], []
+        for op in range(n):
+            readers = sorted({r for t in p.op_outputs[op] for r in c.readers.get(t, ())})
+            fw.append([r for r in readers if c.forward[r]] + [n])
+            bw.append([r for r in readers if not c.forward[r]] + [n])
+            ins.append([(c.consumer[u], maker[u]) for u in p.op_inputs[op] if u in c.consumer] + [(n, n)])
+        self.fw_ptr, self.fw_idx = _rows(fw)
+        self.bw_ptr, self.bw_idx = _rows(bw)
+        self.in_ptr, pairs = _rows(ins)
+        self.consumer, self.maker = pairs.reshape(-1, 2).T
+        # each op to each forward reader: a chosen reader's clone position bounds the op's clone's
+        self.edge_from = np.repeat(np.arange(n), np.diff(self.fw_ptr) - 1)
+        self.edge_to = np.array([r for row in fw for r in row[:-1]], np.int64)
+
+    def place(self, schedule: list[int] | np.ndarray, chosen: Iterable[int]) -> tuple[list[int], list[int]]:
+        """What ``place_clones`` gives, for ``chosen`` forward ops."""
+        n = self.n
+        pos = np.empty(n + 1, np.int64)
+        pos[np.asarray(schedule, np.int64)] = np.arange(n)
+        kept = np.unique(np.fromiter(chosen, np.int64))
+        if not self.forward[kept].all():
+            raise ValueError("only forward ops are recomputed")
+        while True:
+            inkept = np.zeros(n + 1, np.bool_)
+            inkept[kept] = True
+            need = self._needs(pos, inkept)
+            pos[n] = -1
+            fw_last = np.maximum.reduceat(pos[self.fw_idx], self.fw_ptr[:-1])
+            pos[n] = n
+            cons = np.where(inkept[self.maker], n, pos[self.consumer])  # (an input a clone makes: no matter)
+            cons_first = np.minimum.reduceat(cons, self.in_ptr[:-1])
+            at = need[kept]
+            good = (at < n) & (fw_last[kept] < at) & (cons_first[kept] >= at)
+            if good.all():
+                return kept.tolist(), at.tolist()
+            kept = kept[good]
+
+    def _needs(self, pos: np.ndarray, inkept: np.ndarray) -> np.ndarray:
+        """Each op's clone position: its first backward reader's, or a chosen forward reader's clone's if
+        earlier (relaxed along the chosen edges until nothing moves: as many rounds as the longest chain)."""
+        n = self.n
+        pos[n] = n
+        need = np.minimum.reduceat(pos[self.bw_idx], self.bw_ptr[:-1])
+        both = inkept[self.edge_from] & inkept[self.edge_to]
+        src, dst = self.edge_from[both], self.edge_to[both]
+        while src.size:
+            lower = need[dst] < need[src]
+            if not lower.any():
+                break
+            np.minimum.at(need, src[lower], need[dst[lower]])
+        return need
+
+
+def _rows(rows: list[list]) -> tuple[np.ndarray, np.ndarray]:
+    ptr = np.zeros(len(rows) + 1, np.int64)
+    ptr[1:] = np.cumsum([len(r) for r in rows])
+    return ptr, np.array([x for r in rows for x in r], np.int64).ravel()
+
+
+def merged_schedule(base: list[int] | np.ndarray, ext: Extended, need: list[int]) -> np.ndarray:
+    """``base`` with clone ``k`` just before position ``need[k]`` (ties in clone order: ``np.insert`` keeps the
+    order of equal positions)."""
+    clones = ext.base.n_ops + np.arange(len(need), dtype=np.int64)
+    return np.insert(np.asarray(base, np.int64), np.asarray(need, np.int64), clones)
 
 
 def to_base(ext: Extended, program: list[Instr]) -> list[Instr]:
@@ -219,15 +286,16 @@ class Extensions:
     def __init__(self, p: Problem, size: int = 16, chains: bool = False) -> None:
         self.p = p
         self.candidates = Candidates.of(p, chains)
+        self.placer = Placer(p, self.candidates)
         self.get = functools.lru_cache(maxsize=size)(self._build)
 
     def _build(self, ops: tuple[int, ...]) -> tuple[Extended, Evaluator]:
-        ext = extend(self.p, ops, self.candidates.forward)
+        ext = extend(self.p, ops, self.candidates)
         return ext, Evaluator(ext.problem, origin=ext.origin)
 
-    def prepare(self, schedule: list[int], chosen: Iterable[int]) -> tuple[Extended, Evaluator, list[int]]:
+    def prepare(self, schedule: list[int] | np.ndarray, chosen: Iterable[int]) -> tuple[Extended, Evaluator, np.ndarray]:
         """The extended problem for what of ``chosen`` can be recomputed in ``schedule``, its evaluator,
         and the schedule with the clones in it."""
-        kept, need = place_clones(self.p, self.candidates, schedule, chosen)
+        kept, need = self.placer.place(schedule, chosen)
         ext, evaluator = self.get(tuple(kept))
         return ext, evaluator, merged_schedule(schedule, ext, need)

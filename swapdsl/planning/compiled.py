@@ -18,6 +18,7 @@ from __future__ import annotations
 import ctypes
 import enum
 import functools
+import itertools
 import sys
 
 import attrs
@@ -56,8 +57,8 @@ class Timing:
 
 def _csr(rows: tuple[tuple[int, ...], ...]) -> tuple[np.ndarray, np.ndarray]:
     ptr = np.zeros(len(rows) + 1, np.int64)
-    ptr[1:] = np.cumsum([len(r) for r in rows])
-    return ptr, np.array([t for r in rows for t in r], np.int64)
+    ptr[1:] = np.cumsum(np.fromiter(map(len, rows), np.int64, len(rows)))
+    return ptr, np.fromiter(itertools.chain.from_iterable(rows), np.int64, int(ptr[-1]))
 
 
 @functools.cache
@@ -93,7 +94,7 @@ class Evaluator:
         # what may start on the host: unpinned persistent tensors, and what host ops make for the device
         self.persistent = np.zeros(n, np.bool_)
         self.persistent[list(p.starts_on_host)] = True
-        self.fwd_act = np.array([k == Kind.activation.value for k in p.kinds], np.bool_)
+        self.fwd_act = (np.array(p.kinds, dtype=object) == Kind.activation.value).astype(np.bool_)
         # a new value of an unpinned persistent tensor is copied out once made; so is what host ops read,
         # as the new value of a parameter updated on the host (never pinned)
         self.upd_old = np.array([o for o, _ in p.updates] + [-1] * len(p.to_host), np.int64)  # (-1: always)

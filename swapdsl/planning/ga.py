@@ -270,7 +270,7 @@ class Decoder:
         schedule, pinned = decoded
         recompute = self.recomputed(g)
         if recompute:
-            _, evaluator, merged = self.extensions.prepare(schedule.tolist(), recompute)
+            _, evaluator, merged = self.extensions.prepare(schedule, recompute)
             t = evaluator(merged, self.req.tensor_cap, pinned, g.policy)
         else:
             t = self.evaluator(schedule, self.req.tensor_cap, pinned, g.policy)

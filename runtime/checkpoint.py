@@ -140,7 +140,7 @@ def check_same_run(ck: Checkpoint, g: Graph) -> None:
                     if key in ("precision", "guard", "ranks") else "resume with the model file and arguments that "
                     "wrote it, or start from its parameters alone with --init")
             raise SwpError(f"--resume `{ck.path}` was written by another run: its {label} differ"
-                           + ("s" if key in ("precision", "guard") else ""),
+                           + ("" if key in ("args", "ranks") else "s"),  # (arguments and ranks are plural)
                            notes=[f"checkpoint: model `{ck.meta.get('model')}`, {label} {theirs.get(key)}",
                                   f"this run:   model `{g.name}`, {label} {mine[key]}"], hints=[hint])
     _check_tensors(ck, g, g.persistent, "--resume")

@@ -59,6 +59,19 @@ def batch_size(g: Graph) -> int:
     return next(iter(sizes.values()))
 
 
+def array_names(path: str) -> set[str]:
+    """The arrays a data set at ``path`` names (a folder's ``NAME.npy`` files, an ``.npz``'s members),
+    unread and unchecked (``open_dataset`` checks them); none where it is neither."""
+    where = Path(path)
+    if where.is_dir():
+        return {p.stem for p in where.glob("*.npy")}
+    try:
+        with zipfile.ZipFile(where) as z:
+            return {n.removesuffix(".npy") for n in z.namelist()}
+    except (OSError, zipfile.BadZipFile, ValueError):
+        return set()
+
+
 def open_dataset(path: str, g: Graph, flag: str = "--data", ranks: int = 1) -> Dataset:
     """The arrays at ``path`` for ``g``'s inputs, checked: names, dtypes, shapes, example counts, label ranges.
     Its batches are ``ranks`` times ``g``'s: each data-parallel rank reads its own rows of each."""

@@ -19,8 +19,11 @@ def read_log(path: str) -> list[dict]:
         raise SwpError(f"the log `{path}` is not a regular file")
     try:
         lines = Path(path).read_text(encoding="utf-8").splitlines()
-    except (OSError, UnicodeDecodeError) as exc:
-        raise SwpError(f"cannot read the log `{path}`: {getattr(exc, 'strerror', None) or exc}") from None
+    except UnicodeDecodeError as exc:
+        raise SwpError(f"the log `{path}` is not text (byte {exc.start} is not UTF-8)",
+                       hints=["give the JSON-lines file `swapdsl exec --log FILE` wrote"]) from None
+    except OSError as exc:
+        raise SwpError(f"cannot read the log `{path}`: {exc.strerror or exc}") from None
     records = []
     for n, line in enumerate(lines, 1):
         if not line.strip():

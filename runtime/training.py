@@ -385,6 +385,20 @@ def _emit(hook: Callable | None, record: StepRecord | EvalRecord | SaveRecord, l
         hook(record)
 
 
+@attrs.frozen
+class Held:
+    """A state to evaluate from with nothing training it (``swapdsl predict`` on data with its targets)."""
+
+    values: dict[str, np.ndarray]
+    steps_run: int = 0
+
+    def state(self) -> dict[str, np.ndarray]:
+        return self.values
+
+    def load_state(self, state: dict[str, np.ndarray], steps: int) -> None:
+        pass  # (the evaluation's executors share no arena with it)
+
+
 def evaluator(trainer: Stepper, forward: Stepper, tail: Callable[[int], Stepper | None] | None = None,
               tail_rows: int | None = None) -> Evaluator:
     """Evaluation by ``forward`` (an executor of ``autodiff.evaluation_graph``) from ``trainer``'s state: the

@@ -17,6 +17,7 @@ import statistics
 from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from types import ModuleType
+from typing import TypeVar
 
 import attrs
 import numpy as np
@@ -28,7 +29,7 @@ from swapdsl.devices.profiles import BUILTIN, DEFAULT_DEVICE, Device, load_devic
 from swapdsl.graph.analysis import peak_bytes, summary, training_summary
 from swapdsl.graph.autodiff import evaluation_graph, prediction_graph, running_names, training_graph
 from swapdsl.graph.checker import check_graph
-from swapdsl.graph.ir import Graph
+from swapdsl.graph.ir import Graph, Kind
 from swapdsl.graph.ops.registry import np_dtype
 from swapdsl.graph.precision import GUARDS, PRECISIONS, autocast, default_guard
 from swapdsl.graph.dataparallel import (DEFAULT_BUCKET_MIB, DEFAULT_LINK_GBPS, check_bucket, check_ranks,
@@ -55,7 +56,7 @@ from swapdsl.planning.sizing import BelowSmallestCap
 from swapdsl.runtime import checkpoint, reference, training
 from swapdsl.runtime.data import init_persistent
 from swapdsl.runtime.dist import EveryRank, join
-from swapdsl.runtime.dataset import open_dataset
+from swapdsl.runtime.dataset import Dataset, array_names, open_dataset
 from swapdsl.runtime.predict import predict as run_predict
 from swapdsl.runtime.backend import array_module, device_bytes_held, require_memory, separate_pool
 from swapdsl.runtime.interpreter import PlanRunner
@@ -155,6 +156,9 @@ def load(path: str | Path, overrides: Mapping[str, Override] | None = None, prec
     guard = default_guard(precision) if guard is None else guard
     if guard not in GUARDS:
         raise SwpError(f"unknown guard `{guard}`", hints=[f"guards: {', '.join(GUARDS)}"])
+    if is_plan_file(path):
+        raise SwpError(f"`{path}` is a plan (`swapdsl optimize` wrote it), not a model",
+                       hints=["give the model's .swp file; `swapdsl show`, `simulate` and `exec` read a plan"])
     program = load_program(str(path))
     given = {**(overrides or {}), **args}
     full = model_arguments(model_of(program), given)
@@ -494,13 +498,46 @@ def predict(target: Plan | Model | str | Path, data: str, init: str | None = Non
     an ``.npz`` with the inputs the outputs need), from the parameters and running statistics in the
     checkpoint ``init`` (else the seed's initialisation). A plan runs the prediction graph planned under its
     cap (``belady``) at its micro-batch size; a model, the reference executor."""
+    return _inference(target, data, init, backend, seed, prediction_graph, run_predict)
+
+
+def evaluate(target: Plan | Model | str | Path, data: str, init: str | None = None, backend: str = "auto",
+             seed: int = 0) -> training.EvalRecord | None:
+    """The loss and reports over every example in ``data``, as ``exec --eval`` takes them (each batch
+    weighed by its examples, the last partial batch at its size), from ``init`` as ``predict`` reads it;
+    None where ``data`` lacks an input the loss needs (its targets) or the model has no loss."""
+    m = _inference_model(target)[1]
+    if not m.graph.loss or not set(evaluation_graph(m.graph).inputs) <= array_names(data):
+        return None
+
+    def run(g: Graph, first: training.Stepper, tail: Callable[[int], training.Stepper | None], ds: Dataset,
+            state: dict[str, np.ndarray]) -> training.EvalRecord:
+        return training.evaluator(training.Held(state), first, tail)(ds, 0)
+
+    return _inference(target, data, init, backend, seed, evaluation_graph, run)
+
+
+def _inference_model(target: Plan | Model | str | Path) -> tuple[Plan | None, Model]:
     plan = read(target) if isinstance(target, (str, Path)) and is_plan_file(target) else (
         target if isinstance(target, Plan) else None)
-    m = _model_of(plan) if plan is not None else target if isinstance(target, Model) else load(target)
+    return plan, _model_of(plan) if plan is not None else target if isinstance(target, Model) else load(target)
+
+
+T = TypeVar("T")
+
+
+def _inference(target: Plan | Model | str | Path, data: str, init: str | None, backend: str, seed: int,
+                  graph_of: Callable[[Graph], Graph],
+                  run: Callable[[Graph, training.Stepper, Callable[[int], training.Stepper | None], Dataset,
+                                 dict[str, np.ndarray]], T]) -> T:
+    """``run`` over ``data`` by executors of ``graph_of`` the model's forward graph, from ``init``'s state: a
+    plan's graph planned under its cap (``belady``) at its micro-batch size, a model's by the reference
+    executor; the last partial batch by one at its size (None where that does not plan)."""
+    plan, m = _inference_model(target)
     rows = int(m.args["batch"]) // m.microbatches if m.microbatches > 1 else None
     base = _at_batch(m, rows) if rows else m
     assert base is not None
-    g = prediction_graph(base.graph)
+    g = graph_of(base.graph)
     check_graph(g)
     name, xp = array_module(backend)
     made: list[PlanRunner] = []
@@ -515,14 +552,14 @@ def predict(target: Plan | Model | str | Path, data: str, init: str | None = Non
     def tail(r: int) -> training.Stepper | None:
         at = _at_batch(base, r)
         try:
-            return None if at is None else stepper(prediction_graph(at.graph), at.graph.args)
+            return None if at is None else stepper(graph_of(at.graph), at.graph.args)
         except SwpError:
             return None
 
     ds = open_dataset(data, g)
     state = _init_values(init, g, seed)
     try:
-        return run_predict(g, stepper(g, base.graph.args), functools.cache(tail), ds, state)
+        return run(g, stepper(g, base.graph.args), functools.cache(tail), ds, state)
     finally:
         for r in made:
             r.close()
@@ -574,7 +611,7 @@ def _init_values(init: str | None, g: Graph, seed: int) -> dict[str, np.ndarray]
     if init is not None:
         ck = checkpoint.read(init, "--init")
         values.update(checkpoint.parameters(ck, g))
-        for k in (s for s in g.state if not s.startswith("output/")):  # batch norm's running statistics
+        for k in (s for s in g.state if g.tensors[s].kind != Kind.metric):  # batch norm's running statistics
             if k not in ck.values or ck.values[k].shape != g.type_of(k).shape:
                 raise SwpError(f"--init `{init}` has no running statistic `{k}` of shape {list(g.type_of(k).shape)}",
                                hints=["give a checkpoint that `exec --save` wrote for this model"])

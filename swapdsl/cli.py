@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import difflib
 import json
 import math
 import os
@@ -190,7 +191,7 @@ def _cmd_exec(args: argparse.Namespace) -> int:
 
     def start(first: int, last: int, ds: Dataset | None, seed: int) -> None:
         progress.append(Progress(last, ds.batches_per_epoch if ds else None, live=None if not args.json else False,
-                                 every=max(1, (last - first + 1) // 25)))
+                                 every=max(1, -(-(last - first + 1) // 25))))  # (at most 25 lines and the last)
         if not args.json:
             data = (f"{ds.examples} examples of {args.data} ({ds.batches_per_epoch} batches of {ds.batch} an epoch"
                     + (f", {ds.dropped} in a partial batch left out" if ds.dropped else "") + ")"
@@ -277,10 +278,16 @@ def _cmd_predict(args: argparse.Namespace) -> int:
         target = _load(args)
     started = time.perf_counter()
     outputs = api.predict(target, args.data, args.init, args.backend, args.seed)
-    write_bytes_atomically(args.output, npz_bytes(outputs), "prediction")
+    seconds = time.perf_counter() - started
+    held = api.evaluate(target, args.data, args.init, args.backend, args.seed)  # (where the targets are there)
+    write_bytes_atomically(args.output, npz_bytes(outputs), "prediction")  # (once nothing else can fail)
     rows = next(iter(outputs.values())).shape[0]
     shapes = ", ".join(f"{k} {list(v.shape)} {v.dtype}" for k, v in outputs.items())
-    print(f"{args.output}: {rows} examples ({shapes}) in {time.perf_counter() - started:.1f} s")
+    print(f"{args.output}: {rows} examples ({shapes}) in {seconds:.1f} s")
+    if held is not None:
+        figures = "".join(f", {k} {v:.4f}" for k, v in held.metrics.items())
+        left = f"; the last {held.dropped} left out (no plan at that size)" if held.dropped else ""
+        print(f"held out: loss {held.loss:.6f}{figures} ({held.examples} examples with their targets{left})")
     return 0
 
 
@@ -402,7 +409,8 @@ def _print_figures(f: dict) -> None:
         print(f"  fraction         {f['fraction']:.3f} of the infinite-memory speed")
     k = int(f.get("microbatches", 1))
     passes = f" in {k} micro-batches" if k > 1 else ""  # (`--memory 1/3` is a share of one pass's)
-    print(f"  memory ratio     {f['ratio']:.2f} (no-swap arena{passes} {format_bytes(f['no_swap_bytes'])} / cap)")
+    ratio = f"{f['ratio']:.2f}" if f["ratio"] >= 0.995 else f"{f['ratio']:.2g}, under 1: it fits with no swap"
+    print(f"  memory ratio     {ratio} (no-swap arena{passes} {format_bytes(f['no_swap_bytes'])} / cap)")
     print(f"  swapped          {format_bytes(f['h2d_bytes'])} in, {format_bytes(f['d2h_bytes'])} out")
     print(f"  device peak      {format_bytes(f['peak_device_bytes'])} of tensors + "
           f"{format_bytes(f['scratch_bytes'])} of kernel scratch; host {format_bytes(f['host_bytes'])}")
@@ -542,10 +550,30 @@ def _agreed(parser: argparse.ArgumentParser, argv: Sequence[str] | None) -> argp
 
 
 class _Parser(argparse.ArgumentParser):
-    """argparse, with its errors reported like every other mistake (one message, exit code 2)."""
+    """argparse, with its errors reported like every other mistake (one message, exit code 2); a misspelt
+    option is named (argparse names a missing required one first), with the options it is close to."""
+
+    _given: Sequence[str] = ()
+    _last: _Parser | None = None  # the innermost parser that read the line: the command's, once one is named
+
+    def parse_known_args(self, args: Sequence[str] | None = None, namespace: Any = None) -> Any:
+        self._given = list(sys.argv[1:] if args is None else args)
+        _Parser._last = self
+        return super().parse_known_args(args, namespace)
 
     def error(self, message: str) -> NoReturn:
-        raise _UsageError(message, hints=[f"see `{self.prog} --help`"])
+        hints = [f"see `{self.prog} --help`"]
+        options = [o for o in self._option_string_actions if o.startswith("--")]
+        unknown = [a.split("=")[0] for a in self._given if a.startswith("--") and a != "--"
+                   and a.split("=")[0] not in self._option_string_actions]
+        if message.startswith("the following arguments are required") and unknown:
+            message = f"unrecognized option{'s' if len(unknown) > 1 else ''} {', '.join(unknown)}"
+        elif message.startswith("unrecognized arguments") and _Parser._last is not None:
+            options = [o for o in _Parser._last._option_string_actions if o.startswith("--")]
+            unknown = [a.split("=")[0] for a in message.split(":", 1)[1].split() if a.startswith("--")]
+            hints = [f"see `{_Parser._last.prog} --help`"]
+        close = difflib.get_close_matches(unknown[0], options, n=1) if unknown else []
+        raise _UsageError(message, hints=[f"did you mean {c}?" for c in close] + hints)
 
 
 def _precision_options(parser: argparse.ArgumentParser, auto: bool = False) -> None:

@@ -40,6 +40,31 @@ def test_bad_numbers_are_refused_by_the_parser(cli, args: list[str]) -> None:
     assert err.splitlines()[-1].startswith("  = hint: see `swapdsl ")
 
 
+@pytest.mark.parametrize("args, said, hint", [
+    (["optimize", "M", "--memroy", "8MiB"], "unrecognized option --memroy", "did you mean --memory?"),
+    (["optimize", "M", "--memory", "8MiB", "--budgte", "5"], "unrecognized arguments: --budgte 5",
+     "did you mean --budget?"),
+    (["exec", "M", "--stpes", "3"], "unrecognized arguments: --stpes 3", "did you mean --steps?"),
+    (["optimize", "M", "--zzzz", "1"], "unrecognized option --zzzz", None),
+])
+def test_a_misspelt_option_is_named_with_the_one_it_is_close_to(cli, args: list[str], said: str,
+                                                               hint: str | None) -> None:
+    """argparse names a missing required option first (`--memory`), though the line has it misspelt."""
+    code, out, err = cli(*[str(MODELS / "mlp.swp") if a == "M" else a for a in args])
+    assert code == 2 and out == "" and err.startswith(f"error: {said}"), err
+    assert (f"  = hint: {hint}" in err) == (hint is not None) and "Traceback" not in err, err
+
+
+def test_a_plan_given_for_a_model_is_named_a_plan(cli, in_tmp: Path) -> None:
+    assert cli("optimize", MODELS / "mlp.swp", "--memory", "4MiB", "--method", "lru", "-o", "m.plan")[0] == 0
+    for argv in (["check", "m.plan"], ["optimize", "m.plan", "--memory", "4MiB", "-o", "n.plan"]):
+        code, out, err = cli(*argv)
+        assert code == 2 and "`m.plan` is a plan (`swapdsl optimize` wrote it), not a model" in err, err
+    (in_tmp / "log.jsonl").write_bytes(b"\x9e\x00binary")
+    code, out, err = cli("plot-log", "log.jsonl", "-o", "x.png")
+    assert code == 2 and "is not text (byte 0 is not UTF-8)" in err and "codec" not in err, err
+
+
 @pytest.mark.parametrize("memory", ["1e30", str(2**63), "9999999TiB"])
 def test_a_cap_past_the_limit_is_refused(cli, memory: str) -> None:
     code, _, err = cli("optimize", MODELS / "mlp.swp", "--memory", memory)

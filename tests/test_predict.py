@@ -34,6 +34,20 @@ def folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return d
 
 
+def test_predict_evaluates_only_where_the_data_has_the_targets(cli, folder: Path, tmp_path: Path) -> None:
+    """Without `y` there is nothing to score: the outputs alone; with a `y` that is out of range, the command
+    fails as `exec --eval` would, and writes no prediction."""
+    (tmp_path / "x_only").mkdir()
+    np.save(tmp_path / "x_only" / "x.npy", np.load(folder / "test" / "x.npy"))
+    code, out, err = cli("predict", folder / "m.swp", *ARGS, "--data", tmp_path / "x_only", "-o", tmp_path / "a.npz")
+    assert code == 0 and "held out" not in out and (tmp_path / "a.npz").exists(), err
+    (tmp_path / "bad_y").mkdir()
+    np.save(tmp_path / "bad_y" / "x.npy", np.load(folder / "test" / "x.npy"))
+    np.save(tmp_path / "bad_y" / "y.npy", np.full(29, 10, np.int32))
+    code, out, err = cli("predict", folder / "m.swp", *ARGS, "--data", tmp_path / "bad_y", "-o", tmp_path / "b.npz")
+    assert code == 2 and "y" in err and "Traceback" not in err and not (tmp_path / "b.npz").exists(), err
+
+
 def test_the_prediction_graph_reads_no_labels(tmp_path: Path) -> None:
     m = swapdsl.load(write(tmp_path / "m.swp", MLP), batch=4, features=8, hidden=8)
     g = prediction_graph(m.graph)
@@ -44,16 +58,17 @@ def test_the_prediction_graph_reads_no_labels(tmp_path: Path) -> None:
 def test_predict_on_a_plan_and_on_its_model_agree_with_evaluation(cli, folder: Path) -> None:
     m = folder / "m.swp"
     assert cli("optimize", m, *ARGS, "--memory", "2/3", "--method", "belady", "-o", folder / "m.plan")[0] == 0
-    code, out, err = cli("exec", folder / "m.plan", "--data", folder / "train", "--epochs", "4", "--eval",
+    code, run, err = cli("exec", folder / "m.plan", "--data", folder / "train", "--epochs", "4", "--eval",
                          folder / "test", "--save", folder / "m.st", "--json")
     assert code == 0, err
     import json
-    accuracy = json.loads(out)["eval"][-1]["metrics"]["accuracy"]
+    accuracy = json.loads(run)["eval"][-1]["metrics"]["accuracy"]
     for target, extra in ((folder / "m.plan", []), (m, ARGS)):
         code, out, err = cli("predict", target, *extra, "--data", folder / "test", "--init", folder / "m.st",
                              "-o", folder / f"{target.suffix[1:]}.npz")
         assert code == 0, err
         assert "29 examples" in out
+        assert f"held out: loss {json.loads(run)['eval'][-1]['loss']:.6f}, accuracy {accuracy:.4f} (29 examples" in out
     a, b = np.load(folder / "plan.npz"), np.load(folder / "swp.npz")
     assert a["logits"].shape == (29, 10) and a["label"].dtype == np.int32
     np.testing.assert_array_equal(a["logits"], b["logits"])

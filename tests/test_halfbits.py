@@ -178,6 +178,27 @@ def _products_both_ways(record: list[str]) -> None:
             assert got[0] == got[1], (op, dtype, record)
 
 
+def _emulated_cublas(seen: list[tuple[str, bool]]) -> Any:
+    """A stand-in for swapdsl's cuBLAS calls on the bits stand-in: the planned GEMMs as cuBLAS would run them
+    (column-major, on each operand's memory: ``blas.emulate``) in f32, the output's old value added where it
+    accumulates (beta 1), rounded once; each call's (output dtype, accumulate) recorded in ``seen``."""
+    from swapdsl.graph.ops import blas
+
+    def wide(v: Any) -> np.ndarray:
+        w = np.empty(v.size, np.float32)
+        halfbits.widen(BITS_NP, w, _flat(v))
+        return w
+
+    def cublas(xp: Any, calls: Any, a: Any, b: Any, c: Any, tf32: bool, accumulate: bool = False) -> None:
+        seen.append((str(c.dtype), accumulate))
+        product = np.zeros(c.size, np.float32)
+        for g in calls:
+            blas.emulate(g, wide(a), wide(b), product)
+        halfbits.narrow(BITS_NP, _flat(c), product + wide(c) if accumulate else product)
+
+    return cublas
+
+
 def test_half_products_on_cuda_go_to_cublas_as_they_are(monkeypatch: pytest.MonkeyPatch) -> None:
     """matmul, matmul_nt, matmul_tn and matmul_tn_fold on half tensors (bf16 bits, f16) reach cuBLAS without
     f32 copies (``OpDef.on_half``): the stand-in cuBLAS runs the planned GEMMs as cuBLAS would (column-major,
@@ -185,24 +206,11 @@ def test_half_products_on_cuda_go_to_cublas_as_they_are(monkeypatch: pytest.Monk
     computes, bit for bit."""
     from swapdsl.graph.ops import blas
 
-    seen: list[str] = []
-
-    def cublas(xp: Any, calls: Any, a: Any, b: Any, c: Any, tf32: bool) -> None:
-        seen.append(str(c.dtype))
-        wide = []
-        for v in (a, b):
-            w = np.empty(v.size, np.float32)
-            halfbits.widen(BITS_NP, w, _flat(v))
-            wide.append(w)
-        out = np.zeros(c.size, np.float32)
-        for g in calls:
-            blas.emulate(g, wide[0], wide[1], out)
-        halfbits.narrow(BITS_NP, _flat(c), out)
-
-    monkeypatch.setattr(blas, "_cublas", cublas)
+    seen: list[tuple[str, bool]] = []
+    monkeypatch.setattr(blas, "_cublas", _emulated_cublas(seen))
     monkeypatch.setattr(blas, "_refused", set())
     _products_both_ways(seen)
-    assert seen == ["uint16"] * 4 + ["float16"] * 4
+    assert seen == [("uint16", False)] * 4 + [("float16", False)] * 4
 
 
 def test_a_half_product_cublas_refuses_is_staged_from_then_on(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -252,21 +260,8 @@ def test_a_half_weight_gradient_summed_into_goes_to_cublas_with_beta_one(monkeyp
     from swapdsl.graph.ops.kernels import kernel_of, scratch_need
     from swapdsl.graph.ops.registry import KernelContext
 
-    seen: list[bool] = []
-
-    def cublas(xp: Any, calls: Any, a: Any, b: Any, c: Any, tf32: bool, accumulate: bool = False) -> None:
-        seen.append(accumulate)
-        wide = []
-        for v in (a, b, c):
-            w = np.empty(v.size, np.float32)
-            halfbits.widen(BITS_NP, w, _flat(v))
-            wide.append(w)
-        product = np.zeros(c.size, np.float32)
-        for g in calls:
-            blas.emulate(g, wide[0], wide[1], product)
-        halfbits.narrow(BITS_NP, _flat(c), product + wide[2] if accumulate else product)
-
-    monkeypatch.setattr(blas, "_cublas", cublas)
+    seen: list[tuple[str, bool]] = []
+    monkeypatch.setattr(blas, "_cublas", _emulated_cublas(seen))
     monkeypatch.setattr(blas, "_refused", set())
     rng = np.random.default_rng(4)
     op = "matmul_tn_fold_acc"
@@ -285,4 +280,4 @@ def test_a_half_weight_gradient_summed_into_goes_to_cublas_with_beta_one(monkeyp
             if not in_place:
                 assert ins[0].tobytes() == halfbits.to_module(xp, host[0]).tobytes()
         assert got[0] == got[1], dtype
-    assert seen == [True, True]
+    assert seen == [("uint16", True), ("float16", True)]

@@ -407,7 +407,7 @@ class PlanRunner:
         self._cuda = self._cuda or self._cuda_items()
         if self._graph is None and self._eager_steps == 1:  # (after one eager step: kernels compiled, cuBLAS set up)
             if self.graph_mode:  # this step captures (the capture issues every item from Python), then replays
-                self.warmup_steps = self.steps_run
+                self.warmup_steps = self._eager_steps + 1  # (this run's steps: a resumed run counts from its first)
             self._graph = self._agreed(self._capture() if self.graph_mode else None)
         compute = self.streams["compute"]
         if self._graph is not None:

@@ -221,9 +221,10 @@ def _disagreement(xp: ModuleType, g: Graph, i: int, vendor: Kernel, workspace: i
     cut = [t if k == _WEIGHT[kind] else TensorType((n, *t.shape[1:]), t.dtype) for k, t in enumerate(types)]
     *arrays, scratch = _arrays(xp, types, arena_bytes(max(workspace, 1)), space)  # (as the kernel takes it)
     rng = np.random.default_rng(0)
+    scale = 1 / np.sqrt(_summed(kind, types, n))  # (each output a sum of under 1: finite in f16 at any size)
     for a, t in zip(arrays[:2], cut):
         a[...] = 0
-        a[:t.shape[0]] = to_module(xp, rng.uniform(0.1, 0.9, t.shape).astype(np_dtype(np, t.dtype)))
+        a[:t.shape[0]] = to_module(xp, (scale * rng.uniform(0.1, 0.9, t.shape)).astype(np_dtype(np, t.dtype)))
     step = xp.ones((), dtype=xp.int64)
     vendor(KernelContext(xp, Scratch(scratch), step), arrays[:2], arrays[2], op.attr_dict)
     ins = [a[:t.shape[0]] for a, t in zip(arrays[:2], cut)]
@@ -233,6 +234,15 @@ def _disagreement(xp: ModuleType, g: Graph, i: int, vendor: Kernel, workspace: i
     kernel_of(op.op, (*cut[:2],), cut[2], op.attr_dict)(own, ins, want, op.attr_dict)
     got, ref = _wide(arrays[2][:cut[2].shape[0]]), _wide(want)
     return float(np.max(np.abs(got - ref)) / max(float(np.max(np.abs(ref))), 1e-30))
+
+
+def _summed(kind: str, types: list[TensorType], n: int) -> int:
+    """How many products each output element of the check sums, at most: over the weight's other axes
+    (fprop: its input channels; dgrad: its output channels) or the checked samples' output pixels (wgrad)."""
+    w = types[_WEIGHT[kind]].shape
+    if kind == "wgrad":
+        return n * types[1].shape[2] * types[1].shape[3]
+    return (w[1] if kind == "fprop" else w[0]) * w[2] * w[3]
 
 
 def _arrays(xp: ModuleType, types: list[TensorType], workspace: int, space: Array | None) -> list[Array]:

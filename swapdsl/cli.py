@@ -564,8 +564,8 @@ class _Parser(argparse.ArgumentParser):
     def error(self, message: str) -> NoReturn:
         hints = [f"see `{self.prog} --help`"]
         options = [o for o in self._option_string_actions if o.startswith("--")]
-        unknown = [a.split("=")[0] for a in self._given if a.startswith("--") and a != "--"
-                   and a.split("=")[0] not in self._option_string_actions]
+        given = list(self._given)[:list(self._given).index("--")] if "--" in self._given else self._given
+        unknown = [a.split("=")[0] for a in given if a.startswith("--") and not self._known(a.split("=")[0])]
         if message.startswith("the following arguments are required") and unknown:
             message = f"unrecognized option{'s' if len(unknown) > 1 else ''} {', '.join(unknown)}"
         elif message.startswith("unrecognized arguments") and _Parser._last is not None:
@@ -574,6 +574,10 @@ class _Parser(argparse.ArgumentParser):
             hints = [f"see `{_Parser._last.prog} --help`"]
         close = difflib.get_close_matches(unknown[0], options, n=1) if unknown else []
         raise _UsageError(message, hints=[f"did you mean {c}?" for c in close] + hints)
+
+    def _known(self, option: str) -> bool:
+        """An option of this parser's, or (as argparse takes them) a prefix of one or more."""
+        return option in self._option_string_actions or bool(self.allow_abbrev and self._get_option_tuples(option))
 
 
 def _precision_options(parser: argparse.ArgumentParser, auto: bool = False) -> None:

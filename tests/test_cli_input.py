@@ -46,6 +46,9 @@ def test_bad_numbers_are_refused_by_the_parser(cli, args: list[str]) -> None:
      "did you mean --budget?"),
     (["exec", "M", "--stpes", "3"], "unrecognized arguments: --stpes 3", "did you mean --steps?"),
     (["optimize", "M", "--zzzz", "1"], "unrecognized option --zzzz", None),
+    # a prefix argparse takes is no misspelling; nor is anything after `--`
+    (["optimize", "--mem", "8MiB"], "the following arguments are required: FILE.swp", None),
+    (["optimize", "M", "-o", "x.plan", "--", "--memroy"], "the following arguments are required: --memory", None),
 ])
 def test_a_misspelt_option_is_named_with_the_one_it_is_close_to(cli, args: list[str], said: str,
                                                                hint: str | None) -> None:

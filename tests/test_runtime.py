@@ -398,3 +398,27 @@ def test_checkpoint_plans_are_valid_and_train_exactly(t: Graph, where: float) ->
     r = simulate(plan)
     assert r.h2d_bytes == r.d2h_bytes == 0 and r.iteration_ms >= dict(plan.figures)["bound_ms"]
     assert run_against_reference(plan, t, steps=2) <= 1e-5
+
+
+@pytest.mark.parametrize("start", [0, 100])
+def test_the_capture_step_is_this_runs_second_resumed_or_not(monkeypatch: pytest.MonkeyPatch, start: int) -> None:
+    """On CuPy the second step of a run captures the CUDA graph: warm-up counts this run's steps, so a run
+    resumed at step 100 (its runner's count starts there) still leaves out two, not 102. A stand-in runner
+    whose streams and graph do nothing runs the runner's own step logic."""
+    import types
+
+    from swapdsl.runtime import interpreter
+
+    monkeypatch.setattr(interpreter, "issue_cuda", lambda items, **kw: None)
+    compute = types.SimpleNamespace(synchronize=lambda: None)
+    r = types.SimpleNamespace(backend="cupy", steps_run=start, _cuda=None, _graph=None, _eager_steps=0,
+                              graph_mode=True, warmup_steps=1, comm=None, hostfns=None, final_loc={},
+                              g=types.SimpleNamespace(loss="loss"), streams={"compute": compute})
+    r._capture = lambda: types.SimpleNamespace(launch=lambda stream: None)
+    r._agreed = lambda graph: graph
+    r._cuda_items = lambda: []
+    r._read = lambda name, where: 0.0
+    r._step_cuda = lambda: PlanRunner._step_cuda(r)
+    for k in range(1, 5):
+        PlanRunner.step(r, start + k)
+    assert r.warmup_steps == 2 and r._graph is not None

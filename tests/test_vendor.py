@@ -328,6 +328,18 @@ def test_a_graph_that_differs_from_the_op_falls_back_with_a_note(fault: str | No
     assert all(said in n and "own kernel" in n for n in vendor.notes), vendor.notes
 
 
+def test_a_large_half_weight_gradient_is_checked_on_values_that_stay_finite() -> None:
+    """A weight gradient sums over every output pixel of the checked samples: at 400x400, values near 1 would
+    overflow f16 (65504) in both kernels, and inf - inf would refuse a correct graph. The check scales its
+    values to the number of products each output sums."""
+    import swapdsl
+
+    t = swapdsl.load(MODELS / "tiny_resnet.swp", {"batch": 2, "width": 1, "blocks": 1, "image": 400},
+                     precision="f16").training
+    vendor = VendorKernels.load(t, lambda: 0, cudnn=ComputingCudnn(), xp=np)
+    assert set(vendor.kernels) == set(conv_ops(t)) and not vendor.notes, vendor.notes
+
+
 def test_a_check_that_does_not_fit_the_space_given_allocates_its_own() -> None:
     t = resnet_at(3)
     space = np.zeros(64, np.uint8)

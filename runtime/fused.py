@@ -23,7 +23,7 @@ import numpy as np
 from swapdsl.graph.ir import Graph, TensorType
 from swapdsl.graph.ops import REGISTRY
 from swapdsl.graph.ops.elementwise import dropout_constants, element_offset, step_key
-from swapdsl.graph.ops.optim import bias_correction
+from swapdsl.graph.ops.optim import bias_correction, decay_kept, learning_rate
 from swapdsl.graph.ops.kernels import is_half
 from swapdsl.graph.ops.nn import norm_sum, norm_tiles
 from swapdsl.graph.ops.registry import Array, Attrs, Kernel, KernelContext, np_dtype
@@ -69,10 +69,16 @@ def _dropout_scalars(c: KernelContext, ins: list[Array], a: Attrs) -> tuple[Any,
     return (step_key(c, a["seed"]), *dropout_constants(a["p"], ins[0].dtype), np.int64(element_offset(c, a)))
 
 
+def _lr(c: KernelContext, ins: list[Array], a: Attrs) -> Any:
+    """This step's learning rate, as the op's own kernel takes it (a schedule's: from the step counter, on
+    the device; a 0-d array is a scalar argument CuPy broadcasts)."""
+    return learning_rate(c, a, ins[0].dtype)
+
+
 def _adam_apply_scalars(c: KernelContext, ins: list[Array], a: Attrs) -> tuple[Any, ...]:
     w, m, v = ins
-    return (bias_correction(c, a["beta1"], m.dtype), bias_correction(c, a["beta2"], v.dtype),
-            *_typed(ins, a["lr"], a["eps"]))
+    c1, c2, lr = bias_correction(c, a["beta1"], m.dtype), bias_correction(c, a["beta2"], v.dtype), _lr(c, ins, a)
+    return c1, c2, lr, w.dtype.type(a["eps"]), decay_kept(c, lr, a.get("decoupled_wd", 0.0), w.dtype)
 
 
 def _pool_scalars(c: KernelContext, ins: list[Array], a: Attrs) -> tuple[Any, ...]:
@@ -130,16 +136,17 @@ FUSED: dict[str, Fused] = {
         unsigned int h = fmix32(((unsigned int)(i + offset) + 1u) * 0x9E3779B1u ^ key);
         y = h >= thr ? (T)(x * scale) : (T)0;""", _dropout_scalars),
     "sgd": Fused("T w, T g, T lr, T wd", "y = w - lr * (g + w * wd);",
-                 lambda c, ins, a: _typed(ins, a["lr"], _decay(a))),
+                 lambda c, ins, a: (_lr(c, ins, a), *_typed(ins, _decay(a)))),
     "momentum": Fused("T m, T g, T w, T mu, T wd", "y = m * mu + (g + w * wd);",
                       lambda c, ins, a: _typed(ins, a["momentum"], _decay(a))),
-    "sgd_apply": Fused("T w, T m, T lr", "y = w - lr * m;", lambda c, ins, a: _typed(ins, a["lr"])),
+    "sgd_apply": Fused("T w, T m, T lr", "y = w - lr * m;", lambda c, ins, a: (_lr(c, ins, a),)),
     "adam_m": Fused("T m, T g, T w, T b1, T one_b1, T wd", "y = b1 * m + one_b1 * (g + w * wd);",
                     lambda c, ins, a: _typed(ins, a["beta1"], 1.0 - a["beta1"], _decay(a))),
     "adam_v": Fused("T v, T g, T w, T b2, T one_b2, T wd", "T d = g + w * wd; y = b2 * v + one_b2 * d * d;",
                     lambda c, ins, a: _typed(ins, a["beta2"], 1.0 - a["beta2"], _decay(a))),
-    "adam_apply": Fused("T w, T m, T v, T c1, T c2, T lr, T eps",
-                        "y = w - lr * (m * c1) / (sqrt(v * c2) + eps);", _adam_apply_scalars),
+    # (keep: AdamW's 1 - lr * wd, exactly 1 without it, so that w * keep is w)
+    "adam_apply": Fused("T w, T m, T v, T c1, T c2, T lr, T eps, T keep",
+                        "y = w * keep - lr * (m * c1) / (sqrt(v * c2) + eps);", _adam_apply_scalars),
     "max_pool2d_grad": Fused("raw T x, raw T g, int32 KH, int32 KW, int32 SH, int32 SW, int32 PH, int32 PW, "
                              "int32 H, int32 W, int32 OH, int32 OW", _MAX_POOL_GRAD, _pool_scalars, shaped=True),
 }
@@ -325,8 +332,12 @@ def _example(t: TensorType, shaped: bool, batched: bool) -> TensorType:
     return TensorType((min(t.shape[0], 2), *t.shape[1:]), t.dtype) if batched and t.rank > 1 else t
 
 
+CHECKED_STEPS = (3, 1000)  # early and late: what depends on the step (a schedule, bias correction) is held too
+
+
 def _checked(xp: Any, name: str, types: tuple[TensorType, ...], a: Attrs, notes: list[str]) -> Kernel | None:
-    """The fused kernel, if it matches the op's own kernel on random inputs (to 1e-5 relative)."""
+    """The fused kernel, if it matches the op's own kernel on random inputs (to 1e-5 relative), at each of
+    ``CHECKED_STEPS``."""
     rng = np.random.default_rng(0)
     dtype = types[0].dtype.label
     ins = [xp.asarray(rng.uniform(0.1, 0.9, t.shape).astype(np_dtype(np, t.dtype.label))) for t in types]
@@ -334,11 +345,13 @@ def _checked(xp: Any, name: str, types: tuple[TensorType, ...], a: Attrs, notes:
         out_type = REGISTRY[name].infer(types, a)
         want, got = (xp.empty(out_type.shape, dtype=ins[0].dtype) for _ in range(2))
         kernel = fused_kernel(xp, name)
-        for k, out in ((REGISTRY[name].kernel, want), (kernel, got)):
-            ctx = KernelContext.standalone(xp, max(1 << 20, REGISTRY[name].scratch(types, out_type, a)), step=3)
-            k(ctx, ins, out, a)
-        w, h = (np.asarray(x.get() if hasattr(x, "get") else x, dtype=np.float64) for x in (want, got))
-        worst = float(np.max(np.abs(w - h)) / max(float(np.max(np.abs(w))), 1e-30))
+        worst = 0.0
+        for step in CHECKED_STEPS:
+            for k, out in ((REGISTRY[name].kernel, want), (kernel, got)):
+                scratch = max(1 << 20, REGISTRY[name].scratch(types, out_type, a))
+                k(KernelContext.standalone(xp, scratch, step=step), ins, out, a)
+            w, h = (np.asarray(x.get() if hasattr(x, "get") else x, dtype=np.float64) for x in (want, got))
+            worst = max(worst, float(np.max(np.abs(w - h)) / max(float(np.max(np.abs(w))), 1e-30)))
     except Exception as exc:  # a compile error, or an op this check cannot drive
         notes.append(f"`{name}` ({dtype}) runs its ufunc kernel: the fused one failed ({type(exc).__name__}: {exc})")
         return None

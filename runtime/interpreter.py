@@ -153,6 +153,7 @@ class PlanRunner:
         else:
             self.threads = ThreadLanes(lane_timeout_s(g))
             self.hostfns = None
+        self._settle()  # (the step counter's zero and the lanes' scratch, written on the null stream)
 
     def _communicator(self) -> tuple[Any, str]:
         """The ranks' communicator for the step's all-reduces (None: one rank) and a note saying which: MPI

@@ -158,3 +158,38 @@ def test_without_a_cublas_library_of_its_own_it_says_none(monkeypatch) -> None: 
 
     assert blas.own_cublas(CudaModule()) is None
     blas.own_cublas.cache_clear()
+
+
+def test_a_status_cupys_wrappers_raise_is_a_cublas_error(monkeypatch) -> None:  # noqa: ANN001
+    """Without a library of our own the GEMMs go through CuPy's wrappers, whose errors are CuPy's own class:
+    a type the GPU refuses (NOT_SUPPORTED, 15) must still reach half_gemm as a CublasError with its status,
+    so that the product is staged in f32 instead of failing the step."""
+    import sys
+    from types import ModuleType, SimpleNamespace
+
+    from swapdsl.graph.ops import blas
+
+    class CUBLASError(RuntimeError):  # noqa: N818 (CuPy's name)
+        def __init__(self, status: int) -> None:
+            super().__init__(f"CUBLAS_STATUS {status}")
+            self.status = status
+
+    def gemm(*args: object) -> None:
+        raise CUBLASError(15)
+
+    wrappers = ModuleType("cupy_backends.cuda.libs.cublas")
+    wrappers.__dict__.update(CUBLASError=CUBLASError, setStream=lambda handle, stream: None,
+                             gemmStridedBatchedEx=gemm, CUBLAS_GEMM_DEFAULT=-1)
+    for name in ("cupy_backends", "cupy_backends.cuda"):
+        monkeypatch.setitem(sys.modules, name, ModuleType(name))
+    monkeypatch.setitem(sys.modules, "cupy_backends.cuda.libs", SimpleNamespace(cublas=wrappers))
+    monkeypatch.setitem(sys.modules, "cupy_backends.cuda.libs.cublas", wrappers)
+    monkeypatch.setattr(blas, "own_cublas", lambda xp: None)
+    one, zero = np.ones((), np.float32), np.zeros((), np.float32)
+    monkeypatch.setattr(blas, "_cublas_types", lambda xp, dtype, tf32: (14, 68, one, zero))
+    xp = SimpleNamespace(cuda=SimpleNamespace(get_current_stream=lambda: SimpleNamespace(ptr=77),
+                                              device=SimpleNamespace(get_cublas_handle=lambda: 9)))
+    array = SimpleNamespace(data=SimpleNamespace(ptr=1000), dtype=np.dtype(np.uint16))
+    with pytest.raises(blas.CublasError) as err:
+        blas._cublas(xp, plan_gemm((3, 4), (4, 1), (4, 5), (5, 1), (3, 5), (5, 1)), array, array, array, False)
+    assert err.value.status == 15 and err.value.status in blas.REFUSALS

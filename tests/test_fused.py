@@ -148,16 +148,29 @@ def _inputs(name: str, dtype: Any, rng: np.random.Generator) -> tuple[list[np.nd
     return [rng.uniform(0.1, 0.9, 4096).astype(dtype) for _ in range(REGISTRY[name].arity[0])], a
 
 
+# the update ops' attributes the step changes: a schedule (warmup, then cosine decay), AdamW's decoupled decay
+SCHEDULES = {"none": {}, "warmup+cosine": {"warmup": 5, "cosine": 100, "min_lr": 0.01},
+             "step decay": {"step_every": 30, "gamma": 0.5}, "adamw": {"decoupled_wd": 0.05}}
+
+
+UPDATES = ("sgd", "sgd_apply", "momentum", "adam_m", "adam_v", "adam_apply")
+
+
+@pytest.mark.parametrize("step", [3, 60])
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
-@pytest.mark.parametrize("name", sorted(FUSED))
-def test_each_fused_source_computes_its_op(tmp_path: Any, name: str, dtype: Any) -> None:
+@pytest.mark.parametrize("name, schedule", [(n, "none") for n in sorted(FUSED)]
+                         + [(n, s) for n in UPDATES for s in sorted(SCHEDULES) if s != "none"])
+def test_each_fused_source_computes_its_op(tmp_path: Any, name: str, dtype: Any, schedule: str, step: int) -> None:
+    """... at any step, with any learning-rate schedule and weight decay (a fused update once took its
+    ``lr`` as written, and its load-time check at step 3 missed all but a warmup)."""
     from swapdsl.graph.ops.registry import KernelContext, type_of
 
     run = _compiled(tmp_path, name, "float" if dtype == np.float32 else "double")
     ins, a = _inputs(name, dtype, np.random.default_rng(1))
+    a = {**a, **SCHEDULES[schedule]}
     out_type = REGISTRY[name].infer(tuple(map(type_of, ins)), a)
     want, got = np.empty(out_type.shape, dtype), np.empty(out_type.shape, dtype)
-    ctx = KernelContext.standalone(np, 1 << 22, step=3)
+    ctx = KernelContext.standalone(np, 1 << 22, step=step)
     REGISTRY[name].kernel(ctx, ins, want, a)
     ctx.scratch.reset()
     scalars = [float(np.asarray(v)) for v in FUSED[name].scalars(ctx, ins, a)]

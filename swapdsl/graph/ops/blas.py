@@ -173,6 +173,27 @@ def half_gemm(xp: Any, x: Array, y: Array, out: Array, acc: Array | None = None)
     return True
 
 
+def _wrapped_gemms(xp: Any, calls: list[Gemm], arrays: tuple[Array, Array, Array], types: tuple[int, int],
+                   scalars: tuple[np.ndarray, np.ndarray], stream: int) -> None:
+    """The GEMMs through CuPy's cuBLAS wrappers, whose own error (``CUBLASError``) becomes a ``CublasError``
+    with its status (so that a half type the GPU refuses is staged from then on, as on our own library)."""
+    from cupy_backends.cuda.libs import cublas
+
+    (a, b, c), (data, compute), (one, beta), item = arrays, types, scalars, arrays[2].dtype.itemsize
+    handle = xp.cuda.device.get_cublas_handle()
+    try:
+        cublas.setStream(handle, stream)
+        for g in calls:
+            cublas.gemmStridedBatchedEx(
+                handle, int(g.transa), int(g.transb), g.m, g.n, g.k, one.ctypes.data,
+                a.data.ptr + g.a_offset * item, data, g.lda, g.stride_a,
+                b.data.ptr + g.b_offset * item, data, g.ldb, g.stride_b,
+                beta.ctypes.data, c.data.ptr + g.c_offset * item, data, g.ldc, g.stride_c,
+                g.batch, compute, cublas.CUBLAS_GEMM_DEFAULT)
+    except cublas.CUBLASError as err:
+        raise CublasError("cublasGemmStridedBatchedEx", int(getattr(err, "status", -1))) from None
+
+
 def _same_memory(a: Array, b: Array) -> bool:
     """Whether two arrays are one view of the same memory (same address, shape and strides)."""
     def address(v: Array) -> int:
@@ -206,17 +227,7 @@ def _cublas(xp: Any, calls: list[Gemm], a: Array, b: Array, c: Array, tf32: bool
     item, stream = c.dtype.itemsize, xp.cuda.get_current_stream().ptr
     own = own_cublas(xp)
     if own is None:  # no library of our own: CuPy's wrappers, which refuse to run in a capture
-        from cupy_backends.cuda.libs import cublas
-
-        handle = xp.cuda.device.get_cublas_handle()
-        cublas.setStream(handle, stream)
-        for g in calls:
-            cublas.gemmStridedBatchedEx(
-                handle, int(g.transa), int(g.transb), g.m, g.n, g.k, one.ctypes.data,
-                a.data.ptr + g.a_offset * item, data, g.lda, g.stride_a,
-                b.data.ptr + g.b_offset * item, data, g.ldb, g.stride_b,
-                beta.ctypes.data, c.data.ptr + g.c_offset * item, data, g.ldc, g.stride_c,
-                g.batch, compute, cublas.CUBLAS_GEMM_DEFAULT)
+        _wrapped_gemms(xp, calls, (a, b, c), (data, compute), (one, beta), stream)
         return
     for g in calls:
         own.gemm(stream, g, (a.data.ptr + g.a_offset * item, b.data.ptr + g.b_offset * item,
@@ -268,6 +279,10 @@ def own_cublas(xp: Any) -> OwnCublas | None:
     None where it cannot be opened (then CuPy's wrappers run, and a capture falls back to eager steps)."""
     import ctypes
 
+    try:  # CuPy loads libcublas (from its wheels' folder, too) on this import; CDLL then finds it by soname
+        import cupy_backends.cuda.libs.cublas  # noqa: F401
+    except ImportError:
+        pass
     major = xp.cuda.runtime.runtimeGetVersion() // 1000
     for name in (f"libcublas.so.{major}", "libcublas.so"):
         try:

@@ -215,10 +215,7 @@ def _adam_apply(c: KernelContext, ins: list[Array], out: Array, a: Attrs) -> Non
     c1, c2 = bias_correction(c, a["beta1"], m.dtype), bias_correction(c, a["beta2"], v.dtype)
     lr = learning_rate(c, a, w.dtype)
     wd = a.get("decoupled_wd", 0.0)
-    if wd:
-        keep = c.scratch.take((), w.dtype)
-        xp.multiply(lr, w.dtype.type(wd), out=keep)
-        xp.subtract(w.dtype.type(1), keep, out=keep)
+    keep = decay_kept(c, lr, wd, w.dtype)
     mark = c.scratch.used
     for k in flat_chunks(out):
         wk, o = parts(w, out, k)
@@ -235,6 +232,16 @@ def _adam_apply(c: KernelContext, ins: list[Array], out: Array, a: Attrs) -> Non
         else:
             xp.subtract(wk, u, out=o)
         c.scratch.used = mark
+
+
+def decay_kept(c: KernelContext, lr: Any, wd: float, dtype: Any) -> Any:
+    """1 - lr * wd, what of a weight decoupled weight decay keeps this step, in ``dtype`` (1: no decay)."""
+    if not wd:
+        return dtype.type(1)
+    keep = c.scratch.take((), dtype)
+    c.xp.multiply(lr, dtype.type(wd), out=keep)
+    c.xp.subtract(dtype.type(1), keep, out=keep)
+    return keep
 
 
 def flat_chunks(out: Array) -> list[slice]:

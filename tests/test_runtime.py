@@ -12,7 +12,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from conftest import MODELS, build_graph, safety, write
+from conftest import MODELS, REPO, build_graph, safety, write
 from strategies import EVERY, training_graphs
 from swapdsl.graph.autodiff import training_graph
 from swapdsl.graph.ir import Graph
@@ -310,6 +310,33 @@ def test_bf16_plans_run_on_cupy_as_bits(name: str) -> None:
         for name, value in got.items():
             assert value.dtype == want[name].dtype
             np.testing.assert_allclose(value.astype(np.float64), want[name].astype(np.float64), rtol=2e-2, atol=1e-3)
+    finally:
+        runner.close()
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("optimizer", ["sgd(lr = lr, momentum = 0.9, warmup = warmup, cosine = steps, clip = clip)",
+                                       "adamw(lr = 0.01, warmup = 3, cosine = 20)"])
+def test_scheduled_updates_on_cupy_follow_the_reference(tmp_path: Path, optimizer: str) -> None:
+    """The fused updates take this step's rate from the device's counter (a warmup, then a cosine) and
+    AdamW's decoupled decay: six steps of the digits MLP on CuPy follow NumPy's reference (they once took
+    `lr` as written, and the load-time check at step 3 let a cosine through)."""
+    import cupy
+
+    import swapdsl
+
+    source = (REPO / "examples" / "digits.swp").read_text()
+    line = "minimize loss with sgd(lr = lr, momentum = 0.9, warmup = warmup, cosine = steps, clip = clip)"
+    assert line in source
+    model = tmp_path / "digits.swp"
+    model.write_text(source.replace(line, f"minimize loss with {optimizer}"))
+    t = swapdsl.load(model, {"warmup": 3, "steps": 20}).training
+    need, no_swap = caps(t)
+    runner = PlanRunner(plan_for(t, (need + no_swap) // 2, "belady"), t, "cupy", cupy, seed=3)
+    ref = Trainer(t, 3, np)
+    try:
+        for step in range(1, 7):
+            assert runner.step(step)[0] == pytest.approx(ref.step(step), rel=1e-4)
     finally:
         runner.close()
 

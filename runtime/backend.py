@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import gc
 import os
 from collections.abc import Callable
 from types import ModuleType
@@ -47,7 +48,7 @@ def without_accelerators(cupy: Any) -> None:
     which take temporaries and workspaces from CuPy's own pool, outside the arena: off for the runtime,
     both as CuPy reads them at import (``CUPY_ACCELERATORS``) and in a process that imported it before."""
     core = getattr(cupy, "_core", None)
-    for setter in ("set_routine_accelerators", "set_reduction_accelerators"):
+    for setter in ("set_routine_accelerators", "set_reduction_accelerators", "set_elementwise_accelerators"):
         if hasattr(core, setter):
             getattr(core, setter)([])
 
@@ -75,6 +76,8 @@ def require_memory(xp: ModuleType, device_bytes: int, host_bytes: int, what: str
     if xp is np:
         need, have, where = device_bytes + host_bytes, host_memory_available(), "memory available on this machine"
     else:
+        gc.collect()  # (a runner closed but not yet collected still holds its arena in CuPy's pool)
+        xp.get_default_memory_pool().free_all_blocks()  # (what the pool caches is free to this process)
         need, have, where = device_bytes, int(xp.cuda.runtime.memGetInfo()[0]), "free GPU memory"
         require_memory(np, 0, host_bytes, what)
     if have is not None and need > have:

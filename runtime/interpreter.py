@@ -32,9 +32,10 @@ numbers instead of quietly using more memory.
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import time
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Collection, Iterable, Mapping
 from types import ModuleType
 from typing import Any, NamedTuple
 
@@ -254,8 +255,8 @@ class PlanRunner:
         homes = {t: home for t in self.g.metrics.values() if isinstance(home := self.homes[t], Region)}
         return {name: self._read(tensor, homes) for name, tensor in self.g.metrics.items()}
 
-    def state(self) -> dict[str, np.ndarray]:
-        return self.persistent_values()
+    def state(self, names: Collection[str] | None = None) -> dict[str, np.ndarray]:
+        return self.persistent_values(names)
 
     def load_state(self, values: Mapping[str, np.ndarray], step: int) -> None:
         """Continue from ``values`` (every persistent tensor, or some) as if ``step`` steps had run."""
@@ -445,8 +446,11 @@ class PlanRunner:
                     join = cuda.Event(disable_timing=True)
                     join.record(self.streams[name])
                     compute.wait_event(join)
-            finally:
-                graph = compute.end_capture()
+            except BaseException:  # (a second Ctrl-C too: ending the broken capture fails, and must not hide it)
+                with contextlib.suppress(Exception):
+                    compute.end_capture()
+                raise
+            graph = compute.end_capture()
         except Exception as exc:  # an op CuPy cannot capture: run eagerly, and say so
             self.graph_mode = False
             self.graph_note = f"capture failed at {self._describe(at[0])} ({type(exc).__name__}: {exc}); ran eagerly"
@@ -479,11 +483,12 @@ class PlanRunner:
             return float(to_host(self.dview(name, loc[name])))
         return float(self.hview(name))
 
-    def persistent_values(self) -> dict[str, np.ndarray]:
-        """Params and optimiser state as the next step will see them: copies, which later steps leave alone."""
+    def persistent_values(self, names: Collection[str] | None = None) -> dict[str, np.ndarray]:
+        """Params and optimiser state as the next step will see them (``names``: those alone): copies, which
+        later steps leave alone."""
         out = {}
         for t in self.plan.tensors:
-            if t.home is None or t.kind == "input":
+            if t.home is None or t.kind == "input" or (names is not None and t.name not in names):
                 continue
             home = t.home
             out[t.name] = np.array(to_host(self.dview(t.name, home)) if isinstance(home, Region) else self.hview(t.name))

@@ -37,7 +37,7 @@ def predict(g: Graph, forward: Stepper, tail: Callable[[int], Stepper | None], d
 def _run(stepper: Stepper, batch: dict[str, np.ndarray], parts: dict[str, list[np.ndarray]]) -> None:
     stepper.set_batch(batch)
     stepper.run_step(stepper.steps_run + 1)
-    values = stepper.state()
+    values = stepper.state({f"output/{name}" for name in parts})  # (not every parameter, every batch)
     for name, p in parts.items():
         p.append(np.array(values[f"output/{name}"]))
 

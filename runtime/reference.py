@@ -8,7 +8,7 @@ and drop each tensor after its last reader.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Collection, Iterable, Mapping
 from types import ModuleType
 from typing import Any
 
@@ -96,8 +96,8 @@ class Trainer:
     def metrics(self) -> dict[str, float]:
         return {name: float(to_host(self.persistent[t])) for name, t in self.g.metrics.items()}
 
-    def state(self) -> dict[str, np.ndarray]:
-        return {name: np.array(to_host(v)) for name, v in self.persistent.items()}
+    def state(self, names: Collection[str] | None = None) -> dict[str, np.ndarray]:
+        return {name: np.array(to_host(v)) for name, v in self.persistent.items() if names is None or name in names}
 
     def load_state(self, values: Mapping[str, np.ndarray], step: int) -> None:
         self.persistent.update({name: to_module(self.xp, values[name]) for name in self.g.persistent if name in values})

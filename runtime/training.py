@@ -14,7 +14,7 @@ import math
 import signal
 import threading
 import time
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Collection, Iterator, Mapping
 from typing import IO, Protocol
 
 import attrs
@@ -35,7 +35,7 @@ class Stepper(Protocol):
     def set_batch(self, batch: Mapping[str, np.ndarray]) -> None: ...
     def run_step(self, step: int) -> tuple[float, float]: ...  # (loss, milliseconds)
     def metrics(self) -> dict[str, float]: ...
-    def state(self) -> dict[str, np.ndarray]: ...
+    def state(self, names: Collection[str] | None = None) -> dict[str, np.ndarray]: ...  # (None: all)
     def load_state(self, values: Mapping[str, np.ndarray], step: int) -> None: ...
     @property
     def steps_run(self) -> int: ...
@@ -392,8 +392,8 @@ class Held:
     values: dict[str, np.ndarray]
     steps_run: int = 0
 
-    def state(self) -> dict[str, np.ndarray]:
-        return self.values
+    def state(self, names: Collection[str] | None = None) -> dict[str, np.ndarray]:
+        return self.values if names is None else {k: v for k, v in self.values.items() if k in names}
 
     def load_state(self, state: dict[str, np.ndarray], steps: int) -> None:
         pass  # (the evaluation's executors share no arena with it)

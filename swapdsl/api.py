@@ -546,7 +546,8 @@ def _inference(target: Plan | Model | str | Path, data: str, init: str | None, b
         if plan is None:
             return reference.Trainer(graph, seed, xp)
         forward = plan_with(Request(graph, plan.device, plan.cap, plan.model_path, args), "belady")
-        made.append(PlanRunner(forward, graph, name, xp, seed, graph=False))
+        # (one arena of the cap for them all: each loads its state before it runs)
+        made.append(PlanRunner(forward, graph, name, xp, seed, graph=False, arena=made[0].arena if made else None))
         return made[-1]
 
     def tail(r: int) -> training.Stepper | None:
@@ -713,6 +714,7 @@ def _plan_evaluator(plan: Plan, runner: PlanRunner, backend: str, xp: ModuleType
 def _beside(train: Graph, seed: int, xp: ModuleType) -> training.Beside:
     """The reference executor beside a plan (``exec --check``), in a memory pool of its own: what it holds is
     not the plan's."""
+    require_memory(xp, peak_bytes(train), 0, "`--check`'s reference executor (no cap, beside the plan's arena)")
     separate = separate_pool(xp)
     with separate():
         ref = reference.Trainer(train, seed, xp)

@@ -317,3 +317,24 @@ def test_exec_refuses_a_plan_whose_host_copies_the_machine_cannot_hold(cli, in_t
     code, out, err = cli("exec", "m.plan", "--steps", "1")
     assert code == 2 and "host copies needs" in err and "only 1.00 MiB of memory available" in err, err
     assert "--host-memory" in err and "Traceback" not in err
+
+
+def test_check_refuses_a_reference_the_machine_cannot_hold_beside_the_plan(cli, in_tmp: Path,
+                                                                          monkeypatch: pytest.MonkeyPatch) -> None:  # noqa: ANN001
+    """`--check` runs the reference executor, uncapped, beside the plan: where its peak does not fit what is
+    left, the run is refused with both figures, not stopped by an allocation error mid-step."""
+    from swapdsl.runtime import backend
+
+    model = STDLIB_DIR / "models" / "mlp.swp"
+    assert cli("optimize", model, "--memory", "3MiB", "--method", "belady", "-o", "m.plan")[0] == 0
+    real = backend.host_memory_available
+    calls = []
+
+    def shrinking() -> int | None:  # (the plan's own check passes; the reference's then finds 1 MiB)
+        calls.append(1)
+        return real() if len(calls) == 1 else 1 << 20
+
+    monkeypatch.setattr(backend, "host_memory_available", shrinking)
+    code, out, err = cli("exec", "m.plan", "--steps", "1", "--check")
+    assert code == 2 and "`--check`'s reference executor (no cap, beside the plan's arena) needs" in err, err
+    assert "Traceback" not in err

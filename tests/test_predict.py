@@ -48,6 +48,31 @@ def test_predict_evaluates_only_where_the_data_has_the_targets(cli, folder: Path
     assert code == 2 and "y" in err and "Traceback" not in err and not (tmp_path / "b.npz").exists(), err
 
 
+def test_a_plans_partial_batch_runs_in_the_same_arena(cli, folder: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """29 examples in batches of 8: the last 5 by a runner at their size, in the first runner's arena (a GPU
+    whose free memory holds one arena of the cap holds the prediction), with the same outputs as the model's."""
+    from swapdsl import api
+
+    plan = folder / "m.plan"
+    if not plan.exists():
+        assert cli("optimize", folder / "m.swp", *ARGS, "--memory", "2/3", "--method", "belady", "-o", plan)[0] == 0
+    arenas: list[object] = []
+
+    class Recorded(api.PlanRunner):
+        def __init__(self, *args: object, **kw: object) -> None:
+            super().__init__(*args, **kw)
+            arenas.append(self.arena)
+
+    monkeypatch.setattr(api, "PlanRunner", Recorded)
+    got = api.predict(plan, str(folder / "test"))
+    held = api.evaluate(plan, str(folder / "test"))
+    assert got["logits"].shape == (29, 10) and held is not None and held.examples == 29 and held.dropped == 0
+    assert len(arenas) == 4 and all(a is arenas[0] for a in arenas[:2]) and arenas[2] is arenas[3]
+    model = api.load(folder / "m.swp", batch=8, features=16, hidden=32, lr=0.05)  # (as ARGS give it)
+    want = api.predict(model, str(folder / "test"))  # (the reference executor)
+    np.testing.assert_array_equal(got["logits"], want["logits"])
+
+
 def test_the_prediction_graph_reads_no_labels(tmp_path: Path) -> None:
     m = swapdsl.load(write(tmp_path / "m.swp", MLP), batch=4, features=8, hidden=8)
     g = prediction_graph(m.graph)

@@ -7,6 +7,7 @@ import difflib
 import json
 import math
 import os
+import re
 import signal
 import sys
 import time
@@ -568,12 +569,17 @@ class _Parser(argparse.ArgumentParser):
         unknown = [a.split("=")[0] for a in given if a.startswith("--") and not self._known(a.split("=")[0])]
         if message.startswith("the following arguments are required") and unknown:
             message = f"unrecognized option{'s' if len(unknown) > 1 else ''} {', '.join(unknown)}"
+        elif chosen := re.match(r"argument COMMAND: invalid choice: '?([^' ]*)", message):  # a misspelt command
+            unknown, options = [chosen.group(1)], sorted(self._subcommands())
         elif message.startswith("unrecognized arguments") and _Parser._last is not None:
             options = [o for o in _Parser._last._option_string_actions if o.startswith("--")]
             unknown = [a.split("=")[0] for a in message.split(":", 1)[1].split() if a.startswith("--")]
             hints = [f"see `{_Parser._last.prog} --help`"]
         close = difflib.get_close_matches(unknown[0], options, n=1) if unknown else []
         raise _UsageError(message, hints=[f"did you mean {c}?" for c in close] + hints)
+
+    def _subcommands(self) -> list[str]:
+        return [name for a in self._actions if isinstance(a, argparse._SubParsersAction) for name in a.choices]
 
     def _known(self, option: str) -> bool:
         """An option of this parser's, or (as argparse takes them) a prefix of one or more."""

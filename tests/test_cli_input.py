@@ -49,6 +49,8 @@ def test_bad_numbers_are_refused_by_the_parser(cli, args: list[str]) -> None:
     # a prefix argparse takes is no misspelling; nor is anything after `--`
     (["optimize", "--mem", "8MiB"], "the following arguments are required: FILE.swp", None),
     (["optimize", "M", "-o", "x.plan", "--", "--memroy"], "the following arguments are required: --memory", None),
+    (["optimise", "M"], "argument COMMAND: invalid choice: 'optimise'", "did you mean optimize?"),
+    (["zzzz"], "argument COMMAND: invalid choice: 'zzzz'", None),
 ])
 def test_a_misspelt_option_is_named_with_the_one_it_is_close_to(cli, args: list[str], said: str,
                                                                hint: str | None) -> None:

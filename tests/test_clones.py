@@ -144,6 +144,8 @@ def test_the_placer_places_clones_as_place_clones_does(t: Graph, chains: bool, s
     chosen = [m for m in c.ops if rng.random() < rng.random()]
     kept, need = Placer(p, c).place(schedule, chosen)
     assert (kept, need) == place_clones(p, c, schedule.tolist(), chosen)
+    anything = [m for m in range(p.n_ops) if rng.random() < 0.1]  # (backward ops too: no search chooses them)
+    assert Placer(p, c).place(schedule, anything) == place_clones(p, c, schedule.tolist(), anything)
     ext = Extensions(p, chains=chains).get(tuple(kept))[0]
     merged = merged_schedule(schedule, ext, need).tolist()
     want: list[int] = []

@@ -188,6 +188,7 @@ class Placer:
 
     def __init__(self, p: Problem, c: Candidates) -> None:
         n = p.n_ops
+        self.p, self.c = p, c
         self.n, self.forward = n, np.array(c.forward, np.bool_)
         maker = np.full(len(p.names), n, np.int64)  # (n: no maker, an input)
         for op in range(n):
@@ -207,13 +208,14 @@ class Placer:
         self.edge_to = np.array([r for row in fw for r in row[:-1]], np.int64)
 
     def place(self, schedule: list[int] | np.ndarray, chosen: Iterable[int]) -> tuple[list[int], list[int]]:
-        """What ``place_clones`` gives, for ``chosen`` forward ops."""
+        """What ``place_clones`` gives (which it computes itself where ``chosen`` holds an op that is not a
+        forward op: no search chooses one, and a chosen backward reader would need its clone's position)."""
         n = self.n
-        pos = np.empty(n + 1, np.int64)
-        pos[np.asarray(schedule, np.int64)] = np.arange(n)
         kept = np.unique(np.fromiter(chosen, np.int64))
         if not self.forward[kept].all():
-            raise ValueError("only forward ops are recomputed")
+            return place_clones(self.p, self.c, list(schedule), kept.tolist())
+        pos = np.empty(n + 1, np.int64)
+        pos[np.asarray(schedule, np.int64)] = np.arange(n)
         while True:
             inkept = np.zeros(n + 1, np.bool_)
             inkept[kept] = True

@@ -506,7 +506,7 @@ def evaluate(target: Plan | Model | str | Path, data: str, init: str | None = No
     """The loss and reports over every example in ``data``, as ``exec --eval`` takes them (each batch
     weighed by its examples, the last partial batch at its size), from ``init`` as ``predict`` reads it;
     None where ``data`` lacks an input the loss needs (its targets) or the model has no loss."""
-    m = _inference_model(target)[1]
+    plan, m = _inference_model(target)
     if not m.graph.loss or not set(evaluation_graph(m.graph).inputs) <= array_names(data):
         return None
 
@@ -514,26 +514,28 @@ def evaluate(target: Plan | Model | str | Path, data: str, init: str | None = No
             state: dict[str, np.ndarray]) -> training.EvalRecord:
         return training.evaluator(training.Held(state), first, tail)(ds, 0)
 
-    return _inference(target, data, init, backend, seed, evaluation_graph, run)
+    return _inference((plan, m), data, init, backend, seed, evaluation_graph, run)
 
 
 def _inference_model(target: Plan | Model | str | Path) -> tuple[Plan | None, Model]:
+    """The plan (if ``target`` is one, or names one) and its model."""
     plan = read(target) if isinstance(target, (str, Path)) and is_plan_file(target) else (
         target if isinstance(target, Plan) else None)
     return plan, _model_of(plan) if plan is not None else target if isinstance(target, Model) else load(target)
 
 
-T = TypeVar("T")
+_Result = TypeVar("_Result")
 
 
-def _inference(target: Plan | Model | str | Path, data: str, init: str | None, backend: str, seed: int,
-                  graph_of: Callable[[Graph], Graph],
-                  run: Callable[[Graph, training.Stepper, Callable[[int], training.Stepper | None], Dataset,
-                                 dict[str, np.ndarray]], T]) -> T:
+def _inference(target: Plan | Model | str | Path | tuple[Plan | None, Model], data: str, init: str | None,
+               backend: str, seed: int, graph_of: Callable[[Graph], Graph],
+               run: Callable[[Graph, training.Stepper, Callable[[int], training.Stepper | None], Dataset,
+                              dict[str, np.ndarray]], _Result]) -> _Result:
     """``run`` over ``data`` by executors of ``graph_of`` the model's forward graph, from ``init``'s state: a
     plan's graph planned under its cap (``belady``) at its micro-batch size, a model's by the reference
-    executor; the last partial batch by one at its size (None where that does not plan)."""
-    plan, m = _inference_model(target)
+    executor; the last partial batch by one at its size (None where that does not plan). ``target`` may
+    come resolved, as ``_inference_model`` gives it."""
+    plan, m = target if isinstance(target, tuple) else _inference_model(target)
     rows = int(m.args["batch"]) // m.microbatches if m.microbatches > 1 else None
     base = _at_batch(m, rows) if rows else m
     assert base is not None

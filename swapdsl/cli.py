@@ -274,7 +274,7 @@ def _cmd_predict(args: argparse.Namespace) -> int:
     if api.is_plan_file(args.file):
         if args.define:
             raise SwpError("-D does not apply to a plan: its model arguments are fixed in the plan")
-        target: Any = args.file
+        target: Any = api.read(args.file)  # (read once: predict and evaluate both take it)
     else:
         target = _load(args)
     started = time.perf_counter()
@@ -563,27 +563,31 @@ class _Parser(argparse.ArgumentParser):
         return super().parse_known_args(args, namespace)
 
     def error(self, message: str) -> NoReturn:
-        hints = [f"see `{self.prog} --help`"]
-        options = [o for o in self._option_string_actions if o.startswith("--")]
-        given = list(self._given)[:list(self._given).index("--")] if "--" in self._given else self._given
-        unknown = [a.split("=")[0] for a in given if a.startswith("--") and not self._known(a.split("=")[0])]
-        if message.startswith("the following arguments are required") and unknown:
+        hints, unknown, options = [f"see `{self.prog} --help`"], [], []
+        if message.startswith("the following arguments are required") and (unknown := self._unknown()):
             message = f"unrecognized option{'s' if len(unknown) > 1 else ''} {', '.join(unknown)}"
+            options = self._long_options()
         elif chosen := re.match(r"argument COMMAND: invalid choice: '?([^' ]*)", message):  # a misspelt command
-            unknown, options = [chosen.group(1)], sorted(self._subcommands())
-        elif message.startswith("unrecognized arguments") and _Parser._last is not None:
-            options = [o for o in _Parser._last._option_string_actions if o.startswith("--")]
+            unknown, options = [chosen.group(1)], self._subcommands()
+        elif message.startswith("unrecognized arguments") and (last := _Parser._last) is not None:
             unknown = [a.split("=")[0] for a in message.split(":", 1)[1].split() if a.startswith("--")]
-            hints = [f"see `{_Parser._last.prog} --help`"]
+            options, hints = last._long_options(), [f"see `{last.prog} --help`"]
         close = difflib.get_close_matches(unknown[0], options, n=1) if unknown else []
         raise _UsageError(message, hints=[f"did you mean {c}?" for c in close] + hints)
 
-    def _subcommands(self) -> list[str]:
-        return [name for a in self._actions if isinstance(a, argparse._SubParsersAction) for name in a.choices]
+    def _unknown(self) -> list[str]:
+        """The options on the line (before a `--`) that are none of this parser's, nor a prefix of one."""
+        given = list(self._given)
+        given = given[:given.index("--")] if "--" in given else given
+        names = [a.split("=")[0] for a in given if a.startswith("--")]
+        return [o for o in names if o not in self._option_string_actions
+                and not (self.allow_abbrev and self._get_option_tuples(o))]
 
-    def _known(self, option: str) -> bool:
-        """An option of this parser's, or (as argparse takes them) a prefix of one or more."""
-        return option in self._option_string_actions or bool(self.allow_abbrev and self._get_option_tuples(option))
+    def _long_options(self) -> list[str]:
+        return [o for o in self._option_string_actions if o.startswith("--")]
+
+    def _subcommands(self) -> list[str]:
+        return sorted(name for a in self._actions if isinstance(a, argparse._SubParsersAction) for name in a.choices)
 
 
 def _precision_options(parser: argparse.ArgumentParser, auto: bool = False) -> None:

@@ -26,7 +26,7 @@ import numpy as np
 
 from swapdsl.graph.ir import Kind
 from swapdsl.plan.program import Free, Instr, Run, SwapIn, SwapOut
-from swapdsl.planning.compiled import Evaluator
+from swapdsl.planning.compiled import Evaluator, csr
 from swapdsl.planning.problem import Problem, edges
 
 
@@ -193,19 +193,21 @@ class Placer:
         maker = np.full(len(p.names), n, np.int64)  # (n: no maker, an input)
         for op in range(n):
             maker[list(p.op_outputs[op])] = op
-        fw, bw, ins = [], [], []
+        fw, bw, consumers, makers = [], [], [], []
         for op in range(n):
             readers = sorted({r for t in p.op_outputs[op] for r in c.readers.get(t, ())})
-            fw.append([r for r in readers if c.forward[r]] + [n])
-            bw.append([r for r in readers if not c.forward[r]] + [n])
-            ins.append([(c.consumer[u], maker[u]) for u in p.op_inputs[op] if u in c.consumer] + [(n, n)])
-        self.fw_ptr, self.fw_idx = _rows(fw)
-        self.bw_ptr, self.bw_idx = _rows(bw)
-        self.in_ptr, pairs = _rows(ins)
-        self.consumer, self.maker = pairs.reshape(-1, 2).T
+            fw.append((*(r for r in readers if c.forward[r]), n))
+            bw.append((*(r for r in readers if not c.forward[r]), n))
+            overwritten = [u for u in p.op_inputs[op] if u in c.consumer]
+            consumers.append((*(c.consumer[u] for u in overwritten), n))
+            makers.append((*(int(maker[u]) for u in overwritten), n))
+        self.fw_ptr, self.fw_idx = csr(tuple(fw))
+        self.bw_ptr, self.bw_idx = csr(tuple(bw))
+        self.in_ptr, self.consumer = csr(tuple(consumers))
+        self.maker = csr(tuple(makers))[1]
         # each op to each forward reader: a chosen reader's clone position bounds the op's clone's
         self.edge_from = np.repeat(np.arange(n), np.diff(self.fw_ptr) - 1)
-        self.edge_to = np.array([r for row in fw for r in row[:-1]], np.int64)
+        self.edge_to = self.fw_idx[self.fw_idx < n]
 
     def place(self, schedule: list[int] | np.ndarray, chosen: Iterable[int]) -> tuple[list[int], list[int]]:
         """What ``place_clones`` gives (which it computes itself where ``chosen`` holds an op that is not a
@@ -245,12 +247,6 @@ class Placer:
                 break
             np.minimum.at(need, src[lower], need[dst[lower]])
         return need
-
-
-def _rows(rows: list[list]) -> tuple[np.ndarray, np.ndarray]:
-    ptr = np.zeros(len(rows) + 1, np.int64)
-    ptr[1:] = np.cumsum([len(r) for r in rows])
-    return ptr, np.array([x for r in rows for x in r], np.int64).ravel()
 
 
 def merged_schedule(base: list[int] | np.ndarray, ext: Extended, need: list[int]) -> np.ndarray:

@@ -55,7 +55,8 @@ class Timing:
     host_bytes: int  # the plan's ``host_bytes`` figure: every tensor with a host copy
 
 
-def _csr(rows: tuple[tuple[int, ...], ...]) -> tuple[np.ndarray, np.ndarray]:
+def csr(rows: tuple[tuple[int, ...], ...]) -> tuple[np.ndarray, np.ndarray]:
+    """Rows of indices as (pointers, indices): row r is indices[pointers[r]:pointers[r + 1]]."""
     ptr = np.zeros(len(rows) + 1, np.int64)
     ptr[1:] = np.cumsum(np.fromiter(map(len, rows), np.int64, len(rows)))
     return ptr, np.fromiter(itertools.chain.from_iterable(rows), np.int64, int(ptr[-1]))
@@ -83,8 +84,8 @@ class Evaluator:
         self.p = p
         self.size = np.array(p.size, np.int64)
         self.nbytes = np.array(p.nbytes, np.int64)
-        self.in_ptr, self.in_idx = _csr(p.op_inputs)
-        self.out_ptr, self.out_idx = _csr(p.op_outputs)
+        self.in_ptr, self.in_idx = csr(p.op_inputs)
+        self.out_ptr, self.out_idx = csr(p.op_outputs)
         self.in_place = np.array(p.in_place, np.bool_)
         self.op_ms = np.array(p.op_ms, np.float64)
         self.net = np.zeros(len(p.op_ms), np.bool_)  # the network lane's ops (clones, past the graph's, never)
@@ -103,7 +104,7 @@ class Evaluator:
         self.by_name = np.array(sorted(p.starts_on_host | p.inputs, key=p.names.__getitem__), np.int64)
         self.lane = Lane.of(p) if p.host.ops else None
         # what host ops make for the device within the step: the ops each follows (its host copy's position)
-        self.after_ptr, self.after_idx = _csr(p.host_after or ((),))
+        self.after_ptr, self.after_idx = csr(p.host_after or ((),))
         self.host_start = self.lane.host_start if self.lane else np.zeros(n, np.float64)
         # the tensor each one is a copy of, for recomputation's clones (clones.py); itself otherwise
         self.n_base = n - len(origin)

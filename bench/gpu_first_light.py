@@ -61,6 +61,7 @@ def cublas_captured() -> str:
     import cupy
 
     from swapdsl.graph.ops.blas import matmul_into, own_cublas
+    from swapdsl.graph.ops.registry import KernelContext
 
     if own_cublas(cupy) is None:
         raise RuntimeError("no cuBLAS library of our own could be opened")
@@ -69,21 +70,26 @@ def cublas_captured() -> str:
     want = x @ y
     dx, dy, out = cupy.asarray(x), cupy.asarray(y), cupy.zeros((3, 64, 32), cupy.float32)
     stream = cupy.cuda.Stream(non_blocking=True)
+    ctx = KernelContext.standalone(cupy, 4 << 20)  # (its scratch: cuBLAS's workspace)
     with stream:
-        matmul_into(cupy, dx, dy, out)
+        matmul_into(ctx, dx, dy, out)
     stream.synchronize()
     eager = float(np.abs(out.get() - want).max())
     out.fill(0)
+    cupy.cuda.Device().synchronize()
+    free = cupy.cuda.runtime.memGetInfo()[0]
     with stream:
         stream.begin_capture()
-        matmul_into(cupy, dx, dy, out)
+        matmul_into(ctx, dx, dy, out)
         graph = stream.end_capture()
     graph.launch(stream)
     stream.synchronize()
+    taken = free - cupy.cuda.runtime.memGetInfo()[0]  # (cuBLAS's own workspace would show here)
     captured = float(np.abs(out.get() - want).max())
     if max(eager, captured) > 1e-3:
         raise AssertionError(f"products differ from NumPy's: eager {eager:.1e}, captured {captured:.1e}")
-    return f"eager and captured products equal NumPy's (max abs diff {eager:.1e}, {captured:.1e})"
+    return (f"eager and captured products equal NumPy's (max abs diff {eager:.1e}, {captured:.1e}); "
+            f"device memory taken by the capture: {taken} bytes")
 
 
 def cudnn_convolutions() -> str:

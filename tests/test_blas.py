@@ -109,37 +109,85 @@ class _FakeCublas:
         self.calls.append(("stream", handle.value, stream.value))
         return 0
 
+    def cublasSetWorkspace_v2(self, handle, pointer, size) -> int:  # noqa: ANN001, N802
+        self.calls.append(("workspace", handle.value, pointer.value or 0, size.value))
+        return 0
+
     def cublasGemmStridedBatchedEx(self, *args) -> int:  # noqa: ANN002, N802
         self.calls.append(("gemm", *(getattr(a, "value", a) for a in args)))
         return 0
 
 
+def _device_array(ptr: int, nbytes: int = 0, dtype: type = np.float32):  # noqa: ANN202
+    from types import SimpleNamespace
+
+    return SimpleNamespace(data=SimpleNamespace(ptr=ptr), dtype=np.dtype(dtype), nbytes=nbytes)
+
+
 def test_products_call_cublas_on_a_handle_of_our_own_bound_to_the_current_stream(monkeypatch) -> None:  # noqa: ANN001
     """CuPy's cuBLAS wrappers refuse to run while a stream is capturing, so a CUDA graph could not hold a
-    product: each GEMM goes through the C API on our handle, bound to the current stream first, with the
-    operands' pointers at their offsets and 64-bit strides (a stand-in library records the calls)."""
+    product: each GEMM goes through the C API on our handle, bound to the current stream first, then to the
+    workspace given (binding a stream unbinds it), with the operands' pointers at their offsets and 64-bit
+    strides (a stand-in library records the calls)."""
     from types import SimpleNamespace
 
     from swapdsl.graph.ops import blas
 
     lib = _FakeCublas()
-    monkeypatch.setattr(blas, "own_cublas", lambda xp: blas.OwnCublas(lib))
+    own = blas.OwnCublas(lib)
+    monkeypatch.setattr(blas, "own_cublas", lambda xp: own)
     one, zero = np.ones((), np.float32), np.zeros((), np.float32)
     monkeypatch.setattr(blas, "_cublas_types", lambda xp, dtype, tf32: (0, 68, one, zero))
     xp = SimpleNamespace(cuda=SimpleNamespace(get_current_stream=lambda: SimpleNamespace(ptr=77)))
-
-    def array(ptr: int) -> SimpleNamespace:
-        return SimpleNamespace(data=SimpleNamespace(ptr=ptr), dtype=np.dtype(np.float32))
-
     calls = plan_gemm((3, 4, 5), (20, 5, 1), (5, 6), (6, 1), (3, 4, 6), (24, 6, 1))
-    blas._cublas(xp, calls, array(1000), array(2000), array(3000), False)
+    arrays = _device_array(1000), _device_array(2000), _device_array(3000)
+    blas._cublas(xp, calls, *arrays, False, workspace=_device_array(9000, 4096, np.uint8))
     # (the handle adds a half product's partial sums in f32: CUBLAS_MATH_DISALLOW_REDUCED_PRECISION_REDUCTION)
-    assert lib.calls[0] == ("math", 4242, 16) and lib.calls[1] == ("stream", 4242, 77)
-    assert len(lib.calls) == 1 + 2 * len(calls)
-    g, got = calls[0], lib.calls[2]
+    assert lib.calls[:3] == [("math", 4242, 16), ("stream", 4242, 77), ("workspace", 4242, 9000, 4096)]
+    assert len(lib.calls) == 3 + len(calls)
+    g, got = calls[0], lib.calls[3]
     assert got[1:7] == (4242, int(g.transa), int(g.transb), g.m, g.n, g.k)
     assert got[8] == 1000 + 4 * g.a_offset and got[12] == 2000 + 4 * g.b_offset and got[17] == 3000 + 4 * g.c_offset
     assert (got[11], got[15], got[20], got[21], got[22]) == (g.stride_a, g.stride_b, g.stride_c, g.batch, 68)
+    lib.calls.clear()  # an empty workspace is bound as none at all: cuBLAS then runs algorithms needing none
+    blas._cublas(xp, calls[:1], *arrays, False, workspace=_device_array(5000, 0, np.uint8))
+    assert lib.calls[:2] == [("stream", 4242, 77), ("workspace", 4242, 0, 0)]
+
+
+def test_cublas_works_in_the_kernels_scratch_left_over(monkeypatch) -> None:  # noqa: ANN001
+    """Left to itself, cuBLAS takes a workspace from outside the arena (and a new one for each CUDA graph it
+    is captured into): each product on CUDA is handed the scratch its kernel has not taken, as it is at the
+    call, whatever the op (the stand-in records what each call was given)."""
+    from swapdsl.graph.ir import DType, TensorType
+    from swapdsl.graph.ops import blas
+    from swapdsl.graph.ops.kernels import kernel_of, scratch_need
+    from swapdsl.graph.ops.registry import KernelContext
+
+    seen: list[tuple[int, int]] = []
+
+    def cublas(xp, calls, a, b, c, tf32, accumulate=False, workspace=None) -> None:  # noqa: ANN001
+        seen.append((workspace.__array_interface__["data"][0] - base, workspace.nbytes))
+        flat = [np.lib.stride_tricks.as_strided(v, (v.size,), (v.itemsize,)) for v in (a, b, c)]  # (pointers)
+        for g in calls:
+            blas.emulate(g, *flat)
+
+    monkeypatch.setattr(blas, "_cublas", cublas)
+    monkeypatch.setattr(blas, "on_cuda", lambda xp: True)
+    rng = np.random.default_rng(0)
+    for op, shapes in (("matmul", ((4, 5), (5, 3))), ("matmul_tn_fold_acc", ((5, 3), (2, 4, 5), (2, 4, 3)))):
+        types = tuple(TensorType(s, DType.f32) for s in shapes)
+        out_t = TensorType(shapes[0] if op != "matmul" else (4, 3), DType.f32)
+        need = scratch_need(op, types, out_t, {})
+        ctx = KernelContext.standalone(np, need + 1024)
+        base = ctx.scratch.buffer.__array_interface__["data"][0]
+        ins = [rng.standard_normal(s).astype(np.float32) for s in shapes]
+        out = np.zeros(out_t.shape, np.float32)
+        seen.clear()
+        kernel_of(op, types, out_t, {})(ctx, ins, out, {})
+        taken = need if op != "matmul" else 0  # (the summed product is staged in scratch first)
+        assert seen and all(s == (taken, need + 1024 - taken) for s in seen), (op, seen)
+        want = ins[0] @ ins[1] if op == "matmul" else ins[0] + ins[1].reshape(-1, 5).T @ ins[2].reshape(-1, 3)
+        np.testing.assert_allclose(out, want, rtol=1e-5)
 
 
 def test_without_a_cublas_library_of_its_own_it_says_none(monkeypatch) -> None:  # noqa: ANN001

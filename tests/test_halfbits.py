@@ -189,7 +189,8 @@ def _emulated_cublas(seen: list[tuple[str, bool]]) -> Any:
         halfbits.widen(BITS_NP, w, _flat(v))
         return w
 
-    def cublas(xp: Any, calls: Any, a: Any, b: Any, c: Any, tf32: bool, accumulate: bool = False) -> None:
+    def cublas(xp: Any, calls: Any, a: Any, b: Any, c: Any, tf32: bool, accumulate: bool = False,
+               workspace: Any = None) -> None:
         seen.append((str(c.dtype), accumulate))
         product = np.zeros(c.size, np.float32)
         for g in calls:
@@ -220,7 +221,7 @@ def test_a_half_product_cublas_refuses_is_staged_from_then_on(monkeypatch: pytes
 
     seen: list[str] = []
 
-    def cublas(xp: Any, calls: Any, a: Any, b: Any, c: Any, tf32: bool) -> None:
+    def cublas(xp: Any, calls: Any, a: Any, b: Any, c: Any, tf32: bool, *more: Any) -> None:
         seen.append(str(c.dtype))
         if str(c.dtype) in blas.HALF_DATA:
             raise blas.CublasError("cublasGemmStridedBatchedEx", 15)

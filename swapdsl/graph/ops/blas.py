@@ -7,7 +7,9 @@ CuPy every product (2-d ones too) is planned here as cuBLAS strided-batched
 GEMMs over the operands' own memory (``plan_gemm``, pure and tested on the CPU against
 NumPy), and each is one cuBLAS call with the stream and the output given, through the C
 API on a handle of swapdsl's own (``OwnCublas``): CuPy's wrappers refuse to run while a
-stream is being captured into a CUDA graph.
+stream is being captured into a CUDA graph. cuBLAS's workspace is the kernel's scratch not yet
+taken (``Scratch.rest``), bound to the handle before each call: left to itself, cuBLAS takes one
+from outside the arena, and a new one for every CUDA graph it is captured into.
 
 cuBLAS is column-major: a row-major matrix with row stride ``s`` is, read
 column-major, its transpose with leading dimension ``s``. So out = x @ y
@@ -23,7 +25,7 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from swapdsl.graph.ops.registry import on_cuda
+from swapdsl.graph.ops.registry import KernelContext, on_cuda
 
 Array = Any
 
@@ -122,8 +124,9 @@ def emulate(call: Gemm, a: np.ndarray, b: np.ndarray, c: np.ndarray) -> None:
         mc[...] = (ma.T if call.transa else ma) @ (mb.T if call.transb else mb)
 
 
-def matmul_into(xp: Any, x: Array, y: Array, out: Array, tf32: bool = False) -> None:
-    """out = x @ y, computed in ``out``; ``tf32`` (CuPy, FP32): cuBLAS may use TF32 tensor cores."""
+def matmul_into(c: KernelContext, x: Array, y: Array, out: Array) -> None:
+    """out = x @ y, computed in ``out``; ``c.tf32`` (CuPy, FP32): cuBLAS may use TF32 tensor cores."""
+    xp = c.xp
     if not on_cuda(xp):
         xp.matmul(x, y, out=out)
         return
@@ -133,7 +136,7 @@ def matmul_into(xp: Any, x: Array, y: Array, out: Array, tf32: bool = False) -> 
     if calls is None or x.dtype != out.dtype or y.dtype != out.dtype:
         xp.matmul(x, y, out=out)  # a layout cuBLAS cannot read as it is: CuPy's matmul copies it
         return
-    _cublas(xp, calls, y, x, out, tf32)
+    _cublas(xp, calls, y, x, out, c.tf32, False, c.scratch.rest())
 
 
 HALF_DATA = ("float16", "uint16")  # the half arrays cuBLAS multiplies as they are (uint16: bf16's bits, halfbits)
@@ -147,13 +150,13 @@ class CublasError(RuntimeError):
         self.status = status
 
 
-def half_gemm(xp: Any, x: Array, y: Array, out: Array, acc: Array | None = None) -> bool:
+def half_gemm(c: KernelContext, x: Array, y: Array, out: Array, acc: Array | None = None) -> bool:
     """out = x @ y (``acc``: acc + x @ y) on half arrays of one dtype by cuBLAS, as they are: products
     accumulated in f32 (compute type 32F, tensor cores; partial sums in f32 too, ``MATH_MODE``), ``acc`` added
     in f32 (beta 1), rounded once to half; False where it cannot (no CUDA, other dtypes, a layout cuBLAS cannot
     read, a GPU whose cuBLAS refuses the type), and the caller computes it another way (over the whole output
     again; ``acc`` is left as it was)."""
-    dtype = str(out.dtype)
+    xp, dtype = c.xp, str(out.dtype)
     if not on_cuda(xp) or dtype not in HALF_DATA or dtype in _refused or x.dtype != out.dtype or y.dtype != out.dtype:
         return False
     itemsize = out.dtype.itemsize
@@ -164,7 +167,7 @@ def half_gemm(xp: Any, x: Array, y: Array, out: Array, acc: Array | None = None)
     if acc is not None and not _same_memory(acc, out):
         xp.copyto(out, acc)  # (an op in place is handed its output as its first input: then nothing to copy)
     try:
-        _cublas(xp, calls, y, x, out, False, **({"accumulate": True} if acc is not None else {}))
+        _cublas(xp, calls, y, x, out, False, acc is not None, c.scratch.rest())
     except CublasError as err:
         if err.status not in REFUSALS:
             raise
@@ -174,7 +177,7 @@ def half_gemm(xp: Any, x: Array, y: Array, out: Array, acc: Array | None = None)
 
 
 def _wrapped_gemms(xp: Any, calls: list[Gemm], arrays: tuple[Array, Array, Array], types: tuple[int, int],
-                   scalars: tuple[np.ndarray, np.ndarray], stream: int) -> None:
+                   scalars: tuple[np.ndarray, np.ndarray], stream: int, workspace: Array | None) -> None:
     """The GEMMs through CuPy's cuBLAS wrappers, whose own error (``CUBLASError``) becomes a ``CublasError``
     with its status (so that a half type the GPU refuses is staged from then on, as on our own library)."""
     from cupy_backends.cuda.libs import cublas
@@ -182,7 +185,9 @@ def _wrapped_gemms(xp: Any, calls: list[Gemm], arrays: tuple[Array, Array, Array
     (a, b, c), (data, compute), (one, beta), item = arrays, types, scalars, arrays[2].dtype.itemsize
     handle = xp.cuda.device.get_cublas_handle()
     try:
-        cublas.setStream(handle, stream)
+        cublas.setStream(handle, stream)  # (which also unbinds any workspace)
+        if workspace is not None and hasattr(cublas, "setWorkspace"):
+            cublas.setWorkspace(handle, *_bound(workspace))
         for g in calls:
             cublas.gemmStridedBatchedEx(
                 handle, int(g.transa), int(g.transb), g.m, g.n, g.k, one.ctypes.data,
@@ -220,18 +225,26 @@ def _cublas_types(xp: Any, dtype: str, tf32: bool) -> tuple[int, int, np.ndarray
     return data, compute, np.ones((), np.float32), np.zeros((), np.float32)
 
 
-def _cublas(xp: Any, calls: list[Gemm], a: Array, b: Array, c: Array, tf32: bool, accumulate: bool = False) -> None:
-    """The planned GEMMs, c = a b (column-major), or c += a b where ``accumulate`` (beta 1)."""
+def _cublas(xp: Any, calls: list[Gemm], a: Array, b: Array, c: Array, tf32: bool, accumulate: bool = False,
+            workspace: Array | None = None) -> None:
+    """The planned GEMMs, c = a b (column-major), or c += a b where ``accumulate`` (beta 1), with ``workspace``
+    (bytes on the device, none where empty) as cuBLAS's; None: cuBLAS's own pool."""
     data, compute, one, zero = _cublas_types(xp, str(c.dtype), tf32)
     beta = one if accumulate else zero
     item, stream = c.dtype.itemsize, xp.cuda.get_current_stream().ptr
     own = own_cublas(xp)
     if own is None:  # no library of our own: CuPy's wrappers, which refuse to run in a capture
-        _wrapped_gemms(xp, calls, (a, b, c), (data, compute), (one, beta), stream)
+        _wrapped_gemms(xp, calls, (a, b, c), (data, compute), (one, beta), stream, workspace)
         return
+    own.bind(stream, None if workspace is None else _bound(workspace))
     for g in calls:
-        own.gemm(stream, g, (a.data.ptr + g.a_offset * item, b.data.ptr + g.b_offset * item,
-                             c.data.ptr + g.c_offset * item), data, compute, one, beta)
+        own.gemm(g, (a.data.ptr + g.a_offset * item, b.data.ptr + g.b_offset * item,
+                     c.data.ptr + g.c_offset * item), data, compute, one, beta)
+
+
+def _bound(workspace: Array) -> tuple[int, int]:
+    """(pointer, bytes) of a workspace: null where it is empty (cuBLAS then runs algorithms that need none)."""
+    return (workspace.data.ptr, workspace.nbytes) if workspace.nbytes else (0, 0)
 
 
 _GEMM_DEFAULT = -1  # cublasGemmAlgo_t CUBLAS_GEMM_DEFAULT
@@ -260,11 +273,20 @@ class OwnCublas:
         if status != 0:
             raise CublasError(what, status)
 
-    def gemm(self, stream: int, g: Gemm, pointers: tuple[int, int, int], data: int, compute: int,
+    def bind(self, stream: int, workspace: tuple[int, int] | None) -> None:
+        """The handle on ``stream``, with ``workspace`` (pointer, bytes) as its workspace, or cuBLAS's own pool
+        (binding a stream unbinds the workspace, so both are bound before each product)."""
+        c = self.c
+        self._check(self.lib.cublasSetStream_v2(self.handle, c.c_void_p(stream)), "cublasSetStream")
+        if workspace is not None:
+            pointer, size = workspace
+            self._check(self.lib.cublasSetWorkspace_v2(self.handle, c.c_void_p(pointer), c.c_size_t(size)),
+                        "cublasSetWorkspace")
+
+    def gemm(self, g: Gemm, pointers: tuple[int, int, int], data: int, compute: int,
              one: np.ndarray, beta: np.ndarray) -> None:
         c = self.c
         a_ptr, b_ptr, c_ptr = (c.c_void_p(p) for p in pointers)
-        self._check(self.lib.cublasSetStream_v2(self.handle, c.c_void_p(stream)), "cublasSetStream")
         self._check(self.lib.cublasGemmStridedBatchedEx(
             self.handle, c.c_int(int(g.transa)), c.c_int(int(g.transb)), c.c_int(g.m), c.c_int(g.n), c.c_int(g.k),
             c.c_void_p(one.ctypes.data), a_ptr, c.c_int(data), c.c_int(g.lda), c.c_longlong(g.stride_a),

@@ -134,8 +134,7 @@ def _conv2d(c: KernelContext, ins: list[Array], out: Array, a: Attrs) -> None:
         n = k.stop - k.start
         cols = _columns(c, x[k], cv, a, (0, 1, 2, 5, 6, 3, 4))  # [n, G, C/G, KH, KW, Ho, Wo]
         p = cv.out[0] * cv.out[1]
-        matmul_into(c.xp, wmat, cols.reshape(n, cv.groups, -1, p), out[k].reshape(n, cv.groups, o // cv.groups, p),
-                    c.tf32)
+        matmul_into(c, wmat, cols.reshape(n, cv.groups, -1, p), out[k].reshape(n, cv.groups, o // cv.groups, p))
         c.scratch.reset()
 
 
@@ -167,8 +166,8 @@ def _conv2d_grad_weight(c: KernelContext, ins: list[Array], out: Array, a: Attrs
         gy = c.scratch.take((cv.groups, o // cv.groups, n, p), g.dtype)
         c.xp.copyto(gy, g[k].reshape(n, cv.groups, o // cv.groups, p).transpose(1, 2, 0, 3))
         target = dw if k.start == 0 else acc
-        matmul_into(c.xp, gy.reshape(cv.groups, o // cv.groups, -1),
-                    cols.reshape(cv.groups, dw.shape[2], -1).swapaxes(-1, -2), target, c.tf32)
+        matmul_into(c, gy.reshape(cv.groups, o // cv.groups, -1),
+                    cols.reshape(cv.groups, dw.shape[2], -1).swapaxes(-1, -2), target)
         if target is not dw:
             c.xp.add(dw, acc, out=dw)
         c.scratch.used = mark
@@ -195,8 +194,7 @@ def _conv2d_grad_input(c: KernelContext, ins: list[Array], out: Array, a: Attrs)
     for k in _batch_chunks(cv, per["cols"] + per["pad"], ins, out):
         n = k.stop - k.start
         dcols = c.scratch.take((n, cv.groups, cg, kh, kw) + cv.out, g.dtype)
-        matmul_into(c.xp, wt, g[k].reshape(n, cv.groups, o // cv.groups, p), dcols.reshape(n, cv.groups, -1, p),
-                    c.tf32)
+        matmul_into(c, wt, g[k].reshape(n, cv.groups, o // cv.groups, p), dcols.reshape(n, cv.groups, -1, p))
         target = _padded_target(c, out[k], cv)
         grouped = target.reshape((n, cv.groups, cg) + cv.padded)
         for i in range(kh):

@@ -95,7 +95,7 @@ def _mm_flops(form: str):  # noqa: ANN202
 
 def _fold(c: KernelContext, ins: list[Array], out: Array, a: Attrs) -> None:
     x, g = ins
-    matmul_into(c.xp, x.reshape(-1, x.shape[-1]).T, g.reshape(-1, g.shape[-1]), out, c.tf32)
+    matmul_into(c, x.reshape(-1, x.shape[-1]).T, g.reshape(-1, g.shape[-1]), out)
 
 
 def _fold_acc(c: KernelContext, ins: list[Array], out: Array, a: Attrs) -> None:
@@ -104,7 +104,7 @@ def _fold_acc(c: KernelContext, ins: list[Array], out: Array, a: Attrs) -> None:
     x2, g2 = x.reshape(-1, x.shape[-1]), g.reshape(-1, g.shape[-1])
     for k in chunks(out.shape[1], out.shape[0] * out.dtype.itemsize, out.nbytes):
         product = c.scratch.take((out.shape[0], k.stop - k.start), out.dtype)
-        matmul_into(c.xp, x2.T, g2[:, k], product, c.tf32)
+        matmul_into(c, x2.T, g2[:, k], product)
         acc_k, out_k = parts(acc, out, (slice(None), k))
         c.xp.add(acc_k, product, out=out_k)
         c.scratch.reset()
@@ -121,20 +121,20 @@ def _fold_acc_flops(ins: Types, out: TensorType, a: Attrs) -> int:
 
 register(
     OpDef("matmul", (2, 2), _matmul_infer, _mm_flops("nn"),
-          lambda c, ins, out, a: matmul_into(c.xp, *ins, out, c.tf32),
-          _matmul_grad, on_half=lambda c, ins, out, a: half_gemm(c.xp, *ins, out)),
+          lambda c, ins, out, a: matmul_into(c, *ins, out),
+          _matmul_grad, on_half=lambda c, ins, out, a: half_gemm(c, *ins, out)),
     OpDef("matmul_nt", (2, 2), _nt_infer, _mm_flops("nt"),
-          lambda c, ins, out, a: matmul_into(c.xp, ins[0], _swap(c.xp, ins[1]), out, c.tf32), _matmul_nt_grad,
-          on_half=lambda c, ins, out, a: half_gemm(c.xp, ins[0], _swap(c.xp, ins[1]), out)),
+          lambda c, ins, out, a: matmul_into(c, ins[0], _swap(c.xp, ins[1]), out), _matmul_nt_grad,
+          on_half=lambda c, ins, out, a: half_gemm(c, ins[0], _swap(c.xp, ins[1]), out)),
     OpDef("matmul_tn", (2, 2), _tn_infer, _mm_flops("tn"),
-          lambda c, ins, out, a: matmul_into(c.xp, _swap(c.xp, ins[0]), ins[1], out, c.tf32),
-          on_half=lambda c, ins, out, a: half_gemm(c.xp, _swap(c.xp, ins[0]), ins[1], out)),
+          lambda c, ins, out, a: matmul_into(c, _swap(c.xp, ins[0]), ins[1], out),
+          on_half=lambda c, ins, out, a: half_gemm(c, _swap(c.xp, ins[0]), ins[1], out)),
     OpDef("matmul_tn_fold", (2, 2), _tn_fold_infer, _mm_flops("fold"), _fold, accumulate="matmul_tn_fold_acc",
-          on_half=lambda c, ins, out, a: half_gemm(c.xp, ins[0].reshape(-1, ins[0].shape[-1]).T,
+          on_half=lambda c, ins, out, a: half_gemm(c, ins[0].reshape(-1, ins[0].shape[-1]).T,
                                                    ins[1].reshape(-1, ins[1].shape[-1]), out)),
     # a weight gradient summed over uses (an RNN's time steps) as it is made
     OpDef("matmul_tn_fold_acc", (3, 3), _tn_fold_acc_infer, _fold_acc_flops, _fold_acc, in_place=True,
           scratch=_fold_acc_scratch,
-          on_half=lambda c, ins, out, a: half_gemm(c.xp, ins[1].reshape(-1, ins[1].shape[-1]).T,
+          on_half=lambda c, ins, out, a: half_gemm(c, ins[1].reshape(-1, ins[1].shape[-1]).T,
                                                    ins[2].reshape(-1, ins[2].shape[-1]), out, acc=ins[0])),
 )

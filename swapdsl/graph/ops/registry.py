@@ -57,6 +57,11 @@ class Scratch:
         self.used = end
         return self.buffer[start:start + size].view(dtype).reshape(shape)
 
+    def rest(self) -> Array:
+        """The bytes not yet taken: a library's workspace for one call (cuBLAS's), which a later ``take``
+        may reuse (what runs after the call on the same stream runs after it)."""
+        return self.buffer[self.used:]
+
     def reset(self) -> None:
         self.used = self.floor
 

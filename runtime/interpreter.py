@@ -18,10 +18,11 @@ built once; a step enqueues that list in order on the calling thread:
   tensor's swap-in, if that is how it came), then copies;
 - ``free``: no work; the region's next tenant waits for op ``after`` and any
   swap-out of the tensor;
-- ``host``: the host lane (a fourth thread, on NumPy) waits for the copies
-  that wrote the op's inputs to the host, and for the swap-ins reading host
-  memory it writes over, then runs the kernel on host memory, with scratch
-  and a step counter of its own;
+- ``host``: the host lane (a fourth thread, on NumPy; on CuPy a stream of
+  host functions, ``runtime/hostfn.py``) waits for the copies that wrote the
+  op's inputs to the host, and for the swap-ins reading host memory it writes
+  over, then runs the kernel on host memory, with scratch and a step counter
+  of its own (an all-reduce of host copies: MPI, on a communicator of its own);
 - a ``run`` of an all-reduce (data-parallel ranks) goes on the network lane (a
   fifth thread; on CuPy a stream of its own, NCCL's, ``runtime/nccl.py``), so
   that it overlaps the compute stream; the same waits.
@@ -42,7 +43,6 @@ from typing import Any, NamedTuple
 import attrs
 import numpy as np
 
-from swapdsl.common.errors import SwpError
 from swapdsl.graph.ir import Graph, TensorType
 from swapdsl.graph.ops import KernelContext
 from swapdsl.graph.analysis import STATE_BYTES
@@ -77,13 +77,6 @@ class Work(NamedTuple):
     awaited: bool  # another stream waits for it: record an event
 
 
-def check_lanes(plan: Plan, backend: str) -> None:
-    """An all-reduce of host copies runs on NumPy's host lane only (CuPy's host lane has no MPI in it yet)."""
-    if backend == "cupy" and any(isinstance(i, HostRun) and plan.ops[i.op].op in NET_OPS for i in plan.program):
-        raise SwpError("the CuPy runtime cannot all-reduce gradients over their host copies yet",
-                       hints=["plan with --host-updates none, or run on NumPy (--backend numpy)"])
-
-
 class PlanRunner:
     def __init__(self, plan: Plan, g: Graph, backend: str, xp: ModuleType, seed: int,
                  check_plan: bool = True, copy_delay_s: float = 0.0, kernel_delay_s: float = 0.0,
@@ -104,7 +97,6 @@ class PlanRunner:
             validate(plan, g)
         else:
             check_describes(plan, g)
-        check_lanes(plan, backend)
         self.plan, self.g, self.backend, self.xp = plan, g, backend, xp
         hosted = any(isinstance(i, HostRun) for i in plan.program)
         threads = (host_threads or hostsplit.host_threads()) if hosted else 1  # (before anything is held)

@@ -1272,3 +1272,20 @@ def test_two_ranks_train_on_cupy_like_the_reference(tmp_path: Path, graph: str) 
     assert two.returncode == 0, two.stderr
     out = json.loads(two.stdout)
     assert out["max_rel_diff"] <= 1e-5 and out["collectives"].startswith(("NCCL on GPU", "MPI through")), out
+
+
+@pytest.mark.gpu
+def test_two_ranks_average_host_copies_on_cupy_like_the_reference(tmp_path: Path) -> None:
+    """On CuPy, an all-reduce of host copies runs on the host lane (a host function hands it to a worker
+    thread, which averages over MPI on a communicator of its own) beside the device's all-reduces: the plan
+    only the host copies fit trains on 2 ranks like the reference."""
+    _mpiexec()
+    shutil.copy(MODELS / "tiny_transformer.swp", tmp_path / "t.swp")
+    done = _swapdsl(tmp_path, "optimize", "t.swp", "-D", "batch=2", "-D", "seq=8", "--ranks", "2", "--memory", "1MiB",
+                    "--method", "belady", "--host-updates", "all", "-o", "dp.plan")
+    assert done.returncode == 0, done.stderr
+    plan, t = api.read_checked(str(tmp_path / "dp.plan"), need_model=True)
+    assert any(isinstance(i, HostRun) and t.ops[i.op].op == "allreduce_mean" for i in plan.program)
+    two = _swapdsl(tmp_path, "exec", "dp.plan", "--steps", "3", "--backend", "cupy", "--check", "--json", ranks=2)
+    assert two.returncode == 0, two.stderr
+    assert json.loads(two.stdout)["max_rel_diff"] <= 1e-5

@@ -87,6 +87,25 @@ def require_memory(xp: ModuleType, device_bytes: int, host_bytes: int, what: str
                               "swapping where it must)"])
 
 
+# (class name, status) of a device library's failure to allocate: CUDA's runtime and driver, cuBLAS (CuPy's
+# wrappers' errors and swapdsl's own CublasError alike); CuPy's pool raises its OutOfMemoryError
+OUT_OF_MEMORY = {("CUDARuntimeError", 2), ("CUDADriverError", 2), ("CUBLASError", 3), ("CublasError", 3)}
+
+
+def device_memory_error(err: BaseException) -> SwpError | None:
+    """A GPU's out-of-memory failure, from CuPy or a library beside it, as an error to the user; None for
+    anything else. The arena holds the cap from the start, so such a failure is memory a library takes
+    beside it (cuBLAS, cuDNN, NCCL, a CUDA graph) or another process's."""
+    name = type(err).__name__
+    if name != "OutOfMemoryError" and (name, getattr(err, "status", None)) not in OUT_OF_MEMORY:
+        return None
+    return SwpError(f"the GPU ran out of memory beside the plan's arena ({err})",
+                    notes=["the arena takes exactly the cap; cuBLAS, cuDNN, NCCL and CUDA graphs take a little "
+                           "beside it, as may other processes on this GPU"],
+                    hints=["plan for a --memory cap that leaves some of the GPU free (`nvidia-smi` shows what "
+                           "is in use)"])
+
+
 def synchronize(xp: ModuleType) -> None:
     """Wait for queued device work (a no-op on NumPy), so timings are honest."""
     if xp is not np:

@@ -34,7 +34,7 @@ from swapdsl.planning.ga import SearchOptions, SearchProgress
 from swapdsl.planning.optimize import BUCKET_CHOICES, HOST_UPDATES, METHOD_NAMES
 from swapdsl.planning.polish import ORDER_NAMES, POLISH_MAX_OPS, POLISH_MIN_S, POLISH_ORDERS, POLISH_SHARE
 from swapdsl.runtime import dist
-from swapdsl.runtime.backend import BACKENDS, array_module
+from swapdsl.runtime.backend import BACKENDS, array_module, device_memory_error
 from swapdsl.runtime.progress import Progress
 from swapdsl.runtime import training
 from swapdsl.importer.text import LOSSES
@@ -861,9 +861,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         if not isinstance(err, dist.EveryRank):
             dist.abort_others(EXIT_USER_ERROR)
         return EXIT_USER_ERROR
-    except MemoryError:
-        print("error: ran out of memory", file=sys.stderr)
-        print("  = hint: a smaller model, batch or --memory cap needs less", file=sys.stderr)
+    except MemoryError as err:
+        gpu = device_memory_error(err)
+        print(gpu.render() if gpu is not None else "error: ran out of memory\n"
+              "  = hint: a smaller model, batch or --memory cap needs less", file=sys.stderr)
         dist.abort_others(EXIT_USER_ERROR)
         return EXIT_USER_ERROR
     except training.Interrupted as stop:
@@ -877,7 +878,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 128 + _signal_of(stop, received)
     except BrokenPipeError:
         return 0
-    except Exception:  # a bug: its traceback, and no rank left waiting for this one
+    except Exception as err:  # a bug: its traceback, and no rank left waiting for this one
+        gpu = device_memory_error(err)
+        if gpu is not None:
+            print(gpu.render(), file=sys.stderr)
+            dist.abort_others(EXIT_USER_ERROR)
+            return EXIT_USER_ERROR
         if dist.world() is not None:
             traceback.print_exc()
             dist.abort_others(1)

@@ -113,6 +113,43 @@ def test_an_unwritable_output_is_refused_before_the_search(cli, monkeypatch: pyt
         assert code == 2 and why in err.splitlines()[0]
 
 
+def _raising(err: BaseException):  # noqa: ANN202
+    def run(*args: object, **kw: object) -> None:
+        raise err
+
+    return run
+
+
+class CUDARuntimeError(RuntimeError):  # (CuPy's names and their status attribute)
+    def __init__(self, status: int) -> None:
+        super().__init__(f"cudaError {status}")
+        self.status = status
+
+
+class OutOfMemoryError(MemoryError):
+    pass
+
+
+@pytest.mark.parametrize("err", [CUDARuntimeError(2), OutOfMemoryError("out of memory allocating 512 bytes")])
+def test_a_gpu_out_of_memory_beside_the_arena_is_an_error_not_a_traceback(cli, monkeypatch: pytest.MonkeyPatch,
+                                                                         err: BaseException) -> None:
+    """A library beside the arena (cuBLAS, cuDNN, NCCL, a CUDA graph) or another process may take the GPU's
+    last bytes: CUDA's or CuPy's failure to allocate is told as such, exit 2; any other CUDA error is a bug
+    (its traceback), and the host's MemoryError keeps its own message."""
+    import swapdsl.api
+
+    monkeypatch.setattr(swapdsl.api, "execute", _raising(err))
+    code, _, said = cli("exec", MODELS / "mlp.swp", "--backend", "numpy", "--steps", "1")
+    assert code == 2 and said.startswith("error: the GPU ran out of memory beside the plan's arena"), said
+    assert "= hint: plan for a --memory cap that leaves some of the GPU free" in said
+    monkeypatch.setattr(swapdsl.api, "execute", _raising(MemoryError()))
+    assert cli("exec", MODELS / "mlp.swp", "--backend", "numpy", "--steps", "1")[2].startswith(
+        "error: ran out of memory\n  = hint: a smaller model")
+    monkeypatch.setattr(swapdsl.api, "execute", _raising(CUDARuntimeError(700)))
+    with pytest.raises(CUDARuntimeError):
+        cli("exec", MODELS / "mlp.swp", "--backend", "numpy", "--steps", "1")
+
+
 def test_a_model_too_large_for_this_machine_says_how_much(cli) -> None:
     code, _, err = cli("exec", MODELS / "mlp.swp", "-D", "batch=100000000", "--backend", "numpy")
     assert code == 2

@@ -25,7 +25,8 @@ from swapdsl.graph.ops import REGISTRY
 from swapdsl.graph.ops.elementwise import dropout_constants, element_offset, step_key
 from swapdsl.graph.ops.optim import bias_correction, decay_kept, learning_rate
 from swapdsl.graph.ops.kernels import is_half
-from swapdsl.graph.ops.nn import norm_sum, norm_tiles
+from swapdsl.graph.ops.loss import labelled, logit_rows
+from swapdsl.graph.ops.nn import norm_sum, norm_tiles, reduced_shape
 from swapdsl.graph.ops.registry import Array, Attrs, Kernel, KernelContext, np_dtype
 from swapdsl.runtime.backend import separate_pool
 
@@ -170,6 +171,14 @@ PIECES: dict[str, tuple[str, str]] = {  # name: (parameters, body writing y), al
     "gkdev": ("T x, T m, T g, T k", "y = g * k * (x - m);"),
     "gdev": ("T x, T m, T g", "y = g * (x - m);"),
     "norm_dx": ("T x, T g, T m, T s, T k, T m1, T m2", "y = s * ((g * k - m1) - (x - m) * s * m2);"),
+    # softmax's (the op's order of operations, each a pass over the rows where the ufuncs made two or three)
+    "expdev": ("T x, T m", "y = exp(x - m);"),
+    "over": ("T e, T s", "y = e / s;"),
+    "over_scaled": ("T e, T s, T k", "y = e / s * k;"),
+    "log_out": ("T x, T m, T t", "y = x - m - t;"),
+    "times": ("T g, T p", "y = g * p;"),
+    "softmax_dx": ("T p, T g, T r", "y = p * (g - r);"),
+    "log_softmax_dx": ("T p, T g, T r", "y = g - exp(p) * r;"),
 }
 Elementwise = Callable[[str, str, str], Callable[..., Any]]  # (parameters, body, name) -> kernel(*ins, out)
 
@@ -270,10 +279,90 @@ def _bn_dscale(xp: Any, ew: Elementwise) -> Kernel:
     return kernel
 
 
+# ---- softmax: the op's own row maxima and sums around fused element-wise passes ------------------------
+#
+# Passes over the rows (each read or write of a row-sized array counted once): softmax 6 where the ufuncs
+# made 8, log-softmax 6 where 10, their gradients 7 where 9 and 4 where 8, cross-entropy's gradient 6 where
+# 10 (its labelled entries, one a row, still by take and put). Its gradient scales before it takes the
+# label's 1 away (times the scale, so it rounds differently from the op's own kernel, within the check's).
+
+
+def _softmax(xp: Any, ew: Elementwise) -> Kernel:
+    expdev, over = _pieces(ew, "expdev", "over")
+
+    def kernel(c: KernelContext, ins: list[Array], out: Array, a: Attrs) -> None:
+        (x,), axis = ins, a["axis"]
+        r = c.scratch.take(reduced_shape(x, axis), x.dtype)
+        xp.max(x, axis=axis, keepdims=True, out=r)
+        expdev(x, r, out)
+        xp.sum(out, axis=axis, keepdims=True, out=r)
+        over(out, r, out)  # (one object in and out: CuPy copies an input that is another view of the output)
+
+    return kernel
+
+
+def _log_softmax(xp: Any, ew: Elementwise) -> Kernel:
+    expdev, log_out = _pieces(ew, "expdev", "log_out")
+
+    def kernel(c: KernelContext, ins: list[Array], out: Array, a: Attrs) -> None:
+        (x,), axis = ins, a["axis"]
+        m, total = (c.scratch.take(reduced_shape(x, axis), x.dtype) for _ in range(2))
+        xp.max(x, axis=axis, keepdims=True, out=m)
+        expdev(x, m, out)
+        xp.sum(out, axis=axis, keepdims=True, out=total)
+        xp.log(total, out=total)
+        log_out(x, m, total, out)
+
+    return kernel
+
+
+def _softmax_grad(log: bool) -> Callable[[Any, Elementwise], Kernel]:
+    """y (g - sum(g y)), or for log-softmax g - exp(y) sum(g)."""
+    def build(xp: Any, ew: Elementwise) -> Kernel:
+        times, dx = _pieces(ew, "times", "log_softmax_dx" if log else "softmax_dx")
+
+        def kernel(c: KernelContext, ins: list[Array], out: Array, a: Attrs) -> None:
+            (y, g), axis = ins, a["axis"]
+            r = c.scratch.take(reduced_shape(y, axis), y.dtype)
+            if not log:
+                times(g, y, out)
+            xp.sum(g if log else out, axis=axis, keepdims=True, out=r)
+            dx(y, g, r, out)
+
+        return kernel
+
+    return build
+
+
+def _xent_grad(xp: Any, ew: Elementwise) -> Kernel:
+    """(softmax(z) - onehot(label)) g / rows."""
+    expdev, over_scaled = _pieces(ew, "expdev", "over_scaled")
+
+    def kernel(c: KernelContext, ins: list[Array], out: Array, a: Attrs) -> None:
+        logits, labels, g = ins
+        z, y = logit_rows(logits, labels)
+        p = out.reshape(z.shape)
+        m = c.scratch.take((z.shape[0], 1), z.dtype)
+        xp.max(z, axis=1, keepdims=True, out=m)
+        expdev(z, m, p)
+        xp.sum(p, axis=1, keepdims=True, out=m)
+        index, picked = labelled(c, z, y, slice(0, z.shape[0]))
+        scale = c.scratch.take((), g.dtype)
+        xp.divide(g, z.shape[0], out=scale)
+        over_scaled(p, m, scale, p)
+        xp.take(p.reshape(-1), index, out=picked)
+        xp.subtract(picked, scale, out=picked)
+        xp.put(p.reshape(-1), index, picked)
+
+    return kernel
+
+
 COMPOSITE: dict[str, Callable[[Any, Elementwise], Kernel]] = {
     "batch_norm": _norm_forward("batch"), "batch_norm_grad": _norm_grad("batch"), "batch_norm_dscale": _bn_dscale,
     "layer_norm": _norm_forward("layer"), "layer_norm_grad": _norm_grad("layer"),
     "rms_norm": _norm_forward("rms"), "rms_norm_grad": _norm_grad("rms"),
+    "softmax": _softmax, "log_softmax": _log_softmax, "softmax_grad": _softmax_grad(False),
+    "log_softmax_grad": _softmax_grad(True), "softmax_cross_entropy_grad": _xent_grad,
 }
 
 

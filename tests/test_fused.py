@@ -198,7 +198,8 @@ def test_every_fused_kernel_passes_its_check_on_the_gpu() -> None:
         assert found.notes == []
         used |= {t.ops[i].op for i in found.kernels}
     assert {"dropout", "gelu", "max_pool2d_grad", "adam_apply", "batch_norm", "batch_norm_grad",
-            "batch_norm_dscale", "layer_norm", "layer_norm_grad"} <= used
+            "batch_norm_dscale", "layer_norm", "layer_norm_grad", "softmax", "softmax_grad",
+            "softmax_cross_entropy_grad"} <= used
 
 
 class _CElementwise:
@@ -241,7 +242,7 @@ def test_each_composite_computes_its_op(tmp_path: Any, name: str, dtype: Any, sh
     from swapdsl.graph.ops.registry import KernelContext, type_of
     from swapdsl.runtime.fused import COMPOSITE, fused_kernel
 
-    assert set(COMPOSITE) == set(_NORMS)
+    assert set(COMPOSITE) == set(_NORMS) | set(_SOFTMAX)
     rng = np.random.default_rng(2)
     x = (rng.standard_normal(shape) * 3 + 1).astype(dtype)
     scale_shape = (shape[1],) if name.startswith("batch") else shape[2:]
@@ -258,3 +259,67 @@ def test_each_composite_computes_its_op(tmp_path: Any, name: str, dtype: Any, sh
     fused_kernel(np, name, _CElementwise(tmp_path))(KernelContext.standalone(np, scratch), ins, got, a)
     tolerance = 1e-5 if dtype == np.float32 else 1e-12
     assert np.max(np.abs(got - want)) <= tolerance * np.max(np.abs(want))
+
+
+_SOFTMAX = ["softmax", "log_softmax", "softmax_grad", "log_softmax_grad", "softmax_cross_entropy_grad"]
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("name", _SOFTMAX)
+@pytest.mark.parametrize("shape,axis", [((2, 3, 5, 7), 3), ((4, 6, 3), 1), ((1, 9), 0)])
+def test_each_softmax_composite_computes_its_op(tmp_path: Any, name: str, dtype: Any, shape: tuple[int, ...],
+                                                axis: int) -> None:
+    """Softmax's, log-softmax's and cross-entropy's fused passes, their CUDA bodies compiled as C, around the
+    op's own row maxima and sums: the op's results on NumPy within the load-time check's tolerance (rows of
+    scores over 30 apart, as attention's are; cross-entropy's over the last axis, with every class labelled
+    somewhere)."""
+    from swapdsl.graph.ops.registry import KernelContext, type_of
+    from swapdsl.runtime.fused import fused_kernel
+
+    rng = np.random.default_rng(3)
+    x = (rng.standard_normal(shape) * 10).astype(dtype)
+    g = rng.standard_normal(shape).astype(dtype)
+    labels = rng.integers(0, shape[-1], shape[:-1]).astype(np.int64)
+    y = np.empty(shape, dtype)
+    REGISTRY["log_softmax" if name.startswith("log") else "softmax"].kernel(
+        KernelContext.standalone(np, 1 << 16), [x], y, {"axis": axis})
+    ins = {"softmax": [x], "log_softmax": [x], "softmax_grad": [y, g], "log_softmax_grad": [y, g],
+           "softmax_cross_entropy_grad": [x, labels, np.asarray(0.7, dtype)]}[name]
+    a = {} if name.startswith("softmax_cross") else {"axis": axis}
+    types = tuple(map(type_of, ins))
+    out_type = REGISTRY[name].infer(types, a)
+    want, got = np.empty(out_type.shape, dtype), np.empty(out_type.shape, dtype)
+    scratch = REGISTRY[name].scratch(types, out_type, a)
+    REGISTRY[name].kernel(KernelContext.standalone(np, scratch), ins, want, a)
+    fused_kernel(np, name, _CElementwise(tmp_path))(KernelContext.standalone(np, scratch), ins, got, a)
+    tolerance = 1e-6 if dtype == np.float32 else 1e-13
+    assert np.max(np.abs(got - want)) <= tolerance * np.max(np.abs(want)), np.max(np.abs(got - want))
+
+
+class _CPieces:
+    """NumPy, its ElementwiseKernel compiling a composite kernel's pieces as C (and refusing the rest)."""
+
+    def __init__(self, tmp: Any) -> None:
+        self.pieces = _CElementwise(tmp)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(np, name)
+
+    def ElementwiseKernel(self, params: str, out: str, body: str, name: str, preamble: str = "") -> Any:  # noqa: N802
+        from swapdsl.runtime.fused import PIECES
+
+        piece = name.removeprefix("swapdsl_")
+        if piece not in PIECES:
+            raise RuntimeError(f"{piece} is no composite's piece")
+        return self.pieces(params, body, piece)
+
+
+def test_every_composite_a_transformer_uses_passes_its_load_check(tmp_path: Any) -> None:
+    """The load-time check itself (its example shapes, its labels, both checked steps) passes each composite
+    kernel tiny_transformer and an LSTM use, their pieces compiled as C: on a GPU, none would be left out."""
+    graphs = [_graph(), training_graph(build_graph(str(MODELS / "lstm_lm.swp"), [])[1])]
+    for t in graphs:
+        found = FusedKernels.load(t, _CPieces(tmp_path))
+        composite = {i for i, op in enumerate(t.ops) if op.op in COMPOSITE}
+        assert composite and set(found.kernels) == composite, found.notes
+        assert all("is no composite's piece" in n for n in found.notes)

@@ -25,7 +25,7 @@ def _xent_infer(ins: Types, a: Attrs) -> TensorType:
     return TensorType((), DType.f32 if dtype in (DType.f16, DType.bf16) else dtype)  # (computed in f32)
 
 
-def _rows(logits: Array, labels: Array) -> tuple[Array, Array]:
+def logit_rows(logits: Array, labels: Array) -> tuple[Array, Array]:
     classes = logits.shape[-1]
     return logits.reshape(-1, classes), labels.reshape(-1)
 
@@ -37,7 +37,7 @@ def row_starts(xp: Any, out: Array, rows: slice, classes: int) -> Array:
     return out
 
 
-def _picked(c: KernelContext, z: Array, y: Array, rows: slice) -> tuple[Array, Array]:
+def labelled(c: KernelContext, z: Array, y: Array, rows: slice) -> tuple[Array, Array]:
     """(flat index of each row's labelled entry, an f-typed buffer of the rows' size)."""
     n = rows.stop - rows.start
     index = row_starts(c.xp, c.scratch.take((n,), c.xp.int64), rows, z.shape[1])
@@ -70,7 +70,7 @@ def _wide_chunk(c: KernelContext, z: Array) -> Array:
 
 def _xent(c: KernelContext, ins: list[Array], out: Array, a: Attrs) -> None:
     """mean over rows of logsumexp(z) - z[label]; rows in chunks, so the exp temporary stays small."""
-    z, y = _rows(*ins)
+    z, y = logit_rows(*ins)
     xp = c.xp
     total = c.scratch.take((z.shape[0],), out.dtype)
     mark = c.scratch.used
@@ -84,7 +84,7 @@ def _xent(c: KernelContext, ins: list[Array], out: Array, a: Attrs) -> None:
         xp.sum(e, axis=1, out=lse)
         xp.log(lse, out=lse)
         xp.add(m[:, 0], lse, out=lse)
-        index, picked = _picked(c, zc, y[rows], slice(0, zc.shape[0]))
+        index, picked = labelled(c, zc, y[rows], slice(0, zc.shape[0]))
         xp.take(zc.reshape(-1), index, out=picked)
         xp.subtract(lse, picked, out=lse)
         c.scratch.used = mark
@@ -102,7 +102,7 @@ def _xent_scratch(ins: Types, out: TensorType, a: Attrs) -> int:
 def _xent_grad_kernel(c: KernelContext, ins: list[Array], out: Array, a: Attrs) -> None:
     """(softmax(z) - onehot(label)) * g / rows, written row-wise into the output."""
     logits, labels, g = ins
-    z, y = _rows(logits, labels)
+    z, y = logit_rows(logits, labels)
     if _half(z):
         _xent_grad_half(c, z, y, g, out.reshape(z.shape))
         return
@@ -114,7 +114,7 @@ def _xent_grad_kernel(c: KernelContext, ins: list[Array], out: Array, a: Attrs) 
     xp.exp(p, out=p)
     xp.sum(p, axis=1, keepdims=True, out=m)
     xp.divide(p, m, out=p)
-    index, picked = _picked(c, z, y, slice(0, z.shape[0]))
+    index, picked = labelled(c, z, y, slice(0, z.shape[0]))
     xp.take(p.reshape(-1), index, out=picked)
     xp.subtract(picked, 1, out=picked)
     xp.put(p.reshape(-1), index, picked)
@@ -138,7 +138,7 @@ def _xent_grad_half(c: KernelContext, z: Array, y: Array, g: Array, dest: Array)
         xp.exp(p, out=p)
         xp.sum(p, axis=1, keepdims=True, out=m)
         xp.divide(p, m, out=p)
-        index, picked = _picked(c, p, y[rows], slice(0, p.shape[0]))
+        index, picked = labelled(c, p, y[rows], slice(0, p.shape[0]))
         xp.take(p.reshape(-1), index, out=picked)
         xp.subtract(picked, 1, out=picked)
         xp.put(p.reshape(-1), index, picked)

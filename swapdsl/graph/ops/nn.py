@@ -21,14 +21,14 @@ from swapdsl.graph.ops.registry import (
 # ---- softmax -------------------------------------------------------------------
 
 
-def _reduced(x: Any, axis: int) -> tuple[int, ...]:
+def reduced_shape(x: Any, axis: int) -> tuple[int, ...]:
     return tuple(1 if i == axis else d for i, d in enumerate(x.shape))
 
 
 def _softmax(c: KernelContext, ins: list[Array], out: Array, a: Attrs) -> None:
     (x,) = ins
     xp, axis = c.xp, a["axis"]
-    r = c.scratch.take(_reduced(x, axis), x.dtype)
+    r = c.scratch.take(reduced_shape(x, axis), x.dtype)
     xp.max(x, axis=axis, keepdims=True, out=r)
     xp.subtract(x, r, out=out)
     xp.exp(out, out=out)
@@ -40,7 +40,7 @@ def _log_softmax(c: KernelContext, ins: list[Array], out: Array, a: Attrs) -> No
     """(x - max) - log(sum(exp(x - max))); the shift is formed twice rather than held in a temporary."""
     (x,) = ins
     xp, axis = c.xp, a["axis"]
-    m, total = c.scratch.take(_reduced(x, axis), x.dtype), c.scratch.take(_reduced(x, axis), x.dtype)
+    m, total = c.scratch.take(reduced_shape(x, axis), x.dtype), c.scratch.take(reduced_shape(x, axis), x.dtype)
     xp.max(x, axis=axis, keepdims=True, out=m)
     xp.subtract(x, m, out=out)
     xp.exp(out, out=out)
@@ -54,7 +54,7 @@ def _softmax_grad(c: KernelContext, ins: list[Array], out: Array, a: Attrs) -> N
     """y * (g - sum(g * y))."""
     y, g = ins
     xp, axis = c.xp, a["axis"]
-    r = c.scratch.take(_reduced(y, axis), y.dtype)
+    r = c.scratch.take(reduced_shape(y, axis), y.dtype)
     xp.multiply(g, y, out=out)
     xp.sum(out, axis=axis, keepdims=True, out=r)
     xp.subtract(g, r, out=out)
@@ -65,7 +65,7 @@ def _log_softmax_grad(c: KernelContext, ins: list[Array], out: Array, a: Attrs) 
     """g - exp(y) * sum(g)."""
     y, g = ins
     xp, axis = c.xp, a["axis"]
-    r = c.scratch.take(_reduced(y, axis), y.dtype)
+    r = c.scratch.take(reduced_shape(y, axis), y.dtype)
     xp.sum(g, axis=axis, keepdims=True, out=r)
     xp.exp(y, out=out)
     xp.multiply(out, r, out=out)

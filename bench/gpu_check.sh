@@ -12,9 +12,11 @@
 #   D (4.5 minutes, after a round of kernel fixes): tests, both profiles, exec_r1 (ResNet-50 and GPT-2 with no
 #      swaps, graph on, no reference: the no-cap step), exec_on (the same at 1/2, graph on, checked),
 #      bench_r50 (ResNet-50 at 1/2 beside PyTorch)
-#   E (the next call: what has not yet run on a GPU, the riskiest first; limits 540 s): tests (bf16 as bits,
-#      half products through cuBLAS, host updates, the composite norm kernels), dist (2 ranks on one GPU),
-#      exec_on (the half-memory steps again, steady: 4 steps), bf16 (GPT-2 and ResNet-50 at 1/2, graph on)
+#   E (the next call: what has not yet run on a GPU, the riskiest first; its steps' limits add to 570 s: give
+#      the call 600 s): tests (bf16 as bits, half products through cuBLAS with the scratch as its workspace,
+#      host updates, the composite norm and softmax kernels), dist (2 ranks on one GPU, with and without
+#      host-copy all-reduces), exec_on (the half-memory steps again, steady: 4 steps), bf16 (GPT-2 and
+#      ResNet-50 at 1/2, graph on)
 #   profile_gpt2: `swapdsl profile` of GPT-2 small on CuPy (in C)
 #   Step times: with the graph on, step 1 runs eagerly and step 2 captures the graph (issuing every item
 #      from Python, 0.1-1 s), so a steady figure needs at least 4 steps (bench/gpu_exec.py leaves both out

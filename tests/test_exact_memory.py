@@ -138,7 +138,10 @@ def test_a_plan_trains_exactly_like_the_reference_when_kernels_tile() -> None:
 @pytest.mark.parametrize("name", ["tiny_resnet", "tiny_transformer", "lstm_lm"])
 def test_a_cupy_step_allocates_no_device_memory(name: str, graph: bool) -> None:
     """After the arenas, a step on CuPy asks the device for nothing: it runs under an allocator that
-    raises. With the graph on, the step is captured (or the runner says why not) and still matches."""
+    raises, and the GPU's free memory (which sees what cuBLAS, cuDNN or a CUDA graph take beside CuPy's
+    pool) is the same after the next step; capturing the graph takes less than cuBLAS's smallest default
+    workspace (4 MiB: our handle works in the scratch). With the graph on, the step is captured (or the
+    runner says why not) and still matches."""
     import cupy
 
     t, plan = third_of_no_swap(name)
@@ -148,15 +151,24 @@ def test_a_cupy_step_allocates_no_device_memory(name: str, graph: bool) -> None:
     def refuse(nbytes: int) -> None:
         raise AssertionError(f"a step allocated {nbytes} bytes of device memory")
 
+    def free() -> int:
+        cupy.cuda.runtime.deviceSynchronize()
+        return int(cupy.cuda.runtime.memGetInfo()[0])
+
     try:
         assert runner.step(1)[0] == pytest.approx(ref.step(1), rel=1e-4)
+        before = free()
         cupy.cuda.set_allocator(refuse)
         try:
             loss, _ = runner.step(2)
+            captured = free()
+            later = runner.step(3)[0]
         finally:
             cupy.cuda.set_allocator(cupy.get_default_memory_pool().malloc)
-        assert loss == pytest.approx(ref.step(2), rel=1e-4)
+        assert loss == pytest.approx(ref.step(2), rel=1e-4) and later == pytest.approx(ref.step(3), rel=1e-4)
         assert runner.graph_note
+        taken = (before - captured, captured - free())
+        assert taken[1] == 0 and taken[0] < 4 << 20 and (graph or taken[0] == 0), taken
     finally:
         runner.close()
 

@@ -56,6 +56,7 @@ def run_config(name: str, ratio: float, args: argparse.Namespace) -> list[dict]:
             "step_ms": run.steady_ms(), "host_ms": run.steady_ms(f["host_ms_per_step"]),
             "steady_steps": max(0, run.steps - run.warmup_steps),
             "device_bytes_allocated": f["device_bytes_allocated"], "scratch_bytes": f["scratch_bytes"],
+            "blas_workspace_bytes": f["blas_workspace_bytes"],
             "max_rel_diff": run.max_rel_diff if args.check else float("nan"),
             "max_rel_diff_at": run.max_rel_diff_at if args.check else None,
             "simulated_ms": f["simulated_ms"], "plan_s": planned_s,
@@ -76,6 +77,8 @@ def table(rows: list[dict]) -> str:
              "simulated ms |", "|---|---:|---:|---|---:|---:|---:|---:|---:|---:|"]
     lines += [row_line(r) for r in rows]
     notes = sorted({f"- {r['config']} graph {r['graph']}: {r['graph_note']}" for r in rows})
+    notes += sorted({f"- held - cap includes cuBLAS's workspace beside the arena, {format_bytes(w)}"
+                     for r in rows if (w := r.get("blas_workspace_bytes", 0))})
     return "\n".join(lines + [""] + notes)
 
 

@@ -24,6 +24,7 @@ import traceback
 from collections.abc import Callable
 from typing import Any
 
+import attrs
 import numpy as np
 
 from swapdsl import api
@@ -60,7 +61,7 @@ def cupy_present() -> str:
 def cublas_captured() -> str:
     import cupy
 
-    from swapdsl.graph.ops.blas import matmul_into, own_cublas
+    from swapdsl.graph.ops.blas import matmul_into, own_cublas, workspace_bytes
     from swapdsl.graph.ops.registry import KernelContext
 
     if own_cublas(cupy) is None:
@@ -70,7 +71,7 @@ def cublas_captured() -> str:
     want = x @ y
     dx, dy, out = cupy.asarray(x), cupy.asarray(y), cupy.zeros((3, 64, 32), cupy.float32)
     stream = cupy.cuda.Stream(non_blocking=True)
-    ctx = KernelContext.standalone(cupy, 4 << 20)  # (its scratch: cuBLAS's workspace)
+    ctx = attrs.evolve(KernelContext.standalone(cupy, 1), workspace=cupy.empty(workspace_bytes(cupy), np.uint8))
     with stream:
         matmul_into(ctx, dx, dy, out)
     stream.synchronize()

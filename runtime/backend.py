@@ -5,14 +5,18 @@ from __future__ import annotations
 import contextlib
 import functools
 import gc
+import math
 import os
 from collections.abc import Callable
 from types import ModuleType
 from typing import Any
 
+import attrs
 import numpy as np
 
 from swapdsl.common.errors import SwpError
+from swapdsl.common.units import format_bytes
+from swapdsl.graph.ops.blas import workspace_bytes
 from swapdsl.graph.ops.halfbits import from_module
 
 BACKENDS = ("auto", "numpy", "cupy")
@@ -71,8 +75,6 @@ def host_memory_available() -> int | None:
 def require_memory(xp: ModuleType, device_bytes: int, host_bytes: int, what: str) -> None:
     """Refuse, before allocating, what this machine cannot hold: on NumPy the device arena is host
     memory too; on CuPy it must fit the GPU's free memory."""
-    from swapdsl.common.units import format_bytes
-
     if xp is np:
         need, have, where = device_bytes + host_bytes, host_memory_available(), "memory available on this machine"
     else:
@@ -87,23 +89,67 @@ def require_memory(xp: ModuleType, device_bytes: int, host_bytes: int, what: str
                               "swapping where it must)"])
 
 
+@attrs.frozen
+class DeviceMemory:
+    """What a plan runs in on the device: the arena, exactly its cap, and on CuPy cuBLAS's workspace beside
+    it (the size cuBLAS would take itself, taken once: bound to our handle, so no CUDA graph takes another)."""
+
+    arena: Any
+    blas_workspace: Any = None
+
+    @property
+    def nbytes(self) -> int:
+        return int(self.arena.nbytes) + (int(self.blas_workspace.nbytes) if self.blas_workspace is not None else 0)
+
+
+def device_memory(xp: ModuleType, cap: int, host_bytes: int, what: str) -> DeviceMemory:
+    """The device memory of a plan of ``cap`` bytes whose host copies take ``host_bytes``, refused before
+    anything is allocated where the machine cannot hold it (``require_memory``)."""
+    blas = 0 if xp is np else workspace_bytes(xp)
+    require_memory(xp, cap + blas, host_bytes, what)
+    arena = xp.zeros(cap, dtype=np.uint8)
+    return DeviceMemory(arena, xp.empty(blas, dtype=np.uint8) if blas else None)
+
+
+def pinned(shape: int | tuple[int, ...], dtype: Any, what: str) -> np.ndarray:
+    """Page-locked host memory (CuPy's copies to and from it are asynchronous and a CUDA graph captures
+    them); a machine that cannot pin that much (its free memory, ``ulimit -l``) gets an error saying so,
+    not CUDA's out-of-memory, which names no host."""
+    import cupyx
+
+    try:
+        return cupyx.empty_pinned(shape, dtype=dtype)
+    except Exception as err:  # (CuPy's pinned pool re-raises cudaHostAlloc's CUDARuntimeError)
+        if not _out_of_memory(err):
+            raise
+        nbytes = math.prod((shape,) if isinstance(shape, int) else shape) * np.dtype(dtype).itemsize
+        raise SwpError(f"{what}: {format_bytes(nbytes)} of page-locked host memory could not be allocated",
+                       hints=["pinning is limited by the machine's free memory and `ulimit -l`",
+                              "`optimize --host-memory SIZE` plans within a host budget"]) from None
+
+
 # (class name, status) of a device library's failure to allocate: CUDA's runtime and driver, cuBLAS (CuPy's
 # wrappers' errors and swapdsl's own CublasError alike); CuPy's pool raises its OutOfMemoryError
 OUT_OF_MEMORY = {("CUDARuntimeError", 2), ("CUDADriverError", 2), ("CUBLASError", 3), ("CublasError", 3)}
 
 
 def device_memory_error(err: BaseException) -> SwpError | None:
-    """A GPU's out-of-memory failure, from CuPy or a library beside it, as an error to the user; None for
-    anything else. The arena holds the cap from the start, so such a failure is memory a library takes
-    beside it (cuBLAS, cuDNN, NCCL, a CUDA graph) or another process's."""
-    name = type(err).__name__
-    if name != "OutOfMemoryError" and (name, getattr(err, "status", None)) not in OUT_OF_MEMORY:
+    """A GPU's out-of-memory failure (CuPy's pool's, CUDA's runtime's or driver's, cuBLAS's) as an error to
+    the user; None for anything else. The arena holds the cap from the start, so such a failure is memory
+    taken beside it (cuDNN, NCCL, a CUDA graph, a library's handle) or another process's. Pinned host
+    memory has its own error (``pinned``)."""
+    if not _out_of_memory(err):
         return None
     return SwpError(f"the GPU ran out of memory beside the plan's arena ({err})",
                     notes=["the arena takes exactly the cap; cuBLAS, cuDNN, NCCL and CUDA graphs take a little "
                            "beside it, as may other processes on this GPU"],
                     hints=["plan for a --memory cap that leaves some of the GPU free (`nvidia-smi` shows what "
                            "is in use)"])
+
+
+def _out_of_memory(err: BaseException) -> bool:
+    name = type(err).__name__
+    return name == "OutOfMemoryError" or (name, getattr(err, "status", None)) in OUT_OF_MEMORY
 
 
 def synchronize(xp: ModuleType) -> None:

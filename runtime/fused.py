@@ -296,7 +296,7 @@ def _softmax(xp: Any, ew: Elementwise) -> Kernel:
         xp.max(x, axis=axis, keepdims=True, out=r)
         expdev(x, r, out)
         xp.sum(out, axis=axis, keepdims=True, out=r)
-        over(out, r, out)  # (one object in and out: CuPy copies an input that is another view of the output)
+        over(out, r, out)  # (in place: each thread reads its element, then writes it)
 
     return kernel
 

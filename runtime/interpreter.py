@@ -52,7 +52,7 @@ from swapdsl.graph.ops.registry import Scratch, np_dtype
 from swapdsl.plan.program import NET_OPS, HostRun, InstrKind, Plan, Region, Run, SwapIn, SwapOut, arena_bytes
 from swapdsl.plan.replay import START, Replay, Step
 from swapdsl.plan.validate import check_describes, validate
-from swapdsl.runtime.backend import copy_fn, require_memory, to_host
+from swapdsl.runtime.backend import DeviceMemory, copy_fn, device_memory, pinned, to_host
 from swapdsl.runtime.data import init_persistent, synthetic_inputs
 from swapdsl.runtime.dist import comm_for, lane_timeout_s
 from swapdsl.runtime import hostfn, hostsplit
@@ -77,10 +77,24 @@ class Work(NamedTuple):
     awaited: bool  # another stream waits for it: record an event
 
 
+def capture_choice(backend: str, graph: bool, comm: Any, host_reduces: bool) -> tuple[bool, str]:
+    """Whether a step is captured as a CUDA graph (after its first, eager, step), and a note saying why."""
+    if backend != "cupy":
+        return False, "no CUDA graph on NumPy"
+    if not graph:
+        return False, "off: each step issued item by item"
+    if comm is not None and not comm.capturable:
+        return False, "off: the all-reduces wait on the host (MPI through host memory)"
+    if comm is not None and host_reduces:  # (NCCL, captured, launches host functions of its own)
+        return False, ("off: an all-reduce of host copies holds the driver's host-function thread, which NCCL's "
+                       "captured all-reduces need")
+    return True, "captured at the second step"
+
+
 class PlanRunner:
     def __init__(self, plan: Plan, g: Graph, backend: str, xp: ModuleType, seed: int,
                  check_plan: bool = True, copy_delay_s: float = 0.0, kernel_delay_s: float = 0.0,
-                 graph: bool = True, vendor_kernels: bool = True, tf32: bool = False, arena: Any = None,
+                 graph: bool = True, vendor_kernels: bool = True, tf32: bool = False, memory: DeviceMemory | None = None,
                  host_threads: int | None = None) -> None:
         """``check_plan``: validate the plan against ``g`` (False: the caller has, or a test runs a broken
         plan to show what validation prevents; it must still describe ``g``). ``copy_delay_s``,
@@ -89,9 +103,9 @@ class PlanRunner:
         capture the step as one CUDA graph and replay it (falling back, with ``graph_note`` saying why,
         where capture fails); ``vendor_kernels`` (CuPy): convolutions through cuDNN Frontend and
         element-wise ops as fused kernels where they build (``vendor.notes``, ``fused.notes``: what fell
-        back); ``tf32`` (CuPy): FP32 matrix products and convolutions may use TF32 tensor cores; ``arena``: a
-        device arena of the plan's cap to run in instead of a new one (evaluation runs in the training
-        plan's), whose contents this runner overwrites; ``host_threads``: workers the host lane splits its
+        back); ``tf32`` (CuPy): FP32 matrix products and convolutions may use TF32 tensor cores; ``memory``: another
+        runner's device memory (an arena of the plan's cap, cuBLAS's workspace) to run in instead of new
+        memory (evaluation runs in the training plan's), whose contents this runner overwrites; ``host_threads``: workers the host lane splits its
         element-wise kernels over (``hostsplit``; default ``hostsplit.host_threads()``)."""
         if check_plan:
             validate(plan, g)
@@ -106,9 +120,9 @@ class PlanRunner:
         self.comm, self.comm_note = self._communicator()
         self.slots = self._host_slots()
         host_bytes = max((off + nbytes for off, nbytes in self.slots.values()), default=0)
-        if arena is None:
-            require_memory(xp, plan.cap, host_bytes, f"the plan's arena of {plan.cap} bytes and its host copies")
-        self.arena = xp.zeros(plan.cap, dtype=np.uint8) if arena is None else arena  # the device arena: the cap
+        self.memory = memory or device_memory(xp, plan.cap, host_bytes,
+                                               f"the plan's arena of {plan.cap} bytes and its host copies")
+        self.arena = self.memory.arena  # the device arena: the cap
         self.host = self._host_arena(host_bytes)
         self.homes = {t.name: t.home for t in plan.tensors if t.home is not None}
         self.inputs = set(g.inputs)
@@ -121,7 +135,7 @@ class PlanRunner:
             self.arena.fill(0)
         self.fused = FusedKernels.load(g, xp) if backend == "cupy" and vendor_kernels else FusedKernels()
         self._load_initial(seed)
-        self.ctx = attrs.evolve(self._context(), tf32=tf32)
+        self.ctx = attrs.evolve(self._context(), tf32=tf32, workspace=self.memory.blas_workspace)
         # the network lane's own scratch: its kernels run beside compute's, and must not reset compute's
         net = self._scratch_for(i.op for i in plan.program if isinstance(i, Run) and g.ops[i.op].op in NET_OPS)
         self.net_ctx = attrs.evolve(self.ctx, scratch=Scratch(xp.zeros(max(net, 1), np.uint8)))
@@ -133,11 +147,8 @@ class PlanRunner:
         self.work = self._prepare()
         self._lanes: tuple[dict[str, list[Item]], list[threading.Lock]] | None = None  # NumPy, at the first step
         self._cuda: list[CudaItem] | None = None  # CuPy, at the first step
-        self.graph_mode = graph if backend == "cupy" else False
-        self.graph_note = ("no CUDA graph on NumPy" if backend != "cupy" else
-                           "captured at the second step" if graph else "off: each step issued item by item")
-        if self.graph_mode and self.comm is not None and not self.comm.capturable:
-            self.graph_mode, self.graph_note = False, "off: the all-reduces wait on the host (MPI through host memory)"
+        host_reduces = any(isinstance(i, HostRun) and g.ops[i.op].op in NET_OPS for i in plan.program)
+        self.graph_mode, self.graph_note = capture_choice(backend, graph, self.comm, host_reduces)
         self._graph: Any = None
         self._eager_steps = 0  # on CuPy: the capture waits for one eager step (kernels compiled, cuBLAS set up)
         if backend == "cupy":
@@ -177,9 +188,7 @@ class PlanRunner:
 
     def _host_arena(self, nbytes: int) -> np.ndarray:
         if self.backend == "cupy":
-            import cupyx
-
-            return cupyx.empty_pinned(max(nbytes, 1), dtype=np.uint8)
+            return pinned(max(nbytes, 1), np.uint8, "the plan's host copies")
         return np.zeros(max(nbytes, 1), dtype=np.uint8)
 
     def _context(self) -> KernelContext:

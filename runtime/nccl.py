@@ -24,7 +24,7 @@ import numpy as np
 from swapdsl.common.errors import SwpError
 from swapdsl.common.units import format_bytes
 from swapdsl.runtime import hostfn
-from swapdsl.runtime.backend import copy_fn
+from swapdsl.runtime.backend import copy_fn, pinned
 
 DTYPES = {"float32": "NCCL_FLOAT32", "float64": "NCCL_FLOAT64"}  # the dtypes a gradient is averaged in
 
@@ -174,9 +174,8 @@ class Staged:
     def _pair(self, x: Any) -> tuple[np.ndarray, np.ndarray]:
         key = (tuple(x.shape), x.dtype.str)
         if key not in self._buffers:
-            import cupyx
-
-            self._buffers[key] = tuple(cupyx.empty_pinned(x.shape, dtype=x.dtype) for _ in range(2))  # type: ignore[assignment]
+            self._buffers[key] = tuple(pinned(x.shape, x.dtype, "a gradient bucket's host copy for MPI")  # type: ignore[assignment]
+                                       for _ in range(2))
         return self._buffers[key]
 
     def finish(self, streams: Sequence[Any]) -> None:

@@ -25,7 +25,7 @@ from swapdsl.graph.ir import DType, Graph, TensorType
 from swapdsl.graph.ops import REGISTRY, KernelContext
 from swapdsl.graph.ops.kernels import kernel_of, scratch_need
 from swapdsl.graph.ops.registry import np_dtype
-from swapdsl.runtime.backend import copy_fn, synchronize
+from swapdsl.runtime.backend import copy_fn, pinned, synchronize
 from swapdsl.runtime.data import init_persistent, synthetic_inputs
 from swapdsl.runtime.reference import last_uses
 from swapdsl.runtime.streams import CudaItem, Item, ThreadLanes, cuda_streams, issue_cuda
@@ -165,9 +165,7 @@ def copy_profile(xp: ModuleType, backend: str, sizes: tuple[int, ...], repeat: i
 
 def _host_buffer(backend: str, nbytes: int) -> np.ndarray:
     if backend == "cupy":
-        import cupyx
-
-        return cupyx.empty_pinned(nbytes, dtype=np.uint8)
+        return pinned(nbytes, np.uint8, "the copies' host buffer")
     return np.ones(nbytes, dtype=np.uint8)
 
 

@@ -549,7 +549,7 @@ def _inference(target: Plan | Model | str | Path | tuple[Plan | None, Model], da
             return reference.Trainer(graph, seed, xp)
         forward = plan_with(Request(graph, plan.device, plan.cap, plan.model_path, args), "belady")
         # (one arena of the cap for them all: each loads its state before it runs)
-        made.append(PlanRunner(forward, graph, name, xp, seed, graph=False, arena=made[0].arena if made else None))
+        made.append(PlanRunner(forward, graph, name, xp, seed, graph=False, memory=made[0].memory if made else None))
         return made[-1]
 
     def tail(r: int) -> training.Stepper | None:
@@ -677,6 +677,7 @@ def execute_plan(plan: Plan, train: Graph | None, steps: int | None = None, seed
             f_.close()
     figures = {"h2d_bytes": moved[0], "d2h_bytes": moved[1],
                "cap_bytes": plan.cap, "scratch_bytes": plan.scratch, "device_arena_bytes": int(runner.arena.nbytes),
+               "blas_workspace_bytes": runner.memory.nbytes - int(runner.arena.nbytes),
                "device_bytes_allocated": held[0], "host_arena_bytes": int(runner.host.nbytes),
                "simulated_ms": f["iteration_ms"], "simulated_device": plan.device.name, "host_ms_per_step": host, "graph": runner.graph_note,
                "warmup_steps": runner.warmup_steps,
@@ -697,7 +698,7 @@ def _plan_evaluator(plan: Plan, runner: PlanRunner, backend: str, xp: ModuleType
     def forward_at(g: Graph, args: tuple[tuple[str, int | float | bool], ...]) -> PlanRunner:
         forward_plan = plan_with(Request(g, plan.device, plan.cap, plan.model_path, args), "belady")
         state = runner.state()
-        made.append(PlanRunner(forward_plan, g, backend, xp, seed, graph=False, arena=runner.arena,
+        made.append(PlanRunner(forward_plan, g, backend, xp, seed, graph=False, memory=runner.memory,
                                vendor_kernels=runner.vendor_kernels))
         runner.load_state(state, runner.steps_run)  # the forward runner's start wrote over the shared arena
         return made[-1]

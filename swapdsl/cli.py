@@ -258,11 +258,14 @@ def _print_run(run: api.Execution, check: bool) -> None:
         print(f"{skipped} steps skipped for a non-finite gradient (their updates not applied){scale}")
     if run.figures:
         f = run.figures
+        workspace = (f" (cuBLAS's workspace, {format_bytes(f['blas_workspace_bytes'])} of it, beside the arena)"
+                     if f["blas_workspace_bytes"] else "")
+        compared = (f"; max rel diff against the reference {run.max_rel_diff:.2e} (in `{run.max_rel_diff_at}`)"
+                    if check else "")
         print(f"simulated step {f['simulated_ms']:.3g} ms on {f['simulated_device']}; moved {format_bytes(f['h2d_bytes'])} in and "
               f"{format_bytes(f['d2h_bytes'])} out per step in a {format_bytes(f['device_arena_bytes'])} arena "
               f"({format_bytes(f['scratch_bytes'])} of it scratch); {format_bytes(f['device_bytes_allocated'])} "
-              f"held on the device" + (f"; max rel diff against the reference {run.max_rel_diff:.2e}"
-                                                f" (in `{run.max_rel_diff_at}`)" if check else ""))
+              f"held on the device{workspace}{compared}")
         if run.backend == "numpy" and f["simulated_device"] in BUILTIN:
             print(f"  note: the simulated step is for a {f['simulated_device']} GPU, the device the plan was made "
                   f"for, not this CPU; `swapdsl profile MODEL.swp -o cpu.json` measures this machine and "

@@ -154,19 +154,21 @@ def test_products_call_cublas_on_a_handle_of_our_own_bound_to_the_current_stream
     assert lib.calls[:2] == [("stream", 4242, 77), ("workspace", 4242, 0, 0)]
 
 
-def test_cublas_works_in_the_kernels_scratch_left_over(monkeypatch) -> None:  # noqa: ANN001
-    """Left to itself, cuBLAS takes a workspace from outside the arena (and a new one for each CUDA graph it
-    is captured into): each product on CUDA is handed the scratch its kernel has not taken, as it is at the
-    call, whatever the op (the stand-in records what each call was given)."""
+def test_each_product_on_cuda_is_handed_the_runners_workspace(monkeypatch) -> None:  # noqa: ANN001
+    """Left to itself, cuBLAS takes a new workspace for each CUDA graph it is captured into: each product on
+    CUDA is handed the context's workspace (the runner's, beside the arena), whatever the op; a context
+    without one (tests, profiling) leaves cuBLAS its own pool (the stand-in records what each call got)."""
+    import attrs
+
     from swapdsl.graph.ir import DType, TensorType
     from swapdsl.graph.ops import blas
     from swapdsl.graph.ops.kernels import kernel_of, scratch_need
     from swapdsl.graph.ops.registry import KernelContext
 
-    seen: list[tuple[int, int]] = []
+    seen: list[object] = []
 
     def cublas(xp, calls, a, b, c, tf32, accumulate=False, workspace=None) -> None:  # noqa: ANN001
-        seen.append((workspace.__array_interface__["data"][0] - base, workspace.nbytes))
+        seen.append(workspace)
         flat = [np.lib.stride_tricks.as_strided(v, (v.size,), (v.itemsize,)) for v in (a, b, c)]  # (pointers)
         for g in calls:
             blas.emulate(g, *flat)
@@ -174,20 +176,30 @@ def test_cublas_works_in_the_kernels_scratch_left_over(monkeypatch) -> None:  # 
     monkeypatch.setattr(blas, "_cublas", cublas)
     monkeypatch.setattr(blas, "on_cuda", lambda xp: True)
     rng = np.random.default_rng(0)
+    workspace = np.zeros(1024, np.uint8)
     for op, shapes in (("matmul", ((4, 5), (5, 3))), ("matmul_tn_fold_acc", ((5, 3), (2, 4, 5), (2, 4, 3)))):
         types = tuple(TensorType(s, DType.f32) for s in shapes)
         out_t = TensorType(shapes[0] if op != "matmul" else (4, 3), DType.f32)
-        need = scratch_need(op, types, out_t, {})
-        ctx = KernelContext.standalone(np, need + 1024)
-        base = ctx.scratch.buffer.__array_interface__["data"][0]
+        plain = KernelContext.standalone(np, scratch_need(op, types, out_t, {}))
         ins = [rng.standard_normal(s).astype(np.float32) for s in shapes]
-        out = np.zeros(out_t.shape, np.float32)
-        seen.clear()
-        kernel_of(op, types, out_t, {})(ctx, ins, out, {})
-        taken = need if op != "matmul" else 0  # (the summed product is staged in scratch first)
-        assert seen and all(s == (taken, need + 1024 - taken) for s in seen), (op, seen)
         want = ins[0] @ ins[1] if op == "matmul" else ins[0] + ins[1].reshape(-1, 5).T @ ins[2].reshape(-1, 3)
-        np.testing.assert_allclose(out, want, rtol=1e-5)
+        for ctx, given in ((attrs.evolve(plain, workspace=workspace), workspace), (plain, None)):
+            out = np.zeros(out_t.shape, np.float32)
+            seen.clear()
+            kernel_of(op, types, out_t, {})(ctx, ins, out, {})
+            assert seen and all(w is given for w in seen), (op, seen)
+            np.testing.assert_allclose(out, want, rtol=1e-5)
+
+
+def test_cublas_workspace_is_cublas_own_default_size() -> None:
+    from types import SimpleNamespace
+
+    from swapdsl.graph.ops.blas import workspace_bytes
+
+    def gpu(capability: str) -> SimpleNamespace:
+        return SimpleNamespace(cuda=SimpleNamespace(Device=lambda: SimpleNamespace(compute_capability=capability)))
+
+    assert [workspace_bytes(gpu(c)) >> 20 for c in ("70", "80", "86", "90", "100")] == [4, 4, 4, 32, 32]
 
 
 def test_without_a_cublas_library_of_its_own_it_says_none(monkeypatch) -> None:  # noqa: ANN001
@@ -241,3 +253,28 @@ def test_a_status_cupys_wrappers_raise_is_a_cublas_error(monkeypatch) -> None:  
     with pytest.raises(blas.CublasError) as err:
         blas._cublas(xp, plan_gemm((3, 4), (4, 1), (4, 5), (5, 1), (3, 5), (5, 1)), array, array, array, False)
     assert err.value.status == 15 and err.value.status in blas.REFUSALS
+
+
+def test_a_runners_device_memory_counts_cublas_workspace_beside_the_arena() -> None:
+    """On CuPy a runner takes the arena (exactly the cap) and cuBLAS's workspace beside it, once: refused
+    before allocating where the GPU's free memory holds the arena but not both (a stand-in CuPy); NumPy
+    takes the arena alone."""
+    from types import SimpleNamespace
+
+    from swapdsl.common.errors import SwpError
+    from swapdsl.runtime.backend import device_memory
+
+    def gpu(free: int) -> SimpleNamespace:
+        return SimpleNamespace(
+            cuda=SimpleNamespace(Device=lambda: SimpleNamespace(compute_capability="90"),
+                                 runtime=SimpleNamespace(memGetInfo=lambda: (free, 80 << 30))),
+            get_default_memory_pool=lambda: SimpleNamespace(free_all_blocks=lambda: None),
+            zeros=np.zeros, empty=np.empty)
+
+    cap = 8 << 20
+    memory = device_memory(gpu(cap + (40 << 20)), cap, 0, "the plan's arena")
+    assert memory.arena.nbytes == cap and memory.blas_workspace.nbytes == 32 << 20 and memory.nbytes == cap + (32 << 20)
+    with pytest.raises(SwpError, match=r"the plan's arena needs 40\.00 MiB, but there is only 24\.00 MiB of free GPU"):
+        device_memory(gpu(cap + (16 << 20)), cap, 0, "the plan's arena")
+    plain = device_memory(np, cap, 0, "the plan's arena")
+    assert plain.blas_workspace is None and plain.nbytes == cap

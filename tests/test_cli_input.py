@@ -150,6 +150,26 @@ def test_a_gpu_out_of_memory_beside_the_arena_is_an_error_not_a_traceback(cli, m
         cli("exec", MODELS / "mlp.swp", "--backend", "numpy", "--steps", "1")
 
 
+def test_host_memory_that_cannot_be_pinned_is_named_so(monkeypatch: pytest.MonkeyPatch) -> None:
+    """CuPy's pinned pool re-raises cudaHostAlloc's out-of-memory (a CUDA error, as a GPU's would be): the
+    host copies' pinned memory says it is the host's, with its size; any other CUDA error is left alone."""
+    import sys
+    from types import SimpleNamespace
+
+    from swapdsl.common.errors import SwpError
+    from swapdsl.runtime.backend import pinned
+
+    def refuse(status: int):  # noqa: ANN202
+        return SimpleNamespace(empty_pinned=_raising(CUDARuntimeError(status)))
+
+    monkeypatch.setitem(sys.modules, "cupyx", refuse(2))
+    with pytest.raises(SwpError, match=r"^the plan's host copies: 3\.00 MiB of page-locked host memory could not"):
+        pinned(3 << 20, "uint8", "the plan's host copies")
+    monkeypatch.setitem(sys.modules, "cupyx", refuse(700))
+    with pytest.raises(CUDARuntimeError):
+        pinned((4, 4), "float32", "a bucket")
+
+
 def test_a_model_too_large_for_this_machine_says_how_much(cli) -> None:
     code, _, err = cli("exec", MODELS / "mlp.swp", "-D", "batch=100000000", "--backend", "numpy")
     assert code == 2

@@ -140,7 +140,7 @@ def test_a_cupy_step_allocates_no_device_memory(name: str, graph: bool) -> None:
     """After the arenas, a step on CuPy asks the device for nothing: it runs under an allocator that
     raises, and the GPU's free memory (which sees what cuBLAS, cuDNN or a CUDA graph take beside CuPy's
     pool) is the same after the next step; capturing the graph takes less than cuBLAS's smallest default
-    workspace (4 MiB: our handle works in the scratch). With the graph on, the step is captured (or the
+    workspace (4 MiB: our handle works in the runner's own). With the graph on, the step is captured (or the
     runner says why not) and still matches."""
     import cupy
 

@@ -312,3 +312,23 @@ def test_a_device_array_given_to_mpi_goes_through_host_memory() -> None:
     mean_kernel(DType.f64)(ctx, [x], out, {"ranks": 2, "link_bw": 1e9})
     np.testing.assert_array_equal(out, [5.5, 11.0, 16.5])
     assert HostSettable.sets == before + 1  # (copied back from the host)
+
+
+def test_a_step_with_host_copy_all_reduces_is_not_captured_beside_nccl() -> None:
+    """A host function that waits for an all-reduce of host copies holds the driver's host-function thread,
+    which NCCL's captured all-reduces need for their own (which may be serialised behind ours): with NCCL,
+    such a step is issued eagerly (NCCL then launches none), and says why; without host all-reduces, or with
+    one rank, it is captured."""
+    from types import SimpleNamespace
+
+    from swapdsl.runtime.interpreter import capture_choice
+
+    nccl, staged = SimpleNamespace(capturable=True), SimpleNamespace(capturable=False)
+    assert capture_choice("cupy", True, nccl, False) == (True, "captured at the second step")
+    off, why = capture_choice("cupy", True, nccl, True)
+    assert not off and "host-function thread" in why
+    assert capture_choice("cupy", True, None, True)[0]
+    assert capture_choice("cupy", True, staged, False) == (False, "off: the all-reduces wait on the host "
+                                                                  "(MPI through host memory)")
+    assert capture_choice("cupy", False, nccl, False) == (False, "off: each step issued item by item")
+    assert capture_choice("numpy", True, None, False) == (False, "no CUDA graph on NumPy")

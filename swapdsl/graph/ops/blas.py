@@ -7,9 +7,10 @@ CuPy every product (2-d ones too) is planned here as cuBLAS strided-batched
 GEMMs over the operands' own memory (``plan_gemm``, pure and tested on the CPU against
 NumPy), and each is one cuBLAS call with the stream and the output given, through the C
 API on a handle of swapdsl's own (``OwnCublas``): CuPy's wrappers refuse to run while a
-stream is being captured into a CUDA graph. cuBLAS's workspace is the kernel's scratch not yet
-taken (``Scratch.rest``), bound to the handle before each call: left to itself, cuBLAS takes one
-from outside the arena, and a new one for every CUDA graph it is captured into.
+stream is being captured into a CUDA graph. cuBLAS's workspace is one the runner allocates once
+beside the arena (``KernelContext.workspace``, of cuBLAS's own default size: ``workspace_bytes``),
+bound to the handle after the stream before each call: left to itself, cuBLAS takes a new one for
+every CUDA graph it is captured into.
 
 cuBLAS is column-major: a row-major matrix with row stride ``s`` is, read
 column-major, its transpose with leading dimension ``s``. So out = x @ y
@@ -136,7 +137,7 @@ def matmul_into(c: KernelContext, x: Array, y: Array, out: Array) -> None:
     if calls is None or x.dtype != out.dtype or y.dtype != out.dtype:
         xp.matmul(x, y, out=out)  # a layout cuBLAS cannot read as it is: CuPy's matmul copies it
         return
-    _cublas(xp, calls, y, x, out, c.tf32, False, c.scratch.rest())
+    _cublas(xp, calls, y, x, out, c.tf32, False, c.workspace)
 
 
 HALF_DATA = ("float16", "uint16")  # the half arrays cuBLAS multiplies as they are (uint16: bf16's bits, halfbits)
@@ -167,7 +168,7 @@ def half_gemm(c: KernelContext, x: Array, y: Array, out: Array, acc: Array | Non
     if acc is not None and not _same_memory(acc, out):
         xp.copyto(out, acc)  # (an op in place is handed its output as its first input: then nothing to copy)
     try:
-        _cublas(xp, calls, y, x, out, False, acc is not None, c.scratch.rest())
+        _cublas(xp, calls, y, x, out, False, acc is not None, c.workspace)
     except CublasError as err:
         if err.status not in REFUSALS:
             raise
@@ -177,17 +178,16 @@ def half_gemm(c: KernelContext, x: Array, y: Array, out: Array, acc: Array | Non
 
 
 def _wrapped_gemms(xp: Any, calls: list[Gemm], arrays: tuple[Array, Array, Array], types: tuple[int, int],
-                   scalars: tuple[np.ndarray, np.ndarray], stream: int, workspace: Array | None) -> None:
+                   scalars: tuple[np.ndarray, np.ndarray], stream: int) -> None:
     """The GEMMs through CuPy's cuBLAS wrappers, whose own error (``CUBLASError``) becomes a ``CublasError``
-    with its status (so that a half type the GPU refuses is staged from then on, as on our own library)."""
+    with its status (so that a half type the GPU refuses is staged from then on, as on our own library).
+    They bind the stream before each call, which unbinds any workspace: cuBLAS uses its own pool here."""
     from cupy_backends.cuda.libs import cublas
 
     (a, b, c), (data, compute), (one, beta), item = arrays, types, scalars, arrays[2].dtype.itemsize
     handle = xp.cuda.device.get_cublas_handle()
     try:
-        cublas.setStream(handle, stream)  # (which also unbinds any workspace)
-        if workspace is not None and hasattr(cublas, "setWorkspace"):
-            cublas.setWorkspace(handle, *_bound(workspace))
+        cublas.setStream(handle, stream)
         for g in calls:
             cublas.gemmStridedBatchedEx(
                 handle, int(g.transa), int(g.transb), g.m, g.n, g.k, one.ctypes.data,
@@ -234,7 +234,7 @@ def _cublas(xp: Any, calls: list[Gemm], a: Array, b: Array, c: Array, tf32: bool
     item, stream = c.dtype.itemsize, xp.cuda.get_current_stream().ptr
     own = own_cublas(xp)
     if own is None:  # no library of our own: CuPy's wrappers, which refuse to run in a capture
-        _wrapped_gemms(xp, calls, (a, b, c), (data, compute), (one, beta), stream, workspace)
+        _wrapped_gemms(xp, calls, (a, b, c), (data, compute), (one, beta), stream)
         return
     own.bind(stream, None if workspace is None else _bound(workspace))
     for g in calls:
@@ -243,8 +243,13 @@ def _cublas(xp: Any, calls: list[Gemm], a: Array, b: Array, c: Array, tf32: bool
 
 
 def _bound(workspace: Array) -> tuple[int, int]:
-    """(pointer, bytes) of a workspace: null where it is empty (cuBLAS then runs algorithms that need none)."""
+    """(pointer, bytes) of a workspace: null where it is empty."""
     return (workspace.data.ptr, workspace.nbytes) if workspace.nbytes else (0, 0)
+
+
+def workspace_bytes(xp: Any) -> int:
+    """cuBLAS's own default workspace on this GPU: 32 MiB from Hopper (compute capability 9) on, else 4 MiB."""
+    return (32 if int(xp.cuda.Device().compute_capability) >= 90 else 4) << 20
 
 
 _GEMM_DEFAULT = -1  # cublasGemmAlgo_t CUBLAS_GEMM_DEFAULT

@@ -57,11 +57,6 @@ class Scratch:
         self.used = end
         return self.buffer[start:start + size].view(dtype).reshape(shape)
 
-    def rest(self) -> Array:
-        """The bytes not yet taken: a library's workspace for one call (cuBLAS's), which a later ``take``
-        may reuse (what runs after the call on the same stream runs after it)."""
-        return self.buffer[self.used:]
-
     def reset(self) -> None:
         self.used = self.floor
 
@@ -80,6 +75,7 @@ class KernelContext:
     step: Array  # 0-d int64 on the device: the 1-based training step (Adam's bias correction, dropout masks)
     tf32: bool = False  # FP32 matrix products may use TF32 tensor cores (CuPy; an opt-in: `exec --tf32`)
     comm: Any = None  # the data-parallel ranks' MPI communicator (ops/collective.py), or None: one process
+    workspace: Array | None = None  # cuBLAS's workspace on the device (beside the arena), or None: its own pool
 
     @staticmethod
     def standalone(xp: Any, scratch_bytes: int, step: int = 1, comm: Any = None) -> KernelContext:

@@ -23,6 +23,7 @@ from swapdsl.devices.profiles import Device
 from swapdsl.graph.analysis import op_scratch
 from swapdsl.graph.ir import DType, Graph, TensorType
 from swapdsl.graph.ops import REGISTRY, KernelContext
+from swapdsl.graph.ops.blas import workspace_bytes
 from swapdsl.graph.ops.kernels import kernel_of, scratch_need
 from swapdsl.graph.ops.registry import np_dtype
 from swapdsl.runtime.backend import copy_fn, pinned, synchronize
@@ -99,6 +100,8 @@ def op_times(g: Graph, xp: ModuleType, repeat: int, seed: int = 0,
     fused = FusedKernels.load(g, xp) if xp is not np else FusedKernels()
     if notes is not None:
         notes.extend(vendor.notes + fused.notes)
+    # (as a runner's: left to itself, cuBLAS takes a workspace for each graph an op is captured into)
+    workspace = xp.empty(workspace_bytes(xp), dtype=np.uint8) if xp is not np else None
     for i, op in enumerate(g.ops):
         t = g.type_of(op.outputs[0])
         if op.op in COLLECTIVES:  # timed by the network's model (devices/costs.py), not on one process
@@ -109,7 +112,7 @@ def op_times(g: Graph, xp: ModuleType, repeat: int, seed: int = 0,
         attrs_ = op.attr_dict
         ins = [env[n] for n in op.inputs]
         out = xp.empty(t.shape, dtype=np_dtype(xp, t.dtype))
-        ctx = KernelContext.standalone(xp, op_scratch(g, i))
+        ctx = attrs.evolve(KernelContext.standalone(xp, op_scratch(g, i)), workspace=workspace)
 
         def run() -> None:
             ctx.scratch.reset()

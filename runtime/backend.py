@@ -106,26 +106,29 @@ def device_memory(xp: ModuleType, cap: int, host_bytes: int, what: str) -> Devic
     """The device memory of a plan of ``cap`` bytes whose host copies take ``host_bytes``, refused before
     anything is allocated where the machine cannot hold it (``require_memory``)."""
     blas = 0 if xp is np else workspace_bytes(xp)
-    require_memory(xp, cap + blas, host_bytes, what)
+    require_memory(xp, cap + blas, host_bytes, f"{what} (and cuBLAS's workspace, {format_bytes(blas)})" if blas else what)
     arena = xp.zeros(cap, dtype=np.uint8)
     return DeviceMemory(arena, xp.empty(blas, dtype=np.uint8) if blas else None)
 
 
 def pinned(shape: int | tuple[int, ...], dtype: Any, what: str) -> np.ndarray:
     """Page-locked host memory (CuPy's copies to and from it are asynchronous and a CUDA graph captures
-    them); a machine that cannot pin that much (its free memory, ``ulimit -l``) gets an error saying so,
-    not CUDA's out-of-memory, which names no host."""
-    import cupyx
+    them), exactly as much as asked: CuPy's pinned pool (``cupyx.empty_pinned``) rounds each block up to a
+    power of two, up to twice the host memory a plan counts, and keeps it after a run. A machine that cannot
+    pin that much gets an error saying so, not CUDA's out-of-memory, which names no host."""
+    import cupy
 
+    shape = (shape,) if isinstance(shape, int) else tuple(shape)
+    nbytes = math.prod(shape) * np.dtype(dtype).itemsize
     try:
-        return cupyx.empty_pinned(shape, dtype=dtype)
-    except Exception as err:  # (CuPy's pinned pool re-raises cudaHostAlloc's CUDARuntimeError)
+        memory = cupy.cuda.PinnedMemoryPointer(cupy.cuda.PinnedMemory(nbytes), 0)
+    except Exception as err:  # (cudaHostAlloc's failure is a CUDARuntimeError)
         if not _out_of_memory(err):
             raise
-        nbytes = math.prod((shape,) if isinstance(shape, int) else shape) * np.dtype(dtype).itemsize
         raise SwpError(f"{what}: {format_bytes(nbytes)} of page-locked host memory could not be allocated",
-                       hints=["pinning is limited by the machine's free memory and `ulimit -l`",
+                       hints=["pinned memory comes out of the machine's free memory",
                               "`optimize --host-memory SIZE` plans within a host budget"]) from None
+    return np.ndarray(shape, dtype=dtype, buffer=memory)
 
 
 # (class name, status) of a device library's failure to allocate: CUDA's runtime and driver, cuBLAS (CuPy's

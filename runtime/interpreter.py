@@ -131,7 +131,7 @@ class PlanRunner:
         self.vendor = VendorKernels()
         if backend == "cupy" and vendor_kernels:
             self.vendor = VendorKernels.load(g, lambda: xp.cuda.get_current_stream().ptr, tf32=tf32, xp=xp,
-                                             space=self.arena)
+                                             space=self.arena, blas_workspace=self.memory.blas_workspace)
             self.arena.fill(0)
         self.fused = FusedKernels.load(g, xp) if backend == "cupy" and vendor_kernels else FusedKernels()
         self._load_initial(seed)

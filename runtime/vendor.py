@@ -147,11 +147,13 @@ class VendorKernels:
 
     @staticmethod
     def load(g: Graph, stream: Callable[[], int], cudnn: ModuleType | None = None, tf32: bool = False,
-             xp: ModuleType | None = None, space: Array | None = None) -> VendorKernels:
+             xp: ModuleType | None = None, space: Array | None = None,
+             blas_workspace: Array | None = None) -> VendorKernels:
         """Build every convolution's cuDNN graph (once per key); ``stream``: the current stream's handle.
         With ``xp``, each graph is checked against its op's own kernel before it is used (``_disagreement``),
         its arrays taken from ``space`` (a flat byte array: the plan's arena, holding nothing yet; the check
-        writes over it) where they fit in it, else from ``xp``'s allocator."""
+        writes over it) where they fit in it, else from ``xp``'s allocator; the own kernel's products work
+        in ``blas_workspace`` (the runner's: cuBLAS takes none of its own)."""
         found = VendorKernels()
         keys = {i: conv_key(op.op, tuple(g.type_of(n) for n in op.inputs), g.type_of(op.outputs[0]), op.attr_dict)
                 for i, op in enumerate(g.ops)}
@@ -176,7 +178,8 @@ class VendorKernels:
         for i, key in keys.items():
             if key not in built:
                 with own_pool():  # what the checks allocate is not what a run holds
-                    built[key] = _usable(cudnn, handle, g, i, key, stream, tf32, xp, space, found.notes)
+                    built[key] = _usable(cudnn, handle, g, i, key, stream, tf32, xp, (space, blas_workspace),
+                                         found.notes)
             if built[key] is not None:
                 found.kernels[i] = _kernel(cudnn, handle, key, built[key], stream)
         found.graphs = sum(b is not None for b in built.values())
@@ -184,7 +187,7 @@ class VendorKernels:
 
 
 def _usable(cudnn: ModuleType, handle: Any, g: Graph, i: int, key: ConvKey, stream: Callable[[], int], tf32: bool,
-            xp: ModuleType | None, space: Array | None, notes: list[str]) -> Built | None:
+            xp: ModuleType | None, space: tuple[Array | None, Array | None], notes: list[str]) -> Built | None:
     """``key``'s graph, built for op ``i`` and (with ``xp``) checked against its own kernel; None, with a note
     saying why, where it cannot be built or differs."""
     where = f"op {i} `{g.ops[i].op}` {list(key.image)}"
@@ -196,7 +199,7 @@ def _usable(cudnn: ModuleType, handle: Any, g: Graph, i: int, key: ConvKey, stre
     if xp is None:
         return b
     try:
-        off = _disagreement(xp, g, i, _kernel(cudnn, handle, key, b, stream), b.workspace, space)
+        off = _disagreement(xp, g, i, _kernel(cudnn, handle, key, b, stream), b.workspace, *space)
     except Exception as exc:  # the graph fails to execute, or the check cannot drive the op
         notes.append(f"{where}: its cuDNN graph failed its check ({type(exc).__name__}: {exc}); it uses "
                      "swapdsl's own kernel")
@@ -209,7 +212,8 @@ def _usable(cudnn: ModuleType, handle: Any, g: Graph, i: int, key: ConvKey, stre
     return b
 
 
-def _disagreement(xp: ModuleType, g: Graph, i: int, vendor: Kernel, workspace: int, space: Array | None) -> float:
+def _disagreement(xp: ModuleType, g: Graph, i: int, vendor: Kernel, workspace: int, space: Array | None,
+                  blas_workspace: Array | None = None) -> float:
     """How far ``vendor`` is from op ``i``'s own kernel, relative to the largest output element: the vendor
     kernel at the op's own shapes (the engine a step runs) on random values in the batch's first samples
     and zeros in the rest, the own kernel on those samples alone (a convolution's samples are independent,
@@ -230,7 +234,7 @@ def _disagreement(xp: ModuleType, g: Graph, i: int, vendor: Kernel, workspace: i
     ins = [a[:t.shape[0]] for a, t in zip(arrays[:2], cut)]
     want = xp.empty(cut[2].shape, dtype=np_dtype(xp, cut[2].dtype))
     own = KernelContext(xp, Scratch(xp.zeros(max(scratch_need(op.op, (*cut[:2],), cut[2], op.attr_dict), 1),
-                                             dtype=np.uint8)), step)
+                                             dtype=np.uint8)), step, workspace=blas_workspace)
     kernel_of(op.op, (*cut[:2],), cut[2], op.attr_dict)(own, ins, want, op.attr_dict)
     got, ref = _wide(arrays[2][:cut[2].shape[0]]), _wide(want)
     return float(np.max(np.abs(got - ref)) / max(float(np.max(np.abs(ref))), 1e-30))

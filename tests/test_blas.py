@@ -274,7 +274,8 @@ def test_a_runners_device_memory_counts_cublas_workspace_beside_the_arena() -> N
     cap = 8 << 20
     memory = device_memory(gpu(cap + (40 << 20)), cap, 0, "the plan's arena")
     assert memory.arena.nbytes == cap and memory.blas_workspace.nbytes == 32 << 20 and memory.nbytes == cap + (32 << 20)
-    with pytest.raises(SwpError, match=r"the plan's arena needs 40\.00 MiB, but there is only 24\.00 MiB of free GPU"):
+    with pytest.raises(SwpError, match=r"the plan's arena \(and cuBLAS's workspace, 32\.00 MiB\) needs 40\.00 MiB, "
+                                       r"but there is only 24\.00 MiB of free GPU"):
         device_memory(gpu(cap + (16 << 20)), cap, 0, "the plan's arena")
     plain = device_memory(np, cap, 0, "the plan's arena")
     assert plain.blas_workspace is None and plain.nbytes == cap

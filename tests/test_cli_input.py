@@ -11,6 +11,7 @@ import sys
 import time
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from conftest import MODELS, REPO, write
@@ -151,23 +152,37 @@ def test_a_gpu_out_of_memory_beside_the_arena_is_an_error_not_a_traceback(cli, m
 
 
 def test_host_memory_that_cannot_be_pinned_is_named_so(monkeypatch: pytest.MonkeyPatch) -> None:
-    """CuPy's pinned pool re-raises cudaHostAlloc's out-of-memory (a CUDA error, as a GPU's would be): the
-    host copies' pinned memory says it is the host's, with its size; any other CUDA error is left alone."""
+    """cudaHostAlloc's out-of-memory is a CUDA error, as a GPU's would be: the host copies' pinned memory
+    says it is the host's, with its size; any other CUDA error is left alone; what is pinned is exactly
+    what is asked for."""
     import sys
     from types import SimpleNamespace
 
     from swapdsl.common.errors import SwpError
     from swapdsl.runtime.backend import pinned
 
-    def refuse(status: int):  # noqa: ANN202
-        return SimpleNamespace(empty_pinned=_raising(CUDARuntimeError(status)))
+    def cupy(status: int | None):  # noqa: ANN202
+        asked: list[int] = []
 
-    monkeypatch.setitem(sys.modules, "cupyx", refuse(2))
+        def host_alloc(nbytes: int) -> bytearray:
+            asked.append(nbytes)
+            if status is not None:
+                raise CUDARuntimeError(status)
+            return bytearray(nbytes)
+
+        return SimpleNamespace(cuda=SimpleNamespace(PinnedMemory=host_alloc, asked=asked,
+                                                    PinnedMemoryPointer=lambda mem, offset: mem))
+
+    monkeypatch.setitem(sys.modules, "cupy", cupy(2))
     with pytest.raises(SwpError, match=r"^the plan's host copies: 3\.00 MiB of page-locked host memory could not"):
         pinned(3 << 20, "uint8", "the plan's host copies")
-    monkeypatch.setitem(sys.modules, "cupyx", refuse(700))
+    monkeypatch.setitem(sys.modules, "cupy", cupy(700))
     with pytest.raises(CUDARuntimeError):
         pinned((4, 4), "float32", "a bucket")
+    exact = cupy(None)  # exactly what is asked for: CuPy's pinned pool would round 5 MiB up to 8
+    monkeypatch.setitem(sys.modules, "cupy", exact)
+    got = pinned((5, 1 << 18), "float32", "the plan's host copies")
+    assert got.shape == (5, 1 << 18) and got.dtype == np.float32 and exact.cuda.asked == [5 << 20]
 
 
 def test_a_model_too_large_for_this_machine_says_how_much(cli) -> None:

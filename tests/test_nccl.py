@@ -160,7 +160,9 @@ class FakeCupy:
 
 @pytest.fixture
 def pinned(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setitem(sys.modules, "cupyx", SimpleNamespace(empty_pinned=np.empty))
+    """CuPy's pinned memory (``backend.pinned``) as plain host memory."""
+    cuda = SimpleNamespace(PinnedMemory=bytearray, PinnedMemoryPointer=lambda mem, offset: memoryview(mem)[offset:])
+    monkeypatch.setitem(sys.modules, "cupy", SimpleNamespace(cuda=cuda))
 
 
 def test_ranks_on_one_machine_take_its_gpus_in_turn() -> None:

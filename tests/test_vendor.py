@@ -306,6 +306,32 @@ def test_a_graph_that_computes_the_convolution_passes_its_check(precision: str, 
     assert fake.addresses and all(lo <= p < hi for p in fake.addresses)  # the arena, not new memory
 
 
+def test_the_checks_own_kernel_works_in_the_runners_cublas_workspace(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The op's own kernel the check holds a graph to multiplies through cuBLAS on CUDA: it is handed the
+    runner's workspace, so cuBLAS takes none of its own beside the arena for the rest of the run (without one,
+    none is bound: cuBLAS's own pool)."""
+    from swapdsl.graph.ops import blas
+
+    seen: list[Any] = []
+
+    def cublas(xp: Any, calls: Any, a: Any, b: Any, c: Any, tf32: bool, accumulate: bool = False,
+               workspace: Any = None) -> None:
+        seen.append(workspace)
+        np.matmul(np.asarray(b), np.asarray(a), out=c)  # (c = b a, row-major: matmul_into's x @ y)
+
+    monkeypatch.setattr(blas, "_cublas", cublas)
+    monkeypatch.setattr(blas, "on_cuda", lambda xp: True)
+    workspace = np.zeros(4096, np.uint8)
+    t = resnet_at(3)
+    vendor = VendorKernels.load(t, lambda: 0, cudnn=ComputingCudnn(), xp=np, blas_workspace=workspace)
+    assert set(vendor.kernels) == set(conv_ops(t)) and not vendor.notes, vendor.notes
+    mine = [w for w in seen if w is workspace]  # (the stand-in cuDNN computes by the same kernel, unbound)
+    assert mine and len(mine) < len(seen)
+    seen.clear()
+    VendorKernels.load(t, lambda: 0, cudnn=ComputingCudnn(), xp=np)
+    assert seen and all(w is None for w in seen)
+
+
 @pytest.mark.parametrize("fault, scale, precision, fails", [
     ("convolution", 0.0, "f32", True),  # a true convolution (the filter flipped) where the op correlates
     (None, 1e-3, "f32", True),  # FP32 off by 1e-3: refused

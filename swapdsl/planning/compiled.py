@@ -165,14 +165,15 @@ class Evaluator:
         return (*arrays[:5], np.array([start], np.float64), *arrays[5:])
 
     def host_bytes(self, recs: np.ndarray, pinned: frozenset[int]) -> int:
-        """Bytes of the inputs, the persistent tensors not pinned, and every other tensor swapped out."""
+        """Bytes of the inputs, the persistent tensors not pinned, and every other tensor swapped out (a
+        clone's as its original's: one slot)."""
         n = self.n_base
         on_host = self.is_input[:n] | self.persistent[:n]
-        on_host[list(pinned)] = self.is_input[list(pinned)]
-        out = recs[(recs[:, 0] >= 0) & (recs[:, 1] == InstrKind.SWAP_OUT), 2]
-        swapped = np.unique(self.origin[out])
-        return int(self.nbytes[:n][on_host].sum() + self.nbytes[swapped[~on_host[swapped]]].sum()
-                   + self.p.host_only_bytes)
+        if pinned:
+            held = np.fromiter(pinned, np.int64, len(pinned))
+            on_host[held] = self.is_input[held]
+        on_host[self.origin[recs[(recs[:, 0] >= 0) & (recs[:, 1] == InstrKind.SWAP_OUT), 2]]] = True
+        return int(self.nbytes[:n][on_host].sum() + self.p.host_only_bytes)
 
     def program(self, schedule: list[int], cap: int, pinned: frozenset[int],
                 policy: Policy) -> tuple[list[Instr], dict[int, Region]]:

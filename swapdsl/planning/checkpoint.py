@@ -62,7 +62,7 @@ class _Checkpointing:
         self.schedule = list(range(p.n_ops))
         self.uses = p.uses(self.schedule)
         self.next_i = [0] * len(p.names)
-        self.maker = {t: op for op in range(p.n_ops) for t in p.op_outputs[op]}
+        self.maker = p.makers()
         self.arena = Arena(cap)
         self.where: dict[int, int] = {}
         self.program: list[Instr] = []

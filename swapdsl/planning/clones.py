@@ -51,7 +51,7 @@ class Candidates:
         finals = {new for _, new in p.updates} | {p.loss}
 
         net = p.net  # (an all-reduce runs once a step: a rerun would be another collective)
-        maker = {t: op for op in range(p.n_ops) for t in p.op_outputs[op]}
+        maker = p.makers()
 
         def may_rerun(m: int) -> bool:
             return forward[m] and m not in net and not any(t in finals for t in p.op_outputs[m])

@@ -347,7 +347,7 @@ def locality_priority(p: Problem) -> np.ndarray:
                 rank.setdefault(t, len(rank))
     group = [min((rank[t] for t in p.op_inputs[op] if t in rank), default=-1) for op in range(n)]
     neighbours: list[list[int]] = [[] for _ in range(n)]
-    producer = {t: op for op in range(n) for t in p.op_outputs[op]}
+    producer = p.makers()
     for op in range(n):
         for t in p.op_inputs[op]:
             if t in producer:

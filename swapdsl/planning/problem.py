@@ -141,6 +141,10 @@ class Problem:
     def n_ops(self) -> int:
         return len(self.op_ms)
 
+    def makers(self) -> dict[int, int]:
+        """Each tensor an op makes -> that op (inputs and what starts on the host have none)."""
+        return {t: op for op in range(self.n_ops) for t in self.op_outputs[op]}
+
     def uses(self, schedule: list[int]) -> list[list[int]]:
         """For each tensor, the schedule positions of the ops that read it, in order."""
         out: list[list[int]] = [[] for _ in self.names]
@@ -188,7 +192,7 @@ class Edges:
 
 
 def edges(p: Problem) -> Edges:
-    producer = {t: op for op in range(p.n_ops) for t in p.op_outputs[op]}
+    producer = p.makers()
     readers: dict[int, list[int]] = {}
     preds: list[list[int]] = [[] for _ in range(p.n_ops)]
     for op in range(p.n_ops):

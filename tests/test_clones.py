@@ -340,3 +340,21 @@ def test_check_refuses_a_reference_the_machine_cannot_hold_beside_the_plan(cli, 
     code, out, err = cli("exec", "m.plan", "--steps", "1", "--check")
     assert code == 2 and "`--check`'s reference executor (no cap, beside the plan's arena) needs" in err, err
     assert "Traceback" not in err
+
+
+def test_the_compiled_placer_refuses_arrays_that_disagree() -> None:
+    """The C placer reads its rows, schedule and ops by index: rows that do not end where they say, an op
+    out of range, or a schedule that repeats an op are refused, not read out of bounds."""
+    from swapdsl.planning import _fastplan
+
+    ptr, idx = np.array([0, 1, 2], np.int64), np.array([2, 2], np.int64)  # two ops, each row the sentinel
+    rows = (ptr, idx, ptr, idx, ptr, idx, idx)
+    at = np.empty(2, np.int64)
+    assert _fastplan.place_clones(np.array([1, 0], np.int64), np.array([0, 1], np.int64), at, *rows) == 0
+    for schedule, kept, bad in (([0, 0], [0], "repeats an op"), ([0, 1], [2], "disagree"),
+                                ([0, 5], [0], "disagree")):
+        with pytest.raises(ValueError, match=bad):
+            _fastplan.place_clones(np.array(schedule, np.int64), np.array(kept, np.int64), at, *rows)
+    with pytest.raises(ValueError, match="disagree"):
+        _fastplan.place_clones(np.array([0, 1], np.int64), np.array([0], np.int64), at,
+                               np.array([0, 1, 3], np.int64), idx, *rows[2:])

@@ -1403,6 +1403,94 @@ static PyObject *py_priority_order(PyObject *self, PyObject *tuple) {
     return PyLong_FromLongLong(done);
 }
 
+/* -- recomputation's clone positions (clones.Placer, held to clones.place_clones by a property test).
+   Op indices are topological, so a forward reader comes after the op it reads: one pass from the last kept
+   op back gives each its clone position, its first backward reader's or a kept forward reader's clone's if
+   earlier. Rows end in the sentinel n (pos[n]: n for minima, -1 for the forward readers' maximum). */
+
+typedef struct {
+    const i64 *fw_ptr, *fw_idx, *bw_ptr, *bw_idx, *in_ptr, *consumer, *maker;
+} CloneRows;
+
+static i64 row_min(const i64 *ptr, const i64 *idx, i64 r, const i64 *pos) {
+    i64 v = INT64_MAX;
+    for (i64 e = ptr[r]; e < ptr[r + 1]; e++) v = pos[idx[e]] < v ? pos[idx[e]] : v;
+    return v;
+}
+
+/* Keeps, of the ascending forward ops kept[0..k), those that can be cloned in the order `pos` gives (op ->
+   position; pos[n] free for the sentinel), each clone's position in at[]; returns how many (kept[] and at[]
+   rewritten from the front). need: n + 1 i64, in: n + 1 bytes. */
+static i64 place_clones(const CloneRows *c, i64 n, i64 *pos, i64 *kept, i64 k, i64 *at, i64 *need, char *in) {
+    for (;;) {
+        memset(in, 0, (size_t)n + 1);
+        for (i64 j = 0; j < k; j++) in[kept[j]] = 1;
+        pos[n] = n;
+        for (i64 j = k - 1; j >= 0; j--) {
+            i64 m = kept[j], v = row_min(c->bw_ptr, c->bw_idx, m, pos);
+            for (i64 e = c->fw_ptr[m]; e < c->fw_ptr[m + 1]; e++) {
+                i64 r = c->fw_idx[e];
+                if (r < n && in[r] && need[r] < v) v = need[r];
+            }
+            need[m] = v;
+        }
+        i64 good = 0;
+        for (i64 j = 0; j < k; j++) {
+            i64 m = kept[j], v = need[m], last = -1, first = n;
+            for (i64 e = c->fw_ptr[m]; e < c->fw_ptr[m + 1]; e++)
+                if (c->fw_idx[e] < n && pos[c->fw_idx[e]] > last) last = pos[c->fw_idx[e]];
+            for (i64 e = c->in_ptr[m]; e < c->in_ptr[m + 1]; e++) {
+                i64 u = c->consumer[e] < n && !in[c->maker[e]] ? pos[c->consumer[e]] : n;
+                first = u < first ? u : first;
+            }
+            if (v < n && last < v && first >= v) {
+                kept[good] = m;
+                at[good++] = v;
+            }
+        }
+        if (good == k) return k;
+        k = good;
+    }
+}
+
+static PyObject *py_place_clones(PyObject *self, PyObject *tuple) {
+    (void)self; /* schedule, kept (ascending forward ops), at (out), fw_ptr, fw_idx, bw_ptr, bw_idx, in_ptr,
+                   consumer, maker: how many kept */
+    Args a;
+    if (args_parse(tuple, "qwwqqqqqqq", &a) < 0) return NULL;
+    i64 n = a.len[0], k = a.len[1], done = -1;
+    CloneRows c = {a.ptr[3], a.ptr[4], a.ptr[5], a.ptr[6], a.ptr[7], a.ptr[8], a.ptr[9]};
+    const i64 *schedule = a.ptr[0];
+    int bad = a.len[2] < k || csr_bad(c.fw_ptr, a.len[3], n, c.fw_idx, a.len[4], n + 1) ||
+              csr_bad(c.bw_ptr, a.len[5], n, c.bw_idx, a.len[6], n + 1) ||
+              csr_bad(c.in_ptr, a.len[7], n, c.consumer, a.len[8], n + 1) || a.len[9] != a.len[8];
+    for (i64 j = 0; !bad && j < a.len[9]; j++) bad = c.maker[j] < 0 || c.maker[j] > n;
+    for (i64 j = 0; !bad && j < k; j++) bad = ((i64 *)a.ptr[1])[j] < 0 || ((i64 *)a.ptr[1])[j] >= n;
+    for (i64 j = 0; !bad && j < n; j++) bad = schedule[j] < 0 || schedule[j] >= n;
+    if (bad) {
+        args_release(&a);
+        PyErr_SetString(PyExc_ValueError, "place_clones: the rows, the schedule or the ops kept disagree");
+        return NULL;
+    }
+    i64 *pos = malloc(sizeof(i64) * (size_t)(n + 1)), *need = malloc(sizeof(i64) * (size_t)(n + 1));
+    char *in = malloc((size_t)n + 1);
+    if (pos && need && in) {
+        for (i64 j = 0; j < n; j++) pos[schedule[j]] = j;
+        for (i64 j = 0; !bad && j < n; j++) bad = pos[schedule[j]] != j;  /* (a repeated op: no order) */
+        done = bad ? -2 : place_clones(&c, n, pos, a.ptr[1], k, a.ptr[2], need, in);
+    }
+    free(pos);
+    free(need);
+    free(in);
+    args_release(&a);
+    if (done == -2) {
+        PyErr_SetString(PyExc_ValueError, "place_clones: the schedule repeats an op");
+        return NULL;
+    }
+    if (done < 0) return PyErr_NoMemory();
+    return PyLong_FromLongLong(done);
+}
+
 /* -- test hooks: the free-position segments and the victim index, driven from Python so that property
    tests hold them to the readable versions (arena.Segments, a scan of the keys held) */
 
@@ -1450,6 +1538,8 @@ static PyObject *py_victims_replay(PyObject *self, PyObject *tuple) {
 }
 
 static PyMethodDef methods[] = {
+    {"place_clones", py_place_clones, METH_VARARGS,
+     "place_clones(schedule, kept, at, fw_ptr, fw_idx, bw_ptr, bw_idx, in_ptr, consumer, maker) -> count"},
     {"priority_order", py_priority_order, METH_VARARGS,
      "priority_order(priority, n_preds, succ_ptr, succ_idx, order) -> ops written to order"},
     {"segments_replay", py_segments_replay, METH_VARARGS,

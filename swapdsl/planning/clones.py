@@ -26,6 +26,7 @@ import numpy as np
 
 from swapdsl.graph.ir import Kind
 from swapdsl.plan.program import Free, Instr, Run, SwapIn, SwapOut
+from swapdsl.planning import _fastplan
 from swapdsl.planning.compiled import Evaluator, csr
 from swapdsl.planning.problem import Problem, edges
 
@@ -181,10 +182,9 @@ def _valid(p: Problem, c: Candidates, pos: np.ndarray, m: int, at: int, made: se
 
 
 class Placer:
-    """``place_clones`` on arrays, for the search's inner loop: what each op's outputs' readers and its
-    in-place-overwritten inputs are, flattened once (each op's row ends in a sentinel, so no row is empty);
-    each call then takes the positions' maxima and minima per row with NumPy, and relaxes the edges from
-    a clone to a chosen reader, which must see that reader's own clone position first."""
+    """``place_clones`` in C (``_fastplan.c``), for the search's inner loop: each op's outputs' forward and
+    backward readers and its in-place-overwritten inputs' consumers and makers, flattened once (each row ends
+    in the sentinel n, so no row is empty)."""
 
     def __init__(self, p: Problem, c: Candidates) -> None:
         n = p.n_ops
@@ -201,52 +201,17 @@ class Placer:
             overwritten = [u for u in p.op_inputs[op] if u in c.consumer]
             consumers.append((*(c.consumer[u] for u in overwritten), n))
             makers.append((*(int(maker[u]) for u in overwritten), n))
-        self.fw_ptr, self.fw_idx = csr(tuple(fw))
-        self.bw_ptr, self.bw_idx = csr(tuple(bw))
-        self.in_ptr, self.consumer = csr(tuple(consumers))
-        self.maker = csr(tuple(makers))[1]
-        # each op to each forward reader: a chosen reader's clone position bounds the op's clone's
-        self.edge_from = np.repeat(np.arange(n), np.diff(self.fw_ptr) - 1)
-        self.edge_to = self.fw_idx[self.fw_idx < n]
+        self.rows = (*csr(tuple(fw)), *csr(tuple(bw)), *csr(tuple(consumers)), csr(tuple(makers))[1])
 
     def place(self, schedule: list[int] | np.ndarray, chosen: Iterable[int]) -> tuple[list[int], list[int]]:
         """What ``place_clones`` gives (which it computes itself where ``chosen`` holds an op that is not a
         forward op: no search chooses one, and a chosen backward reader would need its clone's position)."""
-        n = self.n
         kept = np.unique(np.fromiter(chosen, np.int64))
         if not self.forward[kept].all():
             return place_clones(self.p, self.c, list(schedule), kept.tolist())
-        pos = np.empty(n + 1, np.int64)
-        pos[np.asarray(schedule, np.int64)] = np.arange(n)
-        while True:
-            inkept = np.zeros(n + 1, np.bool_)
-            inkept[kept] = True
-            need = self._needs(pos, inkept)
-            pos[n] = -1
-            fw_last = np.maximum.reduceat(pos[self.fw_idx], self.fw_ptr[:-1])
-            pos[n] = n
-            cons = np.where(inkept[self.maker], n, pos[self.consumer])  # (an input a clone makes: no matter)
-            cons_first = np.minimum.reduceat(cons, self.in_ptr[:-1])
-            at = need[kept]
-            good = (at < n) & (fw_last[kept] < at) & (cons_first[kept] >= at)
-            if good.all():
-                return kept.tolist(), at.tolist()
-            kept = kept[good]
-
-    def _needs(self, pos: np.ndarray, inkept: np.ndarray) -> np.ndarray:
-        """Each op's clone position: its first backward reader's, or a chosen forward reader's clone's if
-        earlier (relaxed along the chosen edges until nothing moves: as many rounds as the longest chain)."""
-        n = self.n
-        pos[n] = n
-        need = np.minimum.reduceat(pos[self.bw_idx], self.bw_ptr[:-1])
-        both = inkept[self.edge_from] & inkept[self.edge_to]
-        src, dst = self.edge_from[both], self.edge_to[both]
-        while src.size:
-            lower = need[dst] < need[src]
-            if not lower.any():
-                break
-            np.minimum.at(need, src[lower], need[dst[lower]])
-        return need
+        at = np.empty(len(kept), np.int64)
+        count = _fastplan.place_clones(np.asarray(schedule, np.int64), kept, at, *self.rows)
+        return kept[:count].tolist(), at[:count].tolist()
 
 
 def merged_schedule(base: list[int] | np.ndarray, ext: Extended, need: list[int]) -> np.ndarray:

@@ -45,16 +45,19 @@ class Lane:
         makers = {t: i for i in p.host.ops for t in g.ops[i].outputs}
         news = {new: old for old, new in g.updates}
         start: list[int] = []
+        persistent, started = set(g.persistent), set()
         for i in sorted(p.host.ops):
             op = g.ops[i]
-            if all(t in g.persistent or makers.get(t) in start for t in op.inputs) and \
+            if all(t in persistent or makers.get(t) in started for t in op.inputs) and \
                     not any(t in news for t in op.outputs):
                 start.append(i)
-        later = tuple(i for i in sorted(p.host.ops) if i not in start)
+                started.add(i)
+        later = tuple(i for i in sorted(p.host.ops) if i not in started)
+        after = set(later)
         copies = {i: tuple(sorted({index[t] for t in g.ops[i].inputs if t in p.host.read}
                                   | {index[news[t]] for t in g.ops[i].outputs if t in news}))
                   for i in later}
-        deps = {i: tuple(sorted({makers[t] for t in g.ops[i].inputs if makers.get(t) in later})) for i in later}
+        deps = {i: tuple(sorted({makers[t] for t in g.ops[i].inputs if makers.get(t) in after})) for i in later}
         host_start = np.zeros(len(p.names), np.float64)
         clock = 0.0
         for i in start:

@@ -99,7 +99,8 @@ class Problem:
         hollow = split.ops
         in_place = tuple(i in in_place_set and i not in hollow for i in range(len(g.ops)))
         only = touched(g, split)
-        written = {old for old, new in g.updates if any(new in g.ops[i].outputs for i in hollow)}
+        made_on_host = {t for i in hollow for t in g.ops[i].outputs}
+        written = {old for old, new in g.updates if new in made_on_host}
         persistent = frozenset(index[n] for n in g.persistent)
         made = frozenset(index[n] for n in split.made)
         # (counted as plan.host_copies lists them: a new value apart from its old value's memory)

@@ -73,8 +73,9 @@ def host_split(g: Graph, params: Iterable[str], reduce: bool = False, every: boo
     """The split of ``g`` with the updates of ``params`` on the host (each must be ``offloadable``);
     ``reduce``: their gradients' all-reduces too, where only host ops read the mean; ``every``: every
     gradient's all-reduce, its mean brought up where the device reads it."""
-    chosen = tuple(p for p in g.params if p in set(params))
-    unknown = set(params) - set(g.params)
+    asked = set(params)
+    chosen = tuple(p for p in g.params if p in asked)
+    unknown = asked - set(g.params)
     if unknown:
         raise ValueError(f"not parameters of the graph: {sorted(unknown)}")
     ix = _Index.of(g)

@@ -152,7 +152,8 @@ def place_clones(p: Problem, c: Candidates, schedule: list[int], chosen: Iterabl
         bad = [m for m in kept if need[m] >= len(pos) or not _valid(p, c, pos, m, need[m], made)]
         if not bad:
             return kept, [need[m] for m in kept]
-        kept = [m for m in kept if m not in set(bad)]
+        dropped = set(bad)
+        kept = [m for m in kept if m not in dropped]
 
 
 def _needs(p: Problem, c: Candidates, pos: np.ndarray, kept: list[int]) -> dict[int, int]:

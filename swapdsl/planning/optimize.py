@@ -33,8 +33,8 @@ def host_choices(g: Graph) -> list[tuple[str, ...]]:
     """What ``auto`` chooses among: no update on the host, then the updates of the largest parameters
     (by bytes; ties in graph order) at each of ``HOST_SHARES`` of them."""
     ranked = sorted(offloadable(g), key=lambda p: (-g.tensors[p].type.nbytes, g.params.index(p)))
-    chosen = [ranked[:math.ceil(share * len(ranked))] for share in HOST_SHARES]
-    return list(dict.fromkeys([(), *(tuple(p for p in g.params if p in set(c)) for c in chosen)]))
+    chosen = [set(ranked[:math.ceil(share * len(ranked))]) for share in HOST_SHARES]
+    return list(dict.fromkeys([(), *(tuple(p for p in g.params if p in c) for c in chosen)]))
 
 
 def host_requests(req: Request, host_updates: str) -> list[Request]:

@@ -237,8 +237,9 @@ def _ordered(g: Graph, overlap: bool) -> list[Op]:
             key[i] = i + (n if op.op == "allreduce_mean" else 2 * n if waits_for[i] >= 0 else 0)
         elif waits_for[i] in following:
             key[i] = following[waits_for[i]] + 0.5 + i / (2 * n)  # right after the next one, in the graph's order
+    readers = g.consumers()
     for i in in_place_ops(g):
-        preds[i] |= {j for j, op in enumerate(ops) if j != i and ops[i].inputs[0] in op.inputs}
+        preds[i] |= {j for j in readers[ops[i].inputs[0]] if j != i}
     succs: list[list[int]] = [[] for _ in range(n)]
     for i, ps in enumerate(preds):
         for p in ps:

@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import functools
 from collections import Counter
 from typing import Any
 
 from swapdsl.common.units import ALIGN, arena_bytes
 from swapdsl.graph import ops
-from swapdsl.graph.ir import Graph, Kind
+from swapdsl.graph.ir import Graph, Kind, TensorType
 
 
 def op_flops(g: Graph, index: int) -> int:
@@ -20,7 +21,17 @@ def op_scratch(g: Graph, index: int) -> int:
     """The scratch bytes op ``index``'s kernel takes (its op's declaration, on its types)."""
     op = g.ops[index]
     ins = tuple(g.type_of(n) for n in op.inputs)
-    return ops.scratch_need(op.op, ins, g.type_of(op.outputs[0]), op.attr_dict)
+    try:  # (each value keyed with its type: 1, 1.0 and True hash alike)
+        return _scratch(op.op, ins, g.type_of(op.outputs[0]), tuple((k, type(v), v) for k, v in op.attrs))
+    except TypeError:  # (an attribute that cannot be hashed: asked afresh)
+        return ops.scratch_need(op.op, ins, g.type_of(op.outputs[0]), op.attr_dict)
+
+
+@functools.lru_cache(maxsize=1 << 16)
+def _scratch(op: str, ins: tuple[TensorType, ...], out: TensorType, attrs: tuple[tuple[str, type, Any], ...]) -> int:
+    """``scratch_need``, remembered: a large model repeats few signatures (GPT-2 XL's 48 layers), and every
+    graph a search builds (bucket sizes, micro-batch counts) asks again for each op."""
+    return ops.scratch_need(op, ins, out, {k: v for k, _, v in attrs})
 
 
 STATE_BYTES = ALIGN  # the runtime's own state at the bottom of the scratch region: the step counter

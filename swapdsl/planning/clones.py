@@ -207,7 +207,9 @@ class Placer:
     def place(self, schedule: list[int] | np.ndarray, chosen: Iterable[int]) -> tuple[list[int], list[int]]:
         """What ``place_clones`` gives (which it computes itself where ``chosen`` holds an op that is not a
         forward op: no search chooses one, and a chosen backward reader would need its clone's position)."""
-        kept = np.unique(np.fromiter(chosen, np.int64))
+        kept = np.fromiter(chosen, np.int64)
+        if not (kept[1:] > kept[:-1]).all():  # (the search's sets come sorted: no sort needed)
+            kept = np.unique(kept)
         if not self.forward[kept].all():
             return place_clones(self.p, self.c, list(schedule), kept.tolist())
         at = np.empty(len(kept), np.int64)

@@ -32,7 +32,8 @@ HOST_SHARES = (0.25, 0.5, 0.75, 1.0)  # auto: the largest parameters' updates fi
 def host_choices(g: Graph) -> list[tuple[str, ...]]:
     """What ``auto`` chooses among: no update on the host, then the updates of the largest parameters
     (by bytes; ties in graph order) at each of ``HOST_SHARES`` of them."""
-    ranked = sorted(offloadable(g), key=lambda p: (-g.tensors[p].type.nbytes, g.params.index(p)))
+    place = {p: k for k, p in enumerate(g.params)}
+    ranked = sorted(offloadable(g), key=lambda p: (-g.tensors[p].type.nbytes, place[p]))
     chosen = [set(ranked[:math.ceil(share * len(ranked))]) for share in HOST_SHARES]
     return list(dict.fromkeys([(), *(tuple(p for p in g.params if p in c) for c in chosen)]))
 

@@ -197,6 +197,8 @@ class Placer:
         fw, bw, consumers, makers = [], [], [], []
         for op in range(n):
             readers = sorted({r for t in p.op_outputs[op] for r in c.readers.get(t, ())})
+            if readers and readers[0] <= op:  # (the C pass relies on op order being topological)
+                raise ValueError(f"op {op} is read by op {readers[0]}, which comes before it")
             fw.append((*(r for r in readers if c.forward[r]), n))
             bw.append((*(r for r in readers if not c.forward[r]), n))
             overwritten = [u for u in p.op_inputs[op] if u in c.consumer]

@@ -106,7 +106,8 @@ def device_memory(xp: ModuleType, cap: int, host_bytes: int, what: str) -> Devic
     """The device memory of a plan of ``cap`` bytes whose host copies take ``host_bytes``, refused before
     anything is allocated where the machine cannot hold it (``require_memory``)."""
     blas = 0 if xp is np else workspace_bytes(xp)
-    require_memory(xp, cap + blas, host_bytes, f"{what} (and cuBLAS's workspace, {format_bytes(blas)})" if blas else what)
+    said = f"{what} (and cuBLAS's workspace, {format_bytes(blas)})" if blas else what
+    require_memory(xp, cap + blas, host_bytes, said)
     arena = xp.zeros(cap, dtype=np.uint8)
     return DeviceMemory(arena, xp.empty(blas, dtype=np.uint8) if blas else None)
 

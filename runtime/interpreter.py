@@ -94,7 +94,8 @@ def capture_choice(backend: str, graph: bool, comm: Any, host_reduces: bool) -> 
 class PlanRunner:
     def __init__(self, plan: Plan, g: Graph, backend: str, xp: ModuleType, seed: int,
                  check_plan: bool = True, copy_delay_s: float = 0.0, kernel_delay_s: float = 0.0,
-                 graph: bool = True, vendor_kernels: bool = True, tf32: bool = False, memory: DeviceMemory | None = None,
+                 graph: bool = True, vendor_kernels: bool = True, tf32: bool = False,
+                 memory: DeviceMemory | None = None,
                  host_threads: int | None = None) -> None:
         """``check_plan``: validate the plan against ``g`` (False: the caller has, or a test runs a broken
         plan to show what validation prevents; it must still describe ``g``). ``copy_delay_s``,
@@ -103,10 +104,11 @@ class PlanRunner:
         capture the step as one CUDA graph and replay it (falling back, with ``graph_note`` saying why,
         where capture fails); ``vendor_kernels`` (CuPy): convolutions through cuDNN Frontend and
         element-wise ops as fused kernels where they build (``vendor.notes``, ``fused.notes``: what fell
-        back); ``tf32`` (CuPy): FP32 matrix products and convolutions may use TF32 tensor cores; ``memory``: another
-        runner's device memory (an arena of the plan's cap, cuBLAS's workspace) to run in instead of new
-        memory (evaluation runs in the training plan's), whose contents this runner overwrites; ``host_threads``: workers the host lane splits its
-        element-wise kernels over (``hostsplit``; default ``hostsplit.host_threads()``)."""
+        back); ``tf32`` (CuPy): FP32 matrix products and convolutions may use TF32 tensor cores;
+        ``memory``: another runner's device memory (an arena of the plan's cap, cuBLAS's workspace) to run in
+        instead of new memory (evaluation runs in the training plan's), whose contents this runner
+        overwrites; ``host_threads``: workers the host lane splits its element-wise kernels over
+        (``hostsplit``; default ``hostsplit.host_threads()``)."""
         if check_plan:
             validate(plan, g)
         else:

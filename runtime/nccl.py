@@ -174,8 +174,8 @@ class Staged:
     def _pair(self, x: Any) -> tuple[np.ndarray, np.ndarray]:
         key = (tuple(x.shape), x.dtype.str)
         if key not in self._buffers:
-            self._buffers[key] = tuple(pinned(x.shape, x.dtype, "a gradient bucket's host copy for MPI")  # type: ignore[assignment]
-                                       for _ in range(2))
+            what = "a gradient bucket's host copy for MPI"
+            self._buffers[key] = tuple(pinned(x.shape, x.dtype, what) for _ in range(2))  # type: ignore[assignment]
         return self._buffers[key]
 
     def finish(self, streams: Sequence[Any]) -> None:

@@ -149,8 +149,8 @@ class PlanRunner:
         self.work = self._prepare()
         self._lanes: tuple[dict[str, list[Item]], list[threading.Lock]] | None = None  # NumPy, at the first step
         self._cuda: list[CudaItem] | None = None  # CuPy, at the first step
-        host_reduces = any(isinstance(i, HostRun) and g.ops[i.op].op in NET_OPS for i in plan.program)
-        self.graph_mode, self.graph_note = capture_choice(backend, graph, self.comm, host_reduces)
+        # (the host lane has a communicator of its own only where it runs an all-reduce of host copies)
+        self.graph_mode, self.graph_note = capture_choice(backend, graph, self.comm, self.host_ctx.comm is not None)
         self._graph: Any = None
         self._eager_steps = 0  # on CuPy: the capture waits for one eager step (kernels compiled, cuBLAS set up)
         if backend == "cupy":

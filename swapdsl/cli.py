@@ -865,11 +865,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             dist.abort_others(EXIT_USER_ERROR)
         return EXIT_USER_ERROR
     except MemoryError as err:
-        gpu = device_memory_error(err)
-        print(gpu.render() if gpu is not None else "error: ran out of memory\n"
-              "  = hint: a smaller model, batch or --memory cap needs less", file=sys.stderr)
-        dist.abort_others(EXIT_USER_ERROR)
-        return EXIT_USER_ERROR
+        return _out_of_memory(device_memory_error(err) or SwpError(
+            "ran out of memory", hints=["a smaller model, batch or --memory cap needs less"]))
     except training.Interrupted as stop:
         saved = f"; checkpoint of step {stop.step} in {stop.saved}" if stop.saved else ""
         if dist.rank() == 0:  # (every rank stopped after the same step)
@@ -882,11 +879,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     except BrokenPipeError:
         return 0
     except Exception as err:  # a bug: its traceback, and no rank left waiting for this one
-        gpu = device_memory_error(err)
-        if gpu is not None:
-            print(gpu.render(), file=sys.stderr)
-            dist.abort_others(EXIT_USER_ERROR)
-            return EXIT_USER_ERROR
+        if (gpu := device_memory_error(err)) is not None:  # (not a bug: a library beside the arena ran out)
+            return _out_of_memory(gpu)
         if dist.world() is not None:
             traceback.print_exc()
             dist.abort_others(1)
@@ -895,6 +889,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         dist.started()  # (a command that stopped before its start checks leaves nothing for the next one)
         for sig, handler in previous.items():
             signal.signal(sig, handler)
+
+
+def _out_of_memory(err: SwpError) -> int:
+    print(err.render(), file=sys.stderr)
+    dist.abort_others(EXIT_USER_ERROR)
+    return EXIT_USER_ERROR
 
 
 def _signal_of(stop: KeyboardInterrupt, received: list[int]) -> int:

@@ -22,7 +22,7 @@ from typing import TypeVar
 import attrs
 import numpy as np
 
-from swapdsl.common.atomic import check_writable, write_text_atomically
+from swapdsl.common.atomic import check_outputs, check_writable, write_text_atomically
 from swapdsl.common.errors import Span, SwpError
 from swapdsl.common.units import format_bytes, parse_share, parse_size
 from swapdsl.devices.profiles import BUILTIN, DEFAULT_DEVICE, Device, load_device
@@ -579,6 +579,7 @@ def import_onnx(path: str, out: str, weights: str | None = None, batch: int | No
     import tempfile
 
     weights = weights or str(Path(out).with_suffix(".safetensors"))
+    check_outputs([(out, "model"), (weights, "weights")], [(path, "ONNX model")])
     for target_path, what in ((out, "model"), (weights, "weights")):
         check_writable(target_path, what)
     r = convert(path, batch, dims, loss, target, optimizer, freeze, flat)

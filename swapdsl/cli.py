@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any, NoReturn, TextIO
 
 from swapdsl import __version__, api
-from swapdsl.common.atomic import check_writable, write_bytes_atomically, write_text_atomically
+from swapdsl.common.atomic import check_outputs, check_writable, write_bytes_atomically, write_text_atomically
 from swapdsl.common.errors import SwpError
 from swapdsl.common.units import format_bytes, format_count, parse_share, parse_size
 from swapdsl.devices.profiles import BUILTIN, DEFAULT_DEVICE, detect_device, load_device
@@ -532,6 +532,29 @@ class _UsageError(SwpError):
     speak = True
 
 
+# each command's files: (the attribute of each output, what it is), (each input's), and the (output, input)
+# kinds that may be one file; a data folder's files are its inputs (atomic.check_outputs)
+_FILES: dict[str, tuple[tuple[tuple[str, str], ...], tuple[tuple[str, str], ...], tuple[tuple[str, str], ...]]] = {
+    "optimize": ((("output", "plan"),), (("file", "model"), ("device", "device profile")), ()),
+    "exec": ((("save", "checkpoint"), ("log", "log")),
+             (("file", "plan or model"), ("data", "training data"), ("eval", "held-out data"),
+              ("init", "initial checkpoint"), ("resume", "checkpoint resumed")),
+             (("checkpoint", "initial checkpoint"), ("checkpoint", "checkpoint resumed"))),
+    "predict": ((("output", "prediction"),), (("file", "plan or model"), ("data", "data"),
+                                              ("init", "checkpoint")), ()),
+    "plot-log": ((("output", "plot"),), (("file", "log"),), ()),
+    "show": ((("plot", "plot"),), (("file", "plan"),), ()),
+    "profile": ((("output", "profile"),), (("file", "model"),), ()),
+}
+
+
+def _check_files(args: argparse.Namespace) -> None:
+    """No output of the command overwrites one of its inputs or another output (before any work)."""
+    outputs, inputs, may_replace = _FILES.get(args.command, ((), (), ()))
+    check_outputs([(getattr(args, a), what) for a, what in outputs],
+                  [(getattr(args, a), what) for a, what in inputs], may_replace)
+
+
 def _agreed(parser: argparse.ArgumentParser, argv: Sequence[str] | None) -> argparse.Namespace:
     """The parsed command line, once every rank's has parsed: under an MPI launcher a rank whose line is
     refused stops every rank (``dist.command_lines``), without an abort; each error is printed once. So
@@ -841,6 +864,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     warnings.filterwarnings("ignore", r"(overflow|invalid value|divide by zero) encountered", RuntimeWarning)
     try:
         args = _agreed(make_parser(), argv)
+        _check_files(args)
         if dist.rank() > 0:  # one of several ranks: rank 0 speaks for the run (errors are each rank's own)
             sys.stdout = open(os.devnull, "w", encoding="utf-8")  # noqa: SIM115 (for the process's life)
         code = args.handler(args)

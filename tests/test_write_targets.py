@@ -5,10 +5,12 @@ any work and left as it was."""
 from __future__ import annotations
 
 import os
+import re
 import socket
 import stat
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from conftest import MODELS, write
@@ -90,3 +92,73 @@ def test_a_symlink_to_a_fifo_is_refused(in_tmp: Path) -> None:
     link.symlink_to(_specials(in_tmp)["a FIFO"])
     with pytest.raises(SwpError, match="it is a FIFO, not a regular file"):
         write_text_atomically(link, "x")
+
+
+def _digest(folder: Path) -> dict[str, bytes]:
+    return {p.name: p.read_bytes() for p in folder.rglob("*") if p.is_file()}
+
+
+def test_no_output_may_replace_an_input_or_another_output(cli, in_tmp: Path) -> None:
+    """Each way the outside check overwrote an input (the same name, a link of either kind, a file in a
+    data folder, two outputs on one file) is refused before any work, every file kept byte for byte."""
+    write(in_tmp / "m.swp", (MODELS / "mlp.swp").read_text())
+    assert cli("optimize", "m.swp", "--memory", "8MiB", "--method", "belady", *MLP, "-o", "m.plan")[0] == 0
+    assert cli("exec", "m.plan", "--steps", "1", "--save", "c.safetensors")[0] == 0
+    (in_tmp / "data").mkdir()
+    np.save(in_tmp / "data" / "x.npy", np.zeros((4, 8), np.float32))
+    np.save(in_tmp / "data" / "y.npy", np.zeros(4, np.int32))
+    np.savez(in_tmp / "d.npz", x=np.zeros((4, 8), np.float32), y=np.zeros(4, np.int32))
+    (in_tmp / "link.plan").symlink_to("m.swp")
+    os.link(in_tmp / "m.swp", in_tmp / "hard.plan")
+    os.link(in_tmp / "data" / "x.npy", in_tmp / "x.npz")
+    (in_tmp / "log.jsonl").write_text("")
+    (in_tmp / "log.png").symlink_to("log.jsonl")
+    before = _digest(in_tmp)
+    for argv, said in [
+        (["optimize", "m.swp", "--memory", "8MiB", *MLP, "-o", "link.plan"], "the plan `link.plan` is the model"),
+        (["optimize", "m.swp", "--memory", "8MiB", *MLP, "-o", "hard.plan"], "the plan `hard.plan` is the model"),
+        (["exec", "m.plan", "--steps", "1", "--data", "d.npz", "--log", "c.jsonl", "--save", "c.safetensors",
+          "--init", "c.safetensors"], None),  # (a checkpoint over the one it starts from: allowed)
+        (["predict", "m.plan", "--data", "d.npz", "-o", "d.npz"], "the prediction `d.npz` is the data `d.npz`"),
+        (["predict", "m.plan", "--data", "data", "-o", "x.npz"], "is the data `data` (a file in `data`)"),
+        (["plot-log", "log.jsonl", "-o", "log.png"], "the plot `log.png` is the log `log.jsonl`"),
+        (["exec", "m.plan", "--steps", "1", "--log", "c.jsonl", "--save", "c.safetensors", "--eval", "data"], None),
+    ]:
+        code, out, err = cli(*argv)
+        if said is None:
+            assert code == 0, (argv, err)
+            before = _digest(in_tmp)
+            continue
+        assert code == 2 and said in err and "writing it would destroy it" in err, (argv, err)
+        assert out == "" and _digest(in_tmp) == before, argv
+    code, _, err = cli("exec", "m.plan", "--steps", "1", "--save", "two.safetensors", "--log", "two.safetensors")
+    assert code == 2 and "log files take `.jsonl`" in err
+
+
+@pytest.mark.parametrize("flag, name, said", [
+    ("-o", "", "the plan's file name is empty"),
+    ("-o", "net.swp", "`net.swp` is named as a `.swp` file; plan files take `.plan`"),
+    ("-o", "net.npz", "plan files take `.plan`"),
+])
+def test_an_output_named_for_another_kind_of_file_is_refused(cli, in_tmp: Path, flag: str, name: str,
+                                                             said: str) -> None:
+    write(in_tmp / "m.swp", (MODELS / "mlp.swp").read_text())
+    code, out, err = cli("optimize", "m.swp", "--memory", "8MiB", "--method", "belady", *MLP, flag, name)
+    assert code == 2 and said in err and out == ""
+    assert sorted(p.name for p in in_tmp.iterdir()) == ["m.swp"]
+
+
+def test_import_refuses_weights_over_its_model_or_its_source(tmp_path: Path) -> None:
+    onnx_file = Path(__file__).parent.parent / "examples" / "digits_cnn.onnx"
+    copy = tmp_path / "cnn.onnx"
+    copy.write_bytes(onnx_file.read_bytes())
+    from swapdsl import api
+
+    for out, weights, said in [(tmp_path / "i.swp", tmp_path / "i.swp", "weights files take `.safetensors`"),
+                               (tmp_path / "i.swp", copy, "weights files take `.safetensors`")]:
+        with pytest.raises(SwpError, match=re.escape(said)):
+            api.import_onnx(str(copy), str(out), str(weights))
+    (tmp_path / "w.safetensors").symlink_to(copy)
+    with pytest.raises(SwpError, match="is the ONNX model"):
+        api.import_onnx(str(copy), str(tmp_path / "i.swp"), str(tmp_path / "w.safetensors"))
+    assert copy.read_bytes() == onnx_file.read_bytes() and not (tmp_path / "i.swp").exists()

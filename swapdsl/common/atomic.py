@@ -7,7 +7,7 @@ import glob
 import os
 import stat
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 
 from swapdsl.common.errors import SwpError
@@ -23,6 +23,57 @@ def check_writable(path: str | Path, what: str = "file") -> None:
         raise SwpError(f"cannot write the {what} `{path}`: {exc.strerror or exc}") from None
     os.close(fd)
     Path(tmp).unlink(missing_ok=True)
+
+
+# what each kind of file a command writes holds, by its usual suffix: a target named for another kind is
+# refused (a prediction named `x.npy` would be an .npz archive under the name of one array)
+SUFFIXES = {"plan": ".plan", "checkpoint": ".safetensors", "weights": ".safetensors", "prediction": ".npz",
+            "profile": ".json", "log": ".jsonl", "model": ".swp", "plot": ".png"}
+_OURS = {".plan", ".safetensors", ".npz", ".npy", ".json", ".jsonl", ".swp", ".onnx"}
+
+
+def check_outputs(outputs: Iterable[tuple[str | None, str]], inputs: Iterable[tuple[str | None, str]],
+                  may_replace: Iterable[tuple[str, str]] = ()) -> None:
+    """Refuse, before anything is read or written, a command whose output (path, what) is empty, is named
+    for another kind of file, or is the same file (through links too) as one of its inputs or another of its
+    outputs: a file an input folder holds counts as that input. ``may_replace``: pairs of (output, input)
+    kinds that may name the same file (a checkpoint saved over the one resumed from)."""
+    outs = [(p, what) for p, what in outputs if p is not None]
+    allowed = set(may_replace)
+    for path, what in outs:
+        if not path.strip():
+            raise SwpError(f"the {what}'s file name is empty")
+        suffix = Path(path).suffix.lower()
+        if what in SUFFIXES and suffix in _OURS and suffix != SUFFIXES[what]:
+            raise SwpError(f"`{path}` is named as a `{suffix}` file; {what} files take `{SUFFIXES[what]}`",
+                           hints=[f"name it `{Path(path).with_suffix(SUFFIXES[what])}`"])
+    seen: list[tuple[str, str, tuple[object, ...]]] = []
+    for path, what in [(p, w) for p, w in inputs if p is not None and os.path.exists(p)]:
+        seen += [(path, what, key) for key in _input_keys(path)]
+    for path, what in outs:
+        key = _key(path)
+        for other, kind, k in seen:
+            if k == key and (what, kind) not in allowed:
+                inside = "" if _key(other) == key else f" (a file in `{other}`)"
+                raise SwpError(f"the {what} `{path}` is the {kind} `{other}`{inside}: writing it would destroy it",
+                               hints=[f"give the {what} another file name"])
+        seen.append((path, what, key))
+
+
+def _key(path: str) -> tuple[object, ...]:
+    """The file ``path`` names, through symbolic links: its device and inode where it exists (hard links
+    too), else its resolved path."""
+    try:
+        st = os.stat(path)
+        return ("inode", st.st_dev, st.st_ino)
+    except OSError:
+        return ("path", os.path.realpath(path))
+
+
+def _input_keys(path: str) -> list[tuple[object, ...]]:
+    if not os.path.isdir(path):
+        return [_key(path)]
+    return [_key(str(p)) for p in Path(path).iterdir() if p.is_file()] + [_key(path)]
 
 
 def write_text_atomically(path: str | Path, text: str, what: str = "file") -> None:

@@ -52,6 +52,7 @@ def identity(g: Graph) -> dict[str, str]:
 def save(path: str, g: Graph, values: Mapping[str, np.ndarray], step: int, position: int, seed: int,
          data: str, shuffle: bool) -> int:
     """Write the checkpoint atomically; returns its size in bytes."""
+    from safetensors import SafetensorError
     from safetensors.numpy import save_file
 
     tensors = {name: np.asarray(values[name], order="C") for name in g.persistent}
@@ -60,7 +61,11 @@ def save(path: str, g: Graph, values: Mapping[str, np.ndarray], step: int, posit
             "rng": "counter-based: (seed, step) is the whole state",
             "sha256": json.dumps({name: digest(a) for name, a in tensors.items()}, sort_keys=True)}
     with atomic_path(path, "checkpoint") as tmp:
-        save_file(tensors, tmp, metadata=meta)
+        try:
+            save_file(tensors, tmp, metadata=meta)
+        except SafetensorError as exc:  # (its own error for the OSError of a write: a full disk)
+            raise SwpError(f"cannot write the checkpoint `{path}`: {exc}",
+                           hints=["a checkpoint already there is kept as it was; free some space (and --resume from it)"]) from None
     return Path(path).stat().st_size
 
 

@@ -1,11 +1,14 @@
 """A training run's log (``exec --log FILE.jsonl``: one JSON object per step, evaluation and checkpoint),
-read back and drawn: loss and each report against the step, evaluations as points."""
+appended a whole line at a time, read back and drawn: loss and each report against the step, evaluations as
+points."""
 
 from __future__ import annotations
 
 import io
 import json
+import os
 from pathlib import Path
+from typing import BinaryIO
 
 from swapdsl.common.atomic import write_bytes_atomically
 from swapdsl.common.errors import Span, SwpError
@@ -13,17 +16,69 @@ from swapdsl.common.errors import Span, SwpError
 EVENTS = ("step", "eval", "save")
 
 
-def read_log(path: str) -> list[dict]:
-    """The log's records, each checked for what the plot reads; a bad line is an error at that line."""
+def open_log(path: str) -> BinaryIO:
+    """The log, opened to append; a last line left incomplete (a run killed while writing it) is cut off."""
+    try:
+        f = open(path, "ab", buffering=0)  # noqa: SIM115  (the caller closes it)
+        size = os.fstat(f.fileno()).st_size
+        with open(path, "rb") as r:
+            end = _last_line_end(r, size)
+        if end < size:
+            os.ftruncate(f.fileno(), end)
+        return f
+    except OSError as exc:
+        raise SwpError(f"cannot write the log `{path}`: {exc.strerror or exc}") from None
+
+
+def _last_line_end(r: BinaryIO, size: int, chunk: int = 1 << 16) -> int:
+    """Where the last whole line of a file of ``size`` bytes ends (0: none)."""
+    at = size
+    while at > 0:
+        start = max(0, at - chunk)
+        r.seek(start)
+        found = r.read(at - start).rfind(b"\n")
+        if found >= 0:
+            return start + found + 1
+        at = start
+    return 0
+
+
+def append(log: BinaryIO, record: dict) -> None:
+    """One record, as one line, written whole or not at all (a full disk leaves the log as it was)."""
+    data = (json.dumps(record) + "\n").encode("utf-8")
+    fd = log.fileno()
+    at = os.fstat(fd).st_size
+    try:
+        view = memoryview(data)
+        while view:
+            view = view[os.write(fd, view):]
+    except OSError as exc:
+        try:
+            os.ftruncate(fd, at)
+        except OSError:
+            pass
+        raise SwpError(f"cannot write the log `{log.name!s}`: {exc.strerror or exc}",
+                       hints=["the log holds every record before this one; free some space and --resume"]) from None
+
+
+def read_log(path: str, notes: list[str] | None = None) -> list[dict]:
+    """The log's records, each checked for what the plot reads; a bad line is an error at that line. A
+    step or evaluation logged again (a resumed run repeats the steps after its checkpoint; a run started
+    over, all of them) is taken as logged last, which ``notes`` says."""
     if Path(path).exists() and not Path(path).is_file():
         raise SwpError(f"the log `{path}` is not a regular file")
     try:
-        lines = Path(path).read_text(encoding="utf-8").splitlines()
+        text = Path(path).read_text(encoding="utf-8")
     except UnicodeDecodeError as exc:
         raise SwpError(f"the log `{path}` is not text (byte {exc.start} is not UTF-8)",
                        hints=["give the JSON-lines file `swapdsl exec --log FILE` wrote"]) from None
     except OSError as exc:
         raise SwpError(f"cannot read the log `{path}`: {exc.strerror or exc}") from None
+    lines = text.splitlines()
+    if lines and not text.endswith("\n") and not _whole(lines[-1]):  # (a run stopped while writing it)
+        lines.pop()
+        if notes is not None:
+            notes.append(f"the last line of `{path}` is incomplete (a run stopped while writing it): left out")
     records = []
     for n, line in enumerate(lines, 1):
         if not line.strip():
@@ -32,6 +87,9 @@ def read_log(path: str) -> list[dict]:
             r = json.loads(line)
         except json.JSONDecodeError as exc:
             raise SwpError(f"not a JSON object: {exc.msg}", Span.point(path, n, exc.colno)) from None
+        except ValueError:  # (an integer of more digits than Python converts)
+            raise SwpError("not a record of `swapdsl exec --log`: a number too long to read",
+                           Span.point(path, n, 1)) from None
         except RecursionError:
             raise SwpError("not a record of `swapdsl exec --log`: nested too deeply", Span.point(path, n, 1)) from None
         if not (isinstance(r, dict) and r.get("event") in EVENTS and isinstance(r.get("step"), int)
@@ -43,7 +101,19 @@ def read_log(path: str) -> list[dict]:
         records.append(r)
     if not any(r["event"] == "step" for r in records):
         raise SwpError(f"the log `{path}` holds no training steps")
-    return records
+    latest = {(r["event"], r["step"]): r for r in records}
+    if len(latest) < len(records) and notes is not None:
+        notes.append(f"{len(records) - len(latest)} records of steps logged again (a resumed or repeated run) "
+                     "are drawn as logged last")
+    return sorted(latest.values(), key=lambda r: (r["step"], EVENTS.index(r["event"])))
+
+
+def _whole(line: str) -> bool:
+    try:
+        json.loads(line)
+        return True
+    except (ValueError, RecursionError):
+        return False
 
 
 def _number(v: object) -> bool:

@@ -9,13 +9,12 @@ over the held-out data; every ``save_every`` steps and at the end the state goes
 from __future__ import annotations
 
 import contextlib
-import json
 import math
 import signal
 import threading
 import time
 from collections.abc import Callable, Collection, Iterator, Mapping
-from typing import IO, Protocol
+from typing import BinaryIO, Protocol
 
 import attrs
 import numpy as np
@@ -24,6 +23,7 @@ from swapdsl.common.errors import SwpError
 from swapdsl.graph.ir import Graph
 from swapdsl.runtime import checkpoint, dist, nonfinite
 from swapdsl.runtime.dataset import Batch, Dataset, Loader, Order, batch_size, gather, open_dataset
+from swapdsl.runtime.log import append, open_log
 
 SYNTHETIC = "synthetic"
 DEFAULT_STEPS = 10  # with synthetic data and neither --steps nor --epochs
@@ -227,7 +227,7 @@ def train(g: Graph, stepper: Stepper, opts: Options, hooks: Hooks = Hooks(), eva
     if start >= last:
         raise dist.EveryRank(f"--resume `{opts.resume}` is at step {start}; the run ends at step {last}, so there "
                              "is nothing left to do", hints=["ask for more with --steps or --epochs"])
-    log = _open_log(opts.log)
+    log = open_log(opts.log) if opts.log is not None else None
     loader = Loader(ds, order, start) if ds is not None and order is not None else None
     examples = ds.batch if ds is not None else _batch_of(g) * g.ranks  # data-parallel: every rank's rows
     steps: list[StepRecord] = []
@@ -305,15 +305,6 @@ def _batch_of(g: Graph) -> int:
         return 1
 
 
-def _open_log(path: str | None) -> IO[str] | None:
-    if path is None:
-        return None
-    try:
-        return open(path, "a", encoding="utf-8")  # noqa: SIM115  (train closes it)
-    except OSError as exc:
-        raise SwpError(f"cannot write the log `{path}`: {exc.strerror or exc}") from None
-
-
 def _restore(g: Graph, stepper: Stepper, opts: Options) -> int:
     """Load --resume (everything, and the step) or --init (parameters); the step to continue after."""
     if opts.init:
@@ -376,11 +367,10 @@ def _origin(g: Graph, opts: Options) -> dict[str, np.ndarray] | None:
     return None
 
 
-def _emit(hook: Callable | None, record: StepRecord | EvalRecord | SaveRecord, log: IO[str] | None,
+def _emit(hook: Callable | None, record: StepRecord | EvalRecord | SaveRecord, log: BinaryIO | None,
           event: str) -> None:
     if log is not None:
-        log.write(json.dumps({"event": event, **attrs.asdict(record)}) + "\n")
-        log.flush()
+        append(log, {"event": event, **attrs.asdict(record)})
     if hook is not None:
         hook(record)
 

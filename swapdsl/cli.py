@@ -323,10 +323,13 @@ def _cmd_import(args: argparse.Namespace) -> int:
 
 def _cmd_plot_log(args: argparse.Namespace) -> int:
     check_writable(args.output, "plot")
-    records = read_log(args.file)
+    notes: list[str] = []
+    records = read_log(args.file, notes)
     plot_log(records, args.output, Path(args.file).stem)
     steps = [r for r in records if r["event"] == "step"]
     print(f"{args.output}: {len(steps)} steps, {sum(r['event'] == 'eval' for r in records)} evaluations")
+    for note in notes:
+        print(f"  note: {note}")
     return 0
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import resource
 import signal
 import subprocess
 import sys
@@ -21,6 +22,7 @@ from conftest import MODELS, REPO
 from swapdsl.common.errors import SwpError
 from swapdsl.runtime import checkpoint, training
 from swapdsl.runtime.dataset import Loader, Order, gather, open_dataset
+from swapdsl.runtime.log import read_log
 
 MLP = MODELS / "mlp.swp"
 ARGS = {"batch": 8, "features": 16, "hidden": 32, "depth": 3, "lr": 0.01}
@@ -425,6 +427,49 @@ def test_plot_log_refuses_deep_nesting_and_special_files(cli, tmp_path: Path) ->
     os.mkfifo(tmp_path / "fifo.jsonl")
     code, _, err = cli("plot-log", tmp_path / "fifo.jsonl", "-o", tmp_path / "x.png")
     assert code == 2 and "is not a regular file" in err
+
+
+def test_plot_log_draws_a_step_logged_again_as_logged_last_and_leaves_out_a_torn_last_line(
+        cli, tmp_path: Path) -> None:
+    log = tmp_path / "run.jsonl"
+    line = '{{"event": "step", "step": {}, "loss": {}, "metrics": {{}}}}\n'.format
+    log.write_text(line(1, 3.0) + line(2, 2.0) + line(1, 9.0) + '{"event": "step", "st')
+    notes: list[str] = []
+    assert [(r["step"], r["loss"]) for r in read_log(str(log), notes)] == [(1, 9.0), (2, 2.0)]
+    assert notes == [f"the last line of `{log}` is incomplete (a run stopped while writing it): left out",
+                     "1 records of steps logged again (a resumed or repeated run) are drawn as logged last"]
+    log.write_text(line(1, 3.0) + '{"event": "step", "step": ' + "9" * 5000 + ', "loss": 1, "metrics": {}}\n')
+    code, out, err = cli("plot-log", log, "-o", tmp_path / "x.png")
+    assert code == 2 and err.startswith("error: not a record of `swapdsl exec --log`: a number too long to read")
+
+
+def test_a_run_that_cannot_write_its_log_or_checkpoint_stops_with_both_whole(setup: dict[str, Path],
+                                                                               tmp_path: Path) -> None:
+    """A file-size limit (as a full disk fails a write: in the middle of it) on a real run: the log keeps
+    whole lines only, the checkpoint before stays, and the error is one line, exit 2."""
+    log, ck = tmp_path / "run.jsonl", tmp_path / "c.safetensors"
+
+    def run(limit: int, *flags: object) -> subprocess.CompletedProcess[str]:
+        def limited() -> None:
+            signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # (a write past the limit then fails with EFBIG)
+            resource.setrlimit(resource.RLIMIT_FSIZE, (limit, limit))
+
+        return subprocess.run([sys.executable, "-m", "swapdsl", "exec", str(setup["plan"]), "--data",
+                               str(setup["train"]), *map(str, flags)], capture_output=True, text=True,
+                              preexec_fn=limited, cwd=tmp_path, timeout=120)
+
+    done = run(700, "--steps", "6", "--log", log)
+    assert done.returncode == 2 and "Traceback" not in done.stderr, done.stderr
+    assert done.stderr.startswith(f"error: cannot write the log `{log}`: File too large")
+    text = log.read_text()
+    assert text.endswith("\n") and 0 < len(text.splitlines()) < 6 and len(text) <= 700
+    assert all(json.loads(x)["event"] == "step" for x in text.splitlines())
+    assert run(1 << 20, "--steps", "2", "--save", ck).returncode == 0
+    before = ck.read_bytes()
+    done = run(len(before) - 1, "--steps", "4", "--resume", ck, "--save", ck)
+    assert done.returncode == 2 and "Traceback" not in done.stderr, done.stderr
+    assert done.stderr.startswith(f"error: cannot write the checkpoint `{ck}`: ")
+    assert ck.read_bytes() == before and sorted(p.name for p in tmp_path.iterdir()) == ["c.safetensors", "run.jsonl"]
 
 
 def test_progress_lines_show_epoch_loss_reports_and_rate(cli, setup: dict[str, Path]) -> None:

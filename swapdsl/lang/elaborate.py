@@ -436,6 +436,15 @@ class _Elaborator:
                            hints=did_you_mean(name, list(INITIALIZERS)) or [f"initialisers: {', '.join(INITIALIZERS)}"])
         bound = bind(f"initialiser `{name}`", INITIALIZERS[name], args, e.span)
         values = tuple((k, self.number(b.value, f"`{k}`", b.span)) for k, b in bound.items())
+        for k, v in values:
+            if not math.isfinite(v):
+                raise SwpError(f"`{k}` of initialiser `{name}` must be finite, got {v}", bound[k].span)
+        given = dict(values)
+        if name == "normal" and given["std"] < 0:
+            raise SwpError(f"`std` of initialiser `normal` must be at least 0, got {given['std']:g}", bound["std"].span)
+        if name == "uniform" and given["low"] > given["high"]:
+            raise SwpError(f"initialiser `uniform` needs low <= high, got low {given['low']:g} and high "
+                           f"{given['high']:g}", e.span)
         return Init(_INIT_ALIASES.get(name, name), values)
 
     def number(self, v: Value, what: str, span: Span) -> float:

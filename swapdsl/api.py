@@ -368,12 +368,25 @@ def read_checked(path: str, need_model: bool = False) -> tuple[Plan, Graph | Non
 
 
 def simulate(plan: Plan) -> dict[str, float]:
-    """The plan's figures recomputed from the plan alone (the planner's bound and sizes as stored, and a
-    micro-batched plan's one-pass ideal step)."""
+    """The plan's figures recomputed from the plan alone; the planner's bound and sizes, and a micro-batched
+    plan's one-pass ideal step, are as its file records them (``figure_notes`` says where they disagree)."""
     stored = dict(plan.figures)
     kept = {ONE_PASS_IDEAL: stored[ONE_PASS_IDEAL]} if ONE_PASS_IDEAL in stored else None
     return plan_figures(plan, simulate_plan(plan),
                         *(stored.get(k) for k in ("bound_ms", "no_swap_bytes", "graph_peak_bytes")), kept)
+
+
+def figure_notes(figures: dict[str, Any]) -> list[str]:
+    """What disagrees among a plan's figures: the planner's, as its file records them, against those
+    ``simulate`` recomputes (a recorded lower bound below the ideal step or above the plan's own step)."""
+    bound, notes = figures.get("bound_ms"), []
+    if bound is not None and not figures["ideal_ms"] * (1 - 1e-9) <= bound <= figures["iteration_ms"] * (1 + 1e-9):
+        notes.append(f"the recorded bound {bound:.6g} ms is not between the ideal step and this plan's step, as a "
+                     "lower bound is: the file's figures were edited, or the planner's bound is wrong")
+    missing = [k for k in ("bound_ms", "no_swap_bytes") if k not in figures]
+    if missing:
+        notes.append(f"the plan records no {' or '.join(missing)}: those figures are left out")
+    return notes
 
 
 @attrs.frozen

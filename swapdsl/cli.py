@@ -407,8 +407,8 @@ def _search_progress(out: TextIO) -> Callable[[SearchProgress], None]:
 
 def _print_figures(f: dict) -> None:
     swap_only = f", swap-only bound {f['swap_bound_ms']:.3f} ms" if "swap_bound_ms" in f else ""
-    print(f"  iteration        {f['iteration_ms']:.3f} ms   (ideal {f['ideal_ms']:.3f} ms, "
-          f"bound {f['bound_ms']:.3f} ms{swap_only})")
+    bound = f"bound {f['bound_ms']:.3f} ms" if "bound_ms" in f else "no bound recorded"
+    print(f"  iteration        {f['iteration_ms']:.3f} ms   (ideal {f['ideal_ms']:.3f} ms, {bound}{swap_only})")
     if "one_pass_fraction" in f:  # (a micro-batched step's own ideal is slower than one pass's)
         print(f"  fraction         {f['one_pass_fraction']:.3f} of the infinite-memory speed (one pass: "
               f"{f['one_pass_ideal_ms']:.3f} ms; {f['fraction']:.3f} of this step's own ideal)")
@@ -416,8 +416,9 @@ def _print_figures(f: dict) -> None:
         print(f"  fraction         {f['fraction']:.3f} of the infinite-memory speed")
     k = int(f.get("microbatches", 1))
     passes = f" in {k} micro-batches" if k > 1 else ""  # (`--memory 1/3` is a share of one pass's)
-    ratio = f"{f['ratio']:.2f}" if f["ratio"] >= 0.995 else f"{f['ratio']:.2g}, under 1: it fits with no swap"
-    print(f"  memory ratio     {ratio} (no-swap arena{passes} {format_bytes(f['no_swap_bytes'])} / cap)")
+    if "ratio" in f:
+        ratio = f"{f['ratio']:.2f}" if f["ratio"] >= 0.995 else f"{f['ratio']:.2g}, under 1: it fits with no swap"
+        print(f"  memory ratio     {ratio} (no-swap arena{passes} {format_bytes(f['no_swap_bytes'])} / cap)")
     print(f"  swapped          {format_bytes(f['h2d_bytes'])} in, {format_bytes(f['d2h_bytes'])} out")
     print(f"  device peak      {format_bytes(f['peak_device_bytes'])} of tensors + "
           f"{format_bytes(f['scratch_bytes'])} of kernel scratch; host {format_bytes(f['host_bytes'])}")
@@ -442,15 +443,19 @@ def _with_one_pass_fraction(info: dict[str, Any]) -> dict[str, Any]:
 
 
 def _cmd_simulate(args: argparse.Namespace) -> int:
-    plan = api.read(args.file)
+    plan, train = api.read_checked(args.file)
     info = {"method": plan.method, "device": plan.device.name, "memory_bytes": plan.cap, **api.simulate(plan),
-            "plan": args.file, "microbatches": plan.microbatches}
+            "plan": args.file, "microbatches": plan.microbatches, "model_checked": train is not None}
     info = _with_one_pass_fraction(info)
     if args.json:
         print(json.dumps(info, indent=2))
         return 0
-    print(f"{args.file}: valid; simulated on {plan.device.name} under {format_bytes(plan.cap)}")
+    against = "" if train is not None else (f" (the plan alone: its model `{plan.model_path}` was not found, so the "
+                                            "ops were not checked against it)")
+    print(f"{args.file}: valid{against}; simulated on {plan.device.name} under {format_bytes(plan.cap)}")
     _print_figures(info)
+    for note in api.figure_notes(info):
+        print(f"  note: {note}")
     return 0
 
 

@@ -59,6 +59,41 @@ def test_same_request_same_plan_byte_for_byte(cli, plan_file: Path) -> None:
     assert (plan_file.parent / "again.plan").read_bytes() == plan_file.read_bytes()
 
 
+def test_simulate_says_which_figures_are_recorded_and_where_they_disagree(cli, plan_file: Path) -> None:
+    text = plan_file.read_text()
+    plan_file.write_text("".join(x for x in text.splitlines(True) if not x.startswith(("figure ratio",
+                                                                                      "figure no_swap_bytes",
+                                                                                      "figure bound_ms"))))
+    code, out, err = cli("simulate", plan_file)
+    assert code == 0 and "Traceback" not in err, err
+    assert "no bound recorded" in out and "memory ratio" not in out
+    assert "note: the plan records no bound_ms or no_swap_bytes: those figures are left out" in out
+    plan_file.write_text(re.sub(r"(?m)^figure bound_ms .*$", "figure bound_ms 1e-06", text))
+    code, out, _ = cli("simulate", plan_file, "--json")
+    assert code == 0 and json.loads(out)["bound_ms"] == 1e-06 and json.loads(out)["model_checked"]
+    code, out, _ = cli("simulate", plan_file)
+    assert "note: the recorded bound 1e-06 ms is not between the ideal step and this plan's step" in out
+
+
+def test_a_plan_finds_its_model_beside_it_from_anywhere(cli, plan_file: Path, tmp_path: Path,
+                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    moved = tmp_path / "elsewhere" / "deeper"
+    moved.mkdir(parents=True)
+    (moved / "p.plan").write_text(plan_file.read_text().replace('model "net.swp"', 'model "models/net.swp"'))
+    (moved / "net.swp").write_text((plan_file.parent / "net.swp").read_text())
+    monkeypatch.chdir(tmp_path / "elsewhere")
+    code, out, err = cli("simulate", "deeper/p.plan")
+    assert code == 0 and out.startswith("deeper/p.plan: valid; simulated"), err
+    (moved / "net.swp").write_text("model other(batch = 1) {}\n")
+    code, out, err = cli("simulate", "deeper/p.plan")
+    assert code == 2 and err.startswith("error: "), err
+    (moved / "net.swp").unlink()
+    code, out, err = cli("simulate", "deeper/p.plan")
+    assert code == 0 and "valid (the plan alone: its model `models/net.swp` was not found" in out
+    code, out, err = cli("exec", "deeper/p.plan", "--steps", "1")
+    assert code == 2 and "cannot find the plan's model `models/net.swp`" in err and "beside the plan" in err
+
+
 def tamper(path: Path, old: str, new: str) -> None:
     text = path.read_text()
     assert old in text

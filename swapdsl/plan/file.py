@@ -347,15 +347,25 @@ class _Build(Transformer):
 
 
 def _model_candidates(plan: Plan, plan_path: str | Path) -> list[Path]:
-    return [Path(plan.model_path), Path(plan_path).parent / plan.model_path]
+    """Where the model may be: as the plan names it (from here, then from the plan's folder), then beside
+    the plan by its file name alone."""
+    given, folder = Path(plan.model_path), Path(plan_path).parent
+    return list(dict.fromkeys([given, folder / given, folder / given.name]))
 
 
 def locate_model(plan: Plan, plan_path: str | Path) -> Path | None:
-    """The plan's model file if it can be found (refused if it changed since the plan was made), else None."""
-    found = next((c for c in _model_candidates(plan, plan_path) if c.is_file()), None)
-    if found is not None:
-        _same_hash(plan, found)
-    return found
+    """The plan's model file if it can be found: the first candidate unchanged since the plan was made (one
+    that changed is refused where no other is the model), else None."""
+    found = [c for c in _model_candidates(plan, plan_path) if c.is_file()]
+    for candidate in found:
+        try:
+            if load(candidate).sha256 == plan.model_sha256:
+                return candidate
+        except SwpError:
+            continue  # (not the model: said below if no other is)
+    if found:
+        _same_hash(plan, found[0])
+    return None
 
 
 def find_model(plan: Plan, plan_path: str | Path) -> Path:
@@ -363,7 +373,7 @@ def find_model(plan: Plan, plan_path: str | Path) -> Path:
     found = locate_model(plan, plan_path)
     if found is None:
         raise SwpError(f"cannot find the plan's model `{plan.model_path}`", _model_span(plan),
-                       hints=["run from the folder the plan was made in, or next to the model"])
+                       hints=["run from the folder the plan was made in, or put the model beside the plan"])
     return found
 
 

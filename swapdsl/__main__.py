@@ -1,5 +1,5 @@
 import sys
 
-from swapdsl.cli import main
+from swapdsl.entry import main
 
 sys.exit(main())

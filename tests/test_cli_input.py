@@ -226,6 +226,22 @@ def test_a_signal_during_exec_exits_128_plus_its_number_quietly(in_tmp: Path, si
     assert re.fullmatch(r"swapdsl: interrupted after step \d+\n", err)  # the step under way was finished
 
 
+def test_ctrl_c_while_the_libraries_load_exits_130_quietly() -> None:
+    """The Ctrl-C lands (deterministically) as the command's modules import: no import traceback."""
+    stub = ("import builtins, sys\n"
+            "real = builtins.__import__\n"
+            "def imports(name, *args, **kw):\n"
+            "    if name == 'swapdsl.cli':\n"
+            "        raise KeyboardInterrupt\n"
+            "    return real(name, *args, **kw)\n"
+            "builtins.__import__ = imports\n"
+            "from swapdsl.entry import main\n"
+            "sys.exit(main())\n")
+    done = subprocess.run([sys.executable, "-c", stub, "check"], capture_output=True, text=True, timeout=60,
+                          env={**os.environ, "PYTHONPATH": str(REPO)})
+    assert (done.returncode, done.stderr) == (130, "swapdsl: interrupted\n")
+
+
 def test_ctrl_c_during_a_search_writes_the_best_plan_and_exits_130(in_tmp: Path) -> None:
     write(in_tmp / "m.swp", (MODELS / "tiny_resnet.swp").read_text())
     proc = _swapdsl("optimize", "m.swp", "--memory", "6MiB", "--budget", "120", "--workers", "1", "-o", "m.plan",

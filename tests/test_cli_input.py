@@ -301,10 +301,15 @@ def test_bad_device_profiles_are_refused(cli, in_tmp: Path, text: str, expected:
     assert code == 2 and out == "" and expected in err.splitlines()[0], err
     good = BUILTIN["v100-16gb"].to_json()
     for key, value in [("mem_bw", float("nan")), ("compute_efficiency", 0), ("flops", {"f32": -1.0}),
-                       ("flops", {"f16": 1e12}), ("memory_bytes", 1.5), ("op_times", {"matmul": "inf"})]:
+                       ("flops", {"f16": 1e12}), ("memory_bytes", 1.5), ("op_times", {"matmul": "inf"}),
+                       ("memory_bytes", True), ("mem_bw", True), ("compute_efficiency", 1e300), ("flops", [1, 2]),
+                       ("flops", {"f32": 1e12, "f8": 1e15}), ("memory_efficiency", 1.5), ("copy_latency_s", -1)]:
         write(in_tmp / "p.json", json.dumps({**good, key: value}))
         code, _, err = cli("optimize", MODELS / "mlp.swp", "--memory", "8MiB", "--device", "p.json")
-        assert code == 2 and "is not a valid device profile" in err, (key, err)
+        assert code == 2 and "is not a valid device profile" in err and "Traceback" not in err, (key, err)
+    write(in_tmp / "p.json", json.dumps({k: v for k, v in good.items() if k != "flops"}))
+    code, _, err = cli("optimize", MODELS / "mlp.swp", "--memory", "8MiB", "--device", "p.json")
+    assert code == 2 and err.splitlines()[0].endswith("is not a valid device profile: missing field flops"), err
     os.mkfifo(in_tmp / "f.json")
     code, _, err = cli("optimize", MODELS / "mlp.swp", "--memory", "8MiB", "--device", "f.json")
     assert code == 2 and "is not a regular file" in err

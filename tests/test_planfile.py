@@ -119,6 +119,21 @@ def test_unknown_tensor_is_refused(cli, plan_file: Path) -> None:
                                     f" --> {plan_file}:{line}:1"]
 
 
+@pytest.mark.parametrize("edit, said, at", [
+    ((r"compute_efficiency 0\.6", "compute_efficiency 5"), "device figure `compute_efficiency` is 5.0; a share of "
+                                                            "the peak is at most 1", "device"),
+    ((r" mem_bw (\S+)", r" mem_bw \1 mem_bw 1.0"), "the device field `mem_bw` is given twice", "device"),
+    ((r"(?m)^flops f16", "flops f8"), "`flops f8`: flops lines name f64, f32, f16, bf16", "flops f8"),
+])
+def test_device_lines_out_of_range_are_refused_at_their_line(cli, plan_file: Path, edit: tuple[str, str],
+                                                             said: str, at: str) -> None:
+    text = re.sub(*edit, plan_file.read_text(), count=1)
+    plan_file.write_text(text)
+    code, out, err = cli("simulate", plan_file)
+    line = next(k for k, x in enumerate(text.splitlines(), 1) if x.startswith(at))
+    assert (code, out) == (2, "") and err.splitlines()[:2] == [f"error: {said}", f" --> {plan_file}:{line}:1"], err
+
+
 def test_bad_region_is_refused(cli, plan_file: Path) -> None:
     line = next(line for line in plan_file.read_text().splitlines() if line.startswith("swapin "))
     region = line.split()[2]

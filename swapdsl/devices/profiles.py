@@ -130,30 +130,39 @@ def load_device(spec: str | None) -> Device:
                        hints=["write one with `swapdsl profile`, or see `swapdsl devices --json`"]) from None
 
 
+FLOPS_CLASSES = ("f64", "f32", "f16", "bf16")  # the dtypes a profile may give peak FLOP/s for
+EFFICIENCIES = ("compute_efficiency", "memory_efficiency")  # shares of a peak: in (0, 1]
+_REQUIRED = ("name", "memory_bytes", "flops", "mem_bw", "h2d_bw", "d2h_bw", "launch_s")
+
+
 def device_from_json(d: dict[str, Any]) -> Device:
+    """A profile from its JSON object (``to_json``'s), every field checked: a ValueError says which."""
     if not isinstance(d, dict):
         raise ValueError("expected one JSON object")
-    fields = {a.name for a in attrs.fields(Device)}
-    unknown = set(d) - fields
+    unknown = set(d) - {a.name for a in attrs.fields(Device)}
     if unknown:
         raise ValueError(f"unknown fields {sorted(unknown)}")
+    missing = [k for k in _REQUIRED if k not in d]
+    if missing:
+        raise ValueError(f"missing field{'s' if len(missing) > 1 else ''} {', '.join(missing)}")
     d = dict(d)
-    d["flops"] = tuple(sorted((str(k), float(v)) for k, v in d["flops"].items()))
-    d["op_times"] = tuple(sorted((str(k), float(v)) for k, v in d.get("op_times", {}).items()))
-    for key in ("mem_bw", "h2d_bw", "d2h_bw", "launch_s", *(("host_bw",) if "host_bw" in d else ())):
-        if not 0 < float(d[key]) < math.inf:
-            raise ValueError(f"{key} must be positive and finite")
-    for key, v in d["flops"] + d["op_times"]:
-        if not 0 < v < math.inf:
-            raise ValueError(f"{key} must be positive and finite, not {v}")
-    if "f32" not in dict(d["flops"]):
-        raise ValueError("flops needs an f32 entry")
-    if not 0 <= float(d.get("copy_latency_s", 0)) < math.inf:
-        raise ValueError("copy_latency_s must be finite and not negative")
-    for key in ("compute_efficiency", "memory_efficiency"):
-        if key in d and not 0 < float(d[key]) < math.inf:
-            raise ValueError(f"{key} must be positive and finite")
-    if not (isinstance(d.get("name"), str) and isinstance(d.get("memory_bytes"), int)
-            and 0 < d["memory_bytes"] <= 2**50):
+    for key in ("flops", "op_times"):
+        table = d.get(key, {})
+        if not (isinstance(table, dict) and all(_real(v) and 0 < v < math.inf for v in table.values())):
+            raise ValueError(f"{key} must be an object of positive finite numbers")
+        d[key] = tuple(sorted((str(k), float(v)) for k, v in table.items()))
+    if not set(dict(d["flops"])) <= set(FLOPS_CLASSES) or "f32" not in dict(d["flops"]):
+        raise ValueError(f"flops takes {', '.join(FLOPS_CLASSES)} (f32 needed), not {sorted(dict(d['flops']))}")
+    for key in ("mem_bw", "h2d_bw", "d2h_bw", "launch_s", "host_bw", "copy_latency_s", *EFFICIENCIES):
+        if key in d and not (_real(d[key]) and (0 <= d[key] if key == "copy_latency_s" else 0 < d[key])
+                             and d[key] <= (1 if key in EFFICIENCIES else math.inf) and math.isfinite(d[key])):
+            raise ValueError(f"{key} is {d[key]!r}: expected a finite number "
+                             + ("in (0, 1]" if key in EFFICIENCIES else "0 or more" if key == "copy_latency_s"
+                                else "above 0"))
+    if not (isinstance(d["name"], str) and type(d["memory_bytes"]) is int and 0 < d["memory_bytes"] <= 2**50):
         raise ValueError("name must be a string and memory_bytes an integer from 1 to 2^50")
     return Device(**d)
+
+
+def _real(v: object) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool)

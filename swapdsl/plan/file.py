@@ -261,6 +261,8 @@ class _Build(Transformer):
         for key, value in c[1:]:
             if key not in _DEVICE_SCALARS:
                 raise self._err(meta, f"unknown device field `{key}`")
+            if key in self.f["device_fields"]:
+                raise self._err(meta, f"the device field `{key}` is given twice")
             self.f["device_fields"][key] = value
 
     def field(self, meta: Any, c: list[Token]) -> tuple[str, Any]:

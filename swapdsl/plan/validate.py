@@ -21,6 +21,7 @@ from collections import Counter
 
 from swapdsl.common.errors import Span, SwpError
 from swapdsl.common.units import MAX_BYTES
+from swapdsl.devices.profiles import EFFICIENCIES, FLOPS_CLASSES
 from swapdsl.graph.analysis import scratch_bytes
 from swapdsl.graph.dataparallel import canonical, shown
 from swapdsl.graph.ir import Graph, Kind
@@ -137,6 +138,13 @@ def _check_device(plan: Plan) -> None:
             raise PlanError(f"device figure `{key}` is {value}; expected a finite number, 0 or more", ("device", 0))
     if "f32" not in dict(d.flops):
         raise PlanError("the device has no `flops f32` line", ("device", 0))
+    for key in EFFICIENCIES:
+        if getattr(d, key) > 1:
+            raise PlanError(f"device figure `{key}` is {getattr(d, key)}; a share of the peak is at most 1",
+                            ("device", 0))
+    for k, (key, _) in enumerate(d.flops):
+        if key not in FLOPS_CLASSES:
+            raise PlanError(f"`flops {key}`: flops lines name {', '.join(FLOPS_CLASSES)}", ("flops", k))
 
 
 def _check_op(o: PlanOp, i: int, names: dict[str, int], made: set[str]) -> None:

@@ -369,6 +369,9 @@ def _cmd_optimize(args: argparse.Namespace) -> int:
     print(f"{model.graph.name}: {plan.method} plan{runs} under {format_bytes(plan.cap)} on {device.name}"
           + (f", written to {args.output}" if args.output else ""))
     _print_figures(info)
+    if plan.cap > device.memory_bytes:
+        print(f"  note: the cap is more than the {format_bytes(device.memory_bytes)} {device.name} has: a study of "
+              "the plan, not one that runs there (--device names the GPU to plan for)")
     return 0  # main turns this into 130 or 143 when a signal stopped the search
 
 

@@ -321,3 +321,12 @@ def test_a_fifo_given_as_input_is_refused_not_read_forever(cli, in_tmp: Path, ar
     os.mkfifo(in_tmp / "fifo")
     code, out, err = cli(*argv)
     assert code == 2 and out == "" and "is not a regular file" in err.splitlines()[0], err
+
+
+def test_a_cap_beyond_the_device_plans_with_a_note(cli, in_tmp: Path) -> None:
+    code, out, err = cli("optimize", MODELS / "mlp.swp", "--memory", "17GiB", "--method", "belady")
+    assert code == 0, err
+    assert out.splitlines()[-1] == ("  note: the cap is more than the 16.00 GiB v100-16gb has: a study of the plan, "
+                                    "not one that runs there (--device names the GPU to plan for)")
+    code, out, _ = cli("optimize", MODELS / "mlp.swp", "--memory", "16GiB", "--method", "belady")
+    assert code == 0 and "note: the cap" not in out

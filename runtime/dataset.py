@@ -72,9 +72,10 @@ def array_names(path: str) -> set[str]:
         return set()
 
 
-def open_dataset(path: str, g: Graph, flag: str = "--data", ranks: int = 1) -> Dataset:
+def open_dataset(path: str, g: Graph, flag: str = "--data", ranks: int = 1, partial: bool = False) -> Dataset:
     """The arrays at ``path`` for ``g``'s inputs, checked: names, dtypes, shapes, example counts, label ranges.
-    Its batches are ``ranks`` times ``g``'s: each data-parallel rank reads its own rows of each."""
+    Its batches are ``ranks`` times ``g``'s: each data-parallel rank reads its own rows of each. Training
+    needs one whole batch; evaluation and prediction (``partial``) take fewer, as one partial batch."""
     where = Path(path)
     batch = batch_size(g) * ranks
     if where.is_dir():
@@ -102,7 +103,9 @@ def open_dataset(path: str, g: Graph, flag: str = "--data", ranks: int = 1) -> D
         shown = ", ".join(f"`{k}` {v}" for k, v in counts.items())
         raise SwpError(f"{flag} `{path}`: the inputs hold different numbers of examples: {shown}")
     examples = counts[g.inputs[0]]
-    if examples < batch:
+    if examples < (1 if partial else batch):
+        if partial:
+            raise SwpError(f"{flag} `{path}` holds no examples")
         raise SwpError(f"{flag} `{path}` holds {examples} examples, fewer than one batch of {batch}",
                        hints=["use more data or a smaller batch (-D batch=N when planning)"])
     _check_ranges(arrays, g, flag, path)

@@ -215,7 +215,7 @@ def train(g: Graph, stepper: Stepper, opts: Options, hooks: Hooks = Hooks(), eva
     if opts.on_nonfinite == "skip" and g.guard == "none":
         raise SwpError("--on-nonfinite skip needs a guarded step: its updates wait for every gradient to be "
                        "finite", hints=["plan (or train) with --guard skip or --guard scale"])
-    held_out = open_dataset(opts.eval, g, "--eval") if opts.eval else None
+    held_out = open_dataset(opts.eval, g, "--eval", partial=True) if opts.eval else None
     if held_out is not None and evaluate is None:
         raise SwpError("--eval is not available for this executor")
     start = _restore(g, stepper, opts)
@@ -414,6 +414,9 @@ def evaluator(trainer: Stepper, forward: Stepper, tail: Callable[[int], Stepper 
             parts.append(_evaluated(extra, gather(ds, slice(at, at + rows)), rows))
             left, at = left - rows, at + rows
         trainer.load_state(state, trainer.steps_run)
+        if not parts:
+            raise SwpError(f"none of the {ds.examples} examples of `{ds.path}` could be evaluated: a partial batch "
+                           f"of {ds.examples} does not plan under the cap", hints=[f"give {ds.batch} examples or more"])
         n = sum(w for _, _, w in parts)
         mean = {name: sum(m[name] * w for _, m, w in parts) / n for name in parts[0][1]}
         return EvalRecord(step, sum(loss * w for loss, _, w in parts) / n, mean, n, left,

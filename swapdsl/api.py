@@ -572,7 +572,7 @@ def _inference(target: Plan | Model | str | Path | tuple[Plan | None, Model], da
         except SwpError:
             return None
 
-    ds = open_dataset(data, g)
+    ds = open_dataset(data, g, partial=True)
     state = _init_values(init, g, seed)
     try:
         return run(g, stepper(g, base.graph.args), functools.cache(tail), ds, state)

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import numpy as np
@@ -71,6 +72,28 @@ def test_a_plans_partial_batch_runs_in_the_same_arena(cli, folder: Path, monkeyp
     model = api.load(folder / "m.swp", batch=8, features=16, hidden=32, lr=0.05)  # (as ARGS give it)
     want = api.predict(model, str(folder / "test"))  # (the reference executor)
     np.testing.assert_array_equal(got["logits"], want["logits"])
+
+
+def test_fewer_examples_than_a_batch_are_one_partial_batch(cli, folder: Path, tmp_path: Path) -> None:
+    """One image predicts (and, with its label, evaluates) as the first row of the whole set does; none is an
+    error."""
+    plan = folder / "m.plan"
+    if not plan.exists():
+        assert cli("optimize", folder / "m.swp", *ARGS, "--memory", "2/3", "--method", "belady", "-o", plan)[0] == 0
+    one, none = tmp_path / "one", tmp_path / "none"
+    for d, rows in ((one, 1), (none, 0)):
+        d.mkdir()
+        for name in ("x", "y"):
+            np.save(d / f"{name}.npy", np.load(folder / "test" / f"{name}.npy")[:rows])
+    code, out, err = cli("predict", plan, "--data", one, "-o", tmp_path / "one.npz")
+    assert code == 0 and "1 examples" in out and "held out: loss" in out, err
+    code, _, err = cli("predict", plan, "--data", folder / "test", "-o", tmp_path / "all.npz")
+    np.testing.assert_allclose(np.load(tmp_path / "one.npz")["logits"], np.load(tmp_path / "all.npz")["logits"][:1],
+                               rtol=1e-5)  # (one row's product rounds as BLAS's matrix-vector kernel does)
+    code, out, err = cli("exec", plan, "--data", folder / "train", "--steps", "1", "--eval", one, "--json")
+    assert code == 0 and json.loads(out)["eval"][-1]["examples"] == 1, err
+    code, out, err = cli("predict", plan, "--data", none, "-o", tmp_path / "none.npz")
+    assert code == 2 and err.startswith(f"error: --data `{none}` holds no examples"), err
 
 
 def test_the_prediction_graph_reads_no_labels(tmp_path: Path) -> None:

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import re
 from collections.abc import Mapping
 from pathlib import Path
@@ -149,6 +150,20 @@ def check_same_run(ck: Checkpoint, g: Graph) -> None:
                            notes=[f"checkpoint: model `{ck.meta.get('model')}`, {label} {theirs.get(key)}",
                                   f"this run:   model `{g.name}`, {label} {mine[key]}"], hints=[hint])
     _check_tensors(ck, g, g.persistent, "--resume")
+
+
+def check_same_data(ck: Checkpoint, data: str, shuffle: bool) -> None:
+    """Refuse to resume on other data, or with the order of its examples changed (--shuffle given or not):
+    a resumed run goes on exactly as the one that wrote the checkpoint would have. Data at another path is
+    refused where both paths name files here; a path that does not resolve from here is taken as written."""
+    if ck.meta["shuffle"] != json.dumps(shuffle):
+        said = "with" if ck.meta["shuffle"] == "true" else "without"
+        raise SwpError(f"--resume `{ck.path}` was written by a run {said} --shuffle: resume {said} it",
+                       hints=["or start from its parameters alone with --init"])
+    theirs = ck.meta.get("data", data)
+    if theirs != data and os.path.exists(theirs) and os.path.exists(data) and not os.path.samefile(theirs, data):
+        raise SwpError(f"--resume `{ck.path}` was written by a run on `{theirs}`, not `{data}`",
+                       hints=["resume on the data it trained on, or start from its parameters alone with --init"])
 
 
 def parameters(ck: Checkpoint, g: Graph) -> dict[str, np.ndarray]:

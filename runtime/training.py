@@ -172,13 +172,16 @@ class Interrupted(KeyboardInterrupt):
 
 
 def resolve(opts: Options) -> Options:
-    """``opts`` with its seed settled: the resumed checkpoint's (a different one given is refused), else 0."""
+    """``opts`` with its seed settled: the resumed checkpoint's (a different one given is refused), else 0; a
+    resumed run's data and order checked against the checkpoint's."""
     if opts.resume and opts.init:
         raise SwpError("give --resume or --init, not both",
                        hints=["--resume continues a run; --init starts a new one from saved parameters"])
     if not opts.resume:
         return attrs.evolve(opts, seed=opts.seed or 0)
-    seed = checkpoint.read(opts.resume, "--resume", tensors=False).seed
+    ck = checkpoint.read(opts.resume, "--resume", tensors=False)
+    checkpoint.check_same_data(ck, opts.data, opts.shuffle)
+    seed = ck.seed
     if opts.seed is not None and opts.seed != seed:
         raise SwpError(f"--resume `{opts.resume}` was written by a run with --seed {seed}, this one has "
                        f"--seed {opts.seed}", hints=[f"leave --seed out, or give --seed {seed}: the data order "

@@ -290,6 +290,18 @@ def test_resume_is_bit_exact_under_a_swapping_plan(cli, setup: dict[str, Path], 
     assert a.keys() == b.keys() and all(np.array_equal(a[k], b[k]) for k in a)
 
 
+def test_resume_refuses_other_data_or_another_order(cli, setup: dict[str, Path], tmp_path: Path) -> None:
+    run_json(cli, setup["plan"], "--data", setup["train"], "--shuffle", "--steps", "2", "--save", tmp_path / "c.st")
+    for argv, said in [(["--data", setup["train"]], "was written by a run with --shuffle: resume with it"),
+                       (["--data", setup["test"], "--shuffle"], f"was written by a run on `{setup['train']}`, "
+                                                                f"not `{setup['test']}`")]:
+        code, out, err = cli("exec", setup["plan"], *argv, "--steps", "4", "--resume", tmp_path / "c.st")
+        assert code == 2 and out == "" and said in err.splitlines()[0], err
+    again = run_json(cli, setup["plan"], "--data", f"{setup['train']}/", "--shuffle", "--steps", "4",
+                     "--resume", tmp_path / "c.st")  # (the same folder, spelt another way)
+    assert again["first_step"] == 3
+
+
 def test_resume_with_check_starts_the_reference_from_the_checkpoint(cli, setup: dict[str, Path],
                                                                     tmp_path: Path) -> None:
     run_json(cli, setup["plan"], "--data", setup["train"], "--steps", "3", "--save", tmp_path / "c.st")

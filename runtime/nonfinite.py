@@ -92,9 +92,9 @@ def replayable(g: Graph, first: int, last: int) -> bool:
     return last - first < REPLAY_MAX_STEPS and peak_bytes(g) <= REPLAY_MAX_BYTES
 
 
-def nonfinite_error(what: str, culprit: Culprit | None, replayed: bool) -> SwpError:
+def nonfinite_error(what: str, culprit: Culprit | None, replayed: bool, half: bool = True) -> SwpError:
     """The error `exec` stops with: ``what`` went wrong in which step, and the op that made the first
-    non-finite value."""
+    non-finite value (``half``: whether the run computes in half precision, which the hint then names)."""
     notes, hints = [], ["--on-nonfinite continue trains on regardless"]
     if culprit is not None:
         named = f" ({culprit.label})" if culprit.label != culprit.op.op else ""
@@ -106,5 +106,6 @@ def nonfinite_error(what: str, culprit: Culprit | None, replayed: bool) -> SwpEr
     else:
         notes.append("replayed on the reference executor (NumPy), every value stayed finite: the run's kernels "
                      "round differently from the reference's (cuDNN, fused kernels or TF32 on a GPU)")
-    hints.append("a lower learning rate, --precision f32, or f32 parameters and optimiser state often help")
+    hints.append("a lower learning rate, --precision f32, or f32 parameters and optimiser state often help"
+                 if half else "a lower learning rate often helps")
     return SwpError(f"{what}; stopped, and saved nothing over the last good checkpoint", notes=notes, hints=hints)

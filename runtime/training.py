@@ -19,6 +19,7 @@ from typing import BinaryIO, Protocol
 import attrs
 import numpy as np
 
+from swapdsl.common.checks import flag, one_of, text, whole
 from swapdsl.common.errors import SwpError
 from swapdsl.graph.ir import Graph
 from swapdsl.runtime import checkpoint, dist, nonfinite
@@ -41,27 +42,30 @@ class Stepper(Protocol):
     def steps_run(self) -> int: ...
 
 
+ON_NONFINITE = ("stop", "skip", "continue")
+MAX_SEED = 2**63  # seeds are from 0 to 2^63 - 1
+
+
 @attrs.frozen
 class Options:
     """How to train. ``steps`` and ``epochs`` count from the start of training (a resumed run goes on to
     them); with neither, one epoch of ``data``, or ten steps of synthetic data."""
 
-    steps: int | None = None
-    epochs: int | None = None
-    seed: int | None = None  # None: 0, or the resumed checkpoint's
-    data: str = SYNTHETIC
-    shuffle: bool = False
-    eval: str | None = None
-    eval_every: int = 0
-    save: str | None = None
-    save_every: int = 0
-    resume: str | None = None
-    init: str | None = None
-    log: str | None = None
-    on_nonfinite: str = "stop"  # or skip (a guarded plan's skipped steps go on) or continue (train on regardless)
-
-
-ON_NONFINITE = ("stop", "skip", "continue")
+    steps: int | None = attrs.field(default=None, validator=whole(1, optional=True))
+    epochs: int | None = attrs.field(default=None, validator=whole(1, optional=True))
+    # None: 0, or the resumed checkpoint's
+    seed: int | None = attrs.field(default=None, validator=whole(0, MAX_SEED - 1, optional=True))
+    data: str = attrs.field(default=SYNTHETIC, validator=text())
+    shuffle: bool = attrs.field(default=False, validator=flag)
+    eval: str | None = attrs.field(default=None, validator=text(optional=True))
+    eval_every: int = attrs.field(default=0, validator=whole(0))
+    save: str | None = attrs.field(default=None, validator=text(optional=True))
+    save_every: int = attrs.field(default=0, validator=whole(0))
+    resume: str | None = attrs.field(default=None, validator=text(optional=True))
+    init: str | None = attrs.field(default=None, validator=text(optional=True))
+    log: str | None = attrs.field(default=None, validator=text(optional=True))
+    # or skip (a guarded plan's skipped steps go on) or continue (train on regardless)
+    on_nonfinite: str = attrs.field(default="stop", validator=one_of(ON_NONFINITE))
 MIN_LOSS_SCALE = 1.0  # below it the scaler has given up: even unscaled gradients overflow
 
 
@@ -342,12 +346,17 @@ def _why_skipped(step: int, metrics: Mapping[str, float]) -> str:
             + (f", and the loss scale has fallen to {scale:g}" if scale is not None else ""))
 
 
+def _half(g: Graph) -> bool:
+    """Whether the run computes anything in half precision (by the policy, or as the model declares it)."""
+    return g.precision != "f32" or any(g.type_of(p).dtype.label in ("f16", "bf16") for p in g.params)
+
+
 def _nonfinite(g: Graph, opts: Options, start: int, step: int, what: str, ds: Dataset | None,
                order: Order | None) -> SwpError:
     """The error a non-finite step stops with, naming the op that made the first NaN or infinity (found by
     replaying this run's steps on the reference executor, where that is cheap enough)."""
     if g.ranks > 1:  # every rank stops at the same step (the loss is their mean): said once, not replayed
-        err = nonfinite.nonfinite_error(what, None, True)
+        err = nonfinite.nonfinite_error(what, None, True, _half(g))
         return dist.EveryRank(err.message, notes=["data-parallel runs do not replay to find the op; replay one "
                                                   "rank's configuration with `exec MODEL.swp`"], hints=err.hints)
     culprit, replayed = None, nonfinite.replayable(g, start + 1, step)
@@ -358,7 +367,7 @@ def _nonfinite(g: Graph, opts: Options, start: int, step: int, what: str, ds: Da
             return gather(ds, order.indices(s - 1)) if ds is not None and order is not None else None
 
         culprit = nonfinite.first_nonfinite(g, opts.seed or 0, origin, start + 1, step, batch)
-    return nonfinite.nonfinite_error(what, culprit, replayed)
+    return nonfinite.nonfinite_error(what, culprit, replayed, _half(g))
 
 
 def _origin(g: Graph, opts: Options) -> dict[str, np.ndarray] | None:

@@ -13,6 +13,7 @@ Mistakes raise ``SwpError`` (the message the command line prints).
 from __future__ import annotations
 
 import functools
+import math
 import statistics
 from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
@@ -214,8 +215,9 @@ def optimize(model: Model | str | Path, memory: int | str, method: str = "ga", d
     if share is not None:
         cap = int(share * no_swap_arena(_one_pass(m).training))
     else:
-        cap = parse_size(memory) if isinstance(memory, str) else memory
-    host = parse_size(host_memory) if isinstance(host_memory, str) else host_memory
+        cap = parse_size(memory) if isinstance(memory, str) else _bytes(memory, "memory")
+    host = parse_size(host_memory) if isinstance(host_memory, str) else (
+        None if host_memory is None else _bytes(host_memory, "host_memory"))
     dev = device if isinstance(device, Device) else load_device(device)
     try:
         options = attrs.evolve(search or SearchOptions(), **knobs)
@@ -367,9 +369,19 @@ def read_checked(path: str, need_model: bool = False) -> tuple[Plan, Graph | Non
     return plan, train
 
 
+def _bytes(value: object, name: str) -> int:
+    """A size given as a number: a positive whole number of bytes (3e6 is 3,000,000)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not (
+            math.isfinite(value) and value >= 1 and value == int(value)):
+        raise SwpError(f"`{name}` must be a positive whole number of bytes or a size such as \"8GiB\", not {value!r}")
+    return int(value)
+
+
 def simulate(plan: Plan) -> dict[str, float]:
     """The plan's figures recomputed from the plan alone; the planner's bound and sizes, and a micro-batched
     plan's one-pass ideal step, are as its file records them (``figure_notes`` says where they disagree)."""
+    if not isinstance(plan, Plan):
+        raise SwpError(f"simulate takes a Plan (as optimize or read give one), not {type(plan).__name__}")
     stored = dict(plan.figures)
     kept = {ONE_PASS_IDEAL: stored[ONE_PASS_IDEAL]} if ONE_PASS_IDEAL in stored else None
     return plan_figures(plan, simulate_plan(plan),

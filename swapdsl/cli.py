@@ -45,7 +45,7 @@ from swapdsl.runtime.log import plot_log, read_log
 from swapdsl.runtime.profile import op_kind_totals, profile
 
 EXIT_USER_ERROR = 2
-MAX_SEED = 2**63
+MAX_SEED = training.MAX_SEED
 MAX_POLISH = 0.9  # --polish: the search keeps at least a tenth of the budget
 PROGRESS_EVERY_S = 5.0  # optimize's progress line when stderr is not a terminal
 GUARD_HELP = ("none: updates apply as each gradient is ready; skip: after the whole backward pass, only if every "
@@ -729,7 +729,8 @@ def make_parser() -> argparse.ArgumentParser:
                     "checkpoint (swapdsl plot-log draws it)")
     ex.add_argument("--on-nonfinite", choices=training.ON_NONFINITE, default="stop",
                     help="when a step's loss (or the state to checkpoint) is NaN or infinite: stop with exit 2, "
-                         "naming the op that made the first such value, and save nothing (default), or continue")
+                         "naming the op that made the first such value, and save nothing (default); skip (a "
+                         "guarded plan, --guard skip|scale: its skipped steps go on); or continue regardless")
     ex.add_argument("--backend", choices=BACKENDS, default="auto", help="array backend (default auto)")
     ex.add_argument("--check", action="store_true",
                     help="(plans) run the reference executor beside it and compare every loss and parameter")

@@ -59,6 +59,14 @@ def test_training_a_model_without_a_cap() -> None:
     (lambda: swapdsl.optimize(TINY, memory="2MiB", budget=3), "unknown search option"),
     (lambda: swapdsl.optimize(TINY, memory="lots"), "cannot read the memory size"),
     (lambda: swapdsl.execute(swapdsl.load(TINY), check=True), "give a plan"),
+    (lambda: swapdsl.optimize(TINY, memory=-5), "`memory` must be a positive whole number of bytes"),
+    (lambda: swapdsl.optimize(TINY, memory=2.5), "`memory` must be a positive whole number of bytes"),
+    (lambda: swapdsl.optimize(TINY, memory="2MiB", budget_s=-1), "`budget_s` must be a positive, finite number"),
+    (lambda: swapdsl.optimize(TINY, memory="2MiB", workers=True), "`workers` must be an integer at least 0"),
+    (lambda: swapdsl.simulate(swapdsl.load(TINY)), "simulate takes a Plan"),
+    (lambda: swapdsl.execute(swapdsl.load(TINY), steps="3"), "`steps` must be an integer at least 1, not '3'"),
+    (lambda: swapdsl.execute(swapdsl.load(TINY), steps=-1), "`steps` must be an integer at least 1, not -1"),
+    (lambda: swapdsl.execute(TINY, options=swapdsl.Options(shuffle=1)), "`shuffle` must be True or False"),
 ])
 def test_mistakes_raise_the_command_lines_message(call, message: str) -> None:  # noqa: ANN001
     with pytest.raises(swapdsl.SwpError, match=message.replace("(", r"\(")):

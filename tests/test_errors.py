@@ -284,6 +284,23 @@ def test_directory_given(cli, in_tmp: Path) -> None:
     assert (code, err.splitlines()[0]) == (2, "error: `models` is a directory, not a .swp file")
 
 
+def test_a_binary_file_given_for_a_text_one_is_named_with_where_it_belongs(cli, in_tmp: Path) -> None:
+    import numpy as np
+    from safetensors.numpy import save_file
+
+    np.save(in_tmp / "x.npy", np.arange(3))
+    np.savez(in_tmp / "d.npz", x=np.arange(3))
+    save_file({"w": np.ones(2, np.float32)}, str(in_tmp / "c.safetensors"))
+    (in_tmp / "dir.plan").mkdir()
+    for argv, said in [(["check", "x.npy"], "`x.npy` is a NumPy array, not a .swp file"),
+                       (["exec", "d.npz"], "`d.npz` is a zip archive (an .npz?), not a .swp file"),
+                       (["exec", "c.safetensors"], "`c.safetensors` is a safetensors checkpoint, not a .swp file"),
+                       (["simulate", "c.safetensors"], "`c.safetensors` is a safetensors checkpoint, not a plan file"),
+                       (["simulate", "dir.plan"], "`dir.plan` is a directory, not a plan file")]:
+        code, out, err = cli(*argv)
+        assert (code, out, err.splitlines()[0]) == (2, "", f"error: {said}"), err
+
+
 def test_missing_file(cli, in_tmp: Path) -> None:
     code, _, err = cli("check", "nope.swp")
     assert (code, err.splitlines()[0]) == (2, "error: no such file: `nope.swp`")

@@ -15,7 +15,7 @@ PACKAGE = Path(swapdsl.__file__).resolve().parent
 RUNTIME = GRAMMAR_DIR.parent / "runtime"  # ships as swapdsl.runtime
 # bottom to top: a module may import its own stage and those before it
 STAGES = ("common", "graph", "lang", "importer", "devices", "plan", "planning", "runtime", "api", "cli", "fuzz")
-TOP_LEVEL = {"__init__": "api", "__main__": "cli"}
+TOP_LEVEL = {"__init__": "api", "__main__": "cli", "entry": "cli"}
 
 
 def modules() -> dict[str, Path]:

@@ -571,6 +571,10 @@ def test_a_nonfinite_loss_stops_the_run_naming_the_op_and_keeps_the_good_checkpo
     lines = err.splitlines()
     assert lines[0] == "error: the loss of step 2 is nan; stopped, and saved nothing over the last good checkpoint"
     assert lines[1] == f"  = note: the first non-finite value was made in step 2 by op 2, `matmul` at {model}:7:34"
+    assert "--precision f32, or f32 parameters and optimiser state often help" in err  # (f16 as declared)
+    f32 = write_model(tmp_path / "nan32.swp", NAN16.replace("DT", "f32").replace("lr = 0.001", "lr = 1e38"))
+    code, _, err = cli("exec", f32, "--steps", "40")
+    assert code == 2 and err.splitlines()[-1] == "  = hint: a lower learning rate often helps", err
     assert checkpoint.read(str(tmp_path / "c.st"), "--resume").step == 1
     assert cli("optimize", model, "--memory", "64KiB", "--method", "belady", "-o", tmp_path / "m.plan")[0] == 0
     code, _, err = cli("exec", tmp_path / "m.plan", "--steps", "40")

@@ -31,11 +31,11 @@ class Program:
         return h.hexdigest()
 
 
-def read_source(path: str | Path) -> str:
-    """A file's text, or an SwpError that says why it cannot be read."""
+def read_source(path: str | Path, what: str = "a .swp file") -> str:
+    """A file's text, or an SwpError that says why it cannot be read (``what`` the file should be)."""
     p = Path(path)
     if p.is_dir():
-        raise SwpError(f"`{path}` is a directory, not a .swp file")
+        raise SwpError(f"`{path}` is a directory, not {what}")
     if p.exists() and not p.is_file():  # a FIFO or a device would block the read, or never end it
         raise SwpError(f"`{path}` is not a regular file")
     try:
@@ -47,13 +47,30 @@ def read_source(path: str | Path) -> str:
     try:
         return data.decode("utf-8")
     except UnicodeDecodeError as exc:
+        if (kind := _binary_kind(data)) is not None:
+            raise SwpError(f"`{path}` is {kind[0]}, not {what}", hints=[kind[1]]) from None
         line = data.count(b"\n", 0, exc.start) + 1
         col = exc.start - (data.rfind(b"\n", 0, exc.start) + 1) + 1
         raise SwpError(
             f"`{path}` is not valid UTF-8 (byte 0x{data[exc.start]:02x})",
             Span.point(str(path), line, col),
-            hints=[".swp files are UTF-8 text"],
+            hints=[f"{what} is UTF-8 text"],
         ) from None
+
+
+def _binary_kind(data: bytes) -> tuple[str, str] | None:
+    """What a binary file a user might give in place of a text one is, by its first bytes, and where it
+    belongs; None if none of these."""
+    if data.startswith(b"\x93NUMPY"):
+        return "a NumPy array", "arrays go to --data DIR (one NAME.npy per input)"
+    if data.startswith(b"PK\x03\x04"):
+        return "a zip archive (an .npz?)", "an .npz of arrays goes to --data FILE.npz"
+    if data.startswith(b"\x89PNG"):
+        return "a PNG image", "give the text file it was drawn from"
+    header = int.from_bytes(data[:8], "little") if len(data) > 9 else 0
+    if data[8:9] == b"{" and 0 < header <= len(data) - 8:
+        return "a safetensors checkpoint", "a checkpoint goes to exec or predict as --init (or --resume)"
+    return None
 
 
 def load(path: str | Path) -> Program:

@@ -112,7 +112,7 @@ def _lark() -> lark.Lark:
 
 
 def read_plan(path: str | Path) -> Plan:
-    text = read_source(path)
+    text = read_source(path, "a plan file")
     return parse_plan(text, str(path))
 
 

@@ -1,0 +1,55 @@
+"""Validators for the library's option records (``attrs`` fields): a value of the wrong type or out of
+range is an SwpError naming the field, as the command line's own checks would say it, not a TypeError
+deep inside a run."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from typing import Any
+
+from swapdsl.common.errors import SwpError
+
+Validator = Callable[[Any, Any, Any], None]
+
+
+def whole(low: int, high: int | None = None, optional: bool = False) -> Validator:
+    """An integer in [low, high] (None too, where ``optional``)."""
+
+    def check(_: Any, field: Any, value: Any) -> None:
+        if value is None and optional:
+            return
+        if not isinstance(value, int) or isinstance(value, bool) or value < low or (high is not None and value > high):
+            bounds = f"at least {low}" if high is None else f"from {low} to {high}"
+            raise SwpError(f"`{field.name}` must be an integer {bounds}, not {value!r}")
+
+    return check
+
+
+def positive(_: Any, field: Any, value: Any) -> None:
+    """A positive, finite number."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not (math.isfinite(value) and value > 0):
+        raise SwpError(f"`{field.name}` must be a positive, finite number, not {value!r}")
+
+
+def text(optional: bool = False) -> Validator:
+    """A string (None too, where ``optional``)."""
+
+    def check(_: Any, field: Any, value: Any) -> None:
+        if not (isinstance(value, str) or (value is None and optional)):
+            raise SwpError(f"`{field.name}` must be a string{' or None' if optional else ''}, not {value!r}")
+
+    return check
+
+
+def flag(_: Any, field: Any, value: Any) -> None:
+    if not isinstance(value, bool):
+        raise SwpError(f"`{field.name}` must be True or False, not {value!r}")
+
+
+def one_of(choices: tuple[str, ...]) -> Validator:
+    def check(_: Any, field: Any, value: Any) -> None:
+        if value not in choices:
+            raise SwpError(f"`{field.name}` must be one of {', '.join(choices)}, not {value!r}")
+
+    return check

@@ -17,7 +17,10 @@ def parse_size(text: str) -> int:
     """'8GiB', '512MiB', '1.5GB' or a plain number of bytes -> bytes."""
     m = re.fullmatch(r"\s*([0-9]*\.?[0-9]+(?:[eE][0-9]+)?)\s*([A-Za-z]*)\s*", text)
     if not m or m.group(2).lower() not in _UNITS:
-        raise SwpError(f"cannot read the memory size `{text}`",
+        unit = m.group(2).lower().removesuffix("i") if m else ""
+        said = (f"`{m.group(2)}` could mean {m.group(1)}{unit.upper()}iB ({unit.upper()}iB: powers of 2) or "
+                f"{m.group(1)}{unit.upper()}B (powers of 10)" if m and unit in ("k", "m", "g", "t", "p") else "")
+        raise SwpError(f"cannot read the memory size `{text}`" + (f": {said}" if said else ""),
                        hints=["write e.g. 8GiB, 512MiB, 1.5GB or a number of bytes"])
     value = float(m.group(1)) * _UNITS[m.group(2).lower()]
     if value < 1:

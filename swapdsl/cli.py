@@ -232,6 +232,11 @@ def _execute(args: argparse.Namespace, backend: str, options: training.Options, 
                 raise SwpError(f"--{flag} {given}: the plan was made for {planned}",
                                hints=[f"a plan runs with the {flag} it was planned for; leave --{flag} out"])
         header.append(f"executing {args.file} ({train.name}, {plan.method} under {format_bytes(plan.cap)}) on {backend}")
+        unused = [flag for flag, given in (("--tf32", args.tf32), ("--own-kernels", args.own_kernels),
+                                           ("--graph off", args.graph == "off")) if given]
+        if unused and backend != "cupy":
+            header.append(f"  note: {' and '.join(unused)} {'apply' if len(unused) > 1 else 'applies'} on CuPy "
+                          f"only: nothing changes on {backend}")
         run = api.execute_plan(plan, train, backend=backend, check=args.check, graph=args.graph == "on",
                                tf32=args.tf32, options=options, hooks=hooks, vendor_kernels=not args.own_kernels)
         if not args.json and backend == "cupy":

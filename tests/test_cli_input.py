@@ -332,3 +332,12 @@ def test_a_cap_beyond_the_device_plans_with_a_note(cli, in_tmp: Path) -> None:
                                     "not one that runs there (--device names the GPU to plan for)")
     code, out, _ = cli("optimize", MODELS / "mlp.swp", "--memory", "16GiB", "--method", "belady")
     assert code == 0 and "note: the cap" not in out
+
+
+def test_cupy_only_flags_on_numpy_say_they_change_nothing(cli, in_tmp: Path) -> None:
+    assert cli("optimize", MODELS / "mlp.swp", "--memory", "8MiB", "--method", "belady", "-o", "m.plan")[0] == 0
+    code, out, err = cli("exec", "m.plan", "--steps", "1", "--backend", "numpy", "--tf32", "--graph", "off")
+    assert code == 0, err
+    assert out.splitlines()[1] == "  note: --tf32 and --graph off apply on CuPy only: nothing changes on numpy"
+    code, out, _ = cli("exec", "m.plan", "--steps", "1", "--backend", "numpy")
+    assert "CuPy only" not in out

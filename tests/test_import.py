@@ -176,6 +176,17 @@ def test_computed_constants_and_chosen_weights_import_frozen(tmp_path: Path) -> 
         swapdsl.import_onnx(path, str(tmp_path / "n.swp"), freeze="(")
 
 
+def test_a_weight_that_is_not_finite_imports_with_a_note_and_an_initialiser_of_its_finite_values(
+        tmp_path: Path) -> None:
+    w = np.full((3, 2), 0.5, np.float32)
+    w[0, 0] = np.nan
+    path = save(tmp_path, [N("MatMul", ["x", "w"], ["y"])], [h.make_tensor_value_info("x", T.FLOAT, [4, 3])],
+                [h.make_tensor_value_info("y", T.FLOAT, [4, 2])], [nh.from_array(w, "w")])
+    m, r = swapdsl.import_onnx(path, str(tmp_path / "m.swp"))
+    assert "param w: [3, 2] = constant(0.5)" in r.text
+    assert r.notes[-1] == "weight `w` holds 1 NaN or infinite value: training from it (--init) stops at the first step"
+
+
 @pytest.mark.parametrize("kind", ["min", "inf", "zeros", "other"])
 def test_an_added_mask_constant_becomes_causal_mask_or_nothing(tmp_path: Path, kind: str) -> None:
     """Hugging Face's additive masks: finfo.min (or -inf) above the diagonal is `causal_mask`, all zeros is

@@ -148,6 +148,10 @@ class Lowering:
             frozen = onnx_name not in self.weights or named
             if frozen:
                 self.frozen.append(name)
+            elif not np.all(np.isfinite(value.astype(np.float64))):
+                bad = int(np.size(value) - np.count_nonzero(np.isfinite(value.astype(np.float64))))
+                self.notes.append(f"weight `{onnx_name}` holds {bad} NaN or infinite value{'s' if bad > 1 else ''}: "
+                                  "training from it (--init) stops at the first step")
             self.lines.append(f"param {name}: {swp_dtype(value) if value.dtype != np.float32 else ''}"
                               f"{list(value.shape)} = {initialiser(value)}{' frozen' if frozen else ''}")
         name = self.param_of[onnx_name]
@@ -210,9 +214,13 @@ def readable(onnx_name: str) -> str:
 
 
 def initialiser(value: np.ndarray) -> str:
-    """An initialiser of the weight's own scale, for training from scratch without `--init`."""
-    v = value.astype(np.float64)
-    if v.size and np.all(v == v.flat[0]):
+    """An initialiser of the weight's own scale, for training from scratch without `--init` (of its finite
+    values: a mask's -inf is the checkpoint's to carry)."""
+    v = value.astype(np.float64).reshape(-1)
+    v = v[np.isfinite(v)]
+    if not v.size:
+        return "zeros"
+    if np.all(v == v.flat[0]):
         return "zeros" if v.flat[0] == 0 else "ones" if v.flat[0] == 1 else f"constant({v.flat[0]:.8g})"
     std, mean = float(v.std()), float(v.mean())
     return f"normal(std = {std:.6g})" if abs(mean) < 1e-3 * max(std, 1e-12) or abs(mean) < 1e-6 \

@@ -301,6 +301,14 @@ def test_a_binary_file_given_for_a_text_one_is_named_with_where_it_belongs(cli, 
         assert (code, out, err.splitlines()[0]) == (2, "", f"error: {said}"), err
 
 
+def test_an_import_that_names_a_folder_says_so(cli, in_tmp: Path) -> None:
+    (in_tmp / "lib.swp").mkdir()
+    (in_tmp / "m.swp").write_text("import lib\nmodel t(batch = 4) {\n    input x: f32[batch, 3]\n    output y = x\n}\n")
+    code, _, err = cli("check", "m.swp")
+    assert (code, err.splitlines()[0]) == (2, "error: cannot find imported file `lib.swp`: `lib.swp` is not a "
+                                              "regular file")
+
+
 def test_missing_file(cli, in_tmp: Path) -> None:
     code, _, err = cli("check", "nope.swp")
     assert (code, err.splitlines()[0]) == (2, "error: no such file: `nope.swp`")

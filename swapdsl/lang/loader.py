@@ -115,8 +115,9 @@ def resolve_import(imp: ast.Import, importer: str) -> str:
     for cand in candidates:
         if cand.is_file():
             return _display_path(cand)
+    odd = next((c for c in candidates if c.exists()), None)  # (a folder of that name, say)
     raise SwpError(
-        f"cannot find imported file `{rel}`",
+        f"cannot find imported file `{rel}`" + (f": `{odd}` is not a regular file" if odd is not None else ""),
         imp.span,
         notes=["looked in: " + ", ".join(str(c) for c in candidates)],
     )

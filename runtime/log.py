@@ -17,13 +17,18 @@ EVENTS = ("step", "eval", "save")
 
 
 def open_log(path: str) -> BinaryIO:
-    """The log, opened to append; a last line left incomplete (a run killed while writing it) is cut off."""
+    """The log, opened to append; a last line left incomplete (a run killed while writing it) is cut off,
+    one whole but for its newline (written by hand) ended."""
     try:
         f = open(path, "ab", buffering=0)  # noqa: SIM115  (the caller closes it)
         size = os.fstat(f.fileno()).st_size
         with open(path, "rb") as r:
             end = _last_line_end(r, size)
-        if end < size:
+            r.seek(end)
+            tail = r.read()
+        if tail and _whole(tail.decode("utf-8", "replace")):
+            f.write(b"\n")
+        elif tail:
             os.ftruncate(f.fileno(), end)
         return f
     except OSError as exc:

@@ -191,6 +191,27 @@ def test_show_plot_writes_a_png(cli, plan_file: Path) -> None:
     assert "method          lru" in out
 
 
+def test_the_timeline_names_copies_only_where_their_labels_fit() -> None:
+    """Labels drawn over one another were unreadable (the ResNet tour's plot): a label is placed only where
+    it overlaps none already placed and stays in the figure, the largest copies first."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from swapdsl.plan.show import _mark
+
+    fig, lanes = plt.subplots(figsize=(12, 3))
+    lanes.set_xlim(0, 100)
+    lanes.set_ylim(-1, 3)
+    copies = [("h2d", f"tensor_with_a_long_name_{k}", 40.0 + k, 41.0 + k) for k in range(5)]  # all side by side
+    copies += [("d2h", "far", 80.0, 81.0), ("d2h", "past_the_left_edge_" * 6, 0.0, 0.1)]
+    _mark(lanes, copies, None, named=6)
+    texts = [t.get_text() for t in lanes.texts]
+    plt.close(fig)
+    assert texts == ["tensor_with_a_long_name_0", "far"]
+
+
 def test_show_names_tensors_by_their_layer_path(cli, in_tmp: Path) -> None:
     """The most moved tensors are named as the model names them: a layer path and op (`as` names
     included), or the gradient of one, with the graph's %N beside it."""

@@ -22,7 +22,7 @@ from conftest import MODELS, REPO
 from swapdsl.common.errors import SwpError
 from swapdsl.runtime import checkpoint, training
 from swapdsl.runtime.dataset import Loader, Order, gather, open_dataset
-from swapdsl.runtime.log import read_log
+from swapdsl.runtime.log import append, open_log, read_log
 
 MLP = MODELS / "mlp.swp"
 ARGS = {"batch": 8, "features": 16, "hidden": 32, "depth": 3, "lr": 0.01}
@@ -453,6 +453,15 @@ def test_plot_log_draws_a_step_logged_again_as_logged_last_and_leaves_out_a_torn
     log.write_text(line(1, 3.0) + '{"event": "step", "step": ' + "9" * 5000 + ', "loss": 1, "metrics": {}}\n')
     code, out, err = cli("plot-log", log, "-o", tmp_path / "x.png")
     assert code == 2 and err.startswith("error: not a record of `swapdsl exec --log`: a number too long to read")
+
+
+def test_appending_to_a_log_ends_a_whole_last_line_and_cuts_a_torn_one(tmp_path: Path) -> None:
+    log, record = tmp_path / "run.jsonl", '{"event": "step", "step": 1, "loss": 1.0, "metrics": {}}'
+    for tail, kept in [(record, record + "\n"), ('{"event": "st', ""), ("x" * 100_000, "")]:
+        log.write_text(record + "\n" + tail)
+        with open_log(str(log)) as f:
+            append(f, {"event": "save", "step": 2})
+        assert log.read_text() == record + "\n" + kept + '{"event": "save", "step": 2}\n', tail[:20]
 
 
 def test_a_run_that_cannot_write_its_log_or_checkpoint_stops_with_both_whole(setup: dict[str, Path],

@@ -6,6 +6,7 @@ import io
 from collections import Counter
 from collections.abc import Mapping
 from pathlib import Path
+from typing import Any
 
 from swapdsl.common.atomic import write_bytes_atomically
 from swapdsl.common.errors import SwpError
@@ -76,19 +77,31 @@ def memory_unit(nbytes: int) -> tuple[str, int]:
     return unit, scale
 
 
-def _marked_copies(plan: Plan, r: Result, named: int) -> list[tuple[str, str, float, float]]:
-    """The largest copies, at most ``named``, none closer than a sixth of the step to another marked on its
-    lane (so that their labels do not overlap)."""
+def _largest_copies(r: Result, plan: Plan) -> list[tuple[str, str, float, float]]:
+    """The step's largest copies (at most 50), the largest first (then the earliest)."""
     sizes = plan.tensor_map()
-    gap = r.iteration_ms / 6
-    marked: list[tuple[str, str, float, float]] = []
-    for span in sorted((s for s in r.timeline if s[0] in ("h2d", "d2h")), key=lambda s: (-sizes[s[1]].bytes, s[2])):
-        middle = (span[2] + span[3]) / 2
-        if all(m[0] != span[0] or abs((m[2] + m[3]) / 2 - middle) >= gap for m in marked):
-            marked.append(span)
-        if len(marked) == named:
+    return sorted((s for s in r.timeline if s[0] in ("h2d", "d2h")), key=lambda s: (-sizes[s[1]].bytes, s[2]))[:50]
+
+
+def _mark(lanes: Any, copies: list[tuple[str, str, float, float]], labels: Mapping[str, str] | None,
+          named: int) -> None:
+    """Name the largest copies above their lanes, at most ``named``, each only where its label, as drawn,
+    overlaps no label already placed and stays inside the figure."""
+    fig = lanes.figure
+    renderer = fig.canvas.get_renderer()
+    frame = fig.bbox
+    placed: list[Any] = []
+    for stream, name, start, end in copies:
+        if len(placed) == named:
             break
-    return marked
+        note = lanes.annotate(_named(name, labels), ((start + end) / 2, 2 - ("compute", "h2d", "d2h").index(stream)
+                                                     + 0.42), fontsize=7, ha="center", va="bottom",
+                              annotation_clip=False)
+        box = note.get_window_extent(renderer).padded(6)  # (a space between two labels)
+        if box.x0 < frame.x0 or box.x1 > frame.x1 or any(box.overlaps(b) for b in placed):
+            note.remove()
+        else:
+            placed.append(box)
 
 
 def plot(plan: Plan, out: str | Path, labels: Mapping[str, str] | None = None, named: int = 6) -> None:
@@ -118,9 +131,8 @@ def plot(plan: Plan, out: str | Path, labels: Mapping[str, str] | None = None, n
                      ["compute", "host to device", "device to host", "host (updates)"][:4 if host else 3])
     lanes.set_title(f"{Path(plan.model_path).stem}: {plan.method} under {format_bytes(plan.cap)} on "
                     f"{plan.device.name}, {r.iteration_ms:.1f} ms per iteration")
-    for stream, name, start, end in _marked_copies(plan, r, named):
-        lanes.annotate(_named(name, labels), ((start + end) / 2, 2 - ("compute", "h2d", "d2h").index(stream) + 0.42),
-                       fontsize=7, ha="center", va="bottom", annotation_clip=False)
+    fig.tight_layout()
+    _mark(lanes, _largest_copies(r, plan), labels, named)
     unit, scale = memory_unit(plan.cap)
     times = [t for t, _ in r.memory] + [r.iteration_ms]
     levels = [b / scale for _, b in r.memory]

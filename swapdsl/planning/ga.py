@@ -83,7 +83,7 @@ class SearchOptions:
     first) with where the search stands."""
 
     budget_s: float = attrs.field(default=60.0, validator=positive)
-    generations: int = attrs.field(default=100_000, validator=whole(1))
+    generations: int = attrs.field(default=100_000, validator=whole(0))  # 0: the seeds only
     population: int = attrs.field(default=64, validator=whole(2, 100_000))
     seed: int = attrs.field(default=0, validator=whole(0, 2**63 - 1))
     workers: int = attrs.field(default=0, validator=whole(0))  # 0: every core

@@ -15,14 +15,19 @@ from swapdsl.runtime.dataset import Dataset, gather
 from swapdsl.runtime.training import Stepper
 
 
+Scored = list[tuple[float, dict[str, float], int]]  # each batch's loss, reports and rows
+
+
 def predict(g: Graph, forward: Stepper, tail: Callable[[int], Stepper | None], ds: Dataset,
-            state: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+            state: dict[str, np.ndarray], scored: Scored | None = None) -> dict[str, np.ndarray]:
     """Each output of ``g`` (by name) for every example of ``ds``, rows in the data's order, computed from
-    the persistent values ``state`` (parameters and running statistics)."""
+    the persistent values ``state`` (parameters and running statistics). ``scored`` (a graph that keeps its
+    loss and reports too, ``evaluation_graph(..., outputs=True)``): each batch's loss, reports and rows are
+    added to it, as ``training.evaluator`` weighs them."""
     parts: dict[str, list[np.ndarray]] = {name: [] for name, _ in g.outputs}
     forward.load_state(state, 0)
     for k in range(ds.batches_per_epoch):
-        _run(forward, gather(ds, slice(k * ds.batch, (k + 1) * ds.batch)), parts)
+        _run(forward, gather(ds, slice(k * ds.batch, (k + 1) * ds.batch)), parts, scored, ds.batch)
     if ds.dropped:
         extra = tail(ds.dropped)
         if extra is None:
@@ -30,16 +35,19 @@ def predict(g: Graph, forward: Stepper, tail: Callable[[int], Stepper | None], d
                            "plan under the cap", hints=[f"give a multiple of {ds.batch} examples"])
         extra.load_state(state, 0)
         whole = ds.batches_per_epoch * ds.batch
-        _run(extra, gather(ds, slice(whole, whole + ds.dropped)), parts)
+        _run(extra, gather(ds, slice(whole, whole + ds.dropped)), parts, scored, ds.dropped)
     return {name: np.concatenate(p) for name, p in parts.items()}
 
 
-def _run(stepper: Stepper, batch: dict[str, np.ndarray], parts: dict[str, list[np.ndarray]]) -> None:
+def _run(stepper: Stepper, batch: dict[str, np.ndarray], parts: dict[str, list[np.ndarray]],
+         scored: Scored | None, rows: int) -> None:
     stepper.set_batch(batch)
-    stepper.run_step(stepper.steps_run + 1)
+    loss = stepper.run_step(stepper.steps_run + 1)[0]
     values = stepper.state({f"output/{name}" for name in parts})  # (not every parameter, every batch)
     for name, p in parts.items():
         p.append(np.array(values[f"output/{name}"]))
+    if scored is not None:
+        scored.append((loss, stepper.metrics(), rows))
 
 
 def npz_bytes(arrays: dict[str, np.ndarray]) -> bytes:

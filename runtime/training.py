@@ -426,15 +426,22 @@ def evaluator(trainer: Stepper, forward: Stepper, tail: Callable[[int], Stepper 
             parts.append(_evaluated(extra, gather(ds, slice(at, at + rows)), rows))
             left, at = left - rows, at + rows
         trainer.load_state(state, trainer.steps_run)
-        if not parts:
-            raise SwpError(f"none of the {ds.examples} examples of `{ds.path}` could be evaluated: a partial batch "
-                           f"of {ds.examples} does not plan under the cap", hints=[f"give {ds.batch} examples or more"])
-        n = sum(w for _, _, w in parts)
-        mean = {name: sum(m[name] * w for _, m, w in parts) / n for name in parts[0][1]}
-        return EvalRecord(step, sum(loss * w for loss, _, w in parts) / n, mean, n, left,
-                          1e3 * (time.perf_counter() - started))
+        return held_out(ds, step, parts, left, started)
 
     return run
+
+
+def held_out(ds: Dataset, step: int, parts: list[tuple[float, dict[str, float], int]], left: int,
+             started: float) -> EvalRecord:
+    """The evaluation of ``ds`` after ``step`` from each batch's (loss, reports, rows), weighed by rows;
+    ``left`` examples left out; timed from ``started`` (``time.perf_counter``)."""
+    if not parts:
+        raise SwpError(f"none of the {ds.examples} examples of `{ds.path}` could be evaluated: a partial batch "
+                       f"of {ds.examples} does not plan under the cap", hints=[f"give {ds.batch} examples or more"])
+    n = sum(w for _, _, w in parts)
+    mean = {name: sum(m[name] * w for _, m, w in parts) / n for name in parts[0][1]}
+    return EvalRecord(step, sum(loss * w for loss, _, w in parts) / n, mean, n, left,
+                      1e3 * (time.perf_counter() - started))
 
 
 def _evaluated(forward: Stepper, batch: dict[str, np.ndarray], rows: int) -> tuple[float, dict[str, float], int]:

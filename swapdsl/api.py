@@ -15,6 +15,7 @@ from __future__ import annotations
 import functools
 import math
 import statistics
+import time
 from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from types import ModuleType
@@ -526,20 +527,55 @@ def predict(target: Plan | Model | str | Path, data: str, init: str | None = Non
     return _inference(target, data, init, backend, seed, prediction_graph, run_predict)
 
 
+def predict_scored(target: Plan | Model | str | Path, data: str, init: str | None = None, backend: str = "auto",
+                   seed: int = 0) -> tuple[dict[str, np.ndarray], training.EvalRecord | None]:
+    """``predict``'s outputs and, where ``data`` has what the loss reads, ``evaluate``'s figures, from one
+    pass over the data (``evaluation_graph(..., outputs=True)``); where that graph does not plan under a
+    plan's cap, two passes as ``predict`` and ``evaluate`` make them."""
+    plan, m = resolved = _inference_model(target)
+    if not _scorable(m, data):
+        return _inference(resolved, data, init, backend, seed, prediction_graph, run_predict), None
+    scored: list[tuple[float, dict[str, float], int]] = []
+    started = time.perf_counter()
+
+    def run(g: Graph, first: training.Stepper, tail: Callable[[int], training.Stepper | None], ds: Dataset,
+            state: dict[str, np.ndarray]) -> tuple[dict[str, np.ndarray], training.EvalRecord]:
+        outputs = run_predict(g, first, tail, ds, state, scored)
+        return outputs, training.held_out(ds, 0, scored, 0, started)
+
+    try:
+        return _inference(resolved, data, init, backend, seed, lambda g: evaluation_graph(g, outputs=True), run)
+    except SwpError:
+        if plan is None:  # (the reference plans nothing: the error is the data's or the checkpoint's)
+            raise
+    # (the graph of both, or its partial batch, does not plan under the cap: each alone may)
+    return (_inference(resolved, data, init, backend, seed, prediction_graph, run_predict),
+            _evaluate(resolved, data, init, backend, seed))
+
+
+def _scorable(m: Model, data: str) -> bool:
+    """Whether ``data`` holds every input the model's loss and reports read (its targets)."""
+    return bool(m.graph.loss) and set(evaluation_graph(m.graph).inputs) <= array_names(data)
+
+
 def evaluate(target: Plan | Model | str | Path, data: str, init: str | None = None, backend: str = "auto",
              seed: int = 0) -> training.EvalRecord | None:
     """The loss and reports over every example in ``data``, as ``exec --eval`` takes them (each batch
     weighed by its examples, the last partial batch at its size), from ``init`` as ``predict`` reads it;
     None where ``data`` lacks an input the loss needs (its targets) or the model has no loss."""
-    plan, m = _inference_model(target)
-    if not m.graph.loss or not set(evaluation_graph(m.graph).inputs) <= array_names(data):
+    return _evaluate(_inference_model(target), data, init, backend, seed)
+
+
+def _evaluate(resolved: tuple[Plan | None, Model], data: str, init: str | None, backend: str,
+              seed: int) -> training.EvalRecord | None:
+    if not _scorable(resolved[1], data):
         return None
 
     def run(g: Graph, first: training.Stepper, tail: Callable[[int], training.Stepper | None], ds: Dataset,
             state: dict[str, np.ndarray]) -> training.EvalRecord:
         return training.evaluator(training.Held(state), first, tail)(ds, 0)
 
-    return _inference((plan, m), data, init, backend, seed, evaluation_graph, run)
+    return _inference(resolved, data, init, backend, seed, evaluation_graph, run)
 
 
 def _inference_model(target: Plan | Model | str | Path) -> tuple[Plan | None, Model]:

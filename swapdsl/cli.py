@@ -282,13 +282,12 @@ def _cmd_predict(args: argparse.Namespace) -> int:
     if api.is_plan_file(args.file):
         if args.define:
             raise SwpError("-D does not apply to a plan: its model arguments are fixed in the plan")
-        target: Any = api.read(args.file)  # (read once: predict and evaluate both take it)
+        target: Any = api.read(args.file)  # (read and checked once)
     else:
         target = _load(args)
     started = time.perf_counter()
-    outputs = api.predict(target, args.data, args.init, args.backend, args.seed)
+    outputs, held = api.predict_scored(target, args.data, args.init, args.backend, args.seed)  # (held: targets)
     seconds = time.perf_counter() - started
-    held = api.evaluate(target, args.data, args.init, args.backend, args.seed)  # (where the targets are there)
     write_bytes_atomically(args.output, npz_bytes(outputs), "prediction")  # (once nothing else can fail)
     rows = next(iter(outputs.values())).shape[0]
     shapes = ", ".join(f"{k} {list(v.shape)} {v.dtype}" for k, v in outputs.items())

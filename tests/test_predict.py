@@ -96,6 +96,38 @@ def test_fewer_examples_than_a_batch_are_one_partial_batch(cli, folder: Path, tm
     assert code == 2 and err.startswith(f"error: --data `{none}` holds no examples"), err
 
 
+def test_one_pass_predicts_and_scores_as_two_do(folder: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """`predict` with the targets there runs one graph of the outputs, the loss and the reports
+    (``evaluation_graph(..., outputs=True)``): the same outputs and figures as the two passes it replaced,
+    which it falls back to where a plan's cap does not hold the graph of both."""
+    from swapdsl import api
+
+    plan = folder / "m.plan"
+    if not plan.exists():
+        model = api.load(folder / "m.swp", batch=8, features=16, hidden=32, lr=0.05)
+        api.save(api.optimize(model, memory="2/3", method="belady"), plan)
+    data = str(folder / "test")
+    for target in (str(plan), api.load(folder / "m.swp", batch=8, features=16, hidden=32, lr=0.05)):
+        outputs, held = api.predict_scored(target, data)
+        alone, scored = api.predict(target, data), api.evaluate(target, data)
+        assert held is not None and scored is not None
+        assert outputs.keys() == alone.keys() and all(np.array_equal(outputs[k], alone[k]) for k in alone)
+        assert (held.loss, held.metrics, held.examples, held.dropped) == (scored.loss, scored.metrics, 29, 0)
+    graphs: list[bool] = []
+    both = api.evaluation_graph
+
+    def refused(g: object, outputs: bool = False) -> object:
+        graphs.append(outputs)
+        if outputs:
+            raise SwpError("the graph of both does not plan under the cap")
+        return both(g)
+
+    monkeypatch.setattr(api, "evaluation_graph", refused)
+    outputs, held = api.predict_scored(str(plan), data)
+    assert True in graphs and held is not None and held.loss == scored.loss
+    assert np.array_equal(outputs["logits"], alone["logits"])
+
+
 def test_the_prediction_graph_reads_no_labels(tmp_path: Path) -> None:
     m = swapdsl.load(write(tmp_path / "m.swp", MLP), batch=4, features=8, hidden=8)
     g = prediction_graph(m.graph)

@@ -226,62 +226,67 @@ def _unscaled(b: _Builder, grad: str, scale: str) -> str:
 
 
 def _report_state(b: _Builder, fwd: Graph, updates: list[tuple[str, str]], state: list[str],
-                  reports: list[tuple[str, str]] | None = None) -> None:
-    """Each report lives on as state that every step overwrites in place, as optimiser state is, so that
-    planners keep its value to the end of the step without knowing about reports."""
+                  reports: tuple[tuple[str, str], ...] | list[tuple[str, str]] | None = None,
+                  kind: str = "report") -> None:
+    """Each report (or output: ``kind``) lives on as state that every step overwrites in place, as optimiser
+    state is, so that planners keep its value to the end of the step without knowing about reports."""
     b.kind = Kind.metric
     for name, tensor in (fwd.reports if reports is None else reports):
-        b.label = f"report {name}"
-        old = b.add_tensor(f"report/{name}", b.type(tensor), Kind.metric, Init("zeros"))
+        b.label = f"{kind} {name}"
+        old = b.add_tensor(f"{kind}/{name}", b.type(tensor), Kind.metric, Init("zeros"))
         updates.append((old, b.emit("report", [old, tensor], {"name": name})))
         state.append(old)
 
 
-def evaluation_graph(fwd: Graph) -> Graph:
+def evaluation_graph(fwd: Graph, outputs: bool = False) -> Graph:
     """What evaluation runs: the forward ops of the loss and the reports, dropout off (an identity), the
-    parameters read and never written; each report as metric state like ``training_graph``'s."""
+    parameters read and never written; each report as metric state like ``training_graph``'s. ``outputs``:
+    and each of the model's outputs, as ``prediction_graph`` keeps them (one pass predicts and scores)."""
     _trainable(fwd)
-    b = _Builder(fwd)
-    updates: list[tuple[str, str]] = []
-    state: list[str] = []
-    names = running_names(fwd)
-    forward = [_evaluated(b, names, op, state) for op in live_forward_ops(fwd)]
-    _report_state(b, fwd, updates, state)
-    ops_ = tuple(forward) + tuple(b.ops)
-    read = {n for op in ops_ for n in op.inputs}
-    used = read | {n for op in ops_ for n in op.outputs} | set(fwd.inputs)
-    return attrs.evolve(fwd, tensors={n: t for n, t in b.tensors.items() if n in used}, ops=ops_,
-                        params=tuple(p for p in fwd.params if p in read), state=tuple(state),
-                        updates=tuple(updates), grads=())
+    if outputs:
+        _predicts(fwd)
+    return _inference(fwd, True, outputs)
 
 
 def prediction_graph(fwd: Graph) -> Graph:
     """What `predict` runs: the forward ops the model's outputs depend on, as evaluation runs them, reading
     only the inputs those need (no labels); each output kept as state that every step overwrites (as a
     report is, so planners keep it to the end of the step), and a constant 0 for the loss."""
+    _predicts(fwd)
+    return _inference(fwd, False, True)
+
+
+def _predicts(fwd: Graph) -> None:
     if not fwd.outputs:
         raise SwpError(f"model `{fwd.name}` has no `output`, so there is nothing to predict",
                        hints=["name what to predict in the model: `output logits = ...` (docs/language.md)"])
+
+
+def _inference(fwd: Graph, scored: bool, outputs: bool) -> Graph:
+    """The forward pass as evaluation runs it, of the loss and reports (``scored``: else a constant 0 loss,
+    and only the inputs read) and of the outputs, each kept as state."""
     b = _Builder(fwd)
     updates: list[tuple[str, str]] = []
     state: list[str] = []
     names = running_names(fwd)
-    forward = [_evaluated(b, names, op, state) for op in live_forward_ops(fwd, {t for _, t in fwd.outputs})]
-    b.kind = Kind.metric
-    for name, tensor in fwd.outputs:
-        b.label = f"output {name}"
-        old = b.add_tensor(f"output/{name}", b.type(tensor), Kind.metric, Init("zeros"))
-        updates.append((old, b.emit("report", [old, tensor], {"name": name})))
-        state.append(old)
-    b.kind, b.label = Kind.activation, "no loss"
-    loss = b.emit("fill", [], {"shape": (), "value": 0.0, "dtype": "f32"})
+    targets = ({fwd.loss, *(t for _, t in fwd.reports)} if scored else set()) | (
+        {t for _, t in fwd.outputs} if outputs else set())
+    forward = [_evaluated(b, names, op, state) for op in live_forward_ops(fwd, targets)]
+    if scored:
+        _report_state(b, fwd, updates, state)
+    if outputs:
+        _report_state(b, fwd, updates, state, fwd.outputs, "output")
+    loss = fwd.loss
+    if not scored:
+        b.kind, b.label = Kind.activation, "no loss"
+        loss = b.emit("fill", [], {"shape": (), "value": 0.0, "dtype": "f32"})
     ops_ = tuple(forward) + tuple(b.ops)
     read = {n for op in ops_ for n in op.inputs}
-    used = read | {n for op in ops_ for n in op.outputs}
+    used = read | {n for op in ops_ for n in op.outputs} | (set(fwd.inputs) if scored else set())
     return attrs.evolve(fwd, tensors={n: t for n, t in b.tensors.items() if n in used}, ops=ops_,
-                        inputs=tuple(i for i in fwd.inputs if i in read), loss=loss, reports=(),
-                        params=tuple(p for p in fwd.params if p in read), state=tuple(state),
-                        updates=tuple(updates), grads=())
+                        inputs=fwd.inputs if scored else tuple(i for i in fwd.inputs if i in read), loss=loss,
+                        reports=fwd.reports if scored else (), params=tuple(p for p in fwd.params if p in read),
+                        state=tuple(state), updates=tuple(updates), grads=())
 
 
 def _evaluated(b: _Builder, names: dict[str, str], op: Op, state: list[str]) -> Op:

@@ -28,7 +28,7 @@ if launched_size() > 1 and not any(v in os.environ for v in _THREADS):
 
 __version__ = "0.1.0"
 __all__ = ["Execution", "Hooks", "Model", "Options", "SearchOptions", "SearchProgress", "SwpError", "execute",
-           "evaluate", "import_onnx", "load", "optimize", "predict", "read", "save", "simulate"]
+           "evaluate", "import_onnx", "load", "optimize", "predict", "predict_scored", "read", "save", "simulate"]
 
 
 def __getattr__(name: str) -> Any:

@@ -65,8 +65,8 @@ def save(path: str, g: Graph, values: Mapping[str, np.ndarray], step: int, posit
         try:
             save_file(tensors, tmp, metadata=meta)
         except SafetensorError as exc:  # (its own error for the OSError of a write: a full disk)
-            raise SwpError(f"cannot write the checkpoint `{path}`: {exc}",
-                           hints=["a checkpoint already there is kept as it was; free some space (and --resume from it)"]) from None
+            raise SwpError(f"cannot write the checkpoint `{path}`: {exc}", hints=[
+                "a checkpoint already there is kept as it was; free some space (and --resume from it)"]) from None
     return Path(path).stat().st_size
 
 

@@ -598,6 +598,12 @@ class _Parser(argparse.ArgumentParser):
     _given: Sequence[str] = ()
     _last: _Parser | None = None  # the innermost parser that read the line: the command's, once one is named
 
+    def __init__(self, *args: Any, **kw: Any) -> None:
+        super().__init__(*args, **kw)
+        # a value that starts with a minus and a digit is a value (`--memory -5%`, `--seed -1`), so that its
+        # own check says what is wrong with it, not argparse's "expected one argument"
+        self._negative_number_matcher = re.compile(r"^-\d")
+
     def parse_known_args(self, args: Sequence[str] | None = None, namespace: Any = None) -> Any:
         self._given = list(sys.argv[1:] if args is None else args)
         _Parser._last = self

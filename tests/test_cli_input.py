@@ -81,7 +81,9 @@ def test_a_cap_past_the_limit_is_refused(cli, memory: str) -> None:
 @pytest.mark.parametrize("size,expected", [("", "cannot read the memory size ``"), ("  ", "cannot read"),
                                            ("1.5PiB", "is larger than the limit of 1 PiB"),
                                            ("8G", "`G` could mean 8GiB (GiB: powers of 2) or 8GB (powers of 10)"),
-                                           ("2ki", "`ki` could mean 2KiB (KiB: powers of 2) or 2KB (powers of 10)")])
+                                           ("2ki", "`ki` could mean 2KiB (KiB: powers of 2) or 2KB (powers of 10)"),
+                                           ("-5%", "cannot read the memory size `-5%`"),
+                                           ("-1MiB", "cannot read the memory size `-1MiB`")])
 def test_memory_sizes_are_read_or_refused(cli, flag: str, size: str, expected: str) -> None:
     argv = {"--memory": size, "--host-memory": "1GiB", "--method": "belady"} | {flag: size}
     code, out, err = cli("optimize", MODELS / "mlp.swp", *[x for kv in argv.items() for x in kv])

@@ -119,7 +119,7 @@ class Nccl:
 
     def finish(self, streams: Sequence[Any]) -> None:
         """Wait for the step's ``streams``, watched, asking NCCL meanwhile whether it has failed."""
-        with self.watched.dog.collective("the step's NCCL all-reduces"):
+        with self.watched.dog.collective("the step's all-reduces (NCCL's, and any of host copies)"):
             hostfn.wait(streams, self.status, between=self._check)
             self._check()
 

@@ -265,7 +265,7 @@ def test_the_steps_end_asks_nccl_whether_it_failed_while_the_streams_run() -> No
     comm = Nccl(FakeCupy(("b0",), nccl), nccl, nccl, world)
     comm.finish([Stream(0, ptr=1), Stream(4, ptr=2)])
     assert nccl.checks >= 4 and not nccl.aborted
-    assert world.dog.entered == ["the step's NCCL all-reduces"]
+    assert world.dog.entered == ["the step's all-reduces (NCCL's, and any of host copies)"]
     comm.close()
     assert nccl.destroyed
 

@@ -4,9 +4,12 @@ points."""
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import io
 import json
 import os
+from collections.abc import Iterator
 from pathlib import Path
 from typing import BinaryIO
 
@@ -16,23 +19,55 @@ from swapdsl.common.errors import Span, SwpError
 EVENTS = ("step", "eval", "save")
 
 
+RECORD_START = b'{"event": '  # how every line `exec --log` writes begins
+
+
 def open_log(path: str) -> BinaryIO:
-    """The log, opened to append; a last line left incomplete (a run killed while writing it) is cut off,
-    one whole but for its newline (written by hand) ended."""
+    """The log, opened to append. A file that is not empty must be a log `exec` wrote (its first line, and
+    a last one without its newline, begin as its records do): any other file is refused, neither appended
+    to nor cut. A last record left incomplete (a run killed while writing it) is cut off, one whole but for
+    its newline ended. Appends and this repair hold the file's lock, so runs sharing a log lose no line."""
     try:
         f = open(path, "ab", buffering=0)  # noqa: SIM115  (the caller closes it)
-        size = os.fstat(f.fileno()).st_size
+    except OSError as exc:
+        raise SwpError(f"cannot write the log `{path}`: {exc.strerror or exc}") from None
+    try:
+        with _locked(f):
+            _repair(f, path)
+    except BaseException:
+        f.close()
+        raise
+    return f
+
+
+def _repair(f: BinaryIO, path: str) -> None:
+    size = os.fstat(f.fileno()).st_size
+    if not size:
+        return
+    try:
         with open(path, "rb") as r:
+            head = r.read(len(RECORD_START))
             end = _last_line_end(r, size)
             r.seek(end)
             tail = r.read()
-        if tail and _whole(tail.decode("utf-8", "replace")):
-            f.write(b"\n")
-        elif tail:
-            os.ftruncate(f.fileno(), end)
-        return f
     except OSError as exc:
-        raise SwpError(f"cannot write the log `{path}`: {exc.strerror or exc}") from None
+        raise SwpError(f"cannot read the log `{path}`: {exc.strerror or exc}") from None
+    if head != RECORD_START or (tail and not tail.startswith(RECORD_START)):
+        raise SwpError(f"`{path}` is not a log `swapdsl exec --log` wrote, so it is not appended to",
+                       hints=["give --log a new file, or a log an earlier run wrote"])
+    if tail and _whole(tail.decode("utf-8", "replace")):
+        os.write(f.fileno(), b"\n")
+    elif tail:
+        os.ftruncate(f.fileno(), end)
+
+
+@contextlib.contextmanager
+def _locked(f: BinaryIO) -> Iterator[None]:
+    fcntl.flock(f.fileno(), fcntl.LOCK_EX)
+    try:
+        yield
+    finally:
+        fcntl.flock(f.fileno(), fcntl.LOCK_UN)
 
 
 def _last_line_end(r: BinaryIO, size: int, chunk: int = 1 << 16) -> int:
@@ -52,18 +87,20 @@ def append(log: BinaryIO, record: dict) -> None:
     """One record, as one line, written whole or not at all (a full disk leaves the log as it was)."""
     data = (json.dumps(record) + "\n").encode("utf-8")
     fd = log.fileno()
-    at = os.fstat(fd).st_size
-    try:
-        view = memoryview(data)
-        while view:
-            view = view[os.write(fd, view):]
-    except OSError as exc:
+    with _locked(log):
+        at = os.fstat(fd).st_size
         try:
-            os.ftruncate(fd, at)
-        except OSError:
-            pass
-        raise SwpError(f"cannot write the log `{log.name!s}`: {exc.strerror or exc}",
-                       hints=["the log holds every record before this one; free some space and --resume"]) from None
+            view = memoryview(data)
+            while view:
+                view = view[os.write(fd, view):]
+        except OSError as exc:
+            try:
+                os.ftruncate(fd, at)
+            except OSError:
+                pass
+            raise SwpError(f"cannot write the log `{log.name!s}`: {exc.strerror or exc}",
+                           hints=["the log holds every record before this one; free some space (with --save, "
+                                  "--resume from its checkpoint)"]) from None
 
 
 def read_log(path: str, notes: list[str] | None = None) -> list[dict]:

@@ -457,11 +457,17 @@ def test_plot_log_draws_a_step_logged_again_as_logged_last_and_leaves_out_a_torn
 
 def test_appending_to_a_log_ends_a_whole_last_line_and_cuts_a_torn_one(tmp_path: Path) -> None:
     log, record = tmp_path / "run.jsonl", '{"event": "step", "step": 1, "loss": 1.0, "metrics": {}}'
-    for tail, kept in [(record, record + "\n"), ('{"event": "st', ""), ("x" * 100_000, "")]:
+    torn = '{"event": "step", "loss": ' + "1" * 100_000  # (longer than the chunk the end is found in)
+    for tail, kept in [(record, record + "\n"), ('{"event": "st', ""), (torn, "")]:
         log.write_text(record + "\n" + tail)
         with open_log(str(log)) as f:
             append(f, {"event": "save", "step": 2})
         assert log.read_text() == record + "\n" + kept + '{"event": "save", "step": 2}\n', tail[:20]
+    for foreign in ("line1\nline2 without its newline", "x" * 1000, record + "\nnot ours"):
+        log.write_text(foreign)
+        with pytest.raises(SwpError, match="is not a log `swapdsl exec --log` wrote, so it is not appended to"):
+            open_log(str(log))
+        assert log.read_text() == foreign  # neither cut nor appended to
 
 
 def test_a_run_that_cannot_write_its_log_or_checkpoint_stops_with_both_whole(setup: dict[str, Path],

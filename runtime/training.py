@@ -19,7 +19,8 @@ from typing import BinaryIO, Protocol
 import attrs
 import numpy as np
 
-from swapdsl.common.checks import flag, one_of, text, whole
+from swapdsl.common.atomic import check_outputs
+from swapdsl.common.checks import as_flag, as_text, as_whole, flag, one_of, text, whole
 from swapdsl.common.errors import SwpError
 from swapdsl.graph.ir import Graph
 from swapdsl.runtime import checkpoint, dist, nonfinite
@@ -51,19 +52,19 @@ class Options:
     """How to train. ``steps`` and ``epochs`` count from the start of training (a resumed run goes on to
     them); with neither, one epoch of ``data``, or ten steps of synthetic data."""
 
-    steps: int | None = attrs.field(default=None, validator=whole(1, optional=True))
-    epochs: int | None = attrs.field(default=None, validator=whole(1, optional=True))
+    steps: int | None = attrs.field(default=None, converter=as_whole, validator=whole(1, optional=True))
+    epochs: int | None = attrs.field(default=None, converter=as_whole, validator=whole(1, optional=True))
     # None: 0, or the resumed checkpoint's
-    seed: int | None = attrs.field(default=None, validator=whole(0, MAX_SEED - 1, optional=True))
-    data: str = attrs.field(default=SYNTHETIC, validator=text())
-    shuffle: bool = attrs.field(default=False, validator=flag)
-    eval: str | None = attrs.field(default=None, validator=text(optional=True))
-    eval_every: int = attrs.field(default=0, validator=whole(0))
-    save: str | None = attrs.field(default=None, validator=text(optional=True))
-    save_every: int = attrs.field(default=0, validator=whole(0))
-    resume: str | None = attrs.field(default=None, validator=text(optional=True))
-    init: str | None = attrs.field(default=None, validator=text(optional=True))
-    log: str | None = attrs.field(default=None, validator=text(optional=True))
+    seed: int | None = attrs.field(default=None, converter=as_whole, validator=whole(0, MAX_SEED - 1, optional=True))
+    data: str = attrs.field(default=SYNTHETIC, converter=as_text, validator=text())
+    shuffle: bool = attrs.field(default=False, converter=as_flag, validator=flag)
+    eval: str | None = attrs.field(default=None, converter=as_text, validator=text(optional=True))
+    eval_every: int = attrs.field(default=0, converter=as_whole, validator=whole(0))
+    save: str | None = attrs.field(default=None, converter=as_text, validator=text(optional=True))
+    save_every: int = attrs.field(default=0, converter=as_whole, validator=whole(0))
+    resume: str | None = attrs.field(default=None, converter=as_text, validator=text(optional=True))
+    init: str | None = attrs.field(default=None, converter=as_text, validator=text(optional=True))
+    log: str | None = attrs.field(default=None, converter=as_text, validator=text(optional=True))
     # or skip (a guarded plan's skipped steps go on) or continue (train on regardless)
     on_nonfinite: str = attrs.field(default="stop", validator=one_of(ON_NONFINITE))
 MIN_LOSS_SCALE = 1.0  # below it the scaler has given up: even unscaled gradients overflow
@@ -177,10 +178,14 @@ class Interrupted(KeyboardInterrupt):
 
 def resolve(opts: Options) -> Options:
     """``opts`` with its seed settled: the resumed checkpoint's (a different one given is refused), else 0; a
-    resumed run's data and order checked against the checkpoint's."""
+    resumed run's data and order checked against the checkpoint's, and no output over an input."""
     if opts.resume and opts.init:
         raise SwpError("give --resume or --init, not both",
                        hints=["--resume continues a run; --init starts a new one from saved parameters"])
+    check_outputs([(opts.save, "checkpoint"), (opts.log, "log")],
+                  [(opts.data if opts.data != SYNTHETIC else None, "training data"), (opts.eval, "held-out data"),
+                   (opts.init, "initial checkpoint"), (opts.resume, "checkpoint resumed")],
+                  may_replace=[("checkpoint", "initial checkpoint"), ("checkpoint", "checkpoint resumed")])
     if not opts.resume:
         return attrs.evolve(opts, seed=opts.seed or 0)
     ck = checkpoint.read(opts.resume, "--resume", tensors=False)

@@ -25,6 +25,7 @@ import attrs
 import numpy as np
 
 from swapdsl.common.atomic import check_outputs, check_writable, write_text_atomically
+from swapdsl.common.checks import as_number
 from swapdsl.common.errors import Span, SwpError
 from swapdsl.common.units import format_bytes, parse_share, parse_size
 from swapdsl.devices.profiles import BUILTIN, DEFAULT_DEVICE, Device, load_device
@@ -372,8 +373,8 @@ def read_checked(path: str, need_model: bool = False) -> tuple[Plan, Graph | Non
 
 def _bytes(value: object, name: str) -> int:
     """A size given as a number: a positive whole number of bytes (3e6 is 3,000,000)."""
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not (
-            math.isfinite(value) and value >= 1 and value == int(value)):
+    value = as_number(value)
+    if not isinstance(value, float) or not (math.isfinite(value) and value >= 1 and value == int(value)):
         raise SwpError(f"`{name}` must be a positive whole number of bytes or a size such as \"8GiB\", not {value!r}")
     return int(value)
 

@@ -551,10 +551,7 @@ class _UsageError(SwpError):
 # kinds that may be one file; a data folder's files are its inputs (atomic.check_outputs)
 _FILES: dict[str, tuple[tuple[tuple[str, str], ...], tuple[tuple[str, str], ...], tuple[tuple[str, str], ...]]] = {
     "optimize": ((("output", "plan"),), (("file", "model"), ("device", "device profile")), ()),
-    "exec": ((("save", "checkpoint"), ("log", "log")),
-             (("file", "plan or model"), ("data", "training data"), ("eval", "held-out data"),
-              ("init", "initial checkpoint"), ("resume", "checkpoint resumed")),
-             (("checkpoint", "initial checkpoint"), ("checkpoint", "checkpoint resumed"))),
+    "exec": ((("save", "checkpoint"), ("log", "log")), (("file", "plan or model"),), ()),  # (the data: Options)
     "predict": ((("output", "prediction"),), (("file", "plan or model"), ("data", "data"),
                                               ("init", "checkpoint")), ()),
     "plot-log": ((("output", "plot"),), (("file", "log"),), ()),

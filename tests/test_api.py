@@ -128,3 +128,18 @@ def test_check_and_optimize_give_the_same_no_swap_arena_and_shares_divide_it(cli
     assert figures["memory_bytes"] == no_swap // 2 and figures["ratio"] == pytest.approx(2, rel=1e-6)
     code, out, _ = cli("optimize", model, "--memory", "25%", "--method", "belady", "--microbatches", "4", "--json")
     assert code == 0 and json.loads(out)["memory_bytes"] == int(0.25 * no_swap)  # a share of one pass's arena
+
+
+def test_what_stands_for_a_value_is_taken_as_it() -> None:
+    """NumPy integers and booleans, and Path objects, are what many callers hold: taken as the ints, bools
+    and strings the options want (the checks refuse only what is wrong)."""
+    import numpy as np
+
+    opts = swapdsl.Options(steps=np.int64(2), seed=np.int64(1), data=Path("d"), shuffle=np.bool_(True))
+    assert (opts.steps, opts.seed, opts.data, opts.shuffle) == (2, 1, "d", True)
+    assert type(opts.steps) is int and type(opts.shuffle) is bool
+    search = swapdsl.SearchOptions(seed=np.int64(3), budget_s=np.float32(3))
+    assert (search.seed, search.budget_s) == (3, 3.0)
+    assert swapdsl.optimize(TINY, memory=np.int64(2**21), method="belady").cap == 2**21
+    with pytest.raises(swapdsl.SwpError, match="`steps` must be an integer at least 1, not 2.0"):
+        swapdsl.Options(steps=2.0)

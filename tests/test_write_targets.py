@@ -133,6 +133,10 @@ def test_no_output_may_replace_an_input_or_another_output(cli, in_tmp: Path) -> 
         assert out == "" and _digest(in_tmp) == before, argv
     code, _, err = cli("exec", "m.plan", "--steps", "1", "--save", "two.safetensors", "--log", "two.safetensors")
     assert code == 2 and "log files take `.jsonl`" in err
+    for _ in range(2):  # (what a run writes beside the arrays of a data folder is no input of the next)
+        code, _, err = cli("exec", "m.plan", "--steps", "1", "--data", "data", "--save", "data/c.safetensors",
+                           "--log", "data/run.json")
+        assert code == 0, err
 
 
 @pytest.mark.parametrize("flag, name, said", [
@@ -160,5 +164,5 @@ def test_import_refuses_weights_over_its_model_or_its_source(tmp_path: Path) -> 
             api.import_onnx(str(copy), str(out), str(weights))
     (tmp_path / "w.safetensors").symlink_to(copy)
     with pytest.raises(SwpError, match="is the ONNX model"):
-        api.import_onnx(str(copy), str(tmp_path / "i.swp"), str(tmp_path / "w.safetensors"))
+        api.import_onnx(copy, tmp_path / "i.swp", tmp_path / "w.safetensors")  # (paths as Path objects too)
     assert copy.read_bytes() == onnx_file.read_bytes() and not (tmp_path / "i.swp").exists()

@@ -27,28 +27,32 @@ def check_writable(path: str | Path, what: str = "file") -> None:
 
 # what each kind of file a command writes holds, by its usual suffix: a target named for another kind is
 # refused (a prediction named `x.npy` would be an .npz archive under the name of one array)
-SUFFIXES = {"plan": ".plan", "checkpoint": ".safetensors", "weights": ".safetensors", "prediction": ".npz",
-            "profile": ".json", "log": ".jsonl", "model": ".swp", "plot": ".png"}
+# (the first suffix is the one to suggest; a log may be called `.json` too, as JSON lines often are)
+SUFFIXES = {"plan": (".plan",), "checkpoint": (".safetensors",), "weights": (".safetensors",),
+            "prediction": (".npz",), "profile": (".json",), "log": (".jsonl", ".json"), "model": (".swp",),
+            "plot": (".png",)}
 _OURS = {".plan", ".safetensors", ".npz", ".npy", ".json", ".jsonl", ".swp", ".onnx"}
 
 
-def check_outputs(outputs: Iterable[tuple[str | None, str]], inputs: Iterable[tuple[str | None, str]],
+def check_outputs(outputs: Iterable[tuple[str | os.PathLike[str] | None, str]],
+                  inputs: Iterable[tuple[str | os.PathLike[str] | None, str]],
                   may_replace: Iterable[tuple[str, str]] = ()) -> None:
     """Refuse, before anything is read or written, a command whose output (path, what) is empty, is named
     for another kind of file, or is the same file (through links too) as one of its inputs or another of its
     outputs: a file an input folder holds counts as that input. ``may_replace``: pairs of (output, input)
     kinds that may name the same file (a checkpoint saved over the one resumed from)."""
-    outs = [(p, what) for p, what in outputs if p is not None]
+    outs = [(os.fspath(p), what) for p, what in outputs if p is not None]
+    ins = [(os.fspath(p), what) for p, what in inputs if p is not None]
     allowed = set(may_replace)
     for path, what in outs:
         if not path.strip():
             raise SwpError(f"the {what}'s file name is empty")
-        suffix = Path(path).suffix.lower()
-        if what in SUFFIXES and suffix in _OURS and suffix != SUFFIXES[what]:
-            raise SwpError(f"`{path}` is named as a `{suffix}` file; {what} files take `{SUFFIXES[what]}`",
-                           hints=[f"name it `{Path(path).with_suffix(SUFFIXES[what])}`"])
+        suffix, takes = Path(path).suffix.lower(), SUFFIXES.get(what, ())
+        if takes and suffix in _OURS and suffix not in takes:
+            raise SwpError(f"`{path}` is named as a `{suffix}` file; {what} files take `{takes[0]}`",
+                           hints=[f"name it `{Path(path).with_suffix(takes[0])}`"])
     seen: list[tuple[str, str, tuple[object, ...]]] = []
-    for path, what in [(p, w) for p, w in inputs if p is not None and os.path.exists(p)]:
+    for path, what in [(p, w) for p, w in ins if os.path.exists(p)]:
         seen += [(path, what, key) for key in _input_keys(path)]
     for path, what in outs:
         key = _key(path)
@@ -71,9 +75,13 @@ def _key(path: str) -> tuple[object, ...]:
 
 
 def _input_keys(path: str) -> list[tuple[object, ...]]:
+    """The files an input names: itself, or a data folder's arrays (the ``.npy`` files it is read for)."""
     if not os.path.isdir(path):
         return [_key(path)]
-    return [_key(str(p)) for p in Path(path).iterdir() if p.is_file()] + [_key(path)]
+    try:
+        return [_key(str(p)) for p in Path(path).glob("*.npy")] + [_key(path)]
+    except OSError:  # (a folder that cannot be listed cannot be read either: its reader says so)
+        return [_key(path)]
 
 
 def write_text_atomically(path: str | Path, text: str, what: str = "file") -> None:

@@ -1,16 +1,37 @@
 """Validators for the library's option records (``attrs`` fields): a value of the wrong type or out of
 range is an SwpError naming the field, as the command line's own checks would say it, not a TypeError
-deep inside a run."""
+deep inside a run. The converters first take what stands for the value (a NumPy integer, a Path)."""
 
 from __future__ import annotations
 
 import math
+import numbers
+import os
 from collections.abc import Callable
 from typing import Any
+
+import numpy as np
 
 from swapdsl.common.errors import SwpError
 
 Validator = Callable[[Any, Any, Any], None]
+
+
+def as_whole(value: Any) -> Any:
+    """A NumPy integer as an int; anything else as it is (for the validator to judge)."""
+    return int(value) if isinstance(value, numbers.Integral) and not isinstance(value, (bool, np.bool_)) else value
+
+
+def as_number(value: Any) -> Any:
+    return float(value) if isinstance(value, numbers.Real) and not isinstance(value, (bool, np.bool_)) else value
+
+
+def as_text(value: Any) -> Any:
+    return os.fspath(value) if isinstance(value, os.PathLike) else value
+
+
+def as_flag(value: Any) -> Any:
+    return bool(value) if isinstance(value, np.bool_) else value
 
 
 def whole(low: int, high: int | None = None, optional: bool = False) -> Validator:

@@ -61,7 +61,7 @@ from concurrent.futures import ProcessPoolExecutor
 import attrs
 import numpy as np
 
-from swapdsl.common.checks import positive, whole
+from swapdsl.common.checks import as_number, as_whole, positive, whole
 from swapdsl.common.children import die_with
 from swapdsl.common.errors import SwpError
 from swapdsl.graph.ir import Graph
@@ -82,11 +82,11 @@ class SearchOptions:
     """The genetic search's knobs; ``progress`` is called after every generation (and once before the
     first) with where the search stands."""
 
-    budget_s: float = attrs.field(default=60.0, validator=positive)
-    generations: int = attrs.field(default=100_000, validator=whole(0))  # 0: the seeds only
-    population: int = attrs.field(default=64, validator=whole(2, 100_000))
-    seed: int = attrs.field(default=0, validator=whole(0, 2**63 - 1))
-    workers: int = attrs.field(default=0, validator=whole(0))  # 0: every core
+    budget_s: float = attrs.field(default=60.0, converter=as_number, validator=positive)
+    generations: int = attrs.field(default=100_000, converter=as_whole, validator=whole(0))  # 0: the seeds only
+    population: int = attrs.field(default=64, converter=as_whole, validator=whole(2, 100_000))
+    seed: int = attrs.field(default=0, converter=as_whole, validator=whole(0, 2**63 - 1))
+    workers: int = attrs.field(default=0, converter=as_whole, validator=whole(0))  # 0: every core
     progress: Callable[[SearchProgress], None] | None = None
     # the share of the budget for the exact polish, on graphs it polishes (0: none)
     polish: float = attrs.field(default=POLISH_SHARE, validator=lambda _, __, share: check_share(share))

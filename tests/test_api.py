@@ -140,6 +140,6 @@ def test_what_stands_for_a_value_is_taken_as_it() -> None:
     assert type(opts.steps) is int and type(opts.shuffle) is bool
     search = swapdsl.SearchOptions(seed=np.int64(3), budget_s=np.float32(3))
     assert (search.seed, search.budget_s) == (3, 3.0)
-    assert swapdsl.optimize(TINY, memory=np.int64(2**21), method="belady").cap == 2**21
+    assert swapdsl.optimize(TINY, memory=np.int64(2**23), method="belady").cap == 2**23
     with pytest.raises(swapdsl.SwpError, match="`steps` must be an integer at least 1, not 2.0"):
         swapdsl.Options(steps=2.0)

@@ -152,17 +152,21 @@ def check_same_run(ck: Checkpoint, g: Graph) -> None:
     _check_tensors(ck, g, g.persistent, "--resume")
 
 
-def check_same_data(ck: Checkpoint, data: str, shuffle: bool) -> None:
+def check_same_data(ck: Checkpoint, data: str, shuffle: bool, synthetic: str) -> None:
     """Refuse to resume on other data, or with the order of its examples changed (--shuffle given or not):
-    a resumed run goes on exactly as the one that wrote the checkpoint would have. Data at another path is
-    refused where both paths name files here; a path that does not resolve from here is taken as written."""
+    a resumed run goes on exactly as the one that wrote the checkpoint would have. ``synthetic``: the name
+    of the seed's data, which no other data is. Data at another path is refused where both paths name files
+    here; a path that does not resolve from here (a relative one an older run recorded) is taken as written."""
     if ck.meta["shuffle"] != json.dumps(shuffle):
         said = "with" if ck.meta["shuffle"] == "true" else "without"
         raise SwpError(f"--resume `{ck.path}` was written by a run {said} --shuffle: resume {said} it",
                        hints=["or start from its parameters alone with --init"])
     theirs = ck.meta.get("data", data)
-    if theirs != data and os.path.exists(theirs) and os.path.exists(data) and not os.path.samefile(theirs, data):
-        raise SwpError(f"--resume `{ck.path}` was written by a run on `{theirs}`, not `{data}`",
+    if (theirs == synthetic) != (data == synthetic) or (
+            theirs != data and os.path.exists(theirs) and os.path.exists(data) and not os.path.samefile(theirs, data)):
+        raise SwpError(f"--resume `{ck.path}` was written by a run on "
+                       + (f"`{theirs}`" if theirs != synthetic else "synthetic data (no --data)")
+                       + (f", not `{data}`" if data != synthetic else ", not on synthetic data: give its --data"),
                        hints=["resume on the data it trained on, or start from its parameters alone with --init"])
 
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import math
+import os
 import signal
 import threading
 import time
@@ -189,7 +190,7 @@ def resolve(opts: Options) -> Options:
     if not opts.resume:
         return attrs.evolve(opts, seed=opts.seed or 0)
     ck = checkpoint.read(opts.resume, "--resume", tensors=False)
-    checkpoint.check_same_data(ck, opts.data, opts.shuffle)
+    checkpoint.check_same_data(ck, opts.data, opts.shuffle, SYNTHETIC)
     seed = ck.seed
     if opts.seed is not None and opts.seed != seed:
         raise SwpError(f"--resume `{opts.resume}` was written by a run with --seed {seed}, this one has "
@@ -333,7 +334,8 @@ def _restore(g: Graph, stepper: Stepper, opts: Options) -> int:
 def _save(g: Graph, values: Mapping[str, np.ndarray], opts: Options, step: int) -> SaveRecord:
     assert opts.save is not None
     started = time.perf_counter()
-    nbytes = checkpoint.save(opts.save, g, values, step, step, opts.seed or 0, opts.data, opts.shuffle)
+    data = opts.data if opts.data == SYNTHETIC else os.path.abspath(opts.data)  # (resumed from anywhere)
+    nbytes = checkpoint.save(opts.save, g, values, step, step, opts.seed or 0, data, opts.shuffle)
     return SaveRecord(step, opts.save, nbytes, 1e3 * (time.perf_counter() - started))
 
 

@@ -123,7 +123,7 @@ def test_unknown_tensor_is_refused(cli, plan_file: Path) -> None:
     ((r"compute_efficiency 0\.6", "compute_efficiency 5"), "device figure `compute_efficiency` is 5.0; a share of "
                                                             "the peak is at most 1", "device"),
     ((r" mem_bw (\S+)", r" mem_bw \1 mem_bw 1.0"), "the device field `mem_bw` is given twice", "device"),
-    ((r"(?m)^flops f16", "flops f8"), "`flops f8`: flops lines name f64, f32, f16, bf16", "flops f8"),
+    ((r"(?m)^flops f16", "flops f8"), "`flops f8`: flops lines name f64, f32, f16, bf16, i32, i64", "flops f8"),
 ])
 def test_device_lines_out_of_range_are_refused_at_their_line(cli, plan_file: Path, edit: tuple[str, str],
                                                              said: str, at: str) -> None:

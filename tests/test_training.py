@@ -290,15 +290,22 @@ def test_resume_is_bit_exact_under_a_swapping_plan(cli, setup: dict[str, Path], 
     assert a.keys() == b.keys() and all(np.array_equal(a[k], b[k]) for k in a)
 
 
-def test_resume_refuses_other_data_or_another_order(cli, setup: dict[str, Path], tmp_path: Path) -> None:
+def test_resume_refuses_other_data_or_another_order(cli, setup: dict[str, Path], tmp_path: Path,
+                                                    monkeypatch: pytest.MonkeyPatch) -> None:
     run_json(cli, setup["plan"], "--data", setup["train"], "--shuffle", "--steps", "2", "--save", tmp_path / "c.st")
     for argv, said in [(["--data", setup["train"]], "was written by a run with --shuffle: resume with it"),
                        (["--data", setup["test"], "--shuffle"], f"was written by a run on `{setup['train']}`, "
                                                                 f"not `{setup['test']}`")]:
         code, out, err = cli("exec", setup["plan"], *argv, "--steps", "4", "--resume", tmp_path / "c.st")
         assert code == 2 and out == "" and said in err.splitlines()[0], err
-    again = run_json(cli, setup["plan"], "--data", f"{setup['train']}/", "--shuffle", "--steps", "4",
-                     "--resume", tmp_path / "c.st")  # (the same folder, spelt another way)
+    code, out, err = cli("exec", setup["plan"], "--shuffle", "--steps", "4", "--resume", tmp_path / "c.st")
+    assert code == 2 and "not on synthetic data: give its --data" in err.splitlines()[0], err
+    run_json(cli, setup["plan"], "--steps", "2", "--save", tmp_path / "s.st")
+    code, out, err = cli("exec", setup["plan"], "--data", setup["train"], "--steps", "4", "--resume", tmp_path / "s.st")
+    assert code == 2 and "was written by a run on synthetic data (no --data)" in err.splitlines()[0], err
+    monkeypatch.chdir(setup["train"].parent)  # (the same folder, spelt another way from another folder)
+    again = run_json(cli, setup["plan"], "--data", f"./{setup['train'].name}/", "--shuffle", "--steps", "4",
+                     "--resume", tmp_path / "c.st")
     assert again["first_step"] == 3
 
 

@@ -16,6 +16,7 @@ from typing import Any
 import attrs
 
 from swapdsl.common.errors import SwpError, did_you_mean
+from swapdsl.graph.ir import DType
 
 GIB = 2**30
 
@@ -130,7 +131,7 @@ def load_device(spec: str | None) -> Device:
                        hints=["write one with `swapdsl profile`, or see `swapdsl devices --json`"]) from None
 
 
-FLOPS_CLASSES = ("f64", "f32", "f16", "bf16")  # the dtypes a profile may give peak FLOP/s for
+FLOPS_CLASSES = tuple(DType.names())  # the dtypes a profile may give peak FLOP/s for (an op's output's)
 EFFICIENCIES = ("compute_efficiency", "memory_efficiency")  # shares of a peak: in (0, 1]
 _REQUIRED = ("name", "memory_bytes", "flops", "mem_bw", "h2d_bw", "d2h_bw", "launch_s")
 

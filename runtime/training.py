@@ -282,16 +282,16 @@ def train(g: Graph, stepper: Stepper, opts: Options, hooks: Hooks = Hooks(), eva
                     raise _nonfinite(g, opts, start, step, _why_skipped(step, metrics), ds, order)
                 steps.append(StepRecord(step, epoch, loss, metrics, ms, examples, *moved, diff, diff_at))
                 _emit(hooks.on_step, steps[-1], log, "step")
+                if opts.save_every and step % opts.save_every == 0:  # (saved first: an evaluation that
+                    save(step)                                        # fails loses no training)
                 if opts.eval_every and step % opts.eval_every == 0:
                     evaluation(step)
-                if opts.save_every and step % opts.save_every == 0:
-                    save(step)
                 if stopping or (g.ranks == 1 and stop.is_set()):  # (ranks: only the stop all agreed on)
                     save(step)
                     raise Interrupted(step, saves[-1].path if saves and saves[-1].step == step else None,
                                       stop.signum)
-            evaluation(last)
             save(last)
+            evaluation(last)
     finally:
         if loader is not None:
             loader.close()

@@ -358,15 +358,19 @@ def _model_candidates(plan: Plan, plan_path: str | Path) -> list[Path]:
 def locate_model(plan: Plan, plan_path: str | Path) -> Path | None:
     """The plan's model file if it can be found: the first candidate unchanged since the plan was made (one
     that changed is refused where no other is the model), else None."""
-    found = [c for c in _model_candidates(plan, plan_path) if c.is_file()]
-    for candidate in found:
+    changed: list[SwpError] = []
+    unreadable: list[SwpError] = []
+    for candidate in (c for c in _model_candidates(plan, plan_path) if c.is_file()):
         try:
-            if load(candidate).sha256 == plan.model_sha256:
-                return candidate
-        except SwpError:
-            continue  # (not the model: said below if no other is)
-    if found:
-        _same_hash(plan, found[0])
+            sha = load(candidate).sha256
+        except SwpError as err:  # (not the model: said below if no other is)
+            unreadable.append(err)
+            continue
+        if sha == plan.model_sha256:
+            return candidate
+        changed.append(_changed(plan, sha))
+    if changed or unreadable:
+        raise (changed or unreadable)[0]  # (a model that changed is the likelier story)
     return None
 
 
@@ -384,9 +388,7 @@ def _model_span(plan: Plan) -> Span | None:
     return Span.point(plan.origin.file, line, 1) if plan.origin is not None and line is not None else None
 
 
-def _same_hash(plan: Plan, path: Path) -> None:
-    sha = load(path).sha256
-    if sha != plan.model_sha256:
-        raise SwpError(f"the model `{plan.model_path}` has changed since this plan was made", _model_span(plan),
-                       hints=[f"plan made for sha256 {plan.model_sha256[:16]}..., the model now is {sha[:16]}...",
-                              "run `swapdsl optimize` again"])
+def _changed(plan: Plan, sha: str) -> SwpError:
+    return SwpError(f"the model `{plan.model_path}` has changed since this plan was made", _model_span(plan),
+                    hints=[f"plan made for sha256 {plan.model_sha256[:16]}..., the model now is {sha[:16]}...",
+                           "run `swapdsl optimize` again"])

@@ -124,9 +124,6 @@ class Outcome:
     dataset: Dataset | None
 
 
-Evaluator = Callable[[Dataset, int], EvalRecord]  # (held-out data, the step it follows)
-
-
 class Beside:
     """``exec --check``: the reference executor run beside the stepper on the same batches from the same
     state, compared after every step (``context``: where the reference allocates)."""
@@ -231,6 +228,8 @@ def train(g: Graph, stepper: Stepper, opts: Options, hooks: Hooks = Hooks(), eva
     held_out = open_dataset(opts.eval, g, "--eval", partial=True) if opts.eval else None
     if held_out is not None and evaluate is None:
         raise SwpError("--eval is not available for this executor")
+    if held_out is not None and evaluate is not None:
+        evaluate.check(held_out)
     start = _restore(g, stepper, opts)
     if g.ranks > 1:
         _agree(g, opts, ds, start, last, stepper, check is not None)
@@ -408,8 +407,8 @@ class Held:
         pass  # (the evaluation's executors share no arena with it)
 
 
-def evaluator(trainer: Stepper, forward: Stepper, tail: Callable[[int], Stepper | None] | None = None,
-              tail_rows: int | None = None) -> Evaluator:
+@attrs.frozen
+class Evaluator:
     """Evaluation by ``forward`` (an executor of ``autodiff.evaluation_graph``) from ``trainer``'s state: the
     loss and reports over the held-out data, each batch weighed by its examples; the last partial batch
     by ``tail(rows)``, an executor of the evaluation graph at that batch, at most ``tail_rows`` rows at a
@@ -417,25 +416,35 @@ def evaluator(trainer: Stepper, forward: Stepper, tail: Callable[[int], Stepper 
     ``forward`` and ``tail``'s may share ``trainer``'s device arena (a plan's evaluation runs inside the
     training plan's cap), so the trainer's state is put back."""
 
-    def run(ds: Dataset, step: int) -> EvalRecord:
+    trainer: Stepper
+    forward: Stepper
+    tail: Callable[[int], Stepper | None] | None = None
+    tail_rows: int | None = None
+
+    def __call__(self, ds: Dataset, step: int) -> EvalRecord:
+        """The evaluation of ``ds`` after ``step``."""
         started = time.perf_counter()
-        state = trainer.state()
-        forward.load_state(state, forward.steps_run)
-        parts = [_evaluated(forward, gather(ds, slice(k * ds.batch, (k + 1) * ds.batch)), ds.batch)
+        state = self.trainer.state()
+        self.forward.load_state(state, self.forward.steps_run)
+        parts = [_evaluated(self.forward, gather(ds, slice(k * ds.batch, (k + 1) * ds.batch)), ds.batch)
                  for k in range(ds.batches_per_epoch)]
         left, at = ds.dropped, ds.batches_per_epoch * ds.batch
-        while left and tail is not None:
-            rows = min(left, tail_rows or left)
-            extra = tail(rows)
-            if extra is None:
-                break
+        while left and (extra := self._tail(left)) is not None:
+            rows = min(left, self.tail_rows or left)
             extra.load_state(state, extra.steps_run)
             parts.append(_evaluated(extra, gather(ds, slice(at, at + rows)), rows))
             left, at = left - rows, at + rows
-        trainer.load_state(state, trainer.steps_run)
+        self.trainer.load_state(state, self.trainer.steps_run)
         return held_out(ds, step, parts, left, started)
 
-    return run
+    def check(self, ds: Dataset) -> None:
+        """Refuse, before training, held-out data that no evaluation could take: fewer examples than a batch,
+        in a partial batch that does not plan under the cap."""
+        if not ds.batches_per_epoch and self._tail(ds.dropped) is None:
+            held_out(ds, 0, [], ds.dropped, 0.0)  # (its error)
+
+    def _tail(self, left: int) -> Stepper | None:
+        return None if self.tail is None else self.tail(min(left, self.tail_rows or left))
 
 
 def held_out(ds: Dataset, step: int, parts: list[tuple[float, dict[str, float], int]], left: int,

@@ -514,7 +514,7 @@ def _train_reference(m: Model, opts: Options, backend: str, hooks: Hooks) -> Exe
                 return None
             return None if at is None else reference.Trainer(at.evaluation, seed, xp)
 
-        evaluate = training.evaluator(trainer, reference.Trainer(m.evaluation, seed, xp), functools.cache(tail))
+        evaluate = training.Evaluator(trainer, reference.Trainer(m.evaluation, seed, xp), functools.cache(tail))
     outcome = training.train(m.training, trainer, opts, hooks, evaluate)
     return _execution(m.graph.name, name, opts, outcome)
 
@@ -574,7 +574,7 @@ def _evaluate(resolved: tuple[Plan | None, Model], data: str, init: str | None, 
 
     def run(g: Graph, first: training.Stepper, tail: Callable[[int], training.Stepper | None], ds: Dataset,
             state: dict[str, np.ndarray]) -> training.EvalRecord:
-        return training.evaluator(training.Held(state), first, tail)(ds, 0)
+        return training.Evaluator(training.Held(state), first, tail)(ds, 0)
 
     return _inference(resolved, data, init, backend, seed, evaluation_graph, run)
 
@@ -774,7 +774,7 @@ def _plan_evaluator(plan: Plan, runner: PlanRunner, backend: str, xp: ModuleType
             return None
 
     micro = int(model.args["batch"]) // model.microbatches if model.microbatches > 1 else None
-    return training.evaluator(runner, forward_at(model.evaluation, plan.args), functools.cache(tail), micro)
+    return training.Evaluator(runner, forward_at(model.evaluation, plan.args), functools.cache(tail), micro)
 
 
 def _beside(train: Graph, seed: int, xp: ModuleType) -> training.Beside:

@@ -128,6 +128,26 @@ def test_one_pass_predicts_and_scores_as_two_do(folder: Path, monkeypatch: pytes
     assert np.array_equal(outputs["logits"], alone["logits"])
 
 
+def test_held_out_data_no_evaluation_could_take_is_refused_before_training(
+        cli, folder: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Fewer held-out examples than a batch, in a partial batch that does not plan under the cap (stood
+    for by a model that refuses every other batch): refused at the start, not after the training."""
+    from swapdsl import api
+
+    plan = folder / "m.plan"
+    if not plan.exists():
+        assert cli("optimize", folder / "m.swp", *ARGS, "--memory", "2/3", "--method", "belady", "-o", plan)[0] == 0
+    few = tmp_path / "few"
+    few.mkdir()
+    for name in ("x", "y"):
+        np.save(few / f"{name}.npy", np.load(folder / "test" / f"{name}.npy")[:3])
+    monkeypatch.setattr(api, "_at_batch", lambda m, rows: None)
+    code, out, err = cli("exec", plan, "--data", folder / "train", "--steps", "50", "--eval", few)
+    assert code == 2 and "step 1/" not in out, out
+    assert err.startswith(f"error: none of the 3 examples of `{few}` could be evaluated: a partial batch of 3 "
+                          "does not plan under the cap"), err
+
+
 def test_the_prediction_graph_reads_no_labels(tmp_path: Path) -> None:
     m = swapdsl.load(write(tmp_path / "m.swp", MLP), batch=4, features=8, hidden=8)
     g = prediction_graph(m.graph)

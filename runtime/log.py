@@ -5,6 +5,7 @@ points."""
 from __future__ import annotations
 
 import contextlib
+import errno
 import fcntl
 import io
 import json
@@ -23,51 +24,73 @@ RECORD_START = b'{"event": '  # how every line `exec --log` writes begins
 
 
 def open_log(path: str) -> BinaryIO:
-    """The log, opened to append. A file that is not empty must be a log `exec` wrote (its first line, and
-    a last one without its newline, begin as its records do): any other file is refused, neither appended
-    to nor cut. A last record left incomplete (a run killed while writing it) is cut off, one whole but for
-    its newline ended. Appends and this repair hold the file's lock, so runs sharing a log lose no line."""
+    """The log, opened to append. A file that is not empty must be a log `exec` wrote (``check_log``): any
+    other file is refused, neither appended to nor cut. A last record left incomplete (a run killed while
+    writing it: a cut line, or the zeros a crash leaves) is cut off, one whole but for its newline ended.
+    Appends and this repair hold the file's lock where the file system has locks, so runs sharing a log
+    lose no line."""
     try:
-        f = open(path, "ab", buffering=0)  # noqa: SIM115  (the caller closes it)
+        f = open(path, "a+b", buffering=0)  # noqa: SIM115  (the caller closes it)
     except OSError as exc:
         raise SwpError(f"cannot write the log `{path}`: {exc.strerror or exc}") from None
     try:
         with _locked(f):
-            _repair(f, path)
+            end, tail = _judged(f, path)
+            if tail and _whole(tail.decode("utf-8", "replace")):
+                os.write(f.fileno(), b"\n")
+            elif tail:
+                os.ftruncate(f.fileno(), end)
     except BaseException:
         f.close()
         raise
     return f
 
 
-def _repair(f: BinaryIO, path: str) -> None:
-    size = os.fstat(f.fileno()).st_size
-    if not size:
-        return
+def check_log(path: str) -> None:
+    """Refuse, before a run, a ``--log`` that is a file `exec` did not write (read only: every rank may)."""
+    if os.path.isfile(path):
+        with open(path, "rb") as f:
+            _judged(f, path)
+
+
+def _judged(f: BinaryIO, path: str) -> tuple[int, bytes]:
+    """Where the log's last whole line ends and what follows it (a torn record, or nothing), or an error
+    where the file is not a log `exec` wrote: its first whole line, and what follows the last, begin as
+    its records do (what follows may also be a torn start of one, or zeros)."""
     try:
-        with open(path, "rb") as r:
-            head = r.read(len(RECORD_START))
-            end = _last_line_end(r, size)
-            r.seek(end)
-            tail = r.read()
+        size = os.fstat(f.fileno()).st_size
+        end = _last_line_end(f, size)
+        f.seek(0)
+        head = f.read(len(RECORD_START))
+        f.seek(end)
+        tail = f.read()
     except OSError as exc:
         raise SwpError(f"cannot read the log `{path}`: {exc.strerror or exc}") from None
-    if head != RECORD_START or (tail and not tail.startswith(RECORD_START)):
+    torn = tail.lstrip(b"\0")
+    if (end and head != RECORD_START) or not (torn.startswith(RECORD_START) or RECORD_START.startswith(torn)):
         raise SwpError(f"`{path}` is not a log `swapdsl exec --log` wrote, so it is not appended to",
                        hints=["give --log a new file, or a log an earlier run wrote"])
-    if tail and _whole(tail.decode("utf-8", "replace")):
-        os.write(f.fileno(), b"\n")
-    elif tail:
-        os.ftruncate(f.fileno(), end)
+    return end, tail
+
+
+# file systems without locks (NFS without its lock daemon, Lustre mounted noflock): the log goes unlocked
+_NO_LOCKS = (errno.ENOLCK, errno.ENOSYS, errno.EOPNOTSUPP, errno.EINVAL)
 
 
 @contextlib.contextmanager
 def _locked(f: BinaryIO) -> Iterator[None]:
-    fcntl.flock(f.fileno(), fcntl.LOCK_EX)
+    try:
+        fcntl.flock(f.fileno(), fcntl.LOCK_EX)
+        locked = True
+    except OSError as exc:
+        if exc.errno not in _NO_LOCKS:
+            raise SwpError(f"cannot lock the log `{f.name!s}`: {exc.strerror or exc}") from None
+        locked = False
     try:
         yield
     finally:
-        fcntl.flock(f.fileno(), fcntl.LOCK_UN)
+        if locked:
+            fcntl.flock(f.fileno(), fcntl.LOCK_UN)
 
 
 def _last_line_end(r: BinaryIO, size: int, chunk: int = 1 << 16) -> int:

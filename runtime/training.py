@@ -26,7 +26,7 @@ from swapdsl.common.errors import SwpError
 from swapdsl.graph.ir import Graph
 from swapdsl.runtime import checkpoint, dist, nonfinite
 from swapdsl.runtime.dataset import Batch, Dataset, Loader, Order, batch_size, gather, open_dataset
-from swapdsl.runtime.log import append, open_log
+from swapdsl.runtime.log import append, check_log, open_log
 
 SYNTHETIC = "synthetic"
 DEFAULT_STEPS = 10  # with synthetic data and neither --steps nor --epochs
@@ -184,6 +184,8 @@ def resolve(opts: Options) -> Options:
                   [(opts.data if opts.data != SYNTHETIC else None, "training data"), (opts.eval, "held-out data"),
                    (opts.init, "initial checkpoint"), (opts.resume, "checkpoint resumed")],
                   may_replace=[("checkpoint", "initial checkpoint"), ("checkpoint", "checkpoint resumed")])
+    if opts.log is not None:
+        check_log(opts.log)  # (on every rank, before the run: not rank 0's alone once it has begun)
     if not opts.resume:
         return attrs.evolve(opts, seed=opts.seed or 0)
     ck = checkpoint.read(opts.resume, "--resume", tensors=False)

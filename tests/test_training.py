@@ -465,7 +465,8 @@ def test_plot_log_draws_a_step_logged_again_as_logged_last_and_leaves_out_a_torn
 def test_appending_to_a_log_ends_a_whole_last_line_and_cuts_a_torn_one(tmp_path: Path) -> None:
     log, record = tmp_path / "run.jsonl", '{"event": "step", "step": 1, "loss": 1.0, "metrics": {}}'
     torn = '{"event": "step", "loss": ' + "1" * 100_000  # (longer than the chunk the end is found in)
-    for tail, kept in [(record, record + "\n"), ('{"event": "st', ""), (torn, "")]:
+    for tail, kept in [(record, record + "\n"), ('{"event": "st', ""), (torn, ""), ('{"ev', ""), ("\0" * 20, ""),
+                       ("\0" * 8 + '{"event": "st', "")]:  # (a crash leaves zeros where it was writing)
         log.write_text(record + "\n" + tail)
         with open_log(str(log)) as f:
             append(f, {"event": "save", "step": 2})
@@ -475,6 +476,39 @@ def test_appending_to_a_log_ends_a_whole_last_line_and_cuts_a_torn_one(tmp_path:
         with pytest.raises(SwpError, match="is not a log `swapdsl exec --log` wrote, so it is not appended to"):
             open_log(str(log))
         assert log.read_text() == foreign  # neither cut nor appended to
+    log.write_text('{"ev')
+    with open_log(str(log)) as f:
+        append(f, {"event": "save", "step": 2})
+    assert log.read_text() == '{"event": "save", "step": 2}\n'
+
+
+def test_a_log_that_exec_did_not_write_is_refused_before_the_run(cli, setup: dict[str, Path], tmp_path: Path) -> None:
+    notes = tmp_path / "notes.jsonl"
+    notes.write_text("my notes\n")
+    code, out, err = cli("exec", setup["plan"], "--steps", "2", "--log", notes)
+    assert code == 2 and out == "" and "is not a log `swapdsl exec --log` wrote" in err.splitlines()[0], err
+    assert notes.read_text() == "my notes\n"
+
+
+def test_a_log_on_a_file_system_without_locks_is_written_unlocked(tmp_path: Path,
+                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    import errno
+    import fcntl
+
+    def refused(fd: int, how: int) -> None:
+        raise OSError(errno.ENOLCK, "No locks available")
+
+    monkeypatch.setattr(fcntl, "flock", refused)
+    with open_log(str(tmp_path / "run.jsonl")) as f:
+        append(f, {"event": "save", "step": 1})
+    assert (tmp_path / "run.jsonl").read_text() == '{"event": "save", "step": 1}\n'
+
+    def broken(fd: int, how: int) -> None:
+        raise OSError(errno.EIO, "Input/output error")
+
+    monkeypatch.setattr(fcntl, "flock", broken)
+    with pytest.raises(SwpError, match="cannot lock the log .*: Input/output error"):
+        open_log(str(tmp_path / "run.jsonl"))
 
 
 def test_a_run_that_cannot_write_its_log_or_checkpoint_stops_with_both_whole(setup: dict[str, Path],

@@ -162,12 +162,15 @@ def check_same_data(ck: Checkpoint, data: str, shuffle: bool, synthetic: str) ->
         raise SwpError(f"--resume `{ck.path}` was written by a run {said} --shuffle: resume {said} it",
                        hints=["or start from its parameters alone with --init"])
     theirs = ck.meta.get("data", data)
-    if (theirs == synthetic) != (data == synthetic) or (
-            theirs != data and os.path.exists(theirs) and os.path.exists(data) and not os.path.samefile(theirs, data)):
-        raise SwpError(f"--resume `{ck.path}` was written by a run on "
-                       + (f"`{theirs}`" if theirs != synthetic else "synthetic data (no --data)")
-                       + (f", not `{data}`" if data != synthetic else ", not on synthetic data: give its --data"),
-                       hints=["resume on the data it trained on, or start from its parameters alone with --init"])
+    hint = "resume on the data it trained on, or start from its parameters alone with --init"
+    if theirs == synthetic and data != synthetic:
+        raise SwpError(f"--resume `{ck.path}` was written by a run on synthetic data (no --data), not `{data}`",
+                       hints=[hint])
+    if data == synthetic and theirs != synthetic:
+        raise SwpError(f"--resume `{ck.path}` was written by a run on `{theirs}`, not on synthetic data: give its "
+                       "--data", hints=[hint])
+    if theirs != data and os.path.exists(theirs) and os.path.exists(data) and not os.path.samefile(theirs, data):
+        raise SwpError(f"--resume `{ck.path}` was written by a run on `{theirs}`, not `{data}`", hints=[hint])
 
 
 def parameters(ck: Checkpoint, g: Graph) -> dict[str, np.ndarray]:

@@ -18,6 +18,10 @@ from swapdsl.runtime.training import Stepper
 Scored = list[tuple[float, dict[str, float], int]]  # each batch's loss, reports and rows
 
 
+class PartialBatch(SwpError):
+    """The data's last partial batch does not plan under the cap at its size."""
+
+
 def predict(g: Graph, forward: Stepper, tail: Callable[[int], Stepper | None], ds: Dataset,
             state: dict[str, np.ndarray], scored: Scored | None = None) -> dict[str, np.ndarray]:
     """Each output of ``g`` (by name) for every example of ``ds``, rows in the data's order, computed from
@@ -31,7 +35,7 @@ def predict(g: Graph, forward: Stepper, tail: Callable[[int], Stepper | None], d
     if ds.dropped:
         extra = tail(ds.dropped)
         if extra is None:
-            raise SwpError(f"the last {ds.dropped} examples of `{ds.path}` make a partial batch that does not "
+            raise PartialBatch(f"the last {ds.dropped} examples of `{ds.path}` make a partial batch that does not "
                            "plan under the cap", hints=[f"give a multiple of {ds.batch} examples"])
         extra.load_state(state, 0)
         whole = ds.batches_per_epoch * ds.batch

@@ -60,7 +60,7 @@ from swapdsl.runtime import checkpoint, reference, training
 from swapdsl.runtime.data import init_persistent
 from swapdsl.runtime.dist import EveryRank, join
 from swapdsl.runtime.dataset import Dataset, array_names, open_dataset
-from swapdsl.runtime.predict import predict as run_predict
+from swapdsl.runtime.predict import PartialBatch, predict as run_predict
 from swapdsl.runtime.backend import array_module, device_bytes_held, require_memory, separate_pool
 from swapdsl.runtime.interpreter import PlanRunner
 from swapdsl.runtime.training import Hooks, Options, Outcome
@@ -546,10 +546,8 @@ def predict_scored(target: Plan | Model | str | Path, data: str, init: str | Non
 
     try:
         return _inference(resolved, data, init, backend, seed, lambda g: evaluation_graph(g, outputs=True), run)
-    except SwpError:
-        if plan is None:  # (the reference plans nothing: the error is the data's or the checkpoint's)
-            raise
-    # (the graph of both, or its partial batch, does not plan under the cap: each alone may)
+    except (BelowSmallestCap, PartialBatch):  # (the graph of both, or its partial batch, does not plan under
+        pass                                   # the cap: each alone may; any other error is the data's)
     return (_inference(resolved, data, init, backend, seed, prediction_graph, run_predict),
             _evaluate(resolved, data, init, backend, seed))
 

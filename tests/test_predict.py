@@ -14,6 +14,7 @@ from conftest import MODELS, write
 from swapdsl.common.errors import SwpError
 from swapdsl.graph.autodiff import prediction_graph
 from swapdsl.graph.checker import check_graph
+from swapdsl.planning.sizing import BelowSmallestCap
 
 MLP = (MODELS / "mlp.swp").read_text().replace(
     "    report accuracy = mean(cast(argmax(logits) == y, f32))\n",
@@ -114,18 +115,28 @@ def test_one_pass_predicts_and_scores_as_two_do(folder: Path, monkeypatch: pytes
         assert outputs.keys() == alone.keys() and all(np.array_equal(outputs[k], alone[k]) for k in alone)
         assert (held.loss, held.metrics, held.examples, held.dropped) == (scored.loss, scored.metrics, 29, 0)
     graphs: list[bool] = []
-    both = api.evaluation_graph
+    both, inference = api.evaluation_graph, api._inference
 
     def refused(g: object, outputs: bool = False) -> object:
         graphs.append(outputs)
         if outputs:
-            raise SwpError("the graph of both does not plan under the cap")
+            raise BelowSmallestCap("the graph of both does not plan under the cap")
         return both(g)
 
     monkeypatch.setattr(api, "evaluation_graph", refused)
     outputs, held = api.predict_scored(str(plan), data)
     assert True in graphs and held is not None and held.loss == scored.loss
     assert np.array_equal(outputs["logits"], alone["logits"])
+    bad = folder / "bad_labels"  # (an error of the data is no reason to try two passes: it is raised)
+    bad.mkdir(exist_ok=True)
+    np.save(bad / "x.npy", np.load(folder / "test" / "x.npy"))
+    np.save(bad / "y.npy", np.full(29, 10, np.int32))
+    monkeypatch.setattr(api, "evaluation_graph", both)
+    passes: list[object] = []
+    monkeypatch.setattr(api, "_inference", lambda *a, **kw: passes.append(a) or inference(*a, **kw))
+    with pytest.raises(SwpError, match="outside"):
+        api.predict_scored(str(plan), str(bad))
+    assert len(passes) == 1
 
 
 def test_held_out_data_no_evaluation_could_take_is_refused_before_training(

@@ -7,14 +7,13 @@ from __future__ import annotations
 import contextlib
 import errno
 import fcntl
-import io
 import json
 import os
 from collections.abc import Iterator
 from pathlib import Path
 from typing import BinaryIO
 
-from swapdsl.common.atomic import write_bytes_atomically
+from swapdsl.common.drawing import pyplot, save
 from swapdsl.common.errors import Span, SwpError
 
 EVENTS = ("step", "eval", "save")
@@ -187,11 +186,7 @@ def _number(v: object) -> bool:
 
 def plot_log(records: list[dict], out: str, title: str = "") -> None:
     """Loss (and, below it, each report) against the step; evaluations as points. Written atomically."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    plt = pyplot("plot-log")
     steps = [r for r in records if r["event"] == "step"]
     evals = [r for r in records if r["event"] == "eval"]
     names = sorted({k for r in steps + evals for k in r["metrics"]})
@@ -211,9 +206,4 @@ def plot_log(records: list[dict], out: str, title: str = "") -> None:
     axes[0, 0].set_title(title)
     axes[-1, 0].set_xlabel("step")
     fig.tight_layout()
-    buf = io.BytesIO()
-    try:
-        fig.savefig(buf, format="png", dpi=100)
-    finally:
-        plt.close(fig)
-    write_bytes_atomically(out, buf.getvalue(), "plot")
+    save(fig, out, "plot", dpi=100)

@@ -792,7 +792,7 @@ def make_parser() -> argparse.ArgumentParser:
 
     pl = sub.add_parser("plot-log", help="draw a training log (exec --log): loss and reports against the step")
     pl.add_argument("file", metavar="FILE.jsonl")
-    pl.add_argument("-o", "--output", required=True, metavar="OUT.png")
+    pl.add_argument("-o", "--output", required=True, metavar="OUT.png", help="a .png, .pdf or .svg file")
     pl.set_defaults(handler=_cmd_plot_log)
 
     op = sub.add_parser("optimize", help="plan a training step under a memory cap")
@@ -833,7 +833,8 @@ def make_parser() -> argparse.ArgumentParser:
 
     sh = sub.add_parser("show", help="summarise a plan; --plot draws its timeline")
     sh.add_argument("file", metavar="FILE.plan")
-    sh.add_argument("--plot", metavar="OUT.png", help="draw the three streams and device memory (matplotlib)")
+    sh.add_argument("--plot", metavar="OUT.png",
+                    help="draw the three streams and device memory (matplotlib): a .png, .pdf or .svg file")
     sh.set_defaults(handler=_cmd_show)
 
     pr = sub.add_parser("profile", help="measure op times and copy bandwidth on this backend into a profile")

@@ -292,13 +292,23 @@ def test_a_binary_file_given_for_a_text_one_is_named_with_where_it_belongs(cli, 
     np.savez(in_tmp / "d.npz", x=np.arange(3))
     save_file({"w": np.ones(2, np.float32)}, str(in_tmp / "c.safetensors"))
     (in_tmp / "dir.plan").mkdir()
-    for argv, said in [(["check", "x.npy"], "`x.npy` is a NumPy array, not a .swp file"),
+    (in_tmp / "run.jsonl").write_text('{"event": "step", "step": 1}\n')
+    (in_tmp / "gpu.json").write_text('\n  {"name": "mine"}\n')
+    (in_tmp / "net.onnx").write_text("model t() {}\n")  # (ONNX is told by its name: a small one may decode)
+    for argv, said in [(["exec", "run.jsonl"], "`run.jsonl` is a training log (`exec --log` wrote it), not a .swp file"),
+                       (["simulate", "run.jsonl"], "`run.jsonl` is a training log (`exec --log` wrote it), not a plan "
+                                                   "file"),
+                       (["optimize", "gpu.json", "--memory", "1GiB", "-o", "n.plan"],
+                        "`gpu.json` is a JSON file, not a .swp file"),
+                       (["check", "net.onnx"], "`net.onnx` is an ONNX model, not a .swp file"),
+                       (["check", "x.npy"], "`x.npy` is a NumPy array, not a .swp file"),
                        (["exec", "d.npz"], "`d.npz` is a zip archive (an .npz?), not a .swp file"),
                        (["exec", "c.safetensors"], "`c.safetensors` is a safetensors checkpoint, not a .swp file"),
                        (["simulate", "c.safetensors"], "`c.safetensors` is a safetensors checkpoint, not a plan file"),
                        (["simulate", "dir.plan"], "`dir.plan` is a directory, not a plan file")]:
         code, out, err = cli(*argv)
         assert (code, out, err.splitlines()[0]) == (2, "", f"error: {said}"), err
+        assert "= hint: " in err or "directory" in said
 
 
 def test_an_import_that_names_a_folder_says_so(cli, in_tmp: Path) -> None:

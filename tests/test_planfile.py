@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import re
 import struct
+import sys
 from pathlib import Path
 
 import pytest
@@ -189,6 +190,39 @@ def test_show_plot_writes_a_png(cli, plan_file: Path) -> None:
     assert (width, height) == (1320, 660)
     assert len(png) > 10_000
     assert "method          lru" in out
+
+
+@pytest.mark.parametrize("suffix, magic", [(".pdf", b"%PDF-"), (".svg", b"<?xml"), ("", b"\x89PNG")])
+def test_a_plot_is_written_in_the_format_its_name_asks_for_and_is_the_same_bytes_each_time(
+        cli, plan_file: Path, suffix: str, magic: bytes) -> None:
+    """`-o x.pdf` wrote PNG bytes under a PDF's name; PDF and SVG carry a date and random ids unless told not
+    to, so the same plan drew different bytes."""
+    drawn = []
+    for name in ("a", "b"):
+        code, _, err = cli("show", plan_file, "--plot", name + suffix)
+        assert code == 0, err
+        drawn.append((plan_file.parent / (name + suffix)).read_bytes())
+    assert drawn[0].startswith(magic)
+    assert drawn[0] == drawn[1]
+
+
+def test_a_plot_named_for_a_format_it_cannot_be_is_refused_before_any_work(cli, plan_file: Path) -> None:
+    code, _, err = cli("show", plan_file, "--plot", "timeline.jpg")
+    assert code == 2
+    assert "plot files take `.png`, `.pdf` or `.svg`" in err and "name it `timeline.png`" in err
+    assert not (plan_file.parent / "timeline.jpg").exists()
+
+
+@pytest.mark.parametrize("command", [("show", "PLAN", "--plot", "t.png"), ("plot-log", "LOG", "-o", "t.png")])
+def test_drawing_without_matplotlib_is_an_error_naming_what_to_install(
+        cli, plan_file: Path, monkeypatch: pytest.MonkeyPatch, command: tuple[str, ...]) -> None:
+    log = plan_file.parent / "run.jsonl"
+    log.write_text('{"event": "step", "step": 1, "loss": 1.0, "metrics": {}}\n')
+    monkeypatch.setitem(sys.modules, "matplotlib", None)
+    code, _, err = cli(*[{"PLAN": plan_file, "LOG": log}.get(a, a) for a in command])
+    assert code == 2
+    assert "needs matplotlib" in err and "pip install 'swapdsl[plot]'" in err
+    assert not (plan_file.parent / "t.png").exists()
 
 
 def test_the_timeline_names_copies_only_where_their_labels_fit() -> None:

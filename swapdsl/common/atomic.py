@@ -30,8 +30,9 @@ def check_writable(path: str | Path, what: str = "file") -> None:
 # (the first suffix is the one to suggest; a log may be called `.json` too, as JSON lines often are)
 SUFFIXES = {"plan": (".plan",), "checkpoint": (".safetensors",), "weights": (".safetensors",),
             "prediction": (".npz",), "profile": (".json",), "log": (".jsonl", ".json"), "model": (".swp",),
-            "plot": (".png",)}
+            "plot": (".png", ".pdf", ".svg")}
 _OURS = {".plan", ".safetensors", ".npz", ".npy", ".json", ".jsonl", ".swp", ".onnx"}
+_EVERY_SUFFIX = {"plot"}  # kinds named for their format whatever the suffix (a figure called `.jpg` is refused)
 
 
 def check_outputs(outputs: Iterable[tuple[str | os.PathLike[str] | None, str]],
@@ -47,10 +48,7 @@ def check_outputs(outputs: Iterable[tuple[str | os.PathLike[str] | None, str]],
     for path, what in outs:
         if not path.strip():
             raise SwpError(f"the {what}'s file name is empty")
-        suffix, takes = Path(path).suffix.lower(), SUFFIXES.get(what, ())
-        if takes and suffix in _OURS and suffix not in takes:
-            raise SwpError(f"`{path}` is named as a `{suffix}` file; {what} files take `{takes[0]}`",
-                           hints=[f"name it `{Path(path).with_suffix(takes[0])}`"])
+        check_suffix(path, what)
     seen: list[tuple[str, str, tuple[object, ...]]] = []
     for path, what in [(p, w) for p, w in ins if os.path.exists(p)]:
         seen += [(path, what, key) for key in _input_keys(path)]
@@ -62,6 +60,16 @@ def check_outputs(outputs: Iterable[tuple[str | os.PathLike[str] | None, str]],
                 raise SwpError(f"the {what} `{path}` is the {kind} `{other}`{inside}: writing it would destroy it",
                                hints=[f"give the {what} another file name"])
         seen.append((path, what, key))
+
+
+def check_suffix(path: str | os.PathLike[str], what: str) -> None:
+    """Refuse a file of kind ``what`` named for another kind of file (see SUFFIXES)."""
+    suffix, takes = Path(path).suffix.lower(), SUFFIXES.get(what, ())
+    checked = suffix in _OURS or (what in _EVERY_SUFFIX and suffix)
+    if takes and checked and suffix not in takes:
+        named = " or ".join([", ".join(f"`{t}`" for t in takes[:-1]), f"`{takes[-1]}`"][-len(takes):])
+        raise SwpError(f"`{os.fspath(path)}` is named as a `{suffix}` file; {what} files take {named}",
+                       hints=[f"name it `{Path(path).with_suffix(takes[0])}`"])
 
 
 def _key(path: str) -> tuple[object, ...]:

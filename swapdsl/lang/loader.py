@@ -44,6 +44,8 @@ def read_source(path: str | Path, what: str = "a .swp file") -> str:
         raise SwpError(f"no such file: `{path}`") from None
     except OSError as exc:
         raise SwpError(f"cannot read `{path}`: {exc.strerror}") from None
+    if (kind := _named_kind(p)) is not None or (kind := _text_kind(data)) is not None:
+        raise SwpError(f"`{path}` is {kind[0]}, not {what}", hints=[kind[1]])
     try:
         return data.decode("utf-8")
     except UnicodeDecodeError as exc:
@@ -56,6 +58,22 @@ def read_source(path: str | Path, what: str = "a .swp file") -> str:
             Span.point(str(path), line, col),
             hints=[f"{what} is UTF-8 text"],
         ) from None
+
+
+def _named_kind(path: Path) -> tuple[str, str] | None:
+    """What a file is by its suffix, where the suffix alone tells (an ONNX file may even decode as text)."""
+    if path.suffix.lower() == ".onnx":
+        return "an ONNX model", f"turn it into a model first: `swapdsl import {path} -o {path.stem}.swp`"
+    return None
+
+
+def _text_kind(data: bytes) -> tuple[str, str] | None:
+    """What a text file that is neither a model nor a plan is, by its first bytes (neither starts with `{`)."""
+    if data.startswith(b'{"event": '):
+        return "a training log (`exec --log` wrote it)", "draw it with `swapdsl plot-log`"
+    if data.lstrip()[:1] == b"{":
+        return "a JSON file", "a device profile goes to --device FILE.json"
+    return None
 
 
 def _binary_kind(data: bytes) -> tuple[str, str] | None:

@@ -2,14 +2,12 @@
 
 from __future__ import annotations
 
-import io
 from collections import Counter
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from swapdsl.common.atomic import write_bytes_atomically
-from swapdsl.common.errors import SwpError
+from swapdsl.common.drawing import pyplot, save
 from swapdsl.common.units import format_bytes
 from swapdsl.plan.figures import ONE_PASS_IDEAL
 from swapdsl.plan.program import HOST, HostRun, Plan, Region, Run, SwapIn, SwapOut
@@ -107,13 +105,7 @@ def _mark(lanes: Any, copies: list[tuple[str, str, float, float]], labels: Mappi
 def plot(plan: Plan, out: str | Path, labels: Mapping[str, str] | None = None, named: int = 6) -> None:
     """Three stream lanes over time, and device memory over time against the cap (in the cap's unit); the
     ``named`` largest copies are marked with the tensor's label."""
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        raise SwpError("--plot needs matplotlib", hints=["pip install 'swapdsl[plot]'"]) from None
+    plt = pyplot("--plot")
     r = simulate(plan, timeline=True)
     fig, (lanes, mem) = plt.subplots(2, 1, figsize=(12, 6), sharex=True, height_ratios=[1, 1.4])
     colors = {"compute": "#4c72b0", "h2d": "#55a868", "d2h": "#c44e52"}
@@ -143,9 +135,4 @@ def plot(plan: Plan, out: str | Path, labels: Mapping[str, str] | None = None, n
     mem.set_xlabel("ms")
     mem.legend(loc="upper center", bbox_to_anchor=(0.5, 1.0), ncol=2, frameon=False)
     fig.tight_layout()
-    buf = io.BytesIO()
-    try:
-        fig.savefig(buf, format="png", dpi=110)
-    finally:
-        plt.close(fig)
-    write_bytes_atomically(out, buf.getvalue(), "plot")
+    save(fig, out, "plot", dpi=110)

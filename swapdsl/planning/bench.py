@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import io
 import json
 import math
 import time
@@ -11,7 +10,8 @@ from typing import Any
 
 import attrs
 
-from swapdsl.common.atomic import check_writable, write_bytes_atomically, write_text_atomically
+from swapdsl.common.atomic import check_writable, write_text_atomically
+from swapdsl.common.drawing import pyplot, save
 from swapdsl.common.errors import SwpError
 from swapdsl.common.paths import STDLIB_DIR
 from swapdsl.devices.profiles import Device
@@ -160,12 +160,8 @@ def write_outputs(rows: list[dict[str, Any]], methods: list[str], out: Path) -> 
     written = [out / "bench.json", out / "bench.md"]
     write_text_atomically(written[0], json.dumps(rows, indent=2) + "\n", "bench output")
     write_text_atomically(written[1], markdown(rows, methods), "bench output")
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
+    plt = pyplot(None)
+    if plt is None:
         return written
     models = list(dict.fromkeys(r["model"] for r in rows))
     fig, axes = plt.subplots(1, len(models), figsize=(3.2 * len(models), 3.2), squeeze=False)
@@ -181,10 +177,5 @@ def write_outputs(rows: list[dict[str, Any]], methods: list[str], out: Path) -> 
     axes[0][0].set_ylabel("fraction of ideal")
     axes[0][-1].legend()
     fig.tight_layout()
-    buf = io.BytesIO()
-    try:
-        fig.savefig(buf, format="png", dpi=100)
-    finally:
-        plt.close(fig)
-    write_bytes_atomically(out / "fraction.png", buf.getvalue(), "bench output")
+    save(fig, out / "fraction.png", "bench output", dpi=100)
     return written + [out / "fraction.png"]

@@ -25,17 +25,19 @@ class Progress:
         self.started: float | None = None
         self.first: int | None = None
         self.examples = 0
+        self.aside = 0.0  # seconds of checking, evaluating and saving: not training, so not in ex/s
         self.shown = 0.0
         self.pending = False  # a live line is on screen without its newline
 
     def step(self, r: StepRecord) -> None:
-        now = time.perf_counter()
+        now, checking = time.perf_counter(), (r.check_ms or 0.0) / 1e3
         if self.started is None:  # the first step's time counts from its start
-            self.started, self.first = now - r.step_ms / 1e3, r.step
+            self.started, self.first = now - r.step_ms / 1e3 - checking, r.step
         self.examples += r.examples
+        self.aside += checking
         elapsed = now - self.started
         done = r.step - (self.first or r.step) + 1
-        rate = self.examples / elapsed if elapsed > 0 else 0.0
+        rate = self.examples / (elapsed - self.aside) if elapsed > self.aside else 0.0
         eta = (self.last - r.step) * elapsed / done
         epoch = f"  epoch {r.epoch}/{-(-self.last // self.per_epoch)}" if r.epoch and self.per_epoch else ""
         figures = "".join(f"  {k} {v:.4f}" for k, v in r.metrics.items())
@@ -51,12 +53,14 @@ class Progress:
             print(line + diff, file=self.out, flush=True)
 
     def evaluation(self, r: EvalRecord) -> None:
+        self.aside += r.eval_ms / 1e3
         figures = "".join(f"  {k} {v:.4f}" for k, v in r.metrics.items())
         dropped = f", {r.dropped} in a partial batch left out" if r.dropped else ""
         self._line(f"  eval after step {r.step}: loss {r.loss:.6f}{figures}  ({r.examples} held-out examples"
                    f"{dropped}, {r.eval_ms:.0f} ms)")
 
     def save(self, r: SaveRecord) -> None:
+        self.aside += r.write_ms / 1e3
         self._line(f"  saved step {r.step} to {r.path} ({format_bytes(r.nbytes)} in {r.write_ms:.0f} ms)")
 
     def close(self) -> None:

@@ -83,6 +83,7 @@ class StepRecord:
     d2h_bytes: int
     diff: float | None = None  # --check: largest relative difference from the reference
     diff_at: str | None = None  # --check: where it is: "loss", or a persistent tensor's name
+    check_ms: float | None = None  # --check: the reference's step and the comparison
 
 
 @attrs.frozen
@@ -276,12 +277,15 @@ def train(g: Graph, stepper: Stepper, opts: Options, hooks: Hooks = Hooks(), eva
                 loss, stopping = dist.step_sync(loss, stop.is_set(), g)
                 if not math.isfinite(loss) and opts.on_nonfinite == "stop":
                     raise _nonfinite(g, opts, start, step, f"the loss of step {step} is {loss}", ds, order)
+                checked = time.perf_counter()
                 diff, diff_at = check(batch, step, loss, stepper) if check is not None else (None, None)
+                check_ms = (time.perf_counter() - checked) * 1e3 if check is not None else None
                 epoch = order.epoch_of(step - 1) + 1 if order is not None else None
                 metrics = stepper.metrics()
                 if opts.on_nonfinite == "stop" and _gave_up(g, metrics):
                     raise _nonfinite(g, opts, start, step, _why_skipped(step, metrics), ds, order)
-                steps.append(StepRecord(step, epoch, loss, metrics, ms, examples, *moved, diff, diff_at))
+                steps.append(StepRecord(step, epoch, loss, metrics, ms, examples, *moved, diff, diff_at,
+                                        check_ms))
                 _emit(hooks.on_step, steps[-1], log, "step")
                 if opts.save_every and step % opts.save_every == 0:  # (saved first: an evaluation that
                     save(step)                                        # fails loses no training)

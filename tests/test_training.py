@@ -13,6 +13,7 @@ import threading
 import time
 from pathlib import Path
 
+import attrs
 import numpy as np
 import pytest
 from safetensors.numpy import load_file
@@ -547,6 +548,24 @@ def test_progress_lines_show_epoch_loss_reports_and_rate(cli, setup: dict[str, P
     assert "12 batches of 8 an epoch, 4 in a partial batch left out" in lines[1]
     assert "step 12/12  epoch 1/1  loss" in out and "accuracy" in lines[2] and "ex/s" in lines[2]
     assert "eval after step 12: loss" in out and "held out: loss" in next(x for x in lines if x.startswith("loss "))
+
+
+def test_the_rate_leaves_out_checking_evaluating_and_saving(monkeypatch: pytest.MonkeyPatch) -> None:
+    """ex/s counted --check's reference steps as training: a checked run showed a fifth of its rate."""
+    import io
+
+    from swapdsl.runtime import progress
+
+    clock = iter([1.0, 1.5, 2.6])
+    monkeypatch.setattr(progress.time, "perf_counter", lambda: next(clock))
+    out = io.StringIO()
+    shown = progress.Progress(3, None, out, live=False)
+    step = training.StepRecord(1, None, 1.0, {}, 100.0, 10, 0, 0, 0.0, "loss", check_ms=400.0)
+    shown.step(step)
+    shown.step(attrs.evolve(step, step=2))
+    shown.evaluation(training.EvalRecord(2, 1.0, {}, 5, 0, 1000.0))
+    shown.step(attrs.evolve(step, step=3, check_ms=None))
+    assert re.findall(r"([\d,]+) ex/s", out.getvalue()) == ["100", "100", "100"]
 
 
 # -- Ctrl-C

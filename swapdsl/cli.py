@@ -98,6 +98,31 @@ def _share(text: str) -> float:
     return value
 
 
+def _ratios(text: str) -> list[float]:
+    """An argparse type: positive, finite memory ratios, each once, separated by commas."""
+    try:
+        values = [float(r) for r in text.split(",")]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected numbers separated by commas, got `{text}`") from None
+    if not all(math.isfinite(v) and v > 0 for v in values):
+        raise argparse.ArgumentTypeError(f"expected positive, finite ratios, got {text}")
+    return _once(values, text)
+
+
+def _methods(text: str) -> list[str]:
+    """An argparse type: planning methods, each once, separated by commas."""
+    methods = text.split(",")
+    if unknown := [m for m in methods if m not in METHOD_NAMES]:
+        raise argparse.ArgumentTypeError(f"unknown method `{unknown[0]}` (methods: {', '.join(METHOD_NAMES)})")
+    return _once(methods, text)
+
+
+def _once(values: list[Any], text: str) -> list[Any]:
+    if len(set(values)) != len(values):
+        raise argparse.ArgumentTypeError(f"`{text}` names one twice")
+    return values
+
+
 def _polish(text: str) -> float:
     """An argparse type: the share of ga's budget for its exact polish, from 0 to MAX_POLISH."""
     value = _float(text)
@@ -500,17 +525,12 @@ def _cmd_profile(args: argparse.Namespace) -> int:
 
 
 def _cmd_bench(args: argparse.Namespace) -> int:
-    try:
-        ratios = [float(r) for r in args.ratios.split(",")]
-    except ValueError:
-        raise SwpError(f"--ratios takes numbers separated by commas, got `{args.ratios}`") from None
-    methods = args.methods.split(",")
-    unknown = [m for m in methods if m not in METHOD_NAMES]
-    if unknown or min(ratios) <= 0:
-        raise SwpError(f"bad --methods or --ratios: {', '.join(unknown) or args.ratios}",
-                       hints=[f"methods: {', '.join(METHOD_NAMES)}; ratios are positive"])
+    ratios, methods = args.ratios, args.methods
     if args.out:
-        bench.output_folder(Path(args.out))
+        out = Path(args.out)
+        check_outputs([(out / name, "bench output") for name in bench.OUTPUTS],
+                      [(m, "model") for m in args.models if Path(m).suffix] + [(args.device, "device profile")])
+        bench.output_folder(out)
     search = SearchOptions(budget_s=args.budget, generations=args.generations, seed=args.seed, workers=args.workers)
     rows = bench.rows(args.models, ratios, methods, load_device(args.device or DEFAULT_DEVICE), search,
                       log=None if args.json else print,
@@ -850,8 +870,10 @@ def make_parser() -> argparse.ArgumentParser:
 
     be = sub.add_parser("bench", help="plan every (model, ratio, method) and tabulate fraction, time, swap, search")
     be.add_argument("--models", nargs="+", default=list(bench.ZOO), help="zoo names or .swp files")
-    be.add_argument("--ratios", default="2,4,8,12", help="memory ratios, comma-separated (2,4,8,12)")
-    be.add_argument("--methods", default="lru,vdnn,belady,ga", help="comma-separated (lru,vdnn,belady,ga)")
+    be.add_argument("--ratios", type=_ratios, default=[2.0, 4.0, 8.0, 12.0],
+                    help="memory ratios, comma-separated (2,4,8,12)")
+    be.add_argument("--methods", type=_methods, default=["lru", "vdnn", "belady", "ga"],
+                    help="comma-separated (lru,vdnn,belady,ga)")
     be.add_argument("--device", help=f"device profile (default {DEFAULT_DEVICE})")
     be.add_argument("--precision", choices=PRECISIONS, help="plan every model under this precision (f32)")
     be.add_argument("--guard", choices=GUARDS, help="and this guard (default: scale for f16, else none)")

@@ -33,6 +33,11 @@ TINY = ["-D", "batch=4", "-D", "width=4", "-D", "blocks=1"]
     ["exec", "m.swp", "--seed", "-1"],
     ["exec", "m.swp", "--steps", "0"],
     ["bench", "--budget", "nan"],
+    ["bench", "--ratios", "nan"],  # (a traceback: the cap was int(no_swap / nan))
+    ["bench", "--ratios", "inf"],
+    ["bench", "--ratios", "2,4,2"],
+    ["bench", "--methods", "lru,ga,lru"],
+    ["bench", "--methods", "lru,bogus"],
 ], ids=lambda a: " ".join(a[1:]) if isinstance(a, list) else a)
 def test_bad_numbers_are_refused_by_the_parser(cli, args: list[str]) -> None:
     code, out, err = cli(*args)
@@ -343,3 +348,12 @@ def test_cupy_only_flags_on_numpy_say_they_change_nothing(cli, in_tmp: Path) -> 
     assert out.splitlines()[1] == "  note: --tf32 and --graph off apply on CuPy only: nothing changes on numpy"
     code, out, _ = cli("exec", "m.plan", "--steps", "1", "--backend", "numpy")
     assert "CuPy only" not in out
+
+
+def test_bench_out_never_writes_over_a_model_or_profile_it_reads(cli, in_tmp: Path) -> None:
+    model = in_tmp / "bench.md"
+    model.write_text((MODELS / "mlp.swp").read_text())
+    before = model.read_bytes()
+    code, _, err = cli("bench", "--models", model, "--ratios", "2", "--methods", "lru", "--out", in_tmp)
+    assert code == 2 and "is the model" in err and "writing it would destroy it" in err
+    assert model.read_bytes() == before and sorted(p.name for p in in_tmp.iterdir()) == ["bench.md"]

@@ -30,6 +30,7 @@ from swapdsl.planning.bound import ideal_ms as bound_ideal_ms
 from swapdsl.planning.optimize import optimize, optimize_microbatches
 from swapdsl.planning.problem import Problem, Request
 
+OUTPUTS = ("bench.json", "bench.md", "fraction.png")  # what --out DIR holds after a run
 ZOO = ("resnet", "wide_resnet", "vgg", "inception_v4", "nasnet", "lstm_lm", "bert", "gpt")
 
 
@@ -151,7 +152,7 @@ def output_folder(out: Path) -> None:
         out.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
         raise SwpError(f"cannot make the folder `{out}` for --out: {exc.strerror or exc}") from None
-    for name in ("bench.json", "bench.md", "fraction.png"):
+    for name in OUTPUTS:
         check_writable(out / name, "bench output")
 
 

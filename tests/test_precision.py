@@ -378,3 +378,14 @@ def test_a_0d_half_tensor_has_no_axis_to_cut(op: str, attrs_: dict) -> None:
 
     x = np.array(1.5, np.float16)
     assert float(run_kernel(np, op, [x], attrs_)) == 1.5
+
+
+def test_a_model_tensor_named_loss_scale_is_refused_where_the_guard_keeps_one(cli, in_tmp: Path) -> None:
+    """It was an assertion's traceback (exit 1) with f16's default guard."""
+    text = "model m(batch = 4) {\n    input x: f32[batch, 8]\n    input y: i32[batch]\n    param loss_scale: " \
+           "f32[8, 3] = xavier\n    minimize softmax_cross_entropy(x @ loss_scale, y) with sgd(0.1)\n}\n"
+    write(in_tmp / "m.swp", text)
+    code, _, err = cli("check", "m.swp", "--training", "--precision", "f16")
+    assert code == 2 and err.startswith("error: the model's tensor `loss_scale` has the name of the loss scale "
+                                        "that --guard scale keeps\n --> m.swp:4:5"), err
+    assert cli("check", "m.swp", "--training", "--precision", "f16", "--guard", "skip")[0] == 0

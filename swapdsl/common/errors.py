@@ -56,6 +56,9 @@ class SwpError(Exception):
         return "\n".join(lines)
 
 
+SHOWN_COLUMNS = 120  # of a source line, around the place an error names
+
+
 def _source_line(span: Span, sources: dict[str, str]) -> str | None:
     text = sources.get(span.file)
     if text is None:
@@ -78,8 +81,12 @@ def _render_span(span: Span, sources: dict[str, str]) -> list[str]:
     src = src.expandtabs(1)
     end = span.end_col if span.end_line == span.line else len(src) + 1
     width = max(1, min(end, len(src) + 1) - span.col)
-    caret = " " * (span.col - 1) + "^" * width
-    out += [f"{gutter} |", f"{span.line} | {src}", f"{gutter} | {caret}"]
+    start = max(0, min(span.col - 1 - SHOWN_COLUMNS // 2, len(src) - SHOWN_COLUMNS))  # a window on a long line
+    shown = ("..." if start else "") + src[start:start + SHOWN_COLUMNS]
+    lead = span.col - 1 - start + (3 if start else 0)
+    caret = " " * lead + "^" * min(width, len(shown) + 1 - lead)
+    shown += "..." if start + SHOWN_COLUMNS < len(src) else ""
+    out += [f"{gutter} |", f"{span.line} | {shown}", f"{gutter} | {caret}"]
     return out
 
 

@@ -158,6 +158,9 @@ LOSS_SCALE = {"initial": 2.0**16, "growth": 2.0, "backoff": 0.5, "interval": 200
 
 def _loss_scale(b: _Builder, fwd: Graph, state: list[str]) -> str:
     """The loss scale and its count of finite steps in a row: f32 scalars kept across steps."""
+    if (mine := fwd.tensors.get("loss_scale")) is not None:
+        raise SwpError("the model's tensor `loss_scale` has the name of the loss scale that --guard scale keeps",
+                       mine.span, hints=["rename the model's tensor, or train with --guard skip"])
     scalar = TensorType((), DType.f32)
     scale = b.add_tensor("loss_scale", scalar, Kind.optimizer_state,
                          Init("constant", (("value", LOSS_SCALE["initial"]),)))

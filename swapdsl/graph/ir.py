@@ -127,6 +127,10 @@ class Optimizer:
 
 
 FORWARD_ONLY = Optimizer("none", ())  # a model without `minimize`: it predicts, it does not train
+# what training reports besides a model's own reports, by name (so no `report` may take these names)
+TRAINER_REPORTS = {"loss": "the loss, shown every step", "finite": "whether a guarded step's gradients were "
+                   "all finite (--guard)", "grad_norm": "the gradients' global norm (`clip = C`)",
+                   "loss_scale": "the loss scale of f16 training (--guard scale)"}
 
 
 @frozen

@@ -19,7 +19,7 @@ from swapdsl.lang import ast
 from swapdsl.common.errors import Span, SwpError, did_you_mean
 from swapdsl.common.units import MAX_BYTES
 from swapdsl.graph import ops
-from swapdsl.graph.ir import FORWARD_ONLY, DType, Graph, Init, Kind, Op, Optimizer, Tensor, TensorType
+from swapdsl.graph.ir import FORWARD_ONLY, TRAINER_REPORTS, DType, Graph, Init, Kind, Op, Optimizer, Tensor, TensorType
 from swapdsl.lang.builtins import BUILTINS, call_builtin, slice_axis
 from swapdsl.lang.loader import Program
 from swapdsl.lang.values import REQUIRED, TensorVal, Value, bind, describe
@@ -375,6 +375,9 @@ class _Elaborator:
             raise SwpError("`report` is only allowed in a model", s.span)
         if s.name in self.reports:
             raise SwpError(f"`{s.name}` is reported twice", s.span, hints=["give each report its own name"])
+        if s.name in TRAINER_REPORTS:
+            raise SwpError(f"`{s.name}` is reported by training itself: {TRAINER_REPORTS[s.name]}", s.span,
+                           hints=["give the report another name"])
         value = self.expr(s.value, frame)
         if not isinstance(value, TensorVal) or value.type.shape != ():
             raise SwpError(f"a report must be a scalar tensor, got {describe(value)}", s.value.span,

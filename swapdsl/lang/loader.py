@@ -47,7 +47,7 @@ def read_source(path: str | Path, what: str = "a .swp file") -> str:
     if (kind := _named_kind(p)) is not None or (kind := _text_kind(data)) is not None:
         raise SwpError(f"`{path}` is {kind[0]}, not {what}", hints=[kind[1]])
     try:
-        return data.decode("utf-8")
+        return data.decode("utf-8").removeprefix("\ufeff")  # (a byte-order mark some editors write)
     except UnicodeDecodeError as exc:
         if (kind := _binary_kind(data)) is not None:
             raise SwpError(f"`{path}` is {kind[0]}, not {what}", hints=[kind[1]]) from None

@@ -9,6 +9,7 @@ from typing import Any
 import attrs
 import lark
 from lark import Token, Transformer_NonRecursive, v_args
+from lark.lexer import PatternStr
 from lark.exceptions import UnexpectedCharacters, UnexpectedEOF, UnexpectedInput, UnexpectedToken, VisitError
 
 from swapdsl.common.errors import Span, SwpError
@@ -161,7 +162,19 @@ def _syntax_error(exc: UnexpectedInput, text: str, file: str) -> SwpError:
     else:
         what = f"`{tok.value}`"
         span = Span(file, tok.line, tok.column, tok.end_line or tok.line, tok.end_column or tok.column + 1)
-    return SwpError(f"unexpected {what}", span, _expected(set(exc.accepts or exc.expected)))
+    before = text.splitlines()[tok.line - 1][:tok.column - 1].split() if tok.line <= text.count("\n") + 1 else []
+    word = tok.value if tok.value in keywords() else before[-1] if before and tok.value == "=" else ""
+    expected = set(exc.accepts or exc.expected)
+    named = word in keywords() and (tok.value == "=" or "NAME" in expected)  # (a word where a name could be)
+    reserved = [f"`{word}` is a reserved word: it cannot name a value"] if named else []
+    return SwpError(f"unexpected {what}", span, reserved + _expected(expected))
+
+
+@functools.cache
+def keywords() -> frozenset[str]:
+    """The language's reserved words: the grammar's literal words."""
+    return frozenset(t.pattern.value for t in _lark().terminals
+                     if isinstance(t.pattern, PatternStr) and t.pattern.value.isidentifier())
 
 
 # ---- tree -> AST -------------------------------------------------------------

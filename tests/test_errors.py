@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import write
+from conftest import MODELS, write
 
 # A well-formed model body to build bad programs from.
 OK_TAIL = """    minimize loss with sgd(lr = 0.1)
@@ -348,3 +348,31 @@ def test_real_process_exit_code_and_no_traceback(in_tmp: Path) -> None:
     assert proc.stdout == ""
     assert proc.stderr.startswith("error: matmul inner dimensions differ: 8 vs 5\n --> bad.swp:5:34\n")
     assert "Traceback" not in proc.stderr
+
+
+@pytest.mark.parametrize("line, word", [("input = 3", "input"), ("h = model + 1", "model"), ("report = 2", "report")])
+def test_a_reserved_word_where_a_name_belongs_is_named_as_one(cli, in_tmp: Path, line: str, word: str) -> None:
+    write(in_tmp / "m.swp", f"model m() {{\n    {line}\n}}\n")
+    code, _, err = cli("check", "m.swp")
+    assert code == 2 and f"  = hint: `{word}` is a reserved word: it cannot name a value" in err.splitlines()
+
+
+def test_a_keyword_out_of_place_elsewhere_gets_no_reserved_word_hint(cli, in_tmp: Path) -> None:
+    write(in_tmp / "m.swp", "model m() {\n    h = 3 true\n}\n")
+    code, _, err = cli("check", "m.swp")
+    assert code == 2 and "reserved word" not in err
+
+
+def test_a_byte_order_mark_is_read_past(cli, in_tmp: Path) -> None:
+    (in_tmp / "m.swp").write_bytes(b"\xef\xbb\xbf" + (MODELS / "mlp.swp").read_bytes())
+    code, out, err = cli("check", "m.swp")
+    assert code == 0 and "model mlp (m.swp): ok" in out, err
+
+
+def test_an_error_on_a_long_line_shows_a_window_around_its_place(cli, in_tmp: Path) -> None:
+    write(in_tmp / "m.swp", model(X + "    h = " + " + ".join(["x"] * 5000) + " ? x\n"))
+    code, _, err = cli("check", "m.swp")
+    shown = err.splitlines()
+    assert code == 2 and shown[0] == "error: unexpected character `?`" and max(map(len, shown)) < 140
+    source, caret = shown[3], shown[4]
+    assert source.startswith("3 | ...") and source[caret.index("^")] == "?"

@@ -23,7 +23,7 @@ import attrs
 import numpy as np
 
 from swapdsl.common.atomic import atomic_path
-from swapdsl.common.errors import SwpError
+from swapdsl.common.errors import SwpError, did_you_mean
 from swapdsl.graph.ir import Graph
 from swapdsl.graph.ops.registry import np_dtype
 
@@ -32,6 +32,7 @@ VERSION = "2"  # 2: tensor digests; 1 had none
 MAX_COUNT = 2**63 - 1  # steps, data positions and seeds are below 2^63, as --steps and --seed are
 _COUNT = re.compile(r"[0-9]{1,19}")
 RUNNING = (".running_mean", ".running_var")
+_FLOATS = {"float16": 1, "bfloat16": 1, "float32": 2, "float64": 3}  # an --init weight widens to a wider kind
 
 
 @attrs.frozen
@@ -87,11 +88,13 @@ def read(path: str, flag: str, tensors: bool = True) -> Checkpoint:
             meta = dict(f.metadata() or {})
             names = f.keys() if tensors else []
             values = {name: f.get_tensor(name) for name in names}
-    except (SafetensorError, OSError, ValueError) as exc:
+    except (SafetensorError, OSError, ValueError, TypeError) as exc:  # (TypeError: a dtype NumPy lacks)
         raise SwpError(f"{flag} `{path}` is not a safetensors file: {exc}") from None
     if meta.get("format") != FORMAT:
+        if flag == "--init" and tensors:  # weights alone, as `safetensors.torch.save_file` writes them
+            return Checkpoint(path, values, meta, 0, 0, 0)
         raise SwpError(f"{flag} `{path}` is a safetensors file but not a swapdsl checkpoint",
-                       hints=["--init takes one written by `swapdsl exec --save`"])
+                       hints=["--resume takes one written by `swapdsl exec --save`; --init takes weights alone too"])
     if meta.get("version") != VERSION:
         raise SwpError(f"{flag} `{path}` is checkpoint version {meta.get('version')}; this swapdsl reads {VERSION}",
                        hints=["version 1 (no tensor digests) came from an earlier swapdsl: resume it with that "
@@ -178,10 +181,14 @@ def parameters(ck: Checkpoint, g: Graph) -> dict[str, np.ndarray]:
     and of batch norm's running statistics where it has them (`swapdsl import` writes them)."""
     running = tuple(n for n in g.state if n.endswith(RUNNING) and n in ck.values)
     values = dict(ck.values)
-    for name in g.frozen:  # stored half under a half precision: an f32 checkpoint's value is rounded to it
+    for name in g.params:
         have, want = values.get(name), np.dtype(np_dtype(np, g.type_of(name).dtype))
-        if have is not None and have.dtype == np.float32 and want != have.dtype:
+        if have is None or have.dtype == want:
+            continue
+        if name in g.frozen and have.dtype == np.float32:  # stored half under a half precision: rounded to it
             values[name] = have.astype(want)
+        elif _FLOATS.get(have.dtype.name, 99) < _FLOATS.get(want.name, 0):
+            values[name] = have.astype(want)  # (exact: a half-precision weight into an f32 parameter)
     ck = attrs.evolve(ck, values=values)
     _check_tensors(ck, g, g.params + running, "--init")
     return {name: values[name] for name in g.params + running}
@@ -192,8 +199,11 @@ def _check_tensors(ck: Checkpoint, g: Graph, names: tuple[str, ...], flag: str) 
         t = g.type_of(name)
         have = ck.values.get(name)
         if have is None:
-            raise SwpError(f"{flag} `{ck.path}` has no tensor `{name}` ({t})",
-                           hints=[f"it was written for model `{ck.meta.get('model')}`"])
+            theirs = sorted(n for n in ck.values if n not in g.tensors)  # (names the model has are not meant)
+            hints = ([f"it was written for model `{ck.meta.get('model')}`"] if ck.meta.get("format") == FORMAT else
+                     did_you_mean(name, theirs) or [f"its tensors: {', '.join(theirs[:6])}"
+                                                    + (f" and {len(theirs) - 6} more" if len(theirs) > 6 else "")])
+            raise SwpError(f"{flag} `{ck.path}` has no tensor `{name}` ({t})", hints=hints)
         want = np.dtype(np_dtype(np, t.dtype))
         if tuple(have.shape) != t.shape or have.dtype != want:
             raise SwpError(f"{flag} `{ck.path}`: tensor `{name}` is {have.dtype}{list(have.shape)}, the model's is {t}")

@@ -410,6 +410,28 @@ def test_init_takes_parameters_only(cli, setup: dict[str, Path], tmp_path: Path)
     assert run["loss"][0] < first["loss"][0]  # trained parameters, fresh optimiser state
 
 
+def test_init_takes_weights_alone_as_pytorch_writes_them(cli, setup: dict[str, Path], tmp_path: Path) -> None:
+    """A safetensors file of parameters with no swapdsl metadata (`safetensors.torch.save_file`) was
+    refused as "not a swapdsl checkpoint", though the language doc sends users to --init with one."""
+    import ml_dtypes
+    from safetensors.numpy import save_file
+
+    run_json(cli, MLP, *DEFINES, "--steps", "5", "--save", tmp_path / "c.st")
+    params = {k: v for k, v in load_file(tmp_path / "c.st").items() if "/" not in k}
+    save_file(params, str(tmp_path / "plain.st"), metadata={"format": "pt"})
+    save_file({k: v.astype(ml_dtypes.bfloat16) for k, v in params.items()}, str(tmp_path / "half.st"))
+    ours = run_json(cli, setup["plan"], "--steps", "2", "--init", tmp_path / "c.st")
+    assert run_json(cli, setup["plan"], "--steps", "2", "--init", tmp_path / "plain.st")["loss"] == ours["loss"]
+    half = run_json(cli, setup["plan"], "--steps", "2", "--init", tmp_path / "half.st", "--check")
+    assert half["max_rel_diff"] == 0.0 and half["loss"] != ours["loss"]  # (widened exactly from bf16)
+    renamed = {k.replace(".w", ".weight"): v for k, v in params.items()}
+    save_file(renamed, str(tmp_path / "torch.st"))
+    code, _, err = cli("exec", setup["plan"], "--steps", "1", "--init", tmp_path / "torch.st")
+    assert code == 2 and "has no tensor `" in err and "= hint: did you mean `" in err and ".weight`?" in err
+    code, _, err = cli("exec", setup["plan"], "--steps", "1", "--resume", tmp_path / "plain.st")
+    assert code == 2 and "is a safetensors file but not a swapdsl checkpoint" in err
+
+
 # -- the log, and what the run looks like
 
 def test_log_records_every_step_and_evaluation(cli, setup: dict[str, Path], tmp_path: Path) -> None:

@@ -160,7 +160,7 @@ def load(path: str | Path, overrides: Mapping[str, Override] | None = None, prec
     if guard not in GUARDS:
         raise SwpError(f"unknown guard `{guard}`", hints=[f"guards: {', '.join(GUARDS)}"])
     if is_plan_file(path):
-        raise SwpError(f"`{path}` is a plan (`swapdsl optimize` wrote it), not a model",
+        raise SwpError(f"`{path}` is a plan file, not a model",
                        hints=["give the model's .swp file; `swapdsl show`, `simulate` and `exec` read a plan"])
     program = load_program(str(path))
     given = {**(overrides or {}), **args}
@@ -475,8 +475,11 @@ def execute(target: Plan | Model | str | Path, steps: int | None = None, seed: i
 
 
 def is_plan_file(path: str | Path) -> bool:
+    """A plan by its first bytes, or by its name (so a damaged plan is read, and refused, as one)."""
     if not Path(path).is_file():
         return False
+    if Path(path).suffix.lower() == ".plan":
+        return True
     try:
         with open(path, "rb") as f:
             return f.read(12) == b"swapdsl-plan"

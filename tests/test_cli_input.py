@@ -70,7 +70,11 @@ def test_a_plan_given_for_a_model_is_named_a_plan(cli, in_tmp: Path) -> None:
     assert cli("optimize", MODELS / "mlp.swp", "--memory", "4MiB", "--method", "lru", "-o", "m.plan")[0] == 0
     for argv in (["check", "m.plan"], ["optimize", "m.plan", "--memory", "4MiB", "-o", "n.plan"]):
         code, out, err = cli(*argv)
-        assert code == 2 and "`m.plan` is a plan (`swapdsl optimize` wrote it), not a model" in err, err
+        assert code == 2 and "`m.plan` is a plan file, not a model" in err, err
+    (in_tmp / "e.plan").write_text("")  # a damaged plan is read as a plan, by its name: not as a model
+    for argv in (["exec", "e.plan"], ["predict", "e.plan", "--data", "d", "-o", "p.npz"]):
+        code, out, err = cli(*argv)
+        assert code == 2 and err.startswith("error: `e.plan` is not a plan file (plans start with `swapdsl-plan`)")
     (in_tmp / "log.jsonl").write_bytes(b"\x9e\x00binary")
     code, out, err = cli("plot-log", "log.jsonl", "-o", "x.png")
     assert code == 2 and "is not text (byte 0 is not UTF-8)" in err and "codec" not in err, err

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from conftest import build_graph, write
-from swapdsl.common.errors import Span
+from swapdsl.common.errors import Span, SwpError
 from swapdsl.lang import ast
 from swapdsl.lang.parser import parse
 
@@ -94,6 +94,13 @@ def chain(x, n, out = 4) {
     assert g.tensors["body.step0.twin.w"].type.shape == (6, 8)
     assert g.tensors["body.step1.twin.w"].type.shape == (4, 8)
     assert str(g.tensors["body.step0.twin.w"].init) == "uniform(low=-0.1, high=0.1)"
+    named = graph_of(in_tmp, body.replace("as body", "as chain_1"), prefix=prefix)  # (a clash inside a library)
+    assert [p.split(".")[0] for p in named.params] == ["chain_1"] * 3 + ["chain", "chain_2"]
+    with pytest.raises(SwpError, match="scope `chain_1` is used twice here") as err:
+        graph_of(in_tmp, body.replace("h = chain(h, 1)\n    h = chain(h, 1)", "h = chain(h, 1)\n    h = chain(h, 1) "
+                                      "as chain_1").replace("as body", ""), prefix=prefix)
+    sp = err.value.span
+    assert sp is not None and (in_tmp / sp.file).read_text().splitlines()[sp.line - 1].endswith("as chain_1")
 
 
 def test_scalar_operators_lower_to_scalar_ops(in_tmp: Path) -> None:
@@ -196,3 +203,6 @@ def test_reports_and_comparisons(in_tmp: Path) -> None:
     assert t.metrics == {"accuracy": "report/accuracy", "big": "report/big"}
     assert {old for old, _ in t.updates} >= {"report/accuracy", "report/big"}
     assert not any(op.op.endswith("_grad") and "argmax" in op.op for op in t.ops)
+    spans = [op.span for op in t.ops if op.op == "report"]  # (they named the last op's line, in a library)
+    lines = (in_tmp / "m.swp").read_text().splitlines()
+    assert [lines[sp.line - 1].split("=")[0].strip() for sp in spans] == ["report accuracy", "report big"]

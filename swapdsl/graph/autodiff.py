@@ -233,12 +233,13 @@ def _report_state(b: _Builder, fwd: Graph, updates: list[tuple[str, str]], state
                   kind: str = "report") -> None:
     """Each report (or output: ``kind``) lives on as state that every step overwrites in place, as optimiser
     state is, so that planners keep its value to the end of the step without knowing about reports."""
-    b.kind = Kind.metric
+    b.kind, span = Kind.metric, b.span
     for name, tensor in (fwd.reports if reports is None else reports):
-        b.label = f"{kind} {name}"
+        b.label, b.span = f"{kind} {name}", fwd.tensors[tensor].span  # (the line that reports it)
         old = b.add_tensor(f"{kind}/{name}", b.type(tensor), Kind.metric, Init("zeros"))
         updates.append((old, b.emit("report", [old, tensor], {"name": name})))
         state.append(old)
+    b.span = span
 
 
 def evaluation_graph(fwd: Graph, outputs: bool = False) -> Graph:

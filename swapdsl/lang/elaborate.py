@@ -719,8 +719,11 @@ class _Elaborator:
         if explicit:
             raise SwpError(f"scope `{base}` is used twice here; parameter names would clash", span)
         n = used[base]
-        used[base] = n + 1
-        return f"{base}_{n}"
+        while f"{base}_{n}" in used:  # (a scope given by `as` takes a number's place: the next is used)
+            n += 1
+        used[base], name = n + 1, f"{base}_{n}"
+        used[name] = used.get(name, 1)
+        return name
 
 
 @attrs.define

@@ -155,6 +155,13 @@ CASES: list[tuple[str, str, list[str], str, str]] = [
      "limit of 1,125,899,906,842,624 bytes (1 PiB)", "2:14"),
     ("static-overflow", model(X + "    h = x * exp(1000)\n"), [],
      "error: `exp` of these numbers is out of range (math range error)", "3:13"),
+    ("fill-out-of-range", model(X + "    h = x * full([8], 1e5, f16)\n"), [],
+     "error: 100000 is out of the range of f16 (at most 65504 in magnitude)", "3:13"),
+    ("scalar-out-of-range", model(X + "    h = x * 1e39\n"), [],
+     "error: 1e+39 is out of the range of f32 (at most 3.40282e+38 in magnitude)", "3:9"),
+    ("reciprocal-out-of-range", model(X + "    h = x / 1e-39\n"), [],
+     "error: dividing by 1e-39 multiplies by 1e+39, which is out of the range of f32 (at most 3.40282e+38 in "
+     "magnitude)", "3:9"),
     ("zero-to-negative-power", model(X + "    h = x * 0 ** -1\n"), [],
      "error: zero to a negative power", "3:13"),
     ("int-of-infinity", model(X + "    h = x * int(1e308 * 10)\n"), [],

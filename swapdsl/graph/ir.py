@@ -30,9 +30,18 @@ class DType(enum.Enum):
     def __str__(self) -> str:
         return self.label
 
+    @property
+    def largest(self) -> float:
+        """The largest finite magnitude a value of this dtype holds."""
+        return _LARGEST[self.label]
+
     @classmethod
     def names(cls) -> list[str]:
         return [d.label for d in cls]
+
+
+_LARGEST = {"f64": 1.7976931348623157e308, "f32": 3.4028234663852886e38, "f16": 65504.0,
+            "bf16": 3.3895313892515355e38, "i32": 2.0**31 - 1, "i64": 2.0**63 - 1}
 
 
 @frozen

@@ -186,11 +186,21 @@ def _pad2d(em: Emitter, a: Args, span: Span) -> Value:
     return em.emit("pad2d", [a["x"]], {"padding": a["padding"]}, span)
 
 
+def representable(value: float, dtype: DType, span: Span, said: str = "") -> None:
+    """Refuse a finite number the dtype it goes into cannot hold (it would be infinite, or wrap); ``said``:
+    how the model wrote it, where that differs."""
+    if math.isfinite(value) and abs(value) > dtype.largest:
+        raise SwpError(f"{said}{value:g}{', which' if said else ''} is out of the range of {dtype} (at most "
+                       f"{dtype.largest:g} in magnitude)", span,
+                       hints=["scale the model so its constants fit, or use a wider dtype"])
+
+
 def _fill(value: float | None):  # noqa: ANN202
     def lower(em: Emitter, a: Args, span: Span) -> Value:
         if min(a["shape"], default=1) < 1:
             raise SwpError(f"a tensor's dimensions must be positive, got {list(a['shape'])}", span)
         v = a["value"] if value is None else value
+        representable(v, a["dtype"], span)
         return em.emit("fill", [], {"shape": a["shape"], "value": v, "dtype": a["dtype"].label}, span)
 
     return lower

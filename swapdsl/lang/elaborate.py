@@ -20,7 +20,7 @@ from swapdsl.common.errors import Span, SwpError, did_you_mean
 from swapdsl.common.units import MAX_BYTES
 from swapdsl.graph import ops
 from swapdsl.graph.ir import FORWARD_ONLY, TRAINER_REPORTS, DType, Graph, Init, Kind, Op, Optimizer, Tensor, TensorType
-from swapdsl.lang.builtins import BUILTINS, call_builtin, slice_axis
+from swapdsl.lang.builtins import BUILTINS, call_builtin, representable, slice_axis
 from swapdsl.lang.loader import Program
 from swapdsl.lang.values import REQUIRED, TensorVal, Value, bind, describe
 
@@ -636,6 +636,11 @@ class _Elaborator:
         if isinstance(scalar, float) and not tensor.type.dtype.is_float:
             raise SwpError(f"cannot combine {describe(tensor)} with a float", e.span,
                            hints=["cast the tensor to a float dtype first"])
+        c = float(scalar)
+        if e.op == "/" and tensor is left and c:  # (a division is a product by the reciprocal)
+            representable(1.0 / c, tensor.type.dtype, e.span, f"dividing by {c:g} multiplies by ")
+        elif e.op != "**":
+            representable(c, tensor.type.dtype, e.span)
         return _SCALAR_OPS[e.op](self, tensor, float(scalar), tensor is left, e.span)
 
     def expr_Call(self, e: ast.Call, frame: _Frame) -> Value:

@@ -349,6 +349,21 @@ def test_a_size_whose_name_starts_with_v_folds(tmp_path: Path) -> None:
     assert "def block(x, batch, vlen)" in text
 
 
+def test_a_static_exports_batch_stays_a_number_with_no_argument_and_another_batch_is_refused(
+        tmp_path: Path) -> None:
+    """A static export reshapes to [2, 8]: the model kept a `batch = 2` argument that changed nothing, and
+    --batch 4 failed at the reshape with no word of why."""
+    nodes = [N("MatMul", ["x", "w"], ["a"], name="/fc/MatMul"), N("Reshape", ["a", "to"], ["y"], name="/Reshape")]
+    path = save(tmp_path, nodes, [h.make_tensor_value_info("x", T.FLOAT, [2, 4, 2])],
+                [h.make_tensor_value_info("y", T.FLOAT, [2, 8])], [weight("w", 2, 2), ints("to", 2, 8)])
+    x = RNG.standard_normal((2, 4, 2)).astype(np.float32)
+    text = imported_matches_onnxruntime(tmp_path, path, {"x": x})
+    assert "model net() {" in text and "input x: f32[2, 4, 2]" in text
+    with pytest.raises(SwpError, match=r"--batch 4: the file fixes the batch at 2 \(its shape arithmetic"):
+        swapdsl.import_onnx(path, str(tmp_path / "four.swp"), batch=4)
+    assert not (tmp_path / "four.swp").exists()
+
+
 def test_the_tests_cover_the_whole_table() -> None:
     seeds = [build(np.random.default_rng(0))[0] for build in (cnn_graph, attention_graph, decoder_graph)]
     covered = {n.op_type for nodes in seeds for n in nodes} | {

@@ -54,12 +54,12 @@ def convert(path: str, batch: int | None = None, dims: Mapping[str, int] | None 
         raise SwpError(f"--optimizer `{optimizer[:80]}`: no optimiser `{optimizer.split('(')[0]}`",
                        hints=[f"optimisers: {', '.join(OPTIMIZERS)}"])
     sizes = _sizes(src, batch, dict(dims or {}))
-    base = lower(src, sizes, freeze)
+    base = _lowered_at_batch(src, sizes, freeze, batch)
 
     def render(lw: Lowering) -> list[str]:
         return _declarations(lw) + _outputs(src, lw, loss, target, optimizer)
 
-    body, notes = _symbolic(src, base, sizes, render)
+    body, notes, fixed = _symbolic(src, base, sizes, render)
     notes = base.notes + notes
     names = _size_names(sizes)
     n_in, n_ops = len(base.inputs), len(base.lines)
@@ -70,7 +70,7 @@ def convert(path: str, batch: int | None = None, dims: Mapping[str, int] | None 
     name_of = folded.renamed
     if freeze and not base.frozen_by_pattern:
         notes.append(f"--freeze `{freeze}` matched no parameter")
-    args = {names[s]: v for s, v in sizes.items()}
+    args = {names[s]: v for s, v in sizes.items() if s not in fixed}  # (an argument that changes nothing: none)
     stem = readable(src.path.rsplit("/", 1)[-1].rsplit(".", 1)[0])  # exporters name every graph alike
     model = stem if stem not in RESERVED else f"{stem}_model"
     head = [f"# Imported from {src.path.rsplit('/', 1)[-1]} ({src.producer or 'unknown producer'}, opset "
@@ -102,6 +102,25 @@ def _sizes(src: Source, batch: int | None, dims: dict[str, int]) -> dict[str, in
     return sizes
 
 
+def _lowered_at_batch(src: Source, sizes: dict[str, int], freeze: str | None, batch: int | None) -> Lowering:
+    """The graph lowered at ``sizes``; where ``batch`` differs from a batch the file writes as a number and
+    only the file's own lowers, an error that says so (a static export's arithmetic fixes its batch)."""
+    try:
+        return lower(src, sizes, freeze)
+    except SwpError as exc:
+        first = src.inputs[0].dims[0] if src.inputs[0].dims else None
+        if batch is None or not isinstance(first, int) or first == batch:
+            raise
+        try:
+            lower(src, {**sizes, "batch": first}, freeze)
+        except SwpError:
+            raise exc from None  # (the file fails at its own batch too: the first error is the one to show)
+        raise SwpError(f"--batch {batch}: the file fixes the batch at {first} (its shape arithmetic has it as a "
+                       "number, as a static export does)", hints=[
+                           "import without --batch, or export with a dynamic batch (torch.onnx.export's "
+                           "dynamic_shapes or dynamic_axes)"]) from None
+
+
 def _size_names(sizes: Mapping[str, int]) -> dict[str, str]:
     """Each size's model argument: `batch`, and the file's symbolic sizes made readable."""
     return {s: "batch" if s == "batch" else _arg(s) for s in sizes}
@@ -113,21 +132,26 @@ def _arg(symbol: str) -> str:
 
 
 def _symbolic(src: Source, base: Lowering, sizes: dict[str, int],
-              render: Callable[[Lowering], list[str]]) -> tuple[list[str], list[str]]:
-    """``base``'s lines with each number that follows a size written as its product with those sizes."""
+              render: Callable[[Lowering], list[str]]) -> tuple[list[str], list[str], set[str]]:
+    """``base``'s lines with each number that follows a size written as its product with those sizes; notes;
+    the sizes fixed at their value (no model argument then)."""
     lines, notes = render(base), []
-    bumped = {}
+    bumped, fixed = {}, set()
     for s in sizes:
         try:
             bumped[s] = render(lower(src, {**sizes, s: sizes[s] + 1}, base.freeze and base.freeze.pattern))
         except SwpError:
-            notes.append(f"`{s}` is fixed at {sizes[s]}: the file's shape arithmetic does not follow it")
+            fixed.add(s)
+            notes.append(f"`{s}` is fixed at {sizes[s]}: the file's shape arithmetic does not follow it (a static "
+                         "export?), so the model takes no argument for it")
             continue
         if len(bumped[s]) != len(lines):
             del bumped[s]
-            notes.append(f"`{s}` is fixed at {sizes[s]}: the graph changes with it")
+            fixed.add(s)
+            notes.append(f"`{s}` is fixed at {sizes[s]}: the graph changes with it, so the model takes no "
+                         "argument for it")
     names = _size_names(sizes)
-    return [_line(k, line, bumped, sizes, names) for k, line in enumerate(lines)], notes
+    return [_line(k, line, bumped, sizes, names) for k, line in enumerate(lines)], notes, fixed
 
 
 def _line(k: int, line: str, bumped: dict[str, list[str]], sizes: dict[str, int], names: dict[str, str]) -> str:

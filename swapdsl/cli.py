@@ -28,6 +28,7 @@ from swapdsl.graph.precision import GUARDS, PRECISIONS
 from swapdsl.graph.printer import print_graph
 from swapdsl.plan import show
 from swapdsl.plan.figures import ONE_PASS_IDEAL
+from swapdsl.plan.file import value_text
 from swapdsl.plan.simulate import simulate
 from swapdsl.planning import bench
 from swapdsl.planning.ga import SearchOptions, SearchProgress
@@ -175,7 +176,7 @@ def _cmd_check(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(info, indent=2))
         return 0
-    arg_text = " ".join(f"{k}={v}" for k, v in info["args"].items()) or "(none)"
+    arg_text = " ".join(f"{k}={value_text(v)}" for k, v in info["args"].items()) or "(none)"
     rows = [
         ("arguments", arg_text),
         ("forward ops", str(info["forward_ops"])),

@@ -162,6 +162,12 @@ CASES: list[tuple[str, str, list[str], str, str]] = [
     ("reciprocal-out-of-range", model(X + "    h = x / 1e-39\n"), [],
      "error: dividing by 1e-39 multiplies by 1e+39, which is out of the range of f32 (at most 3.40282e+38 in "
      "magnitude)", "3:9"),
+    ("float-dimension", model("    input x: f32[batch, 4.0]\n"), [],
+     "error: a dimension must be an integer, got float `4.0`", "2:25"),
+    ("integer-loss", model(X + "    minimize sum(cast(x, i32)) with sgd(0.1)\n"), [],
+     "error: the loss must be a floating-point scalar, got tensor i32[]", "3:14"),
+    ("range-index", model(X + "    h = x * range(3)[5]\n"), [],
+     "error: index 5 is out of range for a range of length 3", "3:22"),
     ("zero-to-negative-power", model(X + "    h = x * 0 ** -1\n"), [],
      "error: zero to a negative power", "3:13"),
     ("int-of-infinity", model(X + "    h = x * int(1e308 * 10)\n"), [],
@@ -383,3 +389,28 @@ def test_an_error_on_a_long_line_shows_a_window_around_its_place(cli, in_tmp: Pa
     assert code == 2 and shown[0] == "error: unexpected character `?`" and max(map(len, shown)) < 140
     source, caret = shown[3], shown[4]
     assert source.startswith("3 | ...") and source[caret.index("^")] == "?"
+
+
+@pytest.mark.parametrize("line, hint", [
+    ("    input x: f32[batch, 4.0]\n", "write it as an integer, or int(...) it"),
+    ("    input x: f32[batch, 9 / 2]\n", "use // for integer division"),
+    ("    input x: F32[batch, 4]\n", "did you mean `f32`?"),
+    (X + "    minimize sum(cast(x, i32)) with sgd(0.1)\n", "cast it: cast(..., f32)"),
+])
+def test_a_hint_fits_the_mistake(cli, in_tmp: Path, line: str, hint: str) -> None:
+    """A float literal for a dimension was told to use `//`; `F32`, that it meant `i32`; an integer scalar loss,
+    to reduce it."""
+    write(in_tmp / "m.swp", model(line))
+    code, _, err = cli("check", "m.swp")
+    assert code == 2 and f"  = hint: {hint}" in err.splitlines(), err
+
+
+def test_ranges_have_a_length_index_and_slice_and_nesterov_takes_true(cli, in_tmp: Path) -> None:
+    write(in_tmp / "m.swp", model(MLP + "    r = range(2, 10, 2)\n    report a = mean(x) * r[1] * len(r[1:])\n")
+          .replace("loss = softmax", "loss = softmax") + "")
+    code, out, err = cli("check", "m.swp")
+    assert code == 0, err
+    text = "model m(batch = 4, on = true) {\n" + MLP + "    minimize loss with sgd(0.1, momentum = 0.9, nesterov = on)\n}\n"
+    write(in_tmp / "n.swp", text)
+    code, out, err = cli("check", "n.swp")
+    assert code == 0 and "arguments        batch=4 on=true" in out, err

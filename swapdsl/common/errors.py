@@ -94,5 +94,6 @@ def did_you_mean(name: str, candidates: list[str] | tuple[str, ...] | set[str]) 
     """A "did you mean" hint for ``name`` among ``candidates``, or nothing."""
     import difflib
 
-    close = difflib.get_close_matches(name, sorted(candidates), n=1, cutoff=0.6)
+    same = [c for c in sorted(candidates) if c.lower() == name.lower()]  # (F32 is f32, whatever is close)
+    close = same or difflib.get_close_matches(name, sorted(candidates), n=1, cutoff=0.6)
     return [f"did you mean `{close[0]}`?"] if close else []

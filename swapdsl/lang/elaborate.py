@@ -358,13 +358,15 @@ class _Elaborator:
             raise SwpError("a model has one `minimize` statement; this is the second", s.span)
         loss = self.expr(s.loss, frame)
         if not isinstance(loss, TensorVal) or loss.type.shape != () or not loss.type.dtype.is_float:
+            scalar = isinstance(loss, TensorVal) and loss.type.shape == ()
             raise SwpError(f"the loss must be a floating-point scalar, got {describe(loss)}", s.loss.span,
-                           hints=["reduce it with mean(...) or sum(...)"])
+                           hints=["cast it: cast(..., f32)"] if scalar else ["reduce it with mean(...) or sum(...)"])
         if s.optimizer not in OPTIMIZERS:
             raise SwpError(f"unknown optimizer `{s.optimizer}`", s.optimizer_span,
                            hints=did_you_mean(s.optimizer, list(OPTIMIZERS)) or [f"optimizers: {', '.join(OPTIMIZERS)}"])
         bound = bind(f"optimizer `{s.optimizer}`", OPTIMIZERS[s.optimizer], self.args(s.args, frame), s.span)
-        values = {k: self.number(b.value, f"`{k}`", b.span) for k, b in bound.items()}
+        values = {k: float(b.value) if k == "nesterov" and isinstance(b.value, bool)  # (`nesterov = true`)
+                  else self.number(b.value, f"`{k}`", b.span) for k, b in bound.items()}
         check_hparams(s.optimizer, values, s.span)
         default = dict(OPTIMIZERS[s.optimizer])
         hparams = tuple((k, v) for k, v in values.items() if k not in _OMITTED_AT_DEFAULT or v != default[k])
@@ -420,8 +422,10 @@ class _Elaborator:
     def dimension(self, e: ast.Expr, frame: _Frame) -> int:
         v = self.expr(e, frame)
         if isinstance(v, bool) or not isinstance(v, int):
+            division = isinstance(v, float) and isinstance(e, ast.BinOp) and e.op == "/"
             raise SwpError(f"a dimension must be an integer, got {describe(v)}", e.span,
-                           hints=["use // for integer division"] if isinstance(v, float) else [])
+                           hints=["use // for integer division"] if division else
+                           ["write it as an integer, or int(...) it"] if isinstance(v, float) else [])
         if v < 1:
             raise SwpError(f"a dimension must be positive, got {v}", e.span)
         return v
@@ -529,20 +533,20 @@ class _Elaborator:
         raise SwpError(f"{describe(v)} has no attribute `{e.attr}`", e.span)
 
     def index(self, e: ast.Index, v: Value, frame: _Frame) -> Value:
-        if isinstance(v, tuple):
+        if isinstance(v, (tuple, range)):
             if len(e.items) != 1 or isinstance(e.items[0], ast.Slice):
                 return self.index_tuple_slice(v, e, frame)
             i = self.expr(e.items[0], frame)
             if isinstance(i, bool) or not isinstance(i, int):
                 raise SwpError(f"an index must be an integer, got {describe(i)}", e.items[0].span)
             if not -len(v) <= i < len(v):
-                raise SwpError(f"index {i} is out of range for a tuple of length {len(v)}", e.items[0].span)
+                raise SwpError(f"index {i} is out of range for a {type(v).__name__} of length {len(v)}", e.items[0].span)
             return v[i]
         if isinstance(v, TensorVal):
             return self.index_tensor(v, e, frame)
         raise SwpError(f"cannot index {describe(v)}", e.span)
 
-    def index_tuple_slice(self, v: tuple, e: ast.Index, frame: _Frame) -> Value:
+    def index_tuple_slice(self, v: tuple | range, e: ast.Index, frame: _Frame) -> Value:
         item = e.items[0]
         if len(e.items) != 1 or not isinstance(item, ast.Slice):
             raise SwpError("a tuple takes one index or slice", e.span)
@@ -877,8 +881,8 @@ def _numbers(name: str) -> Callable[[list, Span], Value]:
 
 
 def _len(args: list, span: Span) -> Value:
-    if len(args) != 1 or not isinstance(args[0][1], tuple):
-        raise SwpError("len takes one tuple, e.g. len(x.shape)", span)
+    if len(args) != 1 or not isinstance(args[0][1], (tuple, range)):
+        raise SwpError("len takes one tuple or range, e.g. len(x.shape)", span)
     return len(args[0][1])
 
 

@@ -40,6 +40,8 @@ def describe(v: Value) -> str:
         return f"dtype `{v}`"
     if isinstance(v, tuple):
         return "tuple (" + ", ".join(describe(x) for x in v) + ")"
+    if isinstance(v, range):
+        return f"`{v}`"
     return type(v).__name__
 
 

@@ -32,7 +32,8 @@ def _q(s: str) -> str:
     return json.dumps(s)
 
 
-def _v(v: Any) -> str:
+def value_text(v: Any) -> str:
+    """A model argument's value as `.swp` writes it (`true`, `0.1`, `\"same\"`)."""
     if isinstance(v, bool):
         return "true" if v else "false"
     if isinstance(v, float):
@@ -68,7 +69,7 @@ def _instr(i: Any) -> str:
 
 def format_plan(plan: Plan) -> str:
     lines = [f"swapdsl-plan {VERSION}", f"model {_q(plan.model_path)} sha256 {_q(plan.model_sha256)}"]
-    lines += [f"arg {k} {_v(v)}" for k, v in plan.args]
+    lines += [f"arg {k} {value_text(v)}" for k, v in plan.args]
     lines.append(f"method {plan.method}")
     if plan.precision != "f32":
         lines.append(f"precision {plan.precision}")
@@ -78,23 +79,23 @@ def format_plan(plan: Plan) -> str:
         lines.append(f"microbatches {plan.microbatches}")
     if plan.ranks != 1:
         members = "".join(f" {b}" for b in plan.bucket_members)
-        lines.append(f"ranks {plan.ranks} link {_v(plan.link_gbps)} bucket {_v(plan.bucket_mib)}"
+        lines.append(f"ranks {plan.ranks} link {value_text(plan.link_gbps)} bucket {value_text(plan.bucket_mib)}"
                      + (f" members{members}" if members else ""))
-    dev = " ".join(f"{k} {_v(getattr(plan.device, k))}" for k in _DEVICE_SCALARS)
+    dev = " ".join(f"{k} {value_text(getattr(plan.device, k))}" for k in _DEVICE_SCALARS)
     lines.append(f"device {_q(plan.device.name)} {dev}")
-    lines += [f"flops {k} {_v(v)}" for k, v in plan.device.flops]
+    lines += [f"flops {k} {value_text(v)}" for k, v in plan.device.flops]
     lines.append(f"cap {plan.cap}")
     lines.append(f"scratch {plan.scratch}")
     lines += [f"tensor {_q(t.name)} bytes {t.bytes} kind {t.kind}{_home(t)}" for t in plan.tensors]
     for o in plan.ops:
         ins = "".join(f" {_q(n)}" for n in o.inputs)
         outs = "".join(f" {_q(n)}" for n in o.outputs)
-        host = "" if o.host_ms is None else f" host_ms {_v(o.host_ms)}"
-        lines.append(f"op {o.index} {_q(o.op)} ms {_v(o.ms)}{host} in{ins} out{outs}")
+        host = "" if o.host_ms is None else f" host_ms {value_text(o.host_ms)}"
+        lines.append(f"op {o.index} {_q(o.op)} ms {value_text(o.ms)}{host} in{ins} out{outs}")
     lines.append(f"loss {_q(plan.loss)}")
     lines += [f"update {_q(old)} {_q(new)}" for old, new in plan.updates]
     lines += [_instr(i) for i in plan.program]
-    lines += [f"figure {k} {_v(v)}" for k, v in plan.figures]
+    lines += [f"figure {k} {value_text(v)}" for k, v in plan.figures]
     return "\n".join(lines) + "\n"
 
 

@@ -235,7 +235,8 @@ def _report_state(b: _Builder, fwd: Graph, updates: list[tuple[str, str]], state
     state is, so that planners keep its value to the end of the step without knowing about reports."""
     b.kind, span = Kind.metric, b.span
     for name, tensor in (fwd.reports if reports is None else reports):
-        b.label, b.span = f"{kind} {name}", fwd.tensors[tensor].span  # (the line that reports it)
+        made = b.tensors.get(tensor)  # (the line that reports it; the trainer's own reports keep the last)
+        b.label, b.span = f"{kind} {name}", made.span if made is not None and made.span is not None else span
         old = b.add_tensor(f"{kind}/{name}", b.type(tensor), Kind.metric, Init("zeros"))
         updates.append((old, b.emit("report", [old, tensor], {"name": name})))
         state.append(old)

@@ -25,6 +25,7 @@ import numpy as np
 from swapdsl.common.atomic import atomic_path
 from swapdsl.common.errors import SwpError, did_you_mean
 from swapdsl.graph.ir import Graph
+from swapdsl.graph.ops.halfbits import bfloat16
 from swapdsl.graph.ops.registry import np_dtype
 
 FORMAT = "swapdsl-checkpoint"
@@ -87,6 +88,8 @@ def read(path: str, flag: str, tensors: bool = True) -> Checkpoint:
         with safe_open(path, framework="np") as f:
             meta = dict(f.metadata() or {})
             names = f.keys() if tensors else []
+            if any(f.get_slice(name).get_dtype() == "BF16" for name in names):
+                bfloat16()  # (NumPy knows bf16 once ml_dtypes is loaded, which is done only when needed)
             values = {name: f.get_tensor(name) for name in names}
     except (SafetensorError, OSError, ValueError, TypeError) as exc:  # (TypeError: a dtype NumPy lacks)
         raise SwpError(f"{flag} `{path}` is not a safetensors file: {exc}") from None

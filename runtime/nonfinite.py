@@ -13,12 +13,12 @@ from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 import attrs
-import ml_dtypes
 import numpy as np
 
 from swapdsl.common.errors import SwpError
 from swapdsl.graph.analysis import peak_bytes
 from swapdsl.graph.ir import Graph, Op
+from swapdsl.graph.ops.halfbits import is_bf16
 from swapdsl.runtime import reference
 
 REPLAY_MAX_BYTES = 2**30  # the reference's peak a replay may take on the host
@@ -42,7 +42,7 @@ class _Found(Exception):
 
 def is_float(a: Any) -> bool:
     """A float array (bf16 included: ml_dtypes' dtypes are of kind "V")."""
-    return np.dtype(a.dtype).kind == "f" or a.dtype == ml_dtypes.bfloat16
+    return np.dtype(a.dtype).kind == "f" or is_bf16(a.dtype)
 
 
 def all_finite(arrays: Iterable[Any]) -> bool:

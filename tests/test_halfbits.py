@@ -6,8 +6,10 @@ the bits the NumPy backend gives."""
 from __future__ import annotations
 
 import ctypes
+import os
 import shutil
 import subprocess
+import sys
 import types
 from pathlib import Path
 from typing import Any
@@ -282,3 +284,16 @@ def test_a_half_weight_gradient_summed_into_goes_to_cublas_with_beta_one(monkeyp
                 assert ins[0].tobytes() == halfbits.to_module(xp, host[0]).tobytes()
         assert got[0] == got[1], dtype
     assert seen == [("uint16", True), ("float16", True)]
+
+
+def test_ml_dtypes_loads_only_when_bf16_is_met() -> None:
+    """ml_dtypes 0.7 takes 0.4 s to import: half of `swapdsl check`'s time, paid by runs that never meet bf16."""
+    code = ("import sys, swapdsl\n"
+            "swapdsl.execute(swapdsl.load(sys.argv[1], batch=8), steps=1)\n"
+            "print('ml_dtypes' in sys.modules)\n"
+            "swapdsl.execute(swapdsl.load(sys.argv[1], batch=8, precision='bf16'), steps=1)\n"
+            "print('ml_dtypes' in sys.modules)\n")
+    done = subprocess.run([sys.executable, "-c", code, str(MODELS / "mlp.swp")], capture_output=True, text=True,
+                          env={**os.environ, "OPENBLAS_NUM_THREADS": "1"})
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == ["False", "True"]

@@ -17,18 +17,30 @@ from __future__ import annotations
 import functools
 from typing import Any
 
-import ml_dtypes
 import numpy as np
 
 Array = Any
 BITS = np.dtype(np.uint16)
-BF16 = np.dtype(ml_dtypes.bfloat16)
 
 WIDEN_BODY = "y = __uint_as_float(((unsigned int)x) << 16);"
 NARROW_BODY = """
     unsigned int u = __float_as_uint(x);
     y = (u & 0x7fffffffu) > 0x7f800000u ? (unsigned short)((u >> 16) | 0x0040u)
                                         : (unsigned short)((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);"""
+
+
+@functools.cache
+def bfloat16() -> np.dtype:
+    """ml_dtypes' bf16, NumPy's bf16 type: imported when first asked for (ml_dtypes 0.7 takes 0.4 s to load,
+    half of what `swapdsl check` takes; a run that never meets bf16 never loads it)."""
+    import ml_dtypes
+
+    return np.dtype(ml_dtypes.bfloat16)
+
+
+def is_bf16(dtype: Any) -> bool:
+    """Whether a dtype is ml_dtypes' bf16 (told by name: asking loads nothing)."""
+    return np.dtype(dtype).name == "bfloat16"
 
 
 def is_bits(x: Array) -> bool:
@@ -42,12 +54,12 @@ def keeps_bits(xp: Any) -> bool:
 
 def to_module(xp: Any, host: np.ndarray) -> Array:
     """A host array as an ``xp`` array (bf16 as its bits where ``xp`` keeps bits)."""
-    return xp.asarray(host.view(BITS) if host.dtype == BF16 and keeps_bits(xp) else host)
+    return xp.asarray(host.view(BITS) if is_bf16(host.dtype) and keeps_bits(xp) else host)
 
 
 def from_module(a: np.ndarray) -> np.ndarray:
     """A host copy of an ``xp`` array, bf16 bits seen as ml_dtypes' bf16 again."""
-    return a.view(BF16) if is_bits(a) else a
+    return a.view(bfloat16()) if is_bits(a) else a
 
 
 def widen(xp: Any, dst: Array, src: Array) -> None:

@@ -17,11 +17,10 @@ from collections.abc import Callable
 from typing import Any
 
 import attrs
-import ml_dtypes
 import numpy as np
 
 from swapdsl.graph.ir import DType, TensorType
-from swapdsl.graph.ops.halfbits import BITS, narrow, widen
+from swapdsl.graph.ops.halfbits import BITS, is_bf16, narrow, widen
 from swapdsl.graph.ops.registry import (REGISTRY, Array, Attrs, Kernel, KernelContext, Types, buffers, chunk_len,
                                         infer, np_dtype, type_of)
 
@@ -356,15 +355,16 @@ def _gated(kernel: Kernel) -> Kernel:
     return gated
 
 
-_HALF_ARRAYS = frozenset({np.dtype(np.float16), np.dtype(ml_dtypes.bfloat16), BITS})  # (bits: bf16, halfbits)
+def _is_half(dtype: Any) -> bool:
+    return dtype == np.float16 or dtype == BITS or is_bf16(dtype)  # (bits: bf16, halfbits)
 
 
 def _np_wide(xp: Any, x: Array) -> Any:
-    return xp.float32 if x.dtype in _HALF_ARRAYS else x.dtype
+    return xp.float32 if _is_half(x.dtype) else x.dtype
 
 
 def _f32_copy(c: KernelContext, x: Array) -> Array:
-    if x.dtype not in _HALF_ARRAYS:
+    if not _is_half(x.dtype):
         return x
     wide = c.scratch.take(x.shape, c.xp.float32)
     widen(c.xp, wide, x)

@@ -16,13 +16,12 @@ import functools
 import math
 
 import attrs
-import ml_dtypes
 import numpy as np
 
 from swapdsl.common.errors import SwpError
 from swapdsl.common.units import arena_bytes
 from swapdsl.graph.ir import DType, TensorType
-from swapdsl.graph.ops.halfbits import BITS, keeps_bits
+from swapdsl.graph.ops.halfbits import BITS, bfloat16, keeps_bits
 
 Types = tuple[TensorType, ...]
 Attrs = Mapping[str, Any]
@@ -217,7 +216,7 @@ def np_dtype(xp: Any, dtype: DType | str) -> Any:
     ``halfbits``)."""
     label = dtype.label if isinstance(dtype, DType) else dtype
     if label == "bf16":
-        return BITS.type if keeps_bits(xp) else ml_dtypes.bfloat16
+        return BITS.type if keeps_bits(xp) else bfloat16().type
     return {"f64": xp.float64, "f32": xp.float32, "f16": xp.float16, "i32": xp.int32, "i64": xp.int64}[label]
 
 

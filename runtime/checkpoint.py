@@ -98,6 +98,9 @@ def read(path: str, flag: str, tensors: bool = True) -> Checkpoint:
             return Checkpoint(path, values, meta, 0, 0, 0)
         raise SwpError(f"{flag} `{path}` is a safetensors file but not a swapdsl checkpoint",
                        hints=["--resume takes one written by `swapdsl exec --save`; --init takes weights alone too"])
+    if "version" not in meta:
+        raise SwpError(f"{flag} `{path}`: metadata field `version` is missing",
+                       hints=["the checkpoint was edited: use the one `swapdsl exec --save` wrote"])
     if meta.get("version") != VERSION:
         raise SwpError(f"{flag} `{path}` is checkpoint version {meta.get('version')}; this swapdsl reads {VERSION}",
                        hints=["version 1 (no tensor digests) came from an earlier swapdsl: resume it with that "
@@ -180,21 +183,36 @@ def check_same_data(ck: Checkpoint, data: str, shuffle: bool, synthetic: str) ->
 
 
 def parameters(ck: Checkpoint, g: Graph) -> dict[str, np.ndarray]:
-    """The checkpoint's values of ``g``'s parameters (for --init), each checked for name, shape and dtype,
-    and of batch norm's running statistics where it has them (`swapdsl import` writes them)."""
+    """The checkpoint's values of ``g``'s parameters (for --init), each checked for name, shape, dtype and
+    finiteness, and of batch norm's running statistics where it has them (`swapdsl import` writes them)."""
     running = tuple(n for n in g.state if n.endswith(RUNNING) and n in ck.values)
     values = dict(ck.values)
-    for name in g.params:
+    for name in g.params + running:
         have, want = values.get(name), np.dtype(np_dtype(np, g.type_of(name).dtype))
         if have is None or have.dtype == want:
             continue
         if name in g.frozen and have.dtype == np.float32:  # stored half under a half precision: rounded to it
-            values[name] = have.astype(want)
+            values[name] = _narrowed(ck, name, have, want)
         elif _FLOATS.get(have.dtype.name, 99) < _FLOATS.get(want.name, 0):
             values[name] = have.astype(want)  # (exact: a half-precision weight into an f32 parameter)
     ck = attrs.evolve(ck, values=values)
     _check_tensors(ck, g, g.params + running, "--init")
+    for name in g.params + running:
+        if not np.isfinite(values[name].astype(np.float32) if values[name].dtype.kind == "V" else values[name]).all():
+            raise SwpError(f"--init `{ck.path}`: tensor `{name}` holds a value that is not finite",
+                           hints=["a run starts from finite values; mend or drop the file"])
     return {name: values[name] for name in g.params + running}
+
+
+def _narrowed(ck: Checkpoint, name: str, have: np.ndarray, want: np.dtype) -> np.ndarray:
+    """An f32 value rounded to the half type a frozen parameter is stored in, refused where it overflows."""
+    with np.errstate(over="ignore"):
+        out = have.astype(want)
+    if not np.isfinite(out.astype(np.float32)).all() and np.isfinite(have).all():
+        worst = float(np.abs(have).max())
+        raise SwpError(f"--init `{ck.path}`: tensor `{name}` holds {worst:g}, beyond {want.name}'s range, the "
+                       "type this frozen parameter is stored in", hints=["train it in f32, or scale the weight"])
+    return out
 
 
 def _check_tensors(ck: Checkpoint, g: Graph, names: tuple[str, ...], flag: str) -> None:
@@ -203,9 +221,10 @@ def _check_tensors(ck: Checkpoint, g: Graph, names: tuple[str, ...], flag: str) 
         have = ck.values.get(name)
         if have is None:
             theirs = sorted(n for n in ck.values if n not in g.tensors)  # (names the model has are not meant)
+            listed = [f"its other tensors: {', '.join(theirs[:6])}"
+                      + (f" and {len(theirs) - 6} more" if len(theirs) > 6 else "")] if theirs else []
             hints = ([f"it was written for model `{ck.meta.get('model')}`"] if ck.meta.get("format") == FORMAT else
-                     did_you_mean(name, theirs) or [f"its tensors: {', '.join(theirs[:6])}"
-                                                    + (f" and {len(theirs) - 6} more" if len(theirs) > 6 else "")])
+                     did_you_mean(name, theirs) or listed)
             raise SwpError(f"{flag} `{ck.path}` has no tensor `{name}` ({t})", hints=hints)
         want = np.dtype(np_dtype(np, t.dtype))
         if tuple(have.shape) != t.shape or have.dtype != want:

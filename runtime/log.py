@@ -13,7 +13,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import BinaryIO
 
-from swapdsl.common.drawing import pyplot, save
+from swapdsl.common.drawing import plain, pyplot, save
 from swapdsl.common.errors import Span, SwpError
 
 EVENTS = ("step", "eval", "save")
@@ -203,7 +203,7 @@ def plot_log(records: list[dict], out: str, title: str = "") -> None:
         ax.set_ylabel(key)
         ax.grid(alpha=0.3)
         ax.legend(loc="best")
-    axes[0, 0].set_title(title)
+    axes[0, 0].set_title(plain(title))
     axes[-1, 0].set_xlabel("step")
     fig.tight_layout()
     save(fig, out, "plot", dpi=100)

@@ -617,6 +617,11 @@ def _inference(target: Plan | Model | str | Path | tuple[Plan | None, Model], da
 
     def tail(r: int) -> training.Stepper | None:
         at = _at_batch(base, r)
+        if at is None:
+            fixed = g.type_of(g.inputs[0]).shape[0] if g.inputs and g.type_of(g.inputs[0]).shape else None
+            raise PartialBatch(f"the data's last {r} examples make a partial batch, and the model has no `batch` "
+                               f"argument to run them at: its batch is fixed{f' at {fixed}' if fixed else ''}",
+                               hints=[f"give a multiple of {fixed} examples" if fixed else "give whole batches"])
         try:
             return None if at is None else stepper(graph_of(at.graph), at.graph.args)
         except SwpError:

@@ -19,6 +19,7 @@ from typing import Any, NoReturn, TextIO
 
 from swapdsl import __version__, api
 from swapdsl.common.atomic import check_outputs, check_writable, write_bytes_atomically, write_text_atomically
+from swapdsl.common.drawing import pyplot
 from swapdsl.common.errors import SwpError
 from swapdsl.common.units import format_bytes, format_count, parse_share, parse_size
 from swapdsl.devices.profiles import BUILTIN, DEFAULT_DEVICE, detect_device, load_device
@@ -495,6 +496,7 @@ def _cmd_simulate(args: argparse.Namespace) -> int:
 def _cmd_show(args: argparse.Namespace) -> int:
     if args.plot:
         check_writable(args.plot, "plot")
+        pyplot("--plot")  # (before the summary: matplotlib missing is said first)
     plan, train = api.read_checked(args.file)
     labels = {name: t.title for name, t in train.tensors.items()} if train is not None else None
     print(show.summary(plan, simulate(plan), labels))

@@ -361,3 +361,8 @@ def test_bench_out_never_writes_over_a_model_or_profile_it_reads(cli, in_tmp: Pa
     code, _, err = cli("bench", "--models", model, "--ratios", "2", "--methods", "lru", "--out", in_tmp)
     assert code == 2 and "is the model" in err and "writing it would destroy it" in err
     assert model.read_bytes() == before and sorted(p.name for p in in_tmp.iterdir()) == ["bench.md"]
+
+
+def test_a_ratio_whose_cap_passes_the_limit_is_refused(cli) -> None:
+    code, out, err = cli("bench", "--models", "mlp", "--ratios", "1e-300", "--methods", "lru")
+    assert code == 2 and "beyond the limit of 1,125,899,906,842,624 (1 PiB)" in err and "Traceback" not in err

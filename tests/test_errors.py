@@ -168,6 +168,11 @@ CASES: list[tuple[str, str, list[str], str, str]] = [
      "error: the loss must be a floating-point scalar, got tensor i32[]", "3:14"),
     ("range-index", model(X + "    h = x * range(3)[5]\n"), [],
      "error: index 5 is out of range for a range of length 3", "3:22"),
+    ("reciprocal-overflows-f64", model("    input x: f64[batch, 8]\n    h = x / 1e-320\n"), [],
+     "error: dividing by 9.99989e-321 multiplies by inf, which is out of the range of f64 (at most 1.79769e+308 "
+     "in magnitude)", "3:9"),
+    ("below-i32", model("    input x: i32[batch]\n    h = x + full([batch], -2147483649, i32)\n"), [],
+     "error: -2,147,483,649 is out of the range of i32 (from -2,147,483,648 to 2,147,483,647)", "3:13"),
     ("zero-to-negative-power", model(X + "    h = x * 0 ** -1\n"), [],
      "error: zero to a negative power", "3:13"),
     ("int-of-infinity", model(X + "    h = x * int(1e308 * 10)\n"), [],
@@ -414,3 +419,13 @@ def test_ranges_have_a_length_index_and_slice_and_nesterov_takes_true(cli, in_tm
     write(in_tmp / "n.swp", text)
     code, out, err = cli("check", "n.swp")
     assert code == 0 and "arguments        batch=4 on=true" in out, err
+
+
+def test_constants_a_dtype_holds_are_taken_to_its_ends(cli, in_tmp: Path) -> None:
+    """The least i32 was refused (its magnitude is one more than the greatest); a half tensor's product takes
+    any f32 constant, since half kernels compute in f32 (only the result is rounded to half)."""
+    write(in_tmp / "m.swp", model("    input x: i32[batch]\n    input z: f16[batch]\n"
+                                  "    h = x + full([batch], -2147483648, i32)\n    g = z * 100000.0\n"
+                                  "    output y = h\n    output w = g\n    loss = mean(cast(g, f32))\n"))
+    code, _, err = cli("check", "m.swp")
+    assert code == 0, err

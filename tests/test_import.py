@@ -359,6 +359,11 @@ def test_a_static_exports_batch_stays_a_number_with_no_argument_and_another_batc
     x = RNG.standard_normal((2, 4, 2)).astype(np.float32)
     text = imported_matches_onnxruntime(tmp_path, path, {"x": x})
     assert "model net() {" in text and "input x: f32[2, 4, 2]" in text
+    np.savez(tmp_path / "five.npz", x=RNG.standard_normal((5, 4, 2)).astype(np.float32))
+    with pytest.raises(SwpError, match=r"the data's last 1 examples make a partial batch, and the model has no "
+                                       r"`batch` argument to run them at: its batch is fixed at 2"):
+        swapdsl.predict(str(tmp_path / "model.swp"), str(tmp_path / "five.npz"),
+                        init=str(tmp_path / "model.safetensors"))
     with pytest.raises(SwpError, match=r"--batch 4: the file fixes the batch at 2 \(its shape arithmetic"):
         swapdsl.import_onnx(path, str(tmp_path / "four.swp"), batch=4)
     assert not (tmp_path / "four.swp").exists()

@@ -225,6 +225,26 @@ def test_drawing_without_matplotlib_is_an_error_naming_what_to_install(
     assert not (plan_file.parent / "t.png").exists()
 
 
+def test_a_refused_figure_is_closed_and_a_dollar_in_a_title_is_drawn_as_written(cli, plan_file: Path) -> None:
+    """The library left each refused figure open; a `$` in a log's name started matplotlib's mathematical
+    notation, a traceback where unpaired."""
+    import matplotlib.pyplot as plt
+
+    from swapdsl.common.errors import SwpError
+    from swapdsl.plan import show
+    from swapdsl.plan.file import read_plan
+
+    plan = read_plan(plan_file)
+    for _ in range(3):
+        with pytest.raises(SwpError, match="plot files take"):
+            show.plot(plan, plan_file.parent / "t.jpg")
+    assert plt.get_fignums() == []
+    log = plan_file.parent / "r$\\q$.jsonl"
+    log.write_text('{"event": "step", "step": 1, "loss": 1.0, "metrics": {}}\n')
+    code, _, err = cli("plot-log", log, "-o", plan_file.parent / "log.png")
+    assert code == 0, err
+
+
 def test_the_timeline_names_copies_only_where_their_labels_fit() -> None:
     """Labels drawn over one another were unreadable (the ResNet tour's plot): a label is placed only where
     it overlaps none already placed and stays in the figure, the largest copies first."""

@@ -378,6 +378,7 @@ def _edited(src: Path, dst: Path, **fields: str | None) -> Path:
     ("shuffle", "maybe", "metadata field `shuffle` is 'maybe', not true or false"),
     ("sha256", "{}", "metadata field `sha256` does not list a digest for each tensor"),
     ("sha256", None, "metadata field `sha256` does not list a digest for each tensor"),
+    ("version", None, "metadata field `version` is missing"),  # (it said "checkpoint version None")
 ])
 def test_edited_checkpoint_metadata_is_refused(cli, tmp_path: Path, field: str, value: str | None,
                                                expected: str) -> None:
@@ -430,6 +431,44 @@ def test_init_takes_weights_alone_as_pytorch_writes_them(cli, setup: dict[str, P
     assert code == 2 and "has no tensor `" in err and "= hint: did you mean `" in err and ".weight`?" in err
     code, _, err = cli("exec", setup["plan"], "--steps", "1", "--resume", tmp_path / "plain.st")
     assert code == 2 and "is a safetensors file but not a swapdsl checkpoint" in err
+
+
+BN = """import layers
+model bn(batch = 4) {
+    input x: f32[batch, 3, 4, 4]
+    param fixed: [3] = ones frozen
+    h = batchnorm(x) as stem
+    h = h * reshape(fixed, [1, 3, 1, 1])
+    minimize mean(h * h) with sgd(0.1)
+}
+"""
+
+
+def test_init_weights_alone_are_widened_checked_for_finite_values_and_narrowed_only_where_they_fit(
+        cli, tmp_path: Path) -> None:
+    """f16 running statistics were refused where f16 parameters were widened; a NaN weight ran, and the
+    non-finite report then blamed the kernels' rounding; a frozen weight past f16's range became inf."""
+    from safetensors.numpy import save_file
+
+    model = tmp_path / "bn.swp"
+    model.write_text(BN)
+    good = {"stem.scale": np.full(3, 1.5), "stem.shift": np.zeros(3), "fixed": np.ones(3),
+            "stem.running_mean": np.zeros(3), "stem.running_var": np.ones(3)}
+
+    def run(values: dict, *extra: str) -> tuple[int, str]:
+        save_file({k: np.asarray(v, dtype=np.float16 if k != "fixed" else np.float32) for k, v in values.items()},
+                  str(tmp_path / "w.st"))
+        code, _, err = cli("exec", model, "--steps", "1", "--init", tmp_path / "w.st", *extra)
+        return code, err
+
+    assert run(good) == (0, "")
+    code, err = run({**good, "stem.shift": np.array([0.0, np.nan, 0.0])})
+    assert code == 2 and err.startswith(f"error: --init `{tmp_path / 'w.st'}`: tensor `stem.shift` holds a value "
+                                        "that is not finite"), err
+    code, err = run({**good, "fixed": np.full(3, 7e4)}, "--precision", "f16")
+    assert code == 2 and "tensor `fixed` holds 70000, beyond float16's range" in err, err
+    code, err = run({k: v for k, v in good.items() if k != "stem.shift"})
+    assert code == 2 and "has no tensor `stem.shift`" in err and "= hint" not in err, err  # (no empty hint)
 
 
 # -- the log, and what the run looks like

@@ -27,6 +27,11 @@ def pyplot(needed_by: str | None) -> Any:
     return plt
 
 
+def plain(text: str) -> str:
+    """Text matplotlib draws as written: a `$` would start its mathematical notation (and fail unpaired)."""
+    return text.replace("$", r"\$")
+
+
 def figure_format(path: str | Path) -> str:
     """The format a figure's file name asks for: its suffix (PNG without one)."""
     check_suffix(path, "plot")
@@ -39,9 +44,9 @@ def save(fig: Any, out: str | Path, what: str, dpi: int) -> None:
 
     import matplotlib.pyplot as plt
 
-    fmt = figure_format(out)
     buf = io.BytesIO()
     try:
+        fmt = figure_format(out)
         with plt.rc_context({"svg.hashsalt": "swapdsl"}):  # an SVG's clip-path ids are random without it
             fig.savefig(buf, format=fmt, dpi=dpi, metadata=_UNDATED.get(fmt))
     finally:

@@ -84,7 +84,7 @@ def _render_span(span: Span, sources: dict[str, str]) -> list[str]:
     start = max(0, min(span.col - 1 - SHOWN_COLUMNS // 2, len(src) - SHOWN_COLUMNS))  # a window on a long line
     shown = ("..." if start else "") + src[start:start + SHOWN_COLUMNS]
     lead = span.col - 1 - start + (3 if start else 0)
-    caret = " " * lead + "^" * min(width, len(shown) + 1 - lead)
+    caret = " " * lead + "^" * max(1, min(width, len(shown) + 1 - lead))
     shown += "..." if start + SHOWN_COLUMNS < len(src) else ""
     out += [f"{gutter} |", f"{span.line} | {shown}", f"{gutter} | {caret}"]
     return out

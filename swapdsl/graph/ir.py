@@ -31,9 +31,10 @@ class DType(enum.Enum):
         return self.label
 
     @property
-    def largest(self) -> float:
-        """The largest finite magnitude a value of this dtype holds."""
-        return _LARGEST[self.label]
+    def bounds(self) -> tuple[float, float]:
+        """The least and the greatest finite value of this dtype."""
+        top = _LARGEST[self.label]
+        return (-top if self.is_float else -top - 1), top
 
     @classmethod
     def names(cls) -> list[str]:
@@ -41,7 +42,7 @@ class DType(enum.Enum):
 
 
 _LARGEST = {"f64": 1.7976931348623157e308, "f32": 3.4028234663852886e38, "f16": 65504.0,
-            "bf16": 3.3895313892515355e38, "i32": 2.0**31 - 1, "i64": 2.0**63 - 1}
+            "bf16": 3.3895313892515355e38, "i32": 2**31 - 1, "i64": 2**63 - 1}
 
 
 @frozen

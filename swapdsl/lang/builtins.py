@@ -188,10 +188,13 @@ def _pad2d(em: Emitter, a: Args, span: Span) -> Value:
 
 def representable(value: float, dtype: DType, span: Span, said: str = "") -> None:
     """Refuse a finite number the dtype it goes into cannot hold (it would be infinite, or wrap); ``said``:
-    how the model wrote it, where that differs."""
-    if math.isfinite(value) and abs(value) > dtype.largest:
-        raise SwpError(f"{said}{value:g}{', which' if said else ''} is out of the range of {dtype} (at most "
-                       f"{dtype.largest:g} in magnitude)", span,
+    how the model wrote it, where that differs (an infinite value is then one that overflowed)."""
+    low, high = dtype.bounds
+    if (said and math.isinf(value)) or (math.isfinite(value) and not low <= value <= high):
+        limits = f"from {low:,} to {high:,}" if not dtype.is_float else f"at most {high:g} in magnitude"
+        whole = not dtype.is_float and math.isfinite(value) and float(value).is_integer()
+        shown = f"{int(value):,}" if whole else f"{value:g}"
+        raise SwpError(f"{said}{shown}{', which' if said else ''} is out of the range of {dtype} ({limits})", span,
                        hints=["scale the model so its constants fit, or use a wider dtype"])
 
 

@@ -231,6 +231,8 @@ class _Elaborator:
         self.scope: list[str] = []
         self.scope_names: list[dict[str, int]] = [{}]
         self.call_depth = 0
+        self.calls: list[Span] = []  # the calls of user functions being elaborated, outermost first
+        self.made_by: dict[str, Span] = {}  # each tensor's outermost call (its own line outside any)
         self.steps = 0
         self.at: Span | None = None  # the statement being elaborated
         self.loss: tuple[TensorVal, Optimizer] | None = None
@@ -462,10 +464,15 @@ class _Elaborator:
     # -- graph building
 
     def new_tensor(self, name: str, typ: TensorType, kind: Kind, span: Span, init: Init | None = None) -> TensorVal:
+        mine = self.calls[0] if self.calls else span
         if name in self.tensors:
-            prev = self.tensors[name].span
+            prev, theirs = self.tensors[name].span, self.made_by.get(name)
+            if self.calls and theirs is not None and theirs != prev:  # (both inside calls: name the calls)
+                raise SwpError(f"`{name}` is declared twice: by this call and by the one at {theirs}", mine,
+                               hints=["give one of the calls its own scope: `... as NAME`"])
             raise SwpError(f"`{name}` is declared twice", span, notes=[f"first declared at {prev}"] if prev else [])
         self.tensors[name] = Tensor(name, typ, kind, init, span)
+        self.made_by[name] = mine
         return TensorVal(name, typ)
 
     def emit(self, op: str, inputs: list[TensorVal], attrs_: dict[str, Any], span: Span) -> TensorVal:
@@ -640,11 +647,12 @@ class _Elaborator:
         if isinstance(scalar, float) and not tensor.type.dtype.is_float:
             raise SwpError(f"cannot combine {describe(tensor)} with a float", e.span,
                            hints=["cast the tensor to a float dtype first"])
-        c = float(scalar)
+        c, dtype = float(scalar), tensor.type.dtype
+        computed = DType.f32 if dtype in (DType.f16, DType.bf16) else dtype  # (half kernels compute in f32)
         if e.op == "/" and tensor is left and c:  # (a division is a product by the reciprocal)
-            representable(1.0 / c, tensor.type.dtype, e.span, f"dividing by {c:g} multiplies by ")
+            representable(_reciprocal(c), computed, e.span, f"dividing by {c:g} multiplies by ")
         elif e.op != "**":
-            representable(c, tensor.type.dtype, e.span)
+            representable(scalar if isinstance(scalar, int) else c, computed, e.span)
         return _SCALAR_OPS[e.op](self, tensor, float(scalar), tensor is left, e.span)
 
     def expr_Call(self, e: ast.Call, frame: _Frame) -> Value:
@@ -707,16 +715,19 @@ class _Elaborator:
             b = bound[p.name]
             env[p.name] = self.expr(b.value, callee_frame) if isinstance(b.value, _EXPR_TYPES) else b.value
         self.call_depth += 1
+        self.calls.append(e.span)
         try:
             with self.scoped(self.scope_name(e.scope or fdef.name, explicit=e.scope is not None, span=e.span)):
                 self.block(fdef.body, callee_frame)
         except _Return as r:
             return r.value
         except SwpError as exc:
-            exc.notes = exc.notes + (f"in `{fdef.name}`, called from {e.span}",)
+            if exc.span != e.span:  # (an error at the call itself says where it is)
+                exc.notes = exc.notes + (f"in `{fdef.name}`, called from {e.span}",)
             raise
         finally:
             self.call_depth -= 1
+            self.calls.pop()
         raise SwpError(f"function `{fdef.name}` ended without `return`", fdef.span,
                        notes=[f"called from {e.span}"])
 
@@ -728,11 +739,8 @@ class _Elaborator:
         if explicit:
             raise SwpError(f"scope `{base}` is used twice here; parameter names would clash", span)
         n = used[base]
-        while f"{base}_{n}" in used:  # (a scope given by `as` takes a number's place: the next is used)
-            n += 1
-        used[base], name = n + 1, f"{base}_{n}"
-        used[name] = used.get(name, 1)
-        return name
+        used[base] = n + 1
+        return f"{base}_{n}"
 
 
 @attrs.define
@@ -753,6 +761,13 @@ _EXPR_TYPES = (ast.Name, ast.Const, ast.BinOp, ast.UnaryOp, ast.Attr, ast.Index,
                ast.ListExpr)
 
 _TENSOR_BINOPS = {"+": "add", "-": "sub", "*": "mul", "/": "div", "@": "matmul", **ops.elementwise.COMPARISONS}
+
+
+def _reciprocal(c: float) -> float:
+    try:
+        return 1.0 / c
+    except OverflowError:
+        return math.inf
 
 
 def _scalar_add(el: _Elaborator, t: TensorVal, c: float, tensor_left: bool, span: Span) -> TensorVal:

@@ -7,7 +7,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from swapdsl.common.drawing import pyplot, save
+from swapdsl.common.drawing import plain, pyplot, save
 from swapdsl.common.units import format_bytes
 from swapdsl.plan.figures import ONE_PASS_IDEAL
 from swapdsl.plan.program import HOST, HostRun, Plan, Region, Run, SwapIn, SwapOut
@@ -92,7 +92,7 @@ def _mark(lanes: Any, copies: list[tuple[str, str, float, float]], labels: Mappi
     for stream, name, start, end in copies:
         if len(placed) == named:
             break
-        note = lanes.annotate(_named(name, labels), ((start + end) / 2, 2 - ("compute", "h2d", "d2h").index(stream)
+        note = lanes.annotate(plain(_named(name, labels)), ((start + end) / 2, 2 - ("compute", "h2d", "d2h").index(stream)
                                                      + 0.42), fontsize=7, ha="center", va="bottom",
                               annotation_clip=False)
         box = note.get_window_extent(renderer).padded(6)  # (a space between two labels)
@@ -121,8 +121,8 @@ def plot(plan: Plan, out: str | Path, labels: Mapping[str, str] | None = None, n
         lanes.broken_barh(host, (-1 - 0.4, 0.8), facecolors="#8172b3")
     lanes.set_yticks([2, 1, 0, -1][:4 if host else 3],
                      ["compute", "host to device", "device to host", "host (updates)"][:4 if host else 3])
-    lanes.set_title(f"{Path(plan.model_path).stem}: {plan.method} under {format_bytes(plan.cap)} on "
-                    f"{plan.device.name}, {r.iteration_ms:.1f} ms per iteration")
+    lanes.set_title(plain(f"{Path(plan.model_path).stem}: {plan.method} under {format_bytes(plan.cap)} on "
+                          f"{plan.device.name}, {r.iteration_ms:.1f} ms per iteration"))
     fig.tight_layout()
     _mark(lanes, _largest_copies(r, plan), labels, named)
     unit, scale = memory_unit(plan.cap)

@@ -11,9 +11,10 @@ from typing import Any
 import attrs
 
 from swapdsl.common.atomic import check_writable, write_text_atomically
-from swapdsl.common.drawing import pyplot, save
+from swapdsl.common.drawing import plain, pyplot, save
 from swapdsl.common.errors import SwpError
 from swapdsl.common.paths import STDLIB_DIR
+from swapdsl.common.units import MAX_BYTES
 from swapdsl.devices.profiles import Device
 from swapdsl.graph.autodiff import training_graph
 from swapdsl.graph.ir import Graph
@@ -68,6 +69,9 @@ def rows(models: list[str], ratios: list[float], methods: list[str], device: Dev
                            fwd.args, host_cap)
 
         for ratio in ratios:
+            if no_swap / ratio > MAX_BYTES:
+                raise SwpError(f"ratio {ratio:g} gives `{Path(name).stem}` a cap of {no_swap / ratio:.3g} bytes, "
+                               f"beyond the limit of {MAX_BYTES:,} (1 PiB)", hints=["give ratios nearer 1 or above"])
             cap = int(no_swap / ratio)
             host_cap = _host_cap(Request(t, device, cap, str(path), fwd.args), host)
             for method in methods:
@@ -172,7 +176,7 @@ def write_outputs(rows: list[dict[str, Any]], methods: list[str], out: Path) -> 
                    and "error" not in r]
             if pts:
                 ax.plot(*zip(*pts), marker="o", label=m)
-        ax.set_title(model)
+        ax.set_title(plain(model))
         ax.set_xlabel("memory ratio")
         ax.set_ylim(0, 1.05)
     axes[0][0].set_ylabel("fraction of ideal")

@@ -429,3 +429,10 @@ def test_constants_a_dtype_holds_are_taken_to_its_ends(cli, in_tmp: Path) -> Non
                                   "    output y = h\n    output w = g\n    loss = mean(cast(g, f32))\n"))
     code, _, err = cli("check", "m.swp")
     assert code == 0, err
+
+
+def test_the_line_shown_is_the_parsers_line_past_a_line_separator_and_crlf(cli, in_tmp: Path) -> None:
+    (in_tmp / "m.swp").write_bytes("model m(batch = 2) {\r\n    input x: f32[batch]\r\n    # a \u2028 b\r\n"
+                                   "    h = x +* 2\r\n}\r\n".encode())
+    code, _, err = cli("check", "m.swp")
+    assert code == 2 and "4 |     h = x +* 2\n" in err, err

@@ -66,9 +66,9 @@ def _source_line(span: Span, sources: dict[str, str]) -> str | None:
             text = Path(span.file).read_text(encoding="utf-8")
         except (OSError, UnicodeDecodeError):
             return None
-    all_lines = text.splitlines()
+    all_lines = text.split("\n")  # (as the parser counts lines: a form feed or U+2028 ends none)
     if 1 <= span.line <= len(all_lines):
-        return all_lines[span.line - 1]
+        return all_lines[span.line - 1].removesuffix("\r")
     return None
 
 

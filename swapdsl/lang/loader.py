@@ -72,7 +72,8 @@ def _text_kind(data: bytes) -> tuple[str, str] | None:
     if data.startswith(b'{"event": '):
         return "a training log (`exec --log` wrote it)", "draw it with `swapdsl plot-log`"
     if data.lstrip()[:1] == b"{":
-        return "a JSON file", "a device profile goes to --device FILE.json"
+        profile = b'"memory_bytes"' in data  # (what every device profile has)
+        return "a JSON file", "a device profile goes to --device FILE.json" if profile else "give the model's text"
     return None
 
 

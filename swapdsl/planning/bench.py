@@ -166,7 +166,8 @@ def write_outputs(rows: list[dict[str, Any]], methods: list[str], out: Path) -> 
     write_text_atomically(written[0], json.dumps(rows, indent=2) + "\n", "bench output")
     write_text_atomically(written[1], markdown(rows, methods), "bench output")
     plt = pyplot(None)
-    if plt is None:
+    if plt is None:  # (no figure: one an earlier run left would pass for this run's)
+        (out / "fraction.png").unlink(missing_ok=True)
         return written
     models = list(dict.fromkeys(r["model"] for r in rows))
     fig, axes = plt.subplots(1, len(models), figsize=(3.2 * len(models), 3.2), squeeze=False)

@@ -21,7 +21,7 @@ import attrs
 import numpy as np
 
 from swapdsl.common.atomic import check_outputs
-from swapdsl.common.checks import as_flag, as_text, as_whole, flag, one_of, text, whole
+from swapdsl.common.checks import as_flag, as_text, as_whole, callable_or_none, flag, one_of, text, whole
 from swapdsl.common.errors import SwpError
 from swapdsl.graph.ir import Graph
 from swapdsl.runtime import checkpoint, dist, nonfinite
@@ -110,10 +110,12 @@ class Hooks:
     checked (first step, last step, the data or None for synthetic, the seed); ``on_step`` after every
     step, ``on_eval`` after every evaluation and ``on_save`` after every checkpoint, with its record."""
 
-    on_start: Callable[[int, int, Dataset | None, int], None] | None = None  # (first step, last step, data, seed)
-    on_step: Callable[[StepRecord], None] | None = None
-    on_eval: Callable[[EvalRecord], None] | None = None
-    on_save: Callable[[SaveRecord], None] | None = None
+    # (first step, last step, data, seed)
+    on_start: Callable[[int, int, Dataset | None, int], None] | None = attrs.field(default=None,
+                                                                                  validator=callable_or_none)
+    on_step: Callable[[StepRecord], None] | None = attrs.field(default=None, validator=callable_or_none)
+    on_eval: Callable[[EvalRecord], None] | None = attrs.field(default=None, validator=callable_or_none)
+    on_save: Callable[[SaveRecord], None] | None = attrs.field(default=None, validator=callable_or_none)
 
 
 @attrs.frozen

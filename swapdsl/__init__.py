@@ -27,7 +27,7 @@ if launched_size() > 1 and not any(v in os.environ for v in _THREADS):
     os.environ.update(dict.fromkeys(_THREADS, "1"))
 
 __version__ = "0.1.0"
-__all__ = ["Execution", "Hooks", "Model", "Options", "SearchOptions", "SearchProgress", "SwpError", "execute",
+__all__ = ["Execution", "Hooks", "Model", "Options", "Plan", "SearchOptions", "SearchProgress", "SwpError", "execute",
            "evaluate", "import_onnx", "load", "optimize", "predict", "predict_scored", "read", "save", "simulate"]
 
 

@@ -2,7 +2,7 @@
 
     import swapdsl
     model = swapdsl.load("stdlib/models/tiny_resnet.swp", batch=8)
-    plan = swapdsl.optimize(model, memory="2MiB", method="ga", budget_s=10)
+    plan = swapdsl.optimize(model, memory="3MiB", method="ga", budget_s=10)
     swapdsl.save(plan, "tiny.plan")
     run = swapdsl.execute(plan, steps=5, check=True)
     print(run.losses, run.max_rel_diff)
@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import functools
 import math
+import os
 import statistics
 import time
 from collections.abc import Callable, Iterator, Mapping
@@ -25,9 +26,10 @@ import attrs
 import numpy as np
 
 from swapdsl.common.atomic import check_outputs, check_writable, write_text_atomically
-from swapdsl.common.checks import as_number
+from swapdsl.common.checks import (as_number, as_whole, choice_arg, flag_arg, instance_arg, path_arg, plain_number,
+                                   whole_arg)
 from swapdsl.common.errors import Span, SwpError
-from swapdsl.common.units import format_bytes, parse_share, parse_size
+from swapdsl.common.units import MAX_BYTES, format_bytes, parse_share, parse_size
 from swapdsl.devices.profiles import BUILTIN, DEFAULT_DEVICE, Device, load_device
 from swapdsl.graph.analysis import peak_bytes, summary, training_summary
 from swapdsl.graph.autodiff import evaluation_graph, prediction_graph, running_names, training_graph
@@ -52,8 +54,8 @@ from swapdsl.planning.compiled import no_swap_bytes
 from swapdsl.planning.ga import SearchOptions, SearchProgress
 from swapdsl.planning.optimize import optimize as plan_with
 from swapdsl.planning.members import search_members
-from swapdsl.planning.optimize import (AUTO_MAX_OPS, best_buckets, bucket_requests, least_cap_with,
-                                      optimize_microbatches, race_buckets, scout_for)
+from swapdsl.planning.optimize import (AUTO_MAX_OPS, HOST_UPDATES, METHOD_NAMES, best_buckets, bucket_requests,
+                                      least_cap_with, optimize_microbatches, race_buckets, scout_for)
 from swapdsl.planning.problem import Problem, Request
 from swapdsl.planning.sizing import BelowSmallestCap
 from swapdsl.runtime import checkpoint, reference, training
@@ -61,7 +63,7 @@ from swapdsl.runtime.data import init_persistent
 from swapdsl.runtime.dist import EveryRank, join
 from swapdsl.runtime.dataset import Dataset, array_names, open_dataset
 from swapdsl.runtime.predict import PartialBatch, predict as run_predict
-from swapdsl.runtime.backend import array_module, device_bytes_held, require_memory, separate_pool
+from swapdsl.runtime.backend import BACKENDS, array_module, device_bytes_held, require_memory, separate_pool
 from swapdsl.runtime.interpreter import PlanRunner
 from swapdsl.runtime.training import Hooks, Options, Outcome
 
@@ -152,8 +154,18 @@ def load(path: str | Path, overrides: Mapping[str, Override] | None = None, prec
     ``link_gbps`` Gb/s, each on ``batch`` rows of a batch ``ranks`` times larger, the gradients averaged in
     buckets of ``bucket_mib`` MiB (0: one all-reduce each; ``graph/dataparallel.py``), or as
     ``bucket_members`` gives them (one bucket number per gradient)."""
+    path = path_arg(path, "path")
+    if overrides is not None and not (isinstance(overrides, Mapping) and all(isinstance(k, str) for k in overrides)):
+        raise SwpError("`overrides` must map model arguments to values as text, as -D gives them: {\"batch\": \"8\"}")
+    microbatches = whole_arg(microbatches, "microbatches", 1)
+    ranks = as_whole(ranks)
     check_ranks(ranks, link_gbps)
     check_bucket(bucket_mib)
+    if not isinstance(bucket_members, (tuple, list)) or not all(
+            isinstance(as_whole(b), int) and not isinstance(b, bool) for b in bucket_members):
+        raise SwpError(f"`bucket_members` must be a sequence of bucket numbers, one per gradient, not "
+                       f"{bucket_members!r:.60}")
+    args = {k: plain_number(v) for k, v in args.items()}
     if precision not in PRECISIONS:
         raise SwpError(f"unknown precision `{precision}`", hints=[f"precisions: {', '.join(PRECISIONS)}"])
     guard = default_guard(precision) if guard is None else guard
@@ -212,7 +224,18 @@ def optimize(model: Model | str | Path, memory: int | str, method: str = "ga", d
     data-parallel gradients' bucket size (default: the model's), or ``auto``: the size among
     ``planning.optimize.BUCKET_CHOICES`` whose plan is fastest (``ga`` races a search per size,
     ``race_buckets``; with ``microbatches="auto"`` too, or another method, ``best_buckets``)."""
-    m = model if isinstance(model, Model) else load(model)
+    m = model if isinstance(model, Model) else load(path_arg(model, "model"))
+    method = choice_arg(method, "method", METHOD_NAMES)
+    host_updates = choice_arg(host_updates, "host_updates", HOST_UPDATES)
+    dev = _device(device)
+    if search is not None:
+        instance_arg(search, "search", SearchOptions, "a SearchOptions or None")
+    if unknown := sorted(set(knobs) - {f.name for f in attrs.fields(SearchOptions)}):
+        raise SwpError(f"unknown search option `{unknown[0]}`",
+                       hints=[f"options: {', '.join(f.name for f in attrs.fields(SearchOptions))}"])
+    options = attrs.evolve(search or SearchOptions(), **knobs)
+    if microbatches not in (None, "auto"):
+        microbatches = whole_arg(microbatches, "microbatches", 1)
     share = parse_share(memory) if isinstance(memory, str) else None
     if share is not None:
         cap = int(share * no_swap_arena(_one_pass(m).training))
@@ -220,12 +243,6 @@ def optimize(model: Model | str | Path, memory: int | str, method: str = "ga", d
         cap = parse_size(memory) if isinstance(memory, str) else _bytes(memory, "memory")
     host = parse_size(host_memory) if isinstance(host_memory, str) else (
         None if host_memory is None else _bytes(host_memory, "host_memory"))
-    dev = device if isinstance(device, Device) else load_device(device)
-    try:
-        options = attrs.evolve(search or SearchOptions(), **knobs)
-    except TypeError:
-        raise SwpError(f"unknown search option among {', '.join(knobs)}",
-                       hints=[f"options: {', '.join(f.name for f in attrs.fields(SearchOptions))}"]) from None
     if bucket_mib not in (None, "auto"):
         size = check_bucket(bucket_mib)
         m = attrs.evolve(m, bucket_mib=size) if m.ranks > 1 else m
@@ -347,14 +364,18 @@ def _with_microbatch_hint(err: BelowSmallestCap, m: Model, k: int, cap: int,
 
 
 def save(plan: Plan, path: str | Path) -> None:
-    """Write the plan file atomically (a reader sees the old file or the whole new one)."""
-    planfile.write_plan(plan, str(path))
+    """Write the plan file atomically (a reader sees the old file or the whole new one); never over its
+    model."""
+    instance_arg(plan, "plan", Plan, "a Plan (as optimize or read give one)")
+    path = path_arg(path, "path")
+    check_outputs([(path, "plan")], [(plan.model_path, "model")])
+    planfile.write_plan(plan, path)
 
 
 def read(path: str | Path) -> Plan:
     """A plan file, checked completely: against its model's training graph when the model is found (as
     `exec` needs it), and replayed."""
-    return read_checked(str(path))[0]
+    return read_checked(path_arg(path, "path"))[0]
 
 
 def read_checked(path: str, need_model: bool = False) -> tuple[Plan, Graph | None]:
@@ -376,7 +397,18 @@ def _bytes(value: object, name: str) -> int:
     value = as_number(value)
     if not isinstance(value, float) or not (math.isfinite(value) and value >= 1 and value == int(value)):
         raise SwpError(f"`{name}` must be a positive whole number of bytes or a size such as \"8GiB\", not {value!r}")
+    if value > MAX_BYTES:
+        raise SwpError(f"`{name}` of {value:g} bytes is larger than the limit of 1 PiB ({MAX_BYTES} bytes)")
     return int(value)
+
+
+def _device(device: object) -> Device:
+    """A Device, a built-in profile's name, a profile file (text or a Path), or None: the GPU found."""
+    if isinstance(device, Device):
+        return device
+    if device is not None and not isinstance(device, (str, os.PathLike)):
+        raise SwpError(f"`device` must be a profile name, a profile file or a Device, not {type(device).__name__}")
+    return load_device(None if device is None else os.fspath(device))
 
 
 def simulate(plan: Plan) -> dict[str, float]:
@@ -384,6 +416,7 @@ def simulate(plan: Plan) -> dict[str, float]:
     plan's one-pass ideal step, are as its file records them (``figure_notes`` says where they disagree)."""
     if not isinstance(plan, Plan):
         raise SwpError(f"simulate takes a Plan (as optimize or read give one), not {type(plan).__name__}")
+    validate(plan, None)  # (a Plan made or changed by hand is checked as a file is)
     stored = dict(plan.figures)
     kept = {ONE_PASS_IDEAL: stored[ONE_PASS_IDEAL]} if ONE_PASS_IDEAL in stored else None
     return plan_figures(plan, simulate_plan(plan),
@@ -460,9 +493,16 @@ def execute(target: Plan | Model | str | Path, steps: int | None = None, seed: i
     ``graph`` (plans on CuPy) replays each step as one captured CUDA graph; ``tf32`` (plans on CuPy) lets
     FP32 products use TF32 tensor cores; ``vendor_kernels`` False (plans on CuPy): swapdsl's own kernels
     only, the reference's, so that ``check`` measures what the plan changes and nothing else."""
-    if isinstance(target, (str, Path)):
+    target = _target(target)
+    check, graph, tf32, vendor_kernels = (flag_arg(v, k) for k, v in (
+        ("check", check), ("graph", graph), ("tf32", tf32), ("vendor_kernels", vendor_kernels)))
+    instance_arg(options, "options", Options, "an Options")
+    instance_arg(hooks, "hooks", Hooks, "a Hooks")
+    if on_step is not None and (not callable(on_step) or hooks.on_step is not None):
+        raise SwpError("`on_step` must be a function, given once: here or as `hooks.on_step`")
+    if isinstance(target, str):
         if is_plan_file(target):
-            plan, train = read_checked(str(target), need_model=True)
+            plan, train = read_checked(target, need_model=True)
             return execute_plan(plan, train, steps, seed, backend, check, on_step, graph=graph, tf32=tf32,
                                 options=options, hooks=hooks, vendor_kernels=vendor_kernels)
         target = load(target)
@@ -472,6 +512,15 @@ def execute(target: Plan | Model | str | Path, steps: int | None = None, seed: i
         return _train_reference(target, _options(options, steps, seed), backend, _hooks(hooks, on_step))
     return execute_plan(target, _graph_of(target), steps, seed, backend, check, on_step, graph=graph, tf32=tf32,
                         options=options, hooks=hooks, vendor_kernels=vendor_kernels)
+
+
+def _target(target: object) -> Plan | Model | str:
+    """What a run or a prediction is of: a Plan, a Model, or a file naming one (as text)."""
+    if isinstance(target, (Plan, Model)):
+        return target
+    if isinstance(target, (str, os.PathLike)):
+        return path_arg(target, "target")
+    raise SwpError(f"the target must be a Plan, a Model or a file naming one, not {type(target).__name__}")
 
 
 def is_plan_file(path: str | Path) -> bool:
@@ -528,7 +577,14 @@ def predict(target: Plan | Model | str | Path, data: str, init: str | None = Non
     an ``.npz`` with the inputs the outputs need), from the parameters and running statistics in the
     checkpoint ``init`` (else the seed's initialisation). A plan runs the prediction graph planned under its
     cap (``belady``) at its micro-batch size; a model, the reference executor."""
+    data, init, backend, seed = _inference_args(data, init, backend, seed)
     return _inference(target, data, init, backend, seed, prediction_graph, run_predict)
+
+
+def _inference_args(data: object, init: object, backend: object, seed: object) -> tuple[str, str | None, str, int]:
+    """``predict``'s, ``evaluate``'s and ``predict_scored``'s arguments, checked."""
+    return (path_arg(data, "data"), path_arg(init, "init", optional=True), choice_arg(backend, "backend", BACKENDS),
+            whole_arg(seed, "seed", 0, training.MAX_SEED - 1))
 
 
 def predict_scored(target: Plan | Model | str | Path, data: str, init: str | None = None, backend: str = "auto",
@@ -536,6 +592,7 @@ def predict_scored(target: Plan | Model | str | Path, data: str, init: str | Non
     """``predict``'s outputs and, where ``data`` has what the loss reads, ``evaluate``'s figures, from one
     pass over the data (``evaluation_graph(..., outputs=True)``); where that graph does not plan under a
     plan's cap, two passes as ``predict`` and ``evaluate`` make them."""
+    data, init, backend, seed = _inference_args(data, init, backend, seed)
     plan, m = resolved = _inference_model(target)
     if not _scorable(m, data):
         return _inference(resolved, data, init, backend, seed, prediction_graph, run_predict), None
@@ -556,8 +613,12 @@ def predict_scored(target: Plan | Model | str | Path, data: str, init: str | Non
 
 
 def _scorable(m: Model, data: str) -> bool:
-    """Whether ``data`` holds every input the model's loss and reports read (its targets)."""
-    return bool(m.graph.loss) and set(evaluation_graph(m.graph).inputs) <= array_names(data)
+    """Whether ``data`` holds every input the model's loss and reports read (its targets); an error where
+    it is no data set."""
+    names = array_names(path_arg(data, "data"))
+    if not names:  # (no such file, not a folder of arrays or an .npz: the data's own error says which)
+        open_dataset(data, evaluation_graph(m.graph) if m.graph.loss else prediction_graph(m.graph), partial=True)
+    return bool(m.graph.loss) and set(evaluation_graph(m.graph).inputs) <= names
 
 
 def evaluate(target: Plan | Model | str | Path, data: str, init: str | None = None, backend: str = "auto",
@@ -565,6 +626,7 @@ def evaluate(target: Plan | Model | str | Path, data: str, init: str | None = No
     """The loss and reports over every example in ``data``, as ``exec --eval`` takes them (each batch
     weighed by its examples, the last partial batch at its size), from ``init`` as ``predict`` reads it;
     None where ``data`` lacks an input the loss needs (its targets) or the model has no loss."""
+    data, init, backend, seed = _inference_args(data, init, backend, seed)
     return _evaluate(_inference_model(target), data, init, backend, seed)
 
 
@@ -582,6 +644,7 @@ def _evaluate(resolved: tuple[Plan | None, Model], data: str, init: str | None, 
 
 def _inference_model(target: Plan | Model | str | Path) -> tuple[Plan | None, Model]:
     """The plan (if ``target`` is one, or names one) and its model."""
+    target = _target(target)
     plan = read(target) if isinstance(target, (str, Path)) and is_plan_file(target) else (
         target if isinstance(target, Plan) else None)
     return plan, _model_of(plan) if plan is not None else target if isinstance(target, Model) else load(target)
@@ -646,7 +709,19 @@ def import_onnx(path: str, out: str, weights: str | None = None, batch: int | No
     every weight fits its parameter) before either is written; each is written whole or not at all."""
     import tempfile
 
-    weights = weights or str(Path(out).with_suffix(".safetensors"))
+    path, out = path_arg(path, "path"), path_arg(out, "out")
+    weights = path_arg(weights, "weights", optional=True) or str(Path(out).with_suffix(".safetensors"))
+    batch = whole_arg(batch, "batch", 1, optional=True)
+    if dims is not None and not (isinstance(dims, Mapping) and all(isinstance(k, str) for k in dims)):
+        raise SwpError("`dims` must map the file's symbolic sizes to integers: {\"sequence\": 128}")
+    dims = {k: whole_arg(v, f"dims[{k!r}]", 1) for k, v in (dims or {}).items()}
+    for name, value in (("loss", loss), ("freeze", freeze)):
+        if value is not None and not isinstance(value, str):
+            raise SwpError(f"`{name}` must be a string or None, not {value!r:.60}")
+    for name, value in (("target", target), ("optimizer", optimizer)):
+        if not isinstance(value, str):
+            raise SwpError(f"`{name}` must be a string, not {value!r:.60}")
+    flat = flag_arg(flat, "flat")
     check_outputs([(out, "model"), (weights, "weights")], [(path, "ONNX model")])
     for target_path, what in ((out, "model"), (weights, "weights")):
         check_writable(target_path, what)

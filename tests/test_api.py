@@ -143,3 +143,71 @@ def test_what_stands_for_a_value_is_taken_as_it() -> None:
     assert swapdsl.optimize(TINY, memory=np.int64(2**23), method="belady").cap == 2**23
     with pytest.raises(swapdsl.SwpError, match="`steps` must be an integer at least 1, not 2.0"):
         swapdsl.Options(steps=2.0)
+
+
+def _plan() -> swapdsl.Plan:
+    return swapdsl.optimize(TINY, memory="8MiB", method="belady")
+
+
+@pytest.mark.parametrize("call, message", [  # (each was a TypeError, AttributeError or the like from inside)
+    (lambda: swapdsl.load(None), "`path` must name a file"),
+    (lambda: swapdsl.load(123), "`path` must name a file"),
+    (lambda: swapdsl.load(TINY, overrides="batch=8"), "`overrides` must map model arguments"),
+    (lambda: swapdsl.load(TINY, overrides={1: 2}), "`overrides` must map model arguments"),
+    (lambda: swapdsl.load(TINY, microbatches=True), "`microbatches` must be an integer at least 1, not True"),
+    (lambda: swapdsl.load(TINY, ranks=2, bucket_members=None), "`bucket_members` must be a sequence"),
+    (lambda: swapdsl.optimize(None, memory="8MiB"), "`model` must name a file"),
+    (lambda: swapdsl.optimize(TINY, memory=1e30), "larger than the limit of 1 PiB"),
+    (lambda: swapdsl.optimize(TINY, memory="8MiB", method=["ga"]), "`method` must be one of ga, "),
+    (lambda: swapdsl.optimize(TINY, memory="8MiB", device=1), "`device` must be a profile name"),
+    (lambda: swapdsl.optimize(TINY, memory="8MiB", search=5), "`search` must be a SearchOptions or None"),
+    (lambda: swapdsl.optimize(TINY, memory="8MiB", progress=5), "`progress` must be a function or None"),
+    (lambda: swapdsl.optimize(TINY, memory="8MiB", polish="x"), "the polish's share of the budget must be"),
+    (lambda: swapdsl.optimize(TINY, memory="8MiB", microbatches=True), "`microbatches` must be an integer"),
+    (lambda: swapdsl.save(None, "x.plan"), "`plan` must be a Plan"),
+    (lambda: swapdsl.save(_plan(), None), "`path` must name a file"),
+    (lambda: swapdsl.save(_plan(), "x.swp"), "plan files take `.plan`"),
+    (lambda: swapdsl.execute(None), "the target must be a Plan, a Model or a file naming one"),
+    (lambda: swapdsl.execute(TINY, graph="no"), "`graph` must be True or False, not 'no'"),
+    (lambda: swapdsl.execute(TINY, options=None), "`options` must be an Options"),
+    (lambda: swapdsl.execute(TINY, hooks={}), "`hooks` must be a Hooks"),
+    (lambda: swapdsl.execute(TINY, on_step=5), "`on_step` must be a function, given once"),
+    (lambda: swapdsl.execute(TINY, on_step=print, hooks=swapdsl.Hooks(on_step=print)), "given once"),
+    (lambda: swapdsl.Hooks(on_save=5), "`on_save` must be a function or None"),
+    (lambda: swapdsl.predict(TINY, None), "`data` must name a file"),
+    (lambda: swapdsl.predict(TINY, "d", seed=-1), "`seed` must be an integer from 0 to"),
+    (lambda: swapdsl.predict(TINY, "d", backend="gpu"), "`backend` must be one of auto, numpy, cupy"),
+    (lambda: swapdsl.evaluate(TINY, "nope.npz"), "nope.npz"),
+    (lambda: swapdsl.import_onnx("m.onnx", "m.swp", batch=8.5), "`batch` must be an integer at least 1"),
+    (lambda: swapdsl.import_onnx("m.onnx", "m.swp", dims="x"), "`dims` must map"),
+    (lambda: swapdsl.import_onnx("m.onnx", "m.swp", freeze=5), "`freeze` must be a string or None"),
+    (lambda: swapdsl.import_onnx(None, "m.swp"), "`path` must name a file"),
+])
+def test_a_wrong_argument_is_an_error_naming_it(call, message: str, in_tmp: Path) -> None:  # noqa: ANN001
+    with pytest.raises(swapdsl.SwpError, match=message.replace("(", r"\(").replace(".", r"\.")):
+        call()
+
+
+def test_save_never_writes_over_the_plans_model(tmp_path: Path) -> None:
+    """`save(plan, "net.swp")` replaced the plan's own model (the command line refused it)."""
+    model = tmp_path / "m.swp"
+    model.write_text(TINY.read_text())
+    plan = swapdsl.optimize(str(model), memory="8MiB", method="belady")
+    before = model.read_bytes()
+    with pytest.raises(swapdsl.SwpError, match="is named as a `.swp` file"):
+        swapdsl.save(plan, model)
+    (tmp_path / "link.plan").symlink_to(model)
+    with pytest.raises(swapdsl.SwpError, match="writing it would destroy it"):
+        swapdsl.save(plan, tmp_path / "link.plan")
+    assert model.read_bytes() == before
+
+
+def test_numpy_model_arguments_and_a_path_for_a_device_are_taken_as_what_they_stand_for(
+        cli, tmp_path: Path) -> None:
+    import numpy as np
+
+    assert dict(swapdsl.load(TINY, batch=np.int64(8)).graph.args)["batch"] == 8
+    code, out, _ = cli("devices", "--json")
+    profile = tmp_path / "gpu.json"
+    profile.write_text(json.dumps(json.loads(out)["v100-16gb"]))
+    assert swapdsl.optimize(TINY, memory="8MiB", method="belady", device=profile).device.name == "v100-16gb"

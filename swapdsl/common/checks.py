@@ -1,6 +1,7 @@
-"""Validators for the library's option records (``attrs`` fields): a value of the wrong type or out of
-range is an SwpError naming the field, as the command line's own checks would say it, not a TypeError
-deep inside a run. The converters first take what stands for the value (a NumPy integer, a Path)."""
+"""Validators for the library's option records (``attrs`` fields) and its functions' arguments: a value of
+the wrong type or out of range is an SwpError naming the field or argument, as the command line's own
+checks would say it, not a TypeError deep inside a run. The converters first take what stands for the
+value (a NumPy integer, a Path)."""
 
 from __future__ import annotations
 
@@ -74,3 +75,55 @@ def one_of(choices: tuple[str, ...]) -> Validator:
             raise SwpError(f"`{field.name}` must be one of {', '.join(choices)}, not {value!r}")
 
     return check
+
+
+def callable_or_none(_: Any, field: Any, value: Any) -> None:
+    if value is not None and not callable(value):
+        raise SwpError(f"`{field.name}` must be a function or None, not {value!r:.60}")
+
+
+# ---- a function's arguments (the same rules, by the argument's name) --------------------------------------
+
+def path_arg(value: Any, name: str, optional: bool = False) -> str | None:
+    """A file or folder argument as text: a string or a Path (None too, where ``optional``)."""
+    if value is None and optional:
+        return None
+    value = as_text(value)
+    if not isinstance(value, str) or not value.strip() or "\0" in value:
+        raise SwpError(f"`{name}` must name a file (a string or a Path), not {value!r:.60}")
+    return value
+
+
+def whole_arg(value: Any, name: str, low: int, high: int | None = None, optional: bool = False) -> int | None:
+    """An integer argument in [low, high] (a NumPy integer too; never a bool)."""
+    if value is None and optional:
+        return None
+    value = as_whole(value)
+    if not isinstance(value, int) or isinstance(value, bool) or value < low or (high is not None and value > high):
+        bounds = f"at least {low}" if high is None else f"from {low} to {high}"
+        raise SwpError(f"`{name}` must be an integer {bounds}, not {value!r:.60}")
+    return value
+
+
+def flag_arg(value: Any, name: str) -> bool:
+    value = as_flag(value)
+    if not isinstance(value, bool):
+        raise SwpError(f"`{name}` must be True or False, not {value!r:.60}")
+    return value
+
+
+def choice_arg(value: Any, name: str, choices: tuple[str, ...] | list[str]) -> str:
+    if not isinstance(value, str) or value not in choices:
+        raise SwpError(f"`{name}` must be one of {', '.join(choices)}, not {value!r:.60}")
+    return value
+
+
+def instance_arg(value: Any, name: str, kind: type, what: str) -> Any:
+    if not isinstance(value, kind):
+        raise SwpError(f"`{name}` must be {what}, not {type(value).__name__}")
+    return value
+
+
+def plain_number(value: Any) -> Any:
+    """A NumPy scalar as the Python number it stands for (a model argument given as np.int64(8))."""
+    return value.item() if isinstance(value, np.generic) else value

@@ -180,6 +180,11 @@ class Origin:
 
 @attrs.frozen
 class Plan:
+    """A training step's program under a memory cap: the model it is for, the device it was timed on, its
+    tensors and ops, the instructions of the three streams (and the host lane) in issue order, and the
+    figures its planner recorded. ``swapdsl.optimize`` and ``swapdsl.read`` give one; ``plan/file.py``
+    writes and reads it as text."""
+
     model_path: str
     model_sha256: str
     args: tuple[tuple[str, int | float | bool], ...]

@@ -61,7 +61,7 @@ from concurrent.futures import ProcessPoolExecutor
 import attrs
 import numpy as np
 
-from swapdsl.common.checks import as_number, as_whole, positive, whole
+from swapdsl.common.checks import as_number, as_whole, callable_or_none, positive, whole
 from swapdsl.common.children import die_with
 from swapdsl.common.errors import SwpError
 from swapdsl.graph.ir import Graph
@@ -87,7 +87,7 @@ class SearchOptions:
     population: int = attrs.field(default=64, converter=as_whole, validator=whole(2, 100_000))
     seed: int = attrs.field(default=0, converter=as_whole, validator=whole(0, 2**63 - 1))
     workers: int = attrs.field(default=0, converter=as_whole, validator=whole(0))  # 0: every core
-    progress: Callable[[SearchProgress], None] | None = None
+    progress: Callable[[SearchProgress], None] | None = attrs.field(default=None, validator=callable_or_none)
     # the share of the budget for the exact polish, on graphs it polishes (0: none)
     polish: float = attrs.field(default=POLISH_SHARE, validator=lambda _, __, share: check_share(share))
 

@@ -29,7 +29,7 @@ POLISH_MIN_S = 3.0
 
 
 def check_share(share: float) -> None:
-    if not 0 <= share < 1:
+    if isinstance(share, bool) or not isinstance(share, (int, float)) or not 0 <= share < 1:
         raise SwpError(f"the polish's share of the budget must be from 0 to below 1, not {share}")
 
 

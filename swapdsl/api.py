@@ -578,7 +578,7 @@ def predict(target: Plan | Model | str | Path, data: str, init: str | None = Non
     checkpoint ``init`` (else the seed's initialisation). A plan runs the prediction graph planned under its
     cap (``belady``) at its micro-batch size; a model, the reference executor."""
     data, init, backend, seed = _inference_args(data, init, backend, seed)
-    return _inference(target, data, init, backend, seed, prediction_graph, run_predict)
+    return _inference(_inference_model(target), data, init, backend, seed, prediction_graph, run_predict)
 
 
 def _inference_args(data: object, init: object, backend: object, seed: object) -> tuple[str, str | None, str, int]:
@@ -653,15 +653,15 @@ def _inference_model(target: Plan | Model | str | Path) -> tuple[Plan | None, Mo
 _Result = TypeVar("_Result")
 
 
-def _inference(target: Plan | Model | str | Path | tuple[Plan | None, Model], data: str, init: str | None,
+def _inference(resolved: tuple[Plan | None, Model], data: str, init: str | None,
                backend: str, seed: int, graph_of: Callable[[Graph], Graph],
                run: Callable[[Graph, training.Stepper, Callable[[int], training.Stepper | None], Dataset,
                               dict[str, np.ndarray]], _Result]) -> _Result:
     """``run`` over ``data`` by executors of ``graph_of`` the model's forward graph, from ``init``'s state: a
     plan's graph planned under its cap (``belady``) at its micro-batch size, a model's by the reference
-    executor; the last partial batch by one at its size (None where that does not plan). ``target`` may
-    come resolved, as ``_inference_model`` gives it."""
-    plan, m = target if isinstance(target, tuple) else _inference_model(target)
+    executor; the last partial batch by one at its size (None where that does not plan). ``resolved``: the
+    plan and model ``_inference_model`` gives."""
+    plan, m = resolved
     rows = int(m.args["batch"]) // m.microbatches if m.microbatches > 1 else None
     base = _at_batch(m, rows) if rows else m
     assert base is not None

@@ -48,6 +48,8 @@ def check_outputs(outputs: Iterable[tuple[str | os.PathLike[str] | None, str]],
     for path, what in outs:
         if not path.strip():
             raise SwpError(f"the {what}'s file name is empty")
+        if "\0" in path:
+            raise SwpError(f"the {what}'s file name holds a NUL byte")
         check_suffix(path, what)
     seen: list[tuple[str, str, tuple[object, ...]]] = []
     for path, what in [(p, w) for p, w in ins if os.path.exists(p)]:

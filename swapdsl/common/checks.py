@@ -60,6 +60,8 @@ def text(optional: bool = False) -> Validator:
     def check(_: Any, field: Any, value: Any) -> None:
         if not (isinstance(value, str) or (value is None and optional)):
             raise SwpError(f"`{field.name}` must be a string{' or None' if optional else ''}, not {value!r}")
+        if value is not None and "\0" in value:  # (a file name: no system call takes one)
+            raise SwpError(f"`{field.name}` holds a NUL byte")
 
     return check
 

@@ -2,7 +2,8 @@
 
 The surfaces are the files `exec`, `plot-log` and `optimize --device` read besides models and plans:
 a data folder of ``.npy`` arrays, an ``.npz`` archive (members stored or compressed), a checkpoint
-(``--resume`` and ``--init``), a training log and a device profile. Each case starts from a valid file
+(``--resume`` and ``--init``), weights alone (a safetensors file with no swapdsl metadata, for ``--init``),
+a training log and a device profile. Each case starts from a valid file
 written by swapdsl or NumPy and changes its bytes (a flipped bit, a cut, an insertion, an overwritten
 run) or one token of its text part (the ``.npy`` header, the safetensors JSON header, a log line, the
 profile) to an adversary's value. Run in process, every case must end with exit 0 or with exit 2 and
@@ -21,7 +22,7 @@ import numpy as np
 
 from swapdsl.fuzz import run_cli
 
-SURFACES = ("npy", "npz", "checkpoint", "log", "profile")
+SURFACES = ("npy", "npz", "checkpoint", "weights", "log", "profile")
 KINDS = ("flip", "cut", "insert", "overwrite", "token")
 VERDICTS = ("ok", "refused", "crash", "hang")
 TIME_LIMIT_S = 20.0
@@ -61,11 +62,17 @@ def make_seeds(folder: Path, model: Path) -> dict[str, Path]:
     run = run_cli(["exec", str(model), *mlp_defines(), "--steps", "2", "--data", str(folder / "data"),
                    "--save", str(folder / "c.safetensors"), "--log", str(folder / "log.jsonl"), "--json"])
     assert run.code == 0, run.err or run.crash
+    from safetensors.numpy import load_file, save_file
+
     from swapdsl.devices.profiles import BUILTIN
+
+    params = {k: v for k, v in load_file(folder / "c.safetensors").items() if "/" not in k}  # (no state, no meta)
+    save_file(params, str(folder / "w.safetensors"), metadata={"format": "pt"})
 
     (folder / "p.json").write_text(json.dumps(BUILTIN["v100-16gb"].to_json(), indent=1), encoding="utf-8")
     return {"npy": folder / "data" / "y.npy", "stored.npz": folder / "stored.npz",
             "packed.npz": folder / "packed.npz", "checkpoint": folder / "c.safetensors",
+            "weights": folder / "w.safetensors",
             "log": folder / "log.jsonl", "profile": folder / "p.json"}
 
 
@@ -98,7 +105,7 @@ def text_part(surface: str, data: bytes) -> tuple[int, int]:
     """The byte range of the file's text: a .npy header, a safetensors JSON header, or all of it."""
     if surface == "npy" and data[:6] == b"\x93NUMPY":
         return 10, 10 + int.from_bytes(data[8:10], "little")
-    if surface == "checkpoint" and len(data) >= 8:
+    if surface in ("checkpoint", "weights") and len(data) >= 8:
         return 8, min(len(data), 8 + int.from_bytes(data[:8], "little"))
     return 0, len(data)
 
@@ -131,6 +138,8 @@ def _argv(surface: str, target: Path, model: str, work: Path, rng: random.Random
     train = ["exec", model, *mlp_defines(), "--backend", "numpy"]
     if surface == "checkpoint":
         return train + ["--steps", "4", rng.choice(["--resume", "--init"]), str(target)]
+    if surface == "weights":
+        return train + ["--steps", "2", "--init", str(target)]
     if surface in ("npy", "npz"):
         return train + ["--steps", "1", "--data", str(target if surface == "npz" else target.parent)]
     if surface == "log":

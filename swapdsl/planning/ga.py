@@ -77,6 +77,9 @@ from swapdsl.planning.polish import POLISH_SHARE, check_share, polish, polish_li
 from swapdsl.planning.problem import PAST_BUDGET, Problem, Request, edges
 from swapdsl.planning.sizing import choose_pinned, need_bytes
 
+MAX_WORKERS = 1024  # scoring processes: more than any machine's cores
+
+
 @attrs.frozen
 class SearchOptions:
     """The genetic search's knobs; ``progress`` is called after every generation (and once before the
@@ -86,7 +89,7 @@ class SearchOptions:
     generations: int = attrs.field(default=100_000, converter=as_whole, validator=whole(0))  # 0: the seeds only
     population: int = attrs.field(default=64, converter=as_whole, validator=whole(2, 100_000))
     seed: int = attrs.field(default=0, converter=as_whole, validator=whole(0, 2**63 - 1))
-    workers: int = attrs.field(default=0, converter=as_whole, validator=whole(0))  # 0: every core
+    workers: int = attrs.field(default=0, converter=as_whole, validator=whole(0, MAX_WORKERS))  # 0: every core
     progress: Callable[[SearchProgress], None] | None = attrs.field(default=None, validator=callable_or_none)
     # the share of the budget for the exact polish, on graphs it polishes (0: none)
     polish: float = attrs.field(default=POLISH_SHARE, validator=lambda _, __, share: check_share(share))

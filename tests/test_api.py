@@ -62,7 +62,7 @@ def test_training_a_model_without_a_cap() -> None:
     (lambda: swapdsl.optimize(TINY, memory=-5), "`memory` must be a positive whole number of bytes"),
     (lambda: swapdsl.optimize(TINY, memory=2.5), "`memory` must be a positive whole number of bytes"),
     (lambda: swapdsl.optimize(TINY, memory="2MiB", budget_s=-1), "`budget_s` must be a positive, finite number"),
-    (lambda: swapdsl.optimize(TINY, memory="2MiB", workers=True), "`workers` must be an integer at least 0"),
+    (lambda: swapdsl.optimize(TINY, memory="2MiB", workers=True), "`workers` must be an integer from 0 to 1024"),
     (lambda: swapdsl.simulate(swapdsl.load(TINY)), "simulate takes a Plan"),
     (lambda: swapdsl.execute(swapdsl.load(TINY), steps="3"), "`steps` must be an integer at least 1, not '3'"),
     (lambda: swapdsl.execute(swapdsl.load(TINY), steps=-1), "`steps` must be an integer at least 1, not -1"),

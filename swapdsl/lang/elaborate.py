@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import math
 import operator
+import re
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
@@ -174,14 +175,14 @@ def _kind_of(v: Value) -> str:
     return "bool" if isinstance(v, bool) else "int" if isinstance(v, int) else "float"
 
 
+_INT_TEXT = re.compile(r"[+-]?[0-9]+")  # (as the language writes numbers: not Python's `1_0` or other digits)
+_FLOAT_TEXT = re.compile(r"[+-]?(?:[0-9]+\.?[0-9]*|\.[0-9]+)(?:[eE][+-]?[0-9]+)?")
+
+
 def _guess_kind(text: str) -> str:
     if text in ("true", "false"):
         return "bool"
-    try:
-        int(text)
-        return "int"
-    except ValueError:
-        return "float"
+    return "int" if _INT_TEXT.fullmatch(text) else "float"
 
 
 def _typed_override(p: ast.ParamDecl, kind: str, value: int | float | bool) -> int | float | bool:
@@ -203,6 +204,8 @@ def _parse_override(p: ast.ParamDecl, kind: str, text: str) -> int | float | boo
                 raise ValueError
             return text == "true"
         if kind == "int":
+            if not _INT_TEXT.fullmatch(text):
+                raise ValueError
             if len(text) > 20 or not -MAX_INT < int(text) < MAX_INT:
                 expected = "an integer below 2**63"
                 raise ValueError
@@ -210,6 +213,8 @@ def _parse_override(p: ast.ParamDecl, kind: str, text: str) -> int | float | boo
         value = float(text)
         if not math.isfinite(value):
             expected = "a finite number"
+            raise ValueError
+        if not _FLOAT_TEXT.fullmatch(text):
             raise ValueError
         return value
     except ValueError:

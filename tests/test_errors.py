@@ -440,3 +440,10 @@ def test_the_line_shown_is_the_parsers_line_past_a_line_separator_and_crlf(cli, 
                                    "    h = x +* 2\r\n}\r\n".encode())
     code, _, err = cli("check", "m.swp")
     assert code == 2 and "4 |     h = x +* 2\n" in err, err
+
+
+def test_one_hint_or_note_given_as_text_is_one() -> None:
+    from swapdsl.common.errors import SwpError
+
+    rendered = SwpError("bad", hints="do this", notes="because").render().splitlines()
+    assert rendered == ["error: bad", "  = note: because", "  = hint: do this"]

@@ -38,8 +38,8 @@ class SwpError(Exception):
         super().__init__(message)
         self.message = message
         self.span = span
-        self.hints = tuple(hints)
-        self.notes = tuple(notes)
+        self.hints = (hints,) if isinstance(hints, str) else tuple(hints)  # (one hint given as text is one)
+        self.notes = (notes,) if isinstance(notes, str) else tuple(notes)
 
     def with_span(self, span: Span) -> SwpError:
         """The same error, placed at ``span`` if it has no place yet."""

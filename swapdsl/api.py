@@ -41,6 +41,7 @@ from swapdsl.graph.dataparallel import (DEFAULT_BUCKET_MIB, DEFAULT_LINK_GBPS, c
                                         data_parallel, gradient_order, members_of)
 from swapdsl.graph.microbatch import check_microbatches, divisors, microbatched
 from swapdsl.importer import Imported, convert
+from swapdsl.importer.text import OPTIMIZER, TARGET
 from swapdsl.lang.elaborate import Override, elaborate, model_arguments, model_of
 from swapdsl.lang.loader import Program
 from swapdsl.lang.loader import load as load_program
@@ -700,13 +701,15 @@ def _inference(resolved: tuple[Plan | None, Model], data: str, init: str | None,
 
 
 def import_onnx(path: str, out: str, weights: str | None = None, batch: int | None = None,
-                dims: Mapping[str, int] | None = None, loss: str | None = None, target: str = "target",
-                optimizer: str = "sgd(lr = 0.01)", freeze: str | None = None,
+                dims: Mapping[str, int] | None = None, loss: str | None = None, target: str | None = None,
+                optimizer: str | None = None, freeze: str | None = None,
                 flat: bool = False) -> tuple[Model, Imported]:
     """Write the ONNX model at ``path`` as the `.swp` file ``out`` (repeated modules as `def`s unless
     ``flat``) and its weights as the checkpoint ``weights`` (default: ``out`` with suffix ``.safetensors``)
     that `--init` reads: parameters and batch norm's running statistics. Both are checked (the text loads,
-    every weight fits its parameter) before either is written; each is written whole or not at all."""
+    every weight fits its parameter) before either is written; each is written whole or not at all.
+    ``loss`` (``importer.text.LOSSES``) adds a target input named ``target`` ("target") and a `minimize`
+    line with ``optimizer`` ("sgd(lr = 0.01)"); without it the model predicts only."""
     import tempfile
 
     path, out = path_arg(path, "path"), path_arg(out, "out")
@@ -719,8 +722,11 @@ def import_onnx(path: str, out: str, weights: str | None = None, batch: int | No
         if value is not None and not isinstance(value, str):
             raise SwpError(f"`{name}` must be a string or None, not {value!r:.60}")
     for name, value in (("target", target), ("optimizer", optimizer)):
-        if not isinstance(value, str):
+        if value is not None and not isinstance(value, str):
             raise SwpError(f"`{name}` must be a string, not {value!r:.60}")
+    if loss is None and (target is not None or optimizer is not None):
+        raise SwpError("`target` and `optimizer` shape the loss and its `minimize` line: give `loss` too")
+    target, optimizer = target or TARGET, optimizer or OPTIMIZER
     flat = flag_arg(flat, "flat")
     check_outputs([(out, "model"), (weights, "weights")], [(path, "ONNX model")])
     for target_path, what in ((out, "model"), (weights, "weights")):

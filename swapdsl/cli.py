@@ -330,10 +330,10 @@ def _cmd_import(args: argparse.Namespace) -> int:
     dims = {}
     for d in args.dim:
         name, eq, value = d.partition("=")
-        if not eq or not value.isdigit() or int(value) < 1 or len(value) > 9:
+        if not eq or not re.fullmatch(r"[0-9]{1,9}", value) or int(value) < 1:
             raise SwpError(f"--dim {d}: expected NAME=N with N a positive integer", hints=["e.g. --dim seq=128"])
         dims[name] = int(value)
-    if args.loss is None and (args.target != "target" or args.optimizer != "sgd(lr = 0.01)"):
+    if args.loss is None and (args.target is not None or args.optimizer is not None):
         raise SwpError("--target and --optimizer shape the loss and its `minimize` line: give --loss too")
     m, r = api.import_onnx(args.file, args.output, args.weights, args.batch, dims, args.loss, args.target,
                            args.optimizer, args.freeze, args.flat)
@@ -805,8 +805,8 @@ def make_parser() -> argparse.ArgumentParser:
                     help="a size for one of the file's other symbolic dimensions (repeatable)")
     im.add_argument("--loss", choices=LOSSES, help="add a target input and a loss on the first output, and a "
                     "`minimize` line (without it the model predicts only)")
-    im.add_argument("--target", default="target", metavar="NAME", help="the target input's name (target)")
-    im.add_argument("--optimizer", default="sgd(lr = 0.01)", metavar="TEXT",
+    im.add_argument("--target", metavar="NAME", help="the target input's name (target)")
+    im.add_argument("--optimizer", metavar="TEXT",
                     help="the `minimize` line's optimiser, as the language writes it (sgd(lr = 0.01))")
     im.add_argument("--freeze", metavar="REGEX", help="declare `frozen` (loaded, never trained) the parameters whose "
                     "ONNX or .swp name matches (constants the graph computes always are)")

@@ -182,6 +182,7 @@ def _plan() -> swapdsl.Plan:
     (lambda: swapdsl.import_onnx("m.onnx", "m.swp", dims="x"), "`dims` must map"),
     (lambda: swapdsl.import_onnx("m.onnx", "m.swp", freeze=5), "`freeze` must be a string or None"),
     (lambda: swapdsl.import_onnx(None, "m.swp"), "`path` must name a file"),
+    (lambda: swapdsl.import_onnx("m.onnx", "m.swp", optimizer="adam(lr = 1e-3)"), "give `loss` too"),
 ])
 def test_a_wrong_argument_is_an_error_naming_it(call, message: str, in_tmp: Path) -> None:  # noqa: ANN001
     with pytest.raises(swapdsl.SwpError, match=message.replace("(", r"\(").replace(".", r"\.")):

@@ -19,6 +19,7 @@ from swapdsl.lang.elaborate import OPTIMIZERS
 from swapdsl.importer.onnx_read import Source, read_onnx
 
 LOSSES = ("cross_entropy", "mse")
+TARGET, OPTIMIZER = "target", "sgd(lr = 0.01)"  # with a loss: the target input's name, the `minimize` line's
 _INT = re.compile(r"(?<![\w.])\d+(?![\w.])")
 
 
@@ -33,7 +34,7 @@ class Imported:
 
 
 def convert(path: str, batch: int | None = None, dims: Mapping[str, int] | None = None, loss: str | None = None,
-            target: str = "target", optimizer: str = "sgd(lr = 0.01)", freeze: str | None = None,
+            target: str = TARGET, optimizer: str = OPTIMIZER, freeze: str | None = None,
             flat: bool = False) -> Imported:
     """The ONNX file at ``path`` as `.swp` text and the parameters it starts from. Every input's first axis
     is the batch (``batch``, else its size in the file, else 1); ``dims`` gives the file's other symbolic

@@ -20,7 +20,7 @@ import time
 from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from types import ModuleType
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import attrs
 import numpy as np
@@ -155,18 +155,9 @@ def load(path: str | Path, overrides: Mapping[str, Override] | None = None, prec
     ``link_gbps`` Gb/s, each on ``batch`` rows of a batch ``ranks`` times larger, the gradients averaged in
     buckets of ``bucket_mib`` MiB (0: one all-reduce each; ``graph/dataparallel.py``), or as
     ``bucket_members`` gives them (one bucket number per gradient)."""
-    path = path_arg(path, "path")
-    if overrides is not None and not (isinstance(overrides, Mapping) and all(isinstance(k, str) for k in overrides)):
-        raise SwpError("`overrides` must map model arguments to values as text, as -D gives them: {\"batch\": \"8\"}")
-    microbatches = whole_arg(microbatches, "microbatches", 1)
-    ranks = as_whole(ranks)
+    path, microbatches, ranks, args = _load_args(path, overrides, microbatches, ranks, bucket_members, args)
     check_ranks(ranks, link_gbps)
     check_bucket(bucket_mib)
-    if not isinstance(bucket_members, (tuple, list)) or not all(
-            isinstance(as_whole(b), int) and not isinstance(b, bool) for b in bucket_members):
-        raise SwpError(f"`bucket_members` must be a sequence of bucket numbers, one per gradient, not "
-                       f"{bucket_members!r:.60}")
-    args = {k: plain_number(v) for k, v in args.items()}
     if precision not in PRECISIONS:
         raise SwpError(f"unknown precision `{precision}`", hints=[f"precisions: {', '.join(PRECISIONS)}"])
     guard = default_guard(precision) if guard is None else guard
@@ -197,6 +188,19 @@ def load(path: str | Path, overrides: Mapping[str, Override] | None = None, prec
     return Model(str(path), program, attrs.evolve(graph, guard=guard), microbatches, ranks,
                  float(link_gbps) if ranks > 1 else 0.0, float(bucket_mib) if ranks > 1 else 0.0,
                  tuple(bucket_members) if ranks > 1 else ())
+
+
+def _load_args(path: object, overrides: object, microbatches: object, ranks: object, bucket_members: object,
+               args: dict[str, object]) -> tuple[str, int, Any, dict[str, object]]:
+    """``load``'s arguments checked, or taken as what they stand for (a Path, NumPy numbers)."""
+    if overrides is not None and not (isinstance(overrides, Mapping) and all(isinstance(k, str) for k in overrides)):
+        raise SwpError("`overrides` must map model arguments to values as text, as -D gives them: {\"batch\": \"8\"}")
+    if not isinstance(bucket_members, (tuple, list)) or not all(
+            isinstance(as_whole(b), int) and not isinstance(b, bool) for b in bucket_members):
+        raise SwpError(f"`bucket_members` must be a sequence of bucket numbers, one per gradient, not "
+                       f"{bucket_members!r:.60}")
+    return (path_arg(path, "path"), whole_arg(microbatches, "microbatches", 1), as_whole(ranks),
+            {k: plain_number(v) for k, v in args.items()})
 
 
 def _check_batched_inputs(g: Graph, rows: int, who: str = "micro-batches", flag: str = "--microbatches") -> None:

@@ -13,7 +13,7 @@ import tempfile
 from pathlib import Path
 
 from swapdsl.fuzz.api_args import calls, case_of, judge, make_seeds
-from swapdsl.fuzz.files import VERDICTS
+from swapdsl.fuzz.files import tally
 
 
 def main() -> int:
@@ -33,10 +33,7 @@ def main() -> int:
             if verdict.verdict not in ("ok", "refused"):
                 print(f"case {i}: {case.function}({case.argument} = {case.value}) -> {verdict.verdict}: "
                       f"{verdict.detail}")
-    print(f"{'function':<15}" + "".join(f"{v:>9}" for v in VERDICTS))
-    for name, c in counts.items():
-        print(f"{name:<15}" + "".join(f"{c[v]:>9}" for v in VERDICTS))
-    return 1 if any(c["crash"] or c["hang"] for c in counts.values()) else 0
+    return tally(counts, "function")
 
 
 if __name__ == "__main__":

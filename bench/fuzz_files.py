@@ -13,7 +13,7 @@ import tempfile
 from pathlib import Path
 
 from swapdsl.common.paths import STDLIB_DIR
-from swapdsl.fuzz.files import SURFACES, VERDICTS, case_of, judge, make_seeds
+from swapdsl.fuzz.files import SURFACES, case_of, judge, make_seeds, tally
 
 
 def main() -> int:
@@ -33,10 +33,7 @@ def main() -> int:
             counts[case.surface][verdict.verdict] += 1
             if verdict.verdict not in ("ok", "refused"):
                 print(f"case {i}: {case.surface} {case.kind} {case.what} -> {verdict.verdict}: {verdict.detail}")
-    print(f"{'surface':<11}" + "".join(f"{v:>9}" for v in VERDICTS))
-    for surface, c in counts.items():
-        print(f"{surface:<11}" + "".join(f"{c[v]:>9}" for v in VERDICTS))
-    return 1 if any(c["crash"] or c["hang"] for c in counts.values()) else 0
+    return tally(counts, "surface")
 
 
 if __name__ == "__main__":

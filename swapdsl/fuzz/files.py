@@ -15,6 +15,8 @@ from __future__ import annotations
 import json
 import random
 import re
+from collections import Counter
+from collections.abc import Mapping
 from pathlib import Path
 
 import attrs
@@ -145,6 +147,15 @@ def _argv(surface: str, target: Path, model: str, work: Path, rng: random.Random
     if surface == "log":
         return ["plot-log", str(target), "-o", str(work / "log.png")]
     return ["optimize", model, *mlp_defines(), "--memory", "1MiB", "--method", "belady", "--device", str(target)]
+
+
+def tally(counts: Mapping[str, Counter[str]], label: str) -> int:
+    """Print the count of each verdict per row (a surface, a function); 1 if any crashed or hung, else 0."""
+    width = max([len(label), *map(len, counts)]) + 2
+    print(f"{label:<{width}}" + "".join(f"{v:>9}" for v in VERDICTS))
+    for row, c in counts.items():
+        print(f"{row:<{width}}" + "".join(f"{c[v]:>9}" for v in VERDICTS))
+    return 1 if any(c["crash"] or c["hang"] for c in counts.values()) else 0
 
 
 def judge(argv: list[str], limit_s: float = TIME_LIMIT_S) -> Verdict:

@@ -27,6 +27,7 @@ from swapdsl.common.errors import SwpError, did_you_mean
 from swapdsl.graph.ir import Graph
 from swapdsl.graph.ops.halfbits import bfloat16
 from swapdsl.graph.ops.registry import np_dtype
+from swapdsl.runtime.nonfinite import all_finite
 
 FORMAT = "swapdsl-checkpoint"
 VERSION = "2"  # 2: tensor digests; 1 had none
@@ -198,7 +199,7 @@ def parameters(ck: Checkpoint, g: Graph) -> dict[str, np.ndarray]:
     ck = attrs.evolve(ck, values=values)
     _check_tensors(ck, g, g.params + running, "--init")
     for name in g.params + running:
-        if not np.isfinite(values[name].astype(np.float32) if values[name].dtype.kind == "V" else values[name]).all():
+        if not all_finite([values[name]]):
             raise SwpError(f"--init `{ck.path}`: tensor `{name}` holds a value that is not finite",
                            hints=["a run starts from finite values; mend or drop the file"])
     return {name: values[name] for name in g.params + running}

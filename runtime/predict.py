@@ -27,7 +27,7 @@ def predict(g: Graph, forward: Stepper, tail: Callable[[int], Stepper | None], d
     """Each output of ``g`` (by name) for every example of ``ds``, rows in the data's order, computed from
     the persistent values ``state`` (parameters and running statistics). ``scored`` (a graph that keeps its
     loss and reports too, ``evaluation_graph(..., outputs=True)``): each batch's loss, reports and rows are
-    added to it, as ``training.evaluator`` weighs them."""
+    added to it, as ``training.Evaluator`` weighs them."""
     parts: dict[str, list[np.ndarray]] = {name: [] for name, _ in g.outputs}
     forward.load_state(state, 0)
     for k in range(ds.batches_per_epoch):

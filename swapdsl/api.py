@@ -620,7 +620,7 @@ def predict_scored(target: Plan | Model | str | Path, data: str, init: str | Non
 def _scorable(m: Model, data: str) -> bool:
     """Whether ``data`` holds every input the model's loss and reports read (its targets); an error where
     it is no data set."""
-    names = array_names(path_arg(data, "data"))
+    names = array_names(data)
     if not names:  # (no such file, not a folder of arrays or an .npz: the data's own error says which)
         open_dataset(data, evaluation_graph(m.graph) if m.graph.loss else prediction_graph(m.graph), partial=True)
     return bool(m.graph.loss) and set(evaluation_graph(m.graph).inputs) <= names
@@ -691,7 +691,7 @@ def _inference(resolved: tuple[Plan | None, Model], data: str, init: str | None,
                                f"argument to run them at: its batch is fixed{f' at {fixed}' if fixed else ''}",
                                hints=[f"give a multiple of {fixed} examples" if fixed else "give whole batches"])
         try:
-            return None if at is None else stepper(graph_of(at.graph), at.graph.args)
+            return stepper(graph_of(at.graph), at.graph.args)
         except SwpError:
             return None
 
@@ -718,20 +718,13 @@ def import_onnx(path: str, out: str, weights: str | None = None, batch: int | No
 
     path, out = path_arg(path, "path"), path_arg(out, "out")
     weights = path_arg(weights, "weights", optional=True) or str(Path(out).with_suffix(".safetensors"))
-    batch = whole_arg(batch, "batch", 1, optional=True)
-    if dims is not None and not (isinstance(dims, Mapping) and all(isinstance(k, str) for k in dims)):
-        raise SwpError("`dims` must map the file's symbolic sizes to integers: {\"sequence\": 128}")
-    dims = {k: whole_arg(v, f"dims[{k!r}]", 1) for k, v in (dims or {}).items()}
-    for name, value in (("loss", loss), ("freeze", freeze)):
+    batch, dims, flat = whole_arg(batch, "batch", 1, optional=True), _sizes_arg(dims), flag_arg(flat, "flat")
+    for name, value in (("loss", loss), ("target", target), ("optimizer", optimizer), ("freeze", freeze)):
         if value is not None and not isinstance(value, str):
             raise SwpError(f"`{name}` must be a string or None, not {value!r:.60}")
-    for name, value in (("target", target), ("optimizer", optimizer)):
-        if value is not None and not isinstance(value, str):
-            raise SwpError(f"`{name}` must be a string, not {value!r:.60}")
     if loss is None and (target is not None or optimizer is not None):
         raise SwpError("`target` and `optimizer` shape the loss and its `minimize` line: give `loss` too")
     target, optimizer = target or TARGET, optimizer or OPTIMIZER
-    flat = flag_arg(flat, "flat")
     check_outputs([(out, "model"), (weights, "weights")], [(path, "ONNX model")])
     for target_path, what in ((out, "model"), (weights, "weights")):
         check_writable(target_path, what)
@@ -759,6 +752,13 @@ def import_onnx(path: str, out: str, weights: str | None = None, batch: int | No
     checkpoint.save(weights, g, values, 0, 0, 0, "", False)
     write_text_atomically(out, r.text, "model")
     return load(out), r
+
+
+def _sizes_arg(dims: object) -> dict[str, int]:
+    """``import_onnx``'s ``dims``: the file's symbolic sizes, each a positive integer."""
+    if dims is not None and not (isinstance(dims, Mapping) and all(isinstance(k, str) for k in dims)):
+        raise SwpError("`dims` must map the file's symbolic sizes to integers: {\"sequence\": 128}")
+    return {k: whole_arg(v, f"dims[{k!r}]", 1) for k, v in (dims or {}).items()}
 
 
 def _init_values(init: str | None, g: Graph, seed: int) -> dict[str, np.ndarray]:

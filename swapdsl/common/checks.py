@@ -39,11 +39,7 @@ def whole(low: int, high: int | None = None, optional: bool = False) -> Validato
     """An integer in [low, high] (None too, where ``optional``)."""
 
     def check(_: Any, field: Any, value: Any) -> None:
-        if value is None and optional:
-            return
-        if not isinstance(value, int) or isinstance(value, bool) or value < low or (high is not None and value > high):
-            bounds = f"at least {low}" if high is None else f"from {low} to {high}"
-            raise SwpError(f"`{field.name}` must be an integer {bounds}, not {value!r}")
+        whole_arg(value, field.name, low, high, optional)
 
     return check
 
@@ -67,14 +63,12 @@ def text(optional: bool = False) -> Validator:
 
 
 def flag(_: Any, field: Any, value: Any) -> None:
-    if not isinstance(value, bool):
-        raise SwpError(f"`{field.name}` must be True or False, not {value!r}")
+    flag_arg(value, field.name)
 
 
 def one_of(choices: tuple[str, ...]) -> Validator:
     def check(_: Any, field: Any, value: Any) -> None:
-        if value not in choices:
-            raise SwpError(f"`{field.name}` must be one of {', '.join(choices)}, not {value!r}")
+        choice_arg(value, field.name, choices)
 
     return check
 

@@ -148,8 +148,7 @@ class Lowering:
             frozen = onnx_name not in self.weights or named
             if frozen:
                 self.frozen.append(name)
-            elif not np.all(np.isfinite(value.astype(np.float64))):
-                bad = int(np.size(value) - np.count_nonzero(np.isfinite(value.astype(np.float64))))
+            elif bad := int(np.size(value) - np.count_nonzero(np.isfinite(value.astype(np.float64)))):
                 self.notes.append(f"weight `{onnx_name}` holds {bad} NaN or infinite value{'s' if bad > 1 else ''}: "
                                   "training from it (--init) stops at the first step")
             self.lines.append(f"param {name}: {swp_dtype(value) if value.dtype != np.float32 else ''}"

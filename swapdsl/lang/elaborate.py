@@ -235,7 +235,6 @@ class _Elaborator:
         self.frozen: list[str] = []
         self.scope: list[str] = []
         self.scope_names: list[dict[str, int]] = [{}]
-        self.call_depth = 0
         self.calls: list[Span] = []  # the calls of user functions being elaborated, outermost first
         self.made_by: dict[str, Span] = {}  # each tensor's outermost call (its own line outside any)
         self.steps = 0
@@ -552,7 +551,8 @@ class _Elaborator:
             if isinstance(i, bool) or not isinstance(i, int):
                 raise SwpError(f"an index must be an integer, got {describe(i)}", e.items[0].span)
             if not -len(v) <= i < len(v):
-                raise SwpError(f"index {i} is out of range for a {type(v).__name__} of length {len(v)}", e.items[0].span)
+                raise SwpError(f"index {i} is out of range for a {type(v).__name__} of length {len(v)}",
+                               e.items[0].span)
             return v[i]
         if isinstance(v, TensorVal):
             return self.index_tensor(v, e, frame)
@@ -658,7 +658,7 @@ class _Elaborator:
             representable(_reciprocal(c), computed, e.span, f"dividing by {c:g} multiplies by ")
         elif e.op != "**":
             representable(scalar if isinstance(scalar, int) else c, computed, e.span)
-        return _SCALAR_OPS[e.op](self, tensor, float(scalar), tensor is left, e.span)
+        return _SCALAR_OPS[e.op](self, tensor, c, tensor is left, e.span)
 
     def expr_Call(self, e: ast.Call, frame: _Frame) -> Value:
         name, span, funcs = self.callee(e, frame)
@@ -710,7 +710,7 @@ class _Elaborator:
             raise SwpError(f"`{name}` of these numbers is out of range ({exc})", e.span) from None
 
     def call_user(self, module: str, fdef: ast.FuncDef, args: list, e: ast.Call) -> Value:
-        if self.call_depth >= MAX_CALL_DEPTH:
+        if len(self.calls) >= MAX_CALL_DEPTH:
             raise SwpError(f"calls nest deeper than {MAX_CALL_DEPTH} (is `{fdef.name}` recursive?)", e.span)
         params = [(p.name, p.default if p.default is not None else REQUIRED) for p in fdef.params]
         bound = bind(f"`{fdef.name}`", params, args, e.span)
@@ -719,7 +719,6 @@ class _Elaborator:
         for p in fdef.params:
             b = bound[p.name]
             env[p.name] = self.expr(b.value, callee_frame) if isinstance(b.value, _EXPR_TYPES) else b.value
-        self.call_depth += 1
         self.calls.append(e.span)
         try:
             with self.scoped(self.scope_name(e.scope or fdef.name, explicit=e.scope is not None, span=e.span)):
@@ -731,7 +730,6 @@ class _Elaborator:
                 exc.notes = exc.notes + (f"in `{fdef.name}`, called from {e.span}",)
             raise
         finally:
-            self.call_depth -= 1
             self.calls.pop()
         raise SwpError(f"function `{fdef.name}` ended without `return`", fdef.span,
                        notes=[f"called from {e.span}"])

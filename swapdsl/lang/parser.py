@@ -162,7 +162,8 @@ def _syntax_error(exc: UnexpectedInput, text: str, file: str) -> SwpError:
     else:
         what = f"`{tok.value}`"
         span = Span(file, tok.line, tok.column, tok.end_line or tok.line, tok.end_column or tok.column + 1)
-    before = text.splitlines()[tok.line - 1][:tok.column - 1].split() if tok.line <= text.count("\n") + 1 else []
+    lines = text.split("\n")  # (as the lexer counts lines)
+    before = lines[tok.line - 1][:tok.column - 1].split() if tok.line <= len(lines) else []
     word = tok.value if tok.value in keywords() else before[-1] if before and tok.value == "=" else ""
     expected = set(exc.accepts or exc.expected)
     named = word in keywords() and (tok.value == "=" or "NAME" in expected)  # (a word where a name could be)

@@ -56,7 +56,7 @@ def row(name: str, cap: int, ranks: int, link: float, overlap: bool, args: argpa
     key = {"model": name, "cap": cap, "ranks": ranks, "link_gbps": link, "overlap": overlap,
            "host_updates": args.host_updates, "host_reduce": host_reduce}
     try:
-        req = best_buckets(request, args.method)[0] if args.bucket_mib == "auto" else request(args.bucket_mib)
+        req = best_buckets(request, args.method) if args.bucket_mib == "auto" else request(args.bucket_mib)
         plan = optimize(req, args.method)
     except SwpError as err:
         return key | {"bucket_mib": args.bucket_mib, "error": err.message}

@@ -266,8 +266,8 @@ def optimize(model: Model | str | Path, memory: int | str, method: str = "ga", d
             made[k, mib] = Request(mk.training, dev, cap, m.path, m.graph.args, host)
         return made[k, mib]
 
-    def searched(k: int, req: Request, scout: str) -> tuple[Request, Plan | None]:
-        """``req`` with the bucket members ``planning.members`` finds from its size's, and the scout's plan."""
+    def searched(k: int, req: Request, scout: str) -> Request:
+        """``req`` with the bucket members ``planning.members`` finds from its size's."""
         one = model_at(k).one_rank
         grads = [(one.type_of(x).nbytes, one.type_of(x).dtype.label) for x in gradient_order(one)]
         mib = req.graph.bucket_mib
@@ -280,25 +280,24 @@ def optimize(model: Model | str | Path, memory: int | str, method: str = "ga", d
         return search_members(req, req.graph.bucket_members or members_of(one, mib), grads, request_with, scout,
                               host_updates, options.seed)
 
-    def chosen_at(k: int, climbing: bool = True) -> tuple[Request, Plan | None]:
-        """The request with the size ``auto`` chooses for count ``k``, and its plan where the choice made it."""
+    def chosen_at(k: int, climbing: bool = True) -> Request:
+        """The request with the size ``auto`` chooses for count ``k``."""
         base = request_at(k)
         if not auto_size or (k > 1 and len(base.graph.ops) > AUTO_MAX_OPS):  # (a count the climb does not try)
-            return base, None
+            return base
         try:
             return best_buckets(lambda mib: base if mib == m.bucket_mib else request_at(k, mib), method, host_updates)
         except SwpError:  # no size fits this count: the climb's planning refuses it, as any count that does not fit
             if not climbing:
                 raise
-            return base, None
+            return base
 
     if microbatches == "auto":
         counts = divisors(int(check_microbatches(m.args.get("batch"), 1)))
-        plan = optimize_microbatches(lambda k: chosen_at(k)[0], counts, method, options, host_updates)
+        plan = optimize_microbatches(chosen_at, counts, method, options, host_updates)
         if auto_size and scout_for(method) == method:  # (a baseline: the members of the count it chose)
-            req = request_at(plan.microbatches, plan.bucket_mib)
-            found, scouted = searched(plan.microbatches, req, method)
-            plan = scouted if found.graph.bucket_members and scouted is not None else plan
+            found = searched(plan.microbatches, request_at(plan.microbatches, plan.bucket_mib), method)
+            plan = plan_with(found, method, options, host_updates) if found.graph.bucket_members else plan
     else:
         k = m.microbatches if microbatches is None else microbatches
         try:
@@ -306,21 +305,19 @@ def optimize(model: Model | str | Path, memory: int | str, method: str = "ga", d
                 def entrants() -> Iterator[Request]:  # (the members searched only if the race gets that far)
                     yield from bucket_requests(lambda mib: request_at(k, mib))  # type: ignore[arg-type]
                     try:
-                        best = best_buckets(lambda mib: request_at(k, mib), "belady", host_updates)[0]
+                        best = best_buckets(lambda mib: request_at(k, mib), "belady", host_updates)
                     except SwpError:  # (no size fits: the race says which needs the least)
                         return
-                    found = searched(k, best, "belady")[0]
+                    found = searched(k, best, "belady")
                     if found.graph.bucket_members:
                         yield found
 
                 plan = race_buckets(entrants(), options, host_updates)
             else:
-                req, scouted = chosen_at(k, climbing=False)
+                req = chosen_at(k, climbing=False)
                 if auto_size:
-                    scout = scout_for(method)
-                    req, scouted = searched(k, req, scout)
-                    scouted = scouted if scout == method else None
-                plan = scouted if scouted is not None else plan_with(req, method, options, host_updates)
+                    req = searched(k, req, scout_for(method))
+                plan = plan_with(req, method, options, host_updates)
         except BelowSmallestCap as err:
             size = getattr(err, "bucket_mib", None)  # (auto's size that needs the least: the counts tried at it)
             at = request_at if size is None else (lambda j: request_at(j, size))

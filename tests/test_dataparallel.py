@@ -18,7 +18,7 @@ from pathlib import Path
 import attrs
 import numpy as np
 import pytest
-from hypothesis import HealthCheck, assume, given, settings
+from hypothesis import HealthCheck, assume, event, given, settings
 from hypothesis import strategies as st
 
 from swapdsl import api, cli
@@ -44,9 +44,10 @@ from swapdsl.planning import bound
 from swapdsl.graph.dataparallel import DEFAULT_BUCKET_MIB
 from swapdsl.planning.ga import SearchOptions, SearchProgress
 from swapdsl.planning.compiled import Evaluator
-from swapdsl.planning.optimize import BUCKET_CHOICES, PLANNERS, host_requests, optimize, race_buckets, with_host_updates
+from swapdsl.planning.optimize import (BUCKET_CHOICES, PLANNERS, host_requests, optimize, race_buckets, score,
+                                      with_host_updates)
 from swapdsl.planning.policy import METHODS
-from swapdsl.planning.problem import Problem, Request
+from swapdsl.planning.problem import PAST_BUDGET, Problem, Request
 from swapdsl.planning.sizing import least_cap
 from conftest import MODELS
 from strategies import EVERY, training_graphs
@@ -456,6 +457,32 @@ def test_a_plan_runs_with_the_buckets_it_was_planned_for(cli, in_tmp: Path) -> N
     assert "ranks 2 link 100.0 bucket 0.0005\n" in (in_tmp / "dp.plan").read_text()
     code, _, err = cli("exec", "dp.plan", "--bucket-mib", "25", "--steps", "1")
     assert code == 2 and "--bucket-mib 25.0: the plan was made for 0.0005" in err and "Traceback" not in err
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(training_graphs(**EVERY), st.floats(0.0, 1.0), st.sampled_from([0.01, 1.0]), st.sampled_from([0.0, 0.001]),
+       st.sampled_from(sorted(METHODS)), st.sampled_from([None, "none", "all", "auto"]), st.integers(1, 2),
+       st.booleans())
+def test_a_search_s_score_is_the_plan_s_without_the_plan(t: Graph, where: float, gbps: float, mib: float, method: str,
+                                                         host_updates: str | None, ranks: int, budget: bool) -> None:
+    """What ``--bucket-mib auto``, its members and ``--host-updates auto`` score a request by (``score``: the
+    compiled simulator, no plan built) is the score of the plan ``optimize`` makes, refused where it is
+    refused; a host budget included."""
+    t = data_parallel(t, ranks, gbps, bucket_mib=mib) if ranks > 1 else t
+    need, no_swap = caps(t)
+    req = Request(t, V100, int(need + where * (no_swap - need)), "random.swp", ())
+    if budget:  # (some plans past it, some not)
+        req = attrs.evolve(req, host_cap=int(no_swap * 2 * where))
+    try:
+        want = req.plan_score(optimize(req, method, None, host_updates))
+    except SwpError as err:
+        with pytest.raises(SwpError) as refused:
+            score(req, method, host_updates)
+        assert str(refused.value) == str(err)
+        event("refused")
+        return
+    event("past the host budget" if want >= PAST_BUDGET else "scored")
+    assert score(req, method, host_updates) == pytest.approx(want, rel=1e-12)
 
 
 @pytest.mark.parametrize("method", ["belady", "capuchin"])

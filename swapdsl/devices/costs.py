@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from swapdsl.common.memo import by_identity
 from swapdsl.devices.profiles import Device
 from swapdsl.graph import ops
 from swapdsl.graph.ir import Graph, Op
@@ -52,8 +53,13 @@ def host_op_ms(dev: Device, g: Graph, op: Op) -> float:
 
 
 def op_times_ms(dev: Device, g: Graph) -> list[float]:
+    return list(_op_times_ms(g, dev))
+
+
+@by_identity()
+def _op_times_ms(g: Graph, dev: Device) -> tuple[float, ...]:
     measured = dict(dev.op_times)
-    return [1e3 * op_seconds(dev, g, op, measured) for op in g.ops]
+    return tuple(1e3 * op_seconds(dev, g, op, measured) for op in g.ops)
 
 
 def copy_ms(dev: Device, nbytes: int, to_device: bool) -> float:

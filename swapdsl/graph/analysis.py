@@ -6,6 +6,7 @@ import functools
 from collections import Counter
 from typing import Any
 
+from swapdsl.common.memo import by_identity
 from swapdsl.common.units import ALIGN, arena_bytes
 from swapdsl.graph import ops
 from swapdsl.graph.ir import Graph, Kind, TensorType
@@ -37,12 +38,14 @@ def _scratch(op: str, ins: tuple[TensorType, ...], out: TensorType, attrs: tuple
 STATE_BYTES = ALIGN  # the runtime's own state at the bottom of the scratch region: the step counter
 
 
+@by_identity()
 def scratch_bytes(g: Graph) -> int:
     """The scratch region a plan of ``g`` reserves at the top of its arena: the runtime's state, then room
     for the largest kernel's temporaries (every kernel reuses it; kernels run one at a time)."""
     return STATE_BYTES + max((arena_bytes(op_scratch(g, i)) for i in range(len(g.ops))), default=0)
 
 
+@by_identity()
 def in_place_ops(g: Graph) -> frozenset[int]:
     """The ops that write their output over their first input: an optimiser update over the value it
     replaces (ordered after that value's other readers), and any other op the registry allows to whose

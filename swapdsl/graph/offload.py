@@ -27,6 +27,7 @@ from collections.abc import Iterable
 
 import attrs
 
+from swapdsl.common.memo import by_identity
 from swapdsl.graph.ir import Graph, Kind
 
 UPDATE_OPS = frozenset({"sgd", "momentum", "sgd_apply", "nesterov_apply", "adam_m", "adam_v", "adam_apply",
@@ -73,6 +74,11 @@ def host_split(g: Graph, params: Iterable[str], reduce: bool = False, every: boo
     """The split of ``g`` with the updates of ``params`` on the host (each must be ``offloadable``);
     ``reduce``: their gradients' all-reduces too, where only host ops read the mean; ``every``: every
     gradient's all-reduce, its mean brought up where the device reads it."""
+    return _host_split(g, tuple(params), reduce, every)
+
+
+@by_identity()
+def _host_split(g: Graph, params: tuple[str, ...], reduce: bool, every: bool) -> HostSplit:
     asked = set(params)
     chosen = tuple(p for p in g.params if p in asked)
     unknown = asked - set(g.params)

@@ -32,7 +32,7 @@ from swapdsl.planning.bound import bound_ms, recompute_bound_ms
 from swapdsl.planning.capuchin import capuchin_set
 from swapdsl.planning.checkpoint import checkpoint_program
 from swapdsl.planning.clones import Extensions, to_base
-from swapdsl.planning.compiled import Evaluator, no_swap_bytes
+from swapdsl.planning.compiled import Evaluator, Timing, no_swap_bytes
 from swapdsl.planning.hostlane import Lane, with_host_runs
 from swapdsl.planning.policy import METHODS, Policy
 from swapdsl.planning.problem import Problem, Request
@@ -65,6 +65,16 @@ def plan_baseline(req: Request, method: str) -> Plan:
     p = Problem.of(req)
     plan, no_swap = baseline(req, p, method)
     return with_figures(plan, p, no_swap)
+
+
+def baseline_timing(req: Request, method: str) -> Timing:
+    """What ``plan_baseline``'s figures say of its plan's step time and host bytes, from the compiled
+    simulator, with no plan built (its property tests hold it to ``simulate``): how a search among requests
+    scores them, building only the plan it keeps."""
+    p = Problem.of(req)
+    evaluator = Evaluator(p)
+    s, _ = baseline_setup(p, method, req.tensor_cap, evaluator.no_swap_bytes(list(range(p.n_ops))))
+    return evaluator(s.schedule, req.tensor_cap, s.pinned, s.policy)
 
 
 def baseline(req: Request, p: Problem, method: str) -> tuple[Plan, int]:

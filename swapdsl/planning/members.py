@@ -21,8 +21,7 @@ from collections.abc import Callable, Sequence
 
 from swapdsl.common.errors import SwpError
 from swapdsl.graph.dataparallel import canonical
-from swapdsl.plan.program import Plan
-from swapdsl.planning.optimize import optimize
+from swapdsl.planning.optimize import score
 from swapdsl.planning.problem import Request
 
 MEMBER_TRIES = 16  # changes planned from the chosen size's buckets
@@ -32,18 +31,18 @@ _DRAWS = 32  # draws per try before the neighbourhood counts as seen
 
 def search_members(req: Request, start: tuple[int, ...], grads: Sequence[tuple[int, str]],
                    request_with: Callable[[tuple[int, ...]], Request], scout: str, host_updates: str | None = None,
-                   seed: int = 0, tries: int = MEMBER_TRIES) -> tuple[Request, Plan | None]:
+                   seed: int = 0, tries: int = MEMBER_TRIES) -> Request:
     """The request whose buckets plan fastest with ``scout``, of ``req`` (its buckets ``start``, over
     ``grads``: each gradient's bytes and dtype, in ``gradient_order``) and up to ``tries`` changes of one
-    bucket from the best so far (``request_with(members)``: the request with those members), and that
-    request's plan (None where ``req`` itself does not plan)."""
+    bucket from the best so far (``request_with(members)``: the request with those members); ``req``
+    itself where it does not plan."""
     try:
-        plan = optimize(req, scout, None, host_updates)
+        best = score(req, scout, host_updates)
     except SwpError:  # (a size that does not fit: auto's refusal stands)
-        return req, None
+        return req
     nbytes, dtypes = [b for b, _ in grads], [d for _, d in grads]
     rng = random.Random(seed)
-    best, best_req, best_plan, current, seen = req.plan_score(plan), req, plan, start, {start}
+    best_req, current, seen = req, start, {start}
     for _ in range(tries):
         change = next((c for c in (_changed(current, nbytes, dtypes, rng) for _ in range(_DRAWS))
                        if c is not None and c not in seen), None)
@@ -52,13 +51,12 @@ def search_members(req: Request, start: tuple[int, ...], grads: Sequence[tuple[i
         seen.add(change)
         trial = request_with(change)
         try:
-            trial_plan = optimize(trial, scout, None, host_updates)
+            trial_score = score(trial, scout, host_updates)
         except SwpError:  # (a pack too large for the cap)
             continue
-        score = trial.plan_score(trial_plan)
-        if score < best:
-            best, best_req, best_plan, current = score, trial, trial_plan, change
-    return best_req, best_plan
+        if trial_score < best:
+            best, best_req, current = trial_score, trial, change
+    return best_req
 
 
 def _changed(members: tuple[int, ...], nbytes: Sequence[int], dtypes: Sequence[str],

@@ -14,7 +14,8 @@ from swapdsl.graph.dataparallel import DEFAULT_BUCKET_MIB
 from swapdsl.graph.ir import Graph
 from swapdsl.graph.offload import host_split, offloadable, reduces_on_host
 from swapdsl.plan.program import Plan
-from swapdsl.planning.baselines import host_budget_error, plan_baseline, plan_capuchin, plan_checkpoint
+from swapdsl.planning.baselines import (baseline_timing, host_budget_error, plan_baseline, plan_capuchin,
+                                       plan_checkpoint)
 from swapdsl.planning.bound import ideal_ms
 from swapdsl.planning.ga import Search, SearchOptions, genetic_search
 from swapdsl.planning.policy import METHODS
@@ -74,11 +75,10 @@ def with_host_updates(req: Request, method: str, host_updates: str) -> Request:
     scored, refused = [], []
     for k, trial in enumerate(trials):
         try:
-            plan = PLANNERS[method](trial) if method in PLANNERS else plan_baseline(trial, _SCOUT.get(method, method))
+            scored.append((req.plan_score(PLANNERS[method](trial)) if method in PLANNERS else
+                           _baseline_score(trial, _SCOUT.get(method, method)), k, trial))
         except SwpError as err:  # (below this choice's smallest cap: another may fit)
             refused.append(err)
-            continue
-        scored.append((req.plan_score(plan), k, trial))
     if not scored:  # the refusal whose smallest feasible cap is least (an all-reduce over host copies may fit)
         raise min(refused, key=_least_cap)
     return min(scored, key=lambda s: s[:2])[2]
@@ -112,24 +112,19 @@ def bucket_requests(request_at: Callable[[float], Request]) -> list[Request]:
     return out
 
 
-def best_buckets(request_at: Callable[[float], Request], method: str,
-                 host_updates: str | None = None) -> tuple[Request, Plan | None]:
+def best_buckets(request_at: Callable[[float], Request], method: str, host_updates: str | None = None) -> Request:
     """``--bucket-mib auto`` for a baseline: of ``bucket_requests``, the one whose plan is fastest (for
-    ``ga`` and ``exact``: whose ``belady`` plan is; ``ga`` alone races searches instead, ``race_buckets``),
-    and, where ``method`` is a baseline, its plan (the one scored: a baseline plans a request one way)."""
+    ``ga`` and ``exact``: whose ``belady`` plan is; ``ga`` alone races searches instead, ``race_buckets``)."""
     scout = scout_for(method)
     scored, refused = [], []
     for req in bucket_requests(request_at):
         try:
-            plan = optimize(req, scout, None, host_updates)
+            scored.append((score(req, scout, host_updates), len(scored), req))
         except SwpError as err:  # (below this size's smallest cap: another may fit)
             refused.append((err, req))
-            continue
-        scored.append((req.plan_score(plan), len(scored), req, plan))
     if not scored:
         raise least_refused(refused)
-    _, _, req, plan = min(scored, key=lambda s: s[:2])
-    return req, plan if scout == method else None
+    return min(scored, key=lambda s: s[:2])[2]
 
 
 def scout_for(method: str) -> str:
@@ -155,11 +150,7 @@ def least_refused(refused: list[tuple[SwpError, Request]]) -> SwpError:
 def optimize(req: Request, method: str, search: SearchOptions | None = None, host_updates: str | None = None) -> Plan:
     """The plan ``method`` makes for ``req``: ``ga`` (searching as ``search`` says) or a baseline; with
     ``host_updates`` (``HOST_UPDATES``), first where each update runs (else as ``req`` says)."""
-    if host_updates is not None and req.tensor_cap > 0:
-        req = with_host_updates(req, method, host_updates)
-    if req.tensor_cap <= 0:  # not even the kernels' scratch fits
-        p = Problem.of(req)
-        raise below_smallest_cap(p, req.cap, no_swap_bytes(p, list(range(p.n_ops))))
+    req = _settled(req, method, host_updates)
     if method == "ga":
         return genetic_search(req, search or SearchOptions()).plan  # (it keeps to the host budget itself)
     if method == "exact":
@@ -172,6 +163,35 @@ def optimize(req: Request, method: str, search: SearchOptions | None = None, hos
     if req.host_excess(int(host)):
         raise host_budget_error(req, host, method)
     return plan
+
+
+def score(req: Request, method: str, host_updates: str | None = None) -> float:
+    """``req.plan_score(optimize(req, method, None, host_updates))``, refused where that is refused; a
+    baseline of ``METHODS`` is scored by the compiled simulator with no plan built (``baseline_timing``),
+    so a search among requests builds only the plan it keeps."""
+    if method not in METHODS:
+        return req.plan_score(optimize(req, method, None, host_updates))
+    req = _settled(req, method, host_updates)
+    timing = baseline_timing(req, method)
+    if req.host_excess(timing.host_bytes):
+        raise host_budget_error(req, timing.host_bytes, method)
+    return req.score(timing.iteration_ms, timing.host_bytes)
+
+
+def _baseline_score(req: Request, method: str) -> float:
+    timing = baseline_timing(req, method)
+    return req.score(timing.iteration_ms, timing.host_bytes)
+
+
+def _settled(req: Request, method: str, host_updates: str | None) -> Request:
+    """``req`` with its updates placed as ``host_updates`` says (None: as it says), refused where not even
+    the kernels' scratch fits its cap."""
+    if host_updates is not None and req.tensor_cap > 0:
+        req = with_host_updates(req, method, host_updates)
+    if req.tensor_cap <= 0:
+        p = Problem.of(req)
+        raise below_smallest_cap(p, req.cap, no_swap_bytes(p, list(range(p.n_ops))))
+    return req
 
 
 AUTO_MAX_OPS = 200_000  # auto tries no micro-batch count whose step graph would have more ops than this

@@ -10,7 +10,9 @@ This module says which ops of a training graph that moves to the host (``host_sp
 reads (``momentum`` for ``sgd_apply`` and ``nesterov_apply``; ``adam_m`` and ``adam_v`` for
 ``adam_apply``; ``lion_m``, which updates the momentum ``lion_apply`` read), together with a
 ``cast`` whose output only the group reads (the gradient cast back to f32 under mixed precision) and the
-forward ``cast`` of the parameter itself. Everything else stays on the device.
+forward ``cast`` of the parameter itself. Everything else stays on the device. (With micro-batches the update
+reads the f32 sum of the micro-batches' gradients, each cast on the device: the sum goes down, fewer bytes
+than K half gradients from K > 2 and as many at 2.)
 
 With data-parallel ranks, ``reduce=True`` moves the all-reduce of such a gradient to the host as well (its
 host copy is averaged over MPI), with what only it reads: the gradient's cast to f32 under mixed precision

@@ -4,6 +4,10 @@ Every two accesses to the same device bytes or host memory, one of them a write,
 of stream order (each stream and lane runs its instructions in program order) and waits. The replay's waits
 are what the simulator times and the interpreter synchronises on; this check reads only which bytes each
 instruction touches, so a wait the replay forgets shows up here even where no timing reveals it.
+
+Kernels' scratch is left out: each lane that runs kernels (compute, the network's, the host's) has a
+scratch of its own (``runtime/interpreter.PlanRunner``) and runs one kernel at a time, in stream order,
+so two uses of one scratch are always ordered.
 """
 
 from __future__ import annotations

@@ -216,6 +216,10 @@ def _narrowed(ck: Checkpoint, name: str, have: np.ndarray, want: np.dtype) -> np
     return out
 
 
+_TRANSPOSED = ("its transpose fits: PyTorch's nn.Linear keeps [out, in], a swapdsl `x @ w` weight [in, out]; "
+               "write `w.T` into the file (a square weight needs it too, though no shape tells)")
+
+
 def _check_tensors(ck: Checkpoint, g: Graph, names: tuple[str, ...], flag: str) -> None:
     for name in names:
         t = g.type_of(name)
@@ -229,4 +233,6 @@ def _check_tensors(ck: Checkpoint, g: Graph, names: tuple[str, ...], flag: str) 
             raise SwpError(f"{flag} `{ck.path}` has no tensor `{name}` ({t})", hints=hints)
         want = np.dtype(np_dtype(np, t.dtype))
         if tuple(have.shape) != t.shape or have.dtype != want:
-            raise SwpError(f"{flag} `{ck.path}`: tensor `{name}` is {have.dtype}{list(have.shape)}, the model's is {t}")
+            hints = [_TRANSPOSED] if len(t.shape) == 2 and tuple(have.shape) == t.shape[::-1] else []
+            raise SwpError(f"{flag} `{ck.path}`: tensor `{name}` is {have.dtype}{list(have.shape)}, the model's is {t}",
+                           hints=hints)

@@ -431,6 +431,10 @@ def test_init_takes_weights_alone_as_pytorch_writes_them(cli, setup: dict[str, P
     assert code == 2 and "has no tensor `" in err and "= hint: did you mean `" in err and ".weight`?" in err
     code, _, err = cli("exec", setup["plan"], "--steps", "1", "--resume", tmp_path / "plain.st")
     assert code == 2 and "is a safetensors file but not a swapdsl checkpoint" in err
+    wide = next(k for k, v in params.items() if v.ndim == 2 and v.shape[0] != v.shape[1])
+    save_file({**params, wide: np.ascontiguousarray(params[wide].T)}, str(tmp_path / "t.st"))
+    code, _, err = cli("exec", setup["plan"], "--steps", "1", "--init", tmp_path / "t.st")
+    assert code == 2 and f"tensor `{wide}` is float32" in err and "= hint: its transpose fits" in err, err
 
 
 BN = """import layers

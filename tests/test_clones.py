@@ -12,7 +12,8 @@ from hypothesis import strategies as st
 from conftest import MODELS, build_graph, safety
 import swapdsl
 from swapdsl.graph.autodiff import training_graph
-from swapdsl.planning.compiled import no_swap_bytes
+from swapdsl.graph.offload import offloadable
+from swapdsl.planning.compiled import Evaluator, no_swap_bytes
 from swapdsl.common.paths import STDLIB_DIR
 from strategies import EVERY, training_graphs
 from swapdsl.common.errors import SwpError
@@ -67,6 +68,34 @@ def test_any_recompute_set_on_any_schedule_is_exact(t: Graph, where: float, poli
     assert r.iteration_ms >= recompute_bound_ms(d.p, req.tensor_cap) * (1 - 1e-9)
     validate(plan, t)
     assert run_against_reference(plan, t, steps=2) <= 1e-5
+
+
+_ARRAYS = ("size", "nbytes", "in_ptr", "in_idx", "out_ptr", "out_idx", "in_place", "op_ms", "net", "is_input",
+           "persistent", "fwd_act", "upd_old", "upd_new", "by_name", "after_ptr", "after_idx", "host_start", "origin",
+           "copy", "room")
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(training_graphs(**EVERY), st.booleans(), st.booleans(), st.integers(0, 2**31 - 1))
+def test_an_extended_evaluator_is_made_from_its_base_s_arrays_as_from_its_problem(
+        t: Graph, chains: bool, host: bool, seed: int) -> None:
+    """``Evaluator.extended`` (what a search's clone sets are scored by) holds the arrays, the width and the
+    host lane that flattening the extended problem gives, for any candidate set, updates on the host or not;
+    the problem itself is made only when asked for."""
+    p = Problem.build(t, V100, offloadable(t) if host else ())
+    ext_all = Extensions(p, chains=chains)
+    rng = np.random.default_rng(seed)
+    ops = tuple(m for m in ext_all.candidates.ops if rng.random() < rng.random())
+    ext, fast = ext_all.get(ops)
+    assert not isinstance(fast._problem, Problem)  # (not made yet)
+    slow = Evaluator(ext.problem, origin=ext.origin)
+    for name in _ARRAYS:
+        a, b = getattr(fast, name), getattr(slow, name)
+        assert a.dtype == b.dtype and np.array_equal(a, b), name
+    assert (fast.width, fast.n_base, fast.rank_gaps, fast.persistent_ids, fast.loss, fast.host_only_bytes) == \
+        (slow.width, slow.n_base, slow.rank_gaps, slow.persistent_ids, slow.loss, slow.host_only_bytes)
+    assert fast.p is ext.problem and (fast.lane is None) == (slow.lane is None)
+    event(f"clones: {min(len(ops), 3)}, host lane: {slow.lane is not None}")
 
 
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])

@@ -102,12 +102,29 @@ def _chains(p: Problem, maker: dict[int, int], roots: list[int], may_join: Calla
 @attrs.frozen
 class Extended:
     """A problem with clones of ``ops`` appended: op ``p.n_ops + k`` is a clone of ``ops[k]``, and
-    tensor ``len(p.names) + j`` a clone of ``origin[j]``."""
+    tensor ``len(p.names) + j`` a clone of ``origin[j]``. Its ``problem`` is made when first asked for (a
+    search scores most clone sets with ``Evaluator.extended`` alone, and makes plans of few)."""
 
-    problem: Problem
     base: Problem
     ops: tuple[int, ...]
     origin: tuple[int, ...]
+    candidates: Candidates
+
+    @functools.cached_property
+    def problem(self) -> Problem:
+        p, c, ops, origin = self.base, self.candidates, self.ops, self.origin
+        clone = {t: len(p.names) + j for j, t in enumerate(origin)}
+        inputs = list(p.op_inputs)
+        for r in {r for t in clone for r in c.readers.get(t, ()) if not c.forward[r]}:  # (the backward readers)
+            inputs[r] = tuple(clone.get(t, t) for t in inputs[r])
+        inputs += [tuple(clone.get(t, t) for t in p.op_inputs[m]) for m in ops]
+        return attrs.evolve(
+            p, names=p.names + tuple(f"{p.names[t]}'" for t in origin),
+            nbytes=p.nbytes + tuple(p.nbytes[t] for t in origin), size=p.size + tuple(p.size[t] for t in origin),
+            kinds=p.kinds + tuple(p.kinds[t] for t in origin), op_ms=p.op_ms + tuple(p.op_ms[m] for m in ops),
+            op_inputs=tuple(inputs),
+            op_outputs=p.op_outputs + tuple(tuple(clone[t] for t in p.op_outputs[m]) for m in ops),
+            in_place=p.in_place + (False,) * len(ops), host_ms=p.host_ms + (0.0,) * len(ops))
 
     def op_of(self, op: int) -> int:
         return op if op < self.base.n_ops else self.ops[op - self.base.n_ops]
@@ -120,23 +137,7 @@ class Extended:
 def extend(p: Problem, ops: Iterable[int], c: Candidates) -> Extended:
     """``p`` with a clone of each op in ``ops`` (ascending), read by the backward pass instead."""
     ops = tuple(sorted(ops))
-    n_t = len(p.names)
-    clone: dict[int, int] = {}
-    for m in ops:
-        for t in p.op_outputs[m]:
-            clone[t] = n_t + len(clone)
-    origin = tuple(clone)
-    inputs = list(p.op_inputs)
-    for r in {r for t in clone for r in c.readers.get(t, ()) if not c.forward[r]}:  # (the backward readers)
-        inputs[r] = tuple(clone.get(t, t) for t in inputs[r])
-    inputs += [tuple(clone.get(t, t) for t in p.op_inputs[m]) for m in ops]
-    q = attrs.evolve(
-        p, names=p.names + tuple(f"{p.names[t]}'" for t in origin),
-        nbytes=p.nbytes + tuple(p.nbytes[t] for t in origin), size=p.size + tuple(p.size[t] for t in origin),
-        kinds=p.kinds + tuple(p.kinds[t] for t in origin), op_ms=p.op_ms + tuple(p.op_ms[m] for m in ops),
-        op_inputs=tuple(inputs), op_outputs=p.op_outputs + tuple(tuple(clone[t] for t in p.op_outputs[m]) for m in ops),
-        in_place=p.in_place + (False,) * len(ops), host_ms=p.host_ms + (0.0,) * len(ops))
-    return Extended(q, p, ops, origin)
+    return Extended(p, ops, tuple(t for m in ops for t in p.op_outputs[m]), c)
 
 
 def place_clones(p: Problem, c: Candidates, schedule: list[int], chosen: Iterable[int]) -> tuple[list[int], list[int]]:
@@ -257,9 +258,15 @@ class Extensions:
         self.placer = Placer(p, self.candidates)
         self.get = functools.lru_cache(maxsize=size)(self._build)
 
+    @functools.cached_property
+    def evaluator(self) -> Evaluator:
+        """The problem's own, flattened once: each extended one is made from its arrays."""
+        return Evaluator(self.p)
+
     def _build(self, ops: tuple[int, ...]) -> tuple[Extended, Evaluator]:
         ext = extend(self.p, ops, self.candidates)
-        return ext, Evaluator(ext.problem, origin=ext.origin)
+        backward = ~np.array(self.candidates.forward, np.bool_)
+        return ext, self.evaluator.extended(ext.ops, ext.origin, backward, lambda: ext.problem)
 
     def prepare(self, schedule: list[int] | np.ndarray, chosen: Iterable[int]) -> tuple[Extended, Evaluator, np.ndarray]:
         """The extended problem for what of ``chosen`` can be recomputed in ``schedule``, its evaluator,

@@ -15,11 +15,13 @@ then swap-outs, frees and swap-ins.
 
 from __future__ import annotations
 
+import copy
 import ctypes
 import enum
 import functools
 import itertools
 import sys
+from collections.abc import Callable
 
 import attrs
 import numpy as np
@@ -81,7 +83,9 @@ class Evaluator:
         _keep_freed_memory()
         self.rank_gaps = rank_gaps  # (tests set 0 to rank every fit: the same program either way)
         n = len(p.names)
-        self.p = p
+        self._problem: Problem | Callable[[], Problem] = p
+        # what scoring reads of the problem (an extended one's are its base's)
+        self.persistent_ids, self.loss, self.host_only_bytes = p.persistent, p.loss, p.host_only_bytes
         self.size = np.array(p.size, np.int64)
         self.nbytes = np.array(p.nbytes, np.int64)
         self.in_ptr, self.in_idx = csr(p.op_inputs)
@@ -117,12 +121,51 @@ class Evaluator:
         # what an op puts in the planner's work rows at most
         self.width = int(max(4, (2 * (np.diff(self.in_ptr) + np.diff(self.out_ptr)) + 4).max(initial=0)))
 
+    @property
+    def p(self) -> Problem:
+        if not isinstance(self._problem, Problem):  # (an extended one's, made when first asked for)
+            self._problem = self._problem()
+        return self._problem
+
+    def extended(self, ops: tuple[int, ...], origin: tuple[int, ...], backward: np.ndarray,
+                 problem: Callable[[], Problem]) -> Evaluator:
+        """The evaluator of this problem with clones of ``ops`` appended (``clones.Extended``: tensor
+        ``n + j`` a clone of ``origin[j]``, read instead of it by the ops ``backward`` marks), made from
+        these arrays; what ``Evaluator(problem(), origin=origin)`` makes, array for array, without the
+        problem, which ``problem`` makes when first asked for."""
+        assert self.n_base == len(self.size), "an extended problem is not extended again"
+        n, k = len(self.size), len(ops)
+        out = copy.copy(self)
+        out._problem = problem
+        sel = np.asarray(origin, np.int64)
+        remap = np.arange(n, dtype=np.int64)
+        remap[sel] = n + np.arange(len(sel), dtype=np.int64)
+        rows = np.repeat(backward, np.diff(self.in_ptr))  # (per input: does a backward op read it)
+        m = np.asarray(ops, np.int64)
+        clone_in = remap[_rows(self.in_ptr, self.in_idx, m)]
+        out.in_idx = np.concatenate([np.where(rows, remap[self.in_idx], self.in_idx), clone_in])
+        out.in_ptr = _ptr_after(self.in_ptr, np.diff(self.in_ptr)[m])
+        out.out_idx = np.concatenate([self.out_idx, remap[_rows(self.out_ptr, self.out_idx, m)]])
+        out.out_ptr = _ptr_after(self.out_ptr, np.diff(self.out_ptr)[m])
+        out.size, out.nbytes = np.concatenate([self.size, self.size[sel]]), np.concatenate([self.nbytes, self.nbytes[sel]])
+        out.in_place = np.concatenate([self.in_place, np.zeros(k, np.bool_)])
+        out.op_ms = np.concatenate([self.op_ms, self.op_ms[m]])
+        out.net = np.concatenate([self.net, np.zeros(k, np.bool_)])
+        out.is_input, out.persistent = (np.concatenate([a, np.zeros(len(sel), np.bool_)])
+                                        for a in (self.is_input, self.persistent))
+        out.fwd_act = np.concatenate([self.fwd_act, self.fwd_act[sel]])
+        out.host_start = np.concatenate([self.host_start, np.zeros(len(sel), np.float64)])
+        out.origin = np.concatenate([self.origin, sel])
+        out.room = np.array([4 * len(out.op_ms) + 16, len(out.size) + 16, len(out.size) + 16], np.int64)
+        out.width = int(max(4, (2 * (np.diff(out.in_ptr) + np.diff(out.out_ptr)) + 4).max(initial=0)))
+        return out
+
     def records(self, schedule: np.ndarray | list[int], cap: int, pinned: frozenset[int],
                 policy: Policy) -> tuple[np.ndarray, np.ndarray, int, np.ndarray]:
         """The program as records (with the early swap-ins taken back, bucket -1: ``_program_order`` leaves
         them out), each tensor's offset when made (homes for what starts on the device), the highest byte
         the arena used, and the schedule as an array."""
-        if not pinned <= self.p.persistent:
+        if not pinned <= self.persistent_ids:
             raise SwpError("internal: only persistent tensors can be pinned")
         pin = np.zeros(len(self.size), np.bool_)
         pin[list(pinned)] = True
@@ -134,7 +177,7 @@ class Evaluator:
             nrec, peak, status = _fastplan.plan(
                 sched, cap, pin, code, self.size, self.in_ptr, self.in_idx, self.out_ptr, self.out_idx,
                 self.in_place, self.is_input, self.persistent, self.fwd_act, self.upd_old, self.upd_new,
-                self.by_name, self.p.loss, self.width, self.rank_gaps, self.room, recs, out_off, self.after_ptr,
+                self.by_name, self.loss, self.width, self.rank_gaps, self.room, recs, out_off, self.after_ptr,
                 self.after_idx)
             if status != Status.OUT_OF_RECORDS:
                 break
@@ -173,7 +216,7 @@ class Evaluator:
             held = np.fromiter(pinned, np.int64, len(pinned))
             on_host[held] = self.is_input[held]
         on_host[self.origin[recs[(recs[:, 0] >= 0) & (recs[:, 1] == InstrKind.SWAP_OUT), 2]]] = True
-        return int(self.nbytes[:n][on_host].sum() + self.p.host_only_bytes)
+        return int(self.nbytes[:n][on_host].sum() + self.host_only_bytes)
 
     def program(self, schedule: list[int], cap: int, pinned: frozenset[int],
                 policy: Policy) -> tuple[list[Instr], dict[int, Region]]:
@@ -203,6 +246,18 @@ class Evaluator:
 
 _NO_LANE = (np.zeros(0, np.int64), np.zeros(1, np.int64), np.zeros(0, np.int64), np.zeros(0, np.float64),
             np.zeros(0, np.bool_), np.zeros(1, np.int64), np.zeros(0, np.int64))  # (Lane.arrays of no lane)
+
+
+def _rows(ptr: np.ndarray, idx: np.ndarray, which: np.ndarray) -> np.ndarray:
+    """The entries of CSR rows ``which``, one after another."""
+    if not len(which):
+        return idx[:0]
+    return np.concatenate([idx[ptr[r]:ptr[r + 1]] for r in which.tolist()])
+
+
+def _ptr_after(ptr: np.ndarray, lengths: np.ndarray) -> np.ndarray:
+    """CSR pointers with rows of ``lengths`` appended."""
+    return np.concatenate([ptr, ptr[-1] + np.cumsum(lengths, dtype=np.int64)])
 
 
 def _program_order(recs: np.ndarray) -> np.ndarray:

@@ -440,6 +440,19 @@ def test_a_bad_import_command_line_is_refused_with_nothing_written(tmp_path: Pat
     assert not out.exists() and not out.with_suffix(".safetensors").exists()
 
 
+@pytest.mark.parametrize("where, message", [("/dev/null", "is not a regular file"),
+                                             (".", "is a directory, not an ONNX file"),
+                                             ("missing.onnx", ": no such ONNX file")])
+def test_an_onnx_path_that_is_no_file_says_what_it_is(tmp_path: Path, where: str, message: str) -> None:
+    """`/dev/null` was "no such ONNX file"."""
+    from swapdsl.fuzz import run_cli
+
+    source = where if where.startswith("/") else str(tmp_path / where)
+    run = run_cli(["import", source, "-o", str(tmp_path / "m.swp")])
+    assert run.code == 2 and run.err.startswith("error: `") and message in run.err, run.err or run.crash
+    assert not (tmp_path / "m.swp").exists()
+
+
 def test_a_freeze_pattern_that_matches_nothing_is_said(tmp_path: Path) -> None:
     _, r = swapdsl.import_onnx(str(Path(__file__).parents[1] / "examples" / "digits_cnn.onnx"),
                                str(tmp_path / "m.swp"), freeze="nomatch")

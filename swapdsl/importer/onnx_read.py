@@ -42,7 +42,11 @@ def read_onnx(path: str) -> Source:
     """The file's graph, or a clear error saying why it cannot be imported."""
     onnx = _onnx()
     p = Path(path)
-    if not p.is_file():
+    if p.is_dir():
+        raise SwpError(f"`{path}` is a directory, not an ONNX file")
+    if p.exists() and not p.is_file():  # (a FIFO or a device: the read would block, or never end)
+        raise SwpError(f"`{path}` is not a regular file")
+    if not p.exists():
         raise SwpError(f"`{path}`: no such ONNX file")
     if p.stat().st_size > MAX_BYTES:
         raise SwpError(f"`{path}` is {p.stat().st_size} bytes, more than the {MAX_BYTES} an import reads")

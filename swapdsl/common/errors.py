@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import unicodedata
 from pathlib import Path
 
 import attrs
@@ -82,12 +83,20 @@ def _render_span(span: Span, sources: dict[str, str]) -> list[str]:
     end = span.end_col if span.end_line == span.line else len(src) + 1
     width = max(1, min(end, len(src) + 1) - span.col)
     start = max(0, min(span.col - 1 - SHOWN_COLUMNS // 2, len(src) - SHOWN_COLUMNS))  # a window on a long line
-    shown = ("..." if start else "") + src[start:start + SHOWN_COLUMNS]
-    lead = span.col - 1 - start + (3 if start else 0)
-    caret = " " * lead + "^" * max(1, min(width, len(shown) + 1 - lead))
+    window = src[start:start + SHOWN_COLUMNS]
+    before = span.col - 1 - start
+    marked = window[before:before + width]
+    shown = ("..." if start else "") + window
+    # (in terminal cells: a wide character takes two, a combining mark none)
+    caret = " " * (_cells(window[:before]) + (3 if start else 0)) + "^" * max(1, _cells(marked))
     shown += "..." if start + SHOWN_COLUMNS < len(src) else ""
     out += [f"{gutter} |", f"{span.line} | {shown}", f"{gutter} | {caret}"]
     return out
+
+
+def _cells(text: str) -> int:
+    """How many terminal cells ``text`` takes."""
+    return sum(0 if unicodedata.combining(c) else 2 if unicodedata.east_asian_width(c) in "WF" else 1 for c in text)
 
 
 def did_you_mean(name: str, candidates: list[str] | tuple[str, ...] | set[str]) -> list[str]:

@@ -16,7 +16,7 @@ import hashlib
 import json
 import os
 import re
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 
 import attrs
@@ -24,7 +24,7 @@ import numpy as np
 
 from swapdsl.common.atomic import atomic_path
 from swapdsl.common.errors import SwpError, did_you_mean
-from swapdsl.graph.ir import Graph
+from swapdsl.graph.ir import Graph, Kind
 from swapdsl.graph.ops.halfbits import bfloat16
 from swapdsl.graph.ops.registry import np_dtype
 from swapdsl.runtime.nonfinite import all_finite
@@ -40,11 +40,12 @@ _FLOATS = {"float16": 1, "bfloat16": 1, "float32": 2, "float64": 3}  # an --init
 @attrs.frozen
 class Checkpoint:
     path: str
-    values: dict[str, np.ndarray] = attrs.field(repr=False)
+    values: dict[str, np.ndarray] = attrs.field(repr=False)  # the tensors read (``read``'s ``wanted``)
     meta: dict[str, str]
     step: int
     position: int  # batches of data consumed so far (one per step)
     seed: int
+    names: tuple[str, ...] = ()  # every tensor the file holds, read or not
 
 
 def identity(g: Graph) -> dict[str, str]:
@@ -78,9 +79,10 @@ def digest(a: np.ndarray) -> str:
     return hashlib.sha256(np.asarray(a, order="C").reshape(-1).view(np.uint8)).hexdigest()
 
 
-def read(path: str, flag: str, tensors: bool = True) -> Checkpoint:
-    """A checkpoint file (``tensors``: with its tensors read, else its metadata only), or a clear error
-    saying why it is not one."""
+def read(path: str, flag: str, tensors: bool = True, wanted: Callable[[str], bool] | None = None) -> Checkpoint:
+    """A checkpoint file (``tensors``: with its tensors read, else its metadata only; ``wanted``: only the
+    tensors it says yes to, so --init of a checkpoint with Adam's state reads a third of it), or a clear
+    error saying why it is not one."""
     from safetensors import SafetensorError, safe_open
 
     if not Path(path).is_file():
@@ -88,7 +90,8 @@ def read(path: str, flag: str, tensors: bool = True) -> Checkpoint:
     try:
         with safe_open(path, framework="np") as f:
             meta = dict(f.metadata() or {})
-            names = f.keys() if tensors else []
+            every = tuple(f.keys())
+            names = [n for n in every if wanted is None or wanted(n)] if tensors else []
             if any(f.get_slice(name).get_dtype() == "BF16" for name in names):
                 bfloat16()  # (NumPy knows bf16 once ml_dtypes is loaded, which is done only when needed)
             values = {name: f.get_tensor(name) for name in names}
@@ -96,7 +99,7 @@ def read(path: str, flag: str, tensors: bool = True) -> Checkpoint:
         raise SwpError(f"{flag} `{path}` is not a safetensors file: {exc}") from None
     if meta.get("format") != FORMAT:
         if flag == "--init" and tensors:  # weights alone, as `safetensors.torch.save_file` writes them
-            return Checkpoint(path, values, meta, 0, 0, 0)
+            return Checkpoint(path, values, meta, 0, 0, 0, every)
         raise SwpError(f"{flag} `{path}` is a safetensors file but not a swapdsl checkpoint",
                        hints=["--resume takes one written by `swapdsl exec --save`; --init takes weights alone too"])
     if "version" not in meta:
@@ -114,8 +117,8 @@ def read(path: str, flag: str, tensors: bool = True) -> Checkpoint:
     if meta.get("shuffle") not in ("true", "false"):
         raise SwpError(f"{flag} `{path}`: metadata field `shuffle` is {meta.get('shuffle')!r}, not true or false")
     if tensors:
-        _check_digests(path, flag, meta, values)
-    return Checkpoint(path, values, meta, step, position, seed)
+        _check_digests(path, flag, meta, values, every)
+    return Checkpoint(path, values, meta, step, position, seed, every)
 
 
 def _count(meta: Mapping[str, str], key: str, flag: str, path: str) -> int:
@@ -129,12 +132,14 @@ def _count(meta: Mapping[str, str], key: str, flag: str, path: str) -> int:
     return int(text)
 
 
-def _check_digests(path: str, flag: str, meta: Mapping[str, str], values: Mapping[str, np.ndarray]) -> None:
+def _check_digests(path: str, flag: str, meta: Mapping[str, str], values: Mapping[str, np.ndarray],
+                   every: tuple[str, ...]) -> None:
+    """Each tensor read against its recorded digest, and a digest recorded for each tensor of the file."""
     try:
         recorded = json.loads(meta.get("sha256", ""))
     except json.JSONDecodeError:
         recorded = None
-    if not (isinstance(recorded, dict) and set(recorded) == set(values)
+    if not (isinstance(recorded, dict) and set(recorded) == set(every)
             and all(isinstance(v, str) for v in recorded.values())):
         raise SwpError(f"{flag} `{path}`: metadata field `sha256` does not list a digest for each tensor",
                        hints=["the checkpoint was edited: use the one `swapdsl exec --save` wrote"])
@@ -183,6 +188,14 @@ def check_same_data(ck: Checkpoint, data: str, shuffle: bool, synthetic: str) ->
         raise SwpError(f"--resume `{ck.path}` was written by a run on `{theirs}`, not `{data}`", hints=[hint])
 
 
+def for_init(g: Graph, state: bool = False) -> Callable[[str], bool]:
+    """What --init reads of a file for ``g``: its parameters and batch norm's running statistics (``state``:
+    every state tensor but a report's, as a prediction starts from)."""
+    keep = set(g.params) | {n for n in g.state if (state and g.tensors[n].kind != Kind.metric)
+                            or n.endswith(RUNNING)}
+    return keep.__contains__
+
+
 def parameters(ck: Checkpoint, g: Graph) -> dict[str, np.ndarray]:
     """The checkpoint's values of ``g``'s parameters (for --init), each checked for name, shape, dtype and
     finiteness, and of batch norm's running statistics where it has them (`swapdsl import` writes them)."""
@@ -225,7 +238,7 @@ def _check_tensors(ck: Checkpoint, g: Graph, names: tuple[str, ...], flag: str) 
         t = g.type_of(name)
         have = ck.values.get(name)
         if have is None:
-            theirs = sorted(n for n in ck.values if n not in g.tensors)  # (names the model has are not meant)
+            theirs = sorted(n for n in ck.names if n not in g.tensors)  # (names the model has are not meant)
             listed = [f"its other tensors: {', '.join(theirs[:6])}"
                       + (f" and {len(theirs) - 6} more" if len(theirs) > 6 else "")] if theirs else []
             hints = ([f"it was written for model `{ck.meta.get('model')}`"] if ck.meta.get("format") == FORMAT else

@@ -328,7 +328,8 @@ def _batch_of(g: Graph) -> int:
 def _restore(g: Graph, stepper: Stepper, opts: Options) -> int:
     """Load --resume (everything, and the step) or --init (parameters); the step to continue after."""
     if opts.init:
-        stepper.load_state(checkpoint.parameters(checkpoint.read(opts.init, "--init"), g), 0)
+        stepper.load_state(checkpoint.parameters(checkpoint.read(opts.init, "--init", wanted=checkpoint.for_init(g)),
+                                                 g), 0)
         return 0
     if not opts.resume:
         return 0
@@ -387,7 +388,7 @@ def _nonfinite(g: Graph, opts: Options, start: int, step: int, what: str, ds: Da
 def _origin(g: Graph, opts: Options) -> dict[str, np.ndarray] | None:
     """The persistent values this run started from (None: the seed's), read again from the checkpoint."""
     if opts.init:
-        return checkpoint.parameters(checkpoint.read(opts.init, "--init"), g)
+        return checkpoint.parameters(checkpoint.read(opts.init, "--init", wanted=checkpoint.for_init(g)), g)
     if opts.resume:
         return checkpoint.read(opts.resume, "--resume").values
     return None

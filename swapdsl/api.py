@@ -763,7 +763,7 @@ def _init_values(init: str | None, g: Graph, seed: int) -> dict[str, np.ndarray]
     checked), else the seed's."""
     values = {k: np.asarray(v) for k, v in init_persistent(g, seed, np).items() if not k.startswith("output/")}
     if init is not None:
-        ck = checkpoint.read(init, "--init")
+        ck = checkpoint.read(init, "--init", wanted=checkpoint.for_init(g, state=True))
         values.update(checkpoint.parameters(ck, g))
         for k in (s for s in g.state if g.tensors[s].kind != Kind.metric):  # batch norm's running statistics
             if k not in ck.values or ck.values[k].shape != g.type_of(k).shape:

@@ -250,7 +250,8 @@ def _op(ext: Extended, op: int) -> int:
 
 
 class Extensions:
-    """Extended problems and their evaluators by set of clones, the last few kept (each flattens anew)."""
+    """Extended problems and their evaluators by set of clones, the last few kept (each evaluator made from
+    the problem's own, ``Evaluator.extended``)."""
 
     def __init__(self, p: Problem, size: int = 16, chains: bool = False) -> None:
         self.p = p

@@ -8,7 +8,8 @@ Every zoo model is planned under `lru`, `vdnn`, `belady` and `ga --generations 2
 (the cap is the model's no-swap arena / 4) (1.5 where 4 is below the model's smallest feasible cap)
 on the default device, through the command line only, so the
 script runs unchanged on either side of a refactor. The plan files' SHA-256 digests are compared;
-`--keep DIR` leaves the plans there to diff.
+`--keep DIR` leaves the plans there to diff. `--searches` plans ``SEARCHES`` instead: the searches among
+requests (`--bucket-mib`, `--host-updates` and `--microbatches auto`, data-parallel), about 40 s.
 """
 
 from __future__ import annotations
@@ -27,6 +28,23 @@ METHODS = {"lru": [], "vdnn": [], "belady": [],
            "ga": ["--generations", "20", "--seed", "1", "--budget", "100000"]}
 RATIOS = (4, 1.5)  # 1.5 only where 4 is refused
 DEVICE = "v100-16gb"
+
+
+_XL = ["stdlib/models/gpt.swp", "-D", "layers=48", "-D", "hidden=1600", "-D", "heads=25", "-D", "batch=1",
+       "--precision", "bf16", "--device", "h100-80gb", "--memory", "8GiB"]
+_GA = ["--method", "ga", "--generations", "6", "--budget", "100000", "--seed", "2"]
+SEARCHES = {  # plan name -> optimize's arguments
+    "gpt2_xl.buckets": [*_XL, "--method", "belady", "--ranks", "8", "--bucket-mib", "auto"],
+    "gpt2_xl.host": [*_XL, "--method", "belady", "--host-updates", "auto"],
+    "gpt2.buckets_host": ["stdlib/models/gpt.swp", "-D", "batch=8", "--precision", "bf16", "--device", "h100-80gb",
+                          "--memory", "2GiB", "--method", "belady", "--ranks", "8", "--network", "25",
+                          "--bucket-mib", "auto", "--host-updates", "auto"],
+    **{f"{m}.{how}": [f"stdlib/models/{m}.swp", "--memory", "1/3", "--ranks", "2", "--bucket-mib", "auto", *extra]
+       for m in ("mlp", "tiny_transformer", "tiny_resnet")
+       for how, extra in (("vdnn", ["--method", "vdnn", "--host-updates", "auto"]),
+                          ("ga", [*_GA, "--host-updates", "auto"]),
+                          ("microbatches", ["--method", "belady", "--microbatches", "auto"]))},
+}
 
 
 def swapdsl(*argv: str, refusal_ok: bool = False) -> subprocess.CompletedProcess[str]:
@@ -64,17 +82,30 @@ def digests(out: Path) -> dict[str, str]:
     return found
 
 
+def searched(out: Path) -> dict[str, str]:
+    """Each of ``SEARCHES``' plans' digests (a refusal's: its message's)."""
+    found = {}
+    for name, argv in SEARCHES.items():
+        path = out / f"{name}.plan"
+        done = swapdsl("optimize", *argv, "-o", str(path), refusal_ok=True)
+        refused = done.returncode != 0
+        found[path.name] = hashlib.sha256(done.stderr.encode() if refused else path.read_bytes()).hexdigest()
+        print(f"{path.name:<36} {'refused ' if refused else ''}{found[path.name][:16]}", flush=True)
+    return found
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     mode = ap.add_mutually_exclusive_group(required=True)
     mode.add_argument("--record", metavar="FILE.json", help="write the digests here")
     mode.add_argument("--against", metavar="FILE.json", help="compare with digests recorded earlier")
     ap.add_argument("--keep", metavar="DIR", help="leave the plan files here")
+    ap.add_argument("--searches", action="store_true", help="plan SEARCHES instead of the zoo")
     args = ap.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(args.keep or tmp)
         out.mkdir(parents=True, exist_ok=True)
-        found = digests(out.resolve())
+        found = (searched if args.searches else digests)(out.resolve())
     if args.record:
         Path(args.record).write_text(json.dumps(found, indent=1, sort_keys=True) + "\n")
         return 0

@@ -20,7 +20,7 @@ from typing import Any, NoReturn, TextIO
 from swapdsl import __version__, api
 from swapdsl.common.atomic import check_outputs, check_writable, write_bytes_atomically, write_text_atomically
 from swapdsl.common.drawing import pyplot
-from swapdsl.common.errors import SwpError
+from swapdsl.common.errors import SwpError, path_refused
 from swapdsl.common.units import format_bytes, format_count, parse_share, parse_size
 from swapdsl.devices.profiles import BUILTIN, DEFAULT_DEVICE, detect_device, load_device
 from swapdsl.graph.dataparallel import DEFAULT_BUCKET_MIB, DEFAULT_LINK_GBPS, MAX_BUCKET_MIB, MAX_RANKS, check_bucket
@@ -950,6 +950,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     except Exception as err:  # a bug: its traceback, and no rank left waiting for this one
         if (gpu := device_memory_error(err)) is not None:  # (not a bug: a library beside the arena ran out)
             return _out_of_memory(gpu)
+        if (path := path_refused(err)) is not None:  # (nor is a name the system refuses: too long, say)
+            print(path.render(), file=sys.stderr)
+            dist.abort_others(EXIT_USER_ERROR)
+            return EXIT_USER_ERROR
         if dist.world() is not None:
             traceback.print_exc()
             dist.abort_others(1)

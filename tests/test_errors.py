@@ -400,13 +400,15 @@ def test_an_error_on_a_long_line_shows_a_window_around_its_place(cli, in_tmp: Pa
     assert source.startswith("3 | ...") and source[caret.index("^")] == "?"
 
 
-def test_the_caret_stands_under_its_place_past_wide_characters(cli, in_tmp: Path) -> None:
-    """The caret counted characters, not terminal cells: after a string in CJK (two cells each) with a
-    combining accent (none), it stood left of the mistake."""
-    write(in_tmp / "m.swp", model(X + '    h = f("隠れ層 e\u0301") ? x\n'))
+@pytest.mark.parametrize("text, more", [("隠れ層 e\u0301", 3 - 1), ("\u0e01\u0e34\u0e01\u0e34", -2),
+                                        ("a\u200db\ufe0f", -2)])
+def test_the_caret_stands_under_its_place_past_wide_characters(cli, in_tmp: Path, text: str, more: int) -> None:
+    """The caret counted characters, not terminal cells: after a string in CJK (two cells each), with a
+    combining accent, Thai vowel signs or a zero-width joiner (none), it stood off the mistake."""
+    write(in_tmp / "m.swp", model(X + f'    h = f("{text}") ? x\n'))
     code, _, err = cli("check", "m.swp")
     source, caret = err.splitlines()[3], err.splitlines()[4]
-    cells = source.index("?") + 3 - 1  # (three wide characters, a cell more each; the accent, one fewer)
+    cells = source.index("?") + more  # (the characters before it, less or more the cells they take)
     assert code == 2 and "unexpected character `?`" in err and caret.endswith(" ^") and len(caret) - 1 == cells, err
 
 

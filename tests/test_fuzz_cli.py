@@ -15,8 +15,9 @@ from swapdsl.fuzz import run_cli
 
 CASES = int(os.environ.get("SWAPDSL_CLI_FUZZ", "120"))
 SMALL = ["-D", "batch=2", "-D", "hidden=8", "-D", "features=8"]
+LONG = "n" * 300  # a part of a path longer than any file system takes (ENAMETOOLONG); and one under a file (ENOTDIR)
 FILES = ["m.swp", "m.plan", "missing.swp", "folder", "/proc/x.swp", "empty.swp", "binary.swp", "plan.swp",
-         "model.plan", "l.jsonl", "ck.st", "fifo", "m.onnx"]
+         "model.plan", "l.jsonl", "ck.st", "fifo", "m.onnx", LONG + ".swp", "m.swp/x.swp"]
 # option -> values a user might give it, good and bad
 OPTIONS: dict[str, list[str]] = {
     "--memory": ["64KiB", "8MiB", "1e30", "lots", "-1", "0", "1KiB", "nan", "1.5GB", "9" * 40, "", "1PiB"],
@@ -32,23 +33,23 @@ OPTIONS: dict[str, list[str]] = {
     "--steps": ["1", "2", "0", "-1", "x"],
     "-D": ["batch=2", "batch=0", "batch=x", "nonsense", "lr=nan", "=3", "batch=99999999999999999999",
            "hidden=1e26", "lr=1e999", "depth=100000000"],
-    "-o": ["out.plan", "/proc/x.plan", "folder", "missing/x.plan", "", "fifo", "link.plan"],
-    "--device": ["v100-16gb", "h200", "bogus", "empty.swp", "bad.json", "fifo.json"],
+    "-o": ["out.plan", "/proc/x.plan", "folder", "missing/x.plan", "", "fifo", "link.plan", LONG + ".plan", "m.swp/x.plan"],
+    "--device": ["v100-16gb", "h200", "bogus", "empty.swp", "bad.json", "fifo.json", LONG + ".json"],
     "--backend": ["numpy", "cupy", "bogus"],
     "--ratios": ["2", "x", "-1", "nan", "2,,4", "1e400"],
     "--methods": ["lru", "belady,lru", "capuchin,checkpoint", "bogus", ""],
     "--models": ["mlp", "bogus", "m.swp"],
-    "--plot": ["x.png", "/proc/x.png", "folder"],
+    "--plot": ["x.png", "/proc/x.png", "folder", LONG + ".png"],
     "--repeat": ["1", "0", "x"],
-    "--data": ["d", "d.npz", "synthetic", "missing", "folder", "binary.swp", "wide", "fifo", "withfifo"],
-    "--eval": ["d", "d.npz", "missing", "folder", "wide", "fifo"],
+    "--data": ["d", "d.npz", "synthetic", "missing", "folder", "binary.swp", "wide", "fifo", "withfifo", LONG, "m.swp/d"],
+    "--eval": ["d", "d.npz", "missing", "folder", "wide", "fifo", LONG],
     "--epochs": ["1", "2", "0", "x"],
-    "--save": ["ck.st", "new.st", "/proc/x.st", "folder", "missing/x.st", "fifo", "link.plan"],
+    "--save": ["ck.st", "new.st", "/proc/x.st", "folder", "missing/x.st", "fifo", "link.plan", LONG + ".st"],
     "--save-every": ["1", "0", "x"],
     "--eval-every": ["1", "0", "x"],
-    "--resume": ["ck.st", "binary.swp", "missing.st", "m.plan", "l.jsonl", "fifo"],
-    "--init": ["ck.st", "binary.swp", "missing.st", "empty.swp", "fifo"],
-    "--log": ["l.jsonl", "/proc/x.jsonl", "folder", "fifo"],
+    "--resume": ["ck.st", "binary.swp", "missing.st", "m.plan", "l.jsonl", "fifo", LONG + ".st"],
+    "--init": ["ck.st", "binary.swp", "missing.st", "empty.swp", "fifo", LONG + ".st", "m.swp/ck.st"],
+    "--log": ["l.jsonl", "/proc/x.jsonl", "folder", "fifo", LONG + ".jsonl"],
     "--base": ["v100-16gb", "bogus"],
     "--precision": ["f32", "bf16", "f16", "f8", ""],
     "--on-nonfinite": ["stop", "continue", "skip", ""],
@@ -65,7 +66,7 @@ OPTIONS: dict[str, list[str]] = {
     "--optimizer": ["adam(lr = 1e-3)", "sgd(lr = 0.1)", "bogus(", "adam(lr = -1)", "", "sgd(lr = 1) }\nmodel x() {"],
     "--batch": ["4", "0", "x", "-1", "99999999999"],
     "--freeze": ["features_.*", ".*", "(", "", "[a-"],
-    "--weights": ["w.st", "/proc/x.st", "folder", "fifo", "ck.st"],
+    "--weights": ["w.st", "/proc/x.st", "folder", "fifo", "ck.st", LONG + ".st"],
 }
 FLAGS = ["--json", "--check", "--ir", "--training", "--help", "--version", "--shuffle"]
 COMMANDS = ["check", "exec", "optimize", "simulate", "show", "profile", "plot-log", "bench", "predict", "import",
@@ -143,6 +144,25 @@ def _plausible(rng: random.Random) -> list[str]:
         argv += ["-o", "p.json"]
     option = rng.choice(list(OPTIONS))
     return argv + ([option, rng.choice(OPTIONS[option][:2])] if rng.random() < 0.5 else [])
+
+
+@pytest.mark.parametrize("argv", [
+    ["check", LONG + ".swp"], ["exec", LONG + ".plan"], ["import", LONG + ".onnx", "-o", "imp.swp"],
+    ["exec", "m.swp", *SMALL, "--steps", "1", "--init", LONG + ".st"], ["simulate", "m.swp/x.plan"],
+    ["exec", "m.swp", *SMALL, "--steps", "1", "--data", LONG], ["plot-log", LONG + ".jsonl", "-o", "p.png"],
+    ["optimize", "m.swp", *SMALL, "--memory", "64KiB", "--method", "belady", "-o", LONG + ".plan"],
+    ["optimize", "m.swp", *SMALL, "--memory", "64KiB", "--method", "belady", "--device", LONG + ".json"],
+    ["exec", "m.swp", *SMALL, "--steps", "1", "--log", LONG + ".jsonl"], ["show", "m.plan", "--plot", LONG + ".png"],
+])
+def test_a_name_the_system_refuses_is_said_once(folder: Path, monkeypatch: pytest.MonkeyPatch, argv: list[str]) -> None:
+    """A part of a path over 255 bytes was OSError's traceback (exit 1) in every command; a path under a
+    file, in some."""
+    monkeypatch.chdir(folder)
+    run = run_cli(argv)
+    assert run.code == 2 and run.out == "" and run.err.startswith("error: "), run.crash or run.err
+    assert ("File name too long" in run.err or "Not a directory" in run.err or "longer than" in run.err
+            or "no such" in run.err.lower()), run.err
+    assert not any(os.path.exists(a) for a in argv if LONG in a)  # (os.path.exists: False where stat fails)
 
 
 def test_random_command_lines_end_cleanly(folder: Path, monkeypatch: pytest.MonkeyPatch) -> None:

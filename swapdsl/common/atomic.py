@@ -10,6 +10,7 @@ import tempfile
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 
+from swapdsl.common.checks import NAME_MAX, too_long
 from swapdsl.common.errors import SwpError
 
 
@@ -50,6 +51,8 @@ def check_outputs(outputs: Iterable[tuple[str | os.PathLike[str] | None, str]],
             raise SwpError(f"the {what}'s file name is empty")
         if "\0" in path:
             raise SwpError(f"the {what}'s file name holds a NUL byte")
+        if too_long(path):
+            raise SwpError(f"the {what}'s file name has a part longer than {NAME_MAX} bytes: `{path[:60]}...`")
         check_suffix(path, what)
     seen: list[tuple[str, str, tuple[object, ...]]] = []
     for path, what in [(p, w) for p, w in ins if os.path.exists(p)]:

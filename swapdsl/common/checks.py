@@ -15,6 +15,8 @@ import numpy as np
 
 from swapdsl.common.errors import SwpError
 
+NAME_MAX = 255  # bytes in one part of a path (Linux and macOS file systems)
+
 Validator = Callable[[Any, Any, Any], None]
 
 
@@ -51,13 +53,15 @@ def positive(_: Any, field: Any, value: Any) -> None:
 
 
 def text(optional: bool = False) -> Validator:
-    """A string (None too, where ``optional``)."""
+    """A file name (None too, where ``optional``)."""
 
     def check(_: Any, field: Any, value: Any) -> None:
         if not (isinstance(value, str) or (value is None and optional)):
             raise SwpError(f"`{field.name}` must be a string{' or None' if optional else ''}, not {value!r}")
-        if value is not None and "\0" in value:  # (a file name: no system call takes one)
+        if value is not None and "\0" in value:  # (no system call takes one)
             raise SwpError(f"`{field.name}` holds a NUL byte")
+        if value is not None and too_long(value):
+            raise SwpError(f"`{field.name}`: a part of {value!r:.60}... is longer than {NAME_MAX} bytes")
 
     return check
 
@@ -87,7 +91,14 @@ def path_arg(value: Any, name: str, optional: bool = False) -> str | None:
     value = as_text(value)
     if not isinstance(value, str) or not value.strip() or "\0" in value:
         raise SwpError(f"`{name}` must name a file (a string or a Path), not {value!r:.60}")
+    if too_long(value):  # (the system's own refusal, said before it is asked)
+        raise SwpError(f"`{name}`: a part of {value!r:.60}... is longer than {NAME_MAX} bytes")
     return value
+
+
+def too_long(path: str) -> bool:
+    """Whether a part of ``path`` is longer than a file system takes."""
+    return any(len(part) > NAME_MAX for part in os.fsencode(path).split(b"/"))
 
 
 def whole_arg(value: Any, name: str, low: int, high: int | None = None, optional: bool = False) -> int | None:

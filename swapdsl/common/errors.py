@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import errno
+import os
 import unicodedata
 from pathlib import Path
 
@@ -95,8 +97,24 @@ def _render_span(span: Span, sources: dict[str, str]) -> list[str]:
 
 
 def _cells(text: str) -> int:
-    """How many terminal cells ``text`` takes."""
-    return sum(0 if unicodedata.combining(c) else 2 if unicodedata.east_asian_width(c) in "WF" else 1 for c in text)
+    """How many terminal cells ``text`` takes: none for a mark or a format character (a Thai vowel sign, a
+    combining accent, a zero-width joiner), two for a wide character."""
+    return sum(0 if unicodedata.category(c) in ("Mn", "Me", "Cf") else 2 if unicodedata.east_asian_width(c) in "WF"
+               else 1 for c in text)
+
+
+# what the system says of a path itself, not of the program: a name too long, a loop of links, no permission
+PATH_ERRNOS = frozenset({errno.ENAMETOOLONG, errno.ELOOP, errno.EACCES, errno.EPERM, errno.ENOTDIR})
+
+
+def path_refused(err: BaseException) -> SwpError | None:
+    """``err`` as a user's mistake where the system refused a path it names (None: any other error)."""
+    if not isinstance(err, OSError) or err.errno not in PATH_ERRNOS or err.filename is None:
+        return None
+    name = os.fsdecode(err.filename)
+    shown = name if len(name) <= 120 else f"{name[:60]}...{name[-40:]}"
+    hints = ["each part of a path may be 255 bytes at most"] if err.errno == errno.ENAMETOOLONG else []
+    return SwpError(f"`{shown}`: {err.strerror}", hints=hints)
 
 
 def did_you_mean(name: str, candidates: list[str] | tuple[str, ...] | set[str]) -> list[str]:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import functools
 import threading
+import weakref
 from collections import OrderedDict
 from collections.abc import Callable
 from typing import Any, TypeVar
@@ -14,11 +15,12 @@ F = TypeVar("F", bound=Callable[..., Any])
 
 
 def by_identity(size: int = 8) -> Callable[[F], F]:
-    """``f(obj, *args)`` remembered for the last ``size`` objects ``obj`` asked of, each held so that its id
-    stays its own; ``args`` are hashed (an unhashable one is asked afresh). Only for objects nothing
-    changes (frozen), and answers nobody changes (immutable)."""
+    """``f(obj, *args)`` remembered for the last ``size`` objects ``obj`` asked of, each by a weak reference
+    (so nothing is kept alive for it, and an id a dead object leaves behind is not taken for it); ``args``
+    are hashed (an unhashable one is asked afresh). Only for objects nothing changes (frozen), and answers
+    nobody changes (immutable)."""
     def wrap(f: F) -> F:
-        held: OrderedDict[int, tuple[object, dict[tuple, Any]]] = OrderedDict()
+        held: OrderedDict[int, tuple[weakref.ref, dict[tuple, Any]]] = OrderedDict()
         lock = threading.Lock()
 
         @functools.wraps(f)
@@ -29,14 +31,14 @@ def by_identity(size: int = 8) -> Callable[[F], F]:
                 return f(obj, *args)
             with lock:
                 entry = held.get(id(obj))
-                if entry is not None and entry[0] is obj and args in entry[1]:
+                if entry is not None and entry[0]() is obj and args in entry[1]:
                     held.move_to_end(id(obj))
                     return entry[1][args]
             answer = f(obj, *args)
             with lock:
                 entry = held.get(id(obj))
-                if entry is None or entry[0] is not obj:
-                    entry = held[id(obj)] = (obj, {})
+                if entry is None or entry[0]() is not obj:
+                    entry = held[id(obj)] = (weakref.ref(obj), {})
                 held.move_to_end(id(obj))
                 entry[1][args] = answer
                 while len(held) > size:

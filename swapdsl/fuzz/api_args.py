@@ -44,6 +44,7 @@ VALUES: dict[str, Callable[[], Any]] = {
     "np.int64(3)": lambda: np.int64(3), "np.float64(0.5)": lambda: np.float64(0.5),
     "Path('nope')": lambda: Path("nope"), "print": lambda: print, "object()": lambda: object(),
     "'8MiB'": lambda: "8MiB", "'auto'": lambda: "auto", "'\\0'": lambda: "\0",
+    "'n' * 300": lambda: "n" * 300, "'net.swp/x'": lambda: "net.swp/x",  # (too long a name; one under a file)
 }
 
 

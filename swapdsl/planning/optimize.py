@@ -10,6 +10,7 @@ from collections.abc import Callable, Iterable, Iterator
 import attrs
 
 from swapdsl.common.errors import SwpError
+from swapdsl.common.memo import by_identity
 from swapdsl.graph.dataparallel import DEFAULT_BUCKET_MIB
 from swapdsl.graph.ir import Graph
 from swapdsl.graph.offload import host_split, offloadable, reduces_on_host
@@ -150,15 +151,29 @@ def least_refused(refused: list[tuple[SwpError, Request]]) -> SwpError:
 def optimize(req: Request, method: str, search: SearchOptions | None = None, host_updates: str | None = None) -> Plan:
     """The plan ``method`` makes for ``req``: ``ga`` (searching as ``search`` says) or a baseline; with
     ``host_updates`` (``HOST_UPDATES``), first where each update runs (else as ``req`` says)."""
+    if method in PLANNERS:
+        return _planned(req, method, host_updates)
     req = _settled(req, method, host_updates)
     if method == "ga":
         return genetic_search(req, search or SearchOptions()).plan  # (it keeps to the host budget itself)
     if method == "exact":
         plan = plan_exact(req, (search or SearchOptions()).budget_s)
-    elif method not in PLANNERS and method not in METHODS:
+    elif method not in METHODS:
         raise SwpError(f"unknown method `{method}`", hints=[f"methods: {', '.join(METHOD_NAMES)}"])
     else:
-        plan = PLANNERS[method](req) if method in PLANNERS else plan_baseline(req, method)
+        plan = plan_baseline(req, method)
+    return _within_host_budget(req, plan, method)
+
+
+@by_identity(size=4)
+def _planned(req: Request, method: str, host_updates: str | None) -> Plan:
+    """A planner's plan (``capuchin``'s, ``checkpoint``'s), remembered per request: a search among requests
+    scores one by its plan (``score``), then keeps that plan."""
+    req = _settled(req, method, host_updates)
+    return _within_host_budget(req, PLANNERS[method](req), method)
+
+
+def _within_host_budget(req: Request, plan: Plan, method: str) -> Plan:
     host = dict(plan.figures)["host_bytes"]
     if req.host_excess(int(host)):
         raise host_budget_error(req, host, method)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+import stat
 from pathlib import Path
 from typing import Any
 
@@ -42,14 +43,16 @@ def read_onnx(path: str) -> Source:
     """The file's graph, or a clear error saying why it cannot be imported."""
     onnx = _onnx()
     p = Path(path)
-    if p.is_dir():
+    try:
+        st = p.stat()
+    except (FileNotFoundError, NotADirectoryError):
+        raise SwpError(f"`{path}`: no such ONNX file") from None
+    if stat.S_ISDIR(st.st_mode):
         raise SwpError(f"`{path}` is a directory, not an ONNX file")
-    if p.exists() and not p.is_file():  # (a FIFO or a device: the read would block, or never end)
+    if not stat.S_ISREG(st.st_mode):  # (a FIFO or a device: the read would block, or never end)
         raise SwpError(f"`{path}` is not a regular file")
-    if not p.exists():
-        raise SwpError(f"`{path}`: no such ONNX file")
-    if p.stat().st_size > MAX_BYTES:
-        raise SwpError(f"`{path}` is {p.stat().st_size} bytes, more than the {MAX_BYTES} an import reads")
+    if st.st_size > MAX_BYTES:
+        raise SwpError(f"`{path}` is {st.st_size} bytes, more than the {MAX_BYTES} an import reads")
     try:
         model = onnx.load(str(p))
         onnx.checker.check_model(model)

@@ -71,17 +71,22 @@ def baseline_timing(req: Request, method: str) -> Timing:
     """What ``plan_baseline``'s figures say of its plan's step time and host bytes, from the compiled
     simulator, with no plan built (its property tests hold it to ``simulate``): how a search among requests
     scores them, building only the plan it keeps."""
-    p = Problem.of(req)
-    evaluator = Evaluator(p)
-    s, _ = baseline_setup(p, method, req.tensor_cap, evaluator.no_swap_bytes(list(range(p.n_ops))))
+    evaluator, s, _ = _flattened_setup(req, Problem.of(req), method)
     return evaluator(s.schedule, req.tensor_cap, s.pinned, s.policy)
 
 
 def baseline(req: Request, p: Problem, method: str) -> tuple[Plan, int]:
     """A baseline's plan (without figures) on the default schedule, and the no-swap arena's bytes."""
-    evaluator = Evaluator(p)  # flattened once: it sizes the no-swap arena and makes the plan
-    s, no_swap = baseline_setup(p, method, req.tensor_cap, evaluator.no_swap_bytes(list(range(p.n_ops))))
+    evaluator, s, no_swap = _flattened_setup(req, p, method)
     return build_plan(req, p, method, s.schedule, s.pinned, s.policy, evaluator), no_swap
+
+
+def _flattened_setup(req: Request, p: Problem, method: str) -> tuple[Evaluator, Setup, int]:
+    """``p`` flattened once (it sizes the no-swap arena, then plans or times), the baseline's setup, and the
+    no-swap arena's bytes."""
+    evaluator = Evaluator(p)
+    s, no_swap = baseline_setup(p, method, req.tensor_cap, evaluator.no_swap_bytes(list(range(p.n_ops))))
+    return evaluator, s, no_swap
 
 
 def build_plan(req: Request, p: Problem, method: str, schedule: list[int], pinned: frozenset[int],

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 from pathlib import Path
 
 import numpy as np
@@ -23,7 +24,7 @@ from swapdsl.plan.simulate import simulate
 from swapdsl.plan.validate import validate
 from swapdsl.planning.baselines import build_plan
 from swapdsl.planning.bound import bound_ms, recompute_bound_ms
-from swapdsl.planning.checkpoint import _Checkpointing, rebuilt_makers
+from swapdsl.planning.checkpoint import SPACINGS, _Checkpointing, checkpoint_program, rebuilt_makers
 from swapdsl.planning.clones import Candidates, Extensions, Placer, merged_schedule, place_clones
 from swapdsl.planning.ga import CHEN_MASKS, Decoder, Genome, Search, SearchOptions, genetic_search
 from swapdsl.planning.optimize import METHOD_NAMES, optimize
@@ -249,6 +250,37 @@ def test_chens_rule_rebuilds_whole_chains_for_the_seeds() -> None:
         assert {c.maker[u] for u in c.droppable} <= rebuilt
         for m in rebuilt:
             assert all(u in c.kept or u in c.fixed or c.maker[u] in rebuilt for u in p.op_inputs[m])
+
+
+def _every_spacing_placed(p: Problem, cap: int) -> tuple[list, dict] | str:
+    """What ``checkpoint_program`` chooses, the long way: every segment length built in the arena, the least
+    recomputation kept (the first on a tie), or the square-root spacing's refusal."""
+    best, refusals = None, {}
+    for spacing, at_cuts in itertools.product(SPACINGS, (True, False)):
+        try:
+            program, homes = _Checkpointing(p, cap, spacing, at_cuts).build()
+        except SwpError as err:
+            refusals.setdefault(spacing, str(err))
+            continue
+        cost = sum(p.op_ms[i.op] for i in program if isinstance(i, Run) and i.recompute)
+        if best is None or cost < best[0]:
+            best = (cost, program, homes)
+    return refusals[1.0] if best is None else (best[1], best[2])
+
+
+@safety(30)
+@given(training_graphs(), st.floats(0.5, 1.05))
+def test_checkpointing_builds_only_what_it_keeps(t: Graph, share: float) -> None:
+    """Each segment length's cost and peak bytes are learnt without placing anything (``_Tally``), and only
+    the cheapest that fits is placed: the same program, homes or refusal as placing every one."""
+    p = Problem.build(t, V100)
+    cap = int(share * (no_swap_bytes(p) + p.scratch))
+    try:
+        got: tuple[list, dict] | str = checkpoint_program(p, cap)
+    except SwpError as err:
+        got = str(err)
+    event("refused" if isinstance(got, str) else "fits")
+    assert got == _every_spacing_placed(p, cap)
 
 
 def test_ga_seeds_its_recompute_sets_right_after_the_default_schedule() -> None:

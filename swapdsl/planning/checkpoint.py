@@ -24,6 +24,7 @@ from swapdsl.planning.problem import Problem
 from swapdsl.planning.reference import Arena
 
 
+Chosen = tuple[set[int], set[int], dict[int, int]]  # kept and dropped activations, when each kept one may go
 SPACINGS = (0.25, 0.5, 1.0, 2.0, 4.0)  # segment bytes, in units of (forward bytes / sqrt(forward values))
 
 
@@ -31,20 +32,23 @@ def checkpoint_program(p: Problem, cap: int) -> tuple[list[Instr], dict[int, Reg
     """The program of Chen's checkpointing under ``cap`` bytes of tensors, and the homes it starts from: of
     the segment lengths in ``SPACINGS``, with checkpoints at separators of the forward graph or at any
     value, the plan that fits with the least recomputation."""
-    best: tuple[float, list[Instr], dict[int, Region]] | None = None
-    refusals: dict[float, SwpError] = {}
-    for spacing, at_cuts in itertools.product(SPACINGS, (True, False)):
+    choices = list(itertools.product(SPACINGS, (True, False)))
+    costs: dict[tuple[float, bool], float] = {}
+    chosen: dict[tuple[float, bool], Chosen] = {}
+    for choice in choices:  # (what a build runs does not depend on where it puts tensors: see _Tally)
+        dry = _Checkpointing(p, cap, *choice, arena=_Tally(cap))
+        chosen[choice] = dry.chosen
         try:
-            program, homes = _Checkpointing(p, cap, spacing, at_cuts).build()
-        except SwpError as err:
-            refusals.setdefault(spacing, err)
+            program, _ = dry.build()
+        except SwpError:  # (it holds more than the cap at once: no arena of the cap holds it)
             continue
-        cost = sum(p.op_ms[i.op] for i in program if isinstance(i, Run) and i.recompute)
-        if best is None or cost < best[0]:
-            best = (cost, program, homes)
-    if best is None:
-        raise refusals[1.0]  # the square-root spacing's reason
-    return best[1], best[2]
+        costs[choice] = sum(p.op_ms[i.op] for i in program if isinstance(i, Run) and i.recompute)
+    for choice in sorted(costs, key=lambda c: (costs[c], choices.index(c))):
+        try:
+            return _Checkpointing(p, cap, *choice, chosen=chosen[choice]).build()
+        except SwpError:
+            continue
+    return _Checkpointing(p, cap, chosen=chosen[1.0, True]).build()  # (it raises: the square-root spacing's reason)
 
 
 def rebuilt_makers(p: Problem, cap: int, spacing: float = 1.0, at_cuts: bool = True) -> set[int]:
@@ -57,24 +61,26 @@ def rebuilt_makers(p: Problem, cap: int, spacing: float = 1.0, at_cuts: bool = T
 
 
 class _Checkpointing:
-    def __init__(self, p: Problem, cap: int, spacing: float = 1.0, at_cuts: bool = True) -> None:
+    def __init__(self, p: Problem, cap: int, spacing: float = 1.0, at_cuts: bool = True,
+                 arena: Arena | _Tally | None = None, chosen: Chosen | None = None) -> None:
         self.p, self.cap, self.spacing, self.at_cuts = p, cap, spacing, at_cuts
         self.schedule = list(range(p.n_ops))
         self.uses = p.uses(self.schedule)
         self.next_i = [0] * len(p.names)
         self.maker = p.makers()
-        self.arena = Arena(cap)
+        self.arena = Arena(cap) if arena is None else arena
         self.where: dict[int, int] = {}
         self.program: list[Instr] = []
         self.fixed = set(p.persistent) | set(p.inputs) | set(p.host_made)  # (host_made: from the host each step)
         self.finals = {new for _, new in p.updates} | {p.loss}
         self.turn = next((i for i in self.schedule if p.op_outputs[i] and not p.is_forward_activation(p.op_outputs[i][0])),
                          p.n_ops)  # (an op without outputs runs on the host: problem.py)
-        self.kept, self.droppable, self.last_need = self.choose()
+        self.chosen = self.choose() if chosen is None else chosen  # (another build's at this spacing)
+        self.kept, self.droppable, self.last_need = self.chosen
         self.pending: dict[int, list[int]] = {}  # position -> kept tensors to free after it (see choose)
         self.held: Counter[int] = Counter()  # inputs of recomputations under way
 
-    def choose(self) -> tuple[set[int], set[int], dict[int, int]]:
+    def choose(self) -> Chosen:
         """Kept and dropped forward activations, and how long each kept one (or input) must stay.
 
         Forward values (those that stay where they are made: not one an op overwrites in place) are kept
@@ -192,8 +198,7 @@ class _Checkpointing:
         for t in p.op_outputs[op]:
             if p.in_place[op] and t == p.op_outputs[op][0]:
                 first = p.op_inputs[op][0]
-                i = self.arena.index(self.where[first])
-                self.arena.ten[i] = t
+                self.arena.rename(self.where[first], t)
                 self.where[t] = self.where.pop(first)
             else:
                 self.place(t, op)
@@ -245,3 +250,32 @@ class _Checkpointing:
     def free(self, t: int, after: int, pos: int = -1) -> None:
         self.program.append(Free(self.p.names[t], after))
         self.arena.remove(self.arena.index(self.where.pop(t)), pos)
+
+
+class _Tally:
+    """An arena that counts bytes and has no places, for a build that learns what it runs and whether it ever
+    holds more than the cap at once: the ops a build runs, and when it frees what, follow from the graph and
+    the kept values alone; only the offsets (and whether gaps of the cap hold them) depend on the arena."""
+
+    def __init__(self, cap: int) -> None:
+        self.cap, self.used, self.tenants = cap, 0, 0
+        self.sizes: dict[int, int] = {}  # a key per tenant (what this arena gives as its offset) -> its bytes
+
+    def fit(self, size: int) -> tuple[int, int] | None:
+        return (0, 0) if self.used + size <= self.cap else None
+
+    def insert(self, i: int, offset: int, size: int, t: int) -> int:
+        key = self.tenants
+        self.tenants += 1
+        self.sizes[key] = size
+        self.used += size
+        return key
+
+    def rename(self, offset: int, t: int) -> None:
+        pass
+
+    def index(self, offset: int) -> int:
+        return offset
+
+    def remove(self, i: int, pos: int) -> None:
+        self.used -= self.sizes.pop(i)

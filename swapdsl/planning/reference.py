@@ -119,6 +119,10 @@ class Arena:
     def index(self, offset: int) -> int:
         return bisect.bisect_left(self.off, offset)
 
+    def rename(self, offset: int, t: int) -> None:
+        """The tenant at ``offset`` is now ``t`` (an in-place op's output takes its input's bytes)."""
+        self.ten[self.index(offset)] = t
+
     def remove(self, i: int, pos: int) -> None:
         """Tenant i leaves at position ``pos`` (-1: it was never written, its bytes keep their past)."""
         if pos >= 0:

@@ -10,6 +10,8 @@ from pathlib import Path
 import pytest
 
 from conftest import MODELS, write
+from swapdsl.common import errors
+from swapdsl.common.errors import SHOWN_COLUMNS
 
 # A well-formed model body to build bad programs from.
 OK_TAIL = """    minimize loss with sgd(lr = 0.1)
@@ -398,6 +400,18 @@ def test_an_error_on_a_long_line_shows_a_window_around_its_place(cli, in_tmp: Pa
     assert code == 2 and shown[0] == "error: unexpected character `?`" and max(map(len, shown)) < 140
     source, caret = shown[3], shown[4]
     assert source.startswith("3 | ...") and source[caret.index("^")] == "?"
+
+
+@pytest.mark.parametrize("wide", ["隠", "e\u0301", "a"])
+def test_a_long_lines_window_is_counted_in_cells(cli, in_tmp: Path, wide: str) -> None:
+    """The window around an error's place on a long line was 120 characters: 240 cells of CJK."""
+    write(in_tmp / "m.swp", model(X + f'    h = f("{wide * 3000}") ? x + f("{wide * 3000}")\n'))
+    code, _, err = cli("check", "m.swp")
+    source, caret = err.splitlines()[3], err.splitlines()[4]
+    source = source.removeprefix("3 | ")
+    assert code == 2 and source.startswith("...") and source.endswith("...") and caret.endswith(" ^"), err
+    assert SHOWN_COLUMNS + 5 <= errors._cells(source) <= SHOWN_COLUMNS + 6  # (and the two "...")
+    assert len(caret) == len("  | ") + errors._cells(source[:source.index("?")]) + 1
 
 
 @pytest.mark.parametrize("text, more", [("隠れ層 e\u0301", 3 - 1), ("\u0e01\u0e34\u0e01\u0e34", -2),

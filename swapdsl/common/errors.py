@@ -84,23 +84,41 @@ def _render_span(span: Span, sources: dict[str, str]) -> list[str]:
     src = src.expandtabs(1)
     end = span.end_col if span.end_line == span.line else len(src) + 1
     width = max(1, min(end, len(src) + 1) - span.col)
-    start = max(0, min(span.col - 1 - SHOWN_COLUMNS // 2, len(src) - SHOWN_COLUMNS))  # a window on a long line
-    window = src[start:start + SHOWN_COLUMNS]
+    start, stop = _window(src, min(span.col - 1, len(src)))  # (a window on a long line)
+    window = src[start:stop]
     before = span.col - 1 - start
     marked = window[before:before + width]
     shown = ("..." if start else "") + window
     # (in terminal cells: a wide character takes two, a combining mark none)
     caret = " " * (_cells(window[:before]) + (3 if start else 0)) + "^" * max(1, _cells(marked))
-    shown += "..." if start + SHOWN_COLUMNS < len(src) else ""
+    shown += "..." if stop < len(src) else ""
     out += [f"{gutter} |", f"{span.line} | {shown}", f"{gutter} | {caret}"]
     return out
 
 
+def _window(src: str, at: int) -> tuple[int, int]:
+    """The characters of ``src`` shown around index ``at``: at most SHOWN_COLUMNS terminal cells, half of
+    them before it where the line allows, the rest after it (and before it again at the line's end)."""
+    cells = [_cell(c) for c in src]
+    start, stop, room = at, at, SHOWN_COLUMNS // 2
+    while start > 0 and cells[start - 1] <= room:
+        start, room = start - 1, room - cells[start - 1]
+    room += SHOWN_COLUMNS - SHOWN_COLUMNS // 2
+    while stop < len(src) and cells[stop] <= room:
+        stop, room = stop + 1, room - cells[stop]
+    while start > 0 and cells[start - 1] <= room:
+        start, room = start - 1, room - cells[start - 1]
+    return start, stop
+
+
+def _cell(c: str) -> int:
+    """How many terminal cells a character takes: none for a mark or a format character (a Thai vowel sign,
+    a combining accent, a zero-width joiner), two for a wide character."""
+    return 0 if unicodedata.category(c) in ("Mn", "Me", "Cf") else 2 if unicodedata.east_asian_width(c) in "WF" else 1
+
+
 def _cells(text: str) -> int:
-    """How many terminal cells ``text`` takes: none for a mark or a format character (a Thai vowel sign, a
-    combining accent, a zero-width joiner), two for a wide character."""
-    return sum(0 if unicodedata.category(c) in ("Mn", "Me", "Cf") else 2 if unicodedata.east_asian_width(c) in "WF"
-               else 1 for c in text)
+    return sum(map(_cell, text))
 
 
 # what the system says of a path itself, not of the program: a name too long, a loop of links, no permission

@@ -207,6 +207,64 @@ def test_an_added_mask_constant_becomes_causal_mask_or_nothing(tmp_path: Path, k
     assert expected in text
 
 
+@pytest.mark.parametrize("upper, k", [(0, 0), (1, 1), (0, -1), (1, -2)])
+def test_trilu_of_a_constant_folds(tmp_path: Path, upper: int, k: int) -> None:
+    """Trilu over a constant (the TorchScript exporter's causal mask for scaled_dot_product_attention) folds:
+    with a row offset or without, upper or lower."""
+    nodes = [N("Trilu", ["c", "k"], ["t"], upper=upper), N("Add", ["x", "t"], ["y"])]
+    inits = [weight("c", 4, 4), ints("k", k)]
+    path = save(tmp_path, [N("Constant", [], ["c"], value=inits[0])] + nodes,
+                [h.make_tensor_value_info("x", T.FLOAT, ["N", 4, 4])], [h.make_tensor_value_info("y", T.FLOAT, ["N", 4, 4])],
+                inits[1:])
+    imported_matches_onnxruntime(tmp_path, path, {"x": RNG.standard_normal((3, 4, 4)).astype(np.float32)}, batch=3)
+
+
+def _sdpa_causal_mask(n: int) -> list:
+    """The nodes PyTorch's TorchScript exporter writes for scaled_dot_product_attention(is_causal=True)'s
+    mask over scores `s` [N, H, n, n]: ones of the scores' last two sizes, Trilu, 0 below and -inf above."""
+    return [N("Shape", ["s"], ["shape"]), N("Slice", ["shape", "m2", "m1"], ["rows"]),
+            N("Slice", ["shape", "m1", "big"], ["cols"]), N("Concat", ["rows", "cols"], ["size"], axis=0),
+            N("Expand", ["one", "size"], ["ones"]),
+            N("Trilu", ["ones"], ["tri"], upper=0), N("Equal", ["tri", "zero"], ["above"]),
+            N("Where", ["above", "ninf", "zero"], ["mask"]), N("Add", ["s", "mask"], ["masked"]),
+            N("Softmax", ["masked"], ["y"], axis=-1)]
+
+
+@pytest.mark.parametrize("form", ["sdpa", "masked_fill", "masked_fill_kept", "not_causal"])
+def test_causal_masks_as_pytorch_writes_them_become_causal_mask(tmp_path: Path, form: str) -> None:
+    """scaled_dot_product_attention(is_causal=True) (Trilu, then an additive mask) and
+    `s.masked_fill(tril == 0, fill)` (Where over a constant condition, the fill chosen where it holds or
+    where it does not) import as `causal_mask`, as onnxruntime computes them; a condition that is not the
+    upper triangle is refused by name."""
+    n = 5
+    tril = np.tril(np.ones((n, n), np.float32))[None, None]
+    if not_causal := form == "not_causal":
+        tril[0, 0, 0, 1] = 1.0
+    consts = [nh.from_array(a, name) for name, a in (
+        ("one", np.array([1.0], np.float32)), ("zero", np.array([0.0], np.float32)),
+        ("ninf", np.array([-np.inf], np.float32)), ("fill", np.array(-1e4, np.float32)), ("tril", tril))]
+    if form == "sdpa":
+        nodes = _sdpa_causal_mask(n)
+    elif form == "masked_fill":
+        nodes = [N("Equal", ["tril", "zero"], ["above"]), N("Where", ["above", "ninf", "s"], ["m"]),
+                 N("Softmax", ["m"], ["y"], axis=-1)]
+    else:
+        nodes = [N("Equal", ["tril", "one"], ["kept"]), N("Where", ["kept", "s", "fill"], ["m"]),
+                 N("Softmax", ["m"], ["y"], axis=-1)]
+    nodes = [N("Constant", [], [c.name], value=c) for c in consts] + nodes
+    path = save(tmp_path, nodes, [h.make_tensor_value_info("s", T.FLOAT, ["N", 2, n, n])],
+                [h.make_tensor_value_info("y", T.FLOAT, ["N", 2, n, n])],
+                [ints("m2", -2), ints("m1", -1), ints("big", 2**62)])
+    feeds = {"s": RNG.standard_normal((3, 2, n, n)).astype(np.float32)}
+    if not_causal:
+        with pytest.raises(SwpError, match="Where on tensors other than .* or a causal mask"):
+            swapdsl.import_onnx(path, str(tmp_path / "m.swp"))
+        return
+    text = imported_matches_onnxruntime(tmp_path, path, feeds, batch=3)
+    fill = ", fill = (-10000.0)" if form == "masked_fill_kept" else ""
+    assert f"causal_mask(s{fill})" in text and "param" not in text, text
+
+
 @pytest.mark.parametrize("scale", [1.0, 2.0])
 def test_hugging_faces_rotary_pattern_becomes_rope(tmp_path: Path, scale: float) -> None:
     """q * cos + rotate_half(q) * sin with the constant tables of base 10000 is `rope(x, base = 10000.0)`,
@@ -375,7 +433,7 @@ def test_the_tests_cover_the_whole_table() -> None:
         "Conv", "BatchNormalization", "Relu", "MaxPool", "Shape", "Gather", "Unsqueeze", "Concat", "Reshape",
         "Gemm", "LeakyRelu", "Sigmoid", "AveragePool", "Tanh", "HardSwish", "HardSigmoid", "Reciprocal", "IsNaN", "GlobalAveragePool", "Flatten", "Constant",
         "ConstantOfShape", "Range", "Expand", "Where", "Equal", "Cast", "ReduceProd", "Min", "Max", "Transpose",
-        "Slice", "Squeeze", "Sub", "Mul", "Div", "Neg", "Sqrt", "Identity", "Erf", "Gelu", "Clip"}  # (and the seeds')
+        "Slice", "Squeeze", "Sub", "Mul", "Div", "Neg", "Sqrt", "Identity", "Erf", "Gelu", "Clip", "Trilu"}  # (and the seeds')
     assert set(RULES) | set(FOLD) <= covered
 
 
@@ -457,3 +515,38 @@ def test_a_freeze_pattern_that_matches_nothing_is_said(tmp_path: Path) -> None:
     _, r = swapdsl.import_onnx(str(Path(__file__).parents[1] / "examples" / "digits_cnn.onnx"),
                                str(tmp_path / "m.swp"), freeze="nomatch")
     assert "--freeze `nomatch` matched no parameter" in r.notes and not r.frozen
+
+
+@pytest.mark.parametrize("form", ["sdpa", "masked_fill"])
+def test_nanogpts_causal_attention_imports_from_pytorch(tmp_path: Path, form: str) -> None:
+    """nanoGPT's attention as `torch.onnx.export(dynamo=False)` writes it, through
+    F.scaled_dot_product_attention(is_causal=True) and through masked_fill with a lower-triangular buffer
+    (both were refused: Trilu, Where): `causal_mask`, the buffer left out, and the logits PyTorch's."""
+    torch = pytest.importorskip("torch")
+
+    class Attention(torch.nn.Module):
+        def __init__(self, d: int = 16, heads: int = 2, t: int = 8) -> None:
+            super().__init__()
+            self.qkv, self.heads = torch.nn.Linear(d, 3 * d), heads
+            self.register_buffer("bias", torch.tril(torch.ones(t, t)).view(1, 1, t, t))
+
+        def forward(self, x):  # noqa: ANN001, ANN202
+            b, t, c = x.shape
+            q, k, v = (z.view(b, t, self.heads, c // self.heads).transpose(1, 2) for z in self.qkv(x).split(c, 2))
+            if form == "sdpa":
+                y = torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)
+            else:
+                a = (q @ k.transpose(-2, -1)) * (1.0 / (k.size(-1) ** 0.5))
+                y = torch.softmax(a.masked_fill(self.bias[:, :, :t, :t] == 0, float("-inf")), dim=-1) @ v
+            return y.transpose(1, 2).reshape(b, t, c)
+
+    torch.manual_seed(0)
+    net, x = Attention().eval(), torch.randn(3, 8, 16)
+    path = str(tmp_path / "attn.onnx")
+    torch.onnx.export(net, (x,), path, input_names=["x"], output_names=["y"], dynamo=False, opset_version=17,
+                      dynamic_axes={"x": {0: "batch"}})
+    text = imported_matches_onnxruntime(tmp_path, path, {"x": x.numpy()}, batch=3)
+    assert "causal_mask(" in text and "frozen" not in text, text
+    ours = swapdsl.predict(str(tmp_path / "model.swp"), str(tmp_path / "feeds.npz"),
+                           init=str(tmp_path / "model.safetensors"))["y"]
+    np.testing.assert_allclose(ours, net(x).detach().numpy(), rtol=1e-5, atol=1e-6)

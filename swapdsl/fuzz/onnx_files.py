@@ -28,7 +28,7 @@ _ODD_FLOATS = [float("nan"), float("inf"), -1.0, 0.0, 1e30]
 _ODD_STRINGS = ["SAME_UPPER", "VALID", "none", "tanh", "bogus", ""]
 _OPS = ["Relu", "Conv", "Gemm", "MatMul", "Reshape", "Softmax", "Erf", "If", "Bogus", "Add", "Slice", "Gather",
         "BatchNormalization", "LayerNormalization", "Transpose", "Concat", "Split", "MaxPool", "Shape", "Cast",
-        "CastLike", "SplitToSequence", "SequenceAt", "CumSum", "GatherND", "Not", "Cos"]
+        "CastLike", "SplitToSequence", "SequenceAt", "CumSum", "GatherND", "Not", "Cos", "Trilu", "Where"]
 
 
 @attrs.frozen

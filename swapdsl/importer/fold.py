@@ -78,7 +78,16 @@ FOLD: dict[str, Fold] = {
     "MatMul": _f(np.matmul), "CumSum": lambda node, ins, a: [_cumsum(ins[0], ins[1], a)],
     "GatherElements": lambda node, ins, a: [np.take_along_axis(ins[0], ins[1].astype(np.int64), a.get("axis", 0))],
     "GatherND": lambda node, ins, a: [_gather_nd(ins[0], ins[1].astype(np.int64), int(a.get("batch_dims", 0)))],
+    # (the TorchScript exporter's causal mask for scaled_dot_product_attention(is_causal=True))
+    "Trilu": lambda node, ins, a: [_trilu(ins[0], 0 if len(ins) < 2 or ins[1] is None else int(ins[1].reshape(())),
+                                          flag(a, "upper", 1, node))],
 }
+
+
+def _trilu(x: np.ndarray, k: int, upper: int) -> np.ndarray:
+    if x.ndim < 2:
+        raise ValueError("Trilu takes a tensor of at least 2 dimensions")
+    return np.triu(x, k) if upper else np.tril(x, k)
 
 
 def _cumsum(x: np.ndarray, axis: np.ndarray, a: dict[str, Any]) -> np.ndarray:

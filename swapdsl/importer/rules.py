@@ -86,7 +86,9 @@ def _isnan(lw: Lowering, node: Any, a: dict[str, Any]) -> None:
 
 def _where(lw: Lowering, node: Any, a: dict[str, Any]) -> None:
     """Where(IsNaN(x), c, x): the guard exporters put after a softmax whose row may be all masked (NaN
-    there becomes c). Imported as x itself: such a row is a NaN that stops training (`--on-nonfinite`)."""
+    there becomes c). Imported as x itself: such a row is a NaN that stops training (`--on-nonfinite`).
+    Where over a constant condition that puts one constant above the diagonal and the scores elsewhere
+    (`scores.masked_fill(mask == 0, -inf)` with a lower-triangular buffer) is `causal_mask`."""
     cond, then, other = (lw.get(node, i) for i in range(3))
     if isinstance(cond, NanTest) and other is cond.of and isinstance(then, np.ndarray) and then.size == 1:
         lw.env[node.output[0]] = cond.of
@@ -94,7 +96,28 @@ def _where(lw: Lowering, node: Any, a: dict[str, Any]) -> None:
         if note not in lw.notes:
             lw.notes.append(note)
         return
-    raise unsupported(node, "Where on tensors other than the NaN guard Where(IsNaN(x), c, x)")
+    if isinstance(cond, np.ndarray) and _fills_above_the_diagonal(lw, node, cond, then, other):
+        return
+    raise unsupported(node, "Where on tensors other than the NaN guard Where(IsNaN(x), c, x) or a causal "
+                            "mask (one constant above the diagonal, over a constant condition)")
+
+
+def _fills_above_the_diagonal(lw: Lowering, node: Any, cond: np.ndarray, then: Any, other: Any) -> bool:
+    if isinstance(then, Tensor) == isinstance(other, Tensor):
+        return False
+    t, fill, filled = (then, other, ~cond.astype(bool)) if isinstance(then, Tensor) else (other, then, cond.astype(bool))
+    if not isinstance(fill, np.ndarray) or fill.size != 1 or np.isnan(fill).any() or len(t.shape) < 2 \
+            or t.shape[-1] != t.shape[-2] or filled.ndim > len(t.shape) \
+            or np.broadcast_shapes(t.shape, filled.shape) != t.shape:
+        return False
+    n = t.shape[-1]
+    above = np.triu(np.ones((n, n), bool), 1)
+    if not np.array_equal(np.broadcast_to(filled, t.shape), np.broadcast_to(above, t.shape)):
+        return False
+    value = float(fill.reshape(()))
+    fill_text = "" if value == -np.inf else f", fill = {_num(np.float32(value))}"  # (-inf is the default)
+    lw.emit(node, f"causal_mask({t.name}{fill_text})", t.shape, t.dtype)
+    return True
 
 
 def _gelu(lw: Lowering, node: Any, a: dict[str, Any]) -> None:

@@ -92,7 +92,9 @@ def test_a_cap_past_the_limit_is_refused(cli, memory: str) -> None:
                                            ("8G", "`G` could mean 8GiB (GiB: powers of 2) or 8GB (powers of 10)"),
                                            ("2ki", "`ki` could mean 2KiB (KiB: powers of 2) or 2KB (powers of 10)"),
                                            ("-5%", "cannot read the memory size `-5%`"),
-                                           ("-1MiB", "cannot read the memory size `-1MiB`")])
+                                           ("-1MiB", "cannot read the memory size `-1MiB`"),
+                                           ("1.5", "the memory size `1.5` is not a whole number of bytes"),
+                                           ("2.5B", "`2.5B` is not a whole number of bytes")])
 def test_memory_sizes_are_read_or_refused(cli, flag: str, size: str, expected: str) -> None:
     argv = {"--memory": size, "--host-memory": "1GiB", "--method": "belady"} | {flag: size}
     code, out, err = cli("optimize", MODELS / "mlp.swp", *[x for kv in argv.items() for x in kv])
@@ -366,3 +368,11 @@ def test_bench_out_never_writes_over_a_model_or_profile_it_reads(cli, in_tmp: Pa
 def test_a_ratio_whose_cap_passes_the_limit_is_refused(cli) -> None:
     code, out, err = cli("bench", "--models", "mlp", "--ratios", "1e-300", "--methods", "lru")
     assert code == 2 and "beyond the limit of 1,125,899,906,842,624 (1 PiB)" in err and "Traceback" not in err
+
+
+def test_a_least_cap_past_the_limit_is_not_offered_as_a_memory_size(cli) -> None:
+    """The hint said `use --memory 2406312000000512 or more`, which --memory then refuses."""
+    code, _, err = cli("optimize", MODELS / "mlp.swp", "-D", "batch=2000000000", "-D", "hidden=100000",
+                       "--memory", "1PiB", "--method", "belady")
+    assert code == 2 and "hint: it is past the largest cap swapdsl plans under, 1024.00 TiB" in err
+    assert "use --memory" not in err, err

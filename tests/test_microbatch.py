@@ -23,7 +23,7 @@ from swapdsl.common.errors import SwpError
 from swapdsl.devices.profiles import BUILTIN, DEFAULT_DEVICE
 from swapdsl.graph.checker import check_graph
 from swapdsl.graph.ir import DType, Graph, retyped
-from swapdsl.graph.microbatch import microbatched
+from swapdsl.graph.microbatch import divisors, microbatched
 from swapdsl.plan.file import format_plan
 from swapdsl.plan.validate import validate
 from swapdsl.planning import optimize as optimize_module
@@ -437,3 +437,13 @@ def test_optimize_gives_a_micro_batched_plan_s_speed_against_one_pass(cli, in_tm
     assert code == 0 and "one_pass_fraction" not in json.loads(out)
     code, out, _ = cli("simulate", "k1.plan", "--json")
     assert code == 0 and "one_pass_fraction" not in json.loads(out)
+
+
+@given(st.integers(1, 5000))
+def test_divisors_are_every_divisor_ascending(n: int) -> None:
+    assert divisors(n) == [d for d in range(1, n + 1) if n % d == 0]
+
+
+def test_a_huge_batchs_divisors_come_without_counting_to_it() -> None:
+    """The error for a batch of two billion rows took 95 s listing the batch's divisors one by one."""
+    assert divisors(2**31 - 1) == [1, 2**31 - 1] and divisors(2**40)[-2:] == [2**39, 2**40]

@@ -8,7 +8,7 @@ tensors and inputs) plus what one op touches.
 from __future__ import annotations
 
 from swapdsl.common.errors import SwpError
-from swapdsl.common.units import format_bytes
+from swapdsl.common.units import MAX_BYTES, format_bytes
 from swapdsl.planning.problem import Problem
 
 
@@ -74,7 +74,8 @@ def below_smallest_cap(p: Problem, cap: int, no_swap: int) -> BelowSmallestCap:
     where = f" (at {what.span})" if what.span is not None else ""
     err = BelowSmallestCap(f"{format_bytes(cap)} is below the smallest feasible cap for this model, {format_bytes(least)} "
                     f"({least} bytes, of which {format_bytes(p.scratch)} is the kernels' scratch)",
-                    hints=[f"use --memory {least} or more",
+                    hints=[f"use --memory {least} or more" if least <= MAX_BYTES else
+                           f"it is past the largest cap swapdsl plans under, {format_bytes(MAX_BYTES)}",
                            f"with no swapping at all this model needs {format_bytes(no_swap + p.scratch)}"],
                     notes=[f"what sets it: op {op} `{what.op}` making {label}{where} reads and writes "
                            f"{format_bytes(most)} at once, beside {format_bytes(sum(p.size[t] for t in fixed))} of "

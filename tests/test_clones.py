@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import itertools
+import re
 from pathlib import Path
 
 import numpy as np
@@ -419,3 +420,14 @@ def test_the_compiled_placer_refuses_arrays_that_disagree() -> None:
     with pytest.raises(ValueError, match="disagree"):
         _fastplan.place_clones(np.array([0, 1], np.int64), np.array([0], np.int64), at,
                                np.array([0, 1, 3], np.int64), idx, *rows[2:])
+
+
+@pytest.mark.parametrize("model, share", [("tiny_resnet", "40%"), ("tiny_transformer", "50%"), ("mlp", "30%")])
+def test_checkpointings_refusal_adds_up(cli, model: str, share: str) -> None:
+    """The refusal said `9.90 GiB ... on the device and `%421` needs 96.00 MiB more (the cap leaves 10.04
+    GiB)`, which adds up to less than the cap: where the bytes are there but not together, it says so."""
+    code, _, err = cli("optimize", MODELS / f"{model}.swp", "--memory", share, "--method", "checkpoint")
+    sizes = [float(v) * 2 ** (10 * " KMG".index(u[0])) for v, u in re.findall(r"([0-9.]+) ([KMG]iB|B)\b", err)]
+    used, more, cap = sizes[:3]
+    apart = re.search(r", and the largest free region of the ([0-9.]+ \w+) left is ([0-9.]+ \w+)$", err.splitlines()[0])
+    assert code == 2 and "checkpointing does not fit under this cap" in err and bool(apart) == (used + more <= cap), err

@@ -180,16 +180,21 @@ class _Checkpointing:
         return uses[i] if i < len(uses) else INF
 
     def place(self, t: int, op: int) -> int:
-        spot = self.arena.fit(self.p.size[t])
+        size = self.p.size[t]
+        spot = self.arena.fit(size)
         if spot is None:
             where = f"at op {op} `{self.p.graph.ops[op].op}`" if op >= 0 else "at the start"
-            raise SwpError(f"checkpointing does not fit under this cap: {where}, {format_bytes(self.arena.used)} "
-                           f"of tensors are on the device and `{self.p.names[t]}` needs "
-                           f"{format_bytes(self.p.size[t])} more (the cap leaves {format_bytes(self.cap)})",
+            used = self.arena.used
+            apart = "" if used + size > self.cap else (  # (enough bytes, none of them together: no tensor moves)
+                f", and the largest free region of the {format_bytes(self.cap - used)} left is "
+                f"{format_bytes(self.arena.largest_gap())}")
+            raise SwpError(f"checkpointing does not fit under this cap: {where}, {format_bytes(used)} of tensors are "
+                           f"on the device and `{self.p.names[t]}` needs {format_bytes(size)} more (the cap leaves "
+                           f"{format_bytes(self.cap)}){apart}",
                            hints=["checkpointing keeps every parameter and input on the device and swaps "
                                   "nothing; a larger cap, or a method that swaps (ga, belady), may fit"])
         gap, offset = spot
-        self.where[t] = self.arena.insert(gap, offset, self.p.size[t], t)
+        self.where[t] = self.arena.insert(gap, offset, size, t)
         return offset
 
     def run(self, op: int, recompute: bool) -> None:

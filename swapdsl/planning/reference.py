@@ -108,6 +108,9 @@ class Arena:
         lo, hi = self.gap(len(self.off))
         return (len(self.off), lo) if hi - lo >= size else None
 
+    def largest_gap(self) -> int:
+        return max(hi - lo for lo, hi in map(self.gap, range(len(self.off) + 1)))
+
     def insert(self, i: int, offset: int, size: int, t: int) -> int:
         """Put tenant ``t`` at ``offset`` in gap ``i``."""
         self.off.insert(i, offset)

@@ -731,6 +731,10 @@ def import_onnx(path: str, out: str, weights: str | None = None, batch: int | No
         try:
             m = load(Path(tmp) / "imported.swp")
         except SwpError as exc:
+            ours = exc.span is not None and Path(exc.span.file).name == "imported.swp"
+            line = r.text.split("\n")[exc.span.line - 1] if ours else ""
+            if loss is not None and line.lstrip().startswith("minimize ") and optimizer in line:
+                raise SwpError(f"--optimizer `{optimizer[:80]}`: {exc.message}", notes=list(exc.notes)) from None
             raise SwpError(f"the import of `{path}` does not load as a model: {exc.message}",
                            notes=list(exc.notes), hints=["the file's shapes may disagree with its ops; if "
                                                          "onnxruntime runs it, please report this with the file"]) from None

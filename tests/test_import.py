@@ -487,6 +487,9 @@ def test_what_cannot_be_imported_is_named(tmp_path: Path, case: str, message: st
     (["--dim", "sequence=4"], "no symbolic size of that name"),
     (["--loss", "mse", "--optimizer", "sgd(lr = 1)\nreport x = 1"], "not one optimiser call"),
     (["--freeze", "("], "not a regular expression"),
+    (["--loss", "cross_entropy", "--optimizer", "adam(lr = -1)"], "error: --optimizer `adam(lr = -1)`: optimizer "
+                                                                  "`adam`: `lr` must be positive, got -1.0\n"),
+    (["--loss", "cross_entropy", "--optimizer", "sgd(lr = 1, beta = 2)"], "--optimizer `sgd(lr = 1, beta = 2)`: "),
 ])
 def test_a_bad_import_command_line_is_refused_with_nothing_written(tmp_path: Path, extra: list[str],
                                                                   message: str) -> None:

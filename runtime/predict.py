@@ -55,7 +55,13 @@ def _run(stepper: Stepper, batch: dict[str, np.ndarray], parts: dict[str, list[n
 
 
 def npz_bytes(arrays: dict[str, np.ndarray]) -> bytes:
-    """``arrays`` as an uncompressed ``.npz`` file's bytes (written atomically by the caller)."""
+    """``arrays`` as an uncompressed ``.npz`` file's bytes (written atomically by the caller), bf16 widened to
+    f32 (exactly): NumPy's format has no bf16, and without ml_dtypes a reader gets raw two-byte records."""
     buffer = io.BytesIO()
-    np.savez(buffer, **arrays)
+    np.savez(buffer, **readable(arrays))
     return buffer.getvalue()
+
+
+def readable(arrays: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """``arrays`` as ``npz_bytes`` writes them: bf16 as f32."""
+    return {k: v.astype(np.float32) if v.dtype.name == "bfloat16" else v for k, v in arrays.items()}

@@ -40,7 +40,7 @@ from swapdsl.runtime.backend import BACKENDS, array_module, device_memory_error
 from swapdsl.runtime.progress import Progress
 from swapdsl.runtime import training
 from swapdsl.importer.text import LOSSES
-from swapdsl.runtime.predict import npz_bytes
+from swapdsl.runtime.predict import npz_bytes, readable
 from swapdsl.runtime.watchdog import DEFAULT_TIMEOUT_S
 from swapdsl.runtime.dataset import Dataset
 from swapdsl.runtime.log import plot_log, read_log
@@ -317,7 +317,9 @@ def _cmd_predict(args: argparse.Namespace) -> int:
     seconds = time.perf_counter() - started
     write_bytes_atomically(args.output, npz_bytes(outputs), "prediction")  # (once nothing else can fail)
     rows = next(iter(outputs.values())).shape[0]
-    shapes = ", ".join(f"{k} {list(v.shape)} {v.dtype}" for k, v in outputs.items())
+    written = readable(outputs)
+    shapes = ", ".join(f"{k} {list(v.shape)} {written[k].dtype}{' (bf16, widened)' if v.dtype != written[k].dtype else ''}"
+                       for k, v in outputs.items())
     print(f"{args.output}: {rows} examples ({shapes}) in {seconds:.1f} s")
     if held is not None:
         figures = "".join(f", {k} {v:.4f}" for k, v in held.metrics.items())

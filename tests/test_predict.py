@@ -221,3 +221,17 @@ def test_bad_outputs_are_refused(tmp_path: Path, line: str, message: str) -> Non
     text = MLP.replace("    output label = argmax(logits)\n", f"    {line}\n")
     with pytest.raises(SwpError, match=message):
         swapdsl.load(write(tmp_path / "m.swp", text), batch=4)
+
+
+def test_bf16_outputs_are_written_as_f32_that_numpy_reads(cli, folder: Path, tmp_path: Path) -> None:
+    """A bf16 output was stored as bf16 records: NumPy without ml_dtypes read `|V2` bytes. Now f32, exactly
+    the values the library returns, and the summary line says so."""
+    write(tmp_path / "h.swp", MLP.replace("    output logits = logits\n", "    output logits = cast(logits, bf16)\n"))
+    code, out, err = cli("predict", tmp_path / "h.swp", *ARGS, "--data", folder / "test", "-o", tmp_path / "h.npz")
+    assert code == 0 and "logits [29, 10] float32 (bf16, widened)" in out, err
+    with np.load(tmp_path / "h.npz") as got:
+        logits = got["logits"]
+    model = swapdsl.api.load(tmp_path / "h.swp", {"batch": 8, "features": 16, "hidden": 32, "lr": 0.05})
+    ours = swapdsl.predict(model, str(folder / "test"))
+    assert logits.dtype == np.float32 and ours["logits"].dtype.name == "bfloat16"
+    assert np.array_equal(logits, ours["logits"].astype(np.float32))

@@ -125,9 +125,15 @@ def _load_npy(file: Path, flag: str) -> np.ndarray:
     if not file.is_file():  # a FIFO would block the read forever
         raise SwpError(f"{flag}: `{file}` is not a regular file", hints=["each input is one NAME.npy file"])
     try:
-        return np.load(file, mmap_mode="r", allow_pickle=False)
+        with open(file, "rb") as f:  # (np.load takes a file without the magic for a pickle, and says so)
+            npy = f.read(len(np.lib.format.MAGIC_PREFIX)) == np.lib.format.MAGIC_PREFIX
+        array = np.load(file, mmap_mode="r", allow_pickle=False) if npy else None
     except _UNREADABLE as exc:
         raise SwpError(f"{flag}: cannot read `{file}` as a .npy array: {_reason(exc)}") from None
+    if array is None:
+        raise SwpError(f"{flag}: `{file}` is not a .npy file (it does not start with NumPy's header)",
+                       hints=["write each input with numpy.save"])
+    return array
 
 
 def _load_npz(file: Path, flag: str) -> dict[str, np.ndarray]:

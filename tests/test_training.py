@@ -106,15 +106,17 @@ def test_damaged_or_special_data_files_are_refused(cli, tmp_path: Path) -> None:
         return d
 
     (folder("empty") / "y.npy").write_bytes(b"")
+    (folder("text") / "y.npy").write_bytes(b"hello\n")  # (np.load suggested loading it as a pickle)
     _npy_with_header(folder("negative") / "y.npy", "(-20,)")
     _npy_with_header(folder("huge") / "y.npy", "(2**62, 2**62)")
     os.mkfifo(folder("fifo") / "y.npy")
-    cases = {"empty": "cannot read `", "negative": "cannot read `", "huge": "cannot read `",
+    cases = {"empty": "y.npy` is not a .npy file (it does not start with NumPy's header)",
+             "text": "y.npy` is not a .npy file", "negative": "cannot read `", "huge": "cannot read `",
              "fifo": "y.npy` is not a regular file"}
     for name, message in cases.items():
         code, out, err = cli("exec", MLP, *DEFINES, "--data", tmp_path / name, "--steps", "1")
         assert code == 2 and out == "" and message in err.splitlines()[0], (name, err)
-        assert "Traceback" not in err
+        assert "Traceback" not in err and "pickle" not in err
     os.mkfifo(tmp_path / "data.npz")
     code, _, err = cli("exec", MLP, *DEFINES, "--data", tmp_path / "data.npz", "--steps", "1")
     assert code == 2 and "is not a regular file or a folder" in err

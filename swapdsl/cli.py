@@ -531,6 +531,10 @@ def _cmd_profile(args: argparse.Namespace) -> int:
 
 def _cmd_bench(args: argparse.Namespace) -> int:
     ratios, methods = args.ratios, args.methods
+    # (zoo names with commas too, as --ratios and --methods take them; a file whose name has one stays whole)
+    args.models = [m for arg in args.models for m in ([arg] if Path(arg).is_file() else arg.split(",")) if m]
+    if not args.models:
+        raise SwpError("--models names no model", hints=[f"zoo models: {', '.join(bench.ZOO)}; or .swp files"])
     if args.out:
         out = Path(args.out)
         check_outputs([(out / name, "bench output") for name in bench.OUTPUTS],
@@ -874,7 +878,8 @@ def make_parser() -> argparse.ArgumentParser:
     pr.set_defaults(handler=_cmd_profile)
 
     be = sub.add_parser("bench", help="plan every (model, ratio, method) and tabulate fraction, time, swap, search")
-    be.add_argument("--models", nargs="+", default=list(bench.ZOO), help="zoo names or .swp files")
+    be.add_argument("--models", nargs="+", default=list(bench.ZOO),
+                    help="zoo names or .swp files (separated by spaces or commas)")
     be.add_argument("--ratios", type=_ratios, default=[2.0, 4.0, 8.0, 12.0],
                     help="memory ratios, comma-separated (2,4,8,12)")
     be.add_argument("--methods", type=_methods, default=["lru", "vdnn", "belady", "ga"],

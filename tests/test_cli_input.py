@@ -3,6 +3,7 @@ nothing half-written, no process left behind."""
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import signal
@@ -363,6 +364,20 @@ def test_bench_out_never_writes_over_a_model_or_profile_it_reads(cli, in_tmp: Pa
     code, _, err = cli("bench", "--models", model, "--ratios", "2", "--methods", "lru", "--out", in_tmp)
     assert code == 2 and "is the model" in err and "writing it would destroy it" in err
     assert model.read_bytes() == before and sorted(p.name for p in in_tmp.iterdir()) == ["bench.md"]
+
+
+def test_bench_models_are_named_with_commas_as_ratios_and_methods_are(cli, in_tmp: Path) -> None:
+    """`--models gpt,bert` looked for a file `gpt,bert.swp`; a file whose name has a comma is still one model."""
+    odd = in_tmp / "a,b.swp"
+    odd.write_text((MODELS / "mlp.swp").read_text())
+    runs = [cli("bench", "--models", *models, "--ratios", "2", "--methods", "lru", "--json")
+            for models in (["mlp,tiny_resnet"], ["mlp", "tiny_resnet"], ["mlp,", str(odd)])]
+    assert all(code == 0 for code, _, _ in runs), runs
+    rows = [[{k: v for k, v in r.items() if k != "search_seconds"} for r in json.loads(out)] for _, out, _ in runs]
+    assert rows[0] == rows[1] and [r["model"] for r in rows[0]] == ["mlp", "tiny_resnet"]
+    assert [r["model"] for r in rows[2]] == ["mlp", "a,b"]
+    code, _, err = cli("bench", "--models", ",", "--ratios", "2", "--methods", "lru")
+    assert code == 2 and err.startswith("error: --models names no model"), err
 
 
 def test_a_ratio_whose_cap_passes_the_limit_is_refused(cli) -> None:

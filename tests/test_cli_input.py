@@ -125,7 +125,9 @@ def test_an_unwritable_output_is_refused_before_the_search(cli, monkeypatch: pyt
 
     monkeypatch.setattr(swapdsl.api, "optimize", no_search)
     for target, why in [("/proc/x.plan", "cannot write the plan `/proc/x.plan`"),
-                        ("missing/x.plan", "folder `missing` does not exist"), (".", "is a directory")]:
+                        ("missing/x.plan", "folder `missing` does not exist"), (".", "is a directory"),
+                        ("m.swp/x.plan", "cannot write `m.swp/x.plan`: `m.swp` is a file, not a folder")]:
+        (in_tmp / "m.swp").write_text("")
         code, _, err = cli("optimize", MODELS / "mlp.swp", "--memory", "8MiB", "-o", target)
         assert code == 2 and why in err.splitlines()[0]
 

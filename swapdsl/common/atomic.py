@@ -159,7 +159,8 @@ _KINDS = {stat.S_IFCHR: "a character device", stat.S_IFBLK: "a block device", st
 def _folder(target: Path, path: str | Path, what: str) -> Path:
     folder = target.parent if str(target.parent) else Path(".")
     if not folder.is_dir():
-        raise SwpError(f"cannot write `{path}`: folder `{folder}` does not exist")
+        raise SwpError(f"cannot write `{path}`: " + (f"`{folder}` is a file, not a folder" if folder.exists() else
+                                                     f"folder `{folder}` does not exist"))
     return folder
 
 

@@ -318,8 +318,8 @@ def _cmd_predict(args: argparse.Namespace) -> int:
     write_bytes_atomically(args.output, npz_bytes(outputs), "prediction")  # (once nothing else can fail)
     rows = next(iter(outputs.values())).shape[0]
     written = readable(outputs)
-    shapes = ", ".join(f"{k} {list(v.shape)} {written[k].dtype}{' (bf16, widened)' if v.dtype != written[k].dtype else ''}"
-                       for k, v in outputs.items())
+    shapes = ", ".join(f"{k} {list(v.shape)} {written[k].dtype}" + (" (bf16, widened)" if v.dtype != written[k].dtype
+                                                                      else "") for k, v in outputs.items())
     print(f"{args.output}: {rows} examples ({shapes}) in {seconds:.1f} s")
     if held is not None:
         figures = "".join(f", {k} {v:.4f}" for k, v in held.metrics.items())
@@ -373,8 +373,10 @@ def _cmd_optimize(args: argparse.Namespace) -> int:
         check_writable(args.output, "plan")  # now, not after a search of a minute
     device = load_device(args.device)
     model = _load(args)
-    search = SearchOptions(args.budget, args.generations, args.population, args.seed, args.workers,
-                           progress=None if args.json else _search_progress(sys.stderr), polish=args.polish)
+    given = {"budget_s": args.budget, "generations": args.generations, "population": args.population,
+             "seed": args.seed, "workers": args.workers, "polish": args.polish}
+    search = SearchOptions(**{k: v for k, v in given.items() if v is not None},
+                           progress=None if args.json else _search_progress(sys.stderr))
     started = time.perf_counter()
     plan = api.optimize(model, cap, args.method, device, search, host_memory=host, host_updates=args.host_updates,
                         microbatches=args.microbatches,
@@ -405,7 +407,24 @@ def _cmd_optimize(args: argparse.Namespace) -> int:
     if plan.cap > device.memory_bytes:
         print(f"  note: the cap is more than the {format_bytes(device.memory_bytes)} {device.name} has: a study of "
               "the plan, not one that runs there (--device names the GPU to plan for)")
+    for note in _unused_options(args, plan.ranks):
+        print(f"  note: {note}")
     return 0  # main turns this into 130 or 143 when a signal stopped the search
+
+
+SEARCH_FLAGS = ("budget", "generations", "population", "seed", "workers", "polish")  # optimize's, for ga
+
+
+def _unused_options(args: argparse.Namespace, ranks: int) -> list[str]:
+    """Notes on the flags given to optimize that change nothing in this plan: ga's search flags given to
+    another method (exact reads --budget), and all-reduce flags on one rank."""
+    search = [f"--{flag}" for flag in SEARCH_FLAGS if getattr(args, flag) is not None and args.method != "ga"
+              and (args.method, flag) != ("exact", "budget")]
+    net = [f"--{flag}" for flag, value in (("network", args.network), ("bucket-mib", args.bucket_mib))
+           if value is not None and ranks == 1]
+    why = "ga's search flags" + ("; exact reads --budget" if args.method == "exact" else "")
+    return [f"{', '.join(flags)} {'do' if len(flags) > 1 else 'does'} nothing {where}" for flags, where in (
+        (search, f"with --method {args.method} ({why})"), (net, "on one rank (no gradients are averaged)")) if flags]
 
 
 def _size_said(mib: float) -> str:
@@ -835,13 +854,14 @@ def make_parser() -> argparse.ArgumentParser:
                     help="where the optimiser updates run: none on the device (the default), all on the host "
                          "(only gradients and the forward's weights cross the bus), auto: the largest parameters' on "
                          "the host where the simulated step is faster")
-    op.add_argument("--budget", type=_seconds, default=60.0, metavar="SECONDS", help="ga: wall-clock budget; exact: the solver's time "
-                    "limit (60)")
-    op.add_argument("--generations", type=_count(1), default=100_000, help="ga: generation limit (100000)")
-    op.add_argument("--population", type=_count(2, 100_000), default=64, help="ga: candidates per generation (64)")
-    op.add_argument("--seed", type=_count(0, MAX_SEED - 1), default=0, help="ga: random seed (0)")
-    op.add_argument("--workers", type=_workers, default=0, help="ga: worker processes (0: every core)")
-    op.add_argument("--polish", type=_polish, default=POLISH_SHARE, metavar="SHARE",
+    # (no defaults here: SearchOptions has them, and a flag given to a method that does not search is said so)
+    op.add_argument("--budget", type=_seconds, metavar="SECONDS",
+                    help="ga: wall-clock budget; exact: the solver's time limit (60)")
+    op.add_argument("--generations", type=_count(1), help="ga: generation limit (100000)")
+    op.add_argument("--population", type=_count(2, 100_000), help="ga: candidates per generation (64)")
+    op.add_argument("--seed", type=_count(0, MAX_SEED - 1), help="ga: random seed (0)")
+    op.add_argument("--workers", type=_workers, help="ga: worker processes (0: every core)")
+    op.add_argument("--polish", type=_polish, metavar="SHARE",
                     help=f"ga, on graphs of at most {POLISH_MAX_OPS} ops, one rank, updates on the device: the "
                     f"share of the budget in which the exact planner reworks the best plan in its own order (0: "
                     f"none; default {POLISH_SHARE:g}; after a search its generation limit stopped early: the "

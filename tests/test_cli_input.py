@@ -393,3 +393,19 @@ def test_a_least_cap_past_the_limit_is_not_offered_as_a_memory_size(cli) -> None
                        "--memory", "1PiB", "--method", "belady")
     assert code == 2 and "hint: it is past the largest cap swapdsl plans under, 1024.00 TiB" in err
     assert "use --memory" not in err, err
+
+
+@pytest.mark.parametrize("method, flags, notes", [
+    ("belady", ["--budget", "9", "--generations", "5", "--polish", "0.5"],
+     ["--budget, --generations, --polish do nothing with --method belady (ga's search flags)"]),
+    ("exact", ["--budget", "1", "--seed", "3", "--network", "10"],
+     ["--seed does nothing with --method exact (ga's search flags; exact reads --budget)",
+      "--network does nothing on one rank (no gradients are averaged)"]),
+    ("ga", ["--generations", "2", "--seed", "3", "--workers", "1"], []),
+])
+def test_flags_that_change_nothing_are_said_to(cli, method: str, flags: list[str], notes: list[str]) -> None:
+    """A search flag given to a method that does not search, or an all-reduce flag to one rank, was taken in
+    silence."""
+    code, out, err = cli("optimize", MODELS / "mlp.swp", "--memory", "100%", "--method", method, *flags)
+    said = [line.removeprefix("  note: ") for line in out.splitlines() if "do nothing" in line or "does nothing" in line]
+    assert code == 0 and said == notes, out + err

@@ -214,8 +214,8 @@ def test_trilu_of_a_constant_folds(tmp_path: Path, upper: int, k: int) -> None:
     nodes = [N("Trilu", ["c", "k"], ["t"], upper=upper), N("Add", ["x", "t"], ["y"])]
     inits = [weight("c", 4, 4), ints("k", k)]
     path = save(tmp_path, [N("Constant", [], ["c"], value=inits[0])] + nodes,
-                [h.make_tensor_value_info("x", T.FLOAT, ["N", 4, 4])], [h.make_tensor_value_info("y", T.FLOAT, ["N", 4, 4])],
-                inits[1:])
+                [h.make_tensor_value_info("x", T.FLOAT, ["N", 4, 4])],
+                [h.make_tensor_value_info("y", T.FLOAT, ["N", 4, 4])], inits[1:])
     imported_matches_onnxruntime(tmp_path, path, {"x": RNG.standard_normal((3, 4, 4)).astype(np.float32)}, batch=3)
 
 
@@ -433,7 +433,8 @@ def test_the_tests_cover_the_whole_table() -> None:
         "Conv", "BatchNormalization", "Relu", "MaxPool", "Shape", "Gather", "Unsqueeze", "Concat", "Reshape",
         "Gemm", "LeakyRelu", "Sigmoid", "AveragePool", "Tanh", "HardSwish", "HardSigmoid", "Reciprocal", "IsNaN", "GlobalAveragePool", "Flatten", "Constant",
         "ConstantOfShape", "Range", "Expand", "Where", "Equal", "Cast", "ReduceProd", "Min", "Max", "Transpose",
-        "Slice", "Squeeze", "Sub", "Mul", "Div", "Neg", "Sqrt", "Identity", "Erf", "Gelu", "Clip", "Trilu"}  # (and the seeds')
+        "Slice", "Squeeze", "Sub", "Mul", "Div", "Neg", "Sqrt", "Identity", "Erf", "Gelu", "Clip",
+        "Trilu"}  # (and the seeds')
     assert set(RULES) | set(FOLD) <= covered
 
 

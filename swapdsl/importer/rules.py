@@ -105,7 +105,8 @@ def _where(lw: Lowering, node: Any, a: dict[str, Any]) -> None:
 def _fills_above_the_diagonal(lw: Lowering, node: Any, cond: np.ndarray, then: Any, other: Any) -> bool:
     if isinstance(then, Tensor) == isinstance(other, Tensor):
         return False
-    t, fill, filled = (then, other, ~cond.astype(bool)) if isinstance(then, Tensor) else (other, then, cond.astype(bool))
+    held = cond.astype(bool)
+    t, fill, filled = (then, other, ~held) if isinstance(then, Tensor) else (other, then, held)
     if not isinstance(fill, np.ndarray) or fill.size != 1 or np.isnan(fill).any() or len(t.shape) < 2 \
             or t.shape[-1] != t.shape[-2] or filled.ndim > len(t.shape) \
             or np.broadcast_shapes(t.shape, filled.shape) != t.shape:

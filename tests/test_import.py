@@ -554,3 +554,20 @@ def test_nanogpts_causal_attention_imports_from_pytorch(tmp_path: Path, form: st
     ours = swapdsl.predict(str(tmp_path / "model.swp"), str(tmp_path / "feeds.npz"),
                            init=str(tmp_path / "model.safetensors"))["y"]
     np.testing.assert_allclose(ours, net(x).detach().numpy(), rtol=1e-5, atol=1e-6)
+
+
+def test_a_bf16_export_keeps_its_causal_mask_and_says_it_trains_in_bf16(tmp_path: Path) -> None:
+    """A bf16 export's additive mask (-1e30 above the diagonal, in bf16) became a frozen parameter with a
+    meaningless initialiser, and nothing said that bf16 weights train without f32 master copies."""
+    ml_dtypes = pytest.importorskip("ml_dtypes")
+    n = 5
+    mask = np.where(np.triu(np.ones((n, n), bool), 1), -1e30, 0.0).astype(ml_dtypes.bfloat16)[None, None]
+    w = (RNG.standard_normal((n, n)) * 0.3).astype(ml_dtypes.bfloat16)
+    nodes = [N("Constant", [], ["mask"], value=nh.from_array(mask)), N("MatMul", ["x", "w"], ["s"]),
+             N("Add", ["s", "mask"], ["m"]), N("Softmax", ["m"], ["y"], axis=-1)]
+    path = save(tmp_path, nodes, [h.make_tensor_value_info("x", T.BFLOAT16, ["N", 2, n, n])],
+                [h.make_tensor_value_info("y", T.BFLOAT16, ["N", 2, n, n])], [nh.from_array(w, "w")])
+    _, r = swapdsl.import_onnx(path, str(tmp_path / "m.swp"))
+    assert "m = causal_mask(s, fill = (-1.00025555e+30))" in r.text and "frozen" not in r.text, r.text
+    assert r.notes == ("the weights are bf16: the model trains in bf16 throughout (its parameters and optimiser "
+                       "state too); for f32 master weights, export in f32 and plan with --precision bf16",)

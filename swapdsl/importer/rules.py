@@ -157,7 +157,8 @@ def _adds_a_mask(lw: Lowering, node: Any, x: Any, y: Any) -> bool:
     0 on and below the diagonal and one very negative value above it is `causal_mask(x, fill = that)`
     (bit for bit: x + min is min), which needs no weight and follows the batch."""
     (t, i), c = ((x, 0), y) if isinstance(x, Tensor) else ((y, 1), x)
-    if not isinstance(t, Tensor) or not isinstance(c, np.ndarray) or c.dtype != np.float32 or c.size < 2 \
+    if not isinstance(t, Tensor) or not isinstance(c, np.ndarray) or c.dtype.name not in ("float32", "bfloat16") \
+            or c.size < 2 \
             or node.input[1 - i] in lw.weights or np.broadcast_shapes(t.shape, c.shape) != t.shape:
         return False
     if not np.any(c):
@@ -167,10 +168,10 @@ def _adds_a_mask(lw: Lowering, node: Any, x: Any, y: Any) -> bool:
     if len(t.shape) < 2 or t.shape[-2] != n or c.ndim < 2 or c.shape[-2:] != (n, n):
         return False
     above = np.triu(np.ones((n, n), bool), 1)
-    fill = c.reshape(-1, n, n)[0][0, 1] if n > 1 else 0.0
+    fill = c.reshape(-1, n, n)[0][0, 1] if n > 1 else c.dtype.type(0)
     if not (fill <= -1e30 and np.all(c[..., above] == fill) and not np.any(c[..., ~above])):
         return False
-    fill_text = "" if np.isinf(fill) else f", fill = {_num(fill)}"  # (-inf is the default)
+    fill_text = "" if np.isinf(np.float32(fill)) else f", fill = {_num(np.float32(fill))}"  # (-inf: the default)
     lw.emit(node, f"causal_mask({t.name}{fill_text})", t.shape, t.dtype)
     return True
 

@@ -71,6 +71,11 @@ def convert(path: str, batch: int | None = None, dims: Mapping[str, int] | None 
     name_of = folded.renamed
     if freeze and not base.frozen_by_pattern:
         notes.append(f"--freeze `{freeze}` matched no parameter")
+    if half := sorted({HALF[v.dtype.name] for k, v in base.params.items() if k not in base.frozen
+                       and v.dtype.name in HALF}):
+        notes.append(f"the weights are {' and '.join(half)}: the model trains in {' and '.join(half)} throughout "
+                     "(its parameters and optimiser state too); for f32 master weights, export in f32 and plan "
+                     "with --precision bf16")
     args = {names[s]: v for s, v in sizes.items() if s not in fixed}  # (an argument that changes nothing: none)
     stem = readable(src.path.rsplit("/", 1)[-1].rsplit(".", 1)[0])  # exporters name every graph alike
     model = stem if stem not in RESERVED else f"{stem}_model"
@@ -81,6 +86,9 @@ def convert(path: str, batch: int | None = None, dims: Mapping[str, int] | None 
     return Imported(text, model, {name_of.get(k, k): v for k, v in base.params.items()},
                     {name_of.get(k, k): v for k, v in base.running.items()}, tuple(notes),
                     tuple(name_of.get(k, k) for k in base.frozen))
+
+
+HALF = {"bfloat16": "bf16", "float16": "f16"}  # weights of these dtypes train in them: a note says so
 
 
 def _sizes(src: Source, batch: int | None, dims: dict[str, int]) -> dict[str, int]:

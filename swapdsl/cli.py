@@ -23,6 +23,7 @@ from swapdsl.common.drawing import pyplot
 from swapdsl.common.errors import SwpError, path_refused
 from swapdsl.common.units import format_bytes, format_count, parse_share, parse_size
 from swapdsl.devices.profiles import BUILTIN, DEFAULT_DEVICE, detect_device, load_device
+from swapdsl.graph.analysis import untrained_note
 from swapdsl.graph.dataparallel import DEFAULT_BUCKET_MIB, DEFAULT_LINK_GBPS, MAX_BUCKET_MIB, MAX_RANKS, check_bucket
 from swapdsl.graph.microbatch import MAX_MICROBATCHES
 from swapdsl.graph.precision import GUARDS, PRECISIONS
@@ -198,6 +199,8 @@ def _cmd_check(args: argparse.Namespace) -> int:
             ("no-swap arena", f"{format_bytes(info['no_swap_bytes'])} (tensors as plans place them, and the "
                               "kernels' scratch: what --memory 1/2 halves)"),
         ]
+        if note := untrained_note(model.training):
+            rows.append(("note", note))
     print(f"model {info['model']} ({args.file}): ok")
     for key, value in rows:
         print(f"  {key:<16} {value}")
@@ -259,6 +262,7 @@ def _execute(args: argparse.Namespace, backend: str, options: training.Options, 
                 raise SwpError(f"--{flag} {given}: the plan was made for {planned}",
                                hints=[f"a plan runs with the {flag} it was planned for; leave --{flag} out"])
         header.append(f"executing {args.file} ({train.name}, {plan.method} under {format_bytes(plan.cap)}) on {backend}")
+        header += [f"  note: {note}" for note in [untrained_note(train)] if note]
         unused = [flag for flag, given in (("--tf32", args.tf32), ("--own-kernels", args.own_kernels),
                                            ("--graph off", args.graph == "off")) if given]
         if unused and backend != "cupy":
@@ -275,6 +279,7 @@ def _execute(args: argparse.Namespace, backend: str, options: training.Options, 
         raise SwpError("--check compares a plan's execution with the reference executor; give a .plan file")
     model = _load(args)
     header.append(f"training {model.graph.name} ({args.file}) on {backend} with the reference executor (no cap)")
+    header += [f"  note: {note}" for note in [untrained_note(model.training)] if note]
     return api.execute(model, backend=backend, options=options, hooks=hooks)
 
 
@@ -407,8 +412,9 @@ def _cmd_optimize(args: argparse.Namespace) -> int:
     if plan.cap > device.memory_bytes:
         print(f"  note: the cap is more than the {format_bytes(device.memory_bytes)} {device.name} has: a study of "
               "the plan, not one that runs there (--device names the GPU to plan for)")
-    for note in _unused_options(args, plan.ranks):
-        print(f"  note: {note}")
+    for note in [untrained_note(model.training), *_unused_options(args, plan.ranks)]:
+        if note:
+            print(f"  note: {note}")
     return 0  # main turns this into 130 or 143 when a signal stopped the search
 
 

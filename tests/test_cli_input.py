@@ -409,3 +409,20 @@ def test_flags_that_change_nothing_are_said_to(cli, method: str, flags: list[str
     code, out, err = cli("optimize", MODELS / "mlp.swp", "--memory", "100%", "--method", method, *flags)
     said = [line.removeprefix("  note: ") for line in out.splitlines() if "do nothing" in line or "does nothing" in line]
     assert code == 0 and said == notes, out + err
+
+
+def test_parameters_the_loss_does_not_reach_are_named(cli, in_tmp: Path) -> None:
+    """A loss that reaches no parameter (`minimize sum(x)`), or a parameter nothing reads, checked, planned and
+    trained at a constant loss in silence."""
+    (in_tmp / "m.swp").write_text("model m(batch = 4) {\n    input x: f32[batch, 3]\n"
+                                  "    param w: [3, 2] = normal(std = 0.1)\n"
+                                  "    param u: [3, 2] = normal(std = 0.1)\n    h = x @ w\n"
+                                  "    minimize sum(h) + sum(cast(argmax(x @ u), f32)) with sgd(lr = 0.1)\n}\n")
+    note = "the loss does not depend on `u`: no gradient reaches it, so training leaves it as it starts"
+    for argv in (["check", "m.swp", "--training"], ["exec", "m.swp", "--steps", "1"],
+                 ["optimize", "m.swp", "--memory", "100%", "--method", "belady", "-o", "m.plan"],
+                 ["exec", "m.plan", "--steps", "1"]):
+        code, out, err = cli(*argv)
+        assert code == 0 and out.count(note) + err.count(note) == 1, (argv, out, err)
+    code, out, _ = cli("check", MODELS / "mlp.swp", "--training")
+    assert code == 0 and "does not depend" not in out

@@ -122,6 +122,23 @@ def summary(g: Graph) -> dict[str, Any]:
     }
 
 
+def untrained(t: Graph) -> list[str]:
+    """The training graph's parameters that are not frozen and get no gradient: the loss does not depend on
+    them (or only through ops without one, such as argmax), so training never changes them."""
+    graded = {p for p, _ in t.grads}
+    return [p for p in t.params if p not in graded and p not in t.frozen]
+
+
+def untrained_note(t: Graph) -> str | None:
+    """What ``untrained`` finds, said to a user (None: every parameter trains)."""
+    names = untrained(t)
+    if not names:
+        return None
+    shown = ", ".join(f"`{n}`" for n in names[:5]) + (f" and {len(names) - 5} more" if len(names) > 5 else "")
+    them = "them, so training leaves them as they start" if len(names) > 1 else "it, so training leaves it as it starts"
+    return f"the loss does not depend on {shown}: no gradient reaches {them}"
+
+
 def training_summary(t: Graph) -> dict[str, Any]:
     """The training graph's figures: `swapdsl check --training`."""
     forward = sum(1 for op in t.ops if t.tensors[op.outputs[0]].kind is Kind.activation)
@@ -139,6 +156,7 @@ def training_summary(t: Graph) -> dict[str, Any]:
         "bytes_by_kind": by_kind,
         "flops": sum(op_flops(t, i) for i in range(len(t.ops))),
         "peak_bytes": peak_bytes(t),
+        "untrained": untrained(t),
     }
 
 

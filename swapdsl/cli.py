@@ -554,10 +554,14 @@ def _cmd_profile(args: argparse.Namespace) -> int:
     return 0
 
 
+def _a_path(arg: str) -> bool:
+    return Path(arg).is_file() or os.sep in arg or arg.endswith(".swp")
+
+
 def _cmd_bench(args: argparse.Namespace) -> int:
     ratios, methods = args.ratios, args.methods
-    # (zoo names with commas too, as --ratios and --methods take them; a file whose name has one stays whole)
-    args.models = [m for arg in args.models for m in ([arg] if Path(arg).is_file() else arg.split(",")) if m]
+    # (zoo names with commas too, as --ratios and --methods take them; a path stays whole)
+    args.models = [m for arg in args.models for m in ([arg] if _a_path(arg) else arg.split(",")) if m]
     if not args.models:
         raise SwpError("--models names no model", hints=[f"zoo models: {', '.join(bench.ZOO)}; or .swp files"])
     if args.out:

@@ -95,7 +95,9 @@ def test_a_cap_past_the_limit_is_refused(cli, memory: str) -> None:
                                            ("-5%", "cannot read the memory size `-5%`"),
                                            ("-1MiB", "cannot read the memory size `-1MiB`"),
                                            ("1.5", "the memory size `1.5` is not a whole number of bytes"),
-                                           ("2.5B", "`2.5B` is not a whole number of bytes")])
+                                           ("2.5B", "`2.5B` is not a whole number of bytes"),
+                                           ("1e400", "`1e400` is larger than the limit of 1 PiB"),
+                                           ("0.5", "`0.5` is not positive")])
 def test_memory_sizes_are_read_or_refused(cli, flag: str, size: str, expected: str) -> None:
     argv = {"--memory": size, "--host-memory": "1GiB", "--method": "belady"} | {flag: size}
     code, out, err = cli("optimize", MODELS / "mlp.swp", *[x for kv in argv.items() for x in kv])
@@ -380,6 +382,8 @@ def test_bench_models_are_named_with_commas_as_ratios_and_methods_are(cli, in_tm
     assert [r["model"] for r in rows[2]] == ["mlp", "a,b"]
     code, _, err = cli("bench", "--models", ",", "--ratios", "2", "--methods", "lru")
     assert code == 2 and err.startswith("error: --models names no model"), err
+    code, _, err = cli("bench", "--models", "dir,x/m.swp", "--ratios", "2", "--methods", "lru")
+    assert code == 2 and err.startswith("error: no such file: `dir,x/m.swp`"), err  # (a path, not names)
 
 
 def test_a_ratio_whose_cap_passes_the_limit_is_refused(cli) -> None:
@@ -426,3 +430,11 @@ def test_parameters_the_loss_does_not_reach_are_named(cli, in_tmp: Path) -> None
         assert code == 0 and out.count(note) + err.count(note) == 1, (argv, out, err)
     code, out, _ = cli("check", MODELS / "mlp.swp", "--training")
     assert code == 0 and "does not depend" not in out
+
+
+@pytest.mark.parametrize("batch", ["-4", "0"])
+def test_a_batch_below_one_is_refused_by_micro_batches_too(cli, batch: str) -> None:
+    """`-D batch=-4 --microbatches 3` was isqrt's traceback once divisors took square roots."""
+    code, _, err = cli("optimize", MODELS / "mlp.swp", "-D", f"batch={batch}", "--microbatches", "3",
+                       "--memory", "1GiB", "--method", "belady")
+    assert code == 2 and err.startswith(f"error: a batch of {batch} does not split into micro-batches"), err

@@ -219,6 +219,20 @@ def test_trilu_of_a_constant_folds(tmp_path: Path, upper: int, k: int) -> None:
     imported_matches_onnxruntime(tmp_path, path, {"x": RNG.standard_normal((3, 4, 4)).astype(np.float32)}, batch=3)
 
 
+def test_a_weight_folded_with_constants_is_said_to_be_frozen(tmp_path: Path) -> None:
+    """`x @ torch.tril(W)`: Trilu folds over the weight, so what the model reads is a frozen copy and W never
+    trains; the import said nothing. A buffer folded into a mask that no parameter keeps says nothing."""
+    nodes = [N("Trilu", ["w"], ["t"]), N("MatMul", ["x", "t"], ["y"])]
+    path = save(tmp_path, nodes, [h.make_tensor_value_info("x", T.FLOAT, ["N", 4])],
+                [h.make_tensor_value_info("y", T.FLOAT, ["N", 4])], [weight("w", 4, 4)])
+    x = RNG.standard_normal((3, 4)).astype(np.float32)
+    text = imported_matches_onnxruntime(tmp_path, path, {"x": x}, batch=3)
+    _, r = swapdsl.import_onnx(path, str(tmp_path / "m.swp"))
+    assert "param t: [4, 4] = " in text and "frozen" in text
+    assert r.notes == ("`w` is read through Trilu with constants alone: `t` is a frozen copy of it (the weight is "
+                       "not trained)",), r.notes
+
+
 def _sdpa_causal_mask(n: int) -> list:
     """The nodes PyTorch's TorchScript exporter writes for scaled_dot_product_attention(is_causal=True)'s
     mask over scores `s` [N, H, n, n]: ones of the scores' last two sizes, Trilu, 0 below and -inf above."""
@@ -230,19 +244,21 @@ def _sdpa_causal_mask(n: int) -> list:
             N("Softmax", ["masked"], ["y"], axis=-1)]
 
 
-@pytest.mark.parametrize("form", ["sdpa", "masked_fill", "masked_fill_kept", "not_causal"])
+@pytest.mark.parametrize("form", ["sdpa", "masked_fill", "masked_fill_kept", "not_causal", "fill_of_higher_rank"])
 def test_causal_masks_as_pytorch_writes_them_become_causal_mask(tmp_path: Path, form: str) -> None:
     """scaled_dot_product_attention(is_causal=True) (Trilu, then an additive mask) and
     `s.masked_fill(tril == 0, fill)` (Where over a constant condition, the fill chosen where it holds or
     where it does not) import as `causal_mask`, as onnxruntime computes them; a condition that is not the
-    upper triangle is refused by name."""
+    upper triangle, or a fill of higher rank than the scores (the output would be of its rank), is refused."""
     n = 5
     tril = np.tril(np.ones((n, n), np.float32))[None, None]
-    if not_causal := form == "not_causal":
+    refused = form in ("not_causal", "fill_of_higher_rank")
+    if form == "not_causal":
         tril[0, 0, 0, 1] = 1.0
     consts = [nh.from_array(a, name) for name, a in (
         ("one", np.array([1.0], np.float32)), ("zero", np.array([0.0], np.float32)),
-        ("ninf", np.array([-np.inf], np.float32)), ("fill", np.array(-1e4, np.float32)), ("tril", tril))]
+        ("ninf", np.array([-np.inf], np.float32)), ("tril", tril),
+        ("fill", np.array(-1e4, np.float32).reshape((1,) * (5 if form == "fill_of_higher_rank" else 0))))]
     if form == "sdpa":
         nodes = _sdpa_causal_mask(n)
     elif form == "masked_fill":
@@ -256,7 +272,7 @@ def test_causal_masks_as_pytorch_writes_them_become_causal_mask(tmp_path: Path, 
                 [h.make_tensor_value_info("y", T.FLOAT, ["N", 2, n, n])],
                 [ints("m2", -2), ints("m1", -1), ints("big", 2**62)])
     feeds = {"s": RNG.standard_normal((3, 2, n, n)).astype(np.float32)}
-    if not_causal:
+    if refused:  # (a fill of rank 5 makes the output rank 5: not the scores' shape)
         with pytest.raises(SwpError, match="Where on tensors other than .* or a causal mask"):
             swapdsl.import_onnx(path, str(tmp_path / "m.swp"))
         return

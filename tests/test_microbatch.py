@@ -447,3 +447,4 @@ def test_divisors_are_every_divisor_ascending(n: int) -> None:
 def test_a_huge_batchs_divisors_come_without_counting_to_it() -> None:
     """The error for a batch of two billion rows took 95 s listing the batch's divisors one by one."""
     assert divisors(2**31 - 1) == [1, 2**31 - 1] and divisors(2**40)[-2:] == [2**39, 2**40]
+    assert divisors(0) == divisors(-4) == []

@@ -23,13 +23,13 @@ def parse_size(text: str) -> int:
         raise SwpError(f"cannot read the memory size `{text}`" + (f": {said}" if said else ""),
                        hints=["write e.g. 8GiB, 512MiB, 1.5GB or a number of bytes"])
     value = float(m.group(1)) * _UNITS[m.group(2).lower()]
-    if m.group(2).lower() in ("", "b") and not value.is_integer():
-        raise SwpError(f"the memory size `{text}` is not a whole number of bytes",
-                       hints=["give whole bytes, or a unit: 1.5GiB, 512MiB"])
     if value < 1:
         raise SwpError(f"the memory size `{text}` is not positive")
     if value > MAX_BYTES:
         raise SwpError(f"the memory size `{text}` is larger than the limit of 1 PiB ({MAX_BYTES} bytes)")
+    if m.group(2).lower() in ("", "b") and not value.is_integer():  # (with a larger unit: whole bytes below it)
+        raise SwpError(f"the memory size `{text}` is not a whole number of bytes",
+                       hints=["give whole bytes, or a unit: 1.5GiB, 512MiB"])
     return int(value)
 
 

@@ -60,6 +60,8 @@ def check_microbatches(batch: object, k: int) -> int:
     if not isinstance(batch, int) or isinstance(batch, bool):
         raise SwpError("micro-batches split the model argument `batch`, and this model has none",
                        hints=["give the model a `batch` argument that sizes its inputs' first axis"])
+    if batch < 1:
+        raise SwpError(f"a batch of {batch} does not split into micro-batches: a batch is at least 1")
     if batch % k:
         raise SwpError(f"a batch of {batch} does not split into {k} equal micro-batches",
                        hints=[f"micro-batch counts that divide {batch}: {', '.join(map(str, divisors(batch)))}"])
@@ -68,7 +70,7 @@ def check_microbatches(batch: object, k: int) -> int:
 
 def divisors(n: int) -> list[int]:
     """``n``'s divisors, ascending (in sqrt(n) steps: a batch of 2**31 took minutes counting to it)."""
-    small = [d for d in range(1, math.isqrt(n) + 1) if n % d == 0]
+    small = [d for d in range(1, math.isqrt(max(n, 0)) + 1) if n % d == 0]  # (none below 1)
     return small + [n // d for d in reversed(small) if d * d != n]
 
 

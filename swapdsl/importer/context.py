@@ -83,6 +83,7 @@ class Lowering:
         self.params: dict[str, np.ndarray] = {}  # swp name -> value
         self.param_of: dict[str, str] = {}  # ONNX weight name -> swp name
         self.computed: dict[tuple[Any, ...], str] = {}  # a computed constant's value -> its parameter
+        self.folded_from: dict[str, tuple[str, str]] = {}  # a constant folded from a weight -> (weight, first op)
         self.running: dict[str, tuple[np.ndarray, np.ndarray]] = {}  # batch norm scale param -> (mean, var)
         self.taken: set[str] = set(RESERVED)
         self.inputs: list[tuple[str, Tensor]] = []
@@ -148,6 +149,10 @@ class Lowering:
             frozen = onnx_name not in self.weights or named
             if frozen:
                 self.frozen.append(name)
+                if not named and onnx_name in self.folded_from:
+                    weight, op = self.folded_from[onnx_name]
+                    self.notes.append(f"`{weight}` is read through {op} with constants alone: `{name}` is a "
+                                      "frozen copy of it (the weight is not trained)")
             elif bad := int(np.size(value) - np.count_nonzero(np.isfinite(value.astype(np.float64)))):
                 self.notes.append(f"weight `{onnx_name}` holds {bad} NaN or infinite value{'s' if bad > 1 else ''}: "
                                   "training from it (--init) stops at the first step")

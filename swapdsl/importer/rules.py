@@ -103,20 +103,20 @@ def _where(lw: Lowering, node: Any, a: dict[str, Any]) -> None:
 
 
 def _fills_above_the_diagonal(lw: Lowering, node: Any, cond: np.ndarray, then: Any, other: Any) -> bool:
-    if isinstance(then, Tensor) == isinstance(other, Tensor):
+    if isinstance(then, Tensor) == isinstance(other, Tensor) or cond.dtype != np.bool_:
         return False
-    held = cond.astype(bool)
-    t, fill, filled = (then, other, ~held) if isinstance(then, Tensor) else (other, then, held)
-    if not isinstance(fill, np.ndarray) or fill.size != 1 or np.isnan(fill).any() or len(t.shape) < 2 \
-            or t.shape[-1] != t.shape[-2] or filled.ndim > len(t.shape) \
-            or np.broadcast_shapes(t.shape, filled.shape) != t.shape:
+    t, fill, filled = (then, other, ~cond) if isinstance(then, Tensor) else (other, then, cond)
+    n = t.shape[-1] if len(t.shape) >= 2 else 0
+    if not isinstance(fill, np.ndarray) or fill.size != 1 or fill.dtype.name not in ("float32", "bfloat16", "float16") \
+            or swp_dtype(fill) != t.dtype or np.isnan(np.float32(fill.reshape(()))) \
+            or n == 0 or t.shape[-2] != n or filled.ndim < 2 or filled.shape[-2:] != (n, n) \
+            or np.broadcast_shapes(t.shape, filled.shape, fill.shape) != t.shape:
         return False
-    n = t.shape[-1]
-    above = np.triu(np.ones((n, n), bool), 1)
-    if not np.array_equal(np.broadcast_to(filled, t.shape), np.broadcast_to(above, t.shape)):
+    above = np.triu(np.ones((n, n), bool), 1)  # (compared at the condition's size, not the scores')
+    if not np.array_equal(filled.reshape(-1, n, n), np.broadcast_to(above, (filled.size // (n * n), n, n))):
         return False
-    value = float(fill.reshape(()))
-    fill_text = "" if value == -np.inf else f", fill = {_num(np.float32(value))}"  # (-inf is the default)
+    value = np.float32(fill.reshape(()))
+    fill_text = "" if value == -np.inf else f", fill = {_num(value)}"  # (-inf is the default)
     lw.emit(node, f"causal_mask({t.name}{fill_text})", t.shape, t.dtype)
     return True
 

@@ -36,6 +36,10 @@ def lower(src: Source, sizes: Mapping[str, int], freeze: str | None = None) -> L
             lw.env.update(zip(node.output, (np.asarray(o) for o in outs)))
             if node.op_type == "Identity" and node.input[0] in lw.weights:
                 lw.weights.update(node.output)  # one of several equal weights the exporter stored once
+            elif node.op_type != "Gather" and (source := next(  # (Gather says so itself: _trained_layout)
+                    (lw.folded_from.get(n) or ((n, node.op_type) if n in lw.weights else None)
+                     for n in node.input if n in lw.weights or n in lw.folded_from), None)):
+                lw.folded_from.update((o, source) for o in node.output)  # (a note if it becomes a parameter)
         elif node.op_type in RULES:
             try:
                 RULES[node.op_type](lw, node, attributes(node))

@@ -281,6 +281,19 @@ def test_causal_masks_as_pytorch_writes_them_become_causal_mask(tmp_path: Path, 
     assert f"causal_mask(s{fill})" in text and "param" not in text, text
 
 
+def test_an_added_mask_that_no_softmax_alone_reads_stays_an_addition(tmp_path: Path) -> None:
+    """`causal_mask` sets the entries above the diagonal, so no gradient passes there; adding the mask passes
+    it on. They train alike only where a softmax over the last axis is the sum's one reader."""
+    mask = np.where(np.triu(np.ones((5, 5), bool), 1), -1e30, 0.0).astype(np.float32)[None, None]
+    nodes = [N("Constant", [], ["mask"], value=nh.from_array(mask)), N("Add", ["x", "mask"], ["s"]),
+             N("Softmax", ["s"], ["p"], axis=-1), N("Tanh", ["s"], ["q"]), N("Add", ["p", "q"], ["y"])]
+    path = save(tmp_path, nodes, [h.make_tensor_value_info("x", T.FLOAT, ["N", 2, 5, 5])],
+                [h.make_tensor_value_info("y", T.FLOAT, ["N", 2, 5, 5])], [])
+    text = imported_matches_onnxruntime(tmp_path, path, {"x": RNG.standard_normal((3, 2, 5, 5)).astype(np.float32)},
+                                        batch=3)
+    assert "causal_mask" not in text and "s = x + mask" in text, text
+
+
 @pytest.mark.parametrize("scale", [1.0, 2.0])
 def test_hugging_faces_rotary_pattern_becomes_rope(tmp_path: Path, scale: float) -> None:
     """q * cos + rotate_half(q) * sin with the constant tables of base 10000 is `rope(x, base = 10000.0)`,

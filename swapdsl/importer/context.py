@@ -3,6 +3,8 @@ parameters declared, and readable names."""
 
 from __future__ import annotations
 
+import functools
+
 import math
 import re
 from collections.abc import Mapping
@@ -94,6 +96,15 @@ class Lowering:
             t = Tensor(self.fresh(i.name), shape, i.dtype)
             self.env[i.name] = t
             self.inputs.append((i.name, t))
+
+    @functools.cached_property
+    def readers(self) -> dict[str, list[Any]]:
+        """ONNX value name -> the nodes that read it."""
+        out: dict[str, list[Any]] = {}
+        for node in self.src.nodes:
+            for name in dict.fromkeys(node.input):
+                out.setdefault(name, []).append(node)
+        return out
 
     # -- names
 

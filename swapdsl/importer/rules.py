@@ -169,11 +169,21 @@ def _adds_a_mask(lw: Lowering, node: Any, x: Any, y: Any) -> bool:
         return False
     above = np.triu(np.ones((n, n), bool), 1)
     fill = c.reshape(-1, n, n)[0][0, 1] if n > 1 else c.dtype.type(0)
-    if not (fill <= -1e30 and np.all(c[..., above] == fill) and not np.any(c[..., ~above])):
+    if not (fill <= -1e30 and np.all(c[..., above] == fill) and not np.any(c[..., ~above])) \
+            or not _softmax_reads_alone(lw, node.output[0], len(t.shape)):
         return False
     fill_text = "" if np.isinf(np.float32(fill)) else f", fill = {_num(np.float32(fill))}"  # (-inf: the default)
     lw.emit(node, f"causal_mask({t.name}{fill_text})", t.shape, t.dtype)
     return True
+
+
+def _softmax_reads_alone(lw: Lowering, name: str, rank: int) -> bool:
+    """Whether only softmaxes over the last axis read ``name`` (and the graph does not give it out): then
+    setting its entries above the diagonal trains as adding a very negative constant there does, the
+    softmax's gradient at those entries being 0 (with another reader, the addition passes it on)."""
+    readers = lw.readers.get(name, [])
+    return bool(readers) and name not in lw.src.outputs and all(
+        r.op_type == "Softmax" and attributes(r).get("axis", -1) in (-1, rank - 1) for r in readers)
 
 
 def _adds_rotary(lw: Lowering, node: Any) -> bool:

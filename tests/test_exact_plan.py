@@ -174,3 +174,18 @@ def test_a_pinned_weight_leaves_mid_step_and_comes_back_home() -> None:
     assert run_against_reference(plan, t, steps=2) <= 1e-5
     home = exactplan.exact_plan(p, cap, list(range(p.n_ops)), 30.0)
     assert home.optimal and x.objective_ms < 0.6 * home.objective_ms
+
+
+@pytest.mark.parametrize("depth", [1, 3])
+def test_where_nothing_need_swap_exact_is_the_ideal_step_without_highs(depth: int,
+                                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    """Under a cap the no-swap arena fits, `--budget 5` gave a plan at 0.852 of the ideal speed (HiGHS not
+    done); the plan that swaps nothing takes the ideal step, which bounds every plan: proven, HiGHS not run."""
+    import swapdsl
+
+    monkeypatch.setattr(exactplan, "exact_plan", lambda *a, **k: pytest.fail("HiGHS ran"))
+    model = swapdsl.api.load(MODELS / "mlp.swp", {"depth": depth})
+    plan = swapdsl.optimize(model, "100%", method="exact", budget_s=5)
+    f = dict(plan.figures)
+    assert plan.method == "exact" and f["exact_optimal"] == 1.0 and f["iteration_ms"] == f["ideal_ms"]
+    assert f["h2d_bytes"] == f["d2h_bytes"] == 0 and f["exact_bound_ms"] == f["exact_schedule_ms"] == f["ideal_ms"]

@@ -20,7 +20,7 @@ import attrs
 import numpy as np
 
 from swapdsl.common.errors import SwpError
-from swapdsl.graph.ir import Graph
+from swapdsl.graph.ir import DType, Graph
 from swapdsl.graph.ops.registry import np_dtype
 from swapdsl.runtime.data import integer_ranges, rng_for
 
@@ -97,6 +97,7 @@ def open_dataset(path: str, g: Graph, flag: str = "--data", ranks: int = 1, part
                        hints=[f"the model's inputs: {', '.join(g.inputs)}",
                               f"found: {', '.join(listing) or 'no .npy arrays'}"])
     for name in g.inputs:
+        arrays[name] = _bf16_records(arrays[name], g.type_of(name).dtype)
         _check_array(name, arrays[name], g, flag, path)
     counts = {name: arrays[name].shape[0] for name in g.inputs}
     if len(set(counts.values())) > 1:
@@ -194,6 +195,14 @@ def _check_declared_size(f: Any, m: zipfile.ZipInfo) -> None:
         raise ValueError(f"member {m.filename} claims shape {shape} of {dtype}, more than its {m.file_size} bytes")
 
 
+def _bf16_records(a: np.ndarray, dtype: DType) -> np.ndarray:
+    """A bf16 input's array as NumPy stores bf16 (`numpy.save` of ml_dtypes.bfloat16 writes two-byte void
+    records, which read back as `|V2`): viewed as bf16 again."""
+    if dtype is DType.bf16 and a.dtype.kind == "V" and a.dtype.itemsize == 2 and a.dtype.names is None:
+        return a.view(np_dtype(np, dtype))
+    return a
+
+
 def _check_array(name: str, a: np.ndarray, g: Graph, flag: str, path: str) -> None:
     t = g.type_of(name)
     want = np.dtype(np_dtype(np, t.dtype))
@@ -204,7 +213,8 @@ def _check_array(name: str, a: np.ndarray, g: Graph, flag: str, path: str) -> No
                        hints=["the first axis counts examples; the rest must match the model's input"])
     if a.dtype != want:
         raise SwpError(f"{flag} `{path}`: input `{name}` has dtype {a.dtype}, expected {want} (the model's {t})",
-                       hints=[f"convert it once, e.g. numpy.save(..., a.astype(numpy.{want}))"])
+                       hints=[f"convert it once, e.g. numpy.save(..., a.astype("
+                              f"{'ml_dtypes' if want.name == 'bfloat16' else 'numpy'}.{want}))"])
 
 
 def _check_ranges(arrays: Mapping[str, np.ndarray], g: Graph, flag: str, path: str, chunk: int = 1 << 22) -> None:

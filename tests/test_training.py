@@ -866,3 +866,32 @@ def test_the_check_says_where_the_largest_difference_is() -> None:
     assert beside(None, 2, 2.2, _Fixed(2.2, ref.state())) == (pytest.approx(0.1), "loss")
     assert beside(None, 3, 2.0, _Fixed(2.0, ref.state())) == (0.0, "loss")
     assert beside(None, 4, float("nan"), _Fixed(2.0, ref.state())) == (float("inf"), "loss")  # never hidden
+
+
+BF16_MODEL = """model m(batch = 4) {
+    input x: bf16[batch, 3]
+    input y: bf16[batch, 2]
+    param w: bf16[3, 2] = normal(std = 0.1)
+    h = x @ w
+    minimize mean((h - y) * (h - y)) with sgd(lr = 0.1)
+}
+"""
+
+
+def test_bf16_inputs_are_read_as_numpy_stores_them(cli, tmp_path: Path) -> None:
+    """`numpy.save` of an ml_dtypes.bfloat16 array writes two-byte void records (`|V2` when read back): a bf16
+    model refused every such file, and its hint named `numpy.bfloat16`, which does not exist."""
+    ml_dtypes = pytest.importorskip("ml_dtypes")
+    (tmp_path / "m.swp").write_text(BF16_MODEL)
+    rng = np.random.default_rng(0)
+    x, y = (rng.standard_normal((8, n)).astype(ml_dtypes.bfloat16) for n in (3, 2))
+    (tmp_path / "d").mkdir()
+    np.save(tmp_path / "d" / "x.npy", x)
+    np.save(tmp_path / "d" / "y.npy", y)
+    np.savez(tmp_path / "d.npz", x=x, y=y)
+    runs = [swapdsl.execute(str(tmp_path / "m.swp"), options=training.Options(data=str(tmp_path / data), steps=2))
+            for data in ("d", "d.npz")]
+    assert runs[0].losses == runs[1].losses and np.isfinite(runs[0].losses).all()
+    np.save(tmp_path / "d" / "x.npy", x.astype(np.float32))
+    code, _, err = cli("exec", tmp_path / "m.swp", "--data", tmp_path / "d", "--steps", "1")
+    assert code == 2 and "has dtype float32, expected bfloat16" in err and "a.astype(ml_dtypes.bfloat16)" in err, err

@@ -229,8 +229,8 @@ def test_a_weight_folded_with_constants_is_said_to_be_frozen(tmp_path: Path) -> 
     text = imported_matches_onnxruntime(tmp_path, path, {"x": x}, batch=3)
     _, r = swapdsl.import_onnx(path, str(tmp_path / "m.swp"))
     assert "param t: [4, 4] = " in text and "frozen" in text
-    assert r.notes == ("`w` is read through Trilu with constants alone: `t` is a frozen copy of it (the weight is "
-                       "not trained)",), r.notes
+    assert r.notes == ("`w` is read through Trilu with constants alone: `t` is a frozen copy of it, which training "
+                       "does not change",), r.notes
 
 
 def _sdpa_causal_mask(n: int) -> list:
@@ -279,6 +279,23 @@ def test_causal_masks_as_pytorch_writes_them_become_causal_mask(tmp_path: Path, 
     text = imported_matches_onnxruntime(tmp_path, path, feeds, batch=3)
     fill = ", fill = (-10000.0)" if form == "masked_fill_kept" else ""
     assert f"causal_mask(s{fill})" in text and "param" not in text, text
+
+
+@pytest.mark.parametrize("stored", ["mask", "zeros"])
+def test_a_causal_mask_stored_as_a_weight_is_causal_mask(tmp_path: Path, stored: str) -> None:
+    """The TorchScript exporter stores `register_buffer("mask", triu(full(-1e30), 1))` as an initialiser: it
+    was a trained parameter (initialised as noise of spread 1e30). A stored weight of zeros still trains."""
+    n = 5
+    value = np.where(np.triu(np.ones((n, n), bool), 1), -1e30, 0.0) if stored == "mask" else np.zeros((n, n))
+    nodes = [N("Add", ["x", "m"], ["s"]), N("Softmax", ["s"], ["y"], axis=-1)]
+    path = save(tmp_path, nodes, [h.make_tensor_value_info("x", T.FLOAT, ["N", 2, n, n])],
+                [h.make_tensor_value_info("y", T.FLOAT, ["N", 2, n, n])], [nh.from_array(value.astype(np.float32), "m")])
+    text = imported_matches_onnxruntime(tmp_path, path, {"x": RNG.standard_normal((3, 2, n, n)).astype(np.float32)},
+                                        batch=3)
+    if stored == "mask":
+        assert "causal_mask(x, fill = (-1e+30))" in text and "param" not in text, text
+    else:
+        assert "param m: [5, 5] = zeros" in text and "s = x + m" in text, text
 
 
 def test_an_added_mask_that_no_softmax_alone_reads_stays_an_addition(tmp_path: Path) -> None:
@@ -580,6 +597,8 @@ def test_nanogpts_causal_attention_imports_from_pytorch(tmp_path: Path, form: st
                       dynamic_axes={"x": {0: "batch"}})
     text = imported_matches_onnxruntime(tmp_path, path, {"x": x.numpy()}, batch=3)
     assert "causal_mask(" in text and "frozen" not in text, text
+    _, r = swapdsl.import_onnx(path, str(tmp_path / "again.swp"))  # (qkv's weight, transposed by the exporter)
+    assert any(n.startswith("1 weight (`onnx::MatMul_") and "do_constant_folding=False" in n for n in r.notes), r.notes
     ours = swapdsl.predict(str(tmp_path / "model.swp"), str(tmp_path / "feeds.npz"),
                            init=str(tmp_path / "model.safetensors"))["y"]
     np.testing.assert_allclose(ours, net(x).detach().numpy(), rtol=1e-5, atol=1e-6)

@@ -163,7 +163,7 @@ class Lowering:
                 if not named and onnx_name in self.folded_from:
                     weight, op = self.folded_from[onnx_name]
                     self.notes.append(f"`{weight}` is read through {op} with constants alone: `{name}` is a "
-                                      "frozen copy of it (the weight is not trained)")
+                                      "frozen copy of it, which training does not change")
             elif bad := int(np.size(value) - np.count_nonzero(np.isfinite(value.astype(np.float64)))):
                 self.notes.append(f"weight `{onnx_name}` holds {bad} NaN or infinite value{'s' if bad > 1 else ''}: "
                                   "training from it (--init) stops at the first step")

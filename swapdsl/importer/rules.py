@@ -154,16 +154,19 @@ def _binary(lw: Lowering, node: Any, a: dict[str, Any]) -> None:
 
 def _adds_a_mask(lw: Lowering, node: Any, x: Any, y: Any) -> bool:
     """Scores plus the exporter's mask constant: all zeros (BERT without padding) is the scores themselves;
-    0 on and below the diagonal and one very negative value above it is `causal_mask(x, fill = that)`
-    (bit for bit: x + min is min), which needs no weight and follows the batch."""
+    0 on and below the diagonal and one very negative value above it (a constant, or a buffer stored as a
+    weight) is `causal_mask(x, fill = that)` (bit for bit: x + min is min), which needs no weight and
+    follows the batch."""
     (t, i), c = ((x, 0), y) if isinstance(x, Tensor) else ((y, 1), x)
     if not isinstance(t, Tensor) or not isinstance(c, np.ndarray) or c.dtype.name not in ("float32", "bfloat16") \
-            or c.size < 2 \
-            or node.input[1 - i] in lw.weights or np.broadcast_shapes(t.shape, c.shape) != t.shape:
+            or c.size < 2 or np.broadcast_shapes(t.shape, c.shape) != t.shape:
         return False
     if not np.any(c):
+        if node.input[1 - i] in lw.weights:
+            return False  # (a weight of zeros trains)
         lw.env[node.output[0]] = t
         return True
+    # (a stored causal mask too: the TorchScript exporter stores buffers as weights, and none trains as this)
     n = t.shape[-1]
     if len(t.shape) < 2 or t.shape[-2] != n or c.ndim < 2 or c.shape[-2:] != (n, n):
         return False

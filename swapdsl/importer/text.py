@@ -71,6 +71,11 @@ def convert(path: str, batch: int | None = None, dims: Mapping[str, int] | None 
     name_of = folded.renamed
     if freeze and not base.frozen_by_pattern:
         notes.append(f"--freeze `{freeze}` matched no parameter")
+    if made := [o for o, name in base.param_of.items() if o.startswith("onnx::") and name not in base.frozen]:
+        notes.append(f"{len(made)} weight{'s' if len(made) > 1 else ''} (`{made[0]}`{', ...' * (len(made) > 1)}) "
+                     "the exporter computed from the model's (do_constant_folding): a transposed copy trains as "
+                     "its weight would, a scaled or combined one does not; export with do_constant_folding=False "
+                     "to keep each weight as PyTorch holds it")
     if half := sorted({HALF[v.dtype.name] for k, v in base.params.items() if k not in base.frozen
                        and v.dtype.name in HALF}):
         notes.append(f"the weights are {' and '.join(half)}: the model trains in {' and '.join(half)} throughout "

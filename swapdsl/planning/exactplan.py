@@ -771,8 +771,9 @@ class TooLarge(SwpError):
 def plan_exact(req: Request, time_limit_s: float = 60.0) -> Plan:
     """``--method exact``: the fastest phased plan of ``req``'s graph in its own order (the default
     schedule), HiGHS given ``time_limit_s``; its figures add the program's value (``exact_schedule_ms``,
-    at least the simulated step), HiGHS's dual bound for phased plans in that order (``exact_bound_ms``)
-    and whether it proved the optimum (``exact_optimal``)."""
+    at least the simulated step), HiGHS's dual bound for phased plans in that order (``exact_bound_ms``;
+    the ideal step where nothing need swap: ``_swapping_nothing``) and whether it proved the optimum
+    (``exact_optimal``)."""
     p = Problem.of(req)
     check_supported(p)
     if p.n_ops > EXACT_MAX_OPS:

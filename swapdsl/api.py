@@ -704,18 +704,20 @@ def _inference(resolved: tuple[Plan | None, Model], data: str, init: str | None,
 def import_onnx(path: str, out: str, weights: str | None = None, batch: int | None = None,
                 dims: Mapping[str, int] | None = None, loss: str | None = None, target: str | None = None,
                 optimizer: str | None = None, freeze: str | None = None,
-                flat: bool = False) -> tuple[Model, Imported]:
+                flat: bool = False, f32: bool = False) -> tuple[Model, Imported]:
     """Write the ONNX model at ``path`` as the `.swp` file ``out`` (repeated modules as `def`s unless
     ``flat``) and its weights as the checkpoint ``weights`` (default: ``out`` with suffix ``.safetensors``)
     that `--init` reads: parameters and batch norm's running statistics. Both are checked (the text loads,
     every weight fits its parameter) before either is written; each is written whole or not at all.
     ``loss`` (``importer.text.LOSSES``) adds a target input named ``target`` ("target") and a `minimize`
-    line with ``optimizer`` ("sgd(lr = 0.01)"); without it the model predicts only."""
+    line with ``optimizer`` ("sgd(lr = 0.01)"); without it the model predicts only. ``f32``: a bf16 or f16
+    export imported as f32 (weights widened exactly), to train with f32 master weights."""
     import tempfile
 
     path, out = path_arg(path, "path"), path_arg(out, "out")
     weights = path_arg(weights, "weights", optional=True) or str(Path(out).with_suffix(".safetensors"))
     batch, dims, flat = whole_arg(batch, "batch", 1, optional=True), _sizes_arg(dims), flag_arg(flat, "flat")
+    f32 = flag_arg(f32, "f32")
     for name, value in (("loss", loss), ("target", target), ("optimizer", optimizer), ("freeze", freeze)):
         if value is not None and not isinstance(value, str):
             raise SwpError(f"`{name}` must be a string or None, not {value!r:.60}")
@@ -725,7 +727,7 @@ def import_onnx(path: str, out: str, weights: str | None = None, batch: int | No
     check_outputs([(out, "model"), (weights, "weights")], [(path, "ONNX model")])
     for target_path, what in ((out, "model"), (weights, "weights")):
         check_writable(target_path, what)
-    r = convert(path, batch, dims, loss, target, optimizer, freeze, flat)
+    r = convert(path, batch, dims, loss, target, optimizer, freeze, flat, f32)
     with tempfile.TemporaryDirectory() as tmp:
         (Path(tmp) / "imported.swp").write_text(r.text)
         try:

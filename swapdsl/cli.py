@@ -343,7 +343,7 @@ def _cmd_import(args: argparse.Namespace) -> int:
     if args.loss is None and (args.target is not None or args.optimizer is not None):
         raise SwpError("--target and --optimizer shape the loss and its `minimize` line: give --loss too")
     m, r = api.import_onnx(args.file, args.output, args.weights, args.batch, dims, args.loss, args.target,
-                           args.optimizer, args.freeze, args.flat)
+                           args.optimizer, args.freeze, args.flat, args.f32)
     weights = args.weights or str(Path(args.output).with_suffix(".safetensors"))
     count = sum(int(v.size) for v in r.params.values())
     print(f"{args.output}: model `{r.model}`, {len(r.text.splitlines())} lines, {len(m.graph.ops)} ops; "
@@ -846,6 +846,8 @@ def make_parser() -> argparse.ArgumentParser:
     im.add_argument("--freeze", metavar="REGEX", help="declare `frozen` (loaded, never trained) the parameters whose "
                     "ONNX or .swp name matches (constants the graph computes always are)")
     im.add_argument("--flat", action="store_true", help="one line per op: no `def` for repeated modules")
+    im.add_argument("--f32", action="store_true", help="a bf16 or f16 export as f32 (its weights widened exactly), "
+                    "to train with f32 master weights under optimize --precision bf16")
     im.set_defaults(handler=_cmd_import)
 
     pl = sub.add_parser("plot-log", help="draw a training log (exec --log): loss and reports against the step")

@@ -70,7 +70,7 @@ OPTIONS: dict[str, list[str]] = {
     "--freeze": ["features_.*", ".*", "(", "", "[a-"],
     "--weights": ["w.st", "/proc/x.st", "folder", "fifo", "ck.st", LONG + ".st"],
 }
-FLAGS = ["--json", "--check", "--ir", "--training", "--help", "--version", "--shuffle"]
+FLAGS = ["--json", "--check", "--ir", "--training", "--help", "--version", "--shuffle", "--f32"]
 COMMANDS = ["check", "exec", "optimize", "simulate", "show", "profile", "plot-log", "bench", "predict", "import",
             "devices", "bogus"]
 # what keeps a good command line short: no search of a minute, no zoo-wide bench

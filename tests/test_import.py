@@ -618,4 +618,37 @@ def test_a_bf16_export_keeps_its_causal_mask_and_says_it_trains_in_bf16(tmp_path
     _, r = swapdsl.import_onnx(path, str(tmp_path / "m.swp"))
     assert "m = causal_mask(s, fill = (-1.00025555e+30))" in r.text and "frozen" not in r.text, r.text
     assert r.notes == ("the weights are bf16: the model trains in bf16 throughout (its parameters and optimiser "
-                       "state too); for f32 master weights, export in f32 and plan with --precision bf16",)
+                       "state too); for f32 master weights, import with --f32 (the weights widened exactly) and plan "
+                       "with --precision bf16",)
+
+
+def _half_and_wide(tmp_path: Path, half: int) -> tuple[str, str]:
+    """One network written twice: in f32 with weights that ``half`` (ONNX's FLOAT16 or BFLOAT16) holds
+    exactly, and in that half type (its input, weights, a Constant and a Cast to it)."""
+    ml_dtypes = pytest.importorskip("ml_dtypes")
+    np_half = {T.FLOAT16: np.float16, T.BFLOAT16: ml_dtypes.bfloat16}[half]
+    w = (RNG.standard_normal((6, 4)) * 0.3).astype(np_half)
+    paths = []
+    for elem, dtype in ((T.FLOAT, np.float32), (half, np_half)):
+        scale = nh.from_array(np.array(0.5, dtype), "scale")
+        nodes = [N("Constant", [], ["scale"], value=scale), N("MatMul", ["x", "w"], ["h"]),
+                 N("Mul", ["h", "scale"], ["s"]), N("Cast", ["s"], ["c"], to=elem), N("Relu", ["c"], ["y"])]
+        paths.append(save(tmp_path, nodes, [h.make_tensor_value_info("x", elem, ["N", 6])],
+                          [h.make_tensor_value_info("y", elem, ["N", 4])], [nh.from_array(w.astype(dtype), "w")],
+                          name=f"net{elem}"))
+    return paths[0], paths[1]
+
+
+@pytest.mark.parametrize("half", [T.BFLOAT16, T.FLOAT16])
+def test_a_half_export_imports_with_f32_as_the_f32_export_does(tmp_path: Path, half: int) -> None:
+    """`import --f32`: weights, inputs, constants and casts of a bf16 (f16) export widened exactly, so the
+    model is the f32 export's, line for line and value for value; without it, the half model and its note."""
+    wide, narrow = _half_and_wide(tmp_path, half)
+    _, ref = swapdsl.import_onnx(wide, str(tmp_path / "a.swp"))
+    _, got = swapdsl.import_onnx(narrow, str(tmp_path / "b.swp"), f32=True)
+    body = [line.replace(f"net{half}", "net1") for line in got.text.splitlines()[1:]]
+    assert body == ref.text.splitlines()[1:] and got.notes == () and "f32[batch, 6]" in got.text, got.text
+    assert all(np.array_equal(ref.params[k], got.params[k]) and got.params[k].dtype == np.float32 for k in ref.params)
+    _, kept = swapdsl.import_onnx(narrow, str(tmp_path / "c.swp"))
+    label = "bf16" if half == T.BFLOAT16 else "f16"
+    assert f"param w: {label}[6, 4]" in kept.text and kept.notes[0].startswith(f"the weights are {label}")

@@ -14,9 +14,10 @@ import numpy as np
 from swapdsl.common.errors import SwpError
 from swapdsl.importer import blocks
 from swapdsl.importer.context import RESERVED, Lowering, readable
-from swapdsl.importer.walk import lower
-from swapdsl.lang.elaborate import OPTIMIZERS
 from swapdsl.importer.onnx_read import Source, read_onnx
+from swapdsl.importer.walk import lower
+from swapdsl.importer.widen import widened
+from swapdsl.lang.elaborate import OPTIMIZERS
 
 LOSSES = ("cross_entropy", "mse")
 TARGET, OPTIMIZER = "target", "sgd(lr = 0.01)"  # with a loss: the target input's name, the `minimize` line's
@@ -35,13 +36,14 @@ class Imported:
 
 def convert(path: str, batch: int | None = None, dims: Mapping[str, int] | None = None, loss: str | None = None,
             target: str = TARGET, optimizer: str = OPTIMIZER, freeze: str | None = None,
-            flat: bool = False) -> Imported:
+            flat: bool = False, f32: bool = False) -> Imported:
     """The ONNX file at ``path`` as `.swp` text and the parameters it starts from. Every input's first axis
     is the batch (``batch``, else its size in the file, else 1); ``dims`` gives the file's other symbolic
     sizes; ``loss`` adds a target input and a `minimize` line; ``freeze`` (a regular expression over ONNX or
     `.swp` names) declares the parameters it matches `frozen`, as every constant the graph computes is.
-    Repeated modules become `def`s (``blocks``) unless ``flat``."""
-    src = read_onnx(path)
+    Repeated modules become `def`s (``blocks``) unless ``flat``; ``f32``: a half-precision export's weights,
+    inputs and casts widened to f32 (``widen``)."""
+    src = widened(read_onnx(path)) if f32 else read_onnx(path)
     try:
         re.compile(freeze or "")
     except re.error as exc:
@@ -79,8 +81,8 @@ def convert(path: str, batch: int | None = None, dims: Mapping[str, int] | None 
     if half := sorted({HALF[v.dtype.name] for k, v in base.params.items() if k not in base.frozen
                        and v.dtype.name in HALF}):
         notes.append(f"the weights are {' and '.join(half)}: the model trains in {' and '.join(half)} throughout "
-                     "(its parameters and optimiser state too); for f32 master weights, export in f32 and plan "
-                     "with --precision bf16")
+                     "(its parameters and optimiser state too); for f32 master weights, import with --f32 (the "
+                     "weights widened exactly) and plan with --precision bf16")
     args = {names[s]: v for s, v in sizes.items() if s not in fixed}  # (an argument that changes nothing: none)
     stem = readable(src.path.rsplit("/", 1)[-1].rsplit(".", 1)[0])  # exporters name every graph alike
     model = stem if stem not in RESERVED else f"{stem}_model"

@@ -275,6 +275,8 @@ def _execute(args: argparse.Namespace, backend: str, options: training.Options, 
             if train.ranks > 1:
                 print(f"  all-reduces: {run.figures['collectives']}")
         return run
+    if args.check and Path(args.file).suffix.lower() == ".plan" and not Path(args.file).exists():
+        raise SwpError(f"no such file: `{args.file}`")
     if args.check:
         raise SwpError("--check compares a plan's execution with the reference executor; give a .plan file")
     model = _load(args)

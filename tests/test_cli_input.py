@@ -438,3 +438,10 @@ def test_a_batch_below_one_is_refused_by_micro_batches_too(cli, batch: str) -> N
     code, _, err = cli("optimize", MODELS / "mlp.swp", "-D", f"batch={batch}", "--microbatches", "3",
                        "--memory", "1GiB", "--method", "belady")
     assert code == 2 and err.startswith(f"error: a batch of {batch} does not split into micro-batches"), err
+
+
+def test_a_missing_plan_with_check_is_a_missing_file(cli, in_tmp: Path) -> None:
+    """`exec typo.plan --check` said --check needs a .plan file; without --check it said no such file."""
+    for argv in (["exec", "typo.plan", "--check"], ["exec", "typo.plan"]):
+        code, out, err = cli(*argv)
+        assert code == 2 and out == "" and err.startswith("error: no such file: `typo.plan`"), (argv, err)

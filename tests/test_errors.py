@@ -124,7 +124,12 @@ CASES: list[tuple[str, str, list[str], str, str]] = [
     ("shadow-builtin", "def relu(x) {\n    return x\n}\n" + model(MLP), [],
      "error: `def relu` would hide the built-in `relu`", "1:1"),
     ("recursion", "def f(x) {\n    return f(x)\n}\n" + model("    h = f(1)\n" + MLP), [],
-     "error: calls nest deeper than 64 (is `f` recursive?)", "2:12"),
+     "error: `f` is called again while it runs (f -> f): recursion is refused", "2:12"),
+    ("bounded-recursion", "def f(x, n) {\n    if n > 0 {\n        return f(x, n - 1)\n    }\n    return x\n}\n"
+     + model("    h = f(1, 3)\n" + MLP), [], "error: `f` is called again while it runs (f -> f): recursion is refused",
+     "3:16"),
+    ("mutual-recursion", "def f(x) {\n    return g(x)\n}\ndef g(x) {\n    return f(x)\n}\n" + model("    h = f(1)\n" + MLP),
+     [], "error: `f` is called again while it runs (f -> g -> f): recursion is refused", "5:12"),
     ("missing-return", "def f(x) {\n    y = x\n}\n" + model("    h = f(1)\n" + MLP), [],
      "error: function `f` ended without `return`", "1:1"),
     ("function-too-many-args", "def f(x) {\n    return x\n}\n" + model("    h = f(1, 2)\n" + MLP), [],

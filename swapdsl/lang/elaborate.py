@@ -236,6 +236,7 @@ class _Elaborator:
         self.scope: list[str] = []
         self.scope_names: list[dict[str, int]] = [{}]
         self.calls: list[Span] = []  # the calls of user functions being elaborated, outermost first
+        self.callees: list[tuple[str, str]] = []  # and the (module, function) each call entered
         self.made_by: dict[str, Span] = {}  # each tensor's outermost call (its own line outside any)
         self.steps = 0
         self.at: Span | None = None  # the statement being elaborated
@@ -710,8 +711,12 @@ class _Elaborator:
             raise SwpError(f"`{name}` of these numbers is out of range ({exc})", e.span) from None
 
     def call_user(self, module: str, fdef: ast.FuncDef, args: list, e: ast.Call) -> Value:
+        if (module, fdef.name) in self.callees:  # (the language has no recursion: no call may re-enter)
+            cycle = [name for _, name in self.callees[self.callees.index((module, fdef.name)):]] + [fdef.name]
+            raise SwpError(f"`{fdef.name}` is called again while it runs ({' -> '.join(cycle)}): recursion is refused",
+                           e.span, hints=["write the repetition as a `for` loop over a range"])
         if len(self.calls) >= MAX_CALL_DEPTH:
-            raise SwpError(f"calls nest deeper than {MAX_CALL_DEPTH} (is `{fdef.name}` recursive?)", e.span)
+            raise SwpError(f"calls nest deeper than {MAX_CALL_DEPTH}", e.span)
         params = [(p.name, p.default if p.default is not None else REQUIRED) for p in fdef.params]
         bound = bind(f"`{fdef.name}`", params, args, e.span)
         env: dict[str, Value] = {}
@@ -720,6 +725,7 @@ class _Elaborator:
             b = bound[p.name]
             env[p.name] = self.expr(b.value, callee_frame) if isinstance(b.value, _EXPR_TYPES) else b.value
         self.calls.append(e.span)
+        self.callees.append((module, fdef.name))
         try:
             with self.scoped(self.scope_name(e.scope or fdef.name, explicit=e.scope is not None, span=e.span)):
                 self.block(fdef.body, callee_frame)
@@ -731,6 +737,7 @@ class _Elaborator:
             raise
         finally:
             self.calls.pop()
+            self.callees.pop()
         raise SwpError(f"function `{fdef.name}` ended without `return`", fdef.span,
                        notes=[f"called from {e.span}"])
 

@@ -157,7 +157,8 @@ def check_same_run(ck: Checkpoint, g: Graph) -> None:
     for key, label in (("model_sha256", "model source"), ("args", "model arguments"), ("optimizer", "optimiser"),
                        ("precision", "precision"), ("guard", "guard"), ("ranks", "data-parallel ranks")):
         if theirs.get(key) != mine[key]:
-            hint = (f"resume with --{key} {theirs[key]}, or start from its parameters alone with --init"
+            hint = (f"resume in a run of {label} {theirs[key]} (the model with --{key} {theirs[key]}, or a plan made "
+                    "with it), or start from its parameters alone with --init"
                     if key in ("precision", "guard", "ranks") else "resume with the model file and arguments that "
                     "wrote it, or start from its parameters alone with --init")
             raise SwpError(f"--resume `{ck.path}` was written by another run: its {label} differ"

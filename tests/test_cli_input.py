@@ -445,3 +445,10 @@ def test_a_missing_plan_with_check_is_a_missing_file(cli, in_tmp: Path) -> None:
     for argv in (["exec", "typo.plan", "--check"], ["exec", "typo.plan"]):
         code, out, err = cli(*argv)
         assert code == 2 and out == "" and err.startswith("error: no such file: `typo.plan`"), (argv, err)
+
+
+def test_a_model_run_on_the_wrong_number_of_ranks_is_not_called_a_plan(cli) -> None:
+    """`exec model.swp --ranks 2` without mpiexec said "the plan runs on 2 ranks ... or plan again"."""
+    code, _, err = cli("exec", MODELS / "mlp.swp", "--ranks", "2", "--steps", "1")
+    assert code == 2 and err.startswith("error: --ranks 2 runs the model on 2 ranks and this run has 1"), err
+    assert "plan again" not in err and "hint: or give --ranks 1" in err

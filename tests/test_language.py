@@ -142,6 +142,14 @@ def test_imports_next_to_file_then_stdlib_and_by_string(in_tmp: Path) -> None:
     assert g.params == ("dense.w", "dense.b")
 
 
+def test_one_file_imported_by_two_names_is_one_module(in_tmp: Path) -> None:
+    """`import lib.mine` and `import "lib/mine.swp"` made `double` "ambiguous" between two equal paths."""
+    write(in_tmp / "lib" / "mine.swp", "def double(x) {\n    return x * 2\n}\n")
+    body = "    input x: f32[batch, 8]\n    loss = mean(double(x))\n"
+    g = graph_of(in_tmp, body, prefix='import lib.mine\nimport "lib/mine.swp"\n')
+    assert [op.op for op in g.ops][:1] == ["mul_scalar"], g.ops
+
+
 def test_local_file_shadows_stdlib(in_tmp: Path) -> None:
     write(in_tmp / "layers.swp", "def dense(x, out) {\n    param mine: [x.shape[-1], out] = zeros\n    return x @ mine\n}\n")
     body = "    input x: f32[batch, 8]\n    loss = mean(dense(x, 3))\n"

@@ -96,7 +96,7 @@ def test_resume_refuses_another_precision(cli, in_tmp: Path) -> None:
     defines = [x for k, v in MLP.items() for x in ("-D", f"{k}={v}")]
     assert cli("exec", "m.swp", *defines, "--precision", "bf16", "--steps", "2", "--save", "c.st")[0] == 0
     code, _, err = cli("exec", "m.swp", *defines, "--steps", "4", "--resume", "c.st")
-    assert code == 2 and "its precision differs" in err and "resume with --precision bf16" in err
+    assert code == 2 and "its precision differs" in err and "the model with --precision bf16, or a plan made" in err
     code, out, _ = cli("exec", "m.swp", *defines, "--precision", "bf16", "--steps", "4", "--resume", "c.st", "--json")
     assert code == 0
     code, _, _ = cli("exec", "m.swp", *defines, "--steps", "4", "--init", "c.st")  # parameters alone: f32 masters

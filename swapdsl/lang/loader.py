@@ -122,7 +122,8 @@ def _load(
             raise SwpError(f"import cycle: {cycle}", imp.span)
         if target not in modules:
             _load(target, modules, imports, sources, stack)
-        resolved.append(target)
+        if target not in resolved:  # (one file imported by two names is one module, not two)
+            resolved.append(target)
     imports[path] = tuple(resolved)
     stack.pop()
 

@@ -275,9 +275,7 @@ def _execute(args: argparse.Namespace, backend: str, options: training.Options, 
             if train.ranks > 1:
                 print(f"  all-reduces: {run.figures['collectives']}")
         return run
-    if args.check and Path(args.file).suffix.lower() == ".plan" and not Path(args.file).exists():
-        raise SwpError(f"no such file: `{args.file}`")
-    if args.check:
+    if args.check and Path(args.file).exists():  # (a file that is not there is said so by _load)
         raise SwpError("--check compares a plan's execution with the reference executor; give a .plan file")
     model = _load(args)
     header.append(f"training {model.graph.name} ({args.file}) on {backend} with the reference executor (no cap)")
@@ -322,9 +320,9 @@ def _cmd_predict(args: argparse.Namespace) -> int:
     started = time.perf_counter()
     outputs, held = api.predict_scored(target, args.data, args.init, args.backend, args.seed)  # (held: targets)
     seconds = time.perf_counter() - started
-    write_bytes_atomically(args.output, npz_bytes(outputs), "prediction")  # (once nothing else can fail)
-    rows = next(iter(outputs.values())).shape[0]
     written = readable(outputs)
+    write_bytes_atomically(args.output, npz_bytes(written), "prediction")  # (once nothing else can fail)
+    rows = next(iter(outputs.values())).shape[0]
     shapes = ", ".join(f"{k} {list(v.shape)} {written[k].dtype}" + (" (bf16, widened)" if v.dtype != written[k].dtype
                                                                       else "") for k, v in outputs.items())
     print(f"{args.output}: {rows} examples ({shapes}) in {seconds:.1f} s")

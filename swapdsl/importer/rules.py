@@ -115,10 +115,14 @@ def _fills_above_the_diagonal(lw: Lowering, node: Any, cond: np.ndarray, then: A
     above = np.triu(np.ones((n, n), bool), 1)  # (compared at the condition's size, not the scores')
     if not np.array_equal(filled.reshape(-1, n, n), np.broadcast_to(above, (filled.size // (n * n), n, n))):
         return False
-    value = np.float32(fill.reshape(()))
+    _causal_mask(lw, node, t, fill.reshape(()))
+    return True
+
+
+def _causal_mask(lw: Lowering, node: Any, t: Tensor, fill: Any) -> None:
+    value = np.float32(fill)
     fill_text = "" if value == -np.inf else f", fill = {_num(value)}"  # (-inf is the default)
     lw.emit(node, f"causal_mask({t.name}{fill_text})", t.shape, t.dtype)
-    return True
 
 
 def _gelu(lw: Lowering, node: Any, a: dict[str, Any]) -> None:
@@ -175,8 +179,7 @@ def _adds_a_mask(lw: Lowering, node: Any, x: Any, y: Any) -> bool:
     if not (fill <= -1e30 and np.all(c[..., above] == fill) and not np.any(c[..., ~above])) \
             or not _softmax_reads_alone(lw, node.output[0], len(t.shape)):
         return False
-    fill_text = "" if np.isinf(np.float32(fill)) else f", fill = {_num(np.float32(fill))}"  # (-inf: the default)
-    lw.emit(node, f"causal_mask({t.name}{fill_text})", t.shape, t.dtype)
+    _causal_mask(lw, node, t, fill)
     return True
 
 

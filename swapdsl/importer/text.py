@@ -16,7 +16,7 @@ from swapdsl.importer import blocks
 from swapdsl.importer.context import RESERVED, Lowering, readable
 from swapdsl.importer.onnx_read import Source, read_onnx
 from swapdsl.importer.walk import lower
-from swapdsl.importer.widen import widened
+from swapdsl.importer.widen import HALF, widened
 from swapdsl.lang.elaborate import OPTIMIZERS
 
 LOSSES = ("cross_entropy", "mse")
@@ -93,9 +93,6 @@ def convert(path: str, batch: int | None = None, dims: Mapping[str, int] | None 
     return Imported(text, model, {name_of.get(k, k): v for k, v in base.params.items()},
                     {name_of.get(k, k): v for k, v in base.running.items()}, tuple(notes),
                     tuple(name_of.get(k, k) for k in base.frozen))
-
-
-HALF = {"bfloat16": "bf16", "float16": "f16"}  # weights of these dtypes train in them: a note says so
 
 
 def _sizes(src: Source, batch: int | None, dims: dict[str, int]) -> dict[str, int]:

@@ -13,18 +13,19 @@ import numpy as np
 
 from swapdsl.importer.onnx_read import Source
 
+HALF = {"bfloat16": "bf16", "float16": "f16"}  # NumPy's half dtypes and swapdsl's names for them
 HALF_TYPES = {10, 16}  # ONNX's FLOAT16 and BFLOAT16
 FLOAT = 1
 
 
 def widened(src: Source) -> Source:
     weights = {k: _wide(v) for k, v in src.weights.items()}
-    inputs = tuple(attrs.evolve(i, dtype="f32") if i.dtype in ("bf16", "f16") else i for i in src.inputs)
+    inputs = tuple(attrs.evolve(i, dtype="f32") if i.dtype in HALF.values() else i for i in src.inputs)
     return attrs.evolve(src, weights=weights, inputs=inputs, nodes=tuple(_widened_node(n) for n in src.nodes))
 
 
 def _wide(a: np.ndarray) -> np.ndarray:
-    return a.astype(np.float32) if a.dtype.name in ("bfloat16", "float16") else a
+    return a.astype(np.float32) if a.dtype.name in HALF else a
 
 
 def _widened_node(node: Any) -> Any:

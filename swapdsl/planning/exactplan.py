@@ -70,7 +70,7 @@ from swapdsl.common.errors import SwpError
 from swapdsl.common.units import ALIGN
 from swapdsl.devices.costs import copy_ms
 from swapdsl.plan.program import Free, Instr, Plan, Region, Run, SwapIn, SwapOut, scratch_offset
-from swapdsl.planning.baselines import assemble, baseline, with_figures
+from swapdsl.planning.baselines import assemble, baseline, baseline_timing, with_figures
 from swapdsl.planning.bound import ideal_ms
 from swapdsl.planning.compiled import no_swap_bytes
 from swapdsl.planning.exact import respects
@@ -753,12 +753,12 @@ def _swapping_nothing(req: Request, p: Problem, no_swap: int) -> Plan | None:
     given seconds, could return a slower plan there.) None where it does not fit, or is not that fast."""
     if no_swap > req.tensor_cap:
         return None
-    plan, _ = baseline(req, p, "belady")
-    step = dict(with_figures(plan, p, no_swap).figures)["iteration_ms"]
+    step = baseline_timing(req, "belady").iteration_ms  # (the compiled simulator: no plan built to be refused)
     if step > ideal_ms(p) * (1 + 1e-12):
         return None
     extra = {"exact_schedule_ms": step, "exact_bound_ms": step, "exact_optimal": 1.0}
-    return with_figures(attrs.evolve(plan, method="exact"), p, no_swap, extra, recomputes=True)
+    return with_figures(attrs.evolve(baseline(req, p, "belady")[0], method="exact"), p, no_swap, extra,
+                        recomputes=True)
 
 
 EXACT_MAX_OPS = 150  # the program grows with ops x gaps x tensors: past this, HiGHS rarely finishes in minutes

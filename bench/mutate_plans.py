@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import collections
+import contextlib
 import shutil
 import sys
 import tempfile
@@ -32,7 +33,14 @@ MODELS = {"tiny_resnet": ("430KiB", ["-D", "batch=4", "-D", "width=4", "-D", "bl
 
 
 def make_plans(folder: Path, seed: int) -> dict[str, str]:
-    texts = {}
+    """The base plans, made from inside FOLDER so that each names its model by file name alone: the same
+    seed gives the same plans, and so the same mutants, wherever the folder is."""
+    with contextlib.chdir(folder):
+        return _plan_here(seed)
+
+
+def _plan_here(seed: int) -> dict[str, str]:
+    folder, texts = Path("."), {}
     for model, (cap, args) in MODELS.items():
         shutil.copy(Path(STDLIB_DIR) / "models" / f"{model}.swp", folder / f"{model}.swp")
         for method in ("belady", "capuchin", "ga"):

@@ -191,14 +191,18 @@ def _cmd_check(args: argparse.Namespace) -> int:
         ("precision", f"{info['precision']}, guard {info['guard']}"),
     ]
     if args.training:
+        passes = f", {model.microbatches} micro-batches" if model.microbatches > 1 else ""
         rows += [
             ("training ops", f"{info['ops']} ({info['backward_ops']} backward, {info['update_ops']} update)"),
             ("optimizer state", format_bytes(info["state_bytes"])),
             ("step FLOPs", format_count(info["flops"], "FLOP")),
-            ("step peak", f"{format_bytes(info['peak_bytes'])} of tensors (default order, no swapping)"),
-            ("no-swap arena", f"{format_bytes(info['no_swap_bytes'])} (tensors as plans place them, and the "
-                              "kernels' scratch: what --memory 1/2 halves)"),
+            ("step peak", f"{format_bytes(info['peak_bytes'])} of tensors (default order, no swapping{passes})"),
+            ("no-swap arena", f"{format_bytes(info['no_swap_bytes'])}{' in one pass' if passes else ''} (tensors "
+                              "as plans place them, and the kernels' scratch: what --memory 1/2 halves)"),
         ]
+        if passes:
+            rows.append((f"{model.microbatches} micro-batches", f"{format_bytes(info['microbatched_no_swap_bytes'])} "
+                         "no-swap arena (what a plan's memory ratio divides)"))
         if note := untrained_note(model.training):
             rows.append(("note", note))
     print(f"model {info['model']} ({args.file}): ok")

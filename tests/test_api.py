@@ -127,7 +127,13 @@ def test_check_and_optimize_give_the_same_no_swap_arena_and_shares_divide_it(cli
     assert figures["no_swap_bytes"] == no_swap
     assert figures["memory_bytes"] == no_swap // 2 and figures["ratio"] == pytest.approx(2, rel=1e-6)
     code, out, _ = cli("optimize", model, "--memory", "25%", "--method", "belady", "--microbatches", "4", "--json")
-    assert code == 0 and json.loads(out)["memory_bytes"] == int(0.25 * no_swap)  # a share of one pass's arena
+    figures = json.loads(out)
+    assert code == 0 and figures["memory_bytes"] == int(0.25 * no_swap)  # a share of one pass's arena
+    code, out, _ = cli("check", model, "--training", "--microbatches", "4", "--json")
+    checked = json.loads(out)  # both arenas: the share's (one pass) and the ratio's (the micro-batches')
+    assert checked["no_swap_bytes"] == no_swap and checked["microbatched_no_swap_bytes"] == figures["no_swap_bytes"]
+    assert figures["no_swap_bytes"] < no_swap
+    assert "microbatched_no_swap_bytes" not in json.loads(cli("check", model, "--training", "--json")[1])
 
 
 def test_what_stands_for_a_value_is_taken_as_it() -> None:

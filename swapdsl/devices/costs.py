@@ -65,3 +65,11 @@ def _op_times_ms(g: Graph, dev: Device) -> tuple[float, ...]:
 def copy_ms(dev: Device, nbytes: int, to_device: bool) -> float:
     bw = dev.h2d_bw if to_device else dev.d2h_bw
     return 1e3 * (dev.copy_latency_s + nbytes / bw)
+
+
+def unmeasured_ops(dev: Device, g: Graph) -> tuple[int, int]:
+    """(distinct ops of ``g`` a measured profile has no time for, distinct ops in all), collectives aside:
+    an op a profile did not measure is estimated from the profile's peak figures."""
+    keys = {op_key(g, op) for op in g.ops if op.op not in COLLECTIVES}
+    measured = dict(dev.op_times)
+    return sum(k not in measured for k in keys), len(keys)

@@ -538,7 +538,7 @@ def _cmd_simulate(args: argparse.Namespace) -> int:
                                             "ops were not checked against it)")
     print(f"{args.file}: valid{against}; simulated on {plan.device.name} under {format_bytes(plan.cap)}")
     _print_figures(info)
-    for note in api.figure_notes(info):
+    for note in api.figure_notes(plan, info):
         print(f"  note: {note}")
     return 0
 

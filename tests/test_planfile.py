@@ -314,3 +314,20 @@ def test_parse_size(text: str, expected: int) -> None:
 def test_bad_size(cli) -> None:
     code, _, err = cli("optimize", MODELS / "mlp.swp", "--memory", "lots")
     assert (code, err.splitlines()[0]) == (2, "error: cannot read the memory size `lots`")
+
+
+def test_a_plan_with_updates_on_the_host_may_have_its_bound_below_the_ideal_step(cli, in_tmp: Path) -> None:
+    """The ideal step sums every op's device time; with updates on the host a plan (and so its bound) may be
+    below it: `simulate` printed its edited-figures note for every such plan."""
+    code, _, err = cli("optimize", str(MODELS / "tiny_transformer.swp"), "--precision", "bf16", "--host-updates",
+                       "all", "--memory", "4MiB", "--method", "belady", "-o", "host.plan")
+    assert code == 0, err
+    code, out, _ = cli("simulate", "host.plan", "--json")
+    figures = json.loads(out)
+    assert code == 0 and figures["bound_ms"] < figures["ideal_ms"]
+    code, out, _ = cli("simulate", "host.plan")
+    assert code == 0 and "note:" not in out, out
+    text = (in_tmp / "host.plan").read_text()
+    (in_tmp / "host.plan").write_text(re.sub(r"(?m)^figure bound_ms .*$", "figure bound_ms 1e6", text))
+    code, out, _ = cli("simulate", "host.plan")
+    assert "note: the recorded bound 1e+06 ms is not at or below this plan's step" in out

@@ -55,8 +55,9 @@ def identity(g: Graph) -> dict[str, str]:
 
 
 def save(path: str, g: Graph, values: Mapping[str, np.ndarray], step: int, position: int, seed: int,
-         data: str, shuffle: bool) -> int:
-    """Write the checkpoint atomically; returns its size in bytes."""
+         data: str, shuffle: bool, data_id: tuple[int, str] | None = None) -> int:
+    """Write the checkpoint atomically; returns its size in bytes. ``data_id``: the data's examples and
+    fingerprint (``dataset.fingerprint``), which a resumed run's data must match."""
     from safetensors import SafetensorError
     from safetensors.numpy import save_file
 
@@ -65,6 +66,8 @@ def save(path: str, g: Graph, values: Mapping[str, np.ndarray], step: int, posit
             "seed": str(seed), "data": data, "shuffle": json.dumps(shuffle),
             "rng": "counter-based: (seed, step) is the whole state",
             "sha256": json.dumps({name: digest(a) for name, a in tensors.items()}, sort_keys=True)}
+    if data_id is not None:
+        meta |= {"data_examples": str(data_id[0]), "data_sha256": data_id[1]}
     with atomic_path(path, "checkpoint") as tmp:
         try:
             save_file(tensors, tmp, metadata=meta)
@@ -187,6 +190,20 @@ def check_same_data(ck: Checkpoint, data: str, shuffle: bool, synthetic: str) ->
                        "--data", hints=[hint])
     if theirs != data and os.path.exists(theirs) and os.path.exists(data) and not os.path.samefile(theirs, data):
         raise SwpError(f"--resume `{ck.path}` was written by a run on `{theirs}`, not `{data}`", hints=[hint])
+
+
+def check_same_contents(ck: Checkpoint, data: str, data_id: tuple[int, str]) -> None:
+    """Refuse to resume on data changed since the checkpoint was written (regenerated or extended at the
+    same path): its batches, and so the run, would differ. A checkpoint that records no fingerprint (an
+    older swapdsl's) is taken as it is."""
+    theirs = ck.meta.get("data_sha256")
+    if theirs is None or theirs == data_id[1]:
+        return
+    examples = ck.meta.get("data_examples", "?")
+    changed = (f"held {examples} examples; it holds {data_id[0]} now" if examples != str(data_id[0])
+               else f"has changed since (the same {examples} examples, other contents)")
+    raise SwpError(f"--resume `{ck.path}`: the data `{data}` it was written on {changed}",
+                   hints=["resume on the data it trained on, or start from its parameters alone with --init"])
 
 
 def for_init(g: Graph, state: bool = False) -> Callable[[str], bool]:

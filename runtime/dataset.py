@@ -9,6 +9,7 @@ or shuffled per epoch by a generator seeded with (seed, epoch), so a position al
 
 from __future__ import annotations
 
+import hashlib
 import queue
 import threading
 import zipfile
@@ -42,6 +43,22 @@ class Dataset:
     def dropped(self) -> int:
         """Examples of each epoch left out: the last partial batch."""
         return self.examples - self.batches_per_epoch * self.batch
+
+
+DIGEST_CHUNK = 64 << 20  # bytes hashed at a time (a memory map is read once, never whole into memory)
+
+
+def fingerprint(ds: Dataset) -> str:
+    """SHA-256 of the data's arrays (names, dtypes, shapes and bytes, in name order): what a checkpoint
+    records of its run's data, so that resuming on data changed at the same path is refused."""
+    h = hashlib.sha256()
+    for name in sorted(ds.arrays):
+        a = ds.arrays[name]
+        h.update(f"{name} {a.dtype.str} {a.shape}\n".encode())
+        rows = max(1, DIGEST_CHUNK // max(1, a[:1].nbytes))
+        for start in range(0, a.shape[0], rows):
+            h.update(np.ascontiguousarray(a[start:start + rows]).reshape(-1).view(np.uint8))
+    return h.hexdigest()
 
 
 def batch_size(g: Graph) -> int:

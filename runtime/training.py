@@ -25,7 +25,7 @@ from swapdsl.common.checks import as_flag, as_text, as_whole, callable_or_none, 
 from swapdsl.common.errors import SwpError
 from swapdsl.graph.ir import Graph
 from swapdsl.runtime import checkpoint, dist, nonfinite
-from swapdsl.runtime.dataset import Batch, Dataset, Loader, Order, batch_size, gather, open_dataset
+from swapdsl.runtime.dataset import Batch, Dataset, Loader, Order, batch_size, fingerprint, gather, open_dataset
 from swapdsl.runtime.log import append, check_log, open_log
 
 SYNTHETIC = "synthetic"
@@ -235,7 +235,8 @@ def train(g: Graph, stepper: Stepper, opts: Options, hooks: Hooks = Hooks(), eva
         raise SwpError("--eval is not available for this executor")
     if held_out is not None and evaluate is not None:
         evaluate.check(held_out)
-    start = _restore(g, stepper, opts)
+    data_id = (ds.examples, fingerprint(ds)) if ds is not None and (opts.save or opts.resume) else None
+    start = _restore(g, stepper, opts, data_id)
     if g.ranks > 1:
         _agree(g, opts, ds, start, last, stepper, check is not None)
     dist.started()
@@ -257,7 +258,7 @@ def train(g: Graph, stepper: Stepper, opts: Options, hooks: Hooks = Hooks(), eva
             if opts.on_nonfinite == "stop" and not nonfinite.all_finite(values.values()):
                 raise _nonfinite(g, opts, start, step, f"the state to checkpoint after step {step} is not finite",
                                  ds, order)
-            saves.append(_save(g, values, opts, step) if lead else SaveRecord(step, opts.save, 0, 0.0))
+            saves.append(_save(g, values, opts, step, data_id) if lead else SaveRecord(step, opts.save, 0, 0.0))
             _emit(hooks.on_save, saves[-1], log, "save")
 
     def evaluation(step: int) -> None:
@@ -325,8 +326,9 @@ def _batch_of(g: Graph) -> int:
         return 1
 
 
-def _restore(g: Graph, stepper: Stepper, opts: Options) -> int:
-    """Load --resume (everything, and the step) or --init (parameters); the step to continue after."""
+def _restore(g: Graph, stepper: Stepper, opts: Options, data_id: tuple[int, str] | None) -> int:
+    """Load --resume (everything, and the step) or --init (parameters); the step to continue after.
+    ``data_id``: the data's examples and fingerprint, which --resume's must match."""
     if opts.init:
         stepper.load_state(checkpoint.parameters(checkpoint.read(opts.init, "--init", wanted=checkpoint.for_init(g)),
                                                  g), 0)
@@ -335,15 +337,18 @@ def _restore(g: Graph, stepper: Stepper, opts: Options) -> int:
         return 0
     ck = checkpoint.read(opts.resume, "--resume")
     checkpoint.check_same_run(ck, g)
+    if data_id is not None:
+        checkpoint.check_same_contents(ck, opts.data, data_id)
     stepper.load_state(ck.values, ck.step)
     return ck.step
 
 
-def _save(g: Graph, values: Mapping[str, np.ndarray], opts: Options, step: int) -> SaveRecord:
+def _save(g: Graph, values: Mapping[str, np.ndarray], opts: Options, step: int,
+          data_id: tuple[int, str] | None) -> SaveRecord:
     assert opts.save is not None
     started = time.perf_counter()
     data = opts.data if opts.data == SYNTHETIC else os.path.abspath(opts.data)  # (resumed from anywhere)
-    nbytes = checkpoint.save(opts.save, g, values, step, step, opts.seed or 0, data, opts.shuffle)
+    nbytes = checkpoint.save(opts.save, g, values, step, step, opts.seed or 0, data, opts.shuffle, data_id)
     return SaveRecord(step, opts.save, nbytes, 1e3 * (time.perf_counter() - started))
 
 

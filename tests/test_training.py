@@ -6,6 +6,7 @@ import json
 import os
 import re
 import resource
+import shutil
 import signal
 import subprocess
 import sys
@@ -309,6 +310,27 @@ def test_resume_refuses_other_data_or_another_order(cli, setup: dict[str, Path],
     monkeypatch.chdir(setup["train"].parent)  # (the same folder, spelt another way from another folder)
     again = run_json(cli, setup["plan"], "--data", f"./{setup['train'].name}/", "--shuffle", "--steps", "4",
                      "--resume", tmp_path / "c.st")
+    assert again["first_step"] == 3
+
+
+def test_resume_refuses_data_changed_at_the_same_path(cli, setup: dict[str, Path], tmp_path: Path) -> None:
+    """Data regenerated or cut at the path a checkpoint names gave other batches and a recounted epoch in
+    silence; the checkpoint records the data's examples and fingerprint."""
+    data = tmp_path / "data"
+    shutil.copytree(setup["train"], data)
+    run_json(cli, setup["plan"], "--data", data, "--shuffle", "--steps", "2", "--save", tmp_path / "c.st")
+    x = np.load(data / "x.npy")
+    for changed, said in [(x[:-8], f"held {len(x)} examples; it holds {len(x) - 8} now"),
+                          (x + np.float32(1), f"has changed since (the same {len(x)} examples, other contents)")]:
+        np.save(data / "x.npy", changed)
+        np.save(data / "y.npy", np.load(setup["train"] / "y.npy")[:len(changed)])
+        code, out, err = cli("exec", setup["plan"], "--data", data, "--shuffle", "--steps", "4", "--resume",
+                             tmp_path / "c.st")
+        assert code == 2 and out == "" and err.splitlines()[0] == (
+            f"error: --resume `{tmp_path / 'c.st'}`: the data `{data}` it was written on {said}"), err
+    np.save(data / "x.npy", x)
+    np.save(data / "y.npy", np.load(setup["train"] / "y.npy"))
+    again = run_json(cli, setup["plan"], "--data", data, "--shuffle", "--steps", "4", "--resume", tmp_path / "c.st")
     assert again["first_step"] == 3
 
 

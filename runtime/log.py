@@ -46,10 +46,21 @@ def open_log(path: str) -> BinaryIO:
 
 
 def check_log(path: str) -> None:
-    """Refuse, before a run, a ``--log`` that is a file `exec` did not write (read only: every rank may)."""
+    """Refuse, before a run, a ``--log`` that is a file `exec` did not write, or one `plot-log` would refuse
+    (every whole line is read and checked as a record; read only: every rank may)."""
     if os.path.isfile(path):
         with open(path, "rb") as f:
-            _judged(f, path)
+            end, _ = _judged(f, path)
+            f.seek(0)
+            try:
+                text = f.read(end).decode("utf-8")
+                for n, line in enumerate(text.splitlines(), 1):
+                    _record(line, path, n)
+            except (OSError, UnicodeDecodeError, SwpError) as exc:
+                why = exc.message if isinstance(exc, SwpError) else "it is not UTF-8 text"
+                raise SwpError(f"`{path}` is not a log `swapdsl exec --log` wrote, so it is not appended to: {why}",
+                               exc.span if isinstance(exc, SwpError) else None,
+                               hints=["give --log a new file, or a log an earlier run wrote"]) from None
 
 
 def _judged(f: BinaryIO, path: str) -> tuple[int, bytes]:
@@ -143,26 +154,7 @@ def read_log(path: str, notes: list[str] | None = None) -> list[dict]:
         lines.pop()
         if notes is not None:
             notes.append(f"the last line of `{path}` is incomplete (a run stopped while writing it): left out")
-    records = []
-    for n, line in enumerate(lines, 1):
-        if not line.strip():
-            continue
-        try:
-            r = json.loads(line)
-        except json.JSONDecodeError as exc:
-            raise SwpError(f"not a JSON object: {exc.msg}", Span.point(path, n, exc.colno)) from None
-        except ValueError:  # (an integer of more digits than Python converts)
-            raise SwpError("not a record of `swapdsl exec --log`: a number too long to read",
-                           Span.point(path, n, 1)) from None
-        except RecursionError:
-            raise SwpError("not a record of `swapdsl exec --log`: nested too deeply", Span.point(path, n, 1)) from None
-        if not (isinstance(r, dict) and r.get("event") in EVENTS and isinstance(r.get("step"), int)
-                and (r["event"] == "save" or (_number(r.get("loss")) and isinstance(r.get("metrics"), dict)
-                                              and all(map(_number, r["metrics"].values()))))):
-            raise SwpError("not a record of `swapdsl exec --log`", Span.point(path, n, 1),
-                           hints=['each line is {"event": "step"|"eval"|"save", "step": N, "loss": X, '
-                                  '"metrics": {...}, ...}'])
-        records.append(r)
+    records = [r for n, line in enumerate(lines, 1) if (r := _record(line, path, n)) is not None]
     if not any(r["event"] == "step" for r in records):
         raise SwpError(f"the log `{path}` holds no training steps")
     latest = {(r["event"], r["step"]): r for r in records}
@@ -170,6 +162,30 @@ def read_log(path: str, notes: list[str] | None = None) -> list[dict]:
         notes.append(f"{len(records) - len(latest)} records of steps logged again (a resumed or repeated run) "
                      "are drawn as logged last")
     return sorted(latest.values(), key=lambda r: (r["step"], EVENTS.index(r["event"])))
+
+
+def _record(line: str, path: str, n: int) -> dict | None:
+    """Line ``n`` of the log as the record it holds (None for a blank line), each field the plot reads
+    checked (a loss may be NaN or infinite: `--on-nonfinite continue` logs it), or an error at that line."""
+    if not line.strip():
+        return None
+    try:
+        r = json.loads(line)
+    except json.JSONDecodeError as exc:
+        raise SwpError(f"not a JSON object: {exc.msg}", Span.point(path, n, exc.colno)) from None
+    except ValueError:  # (an integer of more digits than Python converts)
+        raise SwpError("not a record of `swapdsl exec --log`: a number too long to read",
+                       Span.point(path, n, 1)) from None
+    except RecursionError:
+        raise SwpError("not a record of `swapdsl exec --log`: nested too deeply", Span.point(path, n, 1)) from None
+    if not (isinstance(r, dict) and r.get("event") in EVENTS and isinstance(r.get("step"), int)
+            and not isinstance(r["step"], bool) and r["step"] >= 1
+            and (r["event"] == "save" or (_number(r.get("loss")) and isinstance(r.get("metrics"), dict)
+                                          and all(map(_number, r["metrics"].values()))))):
+        raise SwpError("not a record of `swapdsl exec --log`", Span.point(path, n, 1),
+                       hints=['each line is {"event": "step"|"eval"|"save", "step": N (1 or more), "loss": X, '
+                              '"metrics": {...}, ...}'])
+    return r
 
 
 def _whole(line: str) -> bool:

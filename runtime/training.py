@@ -316,6 +316,10 @@ def _agree(g: Graph, opts: Options, ds: Dataset | None, start: int, last: int, s
                           f"seed {opts.seed or 0})")
     dist.agree(g, "a start", f"from {dist.state_digest(stepper.state())}, {'with' if checked else 'without'} "
                              "--check")
+    # (a rank that stops at a non-finite value, or at a state it would save, stops alone otherwise)
+    dist.agree(g, "--on-nonfinite", opts.on_nonfinite)
+    every = f"after every {opts.save_every} steps and the last" if opts.save_every else "after the last step"
+    dist.agree(g, "checkpoints", every if opts.save else "none (no --save)")
 
 
 def _batch_of(g: Graph) -> int:

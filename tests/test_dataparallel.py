@@ -911,7 +911,11 @@ def test_ranks_given_different_runs_or_failing_alone_end_together(tmp_path: Path
                                (["--steps", "3"], ["--steps", "3", "--data", "nowhere"], "error: --data `nowhere`"),
                                (["--steps", "3", "--init", "ck1.safetensors"], ["--steps", "3", "--init",
                                 "ck2.safetensors"], "error: rank 1 runs a start from"),
-                               (["--steps", "3", "--check"], ["--steps", "3"], "error: rank 1 runs a start from")):
+                               (["--steps", "3", "--check"], ["--steps", "3"], "error: rank 1 runs a start from"),
+                               (["--steps", "3"], ["--steps", "3", "--on-nonfinite", "continue"],
+                                "error: rank 1 runs --on-nonfinite continue, rank 0 stop"),
+                               (["--steps", "3", "--save", "c.safetensors"], ["--steps", "3"],
+                                "error: rank 1 runs checkpoints none (no --save), rank 0 after the last step")):
         done = subprocess.run([launcher, "-n", "1", *run, *mine, ":", "-n", "1", *run, *theirs], cwd=tmp_path,
                               env=env, capture_output=True, text=True, timeout=60)
         assert done.returncode == 2 and "Traceback" not in done.stderr

@@ -164,6 +164,11 @@ def test_a_name_the_system_refuses_is_said_once(folder: Path, monkeypatch: pytes
     assert run.code == 2 and run.out == "" and run.err.startswith("error: "), run.crash or run.err
     assert ("File name too long" in run.err or "Not a directory" in run.err or "longer than" in run.err
             or "no such" in run.err.lower()), run.err
+    assert run.err.splitlines()[0].count("`") % 2 == 0, run.err  # (a shortened name is quoted whole)
+    flag = next((a for a, b in zip(argv, argv[1:]) if LONG in b and a.startswith("--")), None)
+    # (an input by its flag: `init`, not --init, was said; an output by its kind: "the plot's file name")
+    said = {"--device": "the device profile `"}.get(flag, flag)
+    assert flag is None or said in run.err.splitlines()[0] or "'s file name" in run.err, run.err
     assert not any(os.path.exists(a) for a in argv if LONG in a)  # (os.path.exists: False where stat fails)
 
 

@@ -60,8 +60,8 @@ def text(optional: bool = False) -> Validator:
             raise SwpError(f"`{field.name}` must be a string{' or None' if optional else ''}, not {value!r}")
         if value is not None and "\0" in value:  # (no system call takes one)
             raise SwpError(f"`{field.name}` holds a NUL byte")
-        if value is not None:
-            _not_too_long(value, field.name)
+        if value is not None:  # (an option of a run: named as `exec`'s flag, as the run's other errors do)
+            not_too_long(value, f"--{field.name.replace('_', '-')}")
 
     return check
 
@@ -91,7 +91,7 @@ def path_arg(value: Any, name: str, optional: bool = False) -> str | None:
     value = as_text(value)
     if not isinstance(value, str) or not value.strip() or "\0" in value:
         raise SwpError(f"`{name}` must name a file (a string or a Path), not {value!r:.60}")
-    _not_too_long(value, name)
+    not_too_long(value, name)
     return value
 
 
@@ -100,10 +100,11 @@ def too_long(path: str) -> bool:
     return any(len(part) > NAME_MAX for part in os.fsencode(path).split(b"/"))
 
 
-def _not_too_long(path: str, name: str) -> None:
+def not_too_long(path: str, name: str) -> None:
     """The system's own refusal of a name too long, said before it is asked."""
     if too_long(path):
-        raise SwpError(f"`{name}`: a part of {path!r:.60}... is longer than {NAME_MAX} bytes")
+        shown = path if len(path) <= 60 else f"{path[:57]}..."
+        raise SwpError(f"{name} `{shown}`: a part of the file name is longer than {NAME_MAX} bytes")
 
 
 def whole_arg(value: Any, name: str, low: int, high: int | None = None, optional: bool = False) -> int | None:

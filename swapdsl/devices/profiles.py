@@ -15,6 +15,7 @@ from typing import Any
 
 import attrs
 
+from swapdsl.common.checks import not_too_long
 from swapdsl.common.errors import SwpError, did_you_mean
 from swapdsl.graph.ir import DType
 
@@ -112,6 +113,7 @@ def load_device(spec: str | None) -> Device:
     if spec in BUILTIN:
         return BUILTIN[spec]
     path = Path(spec)
+    not_too_long(spec, "the device profile")
     if not spec.endswith(".json"):
         raise SwpError(f"unknown device `{spec}`", hints=did_you_mean(spec, list(BUILTIN))
                        or [f"devices: {', '.join(BUILTIN)}, or a profile .json file"])

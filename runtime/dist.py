@@ -182,7 +182,7 @@ def join(g: Graph, plan: str = "", backend: str = "") -> None:
     odd, theirs = _first_odd(comm, f"{_digest(g, plan)} on {backend}", "plan") if comm is not None else (None, [])
     if g.ranks != size:
         how = f"`mpiexec -n {g.ranks} swapdsl exec ...`" if g.ranks > 1 else "without mpiexec"
-        what = "the plan runs" if plan else f"--ranks {g.ranks} runs the model"
+        what = "the plan runs" if plan else f"--ranks {g.ranks}{' (the default)' * (g.ranks == 1)} runs the model"
         again = f"or plan again with --ranks {size}" if plan else f"or give --ranks {size}"
         raise EveryRank(f"{what} on {g.ranks} rank{'s' * (g.ranks > 1)} and this run has {size}",
                         hints=[f"run it {how}", again])

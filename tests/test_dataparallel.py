@@ -787,6 +787,9 @@ def test_a_run_with_other_ranks_than_its_plan_stops_with_one_error(tmp_path: Pat
     assert done.returncode == 2 and "--ranks 3: the plan was made for 2" in done.stderr, done.stderr
     one = _swapdsl(tmp_path, "exec", "net.swp", "--ranks", "2", "--steps", "1", "--backend", "numpy", ranks=2)
     assert one.returncode == 0, one.stderr  # a model trained data-parallel with the reference executor
+    one = _swapdsl(tmp_path, "exec", "net.swp", "--steps", "1", "--backend", "numpy", ranks=2)
+    assert one.returncode == 2  # (it said "--ranks 1 runs the model", where no --ranks was given)
+    assert one.stderr.count("error: --ranks 1 (the default) runs the model on 1 rank and this run has 2") == 1
 
 
 def test_two_ranks_read_their_own_rows_of_each_shuffled_batch(tmp_path: Path) -> None:

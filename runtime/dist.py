@@ -204,7 +204,7 @@ def abort_others(code: int) -> None:
         comm.Abort(code)
 
 
-def agree(g: Graph, what: str, mine: str) -> None:
+def agree(g: Graph, what: str, mine: str, verb: str = "runs") -> None:
     """Refuse, on every rank alike, a run whose ranks were given different ``what`` (steps, data, seed): a
     rank that stopped early would leave the others waiting in an all-reduce for ever."""
     comm = comm_for(g)
@@ -212,7 +212,7 @@ def agree(g: Graph, what: str, mine: str) -> None:
         return
     odd, theirs = _first_odd(comm.comm, mine, what)
     if odd is not None:
-        raise EveryRank(f"rank {odd} runs {what} {theirs[odd]}, rank 0 {theirs[0]}",
+        raise EveryRank(f"rank {odd} {verb} {what} {theirs[odd]}, rank 0 {theirs[0]}",
                         hints=["give every rank the same command line"])
 
 

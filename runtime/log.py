@@ -48,19 +48,24 @@ def open_log(path: str) -> BinaryIO:
 def check_log(path: str) -> None:
     """Refuse, before a run, a ``--log`` that is a file `exec` did not write, or one `plot-log` would refuse
     (every whole line is read and checked as a record; read only: every rank may)."""
-    if os.path.isfile(path):
-        with open(path, "rb") as f:
-            end, _ = _judged(f, path)
-            f.seek(0)
-            try:
-                text = f.read(end).decode("utf-8")
-                for n, line in enumerate(text.splitlines(), 1):
-                    _record(line, path, n)
-            except (OSError, UnicodeDecodeError, SwpError) as exc:
-                why = exc.message if isinstance(exc, SwpError) else "it is not UTF-8 text"
-                raise SwpError(f"`{path}` is not a log `swapdsl exec --log` wrote, so it is not appended to: {why}",
-                               exc.span if isinstance(exc, SwpError) else None,
-                               hints=["give --log a new file, or a log an earlier run wrote"]) from None
+    if not os.path.isfile(path):
+        return
+    with open(path, "rb") as f:
+        end, tail = _judged(f, path)
+        f.seek(0)
+        n = 0
+        try:
+            while f.tell() < end:  # (a line at a time: a long log is not held in memory)
+                n += 1
+                _record(f.readline().decode("utf-8"), path, n)
+            if tail and _whole(tail.decode("utf-8", "replace")):  # (open_log ends it: it becomes a record)
+                n += 1
+                _record(tail.decode("utf-8"), path, n)
+        except (OSError, UnicodeDecodeError, SwpError) as exc:
+            why = exc.message if isinstance(exc, SwpError) else f"line {n} is not UTF-8 text"
+            raise SwpError(f"`{path}` is not a log `swapdsl exec --log` wrote, so it is not appended to: {why}",
+                           exc.span if isinstance(exc, SwpError) else None,
+                           hints=["give --log a new file, or a log an earlier run wrote"]) from None
 
 
 def _judged(f: BinaryIO, path: str) -> tuple[int, bytes]:

@@ -235,7 +235,7 @@ def train(g: Graph, stepper: Stepper, opts: Options, hooks: Hooks = Hooks(), eva
         raise SwpError("--eval is not available for this executor")
     if held_out is not None and evaluate is not None:
         evaluate.check(held_out)
-    data_id = (ds.examples, fingerprint(ds)) if ds is not None and (opts.save or opts.resume) else None
+    data_id = (ds.examples, fingerprint(ds)) if ds is not None and ((opts.save and lead) or opts.resume) else None
     start = _restore(g, stepper, opts, data_id)
     if g.ranks > 1:
         _agree(g, opts, ds, start, last, stepper, check is not None)
@@ -318,8 +318,11 @@ def _agree(g: Graph, opts: Options, ds: Dataset | None, start: int, last: int, s
                              "--check")
     # (a rank that stops at a non-finite value, or at a state it would save, stops alone otherwise)
     dist.agree(g, "--on-nonfinite", opts.on_nonfinite)
-    every = f"after every {opts.save_every} steps and the last" if opts.save_every else "after the last step"
-    dist.agree(g, "checkpoints", every if opts.save else "none (no --save)")
+    if opts.on_nonfinite == "stop":
+        every = opts.save_every if 0 < opts.save_every < last else 0
+        saves = f"every {every} steps and after the last" if every > 1 else "after every step" if every \
+            else "after the last step"
+        dist.agree(g, "checkpoints", saves if opts.save else "never (no --save)", verb="takes")
 
 
 def _batch_of(g: Graph) -> int:

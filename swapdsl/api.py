@@ -120,7 +120,7 @@ class Model:
         return info
 
 
-def _again(m: Model, microbatches: int) -> Model:
+def with_microbatches(m: Model, microbatches: int) -> Model:
     """``m`` loaded again, run as ``microbatches`` passes a step (its ranks as they were)."""
     return load(m.path, dict(m.graph.args), m.graph.precision, m.graph.guard, microbatches, m.ranks, m.link_gbps,
                 m.bucket_mib, m.bucket_members)
@@ -128,7 +128,7 @@ def _again(m: Model, microbatches: int) -> Model:
 
 def _one_pass(m: Model) -> Model:
     """``m`` run as one pass over its whole batch."""
-    return m if m.microbatches == 1 else _again(m, 1)
+    return m if m.microbatches == 1 else with_microbatches(m, 1)
 
 
 def one_pass_ideal_ms(m: Model, device: Device) -> float:
@@ -260,7 +260,7 @@ def optimize(model: Model | str | Path, memory: int | str, method: str = "ga", d
 
     @functools.cache
     def model_at(k: int) -> Model:
-        return m if k == m.microbatches else _again(m, k)
+        return m if k == m.microbatches else with_microbatches(m, k)
 
     def request_at(k: int, mib: float | None = None) -> Request:
         if (k, mib) not in made:
@@ -591,7 +591,8 @@ def predict(target: Plan | Model | str | Path, data: str, init: str | None = Non
 
 def _inference_args(data: object, init: object, backend: object, seed: object) -> tuple[str, str | None, str, int]:
     """``predict``'s, ``evaluate``'s and ``predict_scored``'s arguments, checked."""
-    return (path_arg(data, "data"), path_arg(init, "init", optional=True), choice_arg(backend, "backend", BACKENDS),
+    return (path_arg(data, "data", flag="--data"), path_arg(init, "init", optional=True, flag="--init"),
+            choice_arg(backend, "backend", BACKENDS),
             whole_arg(seed, "seed", 0, training.MAX_SEED - 1))
 
 
@@ -720,8 +721,9 @@ def import_onnx(path: str, out: str, weights: str | None = None, batch: int | No
     export imported as f32 (weights widened exactly), to train with f32 master weights."""
     import tempfile
 
-    path, out = path_arg(path, "path"), path_arg(out, "out")
-    weights = path_arg(weights, "weights", optional=True) or str(Path(out).with_suffix(".safetensors"))
+    path, out = path_arg(path, "path"), path_arg(out, "out", flag="-o")
+    weights = path_arg(weights, "weights", optional=True, flag="--weights") or str(Path(out).with_suffix(
+        ".safetensors"))
     batch, dims, flat = whole_arg(batch, "batch", 1, optional=True), _sizes_arg(dims), flag_arg(flat, "flat")
     f32 = flag_arg(f32, "f32")
     for name, value in (("loss", loss), ("target", target), ("optimizer", optimizer), ("freeze", freeze)):

@@ -26,13 +26,13 @@ from swapdsl.devices.costs import unmeasured_ops
 from swapdsl.devices.profiles import BUILTIN, DEFAULT_DEVICE, Device, detect_device, load_device
 from swapdsl.graph.analysis import untrained_note
 from swapdsl.graph.dataparallel import DEFAULT_BUCKET_MIB, DEFAULT_LINK_GBPS, MAX_BUCKET_MIB, MAX_RANKS, check_bucket
-from swapdsl.graph.ir import Graph
 from swapdsl.graph.microbatch import MAX_MICROBATCHES
 from swapdsl.graph.precision import GUARDS, PRECISIONS
 from swapdsl.graph.printer import print_graph
 from swapdsl.plan import show
 from swapdsl.plan.figures import ONE_PASS_IDEAL
 from swapdsl.plan.file import value_text
+from swapdsl.plan.program import Plan
 from swapdsl.plan.simulate import simulate
 from swapdsl.planning import bench
 from swapdsl.planning.ga import SearchOptions, SearchProgress
@@ -418,22 +418,20 @@ def _cmd_optimize(args: argparse.Namespace) -> int:
     if plan.cap > device.memory_bytes:
         print(f"  note: the cap is more than the {format_bytes(device.memory_bytes)} {device.name} has: a study of "
               "the plan, not one that runs there (--device names the GPU to plan for)")
-    planned = model if plan.microbatches == model.microbatches else api.load(
-        model.path, dict(model.graph.args), model.graph.precision, model.graph.guard, plan.microbatches, model.ranks,
-        model.link_gbps, model.bucket_mib)
-    for note in [untrained_note(model.training), _unprofiled_note(device, planned.training, args.device),
+    for note in [untrained_note(model.training), _unprofiled_note(device, model, plan, args.device),
                  *_unused_options(args, plan.ranks)]:
         if note:
             print(f"  note: {note}")
     return 0  # main turns this into 130 or 143 when a signal stopped the search
 
 
-def _unprofiled_note(device: Device, train: Graph, spec: str | None) -> str | None:
-    """Where a measured profile lacks some of this step's ops (measured on another model, batch, precision or
-    micro-batch count), how many: those are estimated from its peak figures."""
+def _unprofiled_note(device: Device, model: api.Model, plan: Plan, spec: str | None) -> str | None:
+    """Where a measured profile lacks some of the planned step's ops (measured on another model, batch,
+    precision or micro-batch count), how many: those are estimated from its peak figures."""
     if not device.op_times:
         return None
-    missing, distinct = unmeasured_ops(device, train)
+    planned = model if plan.microbatches == model.microbatches else api.with_microbatches(model, plan.microbatches)
+    missing, distinct = unmeasured_ops(device, planned.training)
     if not missing:
         return None
     return (f"the profile `{spec}` has no time for {missing} of this step's {distinct} distinct ops (measured on "

@@ -155,6 +155,8 @@ def _plausible(rng: random.Random) -> list[str]:
     ["optimize", "m.swp", *SMALL, "--memory", "64KiB", "--method", "belady", "-o", LONG + ".plan"],
     ["optimize", "m.swp", *SMALL, "--memory", "64KiB", "--method", "belady", "--device", LONG + ".json"],
     ["exec", "m.swp", *SMALL, "--steps", "1", "--log", LONG + ".jsonl"], ["show", "m.plan", "--plot", LONG + ".png"],
+    ["predict", "m.swp", *SMALL, "--data", "d", "--init", LONG + ".st", "-o", "p.npz"],
+    ["import", "m.onnx", "-o", "imp.swp", "--weights", LONG + ".safetensors"],
 ])
 def test_a_name_the_system_refuses_is_said_once(folder: Path, monkeypatch: pytest.MonkeyPatch, argv: list[str]) -> None:
     """A part of a path over 255 bytes was OSError's traceback (exit 1) in every command; a path under a

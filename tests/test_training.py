@@ -604,13 +604,16 @@ def test_a_log_that_exec_did_not_write_is_refused_before_the_run(cli, setup: dic
     assert notes.read_text() == "my notes\n"
     record = '{"event": "step", "step": 1, "loss": 1.0, "metrics": {}}\n'
     for damaged, line in [(record + "hello world\n", 2), (record + '{"event": "step"}\n' + record, 2),
-                          (record + record.replace('"step": 1', '"step": -5'), 2)]:
-        notes.write_text(damaged)  # (a whole line that is no record: plot-log would refuse what the run appends)
+                          (record + record.replace('"step": 1', '"step": -5'), 2),
+                          (record + '{"event": "step", "step": 0, "loss": "x"}', 2),  # (whole, unended)
+                          (record + "caf\u00e9 \udcff\n", 2)]:
+        notes.write_bytes(damaged.encode("utf-8", "surrogateescape"))  # (plot-log would refuse the log)
         code, out, err = cli("exec", setup["plan"], "--steps", "2", "--log", notes)
         assert code == 2 and out == "" and "is not a log `swapdsl exec --log` wrote" in err.splitlines()[0], err
-        assert f"{notes}:{line}:" in err and notes.read_text() == damaged
+        assert f"{notes}:{line}:" in err or f"line {line} is not UTF-8" in err, err
+        assert notes.read_bytes() == damaged.encode("utf-8", "surrogateescape")
         code, _, err = cli("plot-log", notes, "-o", tmp_path / "x.png")
-        assert code == 2 and f"{notes}:{line}:" in err
+        assert code == 2 and (f"{notes}:{line}:" in err or "not UTF-8" in err), err
     notes.write_text(record.replace("1.0", "NaN"))  # (--on-nonfinite continue logs a NaN loss)
     assert cli("exec", setup["plan"], "--steps", "2", "--log", notes)[0] == 0
     assert len(read_log(str(notes))) == 2

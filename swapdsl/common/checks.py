@@ -58,10 +58,11 @@ def text(optional: bool = False) -> Validator:
     def check(_: Any, field: Any, value: Any) -> None:
         if not (isinstance(value, str) or (value is None and optional)):
             raise SwpError(f"`{field.name}` must be a string{' or None' if optional else ''}, not {value!r}")
+        flag = f"--{field.name.replace('_', '-')}"  # (an option of a run: named as the run's other errors do)
         if value is not None and "\0" in value:  # (no system call takes one)
-            raise SwpError(f"`{field.name}` holds a NUL byte")
-        if value is not None:  # (an option of a run: named as `exec`'s flag, as the run's other errors do)
-            not_too_long(value, f"--{field.name.replace('_', '-')}")
+            raise SwpError(f"{flag} holds a NUL byte")
+        if value is not None:
+            not_too_long(value, flag)
 
     return check
 
@@ -84,14 +85,15 @@ def callable_or_none(_: Any, field: Any, value: Any) -> None:
 
 # ---- a function's arguments (the same rules, by the argument's name) --------------------------------------
 
-def path_arg(value: Any, name: str, optional: bool = False) -> str | None:
-    """A file or folder argument as text: a string or a Path (None too, where ``optional``)."""
+def path_arg(value: Any, name: str, optional: bool = False, flag: str | None = None) -> str | None:
+    """A file or folder argument as text: a string or a Path (None too, where ``optional``). ``flag``: the
+    command-line option that gives it, which names it where the file system would refuse it."""
     if value is None and optional:
         return None
     value = as_text(value)
     if not isinstance(value, str) or not value.strip() or "\0" in value:
         raise SwpError(f"`{name}` must name a file (a string or a Path), not {value!r:.60}")
-    not_too_long(value, name)
+    not_too_long(value, flag or f"`{name}`")
     return value
 
 

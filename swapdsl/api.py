@@ -47,7 +47,8 @@ from swapdsl.lang.loader import Program
 from swapdsl.lang.loader import load as load_program
 from swapdsl.plan import file as planfile
 from swapdsl.plan.figures import ONE_PASS_IDEAL, plan_figures
-from swapdsl.plan.program import HostRun, Plan
+from swapdsl.plan.program import NET_OPS, HostRun, Plan
+from swapdsl.plan.program import ideal_ms as plan_ideal_ms
 from swapdsl.plan.simulate import simulate as simulate_plan
 from swapdsl.plan.validate import validate
 from swapdsl.planning.bound import ideal_ms as bound_ideal_ms
@@ -430,14 +431,17 @@ def simulate(plan: Plan) -> dict[str, float]:
 
 def figure_notes(plan: Plan, figures: dict[str, Any]) -> list[str]:
     """What disagrees among a plan's figures: the planner's, as its file records them, against those
-    ``simulate`` recomputes (a recorded lower bound above the plan's own step, or below the ideal step where
-    every op runs on the device: with updates on the host, a lower bound may be below it, as the plan may)."""
+    ``simulate`` recomputes (a recorded lower bound below the ideal step of the ops the device runs, or
+    above the plan's own step). With updates on the host the ideal step, which sums every op's device time,
+    may be above the bound, as the plan may."""
     bound, notes = figures.get("bound_ms"), []
-    floor = 0.0 if any(isinstance(i, HostRun) for i in plan.program) else figures["ideal_ms"]
+    on_host = {i.op for i in plan.program if isinstance(i, HostRun)}
+    floor = plan_ideal_ms((0.0 if i in on_host else o.ms for i, o in enumerate(plan.ops)),
+                          (o.op in NET_OPS for o in plan.ops))
     if bound is not None and not floor * (1 - 1e-9) <= bound <= figures["iteration_ms"] * (1 + 1e-9):
-        where = "between the ideal step and this plan's step" if floor else "at or below this plan's step"
-        notes.append(f"the recorded bound {bound:.6g} ms is not {where}, as a lower bound is: the file's figures "
-                     "were edited, or the planner's bound is wrong")
+        below = "the ideal step" if not on_host else f"the device's ops' ideal step ({floor:.6g} ms)"
+        notes.append(f"the recorded bound {bound:.6g} ms is not between {below} and this plan's step, as a lower "
+                     "bound is: the file's figures were edited, or the planner's bound is wrong")
     missing = [k for k in ("bound_ms", "no_swap_bytes") if k not in figures]
     if missing:
         notes.append(f"the plan records no {' or '.join(missing)}: those figures are left out")

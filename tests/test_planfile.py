@@ -330,4 +330,7 @@ def test_a_plan_with_updates_on_the_host_may_have_its_bound_below_the_ideal_step
     text = (in_tmp / "host.plan").read_text()
     (in_tmp / "host.plan").write_text(re.sub(r"(?m)^figure bound_ms .*$", "figure bound_ms 1e6", text))
     code, out, _ = cli("simulate", "host.plan")
-    assert "note: the recorded bound 1e+06 ms is not at or below this plan's step" in out
+    assert "note: the recorded bound 1e+06 ms is not between the device's ops' ideal step (" in out
+    (in_tmp / "host.plan").write_text(re.sub(r"(?m)^figure bound_ms .*$", "figure bound_ms 1e-9", text))
+    code, out, _ = cli("simulate", "host.plan")
+    assert "note: the recorded bound 1e-09 ms is not between the device's ops' ideal step (" in out

@@ -403,8 +403,11 @@ def _cmd_optimize(args: argparse.Namespace) -> int:
         info |= {"ranks": plan.ranks, "link_gbps": plan.link_gbps, "bucket_mib": plan.bucket_mib,
                  "buckets_searched": bool(plan.bucket_members)}
     info = _with_one_pass_fraction(info)
+    notes = [note for note in [_beyond_device(plan, device), untrained_note(model.training),
+                               _unprofiled_note(device, model, plan, args.device), *_unused_options(args, plan.ranks)]
+             if note]
     if args.json:
-        print(json.dumps(info, indent=2))
+        print(json.dumps(info | {"notes": notes}, indent=2))
         return 0
     runs = f" as {plan.microbatches} micro-batches" if plan.microbatches > 1 else ""
     if plan.ranks > 1:
@@ -415,14 +418,16 @@ def _cmd_optimize(args: argparse.Namespace) -> int:
     print(f"{model.graph.name}: {plan.method} plan{runs} under {format_bytes(plan.cap)} on {device.name}"
           + (f", written to {args.output}" if args.output else ""))
     _print_figures(info)
-    if plan.cap > device.memory_bytes:
-        print(f"  note: the cap is more than the {format_bytes(device.memory_bytes)} {device.name} has: a study of "
-              "the plan, not one that runs there (--device names the GPU to plan for)")
-    for note in [untrained_note(model.training), _unprofiled_note(device, model, plan, args.device),
-                 *_unused_options(args, plan.ranks)]:
-        if note:
-            print(f"  note: {note}")
+    for note in notes:
+        print(f"  note: {note}")
     return 0  # main turns this into 130 or 143 when a signal stopped the search
+
+
+def _beyond_device(plan: Plan, device: Device) -> str | None:
+    if plan.cap <= device.memory_bytes:
+        return None
+    return (f"the cap is more than the {format_bytes(device.memory_bytes)} {device.name} has: a study of the plan, "
+            "not one that runs there (--device names the GPU to plan for)")
 
 
 def _unprofiled_note(device: Device, model: api.Model, plan: Plan, spec: str | None) -> str | None:
@@ -530,7 +535,7 @@ def _cmd_simulate(args: argparse.Namespace) -> int:
             "plan": args.file, "microbatches": plan.microbatches, "model_checked": train is not None}
     info = _with_one_pass_fraction(info)
     if args.json:
-        print(json.dumps(info, indent=2))
+        print(json.dumps(info | {"notes": api.figure_notes(plan, info)}, indent=2))
         return 0
     against = "" if train is not None else (f" (the plan alone: its model `{plan.model_path}` was not found, so the "
                                             "ops were not checked against it)")

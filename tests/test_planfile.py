@@ -334,3 +334,5 @@ def test_a_plan_with_updates_on_the_host_may_have_its_bound_below_the_ideal_step
     (in_tmp / "host.plan").write_text(re.sub(r"(?m)^figure bound_ms .*$", "figure bound_ms 1e-9", text))
     code, out, _ = cli("simulate", "host.plan")
     assert "note: the recorded bound 1e-09 ms is not between the device's ops' ideal step (" in out
+    code, out, _ = cli("simulate", "host.plan", "--json")  # (the notes in --json too)
+    assert [n[:45] for n in json.loads(out)["notes"]] == ["the recorded bound 1e-09 ms is not between th"]

@@ -231,7 +231,7 @@ def test_profile_feeds_the_planner(cli, in_tmp: Path) -> None:
                          "--method", "belady", "--json")
     assert code == 0, err
     info = json.loads(out)
-    assert info["device"] == "measured-numpy"
+    assert info["device"] == "measured-numpy" and info["notes"] == []
     # every op of the plan was timed: ideal_ms is the sum of measured times plus one launch overhead per op
     counts = _op_counts(in_tmp)
     expected = sum((profile["op_times"][k] + profile["launch_s"]) * n for k, n in counts)
@@ -245,6 +245,9 @@ def test_profile_feeds_the_planner(cli, in_tmp: Path) -> None:
         note = next(x for x in out.splitlines() if x.startswith("  note: the profile `p.json` has no time for "))
         missing, distinct = (int(w) for w in note.split(" ") if w.isdigit())
         assert 0 < missing <= distinct
+    code, out, err = cli("optimize", "m.swp", *other, "--memory", "8MiB", "--device", "p.json", "--method", "belady",
+                         "--json")
+    assert code == 0 and json.loads(out)["notes"] == [note.removeprefix("  note: ")], err
 
 
 def _op_counts(folder: Path) -> list[tuple[str, int]]:

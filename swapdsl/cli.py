@@ -177,8 +177,9 @@ def _cmd_check(args: argparse.Namespace) -> int:
         sys.stdout.write(print_graph(model.training if args.training else model.graph))
         return 0
     info = model.summary(training=args.training)
+    note = untrained_note(model.training) if args.training else None
     if args.json:
-        print(json.dumps(info, indent=2))
+        print(json.dumps(info | ({"notes": [note] if note else []} if args.training else {}), indent=2))
         return 0
     arg_text = " ".join(f"{k}={value_text(v)}" for k, v in info["args"].items()) or "(none)"
     rows = [
@@ -205,7 +206,7 @@ def _cmd_check(args: argparse.Namespace) -> int:
         if passes:
             rows.append((f"{model.microbatches} micro-batches", f"{format_bytes(info['microbatched_no_swap_bytes'])} "
                          "no-swap arena (what a plan's memory ratio divides)"))
-        if note := untrained_note(model.training):
+        if note:
             rows.append(("note", note))
     print(f"model {info['model']} ({args.file}): ok")
     for key, value in rows:
@@ -246,8 +247,9 @@ def _cmd_exec(args: argparse.Namespace) -> int:
     finally:
         for p in progress:
             p.close()
-    if args.json:
-        print(json.dumps(run.to_json(), indent=2))
+    if args.json:  # (with the header's notes, which --json does not print)
+        notes = [line.removeprefix("  note: ") for line in header if line.startswith("  note: ")]
+        print(json.dumps(run.to_json() | {"notes": notes}, indent=2))
     else:
         _print_run(run, args.check)
     return 0

@@ -428,8 +428,11 @@ def test_parameters_the_loss_does_not_reach_are_named(cli, in_tmp: Path) -> None
                  ["exec", "m.plan", "--steps", "1"]):
         code, out, err = cli(*argv)
         assert code == 0 and out.count(note) + err.count(note) == 1, (argv, out, err)
+        code, out, err = cli(*argv, "--json")  # (--json carries the notes too)
+        assert code == 0 and json.loads(out)["notes"] == [note], (argv, out, err)
     code, out, _ = cli("check", MODELS / "mlp.swp", "--training")
     assert code == 0 and "does not depend" not in out
+    assert json.loads(cli("check", MODELS / "mlp.swp", "--training", "--json")[1])["notes"] == []
 
 
 @pytest.mark.parametrize("batch", ["-4", "0"])

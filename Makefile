@@ -29,6 +29,8 @@ $(VENV)/.installed-examples: $(BIN)/python pyproject.toml setup.py swapdsl/plann
 # What the demo writes (plans, figures, the digits data, checkpoint, log), where you can find it.
 OUT := demo-output
 
+# one BLAS thread: the demo's matrices are small, and on cores other work shares more threads made it 4x slower
+demo: export OPENBLAS_NUM_THREADS = 1
 demo: $(VENV)/.installed-examples
 	@mkdir -p $(OUT)
 	@for m in mlp tiny_transformer tiny_resnet; do $(BIN)/swapdsl check stdlib/models/$$m.swp || exit $$?; done

@@ -652,3 +652,44 @@ def test_a_half_export_imports_with_f32_as_the_f32_export_does(tmp_path: Path, h
     _, kept = swapdsl.import_onnx(narrow, str(tmp_path / "c.swp"))
     label = "bf16" if half == T.BFLOAT16 else "f16"
     assert f"param w: {label}[6, 4]" in kept.text and kept.notes[0].startswith(f"the weights are {label}")
+
+
+def test_repeated_modules_of_one_name_in_two_layers_are_named_by_their_paths(tmp_path: Path) -> None:
+    """Linear layers `wq` and `wo` in `layers.0` and `layers.1` (the layers themselves unalike, so only the
+    linears fold): each call and its weights named by the module's whole path, as PyTorch names them; the
+    weights were named `wq.layers_0_wq_weight`, `wq_2.layers_0_wq_weight` (layers.1.wq), `wo.layers_0_wq_weight`."""
+    torch = pytest.importorskip("torch")
+
+    class Layer(torch.nn.Module):
+        def __init__(self, first: bool) -> None:
+            super().__init__()
+            self.first, self.wq, self.wo = first, torch.nn.Linear(16, 16), torch.nn.Linear(16, 16)
+
+        def forward(self, x):  # noqa: ANN001, ANN202
+            h = self.wo(torch.relu(self.wq(x)))
+            return x + (torch.tanh(h) if self.first else h)
+
+    class Net(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.layers, self.head = torch.nn.ModuleList([Layer(True), Layer(False)]), torch.nn.Linear(16, 10)
+
+        def forward(self, x):  # noqa: ANN001, ANN202
+            for layer in self.layers:
+                x = layer(x)
+            return self.head(x)
+
+    torch.manual_seed(0)
+    net, x = Net().eval(), torch.randn(4, 8, 16)
+    path = str(tmp_path / "net.onnx")
+    torch.onnx.export(net, (x,), path, input_names=["x"], output_names=["logits"], dynamo=False,
+                      do_constant_folding=False)
+    imported_matches_onnxruntime(tmp_path, path, {"x": x.numpy()}, batch=4)
+    from safetensors.numpy import load_file
+
+    weights = load_file(tmp_path / "model.safetensors")
+    theirs = {k.replace(".", "_").rsplit("_", 1)[0] + "." + k.rsplit(".", 1)[1]: v.detach().numpy()
+              for k, v in net.state_dict().items()}  # (layers.1.wq.weight -> layers_1_wq.weight)
+    assert sorted(weights) == sorted(theirs)
+    for k, v in theirs.items():
+        np.testing.assert_array_equal(weights[k], v)

@@ -218,8 +218,8 @@ def _define(name: str, bs: Sequence[Block], stmts: Sequence[Stmt], sizes: Sequen
     size_args = [z for z in sizes if any(z in s.tokens for s in run)]
     taken.update(size_args)
     n_args = [_fresh(f"n{k + 1}", taken) for k in range(len(groups))]
-    prefix = readable(first.scope[-1]) + "_"
-    local = [_fresh(_strip(d, prefix), taken) for s in run for d in s.defines]
+    prefixes = (readable("/".join(first.scope)) + "_", readable(first.scope[-1]) + "_")
+    local = [_fresh(_strip(d, prefixes), taken) for s in run for d in s.defines]
     ints = iter(e.format(*n_args) for e in exprs)
     out, k = [f"def {name}({', '.join(args + size_args + n_args)}) {{"], 0
     for s, (*_, toks) in zip(run, first.key[0]):  # type: ignore[misc]
@@ -231,8 +231,8 @@ def _define(name: str, bs: Sequence[Block], stmts: Sequence[Stmt], sizes: Sequen
                    f"    {', '.join(mine)}{',' if s.tuple_lhs and len(mine) == 1 else ''} = {rhs}")
     out += [f"    return {', '.join(local[p] for p in first.key[1])}", "}"]  # type: ignore[union-attr]
     call_lines, scoped = [], {}
-    for i, b in enumerate(bs):
-        call = _fresh(readable(b.scope[-1]), calls)
+    for i, b, where in zip(range(len(bs)), bs, _call_names(bs)):
+        call = _fresh(where, calls)
         values = [str(g[i]) for g in groups]
         call_lines.append(f"{', '.join(b.outputs)} = {name}({', '.join(list(b.inputs) + size_args + values)}) as {call}")
         mine = [d for s in stmts[b.start:b.stop] for d in s.defines]
@@ -260,10 +260,23 @@ def _int_arguments(bs: Sequence[Block]) -> tuple[list[str], list[tuple[int, ...]
     return exprs, groups
 
 
-def _strip(name: str, prefix: str) -> str:
-    """A name inside its module: `layer1_1_conv1` -> `conv1`, `layer1_1_relu` -> `relu_out`."""
-    name = name[len(prefix):] if name.startswith(prefix) and len(name) > len(prefix) else \
-        "out" if name == prefix[:-1] else name
+def _call_names(bs: Sequence[Block]) -> list[str]:
+    """Each block's call by its module's own name (`layer2_1`, `fc1`), or by its whole path where two
+    blocks' own names are the same (`wq` in `layers.0` and `layers.1`: `layers_0_wq`, `layers_1_wq`)."""
+    own = [readable(b.scope[-1]) for b in bs]
+    return own if len(set(own)) == len(own) else [readable("/".join(b.scope)) for b in bs]
+
+
+def _strip(name: str, prefixes: Sequence[str]) -> str:
+    """A name inside its module: `layer1_1_conv1` -> `conv1`, `layer1_1_relu` -> `relu_out` (the prefix
+    is the module's whole path, or its own name alone, as the exporter wrote its names)."""
+    for prefix in prefixes:
+        if name.startswith(prefix) and len(name) > len(prefix):
+            name = name[len(prefix):]
+            break
+        if name == prefix[:-1]:
+            name = "out"
+            break
     return f"{name}_out" if name in RESERVED else name
 
 

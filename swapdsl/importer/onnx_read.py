@@ -37,6 +37,7 @@ class Source:
     nodes: tuple[Any, ...] = attrs.field(repr=False)  # onnx NodeProto, in the file's (topological) order
     outputs: tuple[str, ...]
     buffers: frozenset[str] = frozenset()  # initialisers torch.export calls buffers or constants: not trained
+    rewritten: tuple[str, ...] = ()  # weights the dynamo exporter's optimiser made (``_rewritten``)
 
 
 def read_onnx(path: str) -> Source:
@@ -69,16 +70,33 @@ def read_onnx(path: str) -> Source:
     if not inputs:
         raise SwpError(f"`{path}` has no inputs besides its weights")
     return Source(str(p), g.name or p.stem, opset, f"{model.producer_name} {model.producer_version}".strip(),
-                  inputs, weights, tuple(g.node), tuple(o.name for o in g.output), _buffers(g))
+                  inputs, weights, tuple(g.node), tuple(o.name for o in g.output), _buffers(g),
+                  _rewritten(g, weights))
 
 
-def _buffers(graph: Any) -> frozenset[str]:
-    """The initialisers the dynamo exporter's graph signature names as buffers (rotary frequencies, masks)."""
+def _signature(graph: Any) -> str:
+    """The dynamo exporter's graph signature (its parameters, buffers and inputs), or ''."""
     signature = next((p.value for p in graph.metadata_props
                       if p.key == "pkg.torch.export.ExportedProgram.graph_signature"), "")
     if isinstance(signature, bytes):  # protobuf hands back a string that is not UTF-8 as bytes
         signature = signature.decode("utf-8", "replace")
-    return frozenset(re.findall(r": (?:BUFFER|CONSTANT_TENSOR) target='([^']+)'", signature))
+    return signature
+
+
+def _buffers(graph: Any) -> frozenset[str]:
+    """The initialisers the dynamo exporter's graph signature names as buffers (rotary frequencies, masks)."""
+    return frozenset(re.findall(r": (?:BUFFER|CONSTANT_TENSOR) target='([^']+)'", _signature(graph)))
+
+
+def _rewritten(graph: Any, weights: dict[str, np.ndarray]) -> tuple[str, ...]:
+    """Weights of a dynamo export its optimiser rewrote (``optimize=True``, the default): unnamed weights
+    (`val_6`, a transposed copy) beside parameters its signature names that are no weight of the file
+    (merged with an equal one, or replaced by the copy). Empty for an export without it: a tied weight is
+    missing alone, with no unnamed weight beside it."""
+    params = re.findall(r": PARAMETER target='([^']+)'", _signature(graph))
+    unnamed = [k for k, v in weights.items() if re.fullmatch(r"val_\d+", k) and v.size > 1]
+    missing = [p for p in params if p not in weights]
+    return tuple(unnamed) if unnamed and missing else ()
 
 
 def _onnx() -> Any:

@@ -78,6 +78,11 @@ def convert(path: str, batch: int | None = None, dims: Mapping[str, int] | None 
                      "the exporter computed from the model's (do_constant_folding): a transposed copy trains as "
                      "its weight would, a scaled or combined one does not; export with do_constant_folding=False "
                      "to keep each weight as PyTorch holds it")
+    if src.rewritten:
+        notes.append(f"the exporter's optimiser rewrote this file's weights ({len(src.rewritten)} unnamed, "
+                     f"`{src.rewritten[0]}`{', ...' * (len(src.rewritten) > 1)}; equal ones merged): it predicts "
+                     "as the PyTorch model does, but merged weights train as one and copies apart from their "
+                     "originals; export with torch.onnx.export(..., optimize=False) to train it as PyTorch would")
     if half := sorted({HALF[v.dtype.name] for k, v in base.params.items() if k not in base.frozen
                        and v.dtype.name in HALF}):
         notes.append(f"the weights are {' and '.join(half)}: the model trains in {' and '.join(half)} throughout "

@@ -184,7 +184,18 @@ def test_a_weight_that_is_not_finite_imports_with_a_note_and_an_initialiser_of_i
                 [h.make_tensor_value_info("y", T.FLOAT, [4, 2])], [nh.from_array(w, "w")])
     m, r = swapdsl.import_onnx(path, str(tmp_path / "m.swp"))
     assert "param w: [3, 2] = constant(0.5)" in r.text
-    assert r.notes[-1] == "weight `w` holds 1 NaN or infinite value: training from it (--init) stops at the first step"
+    assert r.notes[-1] == ("weight `w` holds 1 NaN or infinite value: --init refuses the weights file, so predict "
+                           "and training from it stop; a mask of -inf works exported with "
+                           "torch.finfo(torch.float32).min in its place")
+    np.savez(tmp_path / "x.npz", x=np.ones((4, 3), np.float32))  # (what the note says)
+    with pytest.raises(SwpError, match="not finite"):
+        swapdsl.predict(str(tmp_path / "m.swp"), str(tmp_path / "x.npz"), init=str(tmp_path / "m.safetensors"))
+    window = np.where(np.abs(np.subtract.outer(np.arange(3), np.arange(3))) < 2, 0, -np.inf).astype(np.float32)
+    path = save(tmp_path, [N("Constant", [], ["m"], value=nh.from_array(window)), N("Add", ["x", "m"], ["y"])],
+                [h.make_tensor_value_info("x", T.FLOAT, [3, 3])], [h.make_tensor_value_info("y", T.FLOAT, [3, 3])],
+                [])  # (a computed constant, a window mask of -inf: it said nothing)
+    _, r = swapdsl.import_onnx(path, str(tmp_path / "w.swp"))
+    assert any(n.startswith("constant `m` holds 2 NaN or infinite values: --init refuses") for n in r.notes), r.notes
 
 
 @pytest.mark.parametrize("kind", ["min", "inf", "zeros", "other"])

@@ -164,9 +164,11 @@ class Lowering:
                     weight, op = self.folded_from[onnx_name]
                     self.notes.append(f"`{weight}` is read through {op} with constants alone: `{name}` is a "
                                       "frozen copy of it, which training does not change")
-            elif bad := int(np.size(value) - np.count_nonzero(np.isfinite(value.astype(np.float64)))):
-                self.notes.append(f"weight `{onnx_name}` holds {bad} NaN or infinite value{'s' if bad > 1 else ''}: "
-                                  "training from it (--init) stops at the first step")
+            if bad := int(np.size(value) - np.count_nonzero(np.isfinite(value.astype(np.float64)))):
+                self.notes.append(f"{'weight' if not frozen else 'constant'} `{onnx_name}` holds {bad} NaN or "
+                                  f"infinite value{'s' if bad > 1 else ''}: --init refuses the weights file, so "
+                                  "predict and training from it stop; a mask of -inf works exported with "
+                                  "torch.finfo(torch.float32).min in its place")
             self.lines.append(f"param {name}: {swp_dtype(value) if value.dtype != np.float32 else ''}"
                               f"{list(value.shape)} = {initialiser(value)}{' frozen' if frozen else ''}")
         name = self.param_of[onnx_name]

@@ -727,3 +727,22 @@ def test_an_export_whose_optimiser_rewrote_its_weights_is_said_to_train_unlike_p
     said = [n for n in r.notes if n.startswith("the exporter's optimiser rewrote this file's weights (1 unnamed, "
                                                  "`val_6`; equal ones merged)")]
     assert len(said) == (1 if optimised else 0) and all("optimize=False" in n for n in said), r.notes
+
+
+@pytest.mark.parametrize("training", [True, False])
+def test_dropout_exported_in_train_mode_is_dropout(tmp_path: Path, training: bool) -> None:
+    """A model exported in `train()` writes Dropout(ratio, training_mode=True): imported as the input itself,
+    in silence, it trained without dropout. Now `dropout(p = ratio)` (off in prediction, as in eval()); in
+    inference form, still the input."""
+    nodes = [N("MatMul", ["x", "w"], ["a"]), N("Dropout", ["a", "ratio", "mode"], ["y"])]
+    inits = [weight("w", 3, 3), nh.from_array(np.array(0.25, np.float32), "ratio"),
+             nh.from_array(np.array(training), "mode")]
+    path = save(tmp_path, nodes, [h.make_tensor_value_info("x", T.FLOAT, [4, 3])],
+                [h.make_tensor_value_info("y", T.FLOAT, [4, 3])], inits)
+    m, r = swapdsl.import_onnx(path, str(tmp_path / "m.swp"), loss="mse")
+    assert ("dropout(" in r.text and "p = 0.25)" in r.text) == training, r.text
+    x = RNG.standard_normal((4, 3)).astype(np.float32)
+    np.savez(tmp_path / "x.npz", x=x)
+    out = swapdsl.predict(str(tmp_path / "m.swp"), str(tmp_path / "x.npz"), init=str(tmp_path / "m.safetensors"))
+    w = nh.to_array(inits[0])
+    np.testing.assert_allclose(out["y"], x @ w, rtol=1e-6)  # (prediction: no dropout, either way)

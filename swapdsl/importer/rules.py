@@ -287,6 +287,25 @@ def _alias(lw: Lowering, node: Any, a: dict[str, Any]) -> None:
     lw.env[node.output[0]] = lw.tensor(node, 0)
 
 
+def _dropout(lw: Lowering, node: Any, a: dict[str, Any]) -> None:
+    """Dropout: as exported in `train()` mode (training_mode true), `dropout` (off in evaluation, as in
+    PyTorch's `eval()`; its mask is swapdsl's own); as exported for inference, the input itself."""
+    def given(i: int, default: float) -> float:
+        v = lw.const(node, i) if len(node.input) > i and node.input[i] else None
+        return default if v is None else float(np.asarray(v).reshape(-1)[0])
+
+    p = given(1, 0.5)
+    if not given(2, 0.0) or p == 0:
+        _alias(lw, node, a)
+        return
+    if len(node.output) > 1 and node.output[1]:
+        raise unsupported(node, "a dropout mask output")
+    if not 0 <= p < 1:
+        raise unsupported(node, f"a dropout ratio of {p:g} (0 to below 1)")
+    x = lw.tensor(node, 0)
+    lw.emit(node, f"dropout({x.name}, p = {p!r})", x.shape, x.dtype)
+
+
 # ---- products and convolutions -------------------------------------------------------------
 
 
@@ -652,7 +671,8 @@ RULES: dict[str, Rule] = {
                                      ("Log", "log"), ("Sqrt", "sqrt"), ("Neg", "neg"),
                                      ("Erf", "erf"))},
     "Reciprocal": _reciprocal, "Clip": _clip, "IsNaN": _isnan, "Where": _where,
-    "LeakyRelu": _leaky_relu, "HardSigmoid": _hard, "HardSwish": _hard, "Gelu": _gelu, "Pow": _pow, "Cast": _cast, "CastLike": _cast_like, "Identity": _alias, "Dropout": _alias,
+    "LeakyRelu": _leaky_relu, "HardSigmoid": _hard, "HardSwish": _hard, "Gelu": _gelu, "Pow": _pow, "Cast": _cast,
+    "CastLike": _cast_like, "Identity": _alias, "Dropout": _dropout,
     **{op: _binary for op in _SYMBOL},
     "MatMul": _matmul, "Gemm": _gemm, "Conv": _conv,
     "MaxPool": _pool("max_pool2d"), "AveragePool": _pool("avg_pool2d"), "GlobalAveragePool": _global_avg_pool,

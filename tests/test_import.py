@@ -131,6 +131,24 @@ def test_an_attention_block_with_symbolic_batch_and_sequence(tmp_path: Path) -> 
     # and the text follows another sequence length
     m = swapdsl.load(tmp_path / "model.swp", batch=2, sequence=7)
     assert m.graph.type_of(m.graph.inputs[0]).shape == (2, 7)
+    with pytest.raises(SwpError, match="--dim seq: the file has no symbolic size of that name"):
+        swapdsl.import_onnx(path, str(tmp_path / "seq.swp"), dims={"seq": 5})  # (not: give `sequence` a value)
+
+
+def test_a_sequence_past_a_constant_tables_rows_is_said_so(tmp_path: Path) -> None:
+    """A position table of 4 rows added at a symbolic sequence: at 4 or fewer it imports (at 4 with the
+    sequence fixed, since 5 does not import); at 5 the error adds that a constant may hold fewer rows."""
+    nodes = [N("Shape", ["x"], ["s"]), N("Gather", ["s", "one"], ["n"]), N("Unsqueeze", ["n", "zero"], ["end"]),
+             N("Slice", ["pos", "start", "end", "zero"], ["p"]), N("Add", ["x", "p"], ["y"])]
+    path = save(tmp_path, nodes, [h.make_tensor_value_info("x", T.FLOAT, ["batch", "sequence", 3])],
+                [h.make_tensor_value_info("y", T.FLOAT, ["batch", "sequence", 3])],
+                [weight("pos", 4, 3), nh.from_array(np.array(1, np.int64), "one"), ints("zero", 0), ints("start", 0)])
+    _, r = swapdsl.import_onnx(path, str(tmp_path / "four.swp"), dims={"sequence": 4})
+    assert any(n.startswith("`sequence` is fixed at 4: the graph does not import at 5 (a static export, or a "
+                            "constant with rows for no more") for n in r.notes), r.notes
+    with pytest.raises(SwpError) as err:
+        swapdsl.import_onnx(path, str(tmp_path / "five.swp"), dims={"sequence": 5})
+    assert "at --dim sequence=5: if a smaller size imports, a constant of the file" in err.value.hints[-1]
 
 
 def test_folded_constants_of_every_folding_rule(tmp_path: Path) -> None:

@@ -103,18 +103,18 @@ def convert(path: str, batch: int | None = None, dims: Mapping[str, int] | None 
 def _sizes(src: Source, batch: int | None, dims: dict[str, int]) -> dict[str, int]:
     first = src.inputs[0].dims[0] if src.inputs[0].dims else 1
     sizes = {"batch": batch if batch is not None else first if isinstance(first, int) else 1}
-    for i in src.inputs:
-        for d in i.dims[1:]:
-            if isinstance(d, str) and d not in sizes:
-                if d not in dims:
-                    raise SwpError(f"input `{i.name}` has the symbolic size `{d}`; give it a value",
-                                   hints=[f"swapdsl import ... --dim {d}=N"])
-                sizes[d] = dims.pop(d)
-    for name in dims:
+    symbols = {d: i.name for i in src.inputs for d in i.dims[1:] if isinstance(d, str)}
+    for name in dims:  # (a name the file lacks first: `--dim seq=8` was told to give `sequence` a value)
         if name == "batch":
             raise SwpError("--dim batch: the batch is every input's first axis; give it with --batch")
-        raise SwpError(f"--dim {name}: the file has no symbolic size of that name",
-                       hints=[f"its sizes: {', '.join(sorted(set(sizes) - {'batch'})) or '(only the batch)'}"])
+        if name not in symbols:
+            raise SwpError(f"--dim {name}: the file has no symbolic size of that name",
+                           hints=[f"its sizes: {', '.join(sorted(symbols)) or '(only the batch)'}"])
+    for d, owner in symbols.items():
+        if d not in dims:
+            raise SwpError(f"input `{owner}` has the symbolic size `{d}`; give it a value",
+                           hints=[f"swapdsl import ... --dim {d}=N"])
+        sizes[d] = dims[d]
     if any(v < 1 for v in sizes.values()):
         raise SwpError("sizes must be positive integers")
     return sizes
@@ -128,6 +128,10 @@ def _lowered_at_batch(src: Source, sizes: dict[str, int], freeze: str | None, ba
     except SwpError as exc:
         first = src.inputs[0].dims[0] if src.inputs[0].dims else None
         if batch is None or not isinstance(first, int) or first == batch:
+            given = ", ".join(f"--dim {k}={v}" for k, v in sizes.items() if k != "batch")
+            if given:  # (the sizes are the user's: a constant of the file may hold fewer rows than asked)
+                exc.hints += (f"at {given}: if a smaller size imports, a constant of the file (a table of "
+                              "positions?) has rows for fewer",)
             raise
         try:
             lower(src, {**sizes, "batch": first}, freeze)
@@ -160,8 +164,9 @@ def _symbolic(src: Source, base: Lowering, sizes: dict[str, int],
             bumped[s] = render(lower(src, {**sizes, s: sizes[s] + 1}, base.freeze and base.freeze.pattern))
         except SwpError:
             fixed.add(s)
-            notes.append(f"`{s}` is fixed at {sizes[s]}: the file's shape arithmetic does not follow it (a static "
-                         "export?), so the model takes no argument for it")
+            notes.append(f"`{s}` is fixed at {sizes[s]}: the graph does not import at {sizes[s] + 1} (a static "
+                         "export, or a constant with rows for no more, such as a table of positions?), so the "
+                         "model takes no argument for it")
             continue
         if len(bumped[s]) != len(lines):
             del bumped[s]

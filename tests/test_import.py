@@ -764,3 +764,20 @@ def test_dropout_exported_in_train_mode_is_dropout(tmp_path: Path, training: boo
     out = swapdsl.predict(str(tmp_path / "m.swp"), str(tmp_path / "x.npz"), init=str(tmp_path / "m.safetensors"))
     w = nh.to_array(inits[0])
     np.testing.assert_allclose(out["y"], x @ w, rtol=1e-6)  # (prediction: no dropout, either way)
+
+
+@pytest.mark.parametrize("fill", [np.finfo(np.float32).min, -0.5])
+def test_a_mask_buffer_stored_as_a_weight_imports_frozen(tmp_path: Path, fill: float) -> None:
+    """The TorchScript exporter stores a window mask buffer (finfo.min outside the window) as a weight: it
+    trained, its zeros moving with the gradients. A weight of ordinary values added there (a learned bias)
+    still trains."""
+    keep = np.abs(np.subtract.outer(np.arange(4), np.arange(4))) < 2
+    mask = nh.from_array(np.where(keep, 0, fill).astype(np.float32), "mask")
+    nodes = [N("Add", ["x", "mask"], ["s"]), N("Softmax", ["s"], ["y"], axis=-1)]
+    path = save(tmp_path, nodes, [h.make_tensor_value_info("x", T.FLOAT, [2, 4, 4])],
+                [h.make_tensor_value_info("y", T.FLOAT, [2, 4, 4])], [mask])
+    imported_matches_onnxruntime(tmp_path, path, {"x": RNG.standard_normal((2, 4, 4)).astype(np.float32)})
+    m, r = swapdsl.import_onnx(path, str(tmp_path / "t.swp"), loss="mse")
+    frozen = fill < -1e30
+    assert (r.frozen == ("mask",)) == frozen and bool(m.training.grads) != frozen, (r.frozen, r.text)
+    assert any(n.startswith("weight `mask` (values of -3.4e+38") for n in r.notes) == frozen, r.notes

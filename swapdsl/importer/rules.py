@@ -145,6 +145,8 @@ def _binary(lw: Lowering, node: Any, a: dict[str, Any]) -> None:
     x, y = lw.get(node, 0), lw.get(node, 1)
     if node.op_type == "Add" and (_adds_a_mask(lw, node, x, y) or _adds_rotary(lw, node)):
         return
+    if node.op_type == "Add":
+        _freeze_a_stored_mask(lw, node, x, y)
     scalar = next((i for i, v in enumerate((x, y)) if isinstance(v, np.ndarray) and v.size == 1), None)
     if scalar is not None:
         t = lw.tensor(node, 1 - scalar)
@@ -181,6 +183,20 @@ def _adds_a_mask(lw: Lowering, node: Any, x: Any, y: Any) -> bool:
         return False
     _causal_mask(lw, node, t, fill)
     return True
+
+
+def _freeze_a_stored_mask(lw: Lowering, node: Any, x: Any, y: Any) -> None:
+    """A weight with values of -1e30 or below added to scores that a softmax alone reads is a mask buffer
+    the TorchScript exporter stored as a weight (a window, a prefix): frozen, as PyTorch keeps it (trained,
+    its zeros moved with the gradients). No learned bias holds such values."""
+    for i, (c, t) in enumerate(((x, y), (y, x))):
+        name = node.input[i]
+        if name in lw.weights and isinstance(c, np.ndarray) and c.dtype.kind == "f" and c.size > 1 \
+                and isinstance(t, Tensor) and bool(np.any(c <= -1e30)) \
+                and _softmax_reads_alone(lw, node.output[0], len(np.broadcast_shapes(t.shape, c.shape))):
+            lw.weights.discard(name)
+            lw.notes.append(f"weight `{name}` (values of {float(c.min()):.3g}, added to scores a softmax reads) is "
+                            "a mask buffer the exporter stored as a weight: imported frozen")
 
 
 def _softmax_reads_alone(lw: Lowering, name: str, rank: int) -> bool:

@@ -25,6 +25,7 @@ from swapdsl.common.units import format_bytes, format_count, parse_share, parse_
 from swapdsl.devices.costs import unmeasured_ops
 from swapdsl.devices.profiles import BUILTIN, DEFAULT_DEVICE, Device, detect_device, load_device
 from swapdsl.graph.analysis import untrained_note
+from swapdsl.graph.ir import Graph
 from swapdsl.graph.dataparallel import DEFAULT_BUCKET_MIB, DEFAULT_LINK_GBPS, MAX_BUCKET_MIB, MAX_RANKS, check_bucket
 from swapdsl.graph.microbatch import MAX_MICROBATCHES
 from swapdsl.graph.precision import GUARDS, PRECISIONS
@@ -190,7 +191,7 @@ def _cmd_check(args: argparse.Namespace) -> int:
         ("parameters", f"{info['params']:,} in {info['param_tensors']} tensors ({format_bytes(info['param_bytes'])})"),
         ("forward FLOPs", format_count(info["forward_flops"], "FLOP")),
         ("activation peak", format_bytes(info["activation_peak_bytes"])),
-        ("loss", f"{info['loss']}, {info['optimizer']}" if info["loss"] else "none: the model only predicts"),
+        ("loss", f"{_loss_said(model.graph)}, {info['optimizer']}" if info["loss"] else "none: the model only predicts"),
         ("precision", f"{info['precision']}, guard {info['guard']}"),
     ]
     if args.training:
@@ -212,6 +213,16 @@ def _cmd_check(args: argparse.Namespace) -> int:
     for key, value in rows:
         print(f"  {key:<16} {value}")
     return 0
+
+
+def _loss_said(g: Graph) -> str:
+    """The loss by its name, or where it has none (`minimize mse(y, t)`: `%62`), by the op that makes it and
+    its line."""
+    assert g.loss is not None
+    made = next((op for op in g.ops if g.loss in op.outputs), None)
+    if not g.loss.startswith("%") or made is None:
+        return g.loss
+    return f"{made.op}(...)" + (f" at line {made.span.line}" if made.span is not None else "")
 
 
 def _cmd_exec(args: argparse.Namespace) -> int:

@@ -433,6 +433,8 @@ def test_parameters_the_loss_does_not_reach_are_named(cli, in_tmp: Path) -> None
     code, out, _ = cli("check", MODELS / "mlp.swp", "--training")
     assert code == 0 and "does not depend" not in out
     assert json.loads(cli("check", MODELS / "mlp.swp", "--training", "--json")[1])["notes"] == []
+    loss = next(line for line in out.splitlines() if line.lstrip().startswith("loss "))
+    assert loss.split()[1:5] == ["softmax_cross_entropy(...)", "at", "line", "12,"], loss  # (it said `%62`)
 
 
 @pytest.mark.parametrize("batch", ["-4", "0"])

@@ -216,8 +216,8 @@ def _cmd_check(args: argparse.Namespace) -> int:
 
 
 def _loss_said(g: Graph) -> str:
-    """The loss by its name, or where it has none (`minimize mse(y, t)`: `%62`), by the op that makes it and
-    its line."""
+    """The loss by the op that makes it and its line (a `.swp` name is not kept in the graph: `%62`; inside
+    a def, the def's line), or by its name where it has one (an imported model's)."""
     assert g.loss is not None
     made = next((op for op in g.ops if g.loss in op.outputs), None)
     if not g.loss.startswith("%") or made is None:

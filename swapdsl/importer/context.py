@@ -165,7 +165,8 @@ class Lowering:
                     self.notes.append(f"`{weight}` is read through {op} with constants alone: `{name}` is a "
                                       "frozen copy of it, which training does not change")
             if bad := int(np.size(value) - np.count_nonzero(np.isfinite(value.astype(np.float64)))):
-                self.notes.append(f"{'weight' if not frozen else 'constant'} `{onnx_name}` holds {bad} NaN or "
+                what = "weight" if onnx_name in self.src.weights else "constant"
+                self.notes.append(f"{what} `{onnx_name}` holds {bad} NaN or "
                                   f"infinite value{'s' if bad > 1 else ''}: --init refuses the weights file, so "
                                   "predict and training from it stop; a mask of -inf works exported with "
                                   "torch.finfo(torch.float32).min in its place")

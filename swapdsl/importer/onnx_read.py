@@ -89,14 +89,11 @@ def _buffers(graph: Any) -> frozenset[str]:
 
 
 def _rewritten(graph: Any, weights: dict[str, np.ndarray]) -> tuple[str, ...]:
-    """Weights of a dynamo export its optimiser rewrote (``optimize=True``, the default): unnamed weights
-    (`val_6`, a transposed copy) beside parameters its signature names that are no weight of the file
-    (merged with an equal one, or replaced by the copy). Empty for an export without it: a tied weight is
-    missing alone, with no unnamed weight beside it."""
-    params = re.findall(r": PARAMETER target='([^']+)'", _signature(graph))
-    unnamed = [k for k, v in weights.items() if re.fullmatch(r"val_\d+", k) and v.size > 1]
-    missing = [p for p in params if p not in weights]
-    return tuple(unnamed) if unnamed and missing else ()
+    """Weights of a dynamo export its optimiser made (``optimize=True``, the default): those its signature
+    does not name (`val_6`, a transposed copy; `mul`, a folded constant), scalars aside. Equal weights it
+    merged leave no trace but a name missing, as a tied weight does: not told apart."""
+    targets = set(re.findall(r": (?:PARAMETER|BUFFER|CONSTANT_TENSOR) target='([^']+)'", _signature(graph)))
+    return tuple(k for k, v in weights.items() if k not in targets and v.size > 1) if targets else ()
 
 
 def _onnx() -> Any:

@@ -185,16 +185,21 @@ def _adds_a_mask(lw: Lowering, node: Any, x: Any, y: Any) -> bool:
     return True
 
 
+# a stored weight with a value this low, added to scores a softmax alone reads, is a mask: f16's lowest
+# (-65504) and the customary -1e9 fills are below it, a learned bias (-1e4 at the most) is not
+MASK_FILL = -6e4
+
+
 def _freeze_a_stored_mask(lw: Lowering, node: Any, x: Any, y: Any) -> None:
-    """A weight with values of -1e30 or below added to scores that a softmax alone reads is a mask buffer
-    the TorchScript exporter stored as a weight (a window, a prefix): frozen, as PyTorch keeps it (trained,
-    its zeros moved with the gradients). No learned bias holds such values."""
+    """A weight with values of MASK_FILL or below added to scores that a softmax alone reads is a mask
+    buffer the TorchScript exporter stored as a weight (a window, a prefix): frozen, as PyTorch keeps it
+    (trained, its zeros moved with the gradients). A weight that another op read first is left as it is."""
     for i, (c, t) in enumerate(((x, y), (y, x))):
         name = node.input[i]
-        if name in lw.weights and isinstance(c, np.ndarray) and c.dtype.kind == "f" and c.size > 1 \
-                and isinstance(t, Tensor) and bool(np.any(c <= -1e30)) \
+        if name in lw.weights and name not in lw.param_of and isinstance(c, np.ndarray) and c.dtype.kind == "f" \
+                and c.size > 1 and isinstance(t, Tensor) and bool(np.any(c <= MASK_FILL)) \
                 and _softmax_reads_alone(lw, node.output[0], len(np.broadcast_shapes(t.shape, c.shape))):
-            lw.weights.discard(name)
+            lw.weights.discard(name)  # (before its parameter is made: made from a weight it would train)
             lw.notes.append(f"weight `{name}` (values of {float(c.min()):.3g}, added to scores a softmax reads) is "
                             "a mask buffer the exporter stored as a weight: imported frozen")
 
@@ -297,10 +302,16 @@ def _cast_like(lw: Lowering, node: Any, a: dict[str, Any]) -> None:
 
 
 def _alias(lw: Lowering, node: Any, a: dict[str, Any]) -> None:
-    """Identity, and Dropout as exported for inference (its mask output unused)."""
-    if len(node.output) > 1 and node.output[1]:
-        raise unsupported(node, "a dropout mask output")
+    """Identity, and Dropout as exported for inference."""
+    _unread_mask(lw, node)
     lw.env[node.output[0]] = lw.tensor(node, 0)
+
+
+def _unread_mask(lw: Lowering, node: Any) -> None:
+    """Refuse a Dropout whose mask output the graph reads (TorchScript names one that nothing reads)."""
+    mask = node.output[1] if len(node.output) > 1 else ""
+    if mask and (lw.readers.get(mask) or mask in lw.src.outputs):
+        raise unsupported(node, "a dropout mask output that the graph reads")
 
 
 def _dropout(lw: Lowering, node: Any, a: dict[str, Any]) -> None:
@@ -314,12 +325,11 @@ def _dropout(lw: Lowering, node: Any, a: dict[str, Any]) -> None:
     if not given(2, 0.0) or p == 0:
         _alias(lw, node, a)
         return
-    if len(node.output) > 1 and node.output[1]:
-        raise unsupported(node, "a dropout mask output")
+    _unread_mask(lw, node)
     if not 0 <= p < 1:
         raise unsupported(node, f"a dropout ratio of {p:g} (0 to below 1)")
     x = lw.tensor(node, 0)
-    lw.emit(node, f"dropout({x.name}, p = {p!r})", x.shape, x.dtype)
+    lw.emit(node, f"dropout({x.name}, p = {_num(p)})", x.shape, x.dtype)
 
 
 # ---- products and convolutions -------------------------------------------------------------

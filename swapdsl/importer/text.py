@@ -79,10 +79,11 @@ def convert(path: str, batch: int | None = None, dims: Mapping[str, int] | None 
                      "its weight would, a scaled or combined one does not; export with do_constant_folding=False "
                      "to keep each weight as PyTorch holds it")
     if src.rewritten:
-        notes.append(f"the exporter's optimiser rewrote this file's weights ({len(src.rewritten)} unnamed, "
-                     f"`{src.rewritten[0]}`{', ...' * (len(src.rewritten) > 1)}; equal ones merged): it predicts "
-                     "as the PyTorch model does, but merged weights train as one and copies apart from their "
-                     "originals; export with torch.onnx.export(..., optimize=False) to train it as PyTorch would")
+        notes.append(f"the exporter's optimiser rewrote this file's weights ({len(src.rewritten)} its signature "
+                     f"does not name, `{src.rewritten[0]}`{', ...' * (len(src.rewritten) > 1)}; equal ones merged): "
+                     "it predicts as the PyTorch model does, but merged weights train as one, copies apart from "
+                     "their originals, and folded constants as weights; export with torch.onnx.export(..., "
+                     "optimize=False) to train it as PyTorch would")
     if half := sorted({HALF[v.dtype.name] for k, v in base.params.items() if k not in base.frozen
                        and v.dtype.name in HALF}):
         notes.append(f"the weights are {' and '.join(half)}: the model trains in {' and '.join(half)} throughout "
@@ -103,7 +104,7 @@ def convert(path: str, batch: int | None = None, dims: Mapping[str, int] | None 
 def _sizes(src: Source, batch: int | None, dims: dict[str, int]) -> dict[str, int]:
     first = src.inputs[0].dims[0] if src.inputs[0].dims else 1
     sizes = {"batch": batch if batch is not None else first if isinstance(first, int) else 1}
-    symbols = {d: i.name for i in src.inputs for d in i.dims[1:] if isinstance(d, str)}
+    symbols = {d: i.name for i in src.inputs for d in i.dims[1:] if isinstance(d, str) and d != "batch"}
     for name in dims:  # (a name the file lacks first: `--dim seq=8` was told to give `sequence` a value)
         if name == "batch":
             raise SwpError("--dim batch: the batch is every input's first axis; give it with --batch")
@@ -129,7 +130,7 @@ def _lowered_at_batch(src: Source, sizes: dict[str, int], freeze: str | None, ba
         first = src.inputs[0].dims[0] if src.inputs[0].dims else None
         if batch is None or not isinstance(first, int) or first == batch:
             given = ", ".join(f"--dim {k}={v}" for k, v in sizes.items() if k != "batch")
-            if given:  # (the sizes are the user's: a constant of the file may hold fewer rows than asked)
+            if given and "broadcast" in exc.message:  # (a constant of the file may hold fewer rows than asked)
                 exc.hints += (f"at {given}: if a smaller size imports, a constant of the file (a table of "
                               "positions?) has rows for fewer",)
             raise

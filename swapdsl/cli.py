@@ -191,7 +191,8 @@ def _cmd_check(args: argparse.Namespace) -> int:
         ("parameters", f"{info['params']:,} in {info['param_tensors']} tensors ({format_bytes(info['param_bytes'])})"),
         ("forward FLOPs", format_count(info["forward_flops"], "FLOP")),
         ("activation peak", format_bytes(info["activation_peak_bytes"])),
-        ("loss", f"{_loss_said(model.graph)}, {info['optimizer']}" if info["loss"] else "none: the model only predicts"),
+        ("loss", f"{_loss_said(model.graph)}, {info['optimizer']}" if info["loss"]
+         else "none: the model only predicts"),
         ("precision", f"{info['precision']}, guard {info['guard']}"),
     ]
     if args.training:

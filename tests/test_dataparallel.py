@@ -921,7 +921,8 @@ def test_ranks_given_different_runs_or_failing_alone_end_together(tmp_path: Path
                                 "error: rank 1 takes checkpoints never (no --save), rank 0 after the last step"),
                                (["--steps", "3", "--save", "c.safetensors", "--save-every", "2"],
                                 ["--steps", "3", "--save", "d.safetensors", "--save-every", "1"],
-                                "error: rank 1 takes checkpoints after every step, rank 0 every 2 steps and after the last")):
+                                "error: rank 1 takes checkpoints after every step, rank 0 every 2 steps and after "
+                                "the last")):
         done = subprocess.run([launcher, "-n", "1", *run, *mine, ":", "-n", "1", *run, *theirs], cwd=tmp_path,
                               env=env, capture_output=True, text=True, timeout=60)
         assert done.returncode == 2 and "Traceback" not in done.stderr

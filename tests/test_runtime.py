@@ -239,8 +239,10 @@ def test_profile_feeds_the_planner(cli, in_tmp: Path) -> None:
     code, out, err = cli("optimize", "m.swp", "-D", "batch=8", "--memory", "8MiB", "--device", "p.json", "--method",
                          "belady")
     assert code == 0 and "note: the profile" not in out, err
-    for other in (["-D", "batch=4"], ["-D", "batch=8", "--microbatches", "2"], ["-D", "batch=8", "--precision", "bf16"]):
-        code, out, err = cli("optimize", "m.swp", *other, "--memory", "8MiB", "--device", "p.json", "--method", "belady")
+    for other in (["-D", "batch=4"], ["-D", "batch=8", "--microbatches", "2"],
+                  ["-D", "batch=8", "--precision", "bf16"]):
+        code, out, err = cli("optimize", "m.swp", *other, "--memory", "8MiB", "--device", "p.json", "--method",
+                             "belady")
         assert code == 0, err
         note = next(x for x in out.splitlines() if x.startswith("  note: the profile `p.json` has no time for "))
         missing, distinct = (int(w) for w in note.split(" ") if w.isdigit())

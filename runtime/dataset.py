@@ -34,6 +34,9 @@ class Dataset:
     arrays: Mapping[str, np.ndarray] = attrs.field(repr=False)  # memory maps where the file allows
     examples: int
     batch: int
+    # inputs read as another dtype than the file's: labels and token ids of a wider integer type (PyTorch's
+    # int64), narrowed batch by batch once their range is checked
+    dtypes: Mapping[str, np.dtype] = attrs.field(factory=dict, repr=False)
 
     @property
     def batches_per_epoch(self) -> int:
@@ -113,9 +116,10 @@ def open_dataset(path: str, g: Graph, flag: str = "--data", ranks: int = 1, part
         raise SwpError(f"{flag} `{path}` has no array for input `{missing[0]}`",
                        hints=[f"the model's inputs: {', '.join(g.inputs)}",
                               f"found: {', '.join(listing) or 'no .npy arrays'}"])
+    ranged = integer_ranges(g)
     for name in g.inputs:
         arrays[name] = _bf16_records(arrays[name], g.type_of(name).dtype)
-        _check_array(name, arrays[name], g, flag, path)
+        _check_array(name, arrays[name], g, flag, path, name in ranged)
     counts = {name: arrays[name].shape[0] for name in g.inputs}
     if len(set(counts.values())) > 1:
         shown = ", ".join(f"`{k}` {v}" for k, v in counts.items())
@@ -130,7 +134,9 @@ def open_dataset(path: str, g: Graph, flag: str = "--data", ranks: int = 1, part
     for name in g.inputs:
         if arrays[name].dtype.kind == "f" or g.type_of(name).dtype.is_float:
             _check_finite(name, arrays[name], flag, path)
-    return Dataset(path, {name: arrays[name] for name in g.inputs}, examples, batch)
+    wants = {name: np.dtype(np_dtype(np, g.type_of(name).dtype)) for name in g.inputs}
+    return Dataset(path, {name: arrays[name] for name in g.inputs}, examples, batch,
+                   {name: want for name, want in wants.items() if arrays[name].dtype != want})
 
 
 # NumPy's header reader parses Python literals: on a damaged header it raises whatever the tokenizer or
@@ -220,9 +226,13 @@ def _bf16_records(a: np.ndarray, dtype: DType) -> np.ndarray:
     return a
 
 
-def _check_array(name: str, a: np.ndarray, g: Graph, flag: str, path: str) -> None:
+def _check_array(name: str, a: np.ndarray, g: Graph, flag: str, path: str, ranged: bool) -> None:
+    """Shape and dtype against the model's input (``ranged``: labels or ids, whose range is checked after:
+    any integer dtype then, narrowed batch by batch)."""
     t = g.type_of(name)
     want = np.dtype(np_dtype(np, t.dtype))
+    if ranged and a.dtype.kind in "iu" and want.kind in "iu":
+        want = a.dtype
     expected = f"[N, {', '.join(map(str, t.shape[1:]))}]" if t.rank > 1 else "[N]"
     if a.ndim != t.rank or tuple(a.shape[1:]) != t.shape[1:]:
         raise SwpError(f"{flag} `{path}`: input `{name}` has shape [{', '.join(map(str, a.shape))}], "
@@ -289,11 +299,12 @@ class Order:
 def gather(ds: Dataset, where: np.ndarray | slice) -> Batch:
     """One batch, read into memory (sorted reads: a memory map is read in file order)."""
     if isinstance(where, slice):
-        return {name: np.ascontiguousarray(a[where]) for name, a in ds.arrays.items()}
+        return {name: np.ascontiguousarray(a[where], dtype=ds.dtypes.get(name, a.dtype))
+                for name, a in ds.arrays.items()}
     order = np.argsort(where, kind="stable")
     out = {}
     for name, a in ds.arrays.items():
-        rows = np.empty((len(where),) + a.shape[1:], a.dtype)
+        rows = np.empty((len(where),) + a.shape[1:], ds.dtypes.get(name, a.dtype))
         rows[order] = a[where[order]]
         out[name] = rows
     return out

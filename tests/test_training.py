@@ -313,6 +313,27 @@ def test_resume_refuses_other_data_or_another_order(cli, setup: dict[str, Path],
     assert again["first_step"] == 3
 
 
+def test_labels_of_another_integer_type_train_as_the_models(cli, setup: dict[str, Path], tmp_path: Path) -> None:
+    """PyTorch's labels are int64 (and some are uint8): refused before, with a hint to convert. Any integer
+    type is read now, its range checked, narrowed batch by batch: the same losses, shuffled or not."""
+    y = np.load(setup["train"] / "y.npy")
+    for dtype in (np.int64, np.uint8):
+        data = tmp_path / np.dtype(dtype).name
+        data.mkdir()
+        shutil.copy(setup["train"] / "x.npy", data / "x.npy")
+        np.save(data / "y.npy", y.astype(dtype))
+        for order in ([], ["--shuffle"]):
+            ours = run_json(cli, setup["plan"], "--data", data, "--steps", "6", *order)
+            theirs = run_json(cli, setup["plan"], "--data", setup["train"], "--steps", "6", *order)
+            assert ours["loss"] == theirs["loss"], dtype
+    np.save(data / "y.npy", np.where(np.arange(len(y)) == 5, 300, y).astype(np.int64))
+    code, out, err = cli("exec", setup["plan"], "--data", data, "--steps", "2")
+    assert code == 2 and "input `y` holds 300 at flat index 5, outside [0, " in err, err
+    np.save(data / "y.npy", y.astype(np.float32))  # (not an integer type: refused as before)
+    code, out, err = cli("exec", setup["plan"], "--data", data, "--steps", "2")
+    assert code == 2 and "input `y` has dtype float32, expected int32" in err, err
+
+
 def test_resume_refuses_data_changed_at_the_same_path(cli, setup: dict[str, Path], tmp_path: Path) -> None:
     """Data regenerated or cut at the path a checkpoint names gave other batches and a recounted epoch in
     silence; the checkpoint records the data's examples and fingerprint."""

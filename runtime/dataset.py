@@ -116,10 +116,11 @@ def open_dataset(path: str, g: Graph, flag: str = "--data", ranks: int = 1, part
         raise SwpError(f"{flag} `{path}` has no array for input `{missing[0]}`",
                        hints=[f"the model's inputs: {', '.join(g.inputs)}",
                               f"found: {', '.join(listing) or 'no .npy arrays'}"])
-    ranged = integer_ranges(g)
+    ranged, narrowed = integer_ranges(g), {}
     for name in g.inputs:
         arrays[name] = _bf16_records(arrays[name], g.type_of(name).dtype)
-        _check_array(name, arrays[name], g, flag, path, name in ranged)
+        if (want := _check_array(name, arrays[name], g, flag, path, name in ranged)) is not None:
+            narrowed[name] = want
     counts = {name: arrays[name].shape[0] for name in g.inputs}
     if len(set(counts.values())) > 1:
         shown = ", ".join(f"`{k}` {v}" for k, v in counts.items())
@@ -134,9 +135,7 @@ def open_dataset(path: str, g: Graph, flag: str = "--data", ranks: int = 1, part
     for name in g.inputs:
         if arrays[name].dtype.kind == "f" or g.type_of(name).dtype.is_float:
             _check_finite(name, arrays[name], flag, path)
-    wants = {name: np.dtype(np_dtype(np, g.type_of(name).dtype)) for name in g.inputs}
-    return Dataset(path, {name: arrays[name] for name in g.inputs}, examples, batch,
-                   {name: want for name, want in wants.items() if arrays[name].dtype != want})
+    return Dataset(path, {name: arrays[name] for name in g.inputs}, examples, batch, narrowed)
 
 
 # NumPy's header reader parses Python literals: on a damaged header it raises whatever the tokenizer or
@@ -226,22 +225,22 @@ def _bf16_records(a: np.ndarray, dtype: DType) -> np.ndarray:
     return a
 
 
-def _check_array(name: str, a: np.ndarray, g: Graph, flag: str, path: str, ranged: bool) -> None:
+def _check_array(name: str, a: np.ndarray, g: Graph, flag: str, path: str, ranged: bool) -> np.dtype | None:
     """Shape and dtype against the model's input (``ranged``: labels or ids, whose range is checked after:
-    any integer dtype then, narrowed batch by batch)."""
+    any integer dtype then, narrowed batch by batch to the model's, which is returned; else None)."""
     t = g.type_of(name)
     want = np.dtype(np_dtype(np, t.dtype))
-    if ranged and a.dtype.kind in "iu" and want.kind in "iu":
-        want = a.dtype
+    narrowed = want if ranged and a.dtype.kind in "iu" and want.kind in "iu" and a.dtype != want else None
     expected = f"[N, {', '.join(map(str, t.shape[1:]))}]" if t.rank > 1 else "[N]"
     if a.ndim != t.rank or tuple(a.shape[1:]) != t.shape[1:]:
         raise SwpError(f"{flag} `{path}`: input `{name}` has shape [{', '.join(map(str, a.shape))}], "
                        f"expected {expected} (N examples of the model's {t})",
                        hints=["the first axis counts examples; the rest must match the model's input"])
-    if a.dtype != want:
+    if a.dtype != want and narrowed is None:
         raise SwpError(f"{flag} `{path}`: input `{name}` has dtype {a.dtype}, expected {want} (the model's {t})",
                        hints=[f"convert it once, e.g. numpy.save(..., a.astype("
                               f"{'ml_dtypes' if want.name == 'bfloat16' else 'numpy'}.{want}))"])
+    return narrowed
 
 
 def _check_ranges(arrays: Mapping[str, np.ndarray], g: Graph, flag: str, path: str, chunk: int = 1 << 22) -> None:

@@ -220,10 +220,10 @@ def _loss_said(g: Graph) -> str:
     """The loss by the op that makes it and its line (a `.swp` name is not kept in the graph: `%62`; inside
     a def, the def's line), or by its name where it has one (an imported model's)."""
     assert g.loss is not None
-    made = next((op for op in g.ops if g.loss in op.outputs), None)
-    if not g.loss.startswith("%") or made is None:
+    t = g.tensors[g.loss]
+    if not g.loss.startswith("%") or not t.label:
         return g.loss
-    return f"{made.op}(...)" + (f" at line {made.span.line}" if made.span is not None else "")
+    return f"{t.label}(...)" + (f" at line {t.span.line}" if t.span is not None else "")
 
 
 def _cmd_exec(args: argparse.Namespace) -> int:

@@ -4,7 +4,6 @@ parameters declared, and readable names."""
 from __future__ import annotations
 
 import functools
-
 import math
 import re
 from collections.abc import Mapping

@@ -83,16 +83,21 @@ def _signature(graph: Any) -> str:
     return signature
 
 
+def _targets(graph: Any, kinds: str) -> frozenset[str]:
+    """The names the dynamo exporter's graph signature gives values of these kinds (`BUFFER|PARAMETER`)."""
+    return frozenset(re.findall(rf": (?:{kinds}) target='([^']+)'", _signature(graph)))
+
+
 def _buffers(graph: Any) -> frozenset[str]:
     """The initialisers the dynamo exporter's graph signature names as buffers (rotary frequencies, masks)."""
-    return frozenset(re.findall(r": (?:BUFFER|CONSTANT_TENSOR) target='([^']+)'", _signature(graph)))
+    return _targets(graph, "BUFFER|CONSTANT_TENSOR")
 
 
 def _rewritten(graph: Any, weights: dict[str, np.ndarray]) -> tuple[str, ...]:
     """Weights of a dynamo export its optimiser made (``optimize=True``, the default): those its signature
     does not name (`val_6`, a transposed copy; `mul`, a folded constant), scalars aside. Equal weights it
     merged leave no trace but a name missing, as a tied weight does: not told apart."""
-    targets = set(re.findall(r": (?:PARAMETER|BUFFER|CONSTANT_TENSOR) target='([^']+)'", _signature(graph)))
+    targets = _targets(graph, "PARAMETER|BUFFER|CONSTANT_TENSOR")
     return tuple(k for k, v in weights.items() if k not in targets and v.size > 1) if targets else ()
 
 
